@@ -1,0 +1,69 @@
+# kvdock: the two commands of the README.
+#
+#   make run    install missing Debian packages, build, start kvdockd in the
+#               foreground on the embedded default (a 1 GiB pool, the socket
+#               under $XDG_RUNTIME_DIR or /tmp); Ctrl-C drains and exits.
+#   make test   install missing packages, build the normal and the
+#               ASan+UBSan trees, run the whole suite in both; the last line
+#               is "N passed, N failed[, N skipped]".
+#
+# Other targets: build, bench, format, format-check, clean.
+
+SHELL := /bin/bash
+BUILD ?= build
+BUILD_ASAN ?= build-asan
+BUILD_BENCH ?= build-bench
+POOL_SIZE ?= 1G
+RUN_ARGS ?=
+
+# Debian packages the build and the tests need (pkg-config names in meson.build).
+DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
+	libprotobuf-c-dev libssl-dev liburing-dev libucx-dev libibverbs-dev \
+	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl
+
+.PHONY: deps build run test bench format format-check clean
+
+# Installs only what is missing, non-interactively; needs root (or sudo).
+deps:
+	@missing=""; for p in $(DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(BUILD)/build.ninja: | deps
+	meson setup $(BUILD) --buildtype=debugoptimized
+
+$(BUILD_ASAN)/build.ninja: | deps
+	meson setup $(BUILD_ASAN) --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+
+$(BUILD_BENCH)/build.ninja: | deps
+	meson setup $(BUILD_BENCH) --buildtype=release -Dtests=disabled
+
+build: deps $(BUILD)/build.ninja
+	ninja -C $(BUILD)
+
+run: build
+	exec ./$(BUILD)/daemon/kvdockd --pool-size $(POOL_SIZE) $(RUN_ARGS)
+
+test: deps $(BUILD)/build.ninja $(BUILD_ASAN)/build.ninja
+	ninja -C $(BUILD)
+	ninja -C $(BUILD_ASAN)
+	./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN)
+
+bench: deps $(BUILD_BENCH)/build.ninja
+	ninja -C $(BUILD_BENCH)
+	meson test -C $(BUILD_BENCH) --benchmark -v
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+format-check:
+	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_BENCH)

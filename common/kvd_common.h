@@ -1,0 +1,193 @@
+/*
+ * kvd_common.h - the one public header of common/: status codes, logging,
+ * clocks, size parsing and formatting, memory accounting, and the SGLang
+ * compatible page-key chain.
+ *
+ * Everything here is thread-safe: the logger serialises whole lines, the
+ * memory counters are atomics, the rest is pure.
+ */
+#ifndef KVD_COMMON_H
+#define KVD_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---------------------------------------------------------------- status */
+
+/*
+ * One status type for the whole project: 0 is success, 1 "in progress",
+ * negative values are errors. System calls' errno is converted once, at the
+ * boundary, by kvd_status_from_errno(). The values travel over the wire in
+ * error replies, so they are part of the protocol: never renumber them.
+ */
+typedef enum kvd_status {
+    KVD_OK = 0,
+    KVD_INPROGRESS = 1,
+    KVD_ERR_INVALID = -1,        /* bad argument or malformed input */
+    KVD_ERR_NOMEM = -2,          /* an allocation failed */
+    KVD_ERR_IO = -3,             /* a system call failed */
+    KVD_ERR_NOT_FOUND = -4,      /* no such key, namespace, file */
+    KVD_ERR_EXISTS = -5,         /* already there */
+    KVD_ERR_BUSY = -6,           /* held by someone else (in flight) */
+    KVD_ERR_NO_SPACE = -7,       /* the pool or a table is full */
+    KVD_ERR_TIMEOUT = -8,        /* a bounded wait ran out */
+    KVD_ERR_PROTOCOL = -9,       /* a frame or message broke the protocol */
+    KVD_ERR_UNSUPPORTED = -10,   /* not built in or not available here */
+    KVD_ERR_CLOSED = -11,        /* the peer closed the connection */
+    KVD_ERR_TOO_LARGE = -12,     /* over a configured limit */
+    KVD_ERR_STATE = -13,         /* not allowed in the current state */
+    KVD_ERR_PERMISSION = -14,    /* the OS said no */
+    KVD_ERR_UNAVAILABLE = -15,   /* the daemon is not there or not ready */
+    KVD_ERR_UNKNOWN_METHOD = -16,/* an RPC method this daemon does not know */
+    KVD_ERR_DRAINING = -17,      /* the daemon is shutting down */
+} kvd_status_t;
+
+/* A short, static description of a status ("no space", ...). */
+const char *kvd_status_str(int status);
+
+/* Converts a positive errno value into a kvd_status_t. */
+kvd_status_t kvd_status_from_errno(int err);
+
+/* --------------------------------------------------------------- logging */
+
+typedef enum kvd_log_level {
+    KVD_LOG_ERROR = 0,
+    KVD_LOG_WARN = 1,
+    KVD_LOG_INFO = 2,
+    KVD_LOG_DEBUG = 3,
+} kvd_log_level_t;
+
+/* Lines below `level` are dropped. Default: KVD_LOG_INFO. */
+void kvd_log_set_level(kvd_log_level_t level);
+kvd_log_level_t kvd_log_get_level(void);
+
+/* Parses "error", "warn", "info", "debug". Returns KVD_ERR_INVALID otherwise. */
+int kvd_log_level_parse(const char *name, kvd_log_level_t *out);
+
+/* Writes one timestamped line "<time> <level> <component>: <message>" to
+ * stderr, in one write so that lines of several threads do not interleave. */
+void kvd_log(kvd_log_level_t level, const char *component, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#define KVD_ERROR(comp, ...) kvd_log(KVD_LOG_ERROR, comp, __VA_ARGS__)
+#define KVD_WARN(comp, ...) kvd_log(KVD_LOG_WARN, comp, __VA_ARGS__)
+#define KVD_INFO(comp, ...) kvd_log(KVD_LOG_INFO, comp, __VA_ARGS__)
+#define KVD_DEBUG(comp, ...)                                                 \
+    do {                                                                     \
+        if (kvd_log_get_level() >= KVD_LOG_DEBUG)                            \
+            kvd_log(KVD_LOG_DEBUG, comp, __VA_ARGS__);                       \
+    } while (0)
+
+/* ---------------------------------------------------------------- clocks */
+
+/* CLOCK_MONOTONIC in nanoseconds: for intervals and deadlines. */
+uint64_t kvd_now_ns(void);
+
+/* CLOCK_REALTIME in milliseconds since the epoch: for "last access". */
+uint64_t kvd_wall_ms(void);
+
+/* Sleeps for `ns` nanoseconds, resuming after signals. */
+void kvd_sleep_ns(uint64_t ns);
+
+/* ----------------------------------------------------------------- sizes */
+
+#define KVD_KiB ((uint64_t)1 << 10)
+#define KVD_MiB ((uint64_t)1 << 20)
+#define KVD_GiB ((uint64_t)1 << 30)
+#define KVD_TiB ((uint64_t)1 << 40)
+
+/*
+ * Parses a byte size: a decimal number (fractions allowed) with an optional
+ * binary suffix K, M, G, T (also KiB, MiB, GiB, TiB, KB, MB, GB, TB, all
+ * powers of 1024, any case) or B. "1.5G" = 1610612736. Rejects negative
+ * numbers, garbage, and values that overflow 64 bits (KVD_ERR_INVALID).
+ */
+int kvd_size_parse(const char *text, uint64_t *out_bytes);
+
+/* Formats bytes as "1.50 GiB" into buf; returns buf. */
+const char *kvd_size_format(uint64_t bytes, char *buf, size_t buf_len);
+
+/* Parses an unsigned decimal integer in [min, max]. */
+int kvd_u64_parse(const char *text, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Parses a floating point number in [min, max]. */
+int kvd_double_parse(const char *text, double min, double max, double *out);
+
+/* Rounds down / up to a power-of-two alignment. */
+static inline uint64_t kvd_align_down(uint64_t v, uint64_t align)
+{
+    return v & ~(align - 1);
+}
+static inline uint64_t kvd_align_up(uint64_t v, uint64_t align)
+{
+    return (v + align - 1) & ~(align - 1);
+}
+
+/* ---------------------------------------------------- memory accounting */
+
+/*
+ * Every heap allocation the daemon makes on purpose is charged to one of
+ * these categories, so that the parts add up to what the OS reports
+ * (DESIGN.md section 9). The pool itself is accounted by store/.
+ */
+typedef enum kvd_mem_cat {
+    KVD_MEM_CONN = 0,   /* connection buffers */
+    KVD_MEM_INDEX,      /* the store index */
+    KVD_MEM_STAGING,    /* staging and bounce buffers */
+    KVD_MEM_OTHER,      /* everything else we allocate ourselves */
+    KVD_MEM_CAT_COUNT
+} kvd_mem_cat_t;
+
+/* calloc / realloc / free with the bytes charged to `cat`. kvd_mem_free and
+ * kvd_mem_realloc need the size the block was allocated with. */
+void *kvd_mem_calloc(kvd_mem_cat_t cat, size_t count, size_t size);
+void *kvd_mem_realloc(kvd_mem_cat_t cat, void *ptr, size_t old_bytes,
+                      size_t new_bytes);
+void kvd_mem_free(kvd_mem_cat_t cat, void *ptr, size_t bytes);
+
+/* Bytes currently charged to `cat`. */
+uint64_t kvd_mem_bytes(kvd_mem_cat_t cat);
+const char *kvd_mem_cat_name(kvd_mem_cat_t cat);
+
+/* The process's resident memory, from /proc/self/status (bytes). */
+typedef struct kvd_proc_mem {
+    uint64_t rss_bytes;
+    uint64_t rss_anon_bytes;
+    uint64_t rss_file_bytes;
+    uint64_t rss_shmem_bytes;
+} kvd_proc_mem_t;
+int kvd_proc_mem_read(kvd_proc_mem_t *out);
+
+/* ------------------------------------------------------------ page keys */
+
+#define KVD_KEY_BYTES 32
+
+/*
+ * The page-key chain of DESIGN.md section 3, compatible with SGLang:
+ *   key[i] = SHA256(key[i-1] || tokens of page i as uint32 little-endian)
+ * with key[-1] = `prior` when given (32 bytes), absent otherwise. Only full
+ * pages get a key: n_keys = n_tokens / page_size. `keys` must hold that many.
+ * Returns KVD_OK or KVD_ERR_INVALID (page_size 0).
+ */
+int kvd_key_chain(const uint32_t *tokens, size_t n_tokens, size_t page_size,
+                  const uint8_t *prior, uint8_t (*keys)[KVD_KEY_BYTES],
+                  size_t *n_keys);
+
+/* Lower-case hex of a 32-byte key into out (65 bytes with the NUL). */
+void kvd_key_to_hex(const uint8_t key[KVD_KEY_BYTES], char out[65]);
+
+/* Parses 64 hex digits. Returns KVD_ERR_INVALID on anything else. */
+int kvd_key_from_hex(const char *hex, uint8_t key[KVD_KEY_BYTES]);
+
+/* ------------------------------------------------------------- helpers */
+
+#define KVD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define KVD_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define KVD_MAX(a, b) ((a) > (b) ? (a) : (b))
+
+/* Copies at most dst_len-1 bytes and always terminates. */
+void kvd_strlcpy(char *dst, const char *src, size_t dst_len);
+
+#endif /* KVD_COMMON_H */

@@ -1,0 +1,227 @@
+/*
+ * util.c - clocks, size and number parsing, string helpers, memory
+ * accounting and the /proc/self/status reader.
+ */
+#include "kvd_common.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+uint64_t kvd_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t kvd_wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000ull + (uint64_t)ts.tv_nsec / 1000000ull;
+}
+
+void kvd_sleep_ns(uint64_t ns)
+{
+    struct timespec req = {.tv_sec = (time_t)(ns / 1000000000ull),
+                           .tv_nsec = (long)(ns % 1000000000ull)};
+    while (nanosleep(&req, &req) != 0 && errno == EINTR)
+        ;
+}
+
+void kvd_strlcpy(char *dst, const char *src, size_t dst_len)
+{
+    if (dst_len == 0)
+        return;
+    size_t n = strnlen(src, dst_len - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+/* Returns the multiplier of a size suffix, 0 when the suffix is unknown. */
+static uint64_t size_suffix_multiplier(const char *s)
+{
+    static const struct {
+        const char *name;
+        uint64_t mult;
+    } suffixes[] = {
+        {"", 1},          {"b", 1},          {"k", KVD_KiB},   {"kb", KVD_KiB},
+        {"kib", KVD_KiB}, {"m", KVD_MiB},    {"mb", KVD_MiB},  {"mib", KVD_MiB},
+        {"g", KVD_GiB},   {"gb", KVD_GiB},   {"gib", KVD_GiB}, {"t", KVD_TiB},
+        {"tb", KVD_TiB},  {"tib", KVD_TiB},
+    };
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(suffixes); i++)
+        if (strcasecmp(s, suffixes[i].name) == 0)
+            return suffixes[i].mult;
+    return 0;
+}
+
+int kvd_size_parse(const char *text, uint64_t *out_bytes)
+{
+    if (text == NULL)
+        return KVD_ERR_INVALID;
+    while (isspace((unsigned char)*text))
+        text++;
+    if (!isdigit((unsigned char)*text) && *text != '.')
+        return KVD_ERR_INVALID; /* no sign, no empty string */
+
+    char *end = NULL;
+    errno = 0;
+    /* Integers are parsed exactly; only fractions go through a double. */
+    unsigned long long whole = strtoull(text, &end, 10);
+    if (errno != 0)
+        return KVD_ERR_INVALID;
+    double frac = 0.0;
+    if (*end == '.') {
+        char *fend = NULL;
+        frac = strtod(end, &fend);
+        if (fend == end + 1 && end == text)
+            return KVD_ERR_INVALID; /* "." alone */
+        end = fend;
+    }
+    char suffix[8];
+    size_t slen = strlen(end);
+    while (slen > 0 && isspace((unsigned char)end[slen - 1]))
+        slen--;
+    if (slen >= sizeof(suffix))
+        return KVD_ERR_INVALID;
+    memcpy(suffix, end, slen);
+    suffix[slen] = '\0';
+    uint64_t mult = size_suffix_multiplier(suffix);
+    if (mult == 0)
+        return KVD_ERR_INVALID;
+
+    if (whole > UINT64_MAX / mult)
+        return KVD_ERR_INVALID;
+    uint64_t bytes = (uint64_t)whole * mult;
+    if (frac > 0.0) {
+        double extra = floor(frac * (double)mult);
+        if ((double)(UINT64_MAX - bytes) < extra)
+            return KVD_ERR_INVALID;
+        bytes += (uint64_t)extra;
+    }
+    *out_bytes = bytes;
+    return KVD_OK;
+}
+
+const char *kvd_size_format(uint64_t bytes, char *buf, size_t buf_len)
+{
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)bytes;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < KVD_ARRAY_SIZE(units)) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, buf_len, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, buf_len, "%.2f %s", v, units[u]);
+    return buf;
+}
+
+int kvd_u64_parse(const char *text, uint64_t min, uint64_t max, uint64_t *out)
+{
+    if (text == NULL || !isdigit((unsigned char)text[0]))
+        return KVD_ERR_INVALID;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v < min || v > max)
+        return KVD_ERR_INVALID;
+    *out = v;
+    return KVD_OK;
+}
+
+int kvd_double_parse(const char *text, double min, double max, double *out)
+{
+    if (text == NULL || *text == '\0')
+        return KVD_ERR_INVALID;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno != 0 || *end != '\0' || !isfinite(v) || v < min || v > max)
+        return KVD_ERR_INVALID;
+    *out = v;
+    return KVD_OK;
+}
+
+/* ---------------------------------------------------- memory accounting */
+
+static _Atomic uint64_t mem_bytes[KVD_MEM_CAT_COUNT];
+
+void *kvd_mem_calloc(kvd_mem_cat_t cat, size_t count, size_t size)
+{
+    void *p = calloc(count, size);
+    if (p != NULL)
+        atomic_fetch_add(&mem_bytes[cat], (uint64_t)count * size);
+    return p;
+}
+
+void *kvd_mem_realloc(kvd_mem_cat_t cat, void *ptr, size_t old_bytes,
+                      size_t new_bytes)
+{
+    void *p = realloc(ptr, new_bytes);
+    if (p == NULL)
+        return NULL;
+    atomic_fetch_sub(&mem_bytes[cat], (uint64_t)old_bytes);
+    atomic_fetch_add(&mem_bytes[cat], (uint64_t)new_bytes);
+    return p;
+}
+
+void kvd_mem_free(kvd_mem_cat_t cat, void *ptr, size_t bytes)
+{
+    if (ptr == NULL)
+        return;
+    free(ptr);
+    atomic_fetch_sub(&mem_bytes[cat], (uint64_t)bytes);
+}
+
+uint64_t kvd_mem_bytes(kvd_mem_cat_t cat)
+{
+    return atomic_load(&mem_bytes[cat]);
+}
+
+const char *kvd_mem_cat_name(kvd_mem_cat_t cat)
+{
+    static const char *const names[KVD_MEM_CAT_COUNT] = {"connections", "index",
+                                                        "staging", "other"};
+    return (unsigned)cat < KVD_MEM_CAT_COUNT ? names[cat] : "?";
+}
+
+int kvd_proc_mem_read(kvd_proc_mem_t *out)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f == NULL)
+        return kvd_status_from_errno(errno);
+    static const struct {
+        const char *key;
+        size_t offset;
+    } fields[] = {
+        {"VmRSS:", offsetof(kvd_proc_mem_t, rss_bytes)},
+        {"RssAnon:", offsetof(kvd_proc_mem_t, rss_anon_bytes)},
+        {"RssFile:", offsetof(kvd_proc_mem_t, rss_file_bytes)},
+        {"RssShmem:", offsetof(kvd_proc_mem_t, rss_shmem_bytes)},
+    };
+    kvd_proc_mem_t m = {0};
+    char line[256];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        for (size_t i = 0; i < KVD_ARRAY_SIZE(fields); i++) {
+            size_t klen = strlen(fields[i].key);
+            if (strncmp(line, fields[i].key, klen) == 0) {
+                unsigned long long kib = strtoull(line + klen, NULL, 10);
+                *(uint64_t *)((char *)&m + fields[i].offset) = kib * 1024ull;
+            }
+        }
+    }
+    fclose(f);
+    *out = m;
+    return KVD_OK;
+}

@@ -1,0 +1,93 @@
+/*
+ * kvdockd.c - the daemon's entry point: options, the sizing decision, the
+ * pool, then the event loop until SIGTERM/SIGINT.
+ *
+ * Exit status: 0 after a clean drain; 1 when a runtime failure stops it (the
+ * pool cannot be populated, the loop fails); 2 for bad options or a pool
+ * that does not fit (the message says which value would).
+ */
+#include "kvd_common.h"
+#include "kvd_store.h"
+#include "options.h"
+#include "server.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    kvd_opts_t opts;
+    switch (kvd_opts_parse(argc, argv, &opts)) {
+    case KVD_OPTS_EXIT_OK: return 0;
+    case KVD_OPTS_ERROR: return 2;
+    case KVD_OPTS_RUN: break;
+    }
+    kvd_log_set_level(opts.log_level);
+
+    /* Block the signals the loop reads through a signalfd before any thread
+     * starts, so that none of them takes the default action. */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kvd_host_mem_t host;
+    int rc = kvd_host_mem_probe(opts.meminfo_root, &host);
+    if (rc != KVD_OK) {
+        KVD_ERROR("kvdockd", "cannot read the host's memory figures from %s/proc/meminfo: %s",
+                  opts.meminfo_root, kvd_status_str(rc));
+        return 1;
+    }
+    kvd_sizing_req_t req = {
+        .pool_size_bytes = opts.pool_size_bytes,
+        .mem_fraction = opts.mem_fraction,
+        .reserve_bytes = opts.reserve_bytes,
+        .object_bytes = opts.object_bytes,
+        .align_bytes = opts.hugepages ? 2 * KVD_MiB : (uint64_t)sysconf(_SC_PAGESIZE),
+    };
+    kvd_sizing_t sizing;
+    char why[512], line[1024];
+    rc = kvd_sizing_compute(&host, &req, &sizing, why, sizeof(why));
+    kvd_sizing_format(&host, &req, &sizing, line, sizeof(line));
+    KVD_INFO("kvdockd", "kvdockd %s instance %s pid %d; %s", KVD_VERSION, opts.instance,
+             (int)getpid(), line);
+    if (rc != KVD_OK) {
+        KVD_ERROR("kvdockd", "refusing to start: %s", why);
+        return 2;
+    }
+
+    kvd_pool_opts_t popts = {
+        .instance = opts.instance,
+        .size_bytes = sizing.budget_bytes,
+        .hugepages = opts.hugepages,
+        .mlock = opts.mlock,
+        .populate_rate_bps = opts.populate_rate_bps,
+    };
+    kvd_pool_t *pool = NULL;
+    rc = kvd_pool_create(&popts, &pool);
+    if (rc != KVD_OK) {
+        KVD_ERROR("kvdockd", "cannot create the pool: %s", kvd_status_str(rc));
+        return 1;
+    }
+    kvd_server_t *server = NULL;
+    rc = kvd_server_create(&opts, pool, &server);
+    if (rc != KVD_OK) {
+        KVD_ERROR("kvdockd", "cannot start serving: %s", kvd_status_str(rc));
+        kvd_pool_destroy(pool);
+        return 1;
+    }
+    rc = kvd_pool_populate_start(pool);
+    int status = 1;
+    if (rc == KVD_OK)
+        status = kvd_server_run(server);
+    else
+        KVD_ERROR("kvdockd", "cannot start populating the pool: %s", kvd_status_str(rc));
+    kvd_server_destroy(server);
+    kvd_pool_destroy(pool);
+    KVD_INFO("kvdockd", "exiting with status %d", status);
+    return status;
+}

@@ -1,0 +1,338 @@
+/*
+ * options.c - flags and config file of kvdockd, from one table.
+ *
+ * Every option exists as "--name VALUE" (or "--name=VALUE") and as a
+ * "name = VALUE" line of the --config file; '#' starts a comment. The config
+ * file is read first, so flags override it. Errors name the option and the
+ * value that was wrong.
+ */
+#include "options.h"
+#include "kvd_proto.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+typedef enum opt_type {
+    OPT_STRING,
+    OPT_SIZE,
+    OPT_FRACTION,
+    OPT_U64,
+    OPT_BOOL,
+    OPT_HOSTPORT,
+    OPT_LOGLEVEL,
+    OPT_INSTANCE,
+} opt_type_t;
+
+typedef struct opt_def {
+    const char *name;
+    opt_type_t type;
+    size_t offset;
+    size_t size;  /* string capacity */
+    uint64_t min, max;
+    const char *arg;
+    const char *help;
+} opt_def_t;
+
+#define OFF(f) offsetof(kvd_opts_t, f)
+#define SZ(f) sizeof(((kvd_opts_t *)0)->f)
+
+static const opt_def_t opt_defs[] = {
+    {"instance", OPT_INSTANCE, OFF(instance), SZ(instance), 0, 0, "NAME",
+     "instance name: names the pool file and the default socket (default: default)"},
+    {"socket", OPT_STRING, OFF(socket_path), SZ(socket_path), 0, 0, "PATH",
+     "Unix socket to serve (default: $XDG_RUNTIME_DIR/kvdockd-NAME.sock, else /tmp/kvdockd-NAME.sock)"},
+    {"listen", OPT_HOSTPORT, OFF(listen), SZ(listen), 0, 0, "HOST:PORT",
+     "also serve RPC over TCP on this address (off unless given)"},
+    {"metrics-listen", OPT_HOSTPORT, OFF(metrics_listen), SZ(metrics_listen), 0, 0,
+     "HOST:PORT", "serve /metrics and /healthz over HTTP here (off unless given)"},
+    {"pool-size", OPT_SIZE, OFF(pool_size_bytes), 0, 1, 0, "SIZE",
+     "the pool's exact size, e.g. 64G (default 1G when --mem-fraction is not given)"},
+    {"mem-fraction", OPT_FRACTION, OFF(mem_fraction), 0, 0, 0, "F",
+     "pool = F x memory limit - reserve; limit = min(MemTotal, cgroup limit)"},
+    {"reserve", OPT_SIZE, OFF(reserve_bytes), 0, 0, 0, "SIZE",
+     "memory kept free for everything else (default 1G)"},
+    {"object-size", OPT_SIZE, OFF(object_bytes), 0, 1, 0, "SIZE",
+     "typical object size, for the objects-that-fit figure (default 1M)"},
+    {"populate-rate", OPT_SIZE, OFF(populate_rate_bps), 0, 0, 0, "SIZE",
+     "populate the pool at most this many bytes per second; 0 = unbounded (default 4G)"},
+    {"hugepages", OPT_BOOL, OFF(hugepages), 0, 0, 0, NULL,
+     "back the pool with 2 MiB hugetlb pages (reserve them with vm.nr_hugepages)"},
+    {"mlock", OPT_BOOL, OFF(mlock), 0, 0, 0, NULL,
+     "lock the pool in memory once populated"},
+    {"max-frame", OPT_SIZE, OFF(max_frame_bytes), 0, 64, KVD_FRAME_LIMIT_MAX, "SIZE",
+     "largest RPC frame accepted (default 4M)"},
+    {"max-batch", OPT_U64, OFF(max_batch), 0, 1, 1u << 20, "N",
+     "most keys in one batched RPC (default 4096)"},
+    {"max-connections", OPT_U64, OFF(max_connections), 0, 1, 1u << 20, "N",
+     "most concurrent client connections (default 1024)"},
+    {"usage-interval", OPT_U64, OFF(usage_interval_s), 0, 0, 86400, "SECONDS",
+     "seconds between usage lines; 0 = none (default 10)"},
+    {"drain-timeout", OPT_U64, OFF(drain_timeout_ms), 0, 0, 600000, "MS",
+     "on SIGTERM/SIGINT, serve connected clients this long before exiting (default 1000)"},
+    {"log-level", OPT_LOGLEVEL, OFF(log_level), 0, 0, 0, "LEVEL",
+     "error, warn, info or debug (default info)"},
+    {"meminfo-root", OPT_STRING, OFF(meminfo_root), SZ(meminfo_root), 0, 0, "DIR",
+     "read /proc/meminfo and the cgroup files below DIR (for tests)"},
+};
+
+static void print_help(FILE *f)
+{
+    fprintf(f,
+            "Usage: kvdockd [OPTIONS]\n"
+            "kvdock's host-side daemon: holds KV pages and mamba state in a\n"
+            "host-memory pool for the serving workers of this node.\n\n"
+            "Options (each also a 'name = value' line of a --config file):\n");
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(opt_defs); i++) {
+        char left[64];
+        snprintf(left, sizeof(left), "--%s%s%s", opt_defs[i].name,
+                 opt_defs[i].arg ? " " : "", opt_defs[i].arg ? opt_defs[i].arg : "");
+        fprintf(f, "  %-28s %s\n", left, opt_defs[i].help);
+    }
+    fprintf(f, "  %-28s %s\n  %-28s %s\n  %-28s %s\n", "--config FILE",
+            "read options from FILE first; flags given later override it",
+            "--version", "print the version and exit", "--help",
+            "print this help and exit");
+    fprintf(f, "\nSIZE takes K, M, G, T (powers of 1024), e.g. 512M or 1.5G.\n");
+}
+
+static const opt_def_t *find_opt(const char *name)
+{
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(opt_defs); i++)
+        if (strcmp(opt_defs[i].name, name) == 0)
+            return &opt_defs[i];
+    return NULL;
+}
+
+static bool valid_instance(const char *s)
+{
+    if (*s == '\0')
+        return false;
+    for (; *s; s++)
+        if (!isalnum((unsigned char)*s) && *s != '-' && *s != '_' && *s != '.')
+            return false;
+    return true;
+}
+
+/* Applies one option; prints the error (with `where`) and fails on bad input. */
+static int apply_opt(const opt_def_t *d, const char *value, kvd_opts_t *o,
+                     const char *where)
+{
+    void *field = (char *)o + d->offset;
+    char host[128];
+    uint16_t port;
+    uint64_t u;
+    double f;
+    switch (d->type) {
+    case OPT_STRING:
+    case OPT_INSTANCE:
+    case OPT_HOSTPORT:
+        if (strlen(value) >= d->size) {
+            fprintf(stderr, "kvdockd: %s--%s: value too long (at most %zu bytes)\n",
+                    where, d->name, d->size - 1);
+            return -1;
+        }
+        if (d->type == OPT_INSTANCE && !valid_instance(value)) {
+            fprintf(stderr, "kvdockd: %s--instance '%s': use letters, digits, '-', '_', '.'\n",
+                    where, value);
+            return -1;
+        }
+        if (d->type == OPT_HOSTPORT &&
+            kvd_parse_host_port(value, host, sizeof(host), &port) != KVD_OK) {
+            fprintf(stderr, "kvdockd: %s--%s '%s': expected HOST:PORT\n", where,
+                    d->name, value);
+            return -1;
+        }
+        strcpy(field, value);
+        return 0;
+    case OPT_SIZE:
+        if (kvd_size_parse(value, &u) != KVD_OK || u < d->min ||
+            (d->max && u > d->max)) {
+            fprintf(stderr, "kvdockd: %s--%s '%s': expected a size like 512M or 4G%s\n",
+                    where, d->name, value, d->min ? " (non-zero)" : "");
+            return -1;
+        }
+        *(uint64_t *)field = u;
+        return 0;
+    case OPT_U64:
+        if (kvd_u64_parse(value, d->min, d->max, &u) != KVD_OK) {
+            fprintf(stderr, "kvdockd: %s--%s '%s': expected an integer in [%llu, %llu]\n",
+                    where, d->name, value, (unsigned long long)d->min,
+                    (unsigned long long)d->max);
+            return -1;
+        }
+        *(uint64_t *)field = u;
+        return 0;
+    case OPT_FRACTION:
+        if (kvd_double_parse(value, 0.0, 1.0, &f) != KVD_OK || f <= 0.0) {
+            fprintf(stderr, "kvdockd: %s--%s '%s': expected a number in (0, 1]\n",
+                    where, d->name, value);
+            return -1;
+        }
+        *(double *)field = f;
+        return 0;
+    case OPT_BOOL:
+        if (value == NULL || strcasecmp(value, "true") == 0 ||
+            strcmp(value, "1") == 0 || strcasecmp(value, "yes") == 0) {
+            *(bool *)field = true;
+        } else if (strcasecmp(value, "false") == 0 || strcmp(value, "0") == 0 ||
+                   strcasecmp(value, "no") == 0) {
+            *(bool *)field = false;
+        } else {
+            fprintf(stderr, "kvdockd: %s--%s '%s': expected true or false\n", where,
+                    d->name, value);
+            return -1;
+        }
+        return 0;
+    case OPT_LOGLEVEL:
+        if (kvd_log_level_parse(value, (kvd_log_level_t *)field) != KVD_OK) {
+            fprintf(stderr, "kvdockd: %s--log-level '%s': expected error, warn, info or debug\n",
+                    where, value);
+            return -1;
+        }
+        return 0;
+    }
+    return -1;
+}
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+static int read_config(const char *path, kvd_opts_t *o)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "kvdockd: --config %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char line[1024];
+    int lineno = 0, rc = 0;
+    while (rc == 0 && fgets(line, sizeof(line), f) != NULL) {
+        lineno++;
+        char *hash = strchr(line, '#');
+        if (hash)
+            *hash = '\0';
+        char *s = trim(line);
+        if (*s == '\0')
+            continue;
+        char *eq = strchr(s, '=');
+        char *value = NULL;
+        if (eq != NULL) {
+            *eq = '\0';
+            value = trim(eq + 1);
+        }
+        char *key = trim(s);
+        char where[300];
+        snprintf(where, sizeof(where), "%s:%d: ", path, lineno);
+        const opt_def_t *d = find_opt(key);
+        if (d == NULL) {
+            fprintf(stderr, "kvdockd: %sunknown key '%s'\n", where, key);
+            rc = -1;
+        } else if (value == NULL && d->type != OPT_BOOL) {
+            fprintf(stderr, "kvdockd: %s'%s' needs '= value'\n", where, key);
+            rc = -1;
+        } else {
+            rc = apply_opt(d, value, o, where);
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+static void set_defaults(kvd_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    strcpy(o->instance, "default");
+    o->reserve_bytes = KVD_GiB;
+    o->object_bytes = KVD_MiB;
+    o->populate_rate_bps = 4 * KVD_GiB;
+    o->max_frame_bytes = KVD_FRAME_DEFAULT_MAX;
+    o->max_batch = 4096;
+    o->max_connections = 1024;
+    o->usage_interval_s = 10;
+    o->drain_timeout_ms = 1000;
+    o->log_level = KVD_LOG_INFO;
+}
+
+kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
+{
+    set_defaults(o);
+    /* getopt_long table from opt_defs, plus config/help/version */
+    struct option longopts[KVD_ARRAY_SIZE(opt_defs) + 4];
+    size_t n = 0;
+    for (; n < KVD_ARRAY_SIZE(opt_defs); n++)
+        longopts[n] = (struct option){opt_defs[n].name,
+                                      opt_defs[n].type == OPT_BOOL ? no_argument
+                                                                   : required_argument,
+                                      NULL, (int)(1000 + n)};
+    longopts[n++] = (struct option){"config", required_argument, NULL, 'c'};
+    longopts[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    longopts[n++] = (struct option){"version", no_argument, NULL, 'V'};
+    longopts[n] = (struct option){NULL, 0, NULL, 0};
+
+    /* pass 1: --help, --version, --config */
+    opterr = 0;
+    optind = 1;
+    int c;
+    const char *config = NULL;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (c == 'h') {
+            print_help(stdout);
+            return KVD_OPTS_EXIT_OK;
+        }
+        if (c == 'V') {
+            printf("kvdockd %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION);
+            return KVD_OPTS_EXIT_OK;
+        }
+        if (c == 'c')
+            config = optarg;
+    }
+    if (config != NULL && read_config(config, o) != 0)
+        return KVD_OPTS_ERROR;
+
+    /* pass 2: every flag, overriding the file */
+    opterr = 0;
+    optind = 1;
+    bool pool_size_given = o->pool_size_bytes > 0;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (c == '?' || c == ':') {
+            const char *bad = argv[optind - 1];
+            fprintf(stderr, "kvdockd: unknown option or missing value: '%s' "
+                            "(see kvdockd --help)\n", bad);
+            return KVD_OPTS_ERROR;
+        }
+        if (c < 1000)
+            continue;
+        const opt_def_t *d = &opt_defs[c - 1000];
+        if (apply_opt(d, optarg, o, "") != 0)
+            return KVD_OPTS_ERROR;
+        if (strcmp(d->name, "pool-size") == 0)
+            pool_size_given = true;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvdockd: unexpected argument '%s' (see kvdockd --help)\n",
+                argv[optind]);
+        return KVD_OPTS_ERROR;
+    }
+    if (pool_size_given && o->mem_fraction > 0) {
+        fprintf(stderr, "kvdockd: give one of --pool-size and --mem-fraction, not both\n");
+        return KVD_OPTS_ERROR;
+    }
+    if (!pool_size_given && o->mem_fraction == 0)
+        o->pool_size_bytes = KVD_GiB; /* the modest embedded default */
+    if (o->socket_path[0] == '\0')
+        kvd_default_socket_path(o->instance, o->socket_path, sizeof(o->socket_path));
+    return KVD_OPTS_RUN;
+}

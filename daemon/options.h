@@ -1,0 +1,43 @@
+/*
+ * options.h - kvdockd's configuration: flags and config file (same keys).
+ * Private to daemon/.
+ */
+#ifndef KVD_DAEMON_OPTIONS_H
+#define KVD_DAEMON_OPTIONS_H
+
+#include "kvd_common.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct kvd_opts {
+    char instance[64];
+    char socket_path[108];
+    char listen[128];          /* "" = no TCP listener */
+    char metrics_listen[128];  /* "" = no metrics endpoint */
+    uint64_t pool_size_bytes;  /* 0 = not given */
+    double mem_fraction;       /* 0 = not given */
+    uint64_t reserve_bytes;
+    uint64_t object_bytes;
+    uint64_t populate_rate_bps;
+    bool hugepages;
+    bool mlock;
+    uint64_t max_frame_bytes;
+    uint64_t max_batch;
+    uint64_t max_connections;
+    uint64_t usage_interval_s; /* 0 = no usage line */
+    uint64_t drain_timeout_ms;
+    kvd_log_level_t log_level;
+    char meminfo_root[256];    /* tests: read /proc and /sys below this */
+} kvd_opts_t;
+
+typedef enum kvd_opts_result {
+    KVD_OPTS_RUN = 0,  /* start the daemon */
+    KVD_OPTS_EXIT_OK,  /* --help or --version was printed */
+    KVD_OPTS_ERROR,    /* a message was printed; exit 2 */
+} kvd_opts_result_t;
+
+/* Fills defaults, then the config file (if --config), then the flags. */
+kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *out);
+
+#endif

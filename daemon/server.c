@@ -1,0 +1,741 @@
+/*
+ * server.c - kvdockd's event loop: listeners, connections, RPC dispatch,
+ * signals, the periodic tick (pool readiness, usage line, drain deadline).
+ *
+ * One thread runs the loop (level-triggered epoll). Each connection owns a
+ * framer for its input and a buffer for its output; requests are served in
+ * arrival order and their replies appended to the output. A connection whose
+ * output passes OUT_HIGH_WATER stops being read until it drains, so a client
+ * that never reads cannot grow the daemon's memory.
+ *
+ * Protocol violations (oversize or zero-length frame, bytes that do not
+ * decode, an unknown method, a reply sent as a request) get one error reply
+ * where one can be sent and close that connection only; a truncated frame
+ * (EOF inside a frame) just closes it. The daemon and its other clients
+ * carry on.
+ */
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define OUT_HIGH_WATER (8u * 1024u * 1024u)
+#define READ_CHUNK (64u * 1024u)
+#define TICK_MS 100
+
+typedef enum src_kind {
+    SRC_UNIX_LISTEN,
+    SRC_TCP_LISTEN,
+    SRC_SIGNAL,
+    SRC_TIMER,
+    SRC_CONN,
+} src_kind_t;
+
+/* What an epoll event points at; first member of every watched object. */
+typedef struct src {
+    src_kind_t kind;
+    int fd;
+} src_t;
+
+typedef struct conn {
+    src_t src;
+    uint64_t id;
+    bool tcp;
+    bool closing;       /* close once the output is flushed */
+    bool dead;          /* closed; freed after the current epoll batch */
+    uint32_t events;    /* what epoll watches now */
+    kvd_framer_t in;
+    kvd_buf_t out;
+    struct conn *prev, *next;
+} conn_t;
+
+struct kvd_server {
+    kvd_opts_t opts;
+    kvd_pool_t *pool;
+    int epfd;
+    src_t unix_listen, tcp_listen, sig, timer;
+    conn_t *conns;
+    conn_t *dead;       /* closed during this batch, freed after it */
+    uint64_t next_conn_id;
+    kvd_counters_t counters;
+    _Atomic int health;
+    uint64_t start_ns;
+    bool draining;
+    uint64_t drain_deadline_ns;
+    uint64_t next_usage_ns;
+    uint64_t usage_prev_calls;
+    uint64_t usage_prev_ns;
+    kvd_metrics_t *metrics;
+};
+
+/* ------------------------------------------------------------ counters */
+
+void kvd_counters_record(kvd_counters_t *c, kvd_method_t m, bool error,
+                         uint64_t latency_ns)
+{
+    if ((unsigned)m >= KVD_METHOD_COUNT)
+        m = KVD_METHOD_NONE;
+    kvd_method_counters_t *mc = &c->methods[m];
+    uint64_t us = latency_ns / 1000;
+    atomic_fetch_add(&mc->calls, 1);
+    if (error)
+        atomic_fetch_add(&mc->errors, 1);
+    atomic_fetch_add(&mc->latency_us_sum, us);
+    size_t b = 0;
+    while (b + 1 < KVD_LATENCY_BUCKETS && us > kvd_latency_bound_us(b))
+        b++;
+    atomic_fetch_add(&mc->buckets[b], 1);
+}
+
+kvd_health_t kvd_server_health(kvd_server_t *s)
+{
+    return (kvd_health_t)atomic_load(&s->health);
+}
+
+void kvd_server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    kvd_strlcpy(out->daemon_version, KVD_VERSION, sizeof(out->daemon_version));
+    kvd_strlcpy(out->instance, s->opts.instance, sizeof(out->instance));
+    out->state = kvd_server_health(s);
+    out->uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
+
+    kvd_mem_stats_t *m = &out->memory;
+    m->pool_bytes = kvd_pool_size(s->pool);
+    m->pool_populated_bytes = kvd_pool_populated_bytes(s->pool);
+    m->hugepages = kvd_pool_hugepages(s->pool);
+    m->mlocked = kvd_pool_mlocked(s->pool);
+    kvd_proc_mem_t pm;
+    if (kvd_proc_mem_read(&pm) == KVD_OK) {
+        m->rss_bytes = pm.rss_bytes;
+        m->rss_anon_bytes = pm.rss_anon_bytes;
+        m->rss_file_bytes = pm.rss_file_bytes;
+        m->rss_shmem_bytes = pm.rss_shmem_bytes;
+    }
+    for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
+        m->cat_bytes[c] = kvd_mem_bytes((kvd_mem_cat_t)c);
+
+    kvd_counters_t *k = &s->counters;
+    out->connections_current = atomic_load(&k->connections_current);
+    out->connections_total = atomic_load(&k->connections_total);
+    out->connections_rejected = atomic_load(&k->connections_rejected);
+    out->protocol_errors = atomic_load(&k->protocol_errors);
+    for (size_t i = 0; i < KVD_METHOD_COUNT; i++) {
+        kvd_method_counters_t *mc = &k->methods[i];
+        out->methods[i].calls = atomic_load(&mc->calls);
+        out->methods[i].errors = atomic_load(&mc->errors);
+        out->methods[i].latency_us_sum = atomic_load(&mc->latency_us_sum);
+        for (size_t b = 0; b < KVD_LATENCY_BUCKETS; b++)
+            out->methods[i].latency_buckets[b] = atomic_load(&mc->buckets[b]);
+    }
+}
+
+/* ---------------------------------------------------------- connections */
+
+static int watch(kvd_server_t *s, src_t *src, uint32_t events, int op)
+{
+    struct epoll_event ev = {.events = events, .data.ptr = src};
+    if (epoll_ctl(s->epfd, op, src->fd, &ev) != 0) {
+        int err = errno;
+        KVD_ERROR("server", "epoll_ctl(fd %d): %s", src->fd, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    return KVD_OK;
+}
+
+static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
+{
+    KVD_DEBUG("server", "connection %llu closed: %s", (unsigned long long)c->id, why);
+    epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
+    close(c->src.fd);
+    kvd_framer_free(&c->in);
+    kvd_buf_free(&c->out);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    atomic_fetch_sub(&s->counters.connections_current, 1);
+    /* later events of the same epoll batch may still point at c */
+    c->dead = true;
+    c->next = s->dead;
+    s->dead = c;
+}
+
+static void free_dead(kvd_server_t *s)
+{
+    while (s->dead) {
+        conn_t *c = s->dead;
+        s->dead = c->next;
+        kvd_mem_free(KVD_MEM_CONN, c, sizeof(*c));
+    }
+}
+
+/* Watches for input while the connection may send more and its output is
+ * below the high-water mark, and for output while any is queued. */
+static void conn_update_events(kvd_server_t *s, conn_t *c)
+{
+    uint32_t want = 0;
+    if (!c->closing && c->out.len < OUT_HIGH_WATER)
+        want |= EPOLLIN;
+    if (c->out.len > 0)
+        want |= EPOLLOUT;
+    if (want != c->events) {
+        c->events = want;
+        watch(s, &c->src, want, EPOLL_CTL_MOD);
+    }
+}
+
+/* Queues one reply; a reply that cannot be packed becomes an error reply. */
+static void conn_reply(conn_t *c, const kvd_msg_t *rep)
+{
+    size_t before = c->out.len;
+    int rc = kvd_msg_pack(rep, KVD_FRAME_LIMIT_MAX, &c->out);
+    if (rc != KVD_OK) {
+        c->out.len = before;
+        kvd_msg_t err;
+        kvd_msg_error(&err, rep->id, rep->method, rc, "reply could not be encoded: %s",
+                      kvd_status_str(rc));
+        if (kvd_msg_pack(&err, KVD_FRAME_LIMIT_MAX, &c->out) != KVD_OK) {
+            c->out.len = before;
+            c->closing = true; /* out of memory: nothing sensible left to say */
+        }
+    }
+}
+
+/* Sends an error reply and marks the connection for closing. */
+static void conn_fail(kvd_server_t *s, conn_t *c, uint64_t id, kvd_method_t method,
+                      int status, const char *what)
+{
+    atomic_fetch_add(&s->counters.protocol_errors, 1);
+    KVD_WARN("server", "connection %llu: %s; closing it",
+             (unsigned long long)c->id, what);
+    kvd_msg_t rep;
+    kvd_msg_error(&rep, id, method, status, "%s", what);
+    conn_reply(c, &rep);
+    c->closing = true;
+}
+
+static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
+                        kvd_msg_t *rep)
+{
+    const kvd_hello_req_t *h = &req->body.hello_req;
+    if (h->protocol_version != KVD_PROTOCOL_VERSION) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNSUPPORTED,
+                      "protocol version %u is not supported; this daemon speaks %d",
+                      h->protocol_version, KVD_PROTOCOL_VERSION);
+        c->closing = true;
+        return;
+    }
+    KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s",
+             (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "");
+    kvd_hello_rep_t *r = &rep->body.hello_rep;
+    kvd_strlcpy(r->daemon_version, KVD_VERSION, sizeof(r->daemon_version));
+    kvd_strlcpy(r->instance, s->opts.instance, sizeof(r->instance));
+    r->protocol_version = KVD_PROTOCOL_VERSION;
+    r->max_frame_bytes = (uint32_t)s->opts.max_frame_bytes;
+    r->max_batch = (uint32_t)s->opts.max_batch;
+    r->pool_bytes = kvd_pool_size(s->pool);
+    r->connection_id = c->id;
+}
+
+/* Serves one request frame. */
+static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_t len)
+{
+    uint64_t t0 = kvd_now_ns();
+    kvd_msg_t *req = kvd_mem_calloc(KVD_MEM_CONN, 2, sizeof(kvd_msg_t));
+    if (req == NULL) {
+        c->closing = true;
+        return;
+    }
+    kvd_msg_t *rep = req + 1;
+    int rc = kvd_msg_decode(payload, len, req);
+    if (rc == KVD_ERR_UNKNOWN_METHOD) {
+        conn_fail(s, c, req->id, KVD_METHOD_NONE, rc, "unknown method");
+        goto done;
+    }
+    if (rc != KVD_OK) {
+        conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_PROTOCOL,
+                  "malformed frame: the payload is not a valid request");
+        goto done;
+    }
+    if (req->reply) {
+        conn_fail(s, c, req->id, req->method, KVD_ERR_PROTOCOL,
+                  "a reply was sent where a request was expected");
+        goto done;
+    }
+    memset(rep, 0, sizeof(*rep));
+    rep->id = req->id;
+    rep->method = req->method;
+    rep->reply = true;
+    switch (req->method) {
+    case KVD_METHOD_HELLO:
+        serve_hello(s, c, req, rep);
+        break;
+    case KVD_METHOD_HEALTH:
+        rep->body.health_rep.state = kvd_server_health(s);
+        rep->body.health_rep.pool_bytes = kvd_pool_size(s->pool);
+        rep->body.health_rep.populated_bytes = kvd_pool_populated_bytes(s->pool);
+        rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
+        break;
+    case KVD_METHOD_STATS:
+        kvd_server_stats(s, &rep->body.stats_rep);
+        break;
+    default:
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNKNOWN_METHOD,
+                      "unknown method");
+        c->closing = true;
+        break;
+    }
+    conn_reply(c, rep);
+    kvd_counters_record(&s->counters, req->method, rep->status != KVD_OK,
+                        kvd_now_ns() - t0);
+done:
+    kvd_mem_free(KVD_MEM_CONN, req, 2 * sizeof(kvd_msg_t));
+}
+
+/* Writes queued output; closes a closing connection once it is all out. */
+static void conn_flush(kvd_server_t *s, conn_t *c)
+{
+    size_t off = 0;
+    while (off < c->out.len) {
+        ssize_t n = send(c->src.fd, c->out.data + off, c->out.len - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            break;
+        kvd_buf_consume(&c->out, off);
+        conn_close(s, c, "send failed: peer gone");
+        return;
+    }
+    kvd_buf_consume(&c->out, off);
+    if (c->closing && c->out.len == 0) {
+        conn_close(s, c, "closed after error reply");
+        return;
+    }
+    conn_update_events(s, c);
+}
+
+static void conn_on_readable(kvd_server_t *s, conn_t *c)
+{
+    while (!c->closing && c->out.len < OUT_HIGH_WATER) {
+        uint8_t *space;
+        size_t avail;
+        if (kvd_framer_space(&c->in, READ_CHUNK, &space, &avail) != KVD_OK) {
+            conn_close(s, c, "out of memory for input");
+            return;
+        }
+        ssize_t n = recv(c->src.fd, space, avail, 0);
+        if (n == 0) {
+            if (kvd_framer_pending(&c->in) > 0) {
+                atomic_fetch_add(&s->counters.protocol_errors, 1);
+                KVD_WARN("server", "connection %llu: closed inside a frame (%zu bytes "
+                         "of a truncated frame dropped)", (unsigned long long)c->id,
+                         kvd_framer_pending(&c->in));
+            }
+            conn_close(s, c, "peer closed");
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN)
+                break;
+            conn_close(s, c, "recv failed");
+            return;
+        }
+        kvd_framer_commit(&c->in, (size_t)n);
+        for (;;) {
+            if (c->closing)
+                break;
+            const uint8_t *payload;
+            size_t len;
+            int got = kvd_framer_next(&c->in, &payload, &len);
+            if (got == 0)
+                break;
+            if (got == KVD_ERR_TOO_LARGE) {
+                char what[128];
+                snprintf(what, sizeof(what), "frame larger than the maximum of %llu bytes",
+                         (unsigned long long)s->opts.max_frame_bytes);
+                conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_TOO_LARGE, what);
+                break;
+            }
+            if (got < 0) {
+                conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_PROTOCOL,
+                          "zero-length frame");
+                break;
+            }
+            conn_serve(s, c, payload, len);
+        }
+    }
+    conn_flush(s, c);
+}
+
+static void accept_all(kvd_server_t *s, src_t *listener)
+{
+    for (;;) {
+        int fd = accept4(listener->fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno != EAGAIN)
+                KVD_WARN("server", "accept: %s", strerror(errno));
+            return;
+        }
+        if (atomic_load(&s->counters.connections_current) >= s->opts.max_connections) {
+            atomic_fetch_add(&s->counters.connections_rejected, 1);
+            /* best effort: say why before closing; a full socket buffer on a
+             * fresh connection is impossible */
+            kvd_buf_t b;
+            kvd_buf_init(&b, KVD_MEM_CONN);
+            kvd_msg_t rep;
+            kvd_msg_error(&rep, 0, KVD_METHOD_NONE, KVD_ERR_NO_SPACE,
+                          "too many connections (limit %llu)",
+                          (unsigned long long)s->opts.max_connections);
+            if (kvd_msg_pack(&rep, KVD_FRAME_LIMIT_MAX, &b) == KVD_OK) {
+                ssize_t w = send(fd, b.data, b.len, MSG_NOSIGNAL);
+                (void)w;
+            }
+            kvd_buf_free(&b);
+            close(fd);
+            continue;
+        }
+        conn_t *c = kvd_mem_calloc(KVD_MEM_CONN, 1, sizeof(*c));
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        c->src.kind = SRC_CONN;
+        c->src.fd = fd;
+        c->id = ++s->next_conn_id;
+        c->tcp = listener->kind == SRC_TCP_LISTEN;
+        if (c->tcp) {
+            int one = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
+        kvd_framer_init(&c->in, s->opts.max_frame_bytes, KVD_MEM_CONN);
+        kvd_buf_init(&c->out, KVD_MEM_CONN);
+        c->events = EPOLLIN;
+        if (watch(s, &c->src, c->events, EPOLL_CTL_ADD) != KVD_OK) {
+            close(fd);
+            kvd_mem_free(KVD_MEM_CONN, c, sizeof(*c));
+            continue;
+        }
+        c->next = s->conns;
+        if (s->conns)
+            s->conns->prev = c;
+        s->conns = c;
+        atomic_fetch_add(&s->counters.connections_current, 1);
+        atomic_fetch_add(&s->counters.connections_total, 1);
+        KVD_DEBUG("server", "connection %llu accepted", (unsigned long long)c->id);
+    }
+}
+
+/* ------------------------------------------------------------ listeners */
+
+/* Binds the Unix socket; a live daemon on the path is an error, a stale
+ * socket file left by a crash is replaced. */
+static int listen_unix(kvd_server_t *s)
+{
+    const char *path = s->opts.socket_path;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(addr.sun_path)) {
+        KVD_ERROR("server", "socket path too long: %s", path);
+        return KVD_ERR_INVALID;
+    }
+    strcpy(addr.sun_path, path);
+    kvd_client_t *probe = NULL;
+    if (kvd_client_connect_unix(path, 500, &probe) == KVD_OK) {
+        kvd_client_close(probe);
+        KVD_ERROR("server", "another daemon serves %s; stop it or pick another "
+                  "--socket / --instance", path);
+        return KVD_ERR_EXISTS;
+    }
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return kvd_status_from_errno(errno);
+    /* 0660 from the start: no window in which the socket is world-open */
+    mode_t old = umask(0117);
+    int rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
+    umask(old);
+    if (rc != 0 || listen(fd, 1024) != 0) {
+        int err = errno;
+        KVD_ERROR("server", "cannot listen on %s: %s", path, strerror(err));
+        close(fd);
+        return kvd_status_from_errno(err);
+    }
+    chmod(path, 0660);
+    s->unix_listen = (src_t){SRC_UNIX_LISTEN, fd};
+    return watch(s, &s->unix_listen, EPOLLIN, EPOLL_CTL_ADD);
+}
+
+static int listen_tcp(kvd_server_t *s)
+{
+    char host[128], port_s[8];
+    uint16_t port;
+    if (kvd_parse_host_port(s->opts.listen, host, sizeof(host), &port) != KVD_OK)
+        return KVD_ERR_INVALID;
+    snprintf(port_s, sizeof(port_s), "%u", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int gai = getaddrinfo(host, port_s, &hints, &res);
+    if (gai != 0) {
+        KVD_ERROR("server", "--listen %s: %s", s->opts.listen, gai_strerror(gai));
+        return KVD_ERR_INVALID;
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int one = 1, rc = KVD_OK;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+        int err = errno;
+        KVD_ERROR("server", "cannot listen on %s: %s", s->opts.listen, strerror(err));
+        rc = kvd_status_from_errno(err);
+        if (fd >= 0)
+            close(fd);
+    }
+    freeaddrinfo(res);
+    if (rc != KVD_OK)
+        return rc;
+    s->tcp_listen = (src_t){SRC_TCP_LISTEN, fd};
+    KVD_INFO("server", "serving RPC over TCP on %s", s->opts.listen);
+    return watch(s, &s->tcp_listen, EPOLLIN, EPOLL_CTL_ADD);
+}
+
+static void close_listeners(kvd_server_t *s)
+{
+    if (s->unix_listen.fd >= 0) {
+        epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->unix_listen.fd, NULL);
+        close(s->unix_listen.fd);
+        unlink(s->opts.socket_path);
+        s->unix_listen.fd = -1;
+    }
+    if (s->tcp_listen.fd >= 0) {
+        epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->tcp_listen.fd, NULL);
+        close(s->tcp_listen.fd);
+        s->tcp_listen.fd = -1;
+    }
+}
+
+/* ------------------------------------------------------------- lifecycle */
+
+int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **out)
+{
+    kvd_server_t *s = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*s));
+    if (s == NULL)
+        return KVD_ERR_NOMEM;
+    s->opts = *opts;
+    s->pool = pool;
+    s->start_ns = kvd_now_ns();
+    s->usage_prev_ns = s->start_ns;
+    s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = -1;
+    atomic_store(&s->health, KVD_HEALTH_STARTING);
+    int rc = KVD_OK;
+
+    s->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (s->epfd < 0) {
+        rc = kvd_status_from_errno(errno);
+        goto fail;
+    }
+    /* SIGTERM/SIGINT arrive through a signalfd; they were blocked in main()
+     * before any thread started, so every thread inherits the mask */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    s->sig = (src_t){SRC_SIGNAL, signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)};
+    s->timer = (src_t){SRC_TIMER, timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)};
+    if (s->sig.fd < 0 || s->timer.fd < 0) {
+        rc = kvd_status_from_errno(errno);
+        goto fail;
+    }
+    struct itimerspec its = {.it_interval = {0, TICK_MS * 1000000L},
+                             .it_value = {0, TICK_MS * 1000000L}};
+    timerfd_settime(s->timer.fd, 0, &its, NULL);
+    if ((rc = watch(s, &s->sig, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
+        (rc = watch(s, &s->timer, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK)
+        goto fail;
+    if ((rc = listen_unix(s)) != KVD_OK)
+        goto fail;
+    if (opts->listen[0] && (rc = listen_tcp(s)) != KVD_OK)
+        goto fail;
+    if (opts->metrics_listen[0] &&
+        (rc = kvd_metrics_start(s, opts->metrics_listen, &s->metrics)) != KVD_OK)
+        goto fail;
+    s->next_usage_ns = s->start_ns + opts->usage_interval_s * 1000000000ull;
+    *out = s;
+    return KVD_OK;
+
+fail:
+    kvd_server_destroy(s);
+    return rc;
+}
+
+void kvd_server_destroy(kvd_server_t *s)
+{
+    if (s == NULL)
+        return;
+    kvd_metrics_stop(s->metrics);
+    while (s->conns)
+        conn_close(s, s->conns, "daemon exiting");
+    free_dead(s);
+    close_listeners(s);
+    if (s->sig.fd >= 0)
+        close(s->sig.fd);
+    if (s->timer.fd >= 0)
+        close(s->timer.fd);
+    if (s->epfd >= 0)
+        close(s->epfd);
+    kvd_mem_free(KVD_MEM_OTHER, s, sizeof(*s));
+}
+
+static void log_usage(kvd_server_t *s, uint64_t now)
+{
+    kvd_stats_rep_t st;
+    kvd_server_stats(s, &st);
+    uint64_t calls = 0, errors = 0;
+    for (size_t i = 0; i < KVD_METHOD_COUNT; i++) {
+        calls += st.methods[i].calls;
+        errors += st.methods[i].errors;
+    }
+    double secs = (double)(now - s->usage_prev_ns) / 1e9;
+    double rate = secs > 0 ? (double)(calls - s->usage_prev_calls) / secs : 0.0;
+    s->usage_prev_calls = calls;
+    s->usage_prev_ns = now;
+    uint64_t ours = 0;
+    for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
+        ours += st.memory.cat_bytes[c];
+    char pool[32], pop[32], rss[32], shm[32], anon[32], own[32];
+    KVD_INFO("usage",
+             "%s: pool %s populated of %s (%.0f%%), connections %llu, rpc %llu "
+             "calls (%.1f/s), %llu errors, %llu protocol errors, rss %s (shmem %s, "
+             "anon %s; kvdock's own allocations %s)",
+             kvd_health_name(st.state),
+             kvd_size_format(st.memory.pool_populated_bytes, pop, sizeof(pop)),
+             kvd_size_format(st.memory.pool_bytes, pool, sizeof(pool)),
+             100.0 * (double)st.memory.pool_populated_bytes / (double)st.memory.pool_bytes,
+             (unsigned long long)st.connections_current, (unsigned long long)calls,
+             rate, (unsigned long long)errors, (unsigned long long)st.protocol_errors,
+             kvd_size_format(st.memory.rss_bytes, rss, sizeof(rss)),
+             kvd_size_format(st.memory.rss_shmem_bytes, shm, sizeof(shm)),
+             kvd_size_format(st.memory.rss_anon_bytes, anon, sizeof(anon)),
+             kvd_size_format(ours, own, sizeof(own)));
+}
+
+static void start_drain(kvd_server_t *s, int signo)
+{
+    if (s->draining) {
+        KVD_WARN("server", "second signal (%s): exiting now", strsignal(signo));
+        s->drain_deadline_ns = 0;
+        return;
+    }
+    s->draining = true;
+    atomic_store(&s->health, KVD_HEALTH_DRAINING);
+    s->drain_deadline_ns = kvd_now_ns() + s->opts.drain_timeout_ms * 1000000ull;
+    close_listeners(s);
+    KVD_INFO("server", "%s: draining, no new connections; exiting when clients "
+             "close or in %llu ms", strsignal(signo),
+             (unsigned long long)s->opts.drain_timeout_ms);
+}
+
+/* Returns 0 to go on, 1 on a fatal pool error. */
+static int on_tick(kvd_server_t *s)
+{
+    uint64_t expirations;
+    ssize_t r = read(s->timer.fd, &expirations, sizeof(expirations));
+    (void)r;
+    uint64_t now = kvd_now_ns();
+    int perr = kvd_pool_error(s->pool);
+    if (perr != KVD_OK) {
+        KVD_ERROR("server", "the pool could not be populated (%s); exiting",
+                  kvd_status_str(perr));
+        return 1;
+    }
+    if (!s->draining && kvd_server_health(s) == KVD_HEALTH_STARTING &&
+        kvd_pool_ready(s->pool)) {
+        atomic_store(&s->health, KVD_HEALTH_READY);
+        char a[32];
+        KVD_INFO("server", "ready: pool %s populated in %.2f s, serving %s",
+                 kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),
+                 (double)(now - s->start_ns) / 1e9, s->opts.socket_path);
+    }
+    if (s->opts.usage_interval_s > 0 && now >= s->next_usage_ns) {
+        log_usage(s, now);
+        s->next_usage_ns = now + s->opts.usage_interval_s * 1000000000ull;
+    }
+    return 0;
+}
+
+int kvd_server_run(kvd_server_t *s)
+{
+    KVD_INFO("server", "serving %s (socket mode 0660, max %llu connections)",
+             s->opts.socket_path, (unsigned long long)s->opts.max_connections);
+    struct epoll_event events[64];
+    for (;;) {
+        if (s->draining && (s->conns == NULL || kvd_now_ns() >= s->drain_deadline_ns))
+            break;
+        int n = epoll_wait(s->epfd, events, (int)KVD_ARRAY_SIZE(events), TICK_MS);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            KVD_ERROR("server", "epoll_wait: %s", strerror(errno));
+            return 1;
+        }
+        for (int i = 0; i < n; i++) {
+            src_t *src = events[i].data.ptr;
+            switch (src->kind) {
+            case SRC_UNIX_LISTEN:
+            case SRC_TCP_LISTEN:
+                accept_all(s, src);
+                break;
+            case SRC_SIGNAL: {
+                struct signalfd_siginfo si;
+                while (read(s->sig.fd, &si, sizeof(si)) == sizeof(si))
+                    start_drain(s, (int)si.ssi_signo);
+                break;
+            }
+            case SRC_TIMER:
+                if (on_tick(s) != 0)
+                    return 1;
+                break;
+            case SRC_CONN: {
+                conn_t *c = (conn_t *)src;
+                uint32_t ev = events[i].events;
+                if (c->dead)
+                    break;
+                if (ev & (EPOLLERR | EPOLLHUP) && !(ev & EPOLLIN))
+                    conn_close(s, c, "hang-up");
+                else if (ev & EPOLLIN)
+                    conn_on_readable(s, c); /* flushes, may close c */
+                else if (ev & EPOLLOUT)
+                    conn_flush(s, c);
+                break;
+            }
+            }
+        }
+        free_dead(s);
+    }
+    KVD_INFO("server", "drained: %s", s->conns ? "drain timeout, closing clients"
+                                               : "all clients gone");
+    return 0;
+}

@@ -1,0 +1,290 @@
+/*
+ * client.c - a blocking RPC client over a Unix or TCP stream socket.
+ *
+ * One call at a time: kvd_client_call() writes a request frame and reads
+ * frames until the reply with the same id arrives, all bounded by one
+ * deadline. Replies to other ids cannot occur (one call in flight), so any
+ * other id is a protocol error. Owned by one thread.
+ */
+#include "kvd_proto.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+struct kvd_client {
+    int fd;
+    uint64_t next_id;
+    kvd_framer_t framer;
+    kvd_buf_t out;
+};
+
+static int client_new(int fd, kvd_client_t **out)
+{
+    kvd_client_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return KVD_ERR_NOMEM;
+    }
+    c->fd = fd;
+    c->next_id = 1;
+    /* a reply may be as large as the biggest frame a daemon may send */
+    kvd_framer_init(&c->framer, KVD_FRAME_LIMIT_MAX, KVD_MEM_OTHER);
+    kvd_buf_init(&c->out, KVD_MEM_OTHER);
+    *out = c;
+    return KVD_OK;
+}
+
+/* Waits for `events` on fd until deadline_ns. */
+static int wait_fd(int fd, short events, uint64_t deadline_ns)
+{
+    for (;;) {
+        uint64_t now = kvd_now_ns();
+        if (now >= deadline_ns)
+            return KVD_ERR_TIMEOUT;
+        int ms = (int)KVD_MIN((deadline_ns - now + 999999) / 1000000, 60000ull);
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, ms);
+        if (n > 0)
+            return KVD_OK;
+        if (n < 0 && errno != EINTR)
+            return kvd_status_from_errno(errno);
+    }
+}
+
+/* Finishes a non-blocking connect() within the deadline. */
+static int finish_connect(int fd, int rc, uint64_t deadline_ns)
+{
+    if (rc == 0)
+        return KVD_OK;
+    if (errno != EINPROGRESS && errno != EAGAIN)
+        return errno == ENOENT || errno == ECONNREFUSED ? KVD_ERR_UNAVAILABLE
+                                                         : kvd_status_from_errno(errno);
+    int st = wait_fd(fd, POLLOUT, deadline_ns);
+    if (st != KVD_OK)
+        return st;
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0)
+        return err == ECONNREFUSED || err == ENOENT ? KVD_ERR_UNAVAILABLE
+                                                    : kvd_status_from_errno(err);
+    return KVD_OK;
+}
+
+int kvd_client_connect_unix(const char *path, int timeout_ms, kvd_client_t **out)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (path == NULL || strlen(path) >= sizeof(addr.sun_path))
+        return KVD_ERR_INVALID;
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return kvd_status_from_errno(errno);
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int rc = finish_connect(fd, connect(fd, (struct sockaddr *)&addr, sizeof(addr)),
+                            deadline);
+    if (rc != KVD_OK) {
+        close(fd);
+        return rc;
+    }
+    return client_new(fd, out);
+}
+
+void kvd_default_socket_path(const char *instance, char *buf, size_t len)
+{
+    const char *dir = getenv("XDG_RUNTIME_DIR");
+    if (dir == NULL || dir[0] == '\0')
+        dir = "/tmp";
+    snprintf(buf, len, "%s/kvdockd-%s.sock", dir, instance);
+}
+
+int kvd_parse_host_port(const char *text, char *host, size_t host_len,
+                        uint16_t *port)
+{
+    if (text == NULL)
+        return KVD_ERR_INVALID;
+    const char *colon;
+    const char *h = text;
+    size_t hlen;
+    if (text[0] == '[') {
+        const char *close_br = strchr(text, ']');
+        if (close_br == NULL || close_br[1] != ':')
+            return KVD_ERR_INVALID;
+        h = text + 1;
+        hlen = (size_t)(close_br - h);
+        colon = close_br + 1;
+    } else {
+        colon = strrchr(text, ':');
+        if (colon == NULL)
+            return KVD_ERR_INVALID;
+        hlen = (size_t)(colon - text);
+    }
+    if (hlen == 0 || hlen >= host_len)
+        return KVD_ERR_INVALID;
+    uint64_t p;
+    if (kvd_u64_parse(colon + 1, 1, 65535, &p) != KVD_OK)
+        return KVD_ERR_INVALID;
+    memcpy(host, h, hlen);
+    host[hlen] = '\0';
+    *port = (uint16_t)p;
+    return KVD_OK;
+}
+
+int kvd_client_connect_tcp(const char *host_port, int timeout_ms,
+                           kvd_client_t **out)
+{
+    char host[256], port_s[8];
+    uint16_t port;
+    if (kvd_parse_host_port(host_port, host, sizeof(host), &port) != KVD_OK)
+        return KVD_ERR_INVALID;
+    snprintf(port_s, sizeof(port_s), "%u", port);
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    if (getaddrinfo(host, port_s, &hints, &res) != 0)
+        return KVD_ERR_NOT_FOUND;
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int rc = KVD_ERR_UNAVAILABLE;
+    int fd = -1;
+    for (struct addrinfo *ai = res; ai != NULL; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                    ai->ai_protocol);
+        if (fd < 0)
+            continue;
+        rc = finish_connect(fd, connect(fd, ai->ai_addr, ai->ai_addrlen), deadline);
+        if (rc == KVD_OK)
+            break;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return rc;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return client_new(fd, out);
+}
+
+void kvd_client_close(kvd_client_t *c)
+{
+    if (c == NULL)
+        return;
+    close(c->fd);
+    kvd_framer_free(&c->framer);
+    kvd_buf_free(&c->out);
+    free(c);
+}
+
+int kvd_client_fd(const kvd_client_t *c)
+{
+    return c->fd;
+}
+
+/* Writes all of c->out before the deadline. */
+static int flush_out(kvd_client_t *c, uint64_t deadline)
+{
+    size_t off = 0;
+    while (off < c->out.len) {
+        ssize_t n = send(c->fd, c->out.data + off, c->out.len - off, MSG_NOSIGNAL);
+        if (n > 0) {
+            off += (size_t)n;
+            continue;
+        }
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            int rc = wait_fd(c->fd, POLLOUT, deadline);
+            if (rc != KVD_OK)
+                return rc;
+            continue;
+        }
+        return KVD_ERR_CLOSED;
+    }
+    c->out.len = 0;
+    return KVD_OK;
+}
+
+/* Reads until one whole frame is available; decodes it into rep. */
+static int read_reply(kvd_client_t *c, kvd_msg_t *rep, uint64_t deadline)
+{
+    for (;;) {
+        const uint8_t *payload;
+        size_t len;
+        int got = kvd_framer_next(&c->framer, &payload, &len);
+        if (got < 0)
+            return KVD_ERR_PROTOCOL;
+        if (got == 1) {
+            int rc = kvd_msg_decode(payload, len, rep);
+            return rc == KVD_OK ? KVD_OK : KVD_ERR_PROTOCOL;
+        }
+        uint8_t *space;
+        size_t avail;
+        int rc = kvd_framer_space(&c->framer, 4096, &space, &avail);
+        if (rc != KVD_OK)
+            return rc;
+        ssize_t n = recv(c->fd, space, avail, 0);
+        if (n > 0) {
+            kvd_framer_commit(&c->framer, (size_t)n);
+            continue;
+        }
+        if (n == 0)
+            return KVD_ERR_CLOSED;
+        if (errno == EINTR)
+            continue;
+        if (errno != EAGAIN)
+            return KVD_ERR_CLOSED;
+        rc = wait_fd(c->fd, POLLIN, deadline);
+        if (rc != KVD_OK)
+            return rc;
+    }
+}
+
+int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep,
+                    int timeout_ms)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    req->id = c->next_id++;
+    req->reply = false;
+    c->out.len = 0;
+    int rc = kvd_msg_pack(req, KVD_FRAME_LIMIT_MAX, &c->out);
+    if (rc == KVD_OK)
+        rc = flush_out(c, deadline);
+    if (rc == KVD_OK)
+        rc = read_reply(c, rep, deadline);
+    if (rc != KVD_OK)
+        return rc;
+    /* an error reply with id 0 is the daemon refusing the connection */
+    if (rep->id != req->id && !(rep->id == 0 && rep->status < 0))
+        return KVD_ERR_PROTOCOL;
+    if (!rep->reply)
+        return KVD_ERR_PROTOCOL;
+    return KVD_OK;
+}
+
+int kvd_client_hello(kvd_client_t *c, const char *client_name,
+                     kvd_hello_rep_t *rep, int timeout_ms)
+{
+    kvd_msg_t req, r;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_strlcpy(req.body.hello_req.client_name, client_name,
+                sizeof(req.body.hello_req.client_name));
+    req.body.hello_req.pid = (uint32_t)getpid();
+    req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    int rc = kvd_client_call(c, &req, &r, timeout_ms);
+    if (rc != KVD_OK)
+        return rc;
+    if (r.status != KVD_OK)
+        return r.status;
+    *rep = r.body.hello_rep;
+    return KVD_OK;
+}

@@ -1,0 +1,241 @@
+/*
+ * pool.c - the daemon's memory pool: one shared-memory file (memfd, named
+ * after the instance) mapped MAP_SHARED, so that same-host workers can map
+ * the same pages from the descriptor the daemon hands them.
+ *
+ * Population runs on its own thread, chunk by chunk: fallocate() allocates
+ * the chunk's pages (a full host answers ENOSPC here instead of a SIGBUS at
+ * first touch), MADV_POPULATE_WRITE maps them into this process (so the OS
+ * reports them as RssShmem), then the thread sleeps as long as the rate bound
+ * asks. The loop thread reads progress through atomics.
+ */
+#include "kvd_store.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
+#ifndef MFD_HUGETLB
+#define MFD_HUGETLB 0x0004U
+#endif
+
+#define POOL_CHUNK_BYTES (64ull * KVD_MiB)
+#define HUGE_PAGE_BYTES (2ull * KVD_MiB)
+
+struct kvd_pool {
+    kvd_pool_opts_t opts;
+    char name[160];
+    int fd;
+    uint8_t *base;
+    uint64_t size_bytes;
+    uint64_t page_bytes;
+    pthread_t thread;
+    bool thread_started;
+    atomic_bool stop;
+    atomic_bool ready;
+    atomic_bool mlocked;
+    _Atomic uint64_t populated_bytes;
+    atomic_int error;
+};
+
+int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
+{
+    uint64_t page = opts->hugepages ? HUGE_PAGE_BYTES : (uint64_t)sysconf(_SC_PAGESIZE);
+    if (opts->size_bytes == 0 || opts->size_bytes % page != 0) {
+        KVD_ERROR("pool", "pool size %llu is not a positive multiple of the %llu-byte page",
+                  (unsigned long long)opts->size_bytes, (unsigned long long)page);
+        return KVD_ERR_INVALID;
+    }
+    kvd_pool_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return KVD_ERR_NOMEM;
+    p->opts = *opts;
+    p->size_bytes = opts->size_bytes;
+    p->page_bytes = page;
+    snprintf(p->name, sizeof(p->name), "kvdock-%s", opts->instance);
+
+    unsigned flags = MFD_CLOEXEC | (opts->hugepages ? MFD_HUGETLB : 0);
+    p->fd = memfd_create(p->name, flags);
+    if (p->fd < 0) {
+        int err = errno;
+        KVD_ERROR("pool", "memfd_create(%s%s): %s", p->name,
+                  opts->hugepages ? ", hugetlb" : "", strerror(err));
+        free(p);
+        return opts->hugepages ? KVD_ERR_UNSUPPORTED : kvd_status_from_errno(err);
+    }
+    if (ftruncate(p->fd, (off_t)p->size_bytes) != 0) {
+        int err = errno;
+        KVD_ERROR("pool", "ftruncate(%s, %llu): %s", p->name,
+                  (unsigned long long)p->size_bytes, strerror(err));
+        goto close_fd;
+    }
+    p->base = mmap(NULL, p->size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
+    if (p->base == MAP_FAILED) {
+        int err = errno;
+        KVD_ERROR("pool", "mmap(%s, %llu): %s", p->name,
+                  (unsigned long long)p->size_bytes, strerror(err));
+        goto close_fd;
+    }
+    *out = p;
+    return KVD_OK;
+
+close_fd:
+    close(p->fd);
+    free(p);
+    return KVD_ERR_IO;
+}
+
+/* Allocates and maps [off, off+len); returns a status. */
+static int populate_chunk(kvd_pool_t *p, uint64_t off, uint64_t len)
+{
+    if (fallocate(p->fd, 0, (off_t)off, (off_t)len) != 0) {
+        int err = errno;
+        if (err == ENOSPC && p->opts.hugepages)
+            KVD_ERROR("pool", "out of hugepages at %llu of %llu bytes: reserve "
+                      "more with sysctl vm.nr_hugepages=%llu",
+                      (unsigned long long)off, (unsigned long long)p->size_bytes,
+                      (unsigned long long)(p->size_bytes / HUGE_PAGE_BYTES));
+        else
+            KVD_ERROR("pool", "fallocate at %llu (+%llu): %s", (unsigned long long)off,
+                      (unsigned long long)len, strerror(err));
+        return err == ENOSPC || err == ENOMEM ? KVD_ERR_NO_SPACE
+                                              : kvd_status_from_errno(err);
+    }
+    if (madvise(p->base + off, len, MADV_POPULATE_WRITE) != 0) {
+        /* older kernels: touch one byte per page; the pages exist already,
+         * so this cannot fault for lack of memory */
+        for (uint64_t o = 0; o < len; o += p->page_bytes)
+            ((volatile uint8_t *)p->base)[off + o] = 0;
+    }
+    return KVD_OK;
+}
+
+static void *populate_main(void *arg)
+{
+    kvd_pool_t *p = arg;
+    uint64_t start_ns = kvd_now_ns();
+    uint64_t rate = p->opts.populate_rate_bps;
+    unsigned next_decile = 1;
+    char a[32], b[32];
+
+    for (uint64_t off = 0; off < p->size_bytes && !atomic_load(&p->stop);) {
+        uint64_t len = KVD_MIN(POOL_CHUNK_BYTES, p->size_bytes - off);
+        int rc = populate_chunk(p, off, len);
+        if (rc != KVD_OK) {
+            atomic_store(&p->error, rc);
+            return NULL;
+        }
+        off += len;
+        atomic_store(&p->populated_bytes, off);
+        /* one line per 10% crossed (a big chunk of a small pool may cross
+         * several at once; it still gets one line) */
+        unsigned decile = (unsigned)(off * 10 / p->size_bytes);
+        if (decile >= next_decile) {
+            double secs = (double)(kvd_now_ns() - start_ns) / 1e9;
+            KVD_INFO("pool", "populated %s of %s (%u%%) in %.2f s, %.2f GiB/s",
+                     kvd_size_format(off, a, sizeof(a)),
+                     kvd_size_format(p->size_bytes, b, sizeof(b)),
+                     (unsigned)(off * 100 / p->size_bytes), secs,
+                     secs > 0 ? (double)off / (double)KVD_GiB / secs : 0.0);
+            next_decile = decile + 1;
+        }
+        if (rate > 0) {
+            /* sleep until the average rate since the start is back at the bound */
+            uint64_t due_ns = start_ns + (uint64_t)((double)off / (double)rate * 1e9);
+            uint64_t now = kvd_now_ns();
+            while (now < due_ns && !atomic_load(&p->stop)) {
+                kvd_sleep_ns(KVD_MIN(due_ns - now, 50000000ull));
+                now = kvd_now_ns();
+            }
+        }
+    }
+    if (atomic_load(&p->stop))
+        return NULL;
+    if (p->opts.mlock) {
+        if (mlock(p->base, p->size_bytes) != 0) {
+            int err = errno;
+            KVD_ERROR("pool", "mlock of %s failed: %s (raise RLIMIT_MEMLOCK, e.g. "
+                      "ulimit -l unlimited, or drop --mlock)",
+                      kvd_size_format(p->size_bytes, a, sizeof(a)), strerror(err));
+            atomic_store(&p->error, kvd_status_from_errno(err));
+            return NULL;
+        }
+        atomic_store(&p->mlocked, true);
+    }
+    atomic_store(&p->ready, true);
+    return NULL;
+}
+
+int kvd_pool_populate_start(kvd_pool_t *p)
+{
+    if (p->thread_started)
+        return KVD_ERR_STATE;
+    int rc = pthread_create(&p->thread, NULL, populate_main, p);
+    if (rc != 0)
+        return kvd_status_from_errno(rc);
+    p->thread_started = true;
+    return KVD_OK;
+}
+
+void kvd_pool_destroy(kvd_pool_t *p)
+{
+    if (p == NULL)
+        return;
+    atomic_store(&p->stop, true);
+    if (p->thread_started)
+        pthread_join(p->thread, NULL);
+    if (atomic_load(&p->mlocked))
+        munlock(p->base, p->size_bytes);
+    munmap(p->base, p->size_bytes);
+    close(p->fd);
+    free(p);
+}
+
+bool kvd_pool_ready(const kvd_pool_t *p)
+{
+    return atomic_load(&((kvd_pool_t *)p)->ready);
+}
+
+int kvd_pool_error(const kvd_pool_t *p)
+{
+    return atomic_load(&((kvd_pool_t *)p)->error);
+}
+
+uint64_t kvd_pool_populated_bytes(const kvd_pool_t *p)
+{
+    return atomic_load(&((kvd_pool_t *)p)->populated_bytes);
+}
+
+uint64_t kvd_pool_size(const kvd_pool_t *p)
+{
+    return p->size_bytes;
+}
+
+bool kvd_pool_hugepages(const kvd_pool_t *p)
+{
+    return p->opts.hugepages;
+}
+
+bool kvd_pool_mlocked(const kvd_pool_t *p)
+{
+    return atomic_load(&((kvd_pool_t *)p)->mlocked);
+}
+
+int kvd_pool_fd(const kvd_pool_t *p)
+{
+    return p->fd;
+}
+
+void *kvd_pool_base(const kvd_pool_t *p)
+{
+    return p->base;
+}

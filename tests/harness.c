@@ -1,0 +1,229 @@
+/*
+ * harness.c - see harness.h. Every process started here is waited for and,
+ * past its timeout, killed by its pid; nothing else is ever signalled.
+ */
+#include "harness.h"
+#include "kvd_common.h"
+#include "kvd_proto.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *kvd_test_bin(const char *name)
+{
+    const char *env = strcmp(name, "kvdockd") == 0 ? "KVDOCKD" : "KVDOCK";
+    const char *p = getenv(env);
+    if (p == NULL || *p == '\0') {
+        fprintf(stderr, "harness: %s is not set (run through meson test)\n", env);
+        abort();
+    }
+    return p;
+}
+
+int kvd_test_wait_pid(pid_t pid, int timeout_ms, int *wstatus)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            if (wstatus)
+                *wstatus = st;
+            return 0;
+        }
+        if (r < 0 && errno != EINTR)
+            return -1;
+        if (kvd_now_ns() >= deadline)
+            return -1;
+        kvd_sleep_ns(5000000);
+    }
+}
+
+void kvd_test_dump_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    fprintf(stderr, "---- %s ----\n", path);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        fwrite(buf, 1, n, stderr);
+    fprintf(stderr, "---- end ----\n");
+    fclose(f);
+}
+
+bool kvd_test_file_contains(const char *path, const char *needle)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return false;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    return strstr(buf, needle) != NULL;
+}
+
+/* Asks Health once; returns the state or -1. */
+static int health_once(const char *socket)
+{
+    kvd_client_t *c = NULL;
+    if (kvd_client_connect_unix(socket, 200, &c) != KVD_OK)
+        return -1;
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
+    int rc = kvd_client_call(c, &req, &rep, 1000);
+    kvd_client_close(c);
+    if (rc != KVD_OK || rep.status != KVD_OK)
+        return -1;
+    return (int)rep.body.health_rep.state;
+}
+
+int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
+                          bool wait_ready, int timeout_ms)
+{
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/kvdock-test-XXXXXX");
+    if (mkdtemp(d->dir) == NULL) {
+        perror("mkdtemp");
+        return -1;
+    }
+    snprintf(d->socket, sizeof(d->socket), "%s/kvdockd.sock", d->dir);
+    snprintf(d->log, sizeof(d->log), "%s/kvdockd.log", d->dir);
+    char instance[64];
+    snprintf(instance, sizeof(instance), "test-%d", (int)getpid());
+
+    const char *argv[64];
+    size_t n = 0;
+    argv[n++] = kvd_test_bin("kvdockd");
+    argv[n++] = "--socket";
+    argv[n++] = d->socket;
+    argv[n++] = "--instance";
+    argv[n++] = instance;
+    for (size_t i = 0; extra_args && extra_args[i] && n < 62; i++)
+        argv[n++] = extra_args[i];
+    argv[n] = NULL;
+
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+            dup2(fd, STDOUT_FILENO);
+            dup2(fd, STDERR_FILENO);
+            close(fd);
+        }
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    d->pid = pid;
+    if (!wait_ready)
+        return 0;
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (kvd_now_ns() < deadline) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            fprintf(stderr, "harness: kvdockd exited early (status %d)\n",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+            kvd_test_dump_file(d->log);
+            d->pid = 0;
+            return -1;
+        }
+        if (health_once(d->socket) == KVD_HEALTH_READY)
+            return 0;
+        kvd_sleep_ns(10000000);
+    }
+    fprintf(stderr, "harness: kvdockd not ready after %d ms\n", timeout_ms);
+    kvd_test_dump_file(d->log);
+    return -1;
+}
+
+static void remove_dir(const char *dir)
+{
+    char path[400];
+    snprintf(path, sizeof(path), "%s/kvdockd.log", dir);
+    unlink(path);
+    snprintf(path, sizeof(path), "%s/kvdockd.sock", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+int kvd_test_daemon_stop(kvd_test_daemon_t *d, int sig, int timeout_ms, int *wstatus)
+{
+    int rc = 0;
+    if (d->pid > 0) {
+        kill(d->pid, sig);
+        if (kvd_test_wait_pid(d->pid, timeout_ms, wstatus) != 0) {
+            fprintf(stderr, "harness: kvdockd %d did not exit in %d ms; killing it\n",
+                    (int)d->pid, timeout_ms);
+            kvd_test_dump_file(d->log);
+            kill(d->pid, SIGKILL);
+            kvd_test_wait_pid(d->pid, 5000, NULL);
+            rc = -1;
+        }
+        d->pid = 0;
+    }
+    if (d->dir[0])
+        remove_dir(d->dir);
+    return rc;
+}
+
+int kvd_test_run(char *const argv[], char *out, size_t out_len, int timeout_ms)
+{
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        dup2(pipefd[1], STDOUT_FILENO);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    size_t used = 0;
+    fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int status = -1;
+    bool exited = false;
+    for (;;) {
+        char buf[4096];
+        ssize_t n = read(pipefd[0], buf, sizeof(buf));
+        if (n > 0) {
+            size_t take = KVD_MIN((size_t)n, out_len > used + 1 ? out_len - used - 1 : 0);
+            memcpy(out + used, buf, take);
+            used += take;
+            continue;
+        }
+        if (n == 0 && exited)
+            break;
+        int st;
+        if (!exited && waitpid(pid, &st, WNOHANG) == pid) {
+            exited = true;
+            status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            continue;
+        }
+        if (kvd_now_ns() >= deadline) {
+            if (!exited) {
+                kill(pid, SIGKILL);
+                waitpid(pid, NULL, 0);
+            }
+            status = -1;
+            break;
+        }
+        kvd_sleep_ns(2000000);
+    }
+    close(pipefd[0]);
+    if (out_len)
+        out[used] = '\0';
+    return status;
+}
