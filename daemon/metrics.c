@@ -57,7 +57,65 @@ static void counter(kvd_buf_t *b, const char *name, const char *help, uint64_t v
             (unsigned long long)v);
 }
 
-int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
+/* The store's figures, global and per namespace. */
+static void render_store(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,
+                         kvd_buf_t *b)
+{
+    const kvd_store_stats_msg_t *s = &st->store;
+    appendf(b, "# HELP kvdock_store_bytes Pool bytes by state (free + writing + ready = pool).\n"
+               "# TYPE kvdock_store_bytes gauge\n"
+               "kvdock_store_bytes{state=\"free\"} %llu\n"
+               "kvdock_store_bytes{state=\"writing\"} %llu\n"
+               "kvdock_store_bytes{state=\"ready\"} %llu\n",
+            (unsigned long long)s->free_bytes, (unsigned long long)s->writing_bytes,
+            (unsigned long long)s->ready_bytes);
+    gauge(b, "kvdock_store_pinned_bytes", "Ready bytes pinned by loads.", s->pinned_bytes);
+    gauge(b, "kvdock_store_objects", "Objects stored (ready).", s->objects_ready);
+    gauge(b, "kvdock_store_objects_writing", "Objects reserved, being written.",
+          s->objects_writing);
+    gauge(b, "kvdock_store_leases", "Leases holding reservations or pins.", s->leases);
+    gauge(b, "kvdock_store_free_extents", "Free extents of the pool.", s->free_extents);
+    gauge(b, "kvdock_store_largest_free_bytes", "Largest free extent.", s->largest_free_bytes);
+    appendf(b, "# HELP kvdock_store_fragmentation 1 - largest free extent / free bytes.\n"
+               "# TYPE kvdock_store_fragmentation gauge\nkvdock_store_fragmentation %.4f\n",
+            s->fragmentation);
+    gauge(b, "kvdock_store_index_bytes", "Memory of the index (records, hash, leases).",
+          s->index_bytes);
+    counter(b, "kvdock_store_evictions_total", "Objects evicted.", s->evictions);
+    counter(b, "kvdock_store_evicted_bytes_total", "Bytes evicted.", s->evicted_bytes);
+    counter(b, "kvdock_store_published_bytes_total", "Bytes offloaded (published).",
+            s->published_bytes);
+    counter(b, "kvdock_store_acquired_bytes_total", "Bytes loaded (acquired).",
+            s->acquired_bytes);
+    counter(b, "kvdock_store_leases_expired_total", "Leases undone by their TTL.",
+            s->leases_expired);
+    appendf(b, "# HELP kvdock_store_reserve_total Reserve results by kind.\n"
+               "# TYPE kvdock_store_reserve_total counter\n"
+               "kvdock_store_reserve_total{result=\"allocated\"} %llu\n"
+               "kvdock_store_reserve_total{result=\"exists\"} %llu\n"
+               "kvdock_store_reserve_total{result=\"in_flight\"} %llu\n"
+               "kvdock_store_reserve_total{result=\"no_space\"} %llu\n",
+            (unsigned long long)s->reserve_allocated, (unsigned long long)s->reserve_exists,
+            (unsigned long long)s->reserve_in_flight, (unsigned long long)s->reserve_no_space);
+    appendf(b, "# HELP kvdock_ns_objects Ready objects per namespace.\n"
+               "# TYPE kvdock_ns_objects gauge\n");
+    for (size_t i = 0; i < n_ns; i++)
+        appendf(b, "kvdock_ns_objects{ns=\"%s\"} %llu\n", ns[i].name,
+                (unsigned long long)ns[i].objects_ready);
+    appendf(b, "# HELP kvdock_ns_lookup_pages_total Pages probed by lookups per namespace.\n"
+               "# TYPE kvdock_ns_lookup_pages_total counter\n");
+    for (size_t i = 0; i < n_ns; i++)
+        appendf(b, "kvdock_ns_lookup_pages_total{ns=\"%s\"} %llu\n", ns[i].name,
+                (unsigned long long)ns[i].lookup_pages);
+    appendf(b, "# HELP kvdock_ns_hit_pages_total Probed pages found per namespace.\n"
+               "# TYPE kvdock_ns_hit_pages_total counter\n");
+    for (size_t i = 0; i < n_ns; i++)
+        appendf(b, "kvdock_ns_hit_pages_total{ns=\"%s\"} %llu\n", ns[i].name,
+                (unsigned long long)ns[i].hit_pages);
+}
+
+int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,
+                       kvd_buf_t *b)
 {
     const kvd_mem_stats_t *m = &st->memory;
     appendf(b, "# HELP kvdock_info Build and instance of this daemon.\n"
@@ -127,7 +185,8 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
         appendf(b, "kvdock_rpc_latency_seconds_count{method=\"%s\"} %llu\n", name,
                 (unsigned long long)ms->calls);
     }
-    return KVD_OK;
+    render_store(st, ns, n_ns, b);
+    return b->data != NULL ? KVD_OK : KVD_ERR_NOMEM;
 }
 
 static kvd_mhd_result respond(struct MHD_Connection *conn, unsigned status,
@@ -166,9 +225,15 @@ static kvd_mhd_result handle(void *cls, struct MHD_Connection *conn, const char 
     if (strcmp(url, "/metrics") == 0) {
         kvd_stats_rep_t st;
         kvd_server_stats(m->server, &st);
+        kvd_msg_t tmp = {0};
+        kvd_ns_msg_t *ns = NULL;
+        size_t n_ns = 0;
+        kvd_server_ns_table(m->server, &tmp, &ns, &n_ns);
         kvd_buf_t b;
         kvd_buf_init(&b, KVD_MEM_OTHER);
-        if (kvd_metrics_render(&st, &b) != KVD_OK) {
+        int rc = kvd_metrics_render(&st, ns, n_ns, &b);
+        kvd_msg_clear(&tmp);
+        if (rc != KVD_OK) {
             kvd_buf_free(&b);
             return respond(conn, 500, "text/plain", "out of memory\n", 14,
                            MHD_RESPMEM_PERSISTENT);

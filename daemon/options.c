@@ -75,6 +75,12 @@ static const opt_def_t opt_defs[] = {
      "seconds between usage lines; 0 = none (default 10)"},
     {"drain-timeout", OPT_U64, OFF(drain_timeout_ms), 0, 0, 600000, "MS",
      "on SIGTERM/SIGINT, serve connected clients this long before exiting (default 1000)"},
+    {"evict-high", OPT_FRACTION, OFF(evict_high), 0, 0, 0, "F",
+     "start evicting when more than F of the pool is used (default 0.95)"},
+    {"evict-low", OPT_FRACTION, OFF(evict_low), 0, 0, 0, "F",
+     "evict down to F of the pool used (default 0.90)"},
+    {"lease-ttl", OPT_U64, OFF(lease_ttl_ms), 0, 100, 86400000, "MS",
+     "undo a reservation or pin not ended within MS (default 30000)"},
     {"log-level", OPT_LOGLEVEL, OFF(log_level), 0, 0, 0, "LEVEL",
      "error, warn, info or debug (default info)"},
     {"meminfo-root", OPT_STRING, OFF(meminfo_root), SZ(meminfo_root), 0, 0, "DIR",
@@ -263,6 +269,9 @@ static void set_defaults(kvd_opts_t *o)
     o->max_connections = 1024;
     o->usage_interval_s = 10;
     o->drain_timeout_ms = 1000;
+    o->evict_high = 0.95;
+    o->evict_low = 0.90;
+    o->lease_ttl_ms = 30000;
     o->log_level = KVD_LOG_INFO;
 }
 
@@ -328,6 +337,11 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     }
     if (pool_size_given && o->mem_fraction > 0) {
         fprintf(stderr, "kvdockd: give one of --pool-size and --mem-fraction, not both\n");
+        return KVD_OPTS_ERROR;
+    }
+    if (o->evict_low > o->evict_high) {
+        fprintf(stderr, "kvdockd: --evict-low %.3f is above --evict-high %.3f\n",
+                o->evict_low, o->evict_high);
         return KVD_OPTS_ERROR;
     }
     if (!pool_size_given && o->mem_fraction == 0)

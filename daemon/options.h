@@ -27,6 +27,9 @@ typedef struct kvd_opts {
     uint64_t max_connections;
     uint64_t usage_interval_s; /* 0 = no usage line */
     uint64_t drain_timeout_ms;
+    double evict_high;         /* evict above this fraction of the pool used */
+    double evict_low;          /* ... down to this one */
+    uint64_t lease_ttl_ms;
     kvd_log_level_t log_level;
     char meminfo_root[256];    /* tests: read /proc and /sys below this */
 } kvd_opts_t;

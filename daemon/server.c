@@ -15,8 +15,10 @@
  * carry on.
  */
 #include "server.h"
+#include "rpc_store.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -58,6 +60,7 @@ typedef struct conn {
     bool closing;       /* close once the output is flushed */
     bool dead;          /* closed; freed after the current epoll batch */
     uint32_t events;    /* what epoll watches now */
+    size_t fd_at;       /* offset in out where the pool fd rides; SIZE_MAX none */
     kvd_framer_t in;
     kvd_buf_t out;
     struct conn *prev, *next;
@@ -66,6 +69,10 @@ typedef struct conn {
 struct kvd_server {
     kvd_opts_t opts;
     kvd_pool_t *pool;
+    kvd_store_t *store;
+    /* the loop thread mutates the store; the metrics thread reads its
+     * statistics: this lock is all they share */
+    pthread_mutex_t store_lock;
     int epfd;
     src_t unix_listen, tcp_listen, sig, timer;
     conn_t *conns;
@@ -79,6 +86,8 @@ struct kvd_server {
     uint64_t next_usage_ns;
     uint64_t usage_prev_calls;
     uint64_t usage_prev_ns;
+    uint64_t usage_prev_published;
+    uint64_t usage_prev_acquired;
     kvd_metrics_t *metrics;
 };
 
@@ -134,6 +143,11 @@ void kvd_server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
     out->connections_total = atomic_load(&k->connections_total);
     out->connections_rejected = atomic_load(&k->connections_rejected);
     out->protocol_errors = atomic_load(&k->protocol_errors);
+    kvd_store_stats_t ss;
+    pthread_mutex_lock(&s->store_lock);
+    kvd_store_stats(s->store, &ss);
+    pthread_mutex_unlock(&s->store_lock);
+    kvd_rpc_store_stats(&ss, &out->store);
     for (size_t i = 0; i < KVD_METHOD_COUNT; i++) {
         kvd_method_counters_t *mc = &k->methods[i];
         out->methods[i].calls = atomic_load(&mc->calls);
@@ -160,6 +174,13 @@ static int watch(kvd_server_t *s, src_t *src, uint32_t events, int op)
 static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
 {
     KVD_DEBUG("server", "connection %llu closed: %s", (unsigned long long)c->id, why);
+    pthread_mutex_lock(&s->store_lock);
+    size_t undone = kvd_store_owner_gone(s->store, c->id);
+    pthread_mutex_unlock(&s->store_lock);
+    if (undone > 0)
+        KVD_INFO("server", "connection %llu closed (%s) holding %zu leases: their "
+                 "reservations were revoked and pins released",
+                 (unsigned long long)c->id, why, undone);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
     close(c->src.fd);
     kvd_framer_free(&c->in);
@@ -201,13 +222,19 @@ static void conn_update_events(kvd_server_t *s, conn_t *c)
     }
 }
 
-/* Queues one reply; a reply that cannot be packed becomes an error reply. */
+/* Queues one reply; a reply that cannot be packed becomes an error reply.
+ * A Hello reply that promises the pool's descriptor marks where it rides. */
 static void conn_reply(conn_t *c, const kvd_msg_t *rep)
 {
     size_t before = c->out.len;
+    if (rep->method == KVD_METHOD_HELLO && rep->status == KVD_OK &&
+        rep->body.hello_rep.pool_fd_attached)
+        c->fd_at = before;
     int rc = kvd_msg_pack(rep, KVD_FRAME_LIMIT_MAX, &c->out);
     if (rc != KVD_OK) {
         c->out.len = before;
+        if (c->fd_at == before)
+            c->fd_at = SIZE_MAX;
         kvd_msg_t err;
         kvd_msg_error(&err, rep->id, rep->method, rc, "reply could not be encoded: %s",
                       kvd_status_str(rc));
@@ -242,9 +269,30 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
         c->closing = true;
         return;
     }
-    KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s",
-             (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "");
+    if (h->n_namespaces > s->opts.max_batch) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_TOO_LARGE,
+                      "%zu namespaces in one Hello is over --max-batch", h->n_namespaces);
+        return;
+    }
+    uint32_t *ids = kvd_msg_alloc(rep, h->n_namespaces * sizeof(uint32_t) + 1);
+    if (ids == NULL) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
+        return;
+    }
+    pthread_mutex_lock(&s->store_lock);
+    int rc = kvd_rpc_register(s->store, h->namespaces, h->n_namespaces, ids, req, rep);
+    pthread_mutex_unlock(&s->store_lock);
+    if (rc != KVD_OK)
+        return;
+    KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s, %zu namespaces",
+             (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "",
+             h->n_namespaces);
     kvd_hello_rep_t *r = &rep->body.hello_rep;
+    r->n_ns_ids = h->n_namespaces;
+    r->ns_ids = ids;
+    r->lease_ttl_ms = s->opts.lease_ttl_ms;
+    /* the pool's descriptor can only cross a Unix socket */
+    r->pool_fd_attached = h->want_pool_fd && !c->tcp;
     kvd_strlcpy(r->daemon_version, KVD_VERSION, sizeof(r->daemon_version));
     kvd_strlcpy(r->instance, s->opts.instance, sizeof(r->instance));
     r->protocol_version = KVD_PROTOCOL_VERSION;
@@ -252,6 +300,29 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
     r->max_batch = (uint32_t)s->opts.max_batch;
     r->pool_bytes = kvd_pool_size(s->pool);
     r->connection_id = c->id;
+}
+
+int kvd_server_ns_table(kvd_server_t *s, kvd_msg_t *m, kvd_ns_msg_t **out, size_t *n)
+{
+    pthread_mutex_lock(&s->store_lock);
+    int rc = kvd_rpc_ns_table(s->store, m, out, n);
+    pthread_mutex_unlock(&s->store_lock);
+    return rc;
+}
+
+static void serve_stats(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    kvd_stats_rep_t *st = &rep->body.stats_rep;
+    kvd_server_stats(s, st);
+    pthread_mutex_lock(&s->store_lock);
+    int rc = kvd_rpc_ns_table(s->store, rep, &st->namespaces, &st->n_namespaces);
+    if (req->body.stats_req.check) {
+        st->checked = true;
+        kvd_store_check(s->store, st->check_error, sizeof(st->check_error));
+    }
+    pthread_mutex_unlock(&s->store_lock);
+    if (rc != KVD_OK)
+        kvd_msg_error(rep, req->id, req->method, rc, "out of memory");
 }
 
 /* Serves one request frame. */
@@ -294,7 +365,29 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
         break;
     case KVD_METHOD_STATS:
-        kvd_server_stats(s, &rep->body.stats_rep);
+        serve_stats(s, req, rep);
+        break;
+    case KVD_METHOD_RESERVE:
+    case KVD_METHOD_ACQUIRE:
+        if (kvd_server_health(s) != KVD_HEALTH_READY) {
+            kvd_msg_error(rep, req->id, req->method,
+                          s->draining ? KVD_ERR_DRAINING : KVD_ERR_UNAVAILABLE,
+                          "the daemon is %s; retry when it is ready",
+                          kvd_health_name(kvd_server_health(s)));
+            break;
+        }
+        /* fall through */
+    case KVD_METHOD_REGISTER_NAMESPACE:
+    case KVD_METHOD_LOOKUP:
+    case KVD_METHOD_PUBLISH:
+    case KVD_METHOD_REVOKE:
+    case KVD_METHOD_RELEASE:
+    case KVD_METHOD_LIST_PREFIXES:
+    case KVD_METHOD_INSPECT:
+    case KVD_METHOD_EVICT:
+        pthread_mutex_lock(&s->store_lock);
+        kvd_rpc_store_serve(s->store, &s->opts, c->id, req, rep);
+        pthread_mutex_unlock(&s->store_lock);
         break;
     default:
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNKNOWN_METHOD,
@@ -306,17 +399,47 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     kvd_counters_record(&s->counters, req->method, rep->status != KVD_OK,
                         kvd_now_ns() - t0);
 done:
+    kvd_msg_clear(req);
+    kvd_msg_clear(rep);
     kvd_mem_free(KVD_MEM_CONN, req, 2 * sizeof(kvd_msg_t));
 }
 
-/* Writes queued output; closes a closing connection once it is all out. */
+/* send() that attaches fd (SCM_RIGHTS) to the first byte sent. */
+static ssize_t send_with_fd(int sock, const uint8_t *buf, size_t len, int fd)
+{
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    return sendmsg(sock, &msg, MSG_NOSIGNAL);
+}
+
+/* Writes queued output; closes a closing connection once it is all out.
+ * The pool's descriptor goes with the first byte of the reply at fd_at. */
 static void conn_flush(kvd_server_t *s, conn_t *c)
 {
     size_t off = 0;
     while (off < c->out.len) {
-        ssize_t n = send(c->src.fd, c->out.data + off, c->out.len - off, MSG_NOSIGNAL);
+        bool with_fd = c->fd_at == off;
+        size_t end = c->fd_at != SIZE_MAX && c->fd_at > off ? c->fd_at : c->out.len;
+        ssize_t n = with_fd ? send_with_fd(c->src.fd, c->out.data + off, end - off,
+                                           kvd_pool_fd(s->pool))
+                            : send(c->src.fd, c->out.data + off, end - off, MSG_NOSIGNAL);
         if (n > 0) {
             off += (size_t)n;
+            if (with_fd)
+                c->fd_at = SIZE_MAX;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -328,6 +451,8 @@ static void conn_flush(kvd_server_t *s, conn_t *c)
         return;
     }
     kvd_buf_consume(&c->out, off);
+    if (c->fd_at != SIZE_MAX)
+        c->fd_at -= off;
     if (c->closing && c->out.len == 0) {
         conn_close(s, c, "closed after error reply");
         return;
@@ -435,6 +560,7 @@ static void accept_all(kvd_server_t *s, src_t *listener)
         kvd_framer_init(&c->in, s->opts.max_frame_bytes, KVD_MEM_CONN);
         kvd_buf_init(&c->out, KVD_MEM_CONN);
         c->events = EPOLLIN;
+        c->fd_at = SIZE_MAX;
         if (watch(s, &c->src, c->events, EPOLL_CTL_ADD) != KVD_OK) {
             close(fd);
             kvd_mem_free(KVD_MEM_CONN, c, sizeof(*c));
@@ -550,7 +676,19 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     s->usage_prev_ns = s->start_ns;
     s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = -1;
     atomic_store(&s->health, KVD_HEALTH_STARTING);
-    int rc = KVD_OK;
+    pthread_mutex_init(&s->store_lock, NULL);
+    kvd_store_config_t scfg;
+    kvd_store_config_default(&scfg, kvd_pool_size(pool));
+    scfg.evict_high = opts->evict_high;
+    scfg.evict_low = opts->evict_low;
+    scfg.lease_ttl_ms = opts->lease_ttl_ms;
+    scfg.index_hint = kvd_pool_size(pool) / KVD_MAX(opts->object_bytes, 4096ull);
+    int rc = kvd_store_create(&scfg, &s->store);
+    if (rc != KVD_OK) {
+        KVD_ERROR("server", "cannot create the store: %s", kvd_status_str(rc));
+        s->epfd = -1;
+        goto fail;
+    }
 
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0) {
@@ -606,6 +744,8 @@ void kvd_server_destroy(kvd_server_t *s)
         close(s->timer.fd);
     if (s->epfd >= 0)
         close(s->epfd);
+    kvd_store_destroy(s->store);
+    pthread_mutex_destroy(&s->store_lock);
     kvd_mem_free(KVD_MEM_OTHER, s, sizeof(*s));
 }
 
@@ -620,8 +760,28 @@ static void log_usage(kvd_server_t *s, uint64_t now)
     }
     double secs = (double)(now - s->usage_prev_ns) / 1e9;
     double rate = secs > 0 ? (double)(calls - s->usage_prev_calls) / secs : 0.0;
+    const kvd_store_stats_msg_t *ss = &st.store;
+    double load_gbs = secs > 0 ? (double)(ss->acquired_bytes - s->usage_prev_acquired) / secs / 1e9 : 0;
+    double offload_gbs =
+        secs > 0 ? (double)(ss->published_bytes - s->usage_prev_published) / secs / 1e9 : 0;
     s->usage_prev_calls = calls;
     s->usage_prev_ns = now;
+    s->usage_prev_acquired = ss->acquired_bytes;
+    s->usage_prev_published = ss->published_bytes;
+    uint64_t used = ss->pool_bytes - ss->free_bytes;
+    char u[32], t[32], pin[32];
+    KVD_INFO("usage",
+             "store: used %s of %s (%.1f%%), pinned %s, objects %llu ready %llu writing, "
+             "hit rate %.1f%% (%llu of %llu pages), load %.2f GB/s, offload %.2f GB/s, "
+             "%llu leases, %llu evictions, fragmentation %.2f",
+             kvd_size_format(used, u, sizeof(u)), kvd_size_format(ss->pool_bytes, t, sizeof(t)),
+             ss->pool_bytes ? 100.0 * (double)used / (double)ss->pool_bytes : 0.0,
+             kvd_size_format(ss->pinned_bytes, pin, sizeof(pin)),
+             (unsigned long long)ss->objects_ready, (unsigned long long)ss->objects_writing,
+             ss->lookup_pages ? 100.0 * (double)ss->hit_pages / (double)ss->lookup_pages : 0.0,
+             (unsigned long long)ss->hit_pages, (unsigned long long)ss->lookup_pages, load_gbs,
+             offload_gbs, (unsigned long long)ss->leases, (unsigned long long)ss->evictions,
+             ss->fragmentation);
     uint64_t ours = 0;
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
         ours += st.memory.cat_bytes[c];
@@ -671,6 +831,13 @@ static int on_tick(kvd_server_t *s)
                   kvd_status_str(perr));
         return 1;
     }
+    pthread_mutex_lock(&s->store_lock);
+    size_t expired = kvd_store_expire(s->store, now / 1000000);
+    pthread_mutex_unlock(&s->store_lock);
+    if (expired > 0)
+        KVD_WARN("server", "%zu leases passed their TTL of %llu ms: reservations "
+                 "revoked, pins released", expired,
+                 (unsigned long long)s->opts.lease_ttl_ms);
     if (!s->draining && kvd_server_health(s) == KVD_HEALTH_STARTING &&
         kvd_pool_ready(s->pool)) {
         atomic_store(&s->health, KVD_HEALTH_READY);

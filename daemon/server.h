@@ -46,6 +46,9 @@ void kvd_server_destroy(kvd_server_t *s);
 void kvd_server_stats(kvd_server_t *s, kvd_stats_rep_t *out);
 kvd_health_t kvd_server_health(kvd_server_t *s);
 
+/* The namespace table (in m's arena), under the store's lock (any thread). */
+int kvd_server_ns_table(kvd_server_t *s, kvd_msg_t *m, kvd_ns_msg_t **out, size_t *n);
+
 /* Records one served call in the counters. */
 void kvd_counters_record(kvd_counters_t *c, kvd_method_t m, bool error,
                          uint64_t latency_ns);
@@ -54,6 +57,7 @@ void kvd_counters_record(kvd_counters_t *c, kvd_method_t m, bool error,
 int kvd_metrics_start(kvd_server_t *s, const char *host_port, kvd_metrics_t **out);
 void kvd_metrics_stop(kvd_metrics_t *m);
 /* Renders the Prometheus text of a stats snapshot into buf. */
-int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *buf);
+int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,
+                       kvd_buf_t *buf);
 
 #endif

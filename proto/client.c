@@ -23,6 +23,7 @@
 
 struct kvd_client {
     int fd;
+    int received_fd; /* from SCM_RIGHTS, until taken */
     uint64_t next_id;
     kvd_framer_t framer;
     kvd_buf_t out;
@@ -36,6 +37,7 @@ static int client_new(int fd, kvd_client_t **out)
         return KVD_ERR_NOMEM;
     }
     c->fd = fd;
+    c->received_fd = -1;
     c->next_id = 1;
     /* a reply may be as large as the biggest frame a daemon may send */
     kvd_framer_init(&c->framer, KVD_FRAME_LIMIT_MAX, KVD_MEM_OTHER);
@@ -180,6 +182,8 @@ void kvd_client_close(kvd_client_t *c)
     if (c == NULL)
         return;
     close(c->fd);
+    if (c->received_fd >= 0)
+        close(c->received_fd);
     kvd_framer_free(&c->framer);
     kvd_buf_free(&c->out);
     free(c);
@@ -214,6 +218,41 @@ static int flush_out(kvd_client_t *c, uint64_t deadline)
     return KVD_OK;
 }
 
+/* recv() that also takes a descriptor passed with SCM_RIGHTS (the daemon
+ * sends its pool's fd with the Hello reply); a plain recv() would close it. */
+static ssize_t recv_with_fd(kvd_client_t *c, uint8_t *buf, size_t len)
+{
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    union {
+        struct cmsghdr align;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.buf,
+                         .msg_controllen = sizeof(ctl.buf)};
+    ssize_t n = recvmsg(c->fd, &msg, MSG_CMSG_CLOEXEC);
+    if (n <= 0)
+        return n;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
+        if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm), sizeof(fd));
+            if (c->received_fd >= 0)
+                close(c->received_fd); /* only the newest is kept */
+            c->received_fd = fd;
+        }
+    }
+    return n;
+}
+
+int kvd_client_take_fd(kvd_client_t *c)
+{
+    int fd = c->received_fd;
+    c->received_fd = -1;
+    return fd;
+}
+
 /* Reads until one whole frame is available; decodes it into rep. */
 static int read_reply(kvd_client_t *c, kvd_msg_t *rep, uint64_t deadline)
 {
@@ -225,6 +264,8 @@ static int read_reply(kvd_client_t *c, kvd_msg_t *rep, uint64_t deadline)
             return KVD_ERR_PROTOCOL;
         if (got == 1) {
             int rc = kvd_msg_decode(payload, len, rep);
+            if (rc != KVD_OK)
+                kvd_msg_clear(rep);
             return rc == KVD_OK ? KVD_OK : KVD_ERR_PROTOCOL;
         }
         uint8_t *space;
@@ -232,7 +273,7 @@ static int read_reply(kvd_client_t *c, kvd_msg_t *rep, uint64_t deadline)
         int rc = kvd_framer_space(&c->framer, 4096, &space, &avail);
         if (rc != KVD_OK)
             return rc;
-        ssize_t n = recv(c->fd, space, avail, 0);
+        ssize_t n = recv_with_fd(c, space, avail);
         if (n > 0) {
             kvd_framer_commit(&c->framer, (size_t)n);
             continue;
@@ -264,10 +305,10 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep,
     if (rc != KVD_OK)
         return rc;
     /* an error reply with id 0 is the daemon refusing the connection */
-    if (rep->id != req->id && !(rep->id == 0 && rep->status < 0))
+    if ((rep->id != req->id && !(rep->id == 0 && rep->status < 0)) || !rep->reply) {
+        kvd_msg_clear(rep);
         return KVD_ERR_PROTOCOL;
-    if (!rep->reply)
-        return KVD_ERR_PROTOCOL;
+    }
     return KVD_OK;
 }
 
@@ -283,8 +324,12 @@ int kvd_client_hello(kvd_client_t *c, const char *client_name,
     int rc = kvd_client_call(c, &req, &r, timeout_ms);
     if (rc != KVD_OK)
         return rc;
-    if (r.status != KVD_OK)
-        return r.status;
-    *rep = r.body.hello_rep;
-    return KVD_OK;
+    rc = r.status;
+    if (rc == KVD_OK) {
+        *rep = r.body.hello_rep;
+        rep->n_ns_ids = 0;
+        rep->ns_ids = NULL;
+    }
+    kvd_msg_clear(&r);
+    return rc;
 }

@@ -87,6 +87,16 @@ typedef enum kvd_method {
     KVD_METHOD_HELLO = 1,
     KVD_METHOD_HEALTH = 2,
     KVD_METHOD_STATS = 3,
+    KVD_METHOD_REGISTER_NAMESPACE = 4,
+    KVD_METHOD_LOOKUP = 5,
+    KVD_METHOD_RESERVE = 6,
+    KVD_METHOD_PUBLISH = 7,
+    KVD_METHOD_REVOKE = 8,
+    KVD_METHOD_ACQUIRE = 9,
+    KVD_METHOD_RELEASE = 10,
+    KVD_METHOD_LIST_PREFIXES = 11,
+    KVD_METHOD_INSPECT = 12,
+    KVD_METHOD_EVICT = 13,
     KVD_METHOD_COUNT
 } kvd_method_t;
 
@@ -107,10 +117,30 @@ const char *kvd_health_name(kvd_health_t h);
 /* Upper bound of bucket i in microseconds; UINT64_MAX for the last one. */
 uint64_t kvd_latency_bound_us(size_t i);
 
+#define KVD_NS_NAME_BYTES 256 /* with the NUL: names are at most 255 bytes */
+#define KVD_KEY_LEN 32
+
+typedef uint8_t kvd_key_t[KVD_KEY_LEN];
+
+/*
+ * Variable-length parts of messages (arrays of keys, items, ids) are
+ * pointer + count. In a decoded message they point into the message's own
+ * arena and live until kvd_msg_clear(); in a message being built they point
+ * wherever the builder likes (kvd_msg_alloc() gives arena memory too).
+ */
+typedef struct kvd_ns_spec {
+    char name[KVD_NS_NAME_BYTES];
+    uint64_t object_bytes;
+    bool rank_replicated;
+} kvd_ns_spec_t;
+
 typedef struct kvd_hello_req {
     char client_name[KVD_NAME_MAX];
     uint32_t pid;
     uint32_t protocol_version;
+    size_t n_namespaces;
+    kvd_ns_spec_t *namespaces;
+    bool want_pool_fd;
 } kvd_hello_req_t;
 
 typedef struct kvd_hello_rep {
@@ -121,7 +151,183 @@ typedef struct kvd_hello_rep {
     uint32_t max_batch;
     uint64_t pool_bytes;
     uint64_t connection_id;
+    size_t n_ns_ids;
+    uint32_t *ns_ids;
+    bool pool_fd_attached;
+    uint64_t lease_ttl_ms;
 } kvd_hello_rep_t;
+
+typedef struct kvd_register_req {
+    size_t n;
+    kvd_ns_spec_t *namespaces;
+} kvd_register_req_t;
+
+typedef struct kvd_ids_rep {
+    size_t n;
+    uint32_t *ids;
+} kvd_ids_rep_t;
+
+typedef struct kvd_put_item {
+    kvd_key_t key;
+    kvd_key_t parent;
+    bool has_parent;
+    uint32_t depth;
+} kvd_put_item_t;
+
+typedef struct kvd_reserve_req {
+    uint32_t ns;
+    uint64_t object_bytes; /* 0 = unchecked */
+    size_t n;
+    kvd_put_item_t *items;
+} kvd_reserve_req_t;
+
+typedef struct kvd_reserve_rep {
+    uint64_t lease_id;
+    uint64_t object_bytes;
+    size_t n;
+    uint8_t *results;  /* kvd_reserve_result_t values */
+    uint64_t *offsets; /* meaningful where results[i] == allocated */
+} kvd_reserve_rep_t;
+
+/* Publish and Revoke: n == 0 means every reservation of the lease. */
+typedef struct kvd_finish_req {
+    uint64_t lease_id;
+    size_t n;
+    kvd_key_t *keys;
+} kvd_finish_req_t;
+
+typedef struct kvd_acquire_req {
+    uint32_t ns;
+    uint64_t object_bytes; /* 0 = unchecked */
+    size_t n;
+    kvd_key_t *keys;
+} kvd_acquire_req_t;
+
+typedef struct kvd_acquire_rep {
+    uint64_t lease_id;
+    uint64_t object_bytes;
+    size_t n;
+    uint64_t *offsets;
+} kvd_acquire_rep_t;
+
+typedef struct kvd_release_req {
+    uint64_t lease_id;
+} kvd_release_req_t;
+
+typedef struct kvd_lookup_pool_msg {
+    uint32_t ns;
+    uint32_t trailing_pages; /* 0 = ALL_PAGES */
+    size_t n_keys;
+    kvd_key_t *keys;
+} kvd_lookup_pool_msg_t;
+
+typedef struct kvd_lookup_req {
+    size_t n_pools;
+    kvd_lookup_pool_msg_t *pools;
+} kvd_lookup_req_t;
+
+typedef struct kvd_lookup_rep {
+    size_t n;
+    uint32_t *boundaries;
+} kvd_lookup_rep_t;
+
+typedef struct kvd_ns_msg {
+    uint32_t id;
+    char name[KVD_NS_NAME_BYTES];
+    uint64_t object_bytes;
+    bool rank_replicated;
+    uint64_t objects_ready, objects_writing, objects_pinned;
+    uint64_t lookup_pages, hit_pages, evictions;
+} kvd_ns_msg_t;
+
+typedef struct kvd_obj_msg {
+    uint32_t ns;
+    kvd_key_t key;
+    uint8_t parent[KVD_KEY_LEN];
+    uint8_t parent_len; /* 0, 8 (tag only) or 32 */
+    uint32_t depth;
+    uint32_t state; /* 1 writing, 2 ready */
+    uint32_t tier;
+    uint32_t pins;
+    uint32_t hits;
+    uint64_t last_access_ms;
+    uint64_t offset;
+    uint64_t size;
+} kvd_obj_msg_t;
+
+typedef struct kvd_inspect_req {
+    char ns_name[KVD_NS_NAME_BYTES]; /* "" = every namespace */
+    kvd_key_t key;
+} kvd_inspect_req_t;
+
+typedef struct kvd_inspect_rep {
+    size_t n_objects;
+    kvd_obj_msg_t *objects;
+    size_t n_namespaces;
+    kvd_ns_msg_t *namespaces;
+} kvd_inspect_rep_t;
+
+typedef struct kvd_evict_req {
+    char ns_name[KVD_NS_NAME_BYTES];
+    bool has_key;
+    kvd_key_t key;
+    bool all;
+} kvd_evict_req_t;
+
+typedef struct kvd_evict_rep {
+    uint64_t evicted;
+    uint64_t skipped;
+} kvd_evict_rep_t;
+
+typedef struct kvd_pool_bounds {
+    uint32_t ns;
+    size_t n;
+    uint32_t *boundaries;
+} kvd_pool_bounds_t;
+
+typedef struct kvd_prefix_msg {
+    uint32_t ns;
+    kvd_key_t root;
+    kvd_key_t leaf;
+    uint32_t pages;
+    uint64_t bytes;
+    uint64_t last_access_ms;
+    uint64_t hits;
+    size_t n_pools;
+    kvd_pool_bounds_t *pools;
+} kvd_prefix_msg_t;
+
+typedef struct kvd_list_req {
+    char ns_name[KVD_NS_NAME_BYTES];
+    bool nodes;
+    uint32_t limit;
+} kvd_list_req_t;
+
+typedef struct kvd_list_rep {
+    size_t n_prefixes;
+    kvd_prefix_msg_t *prefixes;
+    size_t n_nodes;
+    kvd_obj_msg_t *nodes;
+    size_t n_namespaces;
+    kvd_ns_msg_t *namespaces;
+    bool truncated;
+} kvd_list_rep_t;
+
+typedef struct kvd_stats_req {
+    bool check;
+} kvd_stats_req_t;
+
+typedef struct kvd_store_stats_msg {
+    uint64_t pool_bytes, free_bytes, writing_bytes, ready_bytes, pinned_bytes;
+    uint64_t objects_ready, objects_writing, objects_pinned, pins, leases;
+    uint64_t free_extents, largest_free_bytes;
+    double fragmentation;
+    uint64_t index_bytes, evictions, evicted_bytes;
+    uint64_t reserve_allocated, reserve_exists, reserve_in_flight, reserve_no_space;
+    uint64_t lookups, lookup_pages, hit_pages, acquires, acquire_failures;
+    uint64_t leases_expired;
+    uint64_t published_bytes, acquired_bytes;
+} kvd_store_stats_msg_t;
 
 typedef struct kvd_health_rep {
     kvd_health_t state;
@@ -160,6 +366,11 @@ typedef struct kvd_stats_rep {
     uint64_t connections_rejected;
     uint64_t protocol_errors;
     kvd_method_stats_t methods[KVD_METHOD_COUNT]; /* index = kvd_method_t */
+    kvd_store_stats_msg_t store;
+    size_t n_namespaces;
+    kvd_ns_msg_t *namespaces;
+    bool checked;
+    char check_error[KVD_ERROR_MAX];
 } kvd_stats_rep_t;
 
 /*
@@ -168,23 +379,51 @@ typedef struct kvd_stats_rep {
  * and method of its request, and either status = KVD_OK and the body of its
  * method, or a negative status, an error text and no body.
  */
+typedef struct kvd_arena_block kvd_arena_block_t;
+
 typedef struct kvd_msg {
     uint64_t id;
     kvd_method_t method;
     bool reply;
     int32_t status;
+    uint32_t error_index; /* failed batch item + 1; 0 = none */
     char error[KVD_ERROR_MAX];
     union {
         kvd_hello_req_t hello_req;
         kvd_hello_rep_t hello_rep;
         kvd_health_rep_t health_rep;
+        kvd_stats_req_t stats_req;
         kvd_stats_rep_t stats_rep;
+        kvd_register_req_t register_req;
+        kvd_ids_rep_t register_rep;
+        kvd_reserve_req_t reserve_req;
+        kvd_reserve_rep_t reserve_rep;
+        kvd_finish_req_t finish_req; /* publish and revoke */
+        kvd_acquire_req_t acquire_req;
+        kvd_acquire_rep_t acquire_rep;
+        kvd_release_req_t release_req;
+        kvd_lookup_req_t lookup_req;
+        kvd_lookup_rep_t lookup_rep;
+        kvd_inspect_req_t inspect_req;
+        kvd_inspect_rep_t inspect_rep;
+        kvd_evict_req_t evict_req;
+        kvd_evict_rep_t evict_rep;
+        kvd_list_req_t list_req;
+        kvd_list_rep_t list_rep;
     } body;
+    kvd_arena_block_t *arena; /* owned memory of the variable-length parts */
 } kvd_msg_t;
 
-/* Clears m and sets a request header. */
+/* Zeroed memory owned by m, freed by kvd_msg_clear(); NULL when out of
+ * memory. */
+void *kvd_msg_alloc(kvd_msg_t *m, size_t bytes);
+/* Frees m's arena and zeroes m. Safe on a zeroed message. */
+void kvd_msg_clear(kvd_msg_t *m);
+
+/* Initialises m (any previous arena is NOT freed: clear first when reusing)
+ * and sets a request header. */
 void kvd_msg_request(kvd_msg_t *m, uint64_t id, kvd_method_t method);
-/* Clears m and sets an error reply to (id, method). */
+/* Initialises m likewise and sets an error reply to (id, method). */
 void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method,
                    int status, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -197,7 +436,9 @@ void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method,
 int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out);
 
 /*
- * Decodes one payload into out. Returns KVD_OK; KVD_ERR_PROTOCOL when the
+ * Decodes one payload into out (initialised here; a previous arena is not
+ * freed). The caller calls kvd_msg_clear(out) when done, also after
+ * an error. Returns KVD_OK; KVD_ERR_PROTOCOL when the
  * bytes are not an Envelope or the body does not belong to the method;
  * KVD_ERR_UNKNOWN_METHOD when the method is outside this build's enum (out->id
  * is set then, so the error reply can name the request).
@@ -229,9 +470,14 @@ int kvd_client_fd(const kvd_client_t *c);
 int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep,
                     int timeout_ms);
 
-/* Hello with this process's pid and name; fills *rep on success. */
+/* Hello with this process's pid and name; fills *rep on success (its
+ * variable parts are not kept: use kvd_client_call for namespaces). */
 int kvd_client_hello(kvd_client_t *c, const char *client_name,
                      kvd_hello_rep_t *rep, int timeout_ms);
+
+/* The file descriptor that arrived with the last reply (SCM_RIGHTS), handed
+ * over to the caller (who closes it); -1 when none came. */
+int kvd_client_take_fd(kvd_client_t *c);
 
 /* The default Unix socket of a daemon instance:
  * $XDG_RUNTIME_DIR/kvdockd-INSTANCE.sock, or /tmp/kvdockd-INSTANCE.sock. */

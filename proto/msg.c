@@ -1,11 +1,13 @@
 /*
  * msg.c - conversion between kvd_msg_t and the protobuf-c Envelope.
  *
- * Packing builds the generated structs on the stack, pointing into the
- * caller's kvd_msg_t (no copies, no allocation except the output frame).
- * Decoding unpacks with protobuf-c's allocator, copies into kvd_msg_t and
- * frees; strings longer than the C fields are a protocol error, not a
- * silent truncation.
+ * Packing builds the generated structs pointing into the caller's kvd_msg_t;
+ * what needs arrays of pointers (repeated messages, repeated bytes) is
+ * built in a scratch arena freed before returning. Decoding unpacks with
+ * protobuf-c's allocator, copies into kvd_msg_t (variable parts into the
+ * message's arena) and frees the unpacked tree. Anything that does not fit
+ * the C side (a key that is not 32 bytes, a string longer than its field) is
+ * a protocol error, never a silent truncation.
  */
 #include "kvd_proto.h"
 #include "kvdock.pb-c.h"
@@ -16,8 +18,9 @@
 
 const char *kvd_method_name(kvd_method_t m)
 {
-    static const char *const names[KVD_METHOD_COUNT] = {"none", "hello",
-                                                       "health", "stats"};
+    static const char *const names[KVD_METHOD_COUNT] = {
+        "none",   "hello",   "health",  "stats",         "register", "lookup", "reserve",
+        "publish", "revoke", "acquire", "release", "list_prefixes", "inspect", "evict"};
     return (unsigned)m < KVD_METHOD_COUNT ? names[m] : "unknown";
 }
 
@@ -34,9 +37,39 @@ const char *kvd_health_name(kvd_health_t h)
 uint64_t kvd_latency_bound_us(size_t i)
 {
     static const uint64_t bounds[KVD_LATENCY_BUCKETS] = {
-        5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000, 250000,
-        UINT64_MAX};
+        5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000, 250000, UINT64_MAX};
     return i < KVD_LATENCY_BUCKETS ? bounds[i] : UINT64_MAX;
+}
+
+/* ---------------------------------------------------------------- arena */
+
+struct kvd_arena_block {
+    kvd_arena_block_t *next;
+    size_t bytes;
+    max_align_t data[];
+};
+
+void *kvd_msg_alloc(kvd_msg_t *m, size_t bytes)
+{
+    if (bytes > SIZE_MAX - sizeof(kvd_arena_block_t))
+        return NULL;
+    size_t total = sizeof(kvd_arena_block_t) + (bytes ? bytes : 1);
+    kvd_arena_block_t *b = kvd_mem_calloc(KVD_MEM_CONN, 1, total);
+    if (b == NULL)
+        return NULL;
+    b->bytes = total;
+    b->next = m->arena;
+    m->arena = b;
+    return b->data;
+}
+
+void kvd_msg_clear(kvd_msg_t *m)
+{
+    for (kvd_arena_block_t *b = m->arena, *next; b != NULL; b = next) {
+        next = b->next;
+        kvd_mem_free(KVD_MEM_CONN, b, b->bytes);
+    }
+    memset(m, 0, sizeof(*m));
 }
 
 void kvd_msg_request(kvd_msg_t *m, uint64_t id, kvd_method_t method)
@@ -60,153 +93,635 @@ void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method, int status,
     va_end(ap);
 }
 
-/* ------------------------------------------------------------- packing */
-
-/* Everything one Stats reply needs on the stack while it is packed. */
-typedef struct stats_pack {
-    Kvdock__StatsReply reply;
-    Kvdock__MemoryStats memory;
-    Kvdock__MethodStats methods[KVD_METHOD_COUNT];
-    Kvdock__MethodStats *method_ptrs[KVD_METHOD_COUNT];
-    uint64_t buckets[KVD_METHOD_COUNT][KVD_LATENCY_BUCKETS];
-} stats_pack_t;
-
-static void stats_to_pb(const kvd_stats_rep_t *s, stats_pack_t *p)
+/* n zeroed elements of `size` in m's arena; NULL only when out of memory. */
+static void *arena_array(kvd_msg_t *m, size_t n, size_t size)
 {
-    kvdock__stats_reply__init(&p->reply);
-    kvdock__memory_stats__init(&p->memory);
-    p->reply.daemon_version = (char *)s->daemon_version;
-    p->reply.instance = (char *)s->instance;
-    p->reply.state = (Kvdock__HealthState)s->state;
-    p->reply.uptime_ms = s->uptime_ms;
-    p->reply.connections_current = s->connections_current;
-    p->reply.connections_total = s->connections_total;
-    p->reply.connections_rejected = s->connections_rejected;
-    p->reply.protocol_errors = s->protocol_errors;
+    if (size && n > SIZE_MAX / size)
+        return NULL;
+    return kvd_msg_alloc(m, n * size);
+}
 
-    const kvd_mem_stats_t *m = &s->memory;
-    p->memory.pool_bytes = m->pool_bytes;
-    p->memory.pool_populated_bytes = m->pool_populated_bytes;
-    p->memory.rss_bytes = m->rss_bytes;
-    p->memory.rss_anon_bytes = m->rss_anon_bytes;
-    p->memory.rss_file_bytes = m->rss_file_bytes;
-    p->memory.rss_shmem_bytes = m->rss_shmem_bytes;
-    p->memory.conn_bytes = m->cat_bytes[KVD_MEM_CONN];
-    p->memory.index_bytes = m->cat_bytes[KVD_MEM_INDEX];
-    p->memory.staging_bytes = m->cat_bytes[KVD_MEM_STAGING];
-    p->memory.other_bytes = m->cat_bytes[KVD_MEM_OTHER];
-    p->memory.hugepages = m->hugepages;
-    p->memory.mlocked = m->mlocked;
-    p->reply.memory = &p->memory;
+/* ------------------------------------------------------ packing helpers */
 
-    size_t n = 0;
-    for (size_t i = 1; i < KVD_METHOD_COUNT; i++) {
-        Kvdock__MethodStats *ms = &p->methods[n];
-        kvdock__method_stats__init(ms);
-        ms->method = (Kvdock__Method)i;
-        ms->calls = s->methods[i].calls;
-        ms->errors = s->methods[i].errors;
-        ms->latency_us_sum = s->methods[i].latency_us_sum;
-        memcpy(p->buckets[n], s->methods[i].latency_buckets,
-               sizeof(p->buckets[n]));
-        ms->n_latency_buckets = KVD_LATENCY_BUCKETS;
-        ms->latency_buckets = p->buckets[n];
-        p->method_ptrs[n] = ms;
-        n++;
+static ProtobufCBinaryData *keys_to_pb(kvd_msg_t *scr, const kvd_key_t *keys, size_t n)
+{
+    ProtobufCBinaryData *pb = arena_array(scr, n, sizeof(*pb));
+    for (size_t i = 0; pb && i < n; i++) {
+        pb[i].len = KVD_KEY_LEN;
+        pb[i].data = (uint8_t *)keys[i];
     }
-    p->reply.n_methods = n;
-    p->reply.methods = p->method_ptrs;
+    return pb;
+}
+
+static Kvdock__NamespaceSpec **specs_to_pb(kvd_msg_t *scr, const kvd_ns_spec_t *in,
+                                           size_t n)
+{
+    Kvdock__NamespaceSpec **ptrs = arena_array(scr, n, sizeof(*ptrs));
+    Kvdock__NamespaceSpec *items = arena_array(scr, n, sizeof(*items));
+    if (ptrs == NULL || items == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        kvdock__namespace_spec__init(&items[i]);
+        items[i].name = (char *)in[i].name;
+        items[i].object_bytes = in[i].object_bytes;
+        items[i].rank_replicated = in[i].rank_replicated;
+        ptrs[i] = &items[i];
+    }
+    return ptrs;
+}
+
+static Kvdock__NamespaceInfo **nsinfo_to_pb(kvd_msg_t *scr, const kvd_ns_msg_t *in, size_t n)
+{
+    Kvdock__NamespaceInfo **ptrs = arena_array(scr, n, sizeof(*ptrs));
+    Kvdock__NamespaceInfo *items = arena_array(scr, n, sizeof(*items));
+    if (ptrs == NULL || items == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        Kvdock__NamespaceInfo *o = &items[i];
+        kvdock__namespace_info__init(o);
+        o->id = in[i].id;
+        o->name = (char *)in[i].name;
+        o->object_bytes = in[i].object_bytes;
+        o->rank_replicated = in[i].rank_replicated;
+        o->objects_ready = in[i].objects_ready;
+        o->objects_writing = in[i].objects_writing;
+        o->objects_pinned = in[i].objects_pinned;
+        o->lookup_pages = in[i].lookup_pages;
+        o->hit_pages = in[i].hit_pages;
+        o->evictions = in[i].evictions;
+        ptrs[i] = o;
+    }
+    return ptrs;
+}
+
+static Kvdock__ObjectInfo **objs_to_pb(kvd_msg_t *scr, const kvd_obj_msg_t *in, size_t n)
+{
+    Kvdock__ObjectInfo **ptrs = arena_array(scr, n, sizeof(*ptrs));
+    Kvdock__ObjectInfo *items = arena_array(scr, n, sizeof(*items));
+    if (ptrs == NULL || items == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        Kvdock__ObjectInfo *o = &items[i];
+        kvdock__object_info__init(o);
+        o->ns = in[i].ns;
+        o->key.len = KVD_KEY_LEN;
+        o->key.data = (uint8_t *)in[i].key;
+        o->parent.len = in[i].parent_len;
+        o->parent.data = (uint8_t *)in[i].parent;
+        o->depth = in[i].depth;
+        o->state = in[i].state;
+        o->tier = in[i].tier;
+        o->pins = in[i].pins;
+        o->hits = in[i].hits;
+        o->last_access_ms = in[i].last_access_ms;
+        o->offset = in[i].offset;
+        o->size = in[i].size;
+        ptrs[i] = o;
+    }
+    return ptrs;
+}
+
+static Kvdock__PrefixEntry **prefixes_to_pb(kvd_msg_t *scr, const kvd_prefix_msg_t *in,
+                                            size_t n)
+{
+    Kvdock__PrefixEntry **ptrs = arena_array(scr, n, sizeof(*ptrs));
+    Kvdock__PrefixEntry *items = arena_array(scr, n, sizeof(*items));
+    if (ptrs == NULL || items == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        Kvdock__PrefixEntry *o = &items[i];
+        kvdock__prefix_entry__init(o);
+        o->ns = in[i].ns;
+        o->root = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in[i].root};
+        o->leaf = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in[i].leaf};
+        o->pages = in[i].pages;
+        o->bytes = in[i].bytes;
+        o->last_access_ms = in[i].last_access_ms;
+        o->hits = in[i].hits;
+        size_t np = in[i].n_pools;
+        o->pools = arena_array(scr, np, sizeof(*o->pools));
+        Kvdock__PoolBoundaries *pb = arena_array(scr, np, sizeof(*pb));
+        if (np && (o->pools == NULL || pb == NULL))
+            return NULL;
+        for (size_t k = 0; k < np; k++) {
+            kvdock__pool_boundaries__init(&pb[k]);
+            pb[k].ns = in[i].pools[k].ns;
+            pb[k].n_boundaries = in[i].pools[k].n;
+            pb[k].boundaries = in[i].pools[k].boundaries;
+            o->pools[k] = &pb[k];
+        }
+        o->n_pools = np;
+        ptrs[i] = o;
+    }
+    return ptrs;
+}
+
+static void store_stats_to_pb(const kvd_store_stats_msg_t *s, Kvdock__StoreStats *o)
+{
+    kvdock__store_stats__init(o);
+    o->pool_bytes = s->pool_bytes;
+    o->free_bytes = s->free_bytes;
+    o->writing_bytes = s->writing_bytes;
+    o->ready_bytes = s->ready_bytes;
+    o->pinned_bytes = s->pinned_bytes;
+    o->objects_ready = s->objects_ready;
+    o->objects_writing = s->objects_writing;
+    o->objects_pinned = s->objects_pinned;
+    o->pins = s->pins;
+    o->leases = s->leases;
+    o->free_extents = s->free_extents;
+    o->largest_free_bytes = s->largest_free_bytes;
+    o->fragmentation = s->fragmentation;
+    o->index_bytes = s->index_bytes;
+    o->evictions = s->evictions;
+    o->evicted_bytes = s->evicted_bytes;
+    o->reserve_allocated = s->reserve_allocated;
+    o->reserve_exists = s->reserve_exists;
+    o->reserve_in_flight = s->reserve_in_flight;
+    o->reserve_no_space = s->reserve_no_space;
+    o->lookups = s->lookups;
+    o->lookup_pages = s->lookup_pages;
+    o->hit_pages = s->hit_pages;
+    o->acquires = s->acquires;
+    o->acquire_failures = s->acquire_failures;
+    o->leases_expired = s->leases_expired;
+    o->published_bytes = s->published_bytes;
+    o->acquired_bytes = s->acquired_bytes;
+}
+
+static void store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg_t *s)
+{
+    s->pool_bytes = o->pool_bytes;
+    s->free_bytes = o->free_bytes;
+    s->writing_bytes = o->writing_bytes;
+    s->ready_bytes = o->ready_bytes;
+    s->pinned_bytes = o->pinned_bytes;
+    s->objects_ready = o->objects_ready;
+    s->objects_writing = o->objects_writing;
+    s->objects_pinned = o->objects_pinned;
+    s->pins = o->pins;
+    s->leases = o->leases;
+    s->free_extents = o->free_extents;
+    s->largest_free_bytes = o->largest_free_bytes;
+    s->fragmentation = o->fragmentation;
+    s->index_bytes = o->index_bytes;
+    s->evictions = o->evictions;
+    s->evicted_bytes = o->evicted_bytes;
+    s->reserve_allocated = o->reserve_allocated;
+    s->reserve_exists = o->reserve_exists;
+    s->reserve_in_flight = o->reserve_in_flight;
+    s->reserve_no_space = o->reserve_no_space;
+    s->lookups = o->lookups;
+    s->lookup_pages = o->lookup_pages;
+    s->hit_pages = o->hit_pages;
+    s->acquires = o->acquires;
+    s->acquire_failures = o->acquire_failures;
+    s->leases_expired = o->leases_expired;
+    s->published_bytes = o->published_bytes;
+    s->acquired_bytes = o->acquired_bytes;
+}
+
+/* Stats reply: the fixed parts plus the namespaces. */
+static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
+{
+    Kvdock__StatsReply *r = arena_array(scr, 1, sizeof(*r));
+    Kvdock__MemoryStats *mem = arena_array(scr, 1, sizeof(*mem));
+    Kvdock__StoreStats *store = arena_array(scr, 1, sizeof(*store));
+    Kvdock__MethodStats *ms = arena_array(scr, KVD_METHOD_COUNT, sizeof(*ms));
+    Kvdock__MethodStats **msp = arena_array(scr, KVD_METHOD_COUNT, sizeof(*msp));
+    if (!r || !mem || !store || !ms || !msp)
+        return NULL;
+    kvdock__stats_reply__init(r);
+    kvdock__memory_stats__init(mem);
+    r->daemon_version = (char *)s->daemon_version;
+    r->instance = (char *)s->instance;
+    r->state = (Kvdock__HealthState)s->state;
+    r->uptime_ms = s->uptime_ms;
+    r->connections_current = s->connections_current;
+    r->connections_total = s->connections_total;
+    r->connections_rejected = s->connections_rejected;
+    r->protocol_errors = s->protocol_errors;
+    const kvd_mem_stats_t *m = &s->memory;
+    mem->pool_bytes = m->pool_bytes;
+    mem->pool_populated_bytes = m->pool_populated_bytes;
+    mem->rss_bytes = m->rss_bytes;
+    mem->rss_anon_bytes = m->rss_anon_bytes;
+    mem->rss_file_bytes = m->rss_file_bytes;
+    mem->rss_shmem_bytes = m->rss_shmem_bytes;
+    mem->conn_bytes = m->cat_bytes[KVD_MEM_CONN];
+    mem->index_bytes = m->cat_bytes[KVD_MEM_INDEX];
+    mem->staging_bytes = m->cat_bytes[KVD_MEM_STAGING];
+    mem->other_bytes = m->cat_bytes[KVD_MEM_OTHER];
+    mem->hugepages = m->hugepages;
+    mem->mlocked = m->mlocked;
+    r->memory = mem;
+    size_t n = 0;
+    for (size_t i = 1; i < KVD_METHOD_COUNT; i++, n++) {
+        kvdock__method_stats__init(&ms[n]);
+        ms[n].method = (Kvdock__Method)i;
+        ms[n].calls = s->methods[i].calls;
+        ms[n].errors = s->methods[i].errors;
+        ms[n].latency_us_sum = s->methods[i].latency_us_sum;
+        ms[n].n_latency_buckets = KVD_LATENCY_BUCKETS;
+        ms[n].latency_buckets = (uint64_t *)s->methods[i].latency_buckets;
+        msp[n] = &ms[n];
+    }
+    r->n_methods = n;
+    r->methods = msp;
+    store_stats_to_pb(&s->store, store);
+    r->store = store;
+    r->n_namespaces = s->n_namespaces;
+    r->namespaces = nsinfo_to_pb(scr, s->namespaces, s->n_namespaces);
+    r->checked = s->checked;
+    r->check_error = (char *)s->check_error;
+    if (s->n_namespaces && r->namespaces == NULL)
+        return NULL;
+    return r;
+}
+
+/* Sets env's body from the request m; false when out of memory or the
+ * method has no request body. */
+static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *scr)
+{
+    switch (m->method) {
+    case KVD_METHOD_HELLO: {
+        Kvdock__HelloRequest *h = arena_array(scr, 1, sizeof(*h));
+        if (!h)
+            return false;
+        kvdock__hello_request__init(h);
+        const kvd_hello_req_t *in = &m->body.hello_req;
+        h->client_name = (char *)in->client_name;
+        h->pid = in->pid;
+        h->protocol_version = in->protocol_version;
+        h->want_pool_fd = in->want_pool_fd;
+        h->n_namespaces = in->n_namespaces;
+        h->namespaces = specs_to_pb(scr, in->namespaces, in->n_namespaces);
+        env->body_case = KVDOCK__ENVELOPE__BODY_HELLO_REQUEST;
+        env->hello_request = h;
+        return !in->n_namespaces || h->namespaces;
+    }
+    case KVD_METHOD_HEALTH: {
+        Kvdock__HealthRequest *h = arena_array(scr, 1, sizeof(*h));
+        if (!h)
+            return false;
+        kvdock__health_request__init(h);
+        env->body_case = KVDOCK__ENVELOPE__BODY_HEALTH_REQUEST;
+        env->health_request = h;
+        return true;
+    }
+    case KVD_METHOD_STATS: {
+        Kvdock__StatsRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__stats_request__init(r);
+        r->check = m->body.stats_req.check;
+        env->body_case = KVDOCK__ENVELOPE__BODY_STATS_REQUEST;
+        env->stats_request = r;
+        return true;
+    }
+    case KVD_METHOD_REGISTER_NAMESPACE: {
+        Kvdock__RegisterNamespaceRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__register_namespace_request__init(r);
+        r->n_namespaces = m->body.register_req.n;
+        r->namespaces = specs_to_pb(scr, m->body.register_req.namespaces, r->n_namespaces);
+        env->body_case = KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST;
+        env->register_request = r;
+        return !r->n_namespaces || r->namespaces;
+    }
+    case KVD_METHOD_LOOKUP: {
+        const kvd_lookup_req_t *in = &m->body.lookup_req;
+        Kvdock__LookupRequest *r = arena_array(scr, 1, sizeof(*r));
+        Kvdock__LookupPool *pools = arena_array(scr, in->n_pools, sizeof(*pools));
+        Kvdock__LookupPool **ptrs = arena_array(scr, in->n_pools, sizeof(*ptrs));
+        if (!r || !pools || !ptrs)
+            return false;
+        kvdock__lookup_request__init(r);
+        for (size_t i = 0; i < in->n_pools; i++) {
+            kvdock__lookup_pool__init(&pools[i]);
+            pools[i].ns = in->pools[i].ns;
+            pools[i].trailing_pages = in->pools[i].trailing_pages;
+            pools[i].n_keys = in->pools[i].n_keys;
+            pools[i].keys = keys_to_pb(scr, in->pools[i].keys, in->pools[i].n_keys);
+            if (pools[i].keys == NULL)
+                return false;
+            ptrs[i] = &pools[i];
+        }
+        r->n_pools = in->n_pools;
+        r->pools = ptrs;
+        env->body_case = KVDOCK__ENVELOPE__BODY_LOOKUP_REQUEST;
+        env->lookup_request = r;
+        return true;
+    }
+    case KVD_METHOD_RESERVE: {
+        const kvd_reserve_req_t *in = &m->body.reserve_req;
+        Kvdock__ReserveRequest *r = arena_array(scr, 1, sizeof(*r));
+        Kvdock__PutItem *items = arena_array(scr, in->n, sizeof(*items));
+        Kvdock__PutItem **ptrs = arena_array(scr, in->n, sizeof(*ptrs));
+        if (!r || !items || !ptrs)
+            return false;
+        kvdock__reserve_request__init(r);
+        r->ns = in->ns;
+        r->object_bytes = in->object_bytes;
+        for (size_t i = 0; i < in->n; i++) {
+            kvdock__put_item__init(&items[i]);
+            items[i].key = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->items[i].key};
+            if (in->items[i].has_parent)
+                items[i].parent =
+                    (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->items[i].parent};
+            items[i].depth = in->items[i].depth;
+            ptrs[i] = &items[i];
+        }
+        r->n_items = in->n;
+        r->items = ptrs;
+        env->body_case = KVDOCK__ENVELOPE__BODY_RESERVE_REQUEST;
+        env->reserve_request = r;
+        return true;
+    }
+    case KVD_METHOD_PUBLISH:
+    case KVD_METHOD_REVOKE: {
+        const kvd_finish_req_t *in = &m->body.finish_req;
+        Kvdock__FinishRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__finish_request__init(r);
+        r->lease_id = in->lease_id;
+        r->n_keys = in->n;
+        r->keys = keys_to_pb(scr, in->keys, in->n);
+        env->body_case = KVDOCK__ENVELOPE__BODY_FINISH_REQUEST;
+        env->finish_request = r;
+        return r->keys != NULL;
+    }
+    case KVD_METHOD_ACQUIRE: {
+        const kvd_acquire_req_t *in = &m->body.acquire_req;
+        Kvdock__AcquireRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__acquire_request__init(r);
+        r->ns = in->ns;
+        r->object_bytes = in->object_bytes;
+        r->n_keys = in->n;
+        r->keys = keys_to_pb(scr, in->keys, in->n);
+        env->body_case = KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST;
+        env->acquire_request = r;
+        return r->keys != NULL;
+    }
+    case KVD_METHOD_RELEASE: {
+        Kvdock__ReleaseRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__release_request__init(r);
+        r->lease_id = m->body.release_req.lease_id;
+        env->body_case = KVDOCK__ENVELOPE__BODY_RELEASE_REQUEST;
+        env->release_request = r;
+        return true;
+    }
+    case KVD_METHOD_LIST_PREFIXES: {
+        Kvdock__ListPrefixesRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__list_prefixes_request__init(r);
+        r->ns_name = (char *)m->body.list_req.ns_name;
+        r->nodes = m->body.list_req.nodes;
+        r->limit = m->body.list_req.limit;
+        env->body_case = KVDOCK__ENVELOPE__BODY_LIST_REQUEST;
+        env->list_request = r;
+        return true;
+    }
+    case KVD_METHOD_INSPECT: {
+        Kvdock__InspectRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__inspect_request__init(r);
+        r->ns_name = (char *)m->body.inspect_req.ns_name;
+        r->key = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)m->body.inspect_req.key};
+        env->body_case = KVDOCK__ENVELOPE__BODY_INSPECT_REQUEST;
+        env->inspect_request = r;
+        return true;
+    }
+    case KVD_METHOD_EVICT: {
+        const kvd_evict_req_t *in = &m->body.evict_req;
+        Kvdock__EvictRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__evict_request__init(r);
+        r->ns_name = (char *)in->ns_name;
+        if (in->has_key)
+            r->key = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->key};
+        r->all = in->all;
+        env->body_case = KVDOCK__ENVELOPE__BODY_EVICT_REQUEST;
+        env->evict_request = r;
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+/* Sets env's body from the successful reply m. */
+static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *scr)
+{
+    switch (m->method) {
+    case KVD_METHOD_HELLO: {
+        const kvd_hello_rep_t *in = &m->body.hello_rep;
+        Kvdock__HelloReply *h = arena_array(scr, 1, sizeof(*h));
+        if (!h)
+            return false;
+        kvdock__hello_reply__init(h);
+        h->daemon_version = (char *)in->daemon_version;
+        h->instance = (char *)in->instance;
+        h->protocol_version = in->protocol_version;
+        h->max_frame_bytes = in->max_frame_bytes;
+        h->max_batch = in->max_batch;
+        h->pool_bytes = in->pool_bytes;
+        h->connection_id = in->connection_id;
+        h->n_ns_ids = in->n_ns_ids;
+        h->ns_ids = in->ns_ids;
+        h->pool_fd_attached = in->pool_fd_attached;
+        h->lease_ttl_ms = in->lease_ttl_ms;
+        env->body_case = KVDOCK__ENVELOPE__BODY_HELLO_REPLY;
+        env->hello_reply = h;
+        return true;
+    }
+    case KVD_METHOD_HEALTH: {
+        const kvd_health_rep_t *in = &m->body.health_rep;
+        Kvdock__HealthReply *h = arena_array(scr, 1, sizeof(*h));
+        if (!h)
+            return false;
+        kvdock__health_reply__init(h);
+        h->state = (Kvdock__HealthState)in->state;
+        h->pool_bytes = in->pool_bytes;
+        h->populated_bytes = in->populated_bytes;
+        h->uptime_ms = in->uptime_ms;
+        env->body_case = KVDOCK__ENVELOPE__BODY_HEALTH_REPLY;
+        env->health_reply = h;
+        return true;
+    }
+    case KVD_METHOD_STATS:
+        env->body_case = KVDOCK__ENVELOPE__BODY_STATS_REPLY;
+        env->stats_reply = stats_to_pb(scr, &m->body.stats_rep);
+        return env->stats_reply != NULL;
+    case KVD_METHOD_REGISTER_NAMESPACE: {
+        Kvdock__RegisterNamespaceReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__register_namespace_reply__init(r);
+        r->n_ns_ids = m->body.register_rep.n;
+        r->ns_ids = m->body.register_rep.ids;
+        env->body_case = KVDOCK__ENVELOPE__BODY_REGISTER_REPLY;
+        env->register_reply = r;
+        return true;
+    }
+    case KVD_METHOD_LOOKUP: {
+        Kvdock__LookupReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__lookup_reply__init(r);
+        r->n_boundaries = m->body.lookup_rep.n;
+        r->boundaries = m->body.lookup_rep.boundaries;
+        env->body_case = KVDOCK__ENVELOPE__BODY_LOOKUP_REPLY;
+        env->lookup_reply = r;
+        return true;
+    }
+    case KVD_METHOD_RESERVE: {
+        const kvd_reserve_rep_t *in = &m->body.reserve_rep;
+        Kvdock__ReserveReply *r = arena_array(scr, 1, sizeof(*r));
+        uint32_t *results = arena_array(scr, in->n, sizeof(uint32_t));
+        if (!r || !results)
+            return false;
+        kvdock__reserve_reply__init(r);
+        r->lease_id = in->lease_id;
+        r->object_bytes = in->object_bytes;
+        for (size_t i = 0; i < in->n; i++)
+            results[i] = in->results[i];
+        r->n_results = in->n;
+        r->results = results;
+        r->n_offsets = in->n;
+        r->offsets = in->offsets;
+        env->body_case = KVDOCK__ENVELOPE__BODY_RESERVE_REPLY;
+        env->reserve_reply = r;
+        return true;
+    }
+    case KVD_METHOD_PUBLISH:
+    case KVD_METHOD_REVOKE: {
+        Kvdock__FinishReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__finish_reply__init(r);
+        env->body_case = KVDOCK__ENVELOPE__BODY_FINISH_REPLY;
+        env->finish_reply = r;
+        return true;
+    }
+    case KVD_METHOD_ACQUIRE: {
+        const kvd_acquire_rep_t *in = &m->body.acquire_rep;
+        Kvdock__AcquireReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__acquire_reply__init(r);
+        r->lease_id = in->lease_id;
+        r->object_bytes = in->object_bytes;
+        r->n_offsets = in->n;
+        r->offsets = in->offsets;
+        env->body_case = KVDOCK__ENVELOPE__BODY_ACQUIRE_REPLY;
+        env->acquire_reply = r;
+        return true;
+    }
+    case KVD_METHOD_RELEASE: {
+        Kvdock__ReleaseReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__release_reply__init(r);
+        env->body_case = KVDOCK__ENVELOPE__BODY_RELEASE_REPLY;
+        env->release_reply = r;
+        return true;
+    }
+    case KVD_METHOD_LIST_PREFIXES: {
+        const kvd_list_rep_t *in = &m->body.list_rep;
+        Kvdock__ListPrefixesReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__list_prefixes_reply__init(r);
+        r->n_prefixes = in->n_prefixes;
+        r->prefixes = prefixes_to_pb(scr, in->prefixes, in->n_prefixes);
+        r->n_nodes = in->n_nodes;
+        r->nodes = objs_to_pb(scr, in->nodes, in->n_nodes);
+        r->n_namespaces = in->n_namespaces;
+        r->namespaces = nsinfo_to_pb(scr, in->namespaces, in->n_namespaces);
+        r->truncated = in->truncated;
+        env->body_case = KVDOCK__ENVELOPE__BODY_LIST_REPLY;
+        env->list_reply = r;
+        return r->prefixes && r->nodes && r->namespaces;
+    }
+    case KVD_METHOD_INSPECT: {
+        const kvd_inspect_rep_t *in = &m->body.inspect_rep;
+        Kvdock__InspectReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__inspect_reply__init(r);
+        r->n_objects = in->n_objects;
+        r->objects = objs_to_pb(scr, in->objects, in->n_objects);
+        r->n_namespaces = in->n_namespaces;
+        r->namespaces = nsinfo_to_pb(scr, in->namespaces, in->n_namespaces);
+        env->body_case = KVDOCK__ENVELOPE__BODY_INSPECT_REPLY;
+        env->inspect_reply = r;
+        return r->objects && r->namespaces;
+    }
+    case KVD_METHOD_EVICT: {
+        Kvdock__EvictReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__evict_reply__init(r);
+        r->evicted = m->body.evict_rep.evicted;
+        r->skipped = m->body.evict_rep.skipped;
+        env->body_case = KVDOCK__ENVELOPE__BODY_EVICT_REPLY;
+        env->evict_reply = r;
+        return true;
+    }
+    default:
+        return false;
+    }
 }
 
 int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
 {
+    if ((unsigned)m->method == KVD_METHOD_NONE && !(m->reply && m->status != KVD_OK))
+        return KVD_ERR_INVALID;
+    if ((unsigned)m->method >= KVD_METHOD_COUNT)
+        return KVD_ERR_INVALID;
     Kvdock__Envelope env = KVDOCK__ENVELOPE__INIT;
     Kvdock__Error err = KVDOCK__ERROR__INIT;
-    Kvdock__HelloRequest hello_req = KVDOCK__HELLO_REQUEST__INIT;
-    Kvdock__HelloReply hello_rep = KVDOCK__HELLO_REPLY__INIT;
-    Kvdock__HealthRequest health_req = KVDOCK__HEALTH_REQUEST__INIT;
-    Kvdock__HealthReply health_rep = KVDOCK__HEALTH_REPLY__INIT;
-    Kvdock__StatsRequest stats_req = KVDOCK__STATS_REQUEST__INIT;
-    stats_pack_t stats;
-
+    kvd_msg_t scr = {0};
     env.id = m->id;
     env.method = (Kvdock__Method)m->method;
     env.reply = m->reply;
 
+    int rc = KVD_OK;
     if (m->reply && m->status != KVD_OK) {
         err.code = m->status;
         err.message = (char *)m->error;
+        err.index = m->error_index;
         env.error = &err;
-    } else if (!m->reply) {
-        switch (m->method) {
-        case KVD_METHOD_HELLO:
-            hello_req.client_name = (char *)m->body.hello_req.client_name;
-            hello_req.pid = m->body.hello_req.pid;
-            hello_req.protocol_version = m->body.hello_req.protocol_version;
-            env.body_case = KVDOCK__ENVELOPE__BODY_HELLO_REQUEST;
-            env.hello_request = &hello_req;
-            break;
-        case KVD_METHOD_HEALTH:
-            env.body_case = KVDOCK__ENVELOPE__BODY_HEALTH_REQUEST;
-            env.health_request = &health_req;
-            break;
-        case KVD_METHOD_STATS:
-            env.body_case = KVDOCK__ENVELOPE__BODY_STATS_REQUEST;
-            env.stats_request = &stats_req;
-            break;
-        default:
-            return KVD_ERR_INVALID;
-        }
-    } else {
-        switch (m->method) {
-        case KVD_METHOD_HELLO: {
-            const kvd_hello_rep_t *h = &m->body.hello_rep;
-            hello_rep.daemon_version = (char *)h->daemon_version;
-            hello_rep.instance = (char *)h->instance;
-            hello_rep.protocol_version = h->protocol_version;
-            hello_rep.max_frame_bytes = h->max_frame_bytes;
-            hello_rep.max_batch = h->max_batch;
-            hello_rep.pool_bytes = h->pool_bytes;
-            hello_rep.connection_id = h->connection_id;
-            env.body_case = KVDOCK__ENVELOPE__BODY_HELLO_REPLY;
-            env.hello_reply = &hello_rep;
-            break;
-        }
-        case KVD_METHOD_HEALTH: {
-            const kvd_health_rep_t *h = &m->body.health_rep;
-            health_rep.state = (Kvdock__HealthState)h->state;
-            health_rep.pool_bytes = h->pool_bytes;
-            health_rep.populated_bytes = h->populated_bytes;
-            health_rep.uptime_ms = h->uptime_ms;
-            env.body_case = KVDOCK__ENVELOPE__BODY_HEALTH_REPLY;
-            env.health_reply = &health_rep;
-            break;
-        }
-        case KVD_METHOD_STATS:
-            stats_to_pb(&m->body.stats_rep, &stats);
-            env.body_case = KVDOCK__ENVELOPE__BODY_STATS_REPLY;
-            env.stats_reply = &stats.reply;
-            break;
-        default:
-            return KVD_ERR_INVALID;
-        }
+    } else if (!(m->reply ? reply_to_pb(m, &env, &scr) : request_to_pb(m, &env, &scr))) {
+        rc = KVD_ERR_NOMEM;
+        goto done;
     }
-
     size_t len = kvdock__envelope__get_packed_size(&env);
-    if (len > max_frame)
-        return KVD_ERR_TOO_LARGE;
-    /* An envelope with every field at its default packs to zero bytes, which
-     * framing reserves as an error; method is never NONE on the wire. */
-    if (len == 0)
-        return KVD_ERR_INVALID;
-    int rc = kvd_frame_put_header(out, len);
+    if (len > max_frame) {
+        rc = KVD_ERR_TOO_LARGE;
+        goto done;
+    }
+    /* never zero: an error has a code, everything else a method */
+    rc = kvd_frame_put_header(out, len);
     if (rc == KVD_OK)
         rc = kvd_buf_reserve(out, len);
     if (rc != KVD_OK)
-        return rc;
+        goto done;
     kvdock__envelope__pack(&env, out->data + out->len);
     out->len += len;
-    return KVD_OK;
+done:
+    kvd_msg_clear(&scr);
+    return rc;
 }
 
 /* ------------------------------------------------------------ decoding */
@@ -225,10 +740,147 @@ static int copy_str(char *dst, size_t dst_len, const char *src)
     return KVD_OK;
 }
 
-static int stats_from_pb(const Kvdock__StatsReply *r, kvd_stats_rep_t *s)
+static int copy_key(uint8_t *dst, ProtobufCBinaryData b)
 {
-    int rc = copy_str(s->daemon_version, sizeof(s->daemon_version),
-                      r->daemon_version);
+    if (b.len != KVD_KEY_LEN)
+        return KVD_ERR_PROTOCOL;
+    memcpy(dst, b.data, KVD_KEY_LEN);
+    return KVD_OK;
+}
+
+static int keys_from_pb(kvd_msg_t *m, size_t n, const ProtobufCBinaryData *pb,
+                        kvd_key_t **out)
+{
+    kvd_key_t *keys = arena_array(m, n, sizeof(kvd_key_t));
+    if (keys == NULL)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        if (copy_key(keys[i], pb[i]) != KVD_OK)
+            return KVD_ERR_PROTOCOL;
+    *out = keys;
+    return KVD_OK;
+}
+
+static int specs_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceSpec **pb,
+                         kvd_ns_spec_t **out)
+{
+    kvd_ns_spec_t *specs = arena_array(m, n, sizeof(*specs));
+    if (specs == NULL)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        if (copy_str(specs[i].name, sizeof(specs[i].name), pb[i]->name) != KVD_OK)
+            return KVD_ERR_PROTOCOL;
+        specs[i].object_bytes = pb[i]->object_bytes;
+        specs[i].rank_replicated = pb[i]->rank_replicated;
+    }
+    *out = specs;
+    return KVD_OK;
+}
+
+static int u32s_from_pb(kvd_msg_t *m, size_t n, const uint32_t *pb, uint32_t **out)
+{
+    uint32_t *v = arena_array(m, n, sizeof(uint32_t));
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    memcpy(v, pb, n * sizeof(uint32_t));
+    *out = v;
+    return KVD_OK;
+}
+
+static int u64s_from_pb(kvd_msg_t *m, size_t n, const uint64_t *pb, uint64_t **out)
+{
+    uint64_t *v = arena_array(m, n, sizeof(uint64_t));
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    memcpy(v, pb, n * sizeof(uint64_t));
+    *out = v;
+    return KVD_OK;
+}
+
+static int nsinfo_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceInfo **pb,
+                          kvd_ns_msg_t **out)
+{
+    kvd_ns_msg_t *v = arena_array(m, n, sizeof(*v));
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        if (copy_str(v[i].name, sizeof(v[i].name), pb[i]->name) != KVD_OK)
+            return KVD_ERR_PROTOCOL;
+        v[i].id = pb[i]->id;
+        v[i].object_bytes = pb[i]->object_bytes;
+        v[i].rank_replicated = pb[i]->rank_replicated;
+        v[i].objects_ready = pb[i]->objects_ready;
+        v[i].objects_writing = pb[i]->objects_writing;
+        v[i].objects_pinned = pb[i]->objects_pinned;
+        v[i].lookup_pages = pb[i]->lookup_pages;
+        v[i].hit_pages = pb[i]->hit_pages;
+        v[i].evictions = pb[i]->evictions;
+    }
+    *out = v;
+    return KVD_OK;
+}
+
+static int objs_from_pb(kvd_msg_t *m, size_t n, Kvdock__ObjectInfo **pb, kvd_obj_msg_t **out)
+{
+    kvd_obj_msg_t *v = arena_array(m, n, sizeof(*v));
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const Kvdock__ObjectInfo *o = pb[i];
+        if (copy_key(v[i].key, o->key) != KVD_OK ||
+            (o->parent.len != 0 && o->parent.len != 8 && o->parent.len != KVD_KEY_LEN))
+            return KVD_ERR_PROTOCOL;
+        memcpy(v[i].parent, o->parent.data, o->parent.len);
+        v[i].parent_len = (uint8_t)o->parent.len;
+        v[i].ns = o->ns;
+        v[i].depth = o->depth;
+        v[i].state = o->state;
+        v[i].tier = o->tier;
+        v[i].pins = o->pins;
+        v[i].hits = o->hits;
+        v[i].last_access_ms = o->last_access_ms;
+        v[i].offset = o->offset;
+        v[i].size = o->size;
+    }
+    *out = v;
+    return KVD_OK;
+}
+
+static int prefixes_from_pb(kvd_msg_t *m, size_t n, Kvdock__PrefixEntry **pb,
+                            kvd_prefix_msg_t **out)
+{
+    kvd_prefix_msg_t *v = arena_array(m, n, sizeof(*v));
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const Kvdock__PrefixEntry *o = pb[i];
+        if (copy_key(v[i].root, o->root) != KVD_OK || copy_key(v[i].leaf, o->leaf) != KVD_OK)
+            return KVD_ERR_PROTOCOL;
+        v[i].ns = o->ns;
+        v[i].pages = o->pages;
+        v[i].bytes = o->bytes;
+        v[i].last_access_ms = o->last_access_ms;
+        v[i].hits = o->hits;
+        v[i].n_pools = o->n_pools;
+        v[i].pools = arena_array(m, o->n_pools, sizeof(kvd_pool_bounds_t));
+        if (v[i].pools == NULL)
+            return KVD_ERR_NOMEM;
+        for (size_t k = 0; k < o->n_pools; k++) {
+            v[i].pools[k].ns = o->pools[k]->ns;
+            v[i].pools[k].n = o->pools[k]->n_boundaries;
+            int rc = u32s_from_pb(m, o->pools[k]->n_boundaries, o->pools[k]->boundaries,
+                                  &v[i].pools[k].boundaries);
+            if (rc != KVD_OK)
+                return rc;
+        }
+    }
+    *out = v;
+    return KVD_OK;
+}
+
+static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_rep_t *s)
+{
+    int rc = copy_str(s->daemon_version, sizeof(s->daemon_version), r->daemon_version);
     if (rc == KVD_OK)
         rc = copy_str(s->instance, sizeof(s->instance), r->instance);
     if (rc != KVD_OK)
@@ -241,19 +893,19 @@ static int stats_from_pb(const Kvdock__StatsReply *r, kvd_stats_rep_t *s)
     s->protocol_errors = r->protocol_errors;
     if (r->memory != NULL) {
         const Kvdock__MemoryStats *pm = r->memory;
-        kvd_mem_stats_t *m = &s->memory;
-        m->pool_bytes = pm->pool_bytes;
-        m->pool_populated_bytes = pm->pool_populated_bytes;
-        m->rss_bytes = pm->rss_bytes;
-        m->rss_anon_bytes = pm->rss_anon_bytes;
-        m->rss_file_bytes = pm->rss_file_bytes;
-        m->rss_shmem_bytes = pm->rss_shmem_bytes;
-        m->cat_bytes[KVD_MEM_CONN] = pm->conn_bytes;
-        m->cat_bytes[KVD_MEM_INDEX] = pm->index_bytes;
-        m->cat_bytes[KVD_MEM_STAGING] = pm->staging_bytes;
-        m->cat_bytes[KVD_MEM_OTHER] = pm->other_bytes;
-        m->hugepages = pm->hugepages;
-        m->mlocked = pm->mlocked;
+        kvd_mem_stats_t *mm = &s->memory;
+        mm->pool_bytes = pm->pool_bytes;
+        mm->pool_populated_bytes = pm->pool_populated_bytes;
+        mm->rss_bytes = pm->rss_bytes;
+        mm->rss_anon_bytes = pm->rss_anon_bytes;
+        mm->rss_file_bytes = pm->rss_file_bytes;
+        mm->rss_shmem_bytes = pm->rss_shmem_bytes;
+        mm->cat_bytes[KVD_MEM_CONN] = pm->conn_bytes;
+        mm->cat_bytes[KVD_MEM_INDEX] = pm->index_bytes;
+        mm->cat_bytes[KVD_MEM_STAGING] = pm->staging_bytes;
+        mm->cat_bytes[KVD_MEM_OTHER] = pm->other_bytes;
+        mm->hugepages = pm->hugepages;
+        mm->mlocked = pm->mlocked;
     }
     for (size_t i = 0; i < r->n_methods; i++) {
         const Kvdock__MethodStats *ms = r->methods[i];
@@ -268,44 +920,158 @@ static int stats_from_pb(const Kvdock__StatsReply *r, kvd_stats_rep_t *s)
         size_t nb = KVD_MIN(ms->n_latency_buckets, (size_t)KVD_LATENCY_BUCKETS);
         memcpy(d->latency_buckets, ms->latency_buckets, nb * sizeof(uint64_t));
     }
-    return KVD_OK;
+    if (r->store != NULL)
+        store_stats_from_pb(r->store, &s->store);
+    s->n_namespaces = r->n_namespaces;
+    rc = nsinfo_from_pb(m, r->n_namespaces, r->namespaces, &s->namespaces);
+    s->checked = r->checked;
+    kvd_strlcpy(s->check_error, r->check_error ? r->check_error : "",
+                sizeof(s->check_error));
+    return rc;
 }
 
-/* Fills out's body from env; the body must be the one of (method, reply). */
-static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
+/* The body case that (method, reply) must carry. */
+static Kvdock__Envelope__BodyCase expected_body(kvd_method_t method, bool reply)
 {
-    Kvdock__Envelope__BodyCase want;
-    switch (out->method) {
-    case KVD_METHOD_HELLO:
-        want = out->reply ? KVDOCK__ENVELOPE__BODY_HELLO_REPLY
-                          : KVDOCK__ENVELOPE__BODY_HELLO_REQUEST;
-        break;
-    case KVD_METHOD_HEALTH:
-        want = out->reply ? KVDOCK__ENVELOPE__BODY_HEALTH_REPLY
-                          : KVDOCK__ENVELOPE__BODY_HEALTH_REQUEST;
-        break;
-    case KVD_METHOD_STATS:
-        want = out->reply ? KVDOCK__ENVELOPE__BODY_STATS_REPLY
-                          : KVDOCK__ENVELOPE__BODY_STATS_REQUEST;
-        break;
-    default:
-        return KVD_ERR_PROTOCOL;
-    }
-    /* Empty request bodies pack to nothing a receiver can tell from "not
-     * set" when the sender omits them, so those are accepted either way. */
-    bool empty_ok = !out->reply && out->method != KVD_METHOD_HELLO;
-    if (env->body_case != want &&
-        !(empty_ok && env->body_case == KVDOCK__ENVELOPE__BODY__NOT_SET))
-        return KVD_ERR_PROTOCOL;
+    static const Kvdock__Envelope__BodyCase req[KVD_METHOD_COUNT] = {
+        [KVD_METHOD_HELLO] = KVDOCK__ENVELOPE__BODY_HELLO_REQUEST,
+        [KVD_METHOD_HEALTH] = KVDOCK__ENVELOPE__BODY_HEALTH_REQUEST,
+        [KVD_METHOD_STATS] = KVDOCK__ENVELOPE__BODY_STATS_REQUEST,
+        [KVD_METHOD_REGISTER_NAMESPACE] = KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST,
+        [KVD_METHOD_LOOKUP] = KVDOCK__ENVELOPE__BODY_LOOKUP_REQUEST,
+        [KVD_METHOD_RESERVE] = KVDOCK__ENVELOPE__BODY_RESERVE_REQUEST,
+        [KVD_METHOD_PUBLISH] = KVDOCK__ENVELOPE__BODY_FINISH_REQUEST,
+        [KVD_METHOD_REVOKE] = KVDOCK__ENVELOPE__BODY_FINISH_REQUEST,
+        [KVD_METHOD_ACQUIRE] = KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST,
+        [KVD_METHOD_RELEASE] = KVDOCK__ENVELOPE__BODY_RELEASE_REQUEST,
+        [KVD_METHOD_LIST_PREFIXES] = KVDOCK__ENVELOPE__BODY_LIST_REQUEST,
+        [KVD_METHOD_INSPECT] = KVDOCK__ENVELOPE__BODY_INSPECT_REQUEST,
+        [KVD_METHOD_EVICT] = KVDOCK__ENVELOPE__BODY_EVICT_REQUEST,
+    };
+    static const Kvdock__Envelope__BodyCase rep[KVD_METHOD_COUNT] = {
+        [KVD_METHOD_HELLO] = KVDOCK__ENVELOPE__BODY_HELLO_REPLY,
+        [KVD_METHOD_HEALTH] = KVDOCK__ENVELOPE__BODY_HEALTH_REPLY,
+        [KVD_METHOD_STATS] = KVDOCK__ENVELOPE__BODY_STATS_REPLY,
+        [KVD_METHOD_REGISTER_NAMESPACE] = KVDOCK__ENVELOPE__BODY_REGISTER_REPLY,
+        [KVD_METHOD_LOOKUP] = KVDOCK__ENVELOPE__BODY_LOOKUP_REPLY,
+        [KVD_METHOD_RESERVE] = KVDOCK__ENVELOPE__BODY_RESERVE_REPLY,
+        [KVD_METHOD_PUBLISH] = KVDOCK__ENVELOPE__BODY_FINISH_REPLY,
+        [KVD_METHOD_REVOKE] = KVDOCK__ENVELOPE__BODY_FINISH_REPLY,
+        [KVD_METHOD_ACQUIRE] = KVDOCK__ENVELOPE__BODY_ACQUIRE_REPLY,
+        [KVD_METHOD_RELEASE] = KVDOCK__ENVELOPE__BODY_RELEASE_REPLY,
+        [KVD_METHOD_LIST_PREFIXES] = KVDOCK__ENVELOPE__BODY_LIST_REPLY,
+        [KVD_METHOD_INSPECT] = KVDOCK__ENVELOPE__BODY_INSPECT_REPLY,
+        [KVD_METHOD_EVICT] = KVDOCK__ENVELOPE__BODY_EVICT_REPLY,
+    };
+    return reply ? rep[method] : req[method];
+}
 
+static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
+{
     switch (env->body_case) {
     case KVDOCK__ENVELOPE__BODY_HELLO_REQUEST: {
         kvd_hello_req_t *h = &out->body.hello_req;
-        h->pid = env->hello_request->pid;
-        h->protocol_version = env->hello_request->protocol_version;
-        return copy_str(h->client_name, sizeof(h->client_name),
-                        env->hello_request->client_name);
+        const Kvdock__HelloRequest *r = env->hello_request;
+        h->pid = r->pid;
+        h->protocol_version = r->protocol_version;
+        h->want_pool_fd = r->want_pool_fd;
+        h->n_namespaces = r->n_namespaces;
+        int rc = copy_str(h->client_name, sizeof(h->client_name), r->client_name);
+        return rc ? rc : specs_from_pb(out, r->n_namespaces, r->namespaces, &h->namespaces);
     }
+    case KVDOCK__ENVELOPE__BODY_STATS_REQUEST:
+        out->body.stats_req.check = env->stats_request->check;
+        return KVD_OK;
+    case KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST: {
+        const Kvdock__RegisterNamespaceRequest *r = env->register_request;
+        out->body.register_req.n = r->n_namespaces;
+        return specs_from_pb(out, r->n_namespaces, r->namespaces,
+                             &out->body.register_req.namespaces);
+    }
+    case KVDOCK__ENVELOPE__BODY_LOOKUP_REQUEST: {
+        const Kvdock__LookupRequest *r = env->lookup_request;
+        kvd_lookup_req_t *l = &out->body.lookup_req;
+        l->pools = arena_array(out, r->n_pools, sizeof(*l->pools));
+        if (l->pools == NULL)
+            return KVD_ERR_NOMEM;
+        l->n_pools = r->n_pools;
+        for (size_t i = 0; i < r->n_pools; i++) {
+            l->pools[i].ns = r->pools[i]->ns;
+            l->pools[i].trailing_pages = r->pools[i]->trailing_pages;
+            l->pools[i].n_keys = r->pools[i]->n_keys;
+            int rc = keys_from_pb(out, r->pools[i]->n_keys, r->pools[i]->keys,
+                                  &l->pools[i].keys);
+            if (rc != KVD_OK)
+                return rc;
+        }
+        return KVD_OK;
+    }
+    case KVDOCK__ENVELOPE__BODY_RESERVE_REQUEST: {
+        const Kvdock__ReserveRequest *r = env->reserve_request;
+        kvd_reserve_req_t *q = &out->body.reserve_req;
+        q->ns = r->ns;
+        q->object_bytes = r->object_bytes;
+        q->items = arena_array(out, r->n_items, sizeof(*q->items));
+        if (q->items == NULL)
+            return KVD_ERR_NOMEM;
+        q->n = r->n_items;
+        for (size_t i = 0; i < r->n_items; i++) {
+            const Kvdock__PutItem *it = r->items[i];
+            if (copy_key(q->items[i].key, it->key) != KVD_OK ||
+                (it->parent.len != 0 && copy_key(q->items[i].parent, it->parent) != KVD_OK))
+                return KVD_ERR_PROTOCOL;
+            q->items[i].has_parent = it->parent.len != 0;
+            q->items[i].depth = it->depth;
+        }
+        return KVD_OK;
+    }
+    case KVDOCK__ENVELOPE__BODY_FINISH_REQUEST: {
+        const Kvdock__FinishRequest *r = env->finish_request;
+        out->body.finish_req.lease_id = r->lease_id;
+        out->body.finish_req.n = r->n_keys;
+        return keys_from_pb(out, r->n_keys, r->keys, &out->body.finish_req.keys);
+    }
+    case KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST: {
+        const Kvdock__AcquireRequest *r = env->acquire_request;
+        out->body.acquire_req.ns = r->ns;
+        out->body.acquire_req.object_bytes = r->object_bytes;
+        out->body.acquire_req.n = r->n_keys;
+        return keys_from_pb(out, r->n_keys, r->keys, &out->body.acquire_req.keys);
+    }
+    case KVDOCK__ENVELOPE__BODY_RELEASE_REQUEST:
+        out->body.release_req.lease_id = env->release_request->lease_id;
+        return KVD_OK;
+    case KVDOCK__ENVELOPE__BODY_LIST_REQUEST: {
+        const Kvdock__ListPrefixesRequest *r = env->list_request;
+        out->body.list_req.nodes = r->nodes;
+        out->body.list_req.limit = r->limit;
+        return copy_str(out->body.list_req.ns_name, sizeof(out->body.list_req.ns_name),
+                        r->ns_name);
+    }
+    case KVDOCK__ENVELOPE__BODY_INSPECT_REQUEST: {
+        const Kvdock__InspectRequest *r = env->inspect_request;
+        int rc = copy_key(out->body.inspect_req.key, r->key);
+        return rc ? rc
+                  : copy_str(out->body.inspect_req.ns_name,
+                             sizeof(out->body.inspect_req.ns_name), r->ns_name);
+    }
+    case KVDOCK__ENVELOPE__BODY_EVICT_REQUEST: {
+        const Kvdock__EvictRequest *r = env->evict_request;
+        kvd_evict_req_t *e = &out->body.evict_req;
+        e->all = r->all;
+        e->has_key = r->key.len != 0;
+        if (e->has_key && copy_key(e->key, r->key) != KVD_OK)
+            return KVD_ERR_PROTOCOL;
+        return copy_str(e->ns_name, sizeof(e->ns_name), r->ns_name);
+    }
+    default:
+        return KVD_OK; /* empty request bodies */
+    }
+}
+
+static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
+{
+    switch (env->body_case) {
     case KVDOCK__ENVELOPE__BODY_HELLO_REPLY: {
         kvd_hello_rep_t *h = &out->body.hello_rep;
         const Kvdock__HelloReply *r = env->hello_reply;
@@ -314,9 +1080,13 @@ static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->max_batch = r->max_batch;
         h->pool_bytes = r->pool_bytes;
         h->connection_id = r->connection_id;
-        int rc = copy_str(h->daemon_version, sizeof(h->daemon_version),
-                          r->daemon_version);
-        return rc ? rc : copy_str(h->instance, sizeof(h->instance), r->instance);
+        h->pool_fd_attached = r->pool_fd_attached;
+        h->lease_ttl_ms = r->lease_ttl_ms;
+        h->n_ns_ids = r->n_ns_ids;
+        int rc = copy_str(h->daemon_version, sizeof(h->daemon_version), r->daemon_version);
+        if (rc == KVD_OK)
+            rc = copy_str(h->instance, sizeof(h->instance), r->instance);
+        return rc ? rc : u32s_from_pb(out, r->n_ns_ids, r->ns_ids, &h->ns_ids);
     }
     case KVDOCK__ENVELOPE__BODY_HEALTH_REPLY: {
         kvd_health_rep_t *h = &out->body.health_rep;
@@ -327,10 +1097,84 @@ static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         return KVD_OK;
     }
     case KVDOCK__ENVELOPE__BODY_STATS_REPLY:
-        return stats_from_pb(env->stats_reply, &out->body.stats_rep);
-    default:
-        return KVD_OK; /* empty request bodies */
+        return stats_from_pb(out, env->stats_reply, &out->body.stats_rep);
+    case KVDOCK__ENVELOPE__BODY_REGISTER_REPLY:
+        out->body.register_rep.n = env->register_reply->n_ns_ids;
+        return u32s_from_pb(out, env->register_reply->n_ns_ids, env->register_reply->ns_ids,
+                            &out->body.register_rep.ids);
+    case KVDOCK__ENVELOPE__BODY_LOOKUP_REPLY:
+        out->body.lookup_rep.n = env->lookup_reply->n_boundaries;
+        return u32s_from_pb(out, env->lookup_reply->n_boundaries,
+                            env->lookup_reply->boundaries, &out->body.lookup_rep.boundaries);
+    case KVDOCK__ENVELOPE__BODY_RESERVE_REPLY: {
+        const Kvdock__ReserveReply *r = env->reserve_reply;
+        kvd_reserve_rep_t *q = &out->body.reserve_rep;
+        if (r->n_offsets != r->n_results)
+            return KVD_ERR_PROTOCOL;
+        q->lease_id = r->lease_id;
+        q->object_bytes = r->object_bytes;
+        q->n = r->n_results;
+        q->results = arena_array(out, r->n_results, 1);
+        if (q->results == NULL)
+            return KVD_ERR_NOMEM;
+        for (size_t i = 0; i < r->n_results; i++) {
+            if (r->results[i] > 3u /* no space, the last result */)
+                return KVD_ERR_PROTOCOL;
+            q->results[i] = (uint8_t)r->results[i];
+        }
+        return u64s_from_pb(out, r->n_offsets, r->offsets, &q->offsets);
     }
+    case KVDOCK__ENVELOPE__BODY_ACQUIRE_REPLY: {
+        const Kvdock__AcquireReply *r = env->acquire_reply;
+        out->body.acquire_rep.lease_id = r->lease_id;
+        out->body.acquire_rep.object_bytes = r->object_bytes;
+        out->body.acquire_rep.n = r->n_offsets;
+        return u64s_from_pb(out, r->n_offsets, r->offsets, &out->body.acquire_rep.offsets);
+    }
+    case KVDOCK__ENVELOPE__BODY_LIST_REPLY: {
+        const Kvdock__ListPrefixesReply *r = env->list_reply;
+        kvd_list_rep_t *l = &out->body.list_rep;
+        l->truncated = r->truncated;
+        l->n_prefixes = r->n_prefixes;
+        l->n_nodes = r->n_nodes;
+        l->n_namespaces = r->n_namespaces;
+        int rc = prefixes_from_pb(out, r->n_prefixes, r->prefixes, &l->prefixes);
+        if (rc == KVD_OK)
+            rc = objs_from_pb(out, r->n_nodes, r->nodes, &l->nodes);
+        return rc ? rc : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
+    }
+    case KVDOCK__ENVELOPE__BODY_INSPECT_REPLY: {
+        const Kvdock__InspectReply *r = env->inspect_reply;
+        kvd_inspect_rep_t *l = &out->body.inspect_rep;
+        l->n_objects = r->n_objects;
+        l->n_namespaces = r->n_namespaces;
+        int rc = objs_from_pb(out, r->n_objects, r->objects, &l->objects);
+        return rc ? rc : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
+    }
+    case KVDOCK__ENVELOPE__BODY_EVICT_REPLY:
+        out->body.evict_rep.evicted = env->evict_reply->evicted;
+        out->body.evict_rep.skipped = env->evict_reply->skipped;
+        return KVD_OK;
+    default:
+        return KVD_OK; /* empty reply bodies */
+    }
+}
+
+/* Fills out's body from env; the body must be the one of (method, reply). */
+static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
+{
+    Kvdock__Envelope__BodyCase want = expected_body(out->method, out->reply);
+    /* Empty bodies (Health, Stats without check, Publish/Revoke/Release
+     * replies) may be omitted by a sender: "not set" is accepted for them. */
+    bool may_omit = env->body_case == KVDOCK__ENVELOPE__BODY__NOT_SET &&
+                    ((!out->reply && (out->method == KVD_METHOD_HEALTH ||
+                                      out->method == KVD_METHOD_STATS)) ||
+                     (out->reply && (out->method == KVD_METHOD_PUBLISH ||
+                                     out->method == KVD_METHOD_REVOKE ||
+                                     out->method == KVD_METHOD_RELEASE)));
+    if (env->body_case != want && !may_omit)
+        return KVD_ERR_PROTOCOL;
+    return out->reply ? reply_from_pb(env, out) : request_from_pb(env, out);
 }
 
 int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
@@ -343,8 +1187,18 @@ int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
     int rc = KVD_OK;
     out->id = env->id;
     out->reply = env->reply;
-    if ((unsigned)env->method == KVD_METHOD_NONE ||
-        (unsigned)env->method >= KVD_METHOD_COUNT) {
+    if ((unsigned)env->method == KVD_METHOD_NONE || (unsigned)env->method >= KVD_METHOD_COUNT) {
+        /* an error reply to a frame the daemon could not attribute has no
+         * method; anything else without a known method is refused */
+        if (env->reply && env->error != NULL && env->error->code < 0 &&
+            (unsigned)env->method == KVD_METHOD_NONE) {
+            out->method = KVD_METHOD_NONE;
+            out->status = env->error->code;
+            out->error_index = env->error->index;
+            kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
+                        sizeof(out->error));
+            goto free_env;
+        }
         out->method = KVD_METHOD_NONE;
         rc = KVD_ERR_UNKNOWN_METHOD;
         goto free_env;
@@ -358,9 +1212,9 @@ int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
             goto free_env;
         }
         out->status = env->error->code;
+        out->error_index = env->error->index;
         /* error texts are for people: truncate rather than refuse */
-        kvd_strlcpy(out->error,
-                    env->error->message ? env->error->message : "",
+        kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
                     sizeof(out->error));
         goto free_env;
     }

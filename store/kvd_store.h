@@ -111,4 +111,237 @@ bool kvd_pool_mlocked(const kvd_pool_t *p);
 int kvd_pool_fd(const kvd_pool_t *p);
 void *kvd_pool_base(const kvd_pool_t *p);
 
+/* ---------------------------------------------------------------- engine */
+
+/*
+ * The store engine (DESIGN.md sections 3 to 5): namespaces, an extent
+ * allocator over the pool, the index of objects, their lifecycle
+ * (Reserve -> WRITING -> Publish -> READY <-> pinned), leases, eviction and
+ * lookups. It does bookkeeping only: it never touches the pool's bytes, so
+ * it can be driven in-process by tests and benchmarks at any pool size.
+ *
+ * Threading: none inside. The daemon calls it from its loop thread only.
+ *
+ * Ownership of holds: every reservation and pin belongs to a lease; a lease
+ * belongs to an owner (the daemon uses the connection id). Ending a lease
+ * (Publish/Revoke of all its reservations, Release, its owner gone, its TTL
+ * passed) undoes what it still holds.
+ */
+
+#define KVD_NS_NAME_MAX 256
+#define KVD_STORE_MAX_NAMESPACES 4096
+#define KVD_LOOKUP_MAX_POOLS 16
+
+typedef enum kvd_obj_state {
+    KVD_OBJ_WRITING = 1, /* reserved, being written, invisible to readers */
+    KVD_OBJ_READY = 2,   /* published; pinned while pins > 0 */
+} kvd_obj_state_t;
+
+typedef enum kvd_tier {
+    KVD_TIER_DRAM = 0,
+    KVD_TIER_SSD = 1,
+} kvd_tier_t;
+
+typedef enum kvd_reserve_result {
+    KVD_RESERVE_ALLOCATED = 0, /* yours: write it at loc, then Publish */
+    KVD_RESERVE_EXISTS = 1,    /* already stored and readable */
+    KVD_RESERVE_IN_FLIGHT = 2, /* another writer holds it */
+    KVD_RESERVE_NO_SPACE = 3,  /* no room, even after eviction */
+} kvd_reserve_result_t;
+
+const char *kvd_reserve_result_name(kvd_reserve_result_t r);
+
+typedef struct kvd_store_config {
+    uint64_t pool_bytes;   /* bytes of pool the store manages */
+    uint32_t page_bytes;   /* allocation unit and alignment (4096) */
+    double evict_high;     /* evict when used > evict_high * pool (0.95) */
+    double evict_low;      /* ... down to evict_low * pool (0.90) */
+    uint64_t lease_ttl_ms; /* a lease not ended by then is undone (30000) */
+    uint64_t index_hint;   /* objects expected: sizes the first hash table */
+} kvd_store_config_t;
+
+typedef struct kvd_store kvd_store_t;
+
+/* Fills the defaults above for a pool of pool_bytes. */
+void kvd_store_config_default(kvd_store_config_t *cfg, uint64_t pool_bytes);
+
+/* KVD_ERR_INVALID for a pool over 2^32 pages or bad watermarks. */
+int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out);
+void kvd_store_destroy(kvd_store_t *s);
+
+/* A key with what Reserve records about its place in its chain. */
+typedef struct kvd_put {
+    const uint8_t *key;    /* 32 bytes */
+    const uint8_t *parent; /* 32 bytes, NULL for the first page of a chain */
+    uint32_t depth;        /* page index in the chain: 0 for the first */
+} kvd_put_t;
+
+/* Where an object lives in the pool. */
+typedef struct kvd_loc {
+    uint64_t offset;
+    uint64_t size;
+} kvd_loc_t;
+
+/* --- namespaces */
+
+/*
+ * Registers (or finds) a namespace. The same name with the same object size
+ * and flag is idempotent; a different size or flag is KVD_ERR_INVALID.
+ * KVD_ERR_NO_SPACE past KVD_STORE_MAX_NAMESPACES; KVD_ERR_INVALID for an
+ * empty or over-long name, a zero size, or an object larger than the pool.
+ */
+int kvd_store_ns_register(kvd_store_t *s, const char *name, uint64_t object_bytes,
+                          bool rank_replicated, uint32_t *ns_id);
+int kvd_store_ns_find(const kvd_store_t *s, const char *name, uint32_t *ns_id);
+
+typedef struct kvd_ns_info {
+    char name[KVD_NS_NAME_MAX];
+    uint64_t object_bytes;
+    bool rank_replicated;
+    uint64_t objects_ready;
+    uint64_t objects_writing;
+    uint64_t objects_pinned;
+    uint64_t lookup_pages;   /* pages probed by lookups */
+    uint64_t hit_pages;      /* ... of which present */
+    uint64_t evictions;
+} kvd_ns_info_t;
+
+uint32_t kvd_store_ns_count(const kvd_store_t *s);
+int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out);
+
+/* --- lifecycle */
+
+/*
+ * Put-if-absent for each key of namespace ns. results[i] says what happened;
+ * locs[i] is set for ALLOCATED. All ALLOCATED keys are held by one new write
+ * lease of `owner`, returned in *lease_id (0 when nothing was allocated).
+ * Eviction makes room as needed (watermarks, then on demand).
+ */
+int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put_t *items,
+                      size_t n, uint64_t now_ms, uint64_t *lease_id, uint8_t *results,
+                      kvd_loc_t *locs);
+
+/*
+ * Makes the reservations of write lease `lease_id` visible, atomically: all
+ * of them (keys == NULL) or the n given keys. Every key must be a reservation
+ * of that lease, else KVD_ERR_STATE and nothing changes. The lease ends when
+ * it holds nothing more. KVD_ERR_NOT_FOUND for an unknown (or ended) lease,
+ * KVD_ERR_PERMISSION for another owner's, KVD_ERR_STATE for a read lease.
+ */
+int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
+                      const uint8_t (*keys)[32], size_t n);
+
+/* Frees reservations (all, or the n given keys), same rules as publish. */
+int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
+                     const uint8_t (*keys)[32], size_t n);
+
+/*
+ * Pins every key for reading, all or nothing: on success locs[i] says where
+ * each is and *lease_id holds the pins. Otherwise nothing is pinned,
+ * *first_bad is the index of the first key that is missing
+ * (KVD_ERR_NOT_FOUND) or still being written (KVD_ERR_BUSY).
+ */
+int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
+                      const uint8_t (*keys)[32], size_t n, uint64_t now_ms,
+                      uint64_t *lease_id, kvd_loc_t *locs, size_t *first_bad);
+
+/* Ends read lease lease_id, unpinning what it holds. Errors as publish. */
+int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id);
+
+/* Ends every lease of owner (its connection closed). Returns how many. */
+size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner);
+
+/* Ends every lease whose TTL passed by now_ms. Returns how many. */
+size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms);
+
+/* --- lookup */
+
+typedef struct kvd_lookup_pool {
+    uint32_t ns;
+    const uint8_t (*keys)[32]; /* page keys of the prompt's tail, in order */
+    size_t n_keys;
+    uint32_t trailing_pages;   /* 0: ALL_PAGES; n: TRAILING_PAGES(n) */
+} kvd_lookup_pool_t;
+
+/*
+ * Every boundary b (in pages, 1..min n_keys) restorable for all pools, in
+ * increasing order: ALL_PAGES needs pages 0..b-1 present, TRAILING_PAGES(n)
+ * needs pages b-n..b-1 (clamped at 0). Present = READY. `boundaries` must
+ * hold min n_keys entries. Counts probed and present pages per namespace.
+ */
+int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                     uint32_t *boundaries, size_t *n_boundaries);
+
+/* --- inspection and eviction */
+
+typedef struct kvd_obj_info {
+    uint8_t key[32];
+    uint8_t parent_tag[8]; /* first 8 bytes of the parent's key */
+    bool has_parent;
+    uint32_t ns;
+    uint32_t depth;
+    kvd_obj_state_t state;
+    kvd_tier_t tier;
+    uint32_t pins;
+    uint32_t hits;
+    uint64_t last_access_ms; /* wall clock; 0 = never read */
+    kvd_loc_t loc;
+} kvd_obj_info_t;
+
+/* KVD_ERR_NOT_FOUND when the key is not in ns. */
+int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
+                      kvd_obj_info_t *out);
+
+/* The object of ns whose key starts with the 8-byte tag (a parent). */
+int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
+                       kvd_obj_info_t *out);
+
+/* Calls fn for every object (of ns, or all when ns == UINT32_MAX) until fn
+ * returns non-zero, which is returned. No mutation from inside fn. */
+typedef int (*kvd_obj_fn)(const kvd_obj_info_t *info, void *arg);
+int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *arg);
+
+/* Evicts one READY, unpinned object: KVD_ERR_BUSY when pinned or being
+ * written, KVD_ERR_NOT_FOUND when absent. */
+int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[32]);
+/* Evicts every READY, unpinned object of ns (UINT32_MAX: all); counts what
+ * went and what had to stay (pinned or being written). */
+int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted,
+                       uint64_t *skipped);
+
+typedef struct kvd_store_stats {
+    uint64_t pool_bytes;
+    uint64_t free_bytes;
+    uint64_t writing_bytes;
+    uint64_t ready_bytes;
+    uint64_t pinned_bytes;
+    uint64_t objects_ready;
+    uint64_t objects_writing;
+    uint64_t objects_pinned;
+    uint64_t pins;            /* sum of pin counts */
+    uint64_t leases;
+    uint64_t free_extents;
+    uint64_t largest_free_bytes;
+    double fragmentation;     /* 1 - largest free extent / free bytes */
+    uint64_t index_bytes;     /* records + hash table + lease tables */
+    uint64_t evictions;
+    uint64_t evicted_bytes;
+    uint64_t reserve_allocated, reserve_exists, reserve_in_flight, reserve_no_space;
+    uint64_t lookups, lookup_pages, hit_pages;
+    uint64_t acquires, acquire_failures;
+    uint64_t leases_expired;
+    uint64_t published_bytes; /* offloaded: bytes made READY */
+    uint64_t acquired_bytes;  /* loaded: bytes pinned for reading */
+} kvd_store_stats_t;
+
+void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out);
+
+/*
+ * Checks every invariant: free + writing + ready bytes = pool bytes, extents
+ * tile the pool with free neighbours merged, the free lists, the LRU list
+ * and the hash table agree with the records, pins and reservations equal
+ * what the leases hold. Returns KVD_OK, or KVD_ERR_STATE with `why` filled.
+ */
+int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len);
+
 #endif /* KVD_STORE_H */

@@ -1,0 +1,505 @@
+/*
+ * cli_store.c - the kvdock commands that look at what is stored: hash,
+ * prefixes, show, lookup, evict.
+ *
+ * Namespaces are named by the operator and resolved to ids through the
+ * Stats reply's namespace table. Keys are 64 hex digits.
+ */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void cli_print_hex(const uint8_t *bytes, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        printf("%02x", bytes[i]);
+}
+
+static void print_time(uint64_t ms)
+{
+    if (ms == 0) {
+        printf("never");
+        return;
+    }
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    printf("%04d-%02d-%02dT%02d:%02d:%02dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+           tm.tm_hour, tm.tm_min, tm.tm_sec);
+}
+
+static const char *ns_name(const kvd_ns_msg_t *ns, size_t n, uint32_t id)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ns[i].id == id)
+            return ns[i].name;
+    return "?";
+}
+
+static int parse_key(const char *hex, uint8_t key[KVD_KEY_LEN])
+{
+    if (kvd_key_from_hex(hex, key) == KVD_OK)
+        return 0;
+    fprintf(stderr, "kvdock: '%s' is not a key (64 hex digits)\n", hex);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ hash */
+
+/* Reads whitespace- or comma-separated token ids from a file. */
+static int read_tokens_file(const char *path, uint32_t **out, size_t *n)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "kvdock hash: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    size_t cap = 1024, len = 0;
+    uint32_t *t = malloc(cap * sizeof(*t));
+    char word[32];
+    int c, wl = 0, rc = 0;
+    while (t != NULL && rc == 0) {
+        c = fgetc(f);
+        bool sep = c == EOF || c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r';
+        if (!sep) {
+            if (wl + 1 >= (int)sizeof(word))
+                rc = -1;
+            else
+                word[wl++] = (char)c;
+            continue;
+        }
+        if (wl > 0) {
+            word[wl] = '\0';
+            uint64_t v;
+            if (kvd_u64_parse(word, 0, UINT32_MAX, &v) != KVD_OK) {
+                rc = -1;
+                break;
+            }
+            if (len == cap) {
+                uint32_t *nt = realloc(t, cap * 2 * sizeof(*t));
+                if (nt == NULL) {
+                    rc = -1;
+                    break;
+                }
+                t = nt;
+                cap *= 2;
+            }
+            t[len++] = (uint32_t)v;
+            wl = 0;
+        }
+        if (c == EOF)
+            break;
+    }
+    fclose(f);
+    if (t == NULL || rc != 0) {
+        fprintf(stderr, "kvdock hash: %s: token ids must be integers 0..4294967295\n", path);
+        free(t);
+        return -1;
+    }
+    *out = t;
+    *n = len;
+    return 0;
+}
+
+int cmd_hash(const cli_t *cli, const cli_args_t *a)
+{
+    uint64_t page;
+    if (a->page_size == NULL || kvd_u64_parse(a->page_size, 1, 1u << 24, &page) != KVD_OK) {
+        fprintf(stderr, "kvdock hash: --page-size P (a positive integer) is required\n");
+        return EXIT_USAGE;
+    }
+    uint8_t prior[KVD_KEY_LEN];
+    if (a->prior != NULL && parse_key(a->prior, prior) != 0)
+        return EXIT_USAGE;
+    if ((a->tokens_file != NULL) == (a->n_args > 0)) {
+        fprintf(stderr, "kvdock hash: give the token ids as arguments or --tokens-file\n");
+        return EXIT_USAGE;
+    }
+    uint32_t *tokens = NULL;
+    size_t n = 0;
+    if (a->tokens_file != NULL) {
+        if (read_tokens_file(a->tokens_file, &tokens, &n) != 0)
+            return EXIT_USAGE;
+    } else {
+        tokens = calloc(a->n_args, sizeof(*tokens));
+        for (size_t i = 0; tokens && i < a->n_args; i++) {
+            uint64_t v;
+            if (kvd_u64_parse(a->args[i], 0, UINT32_MAX, &v) != KVD_OK) {
+                fprintf(stderr, "kvdock hash: token '%s' is not an integer 0..4294967295\n",
+                        a->args[i]);
+                free(tokens);
+                return EXIT_USAGE;
+            }
+            tokens[i] = (uint32_t)v;
+        }
+        n = a->n_args;
+    }
+    size_t pages = n / page, n_keys = 0;
+    uint8_t(*keys)[KVD_KEY_LEN] = calloc(pages ? pages : 1, KVD_KEY_LEN);
+    int rc = tokens && keys ? kvd_key_chain(tokens, n, page, a->prior ? prior : NULL, keys,
+                                            &n_keys)
+                            : KVD_ERR_NOMEM;
+    if (rc == KVD_OK) {
+        if (cli->json)
+            printf("[");
+        for (size_t i = 0; i < n_keys; i++) {
+            char hex[65];
+            kvd_key_to_hex(keys[i], hex);
+            if (cli->json)
+                printf("%s\"%s\"", i ? "," : "", hex);
+            else
+                printf("%s\n", hex);
+        }
+        if (cli->json)
+            printf("]\n");
+        if (n % page != 0 && !cli->json)
+            fprintf(stderr, "kvdock hash: %zu trailing tokens of a partial page have no key\n",
+                    n % page);
+    }
+    free(keys);
+    free(tokens);
+    return rc == KVD_OK ? 0 : 1;
+}
+
+/* -------------------------------------------------------------- prefixes */
+
+static void print_pools(const kvd_prefix_msg_t *p, const kvd_ns_msg_t *ns, size_t n_ns)
+{
+    for (size_t k = 0; k < p->n_pools; k++) {
+        printf("    %s at boundaries", ns_name(ns, n_ns, p->pools[k].ns));
+        for (size_t b = 0; b < p->pools[k].n; b++)
+            printf("%s%u", b ? "," : " ", p->pools[k].boundaries[b]);
+        printf("\n");
+    }
+}
+
+static void prefixes_json(const kvd_list_rep_t *l)
+{
+    printf("{\"truncated\":%s,\"prefixes\":[", l->truncated ? "true" : "false");
+    for (size_t i = 0; i < l->n_prefixes; i++) {
+        const kvd_prefix_msg_t *p = &l->prefixes[i];
+        printf("%s{\"namespace\":", i ? "," : "");
+        cli_json_str(ns_name(l->namespaces, l->n_namespaces, p->ns));
+        printf(",\"root\":\"");
+        cli_print_hex(p->root, KVD_KEY_LEN);
+        printf("\",\"leaf\":\"");
+        cli_print_hex(p->leaf, KVD_KEY_LEN);
+        printf("\",\"pages\":%u,\"bytes\":%llu,\"last_access_ms\":%llu,\"hits\":%llu,"
+               "\"pools\":[",
+               p->pages, (unsigned long long)p->bytes, (unsigned long long)p->last_access_ms,
+               (unsigned long long)p->hits);
+        for (size_t k = 0; k < p->n_pools; k++) {
+            printf("%s{\"namespace\":", k ? "," : "");
+            cli_json_str(ns_name(l->namespaces, l->n_namespaces, p->pools[k].ns));
+            printf(",\"boundaries\":[");
+            for (size_t b = 0; b < p->pools[k].n; b++)
+                printf("%s%u", b ? "," : "", p->pools[k].boundaries[b]);
+            printf("]}");
+        }
+        printf("]}");
+    }
+    printf("]");
+    if (l->n_nodes > 0) {
+        printf(",\"nodes\":[");
+        for (size_t i = 0; i < l->n_nodes; i++) {
+            const kvd_obj_msg_t *o = &l->nodes[i];
+            printf("%s{\"namespace\":", i ? "," : "");
+            cli_json_str(ns_name(l->namespaces, l->n_namespaces, o->ns));
+            printf(",\"key\":\"");
+            cli_print_hex(o->key, KVD_KEY_LEN);
+            printf("\",\"parent\":\"");
+            cli_print_hex(o->parent, o->parent_len);
+            printf("\",\"depth\":%u,\"hits\":%u,\"pins\":%u}", o->depth, o->hits, o->pins);
+        }
+        printf("]");
+    }
+    printf("}\n");
+}
+
+/* Prints the subtree under node i (its children: nodes whose parent is i's
+ * key), folding runs of single children into one line. */
+static void tree_print(const kvd_list_rep_t *l, size_t i, int indent, int budget)
+{
+    size_t run = 1, cur = i;
+    for (;;) {
+        size_t only = SIZE_MAX, kids = 0;
+        for (size_t k = 0; k < l->n_nodes; k++) {
+            const kvd_obj_msg_t *o = &l->nodes[k];
+            if (o->ns == l->nodes[cur].ns && o->parent_len == KVD_KEY_LEN &&
+                memcmp(o->parent, l->nodes[cur].key, KVD_KEY_LEN) == 0) {
+                only = k;
+                kids++;
+            }
+        }
+        if (kids != 1)
+            break;
+        cur = only;
+        run++;
+    }
+    printf("%*s", indent, "");
+    cli_print_hex(l->nodes[i].key, 8);
+    printf(" depth %u", l->nodes[i].depth);
+    if (run > 1) {
+        printf(" .. ");
+        cli_print_hex(l->nodes[cur].key, 8);
+        printf(" depth %u (%zu pages)", l->nodes[cur].depth, run);
+    }
+    printf("\n");
+    if (budget <= 0)
+        return;
+    for (size_t k = 0; k < l->n_nodes; k++) {
+        const kvd_obj_msg_t *o = &l->nodes[k];
+        if (o->ns == l->nodes[cur].ns && o->parent_len == KVD_KEY_LEN &&
+            memcmp(o->parent, l->nodes[cur].key, KVD_KEY_LEN) == 0)
+            tree_print(l, k, indent + 2, budget - 1);
+    }
+}
+
+int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
+{
+    if (a->n_args > 0 || a->n_namespaces > 1) {
+        fprintf(stderr, "kvdock prefixes: takes at most one --namespace and no arguments\n");
+        return EXIT_USAGE;
+    }
+    uint64_t limit = 0;
+    if (a->limit && kvd_u64_parse(a->limit, 1, UINT32_MAX, &limit) != KVD_OK) {
+        fprintf(stderr, "kvdock prefixes: --limit must be a positive integer\n");
+        return EXIT_USAGE;
+    }
+    kvd_msg_t req, rep = {0};
+    kvd_msg_request(&req, 0, KVD_METHOD_LIST_PREFIXES);
+    if (a->n_namespaces)
+        kvd_strlcpy(req.body.list_req.ns_name, a->namespaces[0], KVD_NS_NAME_BYTES);
+    req.body.list_req.nodes = a->tree;
+    req.body.list_req.limit = (uint32_t)limit;
+    int rc = cli_call(cli, &req, &rep);
+    if (rc != KVD_OK) {
+        kvd_msg_clear(&rep);
+        return 1;
+    }
+    const kvd_list_rep_t *l = &rep.body.list_rep;
+    if (cli->json) {
+        prefixes_json(l);
+    } else if (a->tree) {
+        for (size_t i = 0; i < l->n_nodes; i++) {
+            const kvd_obj_msg_t *o = &l->nodes[i];
+            if (o->parent_len == KVD_KEY_LEN)
+                continue; /* not a root: printed under its parent */
+            printf("%s\n", ns_name(l->namespaces, l->n_namespaces, o->ns));
+            tree_print(l, i, 2, 64);
+        }
+    } else {
+        if (l->n_prefixes == 0)
+            printf("no stored prefixes\n");
+        for (size_t i = 0; i < l->n_prefixes; i++) {
+            const kvd_prefix_msg_t *p = &l->prefixes[i];
+            char b[32];
+            printf("%s  root ", ns_name(l->namespaces, l->n_namespaces, p->ns));
+            cli_print_hex(p->root, 8);
+            printf("  leaf ");
+            cli_print_hex(p->leaf, 8);
+            printf("  %u pages  %s  hits %llu  last ", p->pages,
+                   kvd_size_format(p->bytes, b, sizeof(b)), (unsigned long long)p->hits);
+            print_time(p->last_access_ms);
+            printf("\n");
+            print_pools(p, l->namespaces, l->n_namespaces);
+        }
+    }
+    if (l->truncated && !cli->json)
+        printf("(truncated: use --namespace or --limit)\n");
+    kvd_msg_clear(&rep);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ show */
+
+int cmd_show(const cli_t *cli, const cli_args_t *a)
+{
+    if (a->n_args != 1 || a->n_namespaces > 1) {
+        fprintf(stderr, "kvdock show: takes one KEY and at most one --namespace\n");
+        return EXIT_USAGE;
+    }
+    kvd_msg_t req, rep = {0};
+    kvd_msg_request(&req, 0, KVD_METHOD_INSPECT);
+    if (parse_key(a->args[0], req.body.inspect_req.key) != 0)
+        return EXIT_USAGE;
+    if (a->n_namespaces)
+        kvd_strlcpy(req.body.inspect_req.ns_name, a->namespaces[0], KVD_NS_NAME_BYTES);
+    if (cli_call(cli, &req, &rep) != KVD_OK) {
+        kvd_msg_clear(&rep);
+        return 1;
+    }
+    const kvd_inspect_rep_t *r = &rep.body.inspect_rep;
+    if (cli->json)
+        printf("[");
+    for (size_t i = 0; i < r->n_objects; i++) {
+        const kvd_obj_msg_t *o = &r->objects[i];
+        const char *state = o->state == 1 /* writing */ ? "writing"
+                            : o->pins                         ? "pinned"
+                                                              : "ready";
+        if (cli->json) {
+            printf("%s{\"namespace\":", i ? "," : "");
+            cli_json_str(ns_name(r->namespaces, r->n_namespaces, o->ns));
+            printf(",\"key\":\"");
+            cli_print_hex(o->key, KVD_KEY_LEN);
+            printf("\",\"parent\":\"");
+            cli_print_hex(o->parent, o->parent_len);
+            printf("\",\"depth\":%u,\"state\":\"%s\",\"tier\":\"%s\",\"pins\":%u,\"hits\":%u,"
+                   "\"last_access_ms\":%llu,\"offset\":%llu,\"size\":%llu}",
+                   o->depth, state, o->tier ? "ssd" : "dram", o->pins, o->hits,
+                   (unsigned long long)o->last_access_ms, (unsigned long long)o->offset,
+                   (unsigned long long)o->size);
+            continue;
+        }
+        printf("namespace    %s\nkey          ", ns_name(r->namespaces, r->n_namespaces, o->ns));
+        cli_print_hex(o->key, KVD_KEY_LEN);
+        printf("\nparent       ");
+        if (o->parent_len == 0)
+            printf("(none: first page of its chain)");
+        cli_print_hex(o->parent, o->parent_len);
+        if (o->parent_len == 8)
+            printf("... (not stored)");
+        printf("\ndepth        %u\nstate        %s\ntier         %s\npins         %u\n"
+               "hits         %u\nlast access  ",
+               o->depth, state, o->tier ? "ssd" : "dram", o->pins, o->hits);
+        print_time(o->last_access_ms);
+        printf("\nlocation     offset %llu, %llu bytes\n%s", (unsigned long long)o->offset,
+               (unsigned long long)o->size, i + 1 < r->n_objects ? "\n" : "");
+    }
+    if (cli->json)
+        printf("]\n");
+    kvd_msg_clear(&rep);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- lookup */
+
+/* Finds the id of a namespace name in the table. */
+static int ns_id(const kvd_ns_msg_t *ns, size_t n, const char *name, uint32_t *id)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(ns[i].name, name) == 0) {
+            *id = ns[i].id;
+            return 0;
+        }
+    }
+    fprintf(stderr, "kvdock: unknown namespace '%s' (see kvdock stats)\n", name);
+    return -1;
+}
+
+/* Parses "--trailing 0,1,..." into one value per namespace (default 0). */
+static int parse_trailing(const char *text, uint32_t *out, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = 0;
+    if (text == NULL)
+        return 0;
+    char buf[256];
+    kvd_strlcpy(buf, text, sizeof(buf));
+    char *save = NULL;
+    size_t i = 0;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++) {
+        uint64_t v;
+        if (i >= n || kvd_u64_parse(tok, 0, UINT32_MAX, &v) != KVD_OK) {
+            fprintf(stderr, "kvdock lookup: --trailing takes one integer per --namespace\n");
+            return -1;
+        }
+        out[i] = (uint32_t)v;
+    }
+    return 0;
+}
+
+int cmd_lookup(const cli_t *cli, const cli_args_t *a)
+{
+    if (a->n_namespaces == 0 || a->n_args == 0) {
+        fprintf(stderr, "kvdock lookup: --namespace N and at least one KEY are required\n");
+        return EXIT_USAGE;
+    }
+    uint32_t trailing[16];
+    if (parse_trailing(a->trailing, trailing, a->n_namespaces) != 0)
+        return EXIT_USAGE;
+    kvd_msg_t table = {0}, req, rep = {0};
+    kvd_key_t *keys = calloc(a->n_args, sizeof(kvd_key_t));
+    kvd_lookup_pool_msg_t pools[16];
+    int status = 1;
+    kvd_ns_msg_t *ns;
+    size_t n_ns;
+    if (keys == NULL)
+        goto out;
+    for (size_t i = 0; i < a->n_args; i++)
+        if (parse_key(a->args[i], keys[i]) != 0) {
+            status = EXIT_USAGE;
+            goto out;
+        }
+    if (cli_namespaces(cli, &table, &ns, &n_ns) != KVD_OK)
+        goto out;
+    for (size_t p = 0; p < a->n_namespaces; p++) {
+        pools[p] = (kvd_lookup_pool_msg_t){
+            .trailing_pages = trailing[p], .n_keys = a->n_args, .keys = keys};
+        if (ns_id(ns, n_ns, a->namespaces[p], &pools[p].ns) != 0)
+            goto out;
+    }
+    kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
+    req.body.lookup_req.n_pools = a->n_namespaces;
+    req.body.lookup_req.pools = pools;
+    if (cli_call(cli, &req, &rep) != KVD_OK)
+        goto out;
+    const kvd_lookup_rep_t *r = &rep.body.lookup_rep;
+    if (cli->json) {
+        printf("{\"boundaries\":[");
+        for (size_t i = 0; i < r->n; i++)
+            printf("%s%u", i ? "," : "", r->boundaries[i]);
+        printf("],\"longest\":%u}\n", r->n ? r->boundaries[r->n - 1] : 0);
+    } else if (r->n == 0) {
+        printf("nothing restorable (0 of %zu pages)\n", a->n_args);
+    } else {
+        printf("restorable boundaries (pages):");
+        for (size_t i = 0; i < r->n; i++)
+            printf(" %u", r->boundaries[i]);
+        printf("\nlongest: %u of %zu pages\n", r->boundaries[r->n - 1], a->n_args);
+    }
+    status = 0;
+out:
+    kvd_msg_clear(&table);
+    kvd_msg_clear(&rep);
+    free(keys);
+    return status;
+}
+
+/* ----------------------------------------------------------------- evict */
+
+int cmd_evict(const cli_t *cli, const cli_args_t *a)
+{
+    bool by_key = a->key != NULL, by_ns = a->n_namespaces == 1 && !by_key;
+    if (a->n_args > 0 || a->n_namespaces > 1 || by_key + by_ns + a->all != 1) {
+        fprintf(stderr, "kvdock evict: give one of --key K [--namespace N], --namespace N, "
+                        "--all\n");
+        return EXIT_USAGE;
+    }
+    kvd_msg_t req, rep = {0};
+    kvd_msg_request(&req, 0, KVD_METHOD_EVICT);
+    kvd_evict_req_t *e = &req.body.evict_req;
+    if (by_key && parse_key(a->key, e->key) != 0)
+        return EXIT_USAGE;
+    e->has_key = by_key;
+    e->all = a->all;
+    if (a->n_namespaces)
+        kvd_strlcpy(e->ns_name, a->namespaces[0], sizeof(e->ns_name));
+    if (cli_call(cli, &req, &rep) != KVD_OK) {
+        kvd_msg_clear(&rep);
+        return 1;
+    }
+    if (cli->json)
+        printf("{\"evicted\":%llu,\"skipped\":%llu}\n",
+               (unsigned long long)rep.body.evict_rep.evicted,
+               (unsigned long long)rep.body.evict_rep.skipped);
+    else
+        printf("evicted %llu objects; %llu stayed (pinned or being written)\n",
+               (unsigned long long)rep.body.evict_rep.evicted,
+               (unsigned long long)rep.body.evict_rep.skipped);
+    kvd_msg_clear(&rep);
+    return 0;
+}

@@ -1,0 +1,634 @@
+/*
+ * rpc_store.c - the store's RPC methods (DESIGN.md sections 4, 5 and 8):
+ * RegisterNamespace, Lookup, Reserve, Publish, Revoke, Acquire, Release,
+ * ListPrefixes, Inspect, Evict.
+ *
+ * Each request is checked here before the engine sees it: batch lengths
+ * against --max-batch, namespace ids, object sizes a client states. A
+ * refused request changes nothing and gets a typed error naming the item.
+ * The connection id is the owner of every lease taken on its behalf, so the
+ * server can undo them all when the connection goes.
+ */
+#include "rpc_store.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Most objects one ListPrefixes scans: bounds the reply's cost on a huge
+ * store; the reply says when it was truncated. */
+#define LIST_SCAN_MAX (4u * 1024u * 1024u)
+
+static void set_error(const kvd_msg_t *req, kvd_msg_t *rep, int status, uint32_t index,
+                      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static void set_error(const kvd_msg_t *req, kvd_msg_t *rep, int status, uint32_t index,
+                      const char *fmt, ...)
+{
+    kvd_msg_clear(rep);
+    rep->id = req->id;
+    rep->method = req->method;
+    rep->reply = true;
+    rep->status = status;
+    rep->error_index = index;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(rep->error, sizeof(rep->error), fmt, ap);
+    va_end(ap);
+}
+
+static bool check_batch(const kvd_opts_t *opts, size_t n, const kvd_msg_t *req,
+                        kvd_msg_t *rep)
+{
+    if (n <= opts->max_batch)
+        return true;
+    set_error(req, rep, KVD_ERR_TOO_LARGE, 0, "batch of %zu keys is over --max-batch %llu",
+              n, (unsigned long long)opts->max_batch);
+    return false;
+}
+
+/* The namespace exists and, when the client states a size, has it. */
+static bool check_ns(kvd_store_t *store, uint32_t ns, uint64_t object_bytes,
+                     const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    kvd_ns_info_t info;
+    if (kvd_store_ns_info(store, ns, &info) != KVD_OK) {
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace id %u", ns);
+        return false;
+    }
+    if (object_bytes != 0 && object_bytes != info.object_bytes) {
+        set_error(req, rep, KVD_ERR_INVALID, 0,
+                  "namespace %s has objects of %llu bytes, not %llu", info.name,
+                  (unsigned long long)info.object_bytes, (unsigned long long)object_bytes);
+        return false;
+    }
+    return true;
+}
+
+static bool name_ok(const char *name)
+{
+    if (*name == '\0')
+        return false;
+    for (const char *p = name; *p; p++)
+        if (!isprint((unsigned char)*p))
+            return false;
+    return true;
+}
+
+int kvd_rpc_register(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t n,
+                     uint32_t *ids, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    for (size_t i = 0; i < n; i++) {
+        const kvd_ns_spec_t *sp = &specs[i];
+        if (!name_ok(sp->name)) {
+            set_error(req, rep, KVD_ERR_INVALID, (uint32_t)i + 1,
+                      "namespace %zu: the name must be printable and non-empty", i);
+            return KVD_ERR_INVALID;
+        }
+        int rc = kvd_store_ns_register(store, sp->name, sp->object_bytes,
+                                       sp->rank_replicated, &ids[i]);
+        if (rc == KVD_OK)
+            continue;
+        uint32_t existing;
+        kvd_ns_info_t info = {0};
+        if (kvd_store_ns_find(store, sp->name, &existing) == KVD_OK)
+            kvd_store_ns_info(store, existing, &info);
+        if (rc == KVD_ERR_INVALID && info.object_bytes != 0)
+            set_error(req, rep, rc, (uint32_t)i + 1,
+                      "namespace %s exists with %llu-byte objects%s; cannot re-register "
+                      "it with %llu%s",
+                      sp->name, (unsigned long long)info.object_bytes,
+                      info.rank_replicated ? " (rank-replicated)" : "",
+                      (unsigned long long)sp->object_bytes,
+                      sp->rank_replicated ? " (rank-replicated)" : "");
+        else
+            set_error(req, rep, rc, (uint32_t)i + 1,
+                      "namespace %s (%llu-byte objects) cannot be registered: %s", sp->name,
+                      (unsigned long long)sp->object_bytes,
+                      rc == KVD_ERR_NO_SPACE ? "too many namespaces"
+                                             : "the object size must be 1 byte to the pool size");
+        return rc;
+    }
+    return KVD_OK;
+}
+
+int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n)
+{
+    uint32_t count = kvd_store_ns_count(store);
+    kvd_ns_msg_t *t = kvd_msg_alloc(rep, (size_t)count * sizeof(*t) + 1);
+    if (t == NULL)
+        return KVD_ERR_NOMEM;
+    for (uint32_t i = 0; i < count; i++) {
+        kvd_ns_info_t in;
+        kvd_store_ns_info(store, i, &in);
+        t[i].id = i;
+        kvd_strlcpy(t[i].name, in.name, sizeof(t[i].name));
+        t[i].object_bytes = in.object_bytes;
+        t[i].rank_replicated = in.rank_replicated;
+        t[i].objects_ready = in.objects_ready;
+        t[i].objects_writing = in.objects_writing;
+        t[i].objects_pinned = in.objects_pinned;
+        t[i].lookup_pages = in.lookup_pages;
+        t[i].hit_pages = in.hit_pages;
+        t[i].evictions = in.evictions;
+    }
+    *out = t;
+    *n = count;
+    return KVD_OK;
+}
+
+void kvd_rpc_store_stats(const kvd_store_stats_t *in, kvd_store_stats_msg_t *o)
+{
+    o->pool_bytes = in->pool_bytes;
+    o->free_bytes = in->free_bytes;
+    o->writing_bytes = in->writing_bytes;
+    o->ready_bytes = in->ready_bytes;
+    o->pinned_bytes = in->pinned_bytes;
+    o->objects_ready = in->objects_ready;
+    o->objects_writing = in->objects_writing;
+    o->objects_pinned = in->objects_pinned;
+    o->pins = in->pins;
+    o->leases = in->leases;
+    o->free_extents = in->free_extents;
+    o->largest_free_bytes = in->largest_free_bytes;
+    o->fragmentation = in->fragmentation;
+    o->index_bytes = in->index_bytes;
+    o->evictions = in->evictions;
+    o->evicted_bytes = in->evicted_bytes;
+    o->reserve_allocated = in->reserve_allocated;
+    o->reserve_exists = in->reserve_exists;
+    o->reserve_in_flight = in->reserve_in_flight;
+    o->reserve_no_space = in->reserve_no_space;
+    o->lookups = in->lookups;
+    o->lookup_pages = in->lookup_pages;
+    o->hit_pages = in->hit_pages;
+    o->acquires = in->acquires;
+    o->acquire_failures = in->acquire_failures;
+    o->leases_expired = in->leases_expired;
+    o->published_bytes = in->published_bytes;
+    o->acquired_bytes = in->acquired_bytes;
+}
+
+/* --------------------------------------------------------------- methods */
+
+static void serve_register(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
+                           kvd_msg_t *rep)
+{
+    const kvd_register_req_t *r = &req->body.register_req;
+    if (!check_batch(opts, r->n, req, rep))
+        return;
+    uint32_t *ids = kvd_msg_alloc(rep, r->n * sizeof(uint32_t) + 1);
+    if (ids == NULL) {
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return;
+    }
+    if (kvd_rpc_register(store, r->namespaces, r->n, ids, req, rep) != KVD_OK)
+        return;
+    rep->body.register_rep.n = r->n;
+    rep->body.register_rep.ids = ids;
+}
+
+static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
+                         kvd_msg_t *rep)
+{
+    const kvd_lookup_req_t *r = &req->body.lookup_req;
+    if (r->n_pools == 0 || r->n_pools > KVD_LOOKUP_MAX_POOLS) {
+        set_error(req, rep, KVD_ERR_INVALID, 0, "a lookup names 1 to %d pools, not %zu",
+                  KVD_LOOKUP_MAX_POOLS, r->n_pools);
+        return;
+    }
+    kvd_lookup_pool_t pools[KVD_LOOKUP_MAX_POOLS];
+    size_t n_min = SIZE_MAX;
+    for (size_t p = 0; p < r->n_pools; p++) {
+        if (!check_batch(opts, r->pools[p].n_keys, req, rep) ||
+            !check_ns(store, r->pools[p].ns, 0, req, rep))
+            return;
+        pools[p] = (kvd_lookup_pool_t){.ns = r->pools[p].ns,
+                                       .keys = (const uint8_t(*)[32])r->pools[p].keys,
+                                       .n_keys = r->pools[p].n_keys,
+                                       .trailing_pages = r->pools[p].trailing_pages};
+        n_min = KVD_MIN(n_min, r->pools[p].n_keys);
+    }
+    uint32_t *b = kvd_msg_alloc(rep, n_min * sizeof(uint32_t) + 1);
+    size_t nb = 0;
+    int rc = b ? kvd_store_lookup(store, pools, r->n_pools, b, &nb) : KVD_ERR_NOMEM;
+    if (rc != KVD_OK) {
+        set_error(req, rep, rc, 0, "lookup failed: %s", kvd_status_str(rc));
+        return;
+    }
+    rep->body.lookup_rep.n = nb;
+    rep->body.lookup_rep.boundaries = b;
+}
+
+static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
+                          const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_reserve_req_t *r = &req->body.reserve_req;
+    if (!check_batch(opts, r->n, req, rep) || !check_ns(store, r->ns, r->object_bytes, req, rep))
+        return;
+    kvd_put_t *puts = kvd_msg_alloc(rep, r->n * sizeof(*puts) + 1);
+    kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
+    uint8_t *results = kvd_msg_alloc(rep, r->n + 1);
+    uint64_t *offsets = kvd_msg_alloc(rep, r->n * sizeof(uint64_t) + 1);
+    if (!puts || !locs || !results || !offsets) {
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return;
+    }
+    for (size_t i = 0; i < r->n; i++)
+        puts[i] = (kvd_put_t){.key = r->items[i].key,
+                              .parent = r->items[i].has_parent ? r->items[i].parent : NULL,
+                              .depth = r->items[i].depth};
+    uint64_t lease = 0;
+    kvd_store_reserve(store, owner, r->ns, puts, r->n, kvd_now_ns() / 1000000, &lease,
+                      results, locs);
+    kvd_ns_info_t info;
+    kvd_store_ns_info(store, r->ns, &info);
+    for (size_t i = 0; i < r->n; i++)
+        offsets[i] = results[i] == KVD_RESERVE_ALLOCATED ? locs[i].offset : 0;
+    rep->body.reserve_rep = (kvd_reserve_rep_t){.lease_id = lease,
+                                                .object_bytes = info.object_bytes,
+                                                .n = r->n,
+                                                .results = results,
+                                                .offsets = offsets};
+}
+
+static void serve_finish(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
+                         const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_finish_req_t *r = &req->body.finish_req;
+    if (!check_batch(opts, r->n, req, rep))
+        return;
+    const uint8_t(*keys)[32] = r->n ? (const uint8_t(*)[32])r->keys : NULL;
+    bool publish = req->method == KVD_METHOD_PUBLISH;
+    int rc = publish ? kvd_store_publish(store, owner, r->lease_id, keys, r->n)
+                     : kvd_store_revoke(store, owner, r->lease_id, keys, r->n);
+    const char *what = publish ? "publish" : "revoke";
+    switch (rc) {
+    case KVD_OK: return;
+    case KVD_ERR_NOT_FOUND:
+        set_error(req, rep, rc, 0, "%s: no lease %llu (never granted, ended or expired)",
+                  what, (unsigned long long)r->lease_id);
+        return;
+    case KVD_ERR_PERMISSION:
+        set_error(req, rep, rc, 0, "%s: lease %llu belongs to another connection", what,
+                  (unsigned long long)r->lease_id);
+        return;
+    case KVD_ERR_STATE:
+        set_error(req, rep, rc, 0,
+                  "%s: lease %llu is not a reservation lease, or a key is not one of its "
+                  "reservations; nothing changed",
+                  what, (unsigned long long)r->lease_id);
+        return;
+    default:
+        set_error(req, rep, rc, 0, "%s failed: %s", what, kvd_status_str(rc));
+    }
+}
+
+static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
+                          const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_acquire_req_t *r = &req->body.acquire_req;
+    if (!check_batch(opts, r->n, req, rep) || !check_ns(store, r->ns, r->object_bytes, req, rep))
+        return;
+    kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
+    uint64_t *offsets = kvd_msg_alloc(rep, r->n * sizeof(uint64_t) + 1);
+    if (!locs || !offsets) {
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return;
+    }
+    uint64_t lease = 0;
+    size_t bad = 0;
+    int rc = kvd_store_acquire(store, owner, r->ns, (const uint8_t(*)[32])r->keys, r->n,
+                               kvd_now_ns() / 1000000, &lease, locs, &bad);
+    if (rc != KVD_OK) {
+        char hex[65] = "";
+        if (bad < r->n)
+            kvd_key_to_hex(r->keys[bad], hex);
+        set_error(req, rep, rc, (uint32_t)bad + 1, "acquire: key %zu (%.16s...) %s; nothing pinned",
+                  bad, hex,
+                  rc == KVD_ERR_NOT_FOUND ? "is not stored"
+                  : rc == KVD_ERR_BUSY    ? "is still being written"
+                                          : kvd_status_str(rc));
+        return;
+    }
+    kvd_ns_info_t info;
+    kvd_store_ns_info(store, r->ns, &info);
+    for (size_t i = 0; i < r->n; i++)
+        offsets[i] = locs[i].offset;
+    rep->body.acquire_rep = (kvd_acquire_rep_t){
+        .lease_id = lease, .object_bytes = info.object_bytes, .n = r->n, .offsets = offsets};
+}
+
+static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *req,
+                          kvd_msg_t *rep)
+{
+    uint64_t id = req->body.release_req.lease_id;
+    int rc = kvd_store_release(store, owner, id);
+    if (rc == KVD_ERR_NOT_FOUND)
+        set_error(req, rep, rc, 0, "release: no lease %llu (never granted, released or expired)",
+                  (unsigned long long)id);
+    else if (rc == KVD_ERR_PERMISSION)
+        set_error(req, rep, rc, 0, "release: lease %llu belongs to another connection",
+                  (unsigned long long)id);
+    else if (rc == KVD_ERR_STATE)
+        set_error(req, rep, rc, 0, "release: lease %llu holds reservations; publish or revoke it",
+                  (unsigned long long)id);
+    else if (rc != KVD_OK)
+        set_error(req, rep, rc, 0, "release failed: %s", kvd_status_str(rc));
+}
+
+/* ------------------------------------------------------------ inspection */
+
+/* Resolves a namespace name ("" = every namespace: UINT32_MAX). */
+static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
+                       const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    if (name[0] == '\0') {
+        *ns = UINT32_MAX;
+        return true;
+    }
+    if (kvd_store_ns_find(store, name, ns) == KVD_OK)
+        return true;
+    set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'", name);
+    return false;
+}
+
+/* An object's wire form, with the parent's full key where it is stored. */
+static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->ns = in->ns;
+    memcpy(o->key, in->key, 32);
+    if (in->has_parent) {
+        kvd_obj_info_t parent;
+        if (kvd_store_find_tag(store, in->ns, in->parent_tag, &parent) == KVD_OK) {
+            memcpy(o->parent, parent.key, 32);
+            o->parent_len = 32;
+        } else {
+            memcpy(o->parent, in->parent_tag, 8);
+            o->parent_len = 8;
+        }
+    }
+    o->depth = in->depth;
+    o->state = in->state;
+    o->tier = in->tier;
+    o->pins = in->pins;
+    o->hits = in->hits;
+    o->last_access_ms = in->last_access_ms;
+    o->offset = in->loc.offset;
+    o->size = in->loc.size;
+}
+
+static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_inspect_req_t *r = &req->body.inspect_req;
+    uint32_t only;
+    if (!ns_by_name(store, r->ns_name, &only, req, rep))
+        return;
+    uint32_t count = kvd_store_ns_count(store);
+    kvd_obj_msg_t *objs = kvd_msg_alloc(rep, (size_t)count * sizeof(*objs) + 1);
+    if (objs == NULL) {
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return;
+    }
+    size_t n = 0;
+    for (uint32_t ns = 0; ns < count; ns++) {
+        kvd_obj_info_t info;
+        if ((only == UINT32_MAX || ns == only) &&
+            kvd_store_inspect(store, ns, r->key, &info) == KVD_OK)
+            obj_msg(store, &info, &objs[n++]);
+    }
+    if (n == 0) {
+        char hex[65];
+        kvd_key_to_hex(r->key, hex);
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "key %s is not stored%s%s", hex,
+                  r->ns_name[0] ? " in " : "", r->ns_name);
+        return;
+    }
+    kvd_inspect_rep_t *o = &rep->body.inspect_rep;
+    o->n_objects = n;
+    o->objects = objs;
+    if (kvd_rpc_ns_table(store, rep, &o->namespaces, &o->n_namespaces) != KVD_OK)
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+}
+
+static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_evict_req_t *r = &req->body.evict_req;
+    uint32_t ns;
+    if (r->all + r->has_key + (r->ns_name[0] != '\0' && !r->has_key) != 1) {
+        set_error(req, rep, KVD_ERR_INVALID, 0,
+                  "evict takes one of: a key (with or without a namespace), a namespace, all");
+        return;
+    }
+    if (!ns_by_name(store, r->all ? "" : r->ns_name, &ns, req, rep))
+        return;
+    kvd_evict_rep_t *o = &rep->body.evict_rep;
+    if (!r->has_key) {
+        kvd_store_evict_ns(store, ns, &o->evicted, &o->skipped);
+        return;
+    }
+    uint32_t count = kvd_store_ns_count(store);
+    bool found = false;
+    for (uint32_t n = 0; n < count; n++) {
+        if (ns != UINT32_MAX && n != ns)
+            continue;
+        int rc = kvd_store_evict_key(store, n, r->key);
+        found |= rc != KVD_ERR_NOT_FOUND;
+        o->evicted += rc == KVD_OK;
+        o->skipped += rc == KVD_ERR_BUSY;
+    }
+    if (!found)
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "the key is not stored%s%s",
+                  r->ns_name[0] ? " in " : "", r->ns_name);
+}
+
+/* ------------------------------------------------------------ prefixes */
+
+typedef struct list_ctx {
+    kvd_store_t *store;
+    kvd_obj_info_t *objs;
+    size_t n, cap;
+    bool truncated;
+} list_ctx_t;
+
+static int collect(const kvd_obj_info_t *info, void *arg)
+{
+    list_ctx_t *c = arg;
+    if (info->state != KVD_OBJ_READY)
+        return 0; /* being written: not a stored prefix yet */
+    if (c->n == c->cap) {
+        if (c->cap >= LIST_SCAN_MAX) {
+            c->truncated = true;
+            return 1;
+        }
+        size_t cap = c->cap ? c->cap * 2 : 1024;
+        kvd_obj_info_t *n = kvd_mem_realloc(KVD_MEM_STAGING, c->objs, c->cap * sizeof(*n),
+                                            cap * sizeof(*n));
+        if (n == NULL) {
+            c->truncated = true;
+            return 1;
+        }
+        c->objs = n;
+        c->cap = cap;
+    }
+    c->objs[c->n++] = *info;
+    return 0;
+}
+
+/* Orders (ns, parent tag) for the "is somebody's parent" search. */
+typedef struct tag_ref {
+    uint32_t ns;
+    uint8_t tag[8];
+} tag_ref_t;
+
+static int tag_cmp(const void *a, const void *b)
+{
+    const tag_ref_t *x = a, *y = b;
+    if (x->ns != y->ns)
+        return x->ns < y->ns ? -1 : 1;
+    return memcmp(x->tag, y->tag, 8);
+}
+
+/* True when the key exists in another namespace than ns. */
+static bool key_elsewhere(kvd_store_t *store, uint32_t ns, const uint8_t *key)
+{
+    uint32_t count = kvd_store_ns_count(store);
+    kvd_obj_info_t info;
+    for (uint32_t n = 0; n < count; n++)
+        if (n != ns && kvd_store_inspect(store, n, key, &info) == KVD_OK)
+            return true;
+    return false;
+}
+
+/* Builds one prefix entry: walks from the leaf to its root through parent
+ * tags, then finds which other namespaces hold the chain's keys. */
+static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_t *rep,
+                        kvd_prefix_msg_t *e)
+{
+    size_t cap = (size_t)leaf->depth + 1, len = 0;
+    kvd_key_t *chain = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(kvd_key_t));
+    if (chain == NULL)
+        return KVD_ERR_NOMEM;
+    memset(e, 0, sizeof(*e));
+    kvd_obj_info_t cur = *leaf;
+    for (;;) {
+        if (len < cap)
+            memcpy(chain[len++], cur.key, 32);
+        e->hits += cur.hits;
+        e->last_access_ms = KVD_MAX(e->last_access_ms, cur.last_access_ms);
+        e->bytes += cur.loc.size;
+        kvd_obj_info_t parent;
+        if (!cur.has_parent || len >= cap ||
+            kvd_store_find_tag(store, cur.ns, cur.parent_tag, &parent) != KVD_OK)
+            break;
+        cur = parent;
+    }
+    e->ns = leaf->ns;
+    memcpy(e->root, chain[len - 1], 32);
+    memcpy(e->leaf, leaf->key, 32);
+    e->pages = (uint32_t)len;
+    /* chain[] runs leaf to root; boundary b = pages 0..b-1, i.e. index len-b */
+    uint32_t count = kvd_store_ns_count(store);
+    e->pools = kvd_msg_alloc(rep, (size_t)count * sizeof(kvd_pool_bounds_t) + 1);
+    int rc = e->pools ? KVD_OK : KVD_ERR_NOMEM;
+    for (uint32_t ns = 0; rc == KVD_OK && ns < count; ns++) {
+        if (ns == leaf->ns)
+            continue;
+        uint32_t *b = NULL;
+        size_t nb = 0;
+        for (size_t k = len; k-- > 0;) {
+            kvd_obj_info_t info;
+            if (kvd_store_inspect(store, ns, chain[k], &info) != KVD_OK ||
+                info.state != KVD_OBJ_READY)
+                continue;
+            if (b == NULL && (b = kvd_msg_alloc(rep, len * sizeof(uint32_t))) == NULL) {
+                rc = KVD_ERR_NOMEM;
+                break;
+            }
+            b[nb++] = (uint32_t)(len - k);
+        }
+        if (nb > 0)
+            e->pools[e->n_pools++] = (kvd_pool_bounds_t){.ns = ns, .n = nb, .boundaries = b};
+    }
+    kvd_mem_free(KVD_MEM_STAGING, chain, cap * sizeof(kvd_key_t));
+    return rc;
+}
+
+static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
+                       kvd_msg_t *rep)
+{
+    const kvd_list_req_t *r = &req->body.list_req;
+    uint32_t only;
+    if (!ns_by_name(store, r->ns_name, &only, req, rep))
+        return;
+    size_t limit = r->limit ? KVD_MIN((uint64_t)r->limit, opts->max_batch) : opts->max_batch;
+    list_ctx_t c = {.store = store};
+    kvd_store_foreach(store, only, collect, &c);
+    tag_ref_t *parents = kvd_mem_calloc(KVD_MEM_STAGING, c.n + 1, sizeof(*parents));
+    kvd_list_rep_t *o = &rep->body.list_rep;
+    o->prefixes = kvd_msg_alloc(rep, KVD_MIN(c.n, limit) * sizeof(kvd_prefix_msg_t) + 1);
+    o->nodes = kvd_msg_alloc(rep, (r->nodes ? KVD_MIN(c.n, limit) : 0) * sizeof(kvd_obj_msg_t) + 1);
+    int rc = parents && o->prefixes && o->nodes ? KVD_OK : KVD_ERR_NOMEM;
+    size_t np = 0;
+    for (size_t i = 0; rc == KVD_OK && i < c.n; i++)
+        if (c.objs[i].has_parent) {
+            parents[np].ns = c.objs[i].ns;
+            memcpy(parents[np++].tag, c.objs[i].parent_tag, 8);
+        }
+    if (rc == KVD_OK)
+        qsort(parents, np, sizeof(*parents), tag_cmp);
+    for (size_t i = 0; rc == KVD_OK && i < c.n; i++) {
+        const kvd_obj_info_t *obj = &c.objs[i];
+        if (r->nodes) {
+            if (o->n_nodes < limit)
+                obj_msg(store, obj, &o->nodes[o->n_nodes++]);
+            else
+                o->truncated = true;
+        }
+        tag_ref_t me = {.ns = obj->ns};
+        memcpy(me.tag, obj->key, 8);
+        if (bsearch(&me, parents, np, sizeof(*parents), tag_cmp) != NULL)
+            continue; /* not a leaf */
+        kvd_obj_info_t parent;
+        bool orphan = obj->has_parent &&
+                      kvd_store_find_tag(store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
+        /* state saved at a boundary of another namespace's chain (mamba
+         * slots): shown as that chain's pool, not as a prefix of its own */
+        if (orphan && obj->depth > 0 && key_elsewhere(store, obj->ns, obj->key))
+            continue;
+        if (o->n_prefixes >= limit) {
+            o->truncated = true;
+            continue;
+        }
+        rc = prefix_entry(store, obj, rep, &o->prefixes[o->n_prefixes]);
+        if (rc == KVD_OK)
+            o->n_prefixes++;
+    }
+    o->truncated |= c.truncated;
+    if (rc == KVD_OK)
+        rc = kvd_rpc_ns_table(store, rep, &o->namespaces, &o->n_namespaces);
+    kvd_mem_free(KVD_MEM_STAGING, parents, (c.n + 1) * sizeof(*parents));
+    kvd_mem_free(KVD_MEM_STAGING, c.objs, c.cap * sizeof(*c.objs));
+    if (rc != KVD_OK)
+        set_error(req, rep, rc, 0, "list prefixes failed: %s", kvd_status_str(rc));
+}
+
+void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
+                         const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    switch (req->method) {
+    case KVD_METHOD_REGISTER_NAMESPACE: serve_register(store, opts, req, rep); break;
+    case KVD_METHOD_LOOKUP: serve_lookup(store, opts, req, rep); break;
+    case KVD_METHOD_RESERVE: serve_reserve(store, opts, owner, req, rep); break;
+    case KVD_METHOD_PUBLISH:
+    case KVD_METHOD_REVOKE: serve_finish(store, opts, owner, req, rep); break;
+    case KVD_METHOD_ACQUIRE: serve_acquire(store, opts, owner, req, rep); break;
+    case KVD_METHOD_RELEASE: serve_release(store, owner, req, rep); break;
+    case KVD_METHOD_LIST_PREFIXES: serve_list(store, opts, req, rep); break;
+    case KVD_METHOD_INSPECT: serve_inspect(store, req, rep); break;
+    case KVD_METHOD_EVICT: serve_evict(store, req, rep); break;
+    default:
+        set_error(req, rep, KVD_ERR_UNKNOWN_METHOD, 0, "not a store method");
+    }
+}

@@ -1,0 +1,991 @@
+/*
+ * engine.c - the store engine: namespaces, the index (hash of records by
+ * (namespace, key)), the LRU of evictable objects, the lifecycle, leases,
+ * eviction and lookups. See kvd_store.h for the contracts and store_int.h
+ * for the record layout.
+ *
+ * Eviction takes, from the cold end of the LRU, the deepest of the first
+ * EVICT_WINDOW candidates: least recently used first, and among those the
+ * page that ends a chain rather than one in its middle (which would strand
+ * every page after it). Batches are re-inserted deepest first, so the root
+ * of a chain is always its most recently used page.
+ *
+ * In debug builds (KVD_STORE_PARANOID) every mutation ends with the full
+ * invariant check and aborts on a violation.
+ */
+#include "store_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EVICT_WINDOW 8
+
+#ifdef KVD_STORE_PARANOID
+static void paranoid(const kvd_store_t *s, const char *where)
+{
+    char why[256];
+    if (kvd_store_check(s, why, sizeof(why)) != KVD_OK) {
+        fprintf(stderr, "store invariant broken after %s: %s\n", where, why);
+        abort();
+    }
+}
+#define PARANOID(s, where) paranoid(s, where)
+#else
+#define PARANOID(s, where) ((void)0)
+#endif
+
+const char *kvd_reserve_result_name(kvd_reserve_result_t r)
+{
+    switch (r) {
+    case KVD_RESERVE_ALLOCATED: return "allocated";
+    case KVD_RESERVE_EXISTS: return "exists";
+    case KVD_RESERVE_IN_FLIGHT: return "in_flight";
+    case KVD_RESERVE_NO_SPACE: return "no_space";
+    }
+    return "?";
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+void kvd_store_config_default(kvd_store_config_t *cfg, uint64_t pool_bytes)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->pool_bytes = pool_bytes;
+    cfg->page_bytes = 4096;
+    cfg->evict_high = 0.95;
+    cfg->evict_low = 0.90;
+    cfg->lease_ttl_ms = 30000;
+    cfg->index_hint = 1024;
+}
+
+static int buckets_resize(kvd_store_t *s, uint64_t n_buckets);
+
+int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out)
+{
+    if (cfg->page_bytes == 0 || (cfg->page_bytes & (cfg->page_bytes - 1)) != 0 ||
+        cfg->pool_bytes < cfg->page_bytes || cfg->evict_low <= 0 ||
+        cfg->evict_low > cfg->evict_high || cfg->evict_high > 1.0)
+        return KVD_ERR_INVALID;
+    uint64_t pages = cfg->pool_bytes / cfg->page_bytes;
+    if (pages > UINT32_MAX)
+        return KVD_ERR_INVALID;
+    kvd_store_t *s = kvd_mem_calloc(KVD_MEM_INDEX, 1, sizeof(*s));
+    if (s == NULL)
+        return KVD_ERR_NOMEM;
+    s->cfg = *cfg;
+    s->total_pages = pages;
+    s->epoch_ms = kvd_wall_ms();
+    s->next_lease_id = 1;
+    uint64_t nb = 1024;
+    while (nb < cfg->index_hint && nb < (1ull << 32))
+        nb <<= 1;
+    int rc = rec_init(s);
+    if (rc == KVD_OK)
+        rc = buckets_resize(s, nb);
+    if (rc == KVD_OK) {
+        s->n_lease_buckets = 256;
+        s->lease_buckets =
+            kvd_mem_calloc(KVD_MEM_INDEX, s->n_lease_buckets, sizeof(lease_t *));
+        if (s->lease_buckets == NULL)
+            rc = KVD_ERR_NOMEM;
+    }
+    uint32_t whole = rc == KVD_OK ? rec_new(s) : NIL;
+    if (rc == KVD_OK && whole == NIL)
+        rc = KVD_ERR_NOMEM;
+    if (rc != KVD_OK) {
+        kvd_store_destroy(s);
+        return rc;
+    }
+    R(s, whole)->size_pages = (uint32_t)pages;
+    s->phys_head = whole;
+    extent_free(s, whole);
+    *out = s;
+    return KVD_OK;
+}
+
+static void lease_free(lease_t *l)
+{
+    kvd_mem_free(KVD_MEM_INDEX, l->recs, (size_t)l->cap * sizeof(uint32_t));
+    kvd_mem_free(KVD_MEM_INDEX, l, sizeof(*l));
+}
+
+void kvd_store_destroy(kvd_store_t *s)
+{
+    if (s == NULL)
+        return;
+    for (lease_t *l = s->oldest, *next; l != NULL; l = next) {
+        next = l->newer;
+        lease_free(l);
+    }
+    kvd_mem_free(KVD_MEM_INDEX, s->lease_buckets, s->n_lease_buckets * sizeof(lease_t *));
+    kvd_mem_free(KVD_MEM_INDEX, s->buckets, s->n_buckets * sizeof(uint32_t));
+    kvd_mem_free(KVD_MEM_INDEX, s->ns, (size_t)s->ns_cap * sizeof(ns_entry_t));
+    rec_fini(s);
+    kvd_mem_free(KVD_MEM_INDEX, s, sizeof(*s));
+}
+
+/* ----------------------------------------------------------- namespaces */
+
+int kvd_store_ns_find(const kvd_store_t *s, const char *name, uint32_t *ns_id)
+{
+    for (uint32_t i = 0; i < s->n_ns; i++) {
+        if (strcmp(s->ns[i].info.name, name) == 0) {
+            *ns_id = i;
+            return KVD_OK;
+        }
+    }
+    return KVD_ERR_NOT_FOUND;
+}
+
+int kvd_store_ns_register(kvd_store_t *s, const char *name, uint64_t object_bytes,
+                          bool rank_replicated, uint32_t *ns_id)
+{
+    size_t len = strlen(name);
+    if (len == 0 || len >= KVD_NS_NAME_MAX || object_bytes == 0 ||
+        object_bytes > s->total_pages * s->cfg.page_bytes)
+        return KVD_ERR_INVALID;
+    uint32_t id;
+    if (kvd_store_ns_find(s, name, &id) == KVD_OK) {
+        const kvd_ns_info_t *in = &s->ns[id].info;
+        if (in->object_bytes != object_bytes || in->rank_replicated != rank_replicated)
+            return KVD_ERR_INVALID;
+        *ns_id = id;
+        return KVD_OK;
+    }
+    if (s->n_ns >= KVD_STORE_MAX_NAMESPACES)
+        return KVD_ERR_NO_SPACE;
+    if (s->n_ns == s->ns_cap) {
+        uint32_t cap = s->ns_cap ? s->ns_cap * 2 : 16;
+        ns_entry_t *n = kvd_mem_realloc(KVD_MEM_INDEX, s->ns,
+                                        (size_t)s->ns_cap * sizeof(ns_entry_t),
+                                        (size_t)cap * sizeof(ns_entry_t));
+        if (n == NULL)
+            return KVD_ERR_NOMEM;
+        s->ns = n;
+        s->ns_cap = cap;
+    }
+    ns_entry_t *e = &s->ns[s->n_ns];
+    memset(e, 0, sizeof(*e));
+    memcpy(e->info.name, name, len + 1);
+    e->info.object_bytes = object_bytes;
+    e->info.rank_replicated = rank_replicated;
+    e->pages = (uint32_t)((object_bytes + s->cfg.page_bytes - 1) / s->cfg.page_bytes);
+    *ns_id = s->n_ns++;
+    return KVD_OK;
+}
+
+uint32_t kvd_store_ns_count(const kvd_store_t *s)
+{
+    return s->n_ns;
+}
+
+int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out)
+{
+    if (ns_id >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    *out = s->ns[ns_id].info;
+    return KVD_OK;
+}
+
+/* ---------------------------------------------------------------- index */
+
+/* Keys are SHA-256 digests: their first 8 bytes are already uniform. The
+ * bucket depends on nothing else, so a parent can be found by its tag. */
+static uint64_t bucket_of(const kvd_store_t *s, uint32_t ns, const uint8_t *tag8)
+{
+    uint64_t h;
+    memcpy(&h, tag8, sizeof(h));
+    h ^= (uint64_t)(ns + 1) * 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+    return h & (s->n_buckets - 1);
+}
+
+static int buckets_resize(kvd_store_t *s, uint64_t n_buckets)
+{
+    uint32_t *nb = kvd_mem_calloc(KVD_MEM_INDEX, n_buckets, sizeof(uint32_t));
+    if (nb == NULL)
+        return KVD_ERR_NOMEM;
+    uint32_t *old = s->buckets;
+    uint64_t old_n = s->n_buckets;
+    s->buckets = nb;
+    s->n_buckets = n_buckets;
+    for (uint64_t b = 0; b < old_n; b++) {
+        for (uint32_t i = old[b], next; i != NIL; i = next) {
+            rec_t *r = R(s, i);
+            next = r->hash_next;
+            uint64_t nbk = bucket_of(s, r->ns, r->key);
+            r->hash_next = nb[nbk];
+            nb[nbk] = i;
+        }
+    }
+    kvd_mem_free(KVD_MEM_INDEX, old, old_n * sizeof(uint32_t));
+    return KVD_OK;
+}
+
+static uint32_t index_find(const kvd_store_t *s, uint32_t ns, const uint8_t *key)
+{
+    for (uint32_t i = s->buckets[bucket_of(s, ns, key)]; i != NIL; i = R(s, i)->hash_next) {
+        const rec_t *r = R(s, i);
+        if (r->ns == ns && memcmp(r->key, key, 32) == 0)
+            return i;
+    }
+    return NIL;
+}
+
+static void index_insert(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    uint64_t b = bucket_of(s, r->ns, r->key);
+    r->hash_next = s->buckets[b];
+    s->buckets[b] = i;
+    s->n_objects++;
+    /* grow at load 1; a failed growth only makes chains longer */
+    if (s->n_objects > s->n_buckets && s->n_buckets < (1ull << 32))
+        buckets_resize(s, s->n_buckets * 2);
+}
+
+static void index_remove(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    uint32_t *link = &s->buckets[bucket_of(s, r->ns, r->key)];
+    while (*link != i)
+        link = &R(s, *link)->hash_next;
+    *link = r->hash_next;
+    r->hash_next = NIL;
+    s->n_objects--;
+}
+
+/* ------------------------------------------------------------------ LRU */
+
+static void lru_push_head(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    r->link_prev = NIL;
+    r->link_next = s->lru_head;
+    if (s->lru_head != NIL)
+        R(s, s->lru_head)->link_prev = i;
+    else
+        s->lru_tail = i;
+    s->lru_head = i;
+}
+
+static void lru_remove(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    if (r->link_prev != NIL)
+        R(s, r->link_prev)->link_next = r->link_next;
+    else
+        s->lru_head = r->link_next;
+    if (r->link_next != NIL)
+        R(s, r->link_next)->link_prev = r->link_prev;
+    else
+        s->lru_tail = r->link_prev;
+    r->link_prev = r->link_next = NIL;
+}
+
+static uint32_t now_s(const kvd_store_t *s)
+{
+    uint64_t now = kvd_wall_ms();
+    uint64_t secs = now > s->epoch_ms ? (now - s->epoch_ms) / 1000 + 1 : 1;
+    return (uint32_t)KVD_MIN(secs, (uint64_t)UINT32_MAX);
+}
+
+/* ------------------------------------------------------------- eviction */
+
+static uint64_t page_bytes_of(const kvd_store_t *s, uint64_t pages)
+{
+    return pages * s->cfg.page_bytes;
+}
+
+static void drop_object(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    ns_entry_t *e = &s->ns[r->ns];
+    if (r->state == REC_READY)
+        e->info.objects_ready--;
+    else
+        e->info.objects_writing--;
+    index_remove(s, i);
+    extent_free(s, i);
+}
+
+/* Evicts one READY, unpinned object from the LRU's cold end; false when
+ * there is none. */
+static bool evict_one(kvd_store_t *s)
+{
+    uint32_t best = NIL, best_depth = 0;
+    uint32_t i = s->lru_tail;
+    for (int n = 0; n < EVICT_WINDOW && i != NIL; n++, i = R(s, i)->link_prev) {
+        if (best == NIL || R(s, i)->depth > best_depth) {
+            best = i;
+            best_depth = R(s, i)->depth;
+        }
+    }
+    if (best == NIL)
+        return false;
+    rec_t *r = R(s, best);
+    s->ns[r->ns].info.evictions++;
+    s->st.evictions++;
+    s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
+    lru_remove(s, best);
+    drop_object(s, best);
+    return true;
+}
+
+static uint64_t used_pages(const kvd_store_t *s)
+{
+    return s->total_pages - s->free_pages;
+}
+
+/* Past the high watermark, evicts down to the low one. */
+static void evict_watermarks(kvd_store_t *s)
+{
+    if ((double)used_pages(s) <= s->cfg.evict_high * (double)s->total_pages)
+        return;
+    double low = s->cfg.evict_low * (double)s->total_pages;
+    while ((double)used_pages(s) > low && evict_one(s))
+        ;
+}
+
+/* An extent for `pages`, evicting until one fits; NIL when nothing more
+ * can go (everything left is pinned or being written). */
+static uint32_t alloc_evicting(kvd_store_t *s, uint32_t pages)
+{
+    for (;;) {
+        uint32_t i = extent_alloc(s, pages);
+        if (i != NIL || !evict_one(s))
+            return i;
+    }
+}
+
+/* --------------------------------------------------------------- leases */
+
+static lease_t *lease_find(const kvd_store_t *s, uint64_t id)
+{
+    for (lease_t *l = s->lease_buckets[id & (s->n_lease_buckets - 1)]; l; l = l->hnext)
+        if (l->id == id)
+            return l;
+    return NULL;
+}
+
+static int lease_add(lease_t *l, uint32_t rec)
+{
+    if (l->n == l->cap) {
+        uint32_t cap = l->cap ? l->cap * 2 : 16;
+        uint32_t *n = kvd_mem_realloc(KVD_MEM_INDEX, l->recs, (size_t)l->cap * 4,
+                                      (size_t)cap * 4);
+        if (n == NULL)
+            return KVD_ERR_NOMEM;
+        l->recs = n;
+        l->cap = cap;
+    }
+    l->recs[l->n++] = rec;
+    return KVD_OK;
+}
+
+static lease_t *lease_new(kvd_store_t *s, uint64_t owner, bool write, uint64_t now_ms)
+{
+    if (s->n_leases >= s->n_lease_buckets * 2) {
+        uint64_t nb = s->n_lease_buckets * 2;
+        lease_t **b = kvd_mem_calloc(KVD_MEM_INDEX, nb, sizeof(lease_t *));
+        if (b != NULL) {
+            for (lease_t *l = s->oldest; l != NULL; l = l->newer) {
+                l->hnext = b[l->id & (nb - 1)];
+                b[l->id & (nb - 1)] = l;
+            }
+            kvd_mem_free(KVD_MEM_INDEX, s->lease_buckets,
+                         s->n_lease_buckets * sizeof(lease_t *));
+            s->lease_buckets = b;
+            s->n_lease_buckets = nb;
+        }
+    }
+    lease_t *l = kvd_mem_calloc(KVD_MEM_INDEX, 1, sizeof(*l));
+    if (l == NULL)
+        return NULL;
+    l->id = s->next_lease_id++;
+    l->owner = owner;
+    l->write = write;
+    l->expires_ms = now_ms + s->cfg.lease_ttl_ms;
+    /* every lease has the same TTL: creation order is expiry order */
+    l->older = s->newest;
+    if (s->newest)
+        s->newest->newer = l;
+    else
+        s->oldest = l;
+    s->newest = l;
+    lease_t **b = &s->lease_buckets[l->id & (s->n_lease_buckets - 1)];
+    l->hnext = *b;
+    *b = l;
+    s->n_leases++;
+    return l;
+}
+
+static void lease_unlink(kvd_store_t *s, lease_t *l)
+{
+    if (l->older)
+        l->older->newer = l->newer;
+    else
+        s->oldest = l->newer;
+    if (l->newer)
+        l->newer->older = l->older;
+    else
+        s->newest = l->older;
+    lease_t **b = &s->lease_buckets[l->id & (s->n_lease_buckets - 1)];
+    while (*b != l)
+        b = &(*b)->hnext;
+    *b = l->hnext;
+    s->n_leases--;
+    lease_free(l);
+}
+
+/* Unpins one record; at zero it becomes evictable (most recent). */
+static void unpin(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    if (--r->pins == 0) {
+        s->ns[r->ns].info.objects_pinned--;
+        lru_push_head(s, i);
+    }
+}
+
+/* Undoes everything a lease still holds, then frees it. Holds are undone
+ * deepest-last-added first so that chain roots end up most recent. */
+static void lease_end(kvd_store_t *s, lease_t *l)
+{
+    for (uint32_t k = l->n; k-- > 0;) {
+        uint32_t i = l->recs[k];
+        if (i == NIL)
+            continue;
+        if (l->write)
+            drop_object(s, i); /* a reservation never published */
+        else
+            unpin(s, i);
+    }
+    lease_unlink(s, l);
+}
+
+static int lease_get(kvd_store_t *s, uint64_t owner, uint64_t id, bool write,
+                     lease_t **out)
+{
+    lease_t *l = lease_find(s, id);
+    if (l == NULL)
+        return KVD_ERR_NOT_FOUND;
+    if (l->owner != owner)
+        return KVD_ERR_PERMISSION;
+    if (l->write != write)
+        return KVD_ERR_STATE;
+    *out = l;
+    return KVD_OK;
+}
+
+size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner)
+{
+    size_t n = 0;
+    for (lease_t *l = s->oldest, *next; l != NULL; l = next) {
+        next = l->newer;
+        if (l->owner == owner) {
+            lease_end(s, l);
+            n++;
+        }
+    }
+    PARANOID(s, "owner_gone");
+    return n;
+}
+
+size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms)
+{
+    size_t n = 0;
+    while (s->oldest != NULL && s->oldest->expires_ms <= now_ms) {
+        lease_end(s, s->oldest);
+        n++;
+    }
+    s->st.leases_expired += n;
+    if (n)
+        PARANOID(s, "expire");
+    return n;
+}
+
+/* ------------------------------------------------------------ reserve */
+
+static void fill_loc(const kvd_store_t *s, uint32_t i, kvd_loc_t *loc)
+{
+    const rec_t *r = R(s, i);
+    loc->offset = page_bytes_of(s, r->off_pages);
+    loc->size = s->ns[r->ns].info.object_bytes;
+}
+
+/* Reserves one key into lease *l (created on first need). */
+static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
+                           const kvd_put_t *it, uint64_t now_ms, lease_t **l,
+                           kvd_loc_t *loc)
+{
+    uint32_t found = index_find(s, ns, it->key);
+    if (found != NIL)
+        return R(s, found)->state == REC_READY ? KVD_RESERVE_EXISTS
+                                               : KVD_RESERVE_IN_FLIGHT;
+    if (*l == NULL && (*l = lease_new(s, owner, true, now_ms)) == NULL)
+        return KVD_RESERVE_NO_SPACE;
+    uint32_t i = alloc_evicting(s, s->ns[ns].pages);
+    if (i == NIL)
+        return KVD_RESERVE_NO_SPACE;
+    if (lease_add(*l, i) != KVD_OK) {
+        extent_free(s, i);
+        return KVD_RESERVE_NO_SPACE;
+    }
+    rec_t *r = R(s, i);
+    memcpy(r->key, it->key, 32);
+    r->has_parent = it->parent != NULL;
+    if (it->parent)
+        memcpy(r->parent_tag, it->parent, sizeof(r->parent_tag));
+    r->depth = it->depth;
+    r->ns = (uint16_t)ns;
+    r->state = REC_WRITING;
+    index_insert(s, i);
+    s->ns[ns].info.objects_writing++;
+    fill_loc(s, i, loc);
+    return KVD_RESERVE_ALLOCATED;
+}
+
+int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put_t *items,
+                      size_t n, uint64_t now_ms, uint64_t *lease_id, uint8_t *results,
+                      kvd_loc_t *locs)
+{
+    if (ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    lease_t *l = NULL;
+    for (size_t k = 0; k < n; k++) {
+        results[k] = reserve_one(s, owner, ns, &items[k], now_ms, &l, &locs[k]);
+        uint64_t *c[] = {&s->st.reserve_allocated, &s->st.reserve_exists,
+                         &s->st.reserve_in_flight, &s->st.reserve_no_space};
+        (*c[results[k]])++;
+    }
+    if (l != NULL && l->n == 0) {
+        lease_unlink(s, l);
+        l = NULL;
+    }
+    *lease_id = l ? l->id : 0;
+    evict_watermarks(s);
+    PARANOID(s, "reserve");
+    return KVD_OK;
+}
+
+/* Index in l->recs of the live hold with this key, or -1. */
+static long lease_hold_of(const kvd_store_t *s, const lease_t *l, const uint8_t *key)
+{
+    for (uint32_t k = 0; k < l->n; k++)
+        if (l->recs[k] != NIL && memcmp(R(s, l->recs[k])->key, key, 32) == 0)
+            return (long)k;
+    return -1;
+}
+
+/* Publishes (publish = true) or revokes the lease's reservations: all, or
+ * the given keys after checking that each is one of them. */
+static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
+                         const uint8_t (*keys)[32], size_t n, bool publish)
+{
+    lease_t *l;
+    int rc = lease_get(s, owner, lease_id, true, &l);
+    if (rc != KVD_OK)
+        return rc;
+    if (keys != NULL) {
+        /* validate every key before changing anything: atomic per batch */
+        for (size_t k = 0; k < n; k++)
+            if (lease_hold_of(s, l, keys[k]) < 0)
+                return KVD_ERR_STATE;
+    }
+    size_t total = keys ? n : l->n;
+    uint32_t now = now_s(s);
+    /* deepest first onto the LRU head, so the chain's root ends up hottest */
+    for (size_t t = total; t-- > 0;) {
+        long k = keys ? lease_hold_of(s, l, keys[t]) : (long)t;
+        if (k < 0 || l->recs[k] == NIL)
+            continue; /* a key named twice */
+        uint32_t i = l->recs[k];
+        l->recs[k] = NIL;
+        if (!publish) {
+            drop_object(s, i);
+            continue;
+        }
+        rec_t *r = R(s, i);
+        r->state = REC_READY;
+        r->last_access_s = now;
+        s->st.published_bytes += s->ns[r->ns].info.object_bytes;
+        s->ns[r->ns].info.objects_writing--;
+        s->ns[r->ns].info.objects_ready++;
+        lru_push_head(s, i);
+    }
+    bool empty = true;
+    for (uint32_t k = 0; k < l->n && empty; k++)
+        empty = l->recs[k] == NIL;
+    if (empty)
+        lease_unlink(s, l);
+    PARANOID(s, publish ? "publish" : "revoke");
+    return KVD_OK;
+}
+
+int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
+                      const uint8_t (*keys)[32], size_t n)
+{
+    return finish_writes(s, owner, lease_id, keys, n, true);
+}
+
+int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
+                     const uint8_t (*keys)[32], size_t n)
+{
+    return finish_writes(s, owner, lease_id, keys, n, false);
+}
+
+/* ------------------------------------------------------------- acquire */
+
+int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
+                      const uint8_t (*keys)[32], size_t n, uint64_t now_ms,
+                      uint64_t *lease_id, kvd_loc_t *locs, size_t *first_bad)
+{
+    if (ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    s->st.acquires++;
+    /* check everything first: all or nothing */
+    for (size_t k = 0; k < n; k++) {
+        uint32_t i = index_find(s, ns, keys[k]);
+        if (i == NIL || R(s, i)->state != REC_READY) {
+            *first_bad = k;
+            s->st.acquire_failures++;
+            return i == NIL ? KVD_ERR_NOT_FOUND : KVD_ERR_BUSY;
+        }
+    }
+    lease_t *l = lease_new(s, owner, false, now_ms);
+    if (l == NULL)
+        return KVD_ERR_NOMEM;
+    uint32_t now = now_s(s);
+    for (size_t k = 0; k < n; k++) {
+        uint32_t i = index_find(s, ns, keys[k]);
+        rec_t *r = R(s, i);
+        if (r->pins == UINT16_MAX || lease_add(l, i) != KVD_OK) {
+            lease_end(s, l); /* undo the pins taken so far */
+            *first_bad = k;
+            s->st.acquire_failures++;
+            return r->pins == UINT16_MAX ? KVD_ERR_BUSY : KVD_ERR_NOMEM;
+        }
+        if (r->pins++ == 0) {
+            lru_remove(s, i);
+            s->ns[ns].info.objects_pinned++;
+        }
+        r->hits++;
+        r->last_access_s = now;
+        s->st.acquired_bytes += s->ns[ns].info.object_bytes;
+        fill_loc(s, i, &locs[k]);
+    }
+    *lease_id = l->id;
+    PARANOID(s, "acquire");
+    return KVD_OK;
+}
+
+int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id)
+{
+    lease_t *l;
+    int rc = lease_get(s, owner, lease_id, false, &l);
+    if (rc != KVD_OK)
+        return rc;
+    lease_end(s, l);
+    PARANOID(s, "release");
+    return KVD_OK;
+}
+
+/* -------------------------------------------------------------- lookup */
+
+/* Whether boundary b is restorable for a pool, given run_end[k] = the length
+ * of the run of present pages ending at page k. */
+static bool restorable(const uint32_t *run_end, size_t b, uint32_t trailing)
+{
+    uint32_t need = trailing == 0 ? (uint32_t)b : KVD_MIN(trailing, (uint32_t)b);
+    return run_end[b - 1] >= need;
+}
+
+int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                     uint32_t *boundaries, size_t *n_boundaries)
+{
+    if (n_pools == 0 || n_pools > KVD_LOOKUP_MAX_POOLS)
+        return KVD_ERR_INVALID;
+    size_t n = SIZE_MAX;
+    for (size_t p = 0; p < n_pools; p++) {
+        if (pools[p].ns >= s->n_ns)
+            return KVD_ERR_NOT_FOUND;
+        n = KVD_MIN(n, pools[p].n_keys);
+    }
+    s->st.lookups++;
+    /* ok[b-1]: boundary b restorable for every pool so far */
+    uint8_t *ok = kvd_mem_calloc(KVD_MEM_STAGING, n ? n : 1, 1);
+    uint32_t *run = kvd_mem_calloc(KVD_MEM_STAGING, n ? n : 1, sizeof(uint32_t));
+    if (ok == NULL || run == NULL) {
+        kvd_mem_free(KVD_MEM_STAGING, ok, n ? n : 1);
+        kvd_mem_free(KVD_MEM_STAGING, run, (n ? n : 1) * sizeof(uint32_t));
+        return KVD_ERR_NOMEM;
+    }
+    memset(ok, 1, n);
+    for (size_t p = 0; p < n_pools; p++) {
+        ns_entry_t *e = &s->ns[pools[p].ns];
+        uint32_t len = 0;
+        for (size_t k = 0; k < n; k++) {
+            uint32_t i = index_find(s, pools[p].ns, pools[p].keys[k]);
+            bool present = i != NIL && R(s, i)->state == REC_READY;
+            len = present ? len + 1 : 0;
+            run[k] = len;
+            e->info.lookup_pages++;
+            e->info.hit_pages += present;
+            s->st.lookup_pages++;
+            s->st.hit_pages += present;
+        }
+        for (size_t b = 1; b <= n; b++)
+            ok[b - 1] &= restorable(run, b, pools[p].trailing_pages);
+    }
+    size_t m = 0;
+    for (size_t b = 1; b <= n; b++)
+        if (ok[b - 1])
+            boundaries[m++] = (uint32_t)b;
+    *n_boundaries = m;
+    kvd_mem_free(KVD_MEM_STAGING, ok, n ? n : 1);
+    kvd_mem_free(KVD_MEM_STAGING, run, (n ? n : 1) * sizeof(uint32_t));
+    return KVD_OK;
+}
+
+/* ---------------------------------------------------------- inspection */
+
+static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
+{
+    const rec_t *r = R(s, i);
+    memset(out, 0, sizeof(*out));
+    memcpy(out->key, r->key, 32);
+    memcpy(out->parent_tag, r->parent_tag, 8);
+    out->has_parent = r->has_parent;
+    out->ns = r->ns;
+    out->depth = r->depth;
+    out->state = (kvd_obj_state_t)r->state;
+    out->tier = (kvd_tier_t)r->tier;
+    out->pins = r->pins;
+    out->hits = r->hits;
+    out->last_access_ms =
+        r->last_access_s ? s->epoch_ms + (uint64_t)(r->last_access_s - 1) * 1000 : 0;
+    fill_loc(s, i, &out->loc);
+}
+
+int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
+                      kvd_obj_info_t *out)
+{
+    if (ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    uint32_t i = index_find(s, ns, key);
+    if (i == NIL)
+        return KVD_ERR_NOT_FOUND;
+    info_of(s, i, out);
+    return KVD_OK;
+}
+
+int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
+                       kvd_obj_info_t *out)
+{
+    for (uint32_t i = s->buckets[bucket_of(s, ns, tag)]; i != NIL; i = R(s, i)->hash_next) {
+        const rec_t *r = R(s, i);
+        if (r->ns == ns && memcmp(r->key, tag, 8) == 0) {
+            info_of(s, i, out);
+            return KVD_OK;
+        }
+    }
+    return KVD_ERR_NOT_FOUND;
+}
+
+int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *arg)
+{
+    kvd_obj_info_t info;
+    for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
+        const rec_t *r = R(s, i);
+        if ((r->state != REC_READY && r->state != REC_WRITING) ||
+            (ns != UINT32_MAX && r->ns != ns))
+            continue;
+        info_of(s, i, &info);
+        int rc = fn(&info, arg);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[32])
+{
+    if (ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    uint32_t i = index_find(s, ns, key);
+    if (i == NIL)
+        return KVD_ERR_NOT_FOUND;
+    rec_t *r = R(s, i);
+    if (r->state != REC_READY || r->pins > 0)
+        return KVD_ERR_BUSY;
+    s->ns[ns].info.evictions++;
+    s->st.evictions++;
+    s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
+    lru_remove(s, i);
+    drop_object(s, i);
+    PARANOID(s, "evict_key");
+    return KVD_OK;
+}
+
+int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped)
+{
+    if (ns != UINT32_MAX && ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    uint64_t e = 0, k = 0;
+    for (uint32_t i = s->lru_head, next; i != NIL; i = next) {
+        next = R(s, i)->link_next;
+        if (ns == UINT32_MAX || R(s, i)->ns == ns) {
+            kvd_store_evict_key(s, R(s, i)->ns, R(s, i)->key);
+            e++;
+        }
+    }
+    for (uint32_t n = 0; n < s->n_ns; n++)
+        if (ns == UINT32_MAX || n == ns)
+            k += s->ns[n].info.objects_writing + s->ns[n].info.objects_pinned;
+    *evicted = e;
+    *skipped = k;
+    return KVD_OK;
+}
+
+/* -------------------------------------------------------------- stats */
+
+void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
+{
+    *out = s->st;
+    out->pool_bytes = page_bytes_of(s, s->total_pages);
+    out->free_bytes = page_bytes_of(s, s->free_pages);
+    out->free_extents = s->free_extents;
+    out->leases = s->n_leases;
+    out->objects_ready = out->objects_writing = out->objects_pinned = 0;
+    out->ready_bytes = out->writing_bytes = out->pinned_bytes = 0;
+    for (uint32_t n = 0; n < s->n_ns; n++) {
+        const ns_entry_t *e = &s->ns[n];
+        uint64_t bytes = page_bytes_of(s, e->pages);
+        out->objects_ready += e->info.objects_ready;
+        out->objects_writing += e->info.objects_writing;
+        out->objects_pinned += e->info.objects_pinned;
+        out->ready_bytes += e->info.objects_ready * bytes;
+        out->writing_bytes += e->info.objects_writing * bytes;
+        out->pinned_bytes += e->info.objects_pinned * bytes;
+    }
+    uint64_t pins = 0;
+    for (const lease_t *l = s->oldest; l != NULL; l = l->newer)
+        if (!l->write)
+            for (uint32_t k = 0; k < l->n; k++)
+                pins += l->recs[k] != NIL;
+    out->pins = pins;
+    out->largest_free_bytes = page_bytes_of(s, extent_largest_free(s));
+    out->fragmentation =
+        out->free_bytes ? 1.0 - (double)out->largest_free_bytes / (double)out->free_bytes
+                        : 0.0;
+    out->index_bytes = (uint64_t)s->n_chunks * REC_CHUNK * sizeof(rec_t) +
+                       s->n_buckets * sizeof(uint32_t) +
+                       s->n_lease_buckets * sizeof(lease_t *) +
+                       (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s);
+}
+
+/* --------------------------------------------------------------- check */
+
+#define FAIL(...)                                                                  \
+    do {                                                                           \
+        if (why)                                                                   \
+            snprintf(why, why_len, __VA_ARGS__);                                   \
+        return KVD_ERR_STATE;                                                      \
+    } while (0)
+
+int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
+{
+    uint64_t pages = 0, free_p = 0, writing = 0, ready = 0, lru_expect = 0, pins = 0,
+             free_recs = 0, objects = 0;
+    uint32_t prev = NIL;
+    bool prev_free = false;
+    for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
+        const rec_t *r = R(s, i);
+        if (r->phys_prev != prev)
+            FAIL("record %u: phys_prev %u, expected %u", i, r->phys_prev, prev);
+        if (r->off_pages != pages)
+            FAIL("record %u at page %u, expected %llu", i, r->off_pages,
+                 (unsigned long long)pages);
+        pages += r->size_pages;
+        if (r->state == REC_FREE) {
+            if (prev_free)
+                FAIL("two adjacent free extents at page %u", r->off_pages);
+            free_p += r->size_pages;
+            free_recs++;
+        } else if (r->state == REC_WRITING || r->state == REC_READY) {
+            objects++;
+            if (r->ns >= s->n_ns || r->size_pages != s->ns[r->ns].pages)
+                FAIL("object %u: bad namespace or size", i);
+            if (index_find(s, r->ns, r->key) != i)
+                FAIL("object %u is not found through the index", i);
+            if (r->state == REC_WRITING) {
+                writing += r->size_pages;
+                if (r->pins)
+                    FAIL("object %u is pinned while being written", i);
+            } else {
+                ready += r->size_pages;
+                pins += r->pins;
+                lru_expect += r->pins == 0;
+            }
+        } else {
+            FAIL("record %u in the address order has state %u", i, r->state);
+        }
+        prev_free = r->state == REC_FREE;
+        prev = i;
+    }
+    if (pages != s->total_pages)
+        FAIL("extents cover %llu pages of %llu", (unsigned long long)pages,
+             (unsigned long long)s->total_pages);
+    if (free_p != s->free_pages || free_p + writing + ready != s->total_pages)
+        FAIL("free %llu + writing %llu + ready %llu != pool %llu pages (free counter %llu)",
+             (unsigned long long)free_p, (unsigned long long)writing,
+             (unsigned long long)ready, (unsigned long long)s->total_pages,
+             (unsigned long long)s->free_pages);
+    if (objects != s->n_objects)
+        FAIL("%llu objects in the pool, %llu in the index", (unsigned long long)objects,
+             (unsigned long long)s->n_objects);
+    uint64_t listed = 0;
+    const char *bad = extent_check_lists(s, &listed);
+    if (bad)
+        FAIL("%s", bad);
+    if (listed != free_recs || free_recs != s->free_extents)
+        FAIL("%llu free extents, %llu on the free lists", (unsigned long long)free_recs,
+             (unsigned long long)listed);
+    uint64_t lru = 0;
+    for (uint32_t i = s->lru_head, p = NIL; i != NIL; p = i, i = R(s, i)->link_next) {
+        const rec_t *r = R(s, i);
+        if (r->state != REC_READY || r->pins || r->link_prev != p)
+            FAIL("LRU holds object %u that is not READY and unpinned", i);
+        if (++lru > objects)
+            FAIL("the LRU list loops");
+    }
+    if (lru != lru_expect)
+        FAIL("LRU has %llu objects, %llu are evictable", (unsigned long long)lru,
+             (unsigned long long)lru_expect);
+    uint64_t held_pins = 0, held_writes = 0;
+    for (const lease_t *l = s->oldest; l != NULL; l = l->newer) {
+        for (uint32_t k = 0; k < l->n; k++) {
+            if (l->recs[k] == NIL)
+                continue;
+            const rec_t *r = R(s, l->recs[k]);
+            if (l->write && r->state != REC_WRITING)
+                FAIL("write lease %llu holds a record that is not WRITING",
+                     (unsigned long long)l->id);
+            if (!l->write && (r->state != REC_READY || r->pins == 0))
+                FAIL("read lease %llu holds an unpinned record", (unsigned long long)l->id);
+            if (l->write)
+                held_writes += r->size_pages;
+            else
+                held_pins++;
+        }
+    }
+    if (held_pins != pins)
+        FAIL("objects carry %llu pins, leases hold %llu", (unsigned long long)pins,
+             (unsigned long long)held_pins);
+    if (held_writes != writing)
+        FAIL("%llu pages being written, leases hold %llu", (unsigned long long)writing,
+             (unsigned long long)held_writes);
+    return KVD_OK;
+}

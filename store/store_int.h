@@ -1,0 +1,133 @@
+/*
+ * store_int.h - internals of the store engine shared by its files. Private
+ * to store/.
+ *
+ * Every extent of the pool, free or holding an object, is one record in a
+ * chunked array (stable addresses, no per-object malloc). Records are named
+ * by 32-bit indices; index 0 is NIL. A record is, at the same time:
+ *   - an extent: offset and length in pages, neighbours by address;
+ *   - when free: a member of one TLSF free list (link_prev/link_next);
+ *   - when an object: an index entry (hash chain), an LRU member while READY
+ *     and unpinned (link_prev/link_next), and the object's metadata.
+ * That keeps the index at 88 bytes per object plus its hash bucket.
+ */
+#ifndef KVD_STORE_INT_H
+#define KVD_STORE_INT_H
+
+#include "kvd_store.h"
+
+#define NIL 0u
+#define REC_CHUNK_SHIFT 16
+#define REC_CHUNK (1u << REC_CHUNK_SHIFT)
+#define REC_MAX_CHUNKS 65536u /* 2^32 records */
+
+/* TLSF: first level = power of two of the size in pages, second level = 16
+ * linear subdivisions of it. */
+#define TLSF_SL_LOG2 4
+#define TLSF_SL_COUNT (1u << TLSF_SL_LOG2)
+#define TLSF_FL_COUNT 29
+
+enum rec_state {
+    REC_UNUSED = 0,  /* on the spare-record list */
+    REC_FREE = 3,    /* a free extent */
+    REC_WRITING = KVD_OBJ_WRITING,
+    REC_READY = KVD_OBJ_READY,
+};
+
+typedef struct rec {
+    uint8_t key[32];
+    uint8_t parent_tag[8];
+    uint32_t off_pages;
+    uint32_t size_pages;
+    uint32_t phys_prev, phys_next;
+    uint32_t link_prev, link_next; /* free list, or LRU list */
+    uint32_t hash_next;
+    uint32_t depth;
+    uint32_t last_access_s; /* seconds since the store's epoch; 0 = never */
+    uint32_t hits;
+    uint16_t ns;
+    uint16_t pins;
+    uint8_t state;
+    uint8_t tier;
+    uint8_t has_parent;
+    uint8_t pad;
+} rec_t;
+
+/* One hold of a lease: a record and, for the record's life, its key (so a
+ * hold can be matched by key without another index). */
+typedef struct lease {
+    uint64_t id;
+    uint64_t owner;
+    uint64_t expires_ms;
+    bool write;            /* reservations (true) or pins (false) */
+    uint32_t n, cap;
+    uint32_t *recs;
+    struct lease *older, *newer; /* by expiry */
+    struct lease *hnext;         /* lease hash chain */
+} lease_t;
+
+typedef struct ns_entry {
+    kvd_ns_info_t info;   /* name, size, flags and counters */
+    uint32_t pages;       /* object size in pages */
+} ns_entry_t;
+
+struct kvd_store {
+    kvd_store_config_t cfg;
+    uint64_t total_pages;
+    uint64_t epoch_ms;    /* wall clock at creation: last_access base */
+
+    /* records */
+    rec_t *chunks[REC_MAX_CHUNKS];
+    uint32_t n_chunks;
+    uint32_t rec_high;    /* records ever handed out (excl. NIL) */
+    uint32_t spare;       /* list of unused records through link_next */
+
+    /* extents (TLSF) */
+    uint32_t phys_head;
+    uint32_t fl_bitmap;
+    uint32_t sl_bitmap[TLSF_FL_COUNT];
+    uint32_t free_heads[TLSF_FL_COUNT][TLSF_SL_COUNT];
+    uint64_t free_pages;
+    uint64_t free_extents;
+
+    /* index */
+    uint32_t *buckets;
+    uint64_t n_buckets;   /* power of two */
+    uint64_t n_objects;
+
+    /* LRU of READY, unpinned objects: head most recent */
+    uint32_t lru_head, lru_tail;
+
+    /* namespaces */
+    ns_entry_t *ns;
+    uint32_t n_ns, ns_cap;
+
+    /* leases */
+    lease_t **lease_buckets;
+    uint64_t n_lease_buckets;
+    uint64_t n_leases;
+    uint64_t next_lease_id;
+    lease_t *oldest, *newest;
+
+    kvd_store_stats_t st; /* counters; the byte figures are derived */
+};
+
+static inline rec_t *R(const kvd_store_t *s, uint32_t i)
+{
+    return &s->chunks[i >> REC_CHUNK_SHIFT][i & (REC_CHUNK - 1)];
+}
+
+/* extent.c: records and the TLSF allocator */
+int rec_init(kvd_store_t *s);
+void rec_fini(kvd_store_t *s);
+uint32_t rec_new(kvd_store_t *s);
+void rec_put(kvd_store_t *s, uint32_t i);
+/* An extent of `pages` pages (state set to REC_WRITING), or NIL. */
+uint32_t extent_alloc(kvd_store_t *s, uint32_t pages);
+/* Frees an object's extent, merging with free neighbours. */
+void extent_free(kvd_store_t *s, uint32_t i);
+uint64_t extent_largest_free(const kvd_store_t *s);
+/* 0 when the free lists agree with the records, else a description. */
+const char *extent_check_lists(const kvd_store_t *s, uint64_t *free_records);
+
+#endif
