@@ -29,20 +29,21 @@ typedef struct cli {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "Usage: kvdock [OPTIONS] COMMAND [--json]\n"
-            "Inspect a running kvdockd.\n\n"
-            "Commands:\n"
-            "  health           the daemon's state (exit 0 ready, 3 starting or draining)\n"
-            "  stats            memory, connections and RPC counters\n\n"
-            "Options:\n"
-            "  --socket PATH    the daemon's Unix socket (default: that of --instance)\n"
-            "  --connect H:P    reach the daemon over TCP instead\n"
-            "  --instance NAME  the daemon instance (default: default)\n"
-            "  --timeout MS     bound on connecting and each call (default 5000)\n"
-            "  --json           machine-readable output\n"
-            "  --help, --version\n\n"
-            "Exit status: 0 ok, 1 daemon unreachable or error, 2 usage, 3 not ready.\n");
+    fprintf(
+        f,
+        "Usage: kvdock [OPTIONS] COMMAND [--json]\n"
+        "Inspect a running kvdockd.\n\n"
+        "Commands:\n"
+        "  health           the daemon's state (exit 0 ready, 3 starting or draining)\n"
+        "  stats            memory, connections and RPC counters\n\n"
+        "Options:\n"
+        "  --socket PATH    the daemon's Unix socket (default: that of --instance)\n"
+        "  --connect H:P    reach the daemon over TCP instead\n"
+        "  --instance NAME  the daemon instance (default: default)\n"
+        "  --timeout MS     bound on connecting and each call (default 5000)\n"
+        "  --json           machine-readable output\n"
+        "  --help, --version\n\n"
+        "Exit status: 0 ok, 1 daemon unreachable or error, 2 usage, 3 not ready.\n");
 }
 
 static int connect_daemon(const cli_t *cli, kvd_client_t **out)
@@ -56,7 +57,8 @@ static int connect_daemon(const cli_t *cli, kvd_client_t **out)
     if (rc != KVD_OK)
         fprintf(stderr, "kvdock: cannot reach kvdockd at %s: %s%s\n", where,
                 kvd_status_str(rc),
-                rc == KVD_ERR_UNAVAILABLE ? " (is the daemon running? see --socket)" : "");
+                rc == KVD_ERR_UNAVAILABLE ? " (is the daemon running? see --socket)"
+                                          : "");
     return rc;
 }
 
@@ -99,7 +101,8 @@ static int cmd_health(const cli_t *cli)
         char a[32], b[32];
         printf("%s (pool %s of %s populated, up %.1f s)\n", kvd_health_name(h->state),
                kvd_size_format(h->populated_bytes, a, sizeof(a)),
-               kvd_size_format(h->pool_bytes, b, sizeof(b)), (double)h->uptime_ms / 1000.0);
+               kvd_size_format(h->pool_bytes, b, sizeof(b)),
+               (double)h->uptime_ms / 1000.0);
     }
     return h->state == KVD_HEALTH_READY ? 0 : EXIT_NOT_READY;
 }
@@ -168,7 +171,8 @@ static void stats_table(const kvd_stats_rep_t *st)
     printf("%-26s %s\n", "pool", kvd_size_format(m->pool_bytes, a, sizeof(a)));
     printf("%-26s %s (%.0f%%)\n", "pool populated",
            kvd_size_format(m->pool_populated_bytes, a, sizeof(a)),
-           m->pool_bytes ? 100.0 * (double)m->pool_populated_bytes / (double)m->pool_bytes : 0.0);
+           m->pool_bytes ? 100.0 * (double)m->pool_populated_bytes / (double)m->pool_bytes
+                         : 0.0);
     printf("%-26s %s%s\n", "pool pages", m->hugepages ? "2 MiB hugepages" : "base pages",
            m->mlocked ? ", locked" : "");
     printf("%-26s %s\n", "process rss", kvd_size_format(m->rss_bytes, a, sizeof(a)));
@@ -178,7 +182,8 @@ static void stats_table(const kvd_stats_rep_t *st)
     printf("%s file\n", kvd_size_format(m->rss_file_bytes, a, sizeof(a)));
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++) {
         char label[40];
-        snprintf(label, sizeof(label), "allocated: %s", kvd_mem_cat_name((kvd_mem_cat_t)c));
+        snprintf(label, sizeof(label), "allocated: %s",
+                 kvd_mem_cat_name((kvd_mem_cat_t)c));
         printf("%-26s %s\n", label, kvd_size_format(m->cat_bytes[c], a, sizeof(a)));
     }
     printf("%-26s %llu open, %llu accepted, %llu rejected\n", "connections",
@@ -238,13 +243,16 @@ int main(int argc, char **argv)
         case 'j': cli.json = true; break;
         case 't':
             if (kvd_u64_parse(optarg, 1, 3600000, &v) != KVD_OK) {
-                fprintf(stderr, "kvdock: --timeout '%s': expected milliseconds\n", optarg);
+                fprintf(stderr, "kvdock: --timeout '%s': expected milliseconds\n",
+                        optarg);
                 return EXIT_USAGE;
             }
             cli.timeout_ms = (int)v;
             break;
         case 'h': usage(stdout); return 0;
-        case 'V': printf("kvdock %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION); return 0;
+        case 'V':
+            printf("kvdock %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION);
+            return 0;
         default: usage(stderr); return EXIT_USAGE;
         }
     }

@@ -34,8 +34,8 @@
 #include <unistd.h>
 
 #define OUT_HIGH_WATER (8u * 1024u * 1024u)
-#define READ_CHUNK (64u * 1024u)
-#define TICK_MS 100
+#define READ_CHUNK     (64u * 1024u)
+#define TICK_MS        100
 
 typedef enum src_kind {
     SRC_UNIX_LISTEN,
@@ -55,9 +55,9 @@ typedef struct conn {
     src_t src;
     uint64_t id;
     bool tcp;
-    bool closing;       /* close once the output is flushed */
-    bool dead;          /* closed; freed after the current epoll batch */
-    uint32_t events;    /* what epoll watches now */
+    bool closing;    /* close once the output is flushed */
+    bool dead;       /* closed; freed after the current epoll batch */
+    uint32_t events; /* what epoll watches now */
     kvd_framer_t in;
     kvd_buf_t out;
     struct conn *prev, *next;
@@ -69,7 +69,7 @@ struct kvd_server {
     int epfd;
     src_t unix_listen, tcp_listen, sig, timer;
     conn_t *conns;
-    conn_t *dead;       /* closed during this batch, freed after it */
+    conn_t *dead; /* closed during this batch, freed after it */
     uint64_t next_conn_id;
     kvd_counters_t counters;
     _Atomic int health;
@@ -223,16 +223,15 @@ static void conn_fail(kvd_server_t *s, conn_t *c, uint64_t id, kvd_method_t meth
                       int status, const char *what)
 {
     atomic_fetch_add(&s->counters.protocol_errors, 1);
-    KVD_WARN("server", "connection %llu: %s; closing it",
-             (unsigned long long)c->id, what);
+    KVD_WARN("server", "connection %llu: %s; closing it", (unsigned long long)c->id,
+             what);
     kvd_msg_t rep;
     kvd_msg_error(&rep, id, method, status, "%s", what);
     conn_reply(c, &rep);
     c->closing = true;
 }
 
-static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
-                        kvd_msg_t *rep)
+static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_hello_req_t *h = &req->body.hello_req;
     if (h->protocol_version != KVD_PROTOCOL_VERSION) {
@@ -243,7 +242,8 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
         return;
     }
     KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s",
-             (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "");
+             (unsigned long long)c->id, h->client_name, h->pid,
+             c->tcp ? " over tcp" : "");
     kvd_hello_rep_t *r = &rep->body.hello_rep;
     kvd_strlcpy(r->daemon_version, KVD_VERSION, sizeof(r->daemon_version));
     kvd_strlcpy(r->instance, s->opts.instance, sizeof(r->instance));
@@ -284,18 +284,14 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     rep->method = req->method;
     rep->reply = true;
     switch (req->method) {
-    case KVD_METHOD_HELLO:
-        serve_hello(s, c, req, rep);
-        break;
+    case KVD_METHOD_HELLO: serve_hello(s, c, req, rep); break;
     case KVD_METHOD_HEALTH:
         rep->body.health_rep.state = kvd_server_health(s);
         rep->body.health_rep.pool_bytes = kvd_pool_size(s->pool);
         rep->body.health_rep.populated_bytes = kvd_pool_populated_bytes(s->pool);
         rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
         break;
-    case KVD_METHOD_STATS:
-        kvd_server_stats(s, &rep->body.stats_rep);
-        break;
+    case KVD_METHOD_STATS: kvd_server_stats(s, &rep->body.stats_rep); break;
     default:
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNKNOWN_METHOD,
                       "unknown method");
@@ -348,9 +344,10 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
         if (n == 0) {
             if (kvd_framer_pending(&c->in) > 0) {
                 atomic_fetch_add(&s->counters.protocol_errors, 1);
-                KVD_WARN("server", "connection %llu: closed inside a frame (%zu bytes "
-                         "of a truncated frame dropped)", (unsigned long long)c->id,
-                         kvd_framer_pending(&c->in));
+                KVD_WARN("server",
+                         "connection %llu: closed inside a frame (%zu bytes "
+                         "of a truncated frame dropped)",
+                         (unsigned long long)c->id, kvd_framer_pending(&c->in));
             }
             conn_close(s, c, "peer closed");
             return;
@@ -374,7 +371,8 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
                 break;
             if (got == KVD_ERR_TOO_LARGE) {
                 char what[128];
-                snprintf(what, sizeof(what), "frame larger than the maximum of %llu bytes",
+                snprintf(what, sizeof(what),
+                         "frame larger than the maximum of %llu bytes",
                          (unsigned long long)s->opts.max_frame_bytes);
                 conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_TOO_LARGE, what);
                 break;
@@ -466,8 +464,10 @@ static int listen_unix(kvd_server_t *s)
     kvd_client_t *probe = NULL;
     if (kvd_client_connect_unix(path, 500, &probe) == KVD_OK) {
         kvd_client_close(probe);
-        KVD_ERROR("server", "another daemon serves %s; stop it or pick another "
-                  "--socket / --instance", path);
+        KVD_ERROR("server",
+                  "another daemon serves %s; stop it or pick another "
+                  "--socket / --instance",
+                  path);
         return KVD_ERR_EXISTS;
     }
     unlink(path);
@@ -564,7 +564,8 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGINT);
     s->sig = (src_t){SRC_SIGNAL, signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)};
-    s->timer = (src_t){SRC_TIMER, timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)};
+    s->timer =
+        (src_t){SRC_TIMER, timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)};
     if (s->sig.fd < 0 || s->timer.fd < 0) {
         rc = kvd_status_from_errno(errno);
         goto fail;
@@ -633,9 +634,10 @@ static void log_usage(kvd_server_t *s, uint64_t now)
              kvd_health_name(st.state),
              kvd_size_format(st.memory.pool_populated_bytes, pop, sizeof(pop)),
              kvd_size_format(st.memory.pool_bytes, pool, sizeof(pool)),
-             100.0 * (double)st.memory.pool_populated_bytes / (double)st.memory.pool_bytes,
-             (unsigned long long)st.connections_current, (unsigned long long)calls,
-             rate, (unsigned long long)errors, (unsigned long long)st.protocol_errors,
+             100.0 * (double)st.memory.pool_populated_bytes /
+                 (double)st.memory.pool_bytes,
+             (unsigned long long)st.connections_current, (unsigned long long)calls, rate,
+             (unsigned long long)errors, (unsigned long long)st.protocol_errors,
              kvd_size_format(st.memory.rss_bytes, rss, sizeof(rss)),
              kvd_size_format(st.memory.rss_shmem_bytes, shm, sizeof(shm)),
              kvd_size_format(st.memory.rss_anon_bytes, anon, sizeof(anon)),
@@ -653,9 +655,10 @@ static void start_drain(kvd_server_t *s, int signo)
     atomic_store(&s->health, KVD_HEALTH_DRAINING);
     s->drain_deadline_ns = kvd_now_ns() + s->opts.drain_timeout_ms * 1000000ull;
     close_listeners(s);
-    KVD_INFO("server", "%s: draining, no new connections; exiting when clients "
-             "close or in %llu ms", strsignal(signo),
-             (unsigned long long)s->opts.drain_timeout_ms);
+    KVD_INFO("server",
+             "%s: draining, no new connections; exiting when clients "
+             "close or in %llu ms",
+             strsignal(signo), (unsigned long long)s->opts.drain_timeout_ms);
 }
 
 /* Returns 0 to go on, 1 on a fatal pool error. */
@@ -705,9 +708,7 @@ int kvd_server_run(kvd_server_t *s)
             src_t *src = events[i].data.ptr;
             switch (src->kind) {
             case SRC_UNIX_LISTEN:
-            case SRC_TCP_LISTEN:
-                accept_all(s, src);
-                break;
+            case SRC_TCP_LISTEN: accept_all(s, src); break;
             case SRC_SIGNAL: {
                 struct signalfd_siginfo si;
                 while (read(s->sig.fd, &si, sizeof(si)) == sizeof(si))
@@ -735,7 +736,7 @@ int kvd_server_run(kvd_server_t *s)
         }
         free_dead(s);
     }
-    KVD_INFO("server", "drained: %s", s->conns ? "drain timeout, closing clients"
-                                               : "all clients gone");
+    KVD_INFO("server", "drained: %s",
+             s->conns ? "drain timeout, closing clients" : "all clients gone");
     return 0;
 }

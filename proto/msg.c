@@ -16,8 +16,8 @@
 
 const char *kvd_method_name(kvd_method_t m)
 {
-    static const char *const names[KVD_METHOD_COUNT] = {"none", "hello",
-                                                       "health", "stats"};
+    static const char *const names[KVD_METHOD_COUNT] = {"none", "hello", "health",
+                                                        "stats"};
     return (unsigned)m < KVD_METHOD_COUNT ? names[m] : "unknown";
 }
 
@@ -34,8 +34,7 @@ const char *kvd_health_name(kvd_health_t h)
 uint64_t kvd_latency_bound_us(size_t i)
 {
     static const uint64_t bounds[KVD_LATENCY_BUCKETS] = {
-        5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000, 250000,
-        UINT64_MAX};
+        5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 50000, 250000, UINT64_MAX};
     return i < KVD_LATENCY_BUCKETS ? bounds[i] : UINT64_MAX;
 }
 
@@ -107,8 +106,7 @@ static void stats_to_pb(const kvd_stats_rep_t *s, stats_pack_t *p)
         ms->calls = s->methods[i].calls;
         ms->errors = s->methods[i].errors;
         ms->latency_us_sum = s->methods[i].latency_us_sum;
-        memcpy(p->buckets[n], s->methods[i].latency_buckets,
-               sizeof(p->buckets[n]));
+        memcpy(p->buckets[n], s->methods[i].latency_buckets, sizeof(p->buckets[n]));
         ms->n_latency_buckets = KVD_LATENCY_BUCKETS;
         ms->latency_buckets = p->buckets[n];
         p->method_ptrs[n] = ms;
@@ -154,8 +152,7 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
             env.body_case = KVDOCK__ENVELOPE__BODY_STATS_REQUEST;
             env.stats_request = &stats_req;
             break;
-        default:
-            return KVD_ERR_INVALID;
+        default: return KVD_ERR_INVALID;
         }
     } else {
         switch (m->method) {
@@ -187,8 +184,7 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
             env.body_case = KVDOCK__ENVELOPE__BODY_STATS_REPLY;
             env.stats_reply = &stats.reply;
             break;
-        default:
-            return KVD_ERR_INVALID;
+        default: return KVD_ERR_INVALID;
         }
     }
 
@@ -196,12 +192,14 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
     if (len > max_frame)
         return KVD_ERR_TOO_LARGE;
     /* An envelope with every field at its default packs to zero bytes, which
-     * framing reserves as an error; method is never NONE on the wire. */
+     * framing reserves as an error; a request always has a method and an
+     * error reply a code. */
     if (len == 0)
         return KVD_ERR_INVALID;
-    int rc = kvd_frame_put_header(out, len);
+    /* room for header and payload first: a failure leaves out unchanged */
+    int rc = kvd_buf_reserve(out, KVD_FRAME_HEADER_BYTES + len);
     if (rc == KVD_OK)
-        rc = kvd_buf_reserve(out, len);
+        rc = kvd_frame_put_header(out, len);
     if (rc != KVD_OK)
         return rc;
     kvdock__envelope__pack(&env, out->data + out->len);
@@ -227,8 +225,7 @@ static int copy_str(char *dst, size_t dst_len, const char *src)
 
 static int stats_from_pb(const Kvdock__StatsReply *r, kvd_stats_rep_t *s)
 {
-    int rc = copy_str(s->daemon_version, sizeof(s->daemon_version),
-                      r->daemon_version);
+    int rc = copy_str(s->daemon_version, sizeof(s->daemon_version), r->daemon_version);
     if (rc == KVD_OK)
         rc = copy_str(s->instance, sizeof(s->instance), r->instance);
     if (rc != KVD_OK)
@@ -266,7 +263,8 @@ static int stats_from_pb(const Kvdock__StatsReply *r, kvd_stats_rep_t *s)
         d->errors = ms->errors;
         d->latency_us_sum = ms->latency_us_sum;
         size_t nb = KVD_MIN(ms->n_latency_buckets, (size_t)KVD_LATENCY_BUCKETS);
-        memcpy(d->latency_buckets, ms->latency_buckets, nb * sizeof(uint64_t));
+        if (nb > 0)
+            memcpy(d->latency_buckets, ms->latency_buckets, nb * sizeof(uint64_t));
     }
     return KVD_OK;
 }
@@ -288,8 +286,7 @@ static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         want = out->reply ? KVDOCK__ENVELOPE__BODY_STATS_REPLY
                           : KVDOCK__ENVELOPE__BODY_STATS_REQUEST;
         break;
-    default:
-        return KVD_ERR_PROTOCOL;
+    default: return KVD_ERR_PROTOCOL;
     }
     /* Empty request bodies pack to nothing a receiver can tell from "not
      * set" when the sender omits them, so those are accepted either way. */
@@ -314,8 +311,8 @@ static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->max_batch = r->max_batch;
         h->pool_bytes = r->pool_bytes;
         h->connection_id = r->connection_id;
-        int rc = copy_str(h->daemon_version, sizeof(h->daemon_version),
-                          r->daemon_version);
+        int rc =
+            copy_str(h->daemon_version, sizeof(h->daemon_version), r->daemon_version);
         return rc ? rc : copy_str(h->instance, sizeof(h->instance), r->instance);
     }
     case KVDOCK__ENVELOPE__BODY_HEALTH_REPLY: {
@@ -328,8 +325,7 @@ static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
     }
     case KVDOCK__ENVELOPE__BODY_STATS_REPLY:
         return stats_from_pb(env->stats_reply, &out->body.stats_rep);
-    default:
-        return KVD_OK; /* empty request bodies */
+    default: return KVD_OK; /* empty request bodies */
     }
 }
 
@@ -346,6 +342,16 @@ int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
     if ((unsigned)env->method == KVD_METHOD_NONE ||
         (unsigned)env->method >= KVD_METHOD_COUNT) {
         out->method = KVD_METHOD_NONE;
+        /* the daemon's error reply to a frame it could not attribute to a
+         * method (oversize, garbage, connection refused) has no method */
+        if (env->reply && (unsigned)env->method == KVD_METHOD_NONE &&
+            env->error != NULL && env->error->code < 0 &&
+            env->body_case == KVDOCK__ENVELOPE__BODY__NOT_SET) {
+            out->status = env->error->code;
+            kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
+                        sizeof(out->error));
+            goto free_env;
+        }
         rc = KVD_ERR_UNKNOWN_METHOD;
         goto free_env;
     }
@@ -359,8 +365,7 @@ int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
         }
         out->status = env->error->code;
         /* error texts are for people: truncate rather than refuse */
-        kvd_strlcpy(out->error,
-                    env->error->message ? env->error->message : "",
+        kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
                     sizeof(out->error));
         goto free_env;
     }

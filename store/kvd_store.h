@@ -77,11 +77,11 @@ void kvd_sizing_format(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
 /* ------------------------------------------------------------------ pool */
 
 typedef struct kvd_pool_opts {
-    const char *instance;         /* names the memfd: "kvdock-<instance>" */
-    uint64_t size_bytes;          /* from kvd_sizing_t.budget_bytes */
-    bool hugepages;               /* 2 MiB hugetlb pages */
-    bool mlock;                   /* lock the pool once populated */
-    uint64_t populate_rate_bps;   /* bytes per second; 0 = no bound */
+    const char *instance;       /* names the memfd: "kvdock-<instance>" */
+    uint64_t size_bytes;        /* from kvd_sizing_t.budget_bytes */
+    bool hugepages;             /* 2 MiB hugetlb pages */
+    bool mlock;                 /* lock the pool once populated */
+    uint64_t populate_rate_bps; /* bytes per second; 0 = no bound */
 } kvd_pool_opts_t;
 
 typedef struct kvd_pool kvd_pool_t;
