@@ -25,23 +25,23 @@
 typedef enum kvd_status {
     KVD_OK = 0,
     KVD_INPROGRESS = 1,
-    KVD_ERR_INVALID = -1,        /* bad argument or malformed input */
-    KVD_ERR_NOMEM = -2,          /* an allocation failed */
-    KVD_ERR_IO = -3,             /* a system call failed */
-    KVD_ERR_NOT_FOUND = -4,      /* no such key, namespace, file */
-    KVD_ERR_EXISTS = -5,         /* already there */
-    KVD_ERR_BUSY = -6,           /* held by someone else (in flight) */
-    KVD_ERR_NO_SPACE = -7,       /* the pool or a table is full */
-    KVD_ERR_TIMEOUT = -8,        /* a bounded wait ran out */
-    KVD_ERR_PROTOCOL = -9,       /* a frame or message broke the protocol */
-    KVD_ERR_UNSUPPORTED = -10,   /* not built in or not available here */
-    KVD_ERR_CLOSED = -11,        /* the peer closed the connection */
-    KVD_ERR_TOO_LARGE = -12,     /* over a configured limit */
-    KVD_ERR_STATE = -13,         /* not allowed in the current state */
-    KVD_ERR_PERMISSION = -14,    /* the OS said no */
-    KVD_ERR_UNAVAILABLE = -15,   /* the daemon is not there or not ready */
-    KVD_ERR_UNKNOWN_METHOD = -16,/* an RPC method this daemon does not know */
-    KVD_ERR_DRAINING = -17,      /* the daemon is shutting down */
+    KVD_ERR_INVALID = -1,         /* bad argument or malformed input */
+    KVD_ERR_NOMEM = -2,           /* an allocation failed */
+    KVD_ERR_IO = -3,              /* a system call failed */
+    KVD_ERR_NOT_FOUND = -4,       /* no such key, namespace, file */
+    KVD_ERR_EXISTS = -5,          /* already there */
+    KVD_ERR_BUSY = -6,            /* held by someone else (in flight) */
+    KVD_ERR_NO_SPACE = -7,        /* the pool or a table is full */
+    KVD_ERR_TIMEOUT = -8,         /* a bounded wait ran out */
+    KVD_ERR_PROTOCOL = -9,        /* a frame or message broke the protocol */
+    KVD_ERR_UNSUPPORTED = -10,    /* not built in or not available here */
+    KVD_ERR_CLOSED = -11,         /* the peer closed the connection */
+    KVD_ERR_TOO_LARGE = -12,      /* over a configured limit */
+    KVD_ERR_STATE = -13,          /* not allowed in the current state */
+    KVD_ERR_PERMISSION = -14,     /* the OS said no */
+    KVD_ERR_UNAVAILABLE = -15,    /* the daemon is not there or not ready */
+    KVD_ERR_UNKNOWN_METHOD = -16, /* an RPC method this daemon does not know */
+    KVD_ERR_DRAINING = -17,       /* the daemon is shutting down */
 } kvd_status_t;
 
 /* A short, static description of a status ("no space", ...). */
@@ -72,12 +72,12 @@ void kvd_log(kvd_log_level_t level, const char *component, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 #define KVD_ERROR(comp, ...) kvd_log(KVD_LOG_ERROR, comp, __VA_ARGS__)
-#define KVD_WARN(comp, ...) kvd_log(KVD_LOG_WARN, comp, __VA_ARGS__)
-#define KVD_INFO(comp, ...) kvd_log(KVD_LOG_INFO, comp, __VA_ARGS__)
-#define KVD_DEBUG(comp, ...)                                                 \
-    do {                                                                     \
-        if (kvd_log_get_level() >= KVD_LOG_DEBUG)                            \
-            kvd_log(KVD_LOG_DEBUG, comp, __VA_ARGS__);                       \
+#define KVD_WARN(comp, ...)  kvd_log(KVD_LOG_WARN, comp, __VA_ARGS__)
+#define KVD_INFO(comp, ...)  kvd_log(KVD_LOG_INFO, comp, __VA_ARGS__)
+#define KVD_DEBUG(comp, ...)                           \
+    do {                                               \
+        if (kvd_log_get_level() >= KVD_LOG_DEBUG)      \
+            kvd_log(KVD_LOG_DEBUG, comp, __VA_ARGS__); \
     } while (0)
 
 /* ---------------------------------------------------------------- clocks */
@@ -133,18 +133,17 @@ static inline uint64_t kvd_align_up(uint64_t v, uint64_t align)
  * (DESIGN.md section 9). The pool itself is accounted by store/.
  */
 typedef enum kvd_mem_cat {
-    KVD_MEM_CONN = 0,   /* connection buffers */
-    KVD_MEM_INDEX,      /* the store index */
-    KVD_MEM_STAGING,    /* staging and bounce buffers */
-    KVD_MEM_OTHER,      /* everything else we allocate ourselves */
+    KVD_MEM_CONN = 0, /* connection buffers */
+    KVD_MEM_INDEX,    /* the store index */
+    KVD_MEM_STAGING,  /* staging and bounce buffers */
+    KVD_MEM_OTHER,    /* everything else we allocate ourselves */
     KVD_MEM_CAT_COUNT
 } kvd_mem_cat_t;
 
 /* calloc / realloc / free with the bytes charged to `cat`. kvd_mem_free and
  * kvd_mem_realloc need the size the block was allocated with. */
 void *kvd_mem_calloc(kvd_mem_cat_t cat, size_t count, size_t size);
-void *kvd_mem_realloc(kvd_mem_cat_t cat, void *ptr, size_t old_bytes,
-                      size_t new_bytes);
+void *kvd_mem_realloc(kvd_mem_cat_t cat, void *ptr, size_t old_bytes, size_t new_bytes);
 void kvd_mem_free(kvd_mem_cat_t cat, void *ptr, size_t bytes);
 
 /* Bytes currently charged to `cat`. */
@@ -172,8 +171,7 @@ int kvd_proc_mem_read(kvd_proc_mem_t *out);
  * Returns KVD_OK or KVD_ERR_INVALID (page_size 0).
  */
 int kvd_key_chain(const uint32_t *tokens, size_t n_tokens, size_t page_size,
-                  const uint8_t *prior, uint8_t (*keys)[KVD_KEY_BYTES],
-                  size_t *n_keys);
+                  const uint8_t *prior, uint8_t (*keys)[KVD_KEY_BYTES], size_t *n_keys);
 
 /* Lower-case hex of a 32-byte key into out (65 bytes with the NUL). */
 void kvd_key_to_hex(const uint8_t key[KVD_KEY_BYTES], char out[65]);
@@ -184,8 +182,8 @@ int kvd_key_from_hex(const char *hex, uint8_t key[KVD_KEY_BYTES]);
 /* ------------------------------------------------------------- helpers */
 
 #define KVD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define KVD_MIN(a, b) ((a) < (b) ? (a) : (b))
-#define KVD_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define KVD_MIN(a, b)     ((a) < (b) ? (a) : (b))
+#define KVD_MAX(a, b)     ((a) > (b) ? (a) : (b))
 
 /* Copies at most dst_len-1 bytes and always terminates. */
 void kvd_strlcpy(char *dst, const char *src, size_t dst_len);

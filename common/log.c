@@ -49,10 +49,9 @@ void kvd_log(kvd_log_level_t level, const char *component, const char *fmt, ...)
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
     int n = snprintf(line, sizeof(line),
-                     "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s: ",
-                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
-                     level_names[level], component);
+                     "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s %s: ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                     ts.tv_nsec / 1000000, level_names[level], component);
     if (n < 0)
         return;
     va_list ap;

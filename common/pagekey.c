@@ -8,8 +8,7 @@
 #include <string.h>
 
 int kvd_key_chain(const uint32_t *tokens, size_t n_tokens, size_t page_size,
-                  const uint8_t *prior, uint8_t (*keys)[KVD_KEY_BYTES],
-                  size_t *n_keys)
+                  const uint8_t *prior, uint8_t (*keys)[KVD_KEY_BYTES], size_t *n_keys)
 {
     if (page_size == 0 || (tokens == NULL && n_tokens > 0))
         return KVD_ERR_INVALID;

@@ -52,9 +52,9 @@ static uint64_t size_suffix_multiplier(const char *s)
         const char *name;
         uint64_t mult;
     } suffixes[] = {
-        {"", 1},          {"b", 1},          {"k", KVD_KiB},   {"kb", KVD_KiB},
-        {"kib", KVD_KiB}, {"m", KVD_MiB},    {"mb", KVD_MiB},  {"mib", KVD_MiB},
-        {"g", KVD_GiB},   {"gb", KVD_GiB},   {"gib", KVD_GiB}, {"t", KVD_TiB},
+        {"", 1},          {"b", 1},         {"k", KVD_KiB},   {"kb", KVD_KiB},
+        {"kib", KVD_KiB}, {"m", KVD_MiB},   {"mb", KVD_MiB},  {"mib", KVD_MiB},
+        {"g", KVD_GiB},   {"gb", KVD_GiB},  {"gib", KVD_GiB}, {"t", KVD_TiB},
         {"tb", KVD_TiB},  {"tib", KVD_TiB},
     };
     for (size_t i = 0; i < KVD_ARRAY_SIZE(suffixes); i++)
@@ -80,11 +80,17 @@ int kvd_size_parse(const char *text, uint64_t *out_bytes)
         return KVD_ERR_INVALID;
     double frac = 0.0;
     if (*end == '.') {
-        char *fend = NULL;
-        frac = strtod(end, &fend);
-        if (fend == end + 1 && end == text)
+        /* digits only: strtod would also take an exponent ("1.5e3") */
+        const char *d = end + 1;
+        double scale = 0.1;
+        while (isdigit((unsigned char)*d)) {
+            frac += (*d - '0') * scale;
+            scale /= 10.0;
+            d++;
+        }
+        if (d == end + 1 && end == text)
             return KVD_ERR_INVALID; /* "." alone */
-        end = fend;
+        end = (char *)d;
     }
     char suffix[8];
     size_t slen = strlen(end);
@@ -165,8 +171,7 @@ void *kvd_mem_calloc(kvd_mem_cat_t cat, size_t count, size_t size)
     return p;
 }
 
-void *kvd_mem_realloc(kvd_mem_cat_t cat, void *ptr, size_t old_bytes,
-                      size_t new_bytes)
+void *kvd_mem_realloc(kvd_mem_cat_t cat, void *ptr, size_t old_bytes, size_t new_bytes)
 {
     void *p = realloc(ptr, new_bytes);
     if (p == NULL)
@@ -192,7 +197,7 @@ uint64_t kvd_mem_bytes(kvd_mem_cat_t cat)
 const char *kvd_mem_cat_name(kvd_mem_cat_t cat)
 {
     static const char *const names[KVD_MEM_CAT_COUNT] = {"connections", "index",
-                                                        "staging", "other"};
+                                                         "staging", "other"};
     return (unsigned)cat < KVD_MEM_CAT_COUNT ? names[cat] : "?";
 }
 

@@ -63,7 +63,8 @@ static int read_tokens_file(const char *path, uint32_t **out, size_t *n)
     int c, wl = 0, rc = 0;
     while (t != NULL && rc == 0) {
         c = fgetc(f);
-        bool sep = c == EOF || c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r';
+        bool sep =
+            c == EOF || c == ',' || c == ' ' || c == '\n' || c == '\t' || c == '\r';
         if (!sep) {
             if (wl + 1 >= (int)sizeof(word))
                 rc = -1;
@@ -95,7 +96,8 @@ static int read_tokens_file(const char *path, uint32_t **out, size_t *n)
     }
     fclose(f);
     if (t == NULL || rc != 0) {
-        fprintf(stderr, "kvdock hash: %s: token ids must be integers 0..4294967295\n", path);
+        fprintf(stderr, "kvdock hash: %s: token ids must be integers 0..4294967295\n",
+                path);
         free(t);
         return -1;
     }
@@ -107,7 +109,8 @@ static int read_tokens_file(const char *path, uint32_t **out, size_t *n)
 int cmd_hash(const cli_t *cli, const cli_args_t *a)
 {
     uint64_t page;
-    if (a->page_size == NULL || kvd_u64_parse(a->page_size, 1, 1u << 24, &page) != KVD_OK) {
+    if (a->page_size == NULL ||
+        kvd_u64_parse(a->page_size, 1, 1u << 24, &page) != KVD_OK) {
         fprintf(stderr, "kvdock hash: --page-size P (a positive integer) is required\n");
         return EXIT_USAGE;
     }
@@ -115,7 +118,8 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
     if (a->prior != NULL && parse_key(a->prior, prior) != 0)
         return EXIT_USAGE;
     if ((a->tokens_file != NULL) == (a->n_args > 0)) {
-        fprintf(stderr, "kvdock hash: give the token ids as arguments or --tokens-file\n");
+        fprintf(stderr,
+                "kvdock hash: give the token ids as arguments or --tokens-file\n");
         return EXIT_USAGE;
     }
     uint32_t *tokens = NULL;
@@ -128,7 +132,8 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
         for (size_t i = 0; tokens && i < a->n_args; i++) {
             uint64_t v;
             if (kvd_u64_parse(a->args[i], 0, UINT32_MAX, &v) != KVD_OK) {
-                fprintf(stderr, "kvdock hash: token '%s' is not an integer 0..4294967295\n",
+                fprintf(stderr,
+                        "kvdock hash: token '%s' is not an integer 0..4294967295\n",
                         a->args[i]);
                 free(tokens);
                 return EXIT_USAGE;
@@ -139,9 +144,9 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
     }
     size_t pages = n / page, n_keys = 0;
     uint8_t(*keys)[KVD_KEY_LEN] = calloc(pages ? pages : 1, KVD_KEY_LEN);
-    int rc = tokens && keys ? kvd_key_chain(tokens, n, page, a->prior ? prior : NULL, keys,
-                                            &n_keys)
-                            : KVD_ERR_NOMEM;
+    int rc = tokens && keys
+                 ? kvd_key_chain(tokens, n, page, a->prior ? prior : NULL, keys, &n_keys)
+                 : KVD_ERR_NOMEM;
     if (rc == KVD_OK) {
         if (cli->json)
             printf("[");
@@ -156,7 +161,8 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
         if (cli->json)
             printf("]\n");
         if (n % page != 0 && !cli->json)
-            fprintf(stderr, "kvdock hash: %zu trailing tokens of a partial page have no key\n",
+            fprintf(stderr,
+                    "kvdock hash: %zu trailing tokens of a partial page have no key\n",
                     n % page);
     }
     free(keys);
@@ -189,8 +195,8 @@ static void prefixes_json(const kvd_list_rep_t *l)
         cli_print_hex(p->leaf, KVD_KEY_LEN);
         printf("\",\"pages\":%u,\"bytes\":%llu,\"last_access_ms\":%llu,\"hits\":%llu,"
                "\"pools\":[",
-               p->pages, (unsigned long long)p->bytes, (unsigned long long)p->last_access_ms,
-               (unsigned long long)p->hits);
+               p->pages, (unsigned long long)p->bytes,
+               (unsigned long long)p->last_access_ms, (unsigned long long)p->hits);
         for (size_t k = 0; k < p->n_pools; k++) {
             printf("%s{\"namespace\":", k ? "," : "");
             cli_json_str(ns_name(l->namespaces, l->n_namespaces, p->pools[k].ns));
@@ -212,7 +218,8 @@ static void prefixes_json(const kvd_list_rep_t *l)
             cli_print_hex(o->key, KVD_KEY_LEN);
             printf("\",\"parent\":\"");
             cli_print_hex(o->parent, o->parent_len);
-            printf("\",\"depth\":%u,\"hits\":%u,\"pins\":%u}", o->depth, o->hits, o->pins);
+            printf("\",\"depth\":%u,\"hits\":%u,\"pins\":%u}", o->depth, o->hits,
+                   o->pins);
         }
         printf("]");
     }
@@ -261,7 +268,8 @@ static void tree_print(const kvd_list_rep_t *l, size_t i, int indent, int budget
 int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
 {
     if (a->n_args > 0 || a->n_namespaces > 1) {
-        fprintf(stderr, "kvdock prefixes: takes at most one --namespace and no arguments\n");
+        fprintf(stderr,
+                "kvdock prefixes: takes at most one --namespace and no arguments\n");
         return EXIT_USAGE;
     }
     uint64_t limit = 0;
@@ -338,8 +346,8 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
     for (size_t i = 0; i < r->n_objects; i++) {
         const kvd_obj_msg_t *o = &r->objects[i];
         const char *state = o->state == 1 /* writing */ ? "writing"
-                            : o->pins                         ? "pinned"
-                                                              : "ready";
+                            : o->pins                   ? "pinned"
+                                                        : "ready";
         if (cli->json) {
             printf("%s{\"namespace\":", i ? "," : "");
             cli_json_str(ns_name(r->namespaces, r->n_namespaces, o->ns));
@@ -347,14 +355,16 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
             cli_print_hex(o->key, KVD_KEY_LEN);
             printf("\",\"parent\":\"");
             cli_print_hex(o->parent, o->parent_len);
-            printf("\",\"depth\":%u,\"state\":\"%s\",\"tier\":\"%s\",\"pins\":%u,\"hits\":%u,"
+            printf("\",\"depth\":%u,\"state\":\"%s\",\"tier\":\"%s\",\"pins\":%u,"
+                   "\"hits\":%u,"
                    "\"last_access_ms\":%llu,\"offset\":%llu,\"size\":%llu}",
                    o->depth, state, o->tier ? "ssd" : "dram", o->pins, o->hits,
                    (unsigned long long)o->last_access_ms, (unsigned long long)o->offset,
                    (unsigned long long)o->size);
             continue;
         }
-        printf("namespace    %s\nkey          ", ns_name(r->namespaces, r->n_namespaces, o->ns));
+        printf("namespace    %s\nkey          ",
+               ns_name(r->namespaces, r->n_namespaces, o->ns));
         cli_print_hex(o->key, KVD_KEY_LEN);
         printf("\nparent       ");
         if (o->parent_len == 0)
@@ -366,8 +376,9 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
                "hits         %u\nlast access  ",
                o->depth, state, o->tier ? "ssd" : "dram", o->pins, o->hits);
         print_time(o->last_access_ms);
-        printf("\nlocation     offset %llu, %llu bytes\n%s", (unsigned long long)o->offset,
-               (unsigned long long)o->size, i + 1 < r->n_objects ? "\n" : "");
+        printf("\nlocation     offset %llu, %llu bytes\n%s",
+               (unsigned long long)o->offset, (unsigned long long)o->size,
+               i + 1 < r->n_objects ? "\n" : "");
     }
     if (cli->json)
         printf("]\n");
@@ -401,10 +412,12 @@ static int parse_trailing(const char *text, uint32_t *out, size_t n)
     kvd_strlcpy(buf, text, sizeof(buf));
     char *save = NULL;
     size_t i = 0;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save), i++) {
+    for (char *tok = strtok_r(buf, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save), i++) {
         uint64_t v;
         if (i >= n || kvd_u64_parse(tok, 0, UINT32_MAX, &v) != KVD_OK) {
-            fprintf(stderr, "kvdock lookup: --trailing takes one integer per --namespace\n");
+            fprintf(stderr,
+                    "kvdock lookup: --trailing takes one integer per --namespace\n");
             return -1;
         }
         out[i] = (uint32_t)v;
@@ -415,7 +428,8 @@ static int parse_trailing(const char *text, uint32_t *out, size_t n)
 int cmd_lookup(const cli_t *cli, const cli_args_t *a)
 {
     if (a->n_namespaces == 0 || a->n_args == 0) {
-        fprintf(stderr, "kvdock lookup: --namespace N and at least one KEY are required\n");
+        fprintf(stderr,
+                "kvdock lookup: --namespace N and at least one KEY are required\n");
         return EXIT_USAGE;
     }
     uint32_t trailing[16];
@@ -475,8 +489,9 @@ int cmd_evict(const cli_t *cli, const cli_args_t *a)
 {
     bool by_key = a->key != NULL, by_ns = a->n_namespaces == 1 && !by_key;
     if (a->n_args > 0 || a->n_namespaces > 1 || by_key + by_ns + a->all != 1) {
-        fprintf(stderr, "kvdock evict: give one of --key K [--namespace N], --namespace N, "
-                        "--all\n");
+        fprintf(stderr,
+                "kvdock evict: give one of --key K [--namespace N], --namespace N, "
+                "--all\n");
         return EXIT_USAGE;
     }
     kvd_msg_t req, rep = {0};

@@ -21,20 +21,29 @@ static void usage(FILE *f)
             "Usage: kvdock [OPTIONS] COMMAND [ARGS] [--json]\n"
             "Inspect a running kvdockd and what it stores.\n\n"
             "Commands:\n"
-            "  health                      the daemon's state (exit 0 ready, 3 starting or draining)\n"
-            "  stats [--check]             memory, store, namespaces, connections, RPC counters;\n"
-            "                              --check runs the store's invariant (exit 1 when broken)\n"
+            "  health                      the daemon's state (exit 0 ready, 3 starting "
+            "or draining)\n"
+            "  stats [--check]             memory, store, namespaces, connections, RPC "
+            "counters;\n"
+            "                              --check runs the store's invariant (exit 1 "
+            "when broken)\n"
             "  hash --page-size P [--prior HEX] (TOKENS... | --tokens-file F)\n"
-            "                              the page-key chain (SGLang-compatible), one key per full page\n"
+            "                              the page-key chain (SGLang-compatible), one "
+            "key per full page\n"
             "  prefixes [--namespace N] [--tree] [--limit L]\n"
-            "                              stored prefixes: namespace, root, pages, bytes, which\n"
-            "                              pools hold state at which boundaries, last access, hits\n"
+            "                              stored prefixes: namespace, root, pages, "
+            "bytes, which\n"
+            "                              pools hold state at which boundaries, last "
+            "access, hits\n"
             "  show KEY [--namespace N]    one stored key in every namespace holding it\n"
             "  lookup --namespace N [--namespace N2 ...] [--trailing T[,T2...]] KEYS...\n"
-            "                              the restorable boundaries (pages) for these page keys;\n"
-            "                              --trailing 0 = all pages must be present (default)\n"
+            "                              the restorable boundaries (pages) for these "
+            "page keys;\n"
+            "                              --trailing 0 = all pages must be present "
+            "(default)\n"
             "  evict (--key K [--namespace N] | --namespace N | --all)\n"
-            "                              drop stored objects (pinned or unfinished ones stay)\n\n"
+            "                              drop stored objects (pinned or unfinished "
+            "ones stay)\n\n"
             "Options:\n"
             "  --socket PATH    the daemon's Unix socket (default: that of --instance)\n"
             "  --connect H:P    reach the daemon over TCP instead\n"
@@ -42,7 +51,8 @@ static void usage(FILE *f)
             "  --timeout MS     bound on connecting and each call (default 5000)\n"
             "  --json           machine-readable output\n"
             "  --help, --version\n\n"
-            "Exit status: 0 ok, 1 daemon unreachable, error or not found, 2 usage, 3 not ready.\n");
+            "Exit status: 0 ok, 1 daemon unreachable, error or not found, 2 usage, 3 not "
+            "ready.\n");
 }
 
 static int connect_daemon(const cli_t *cli, kvd_client_t **out)
@@ -56,7 +66,8 @@ static int connect_daemon(const cli_t *cli, kvd_client_t **out)
     if (rc != KVD_OK)
         fprintf(stderr, "kvdock: cannot reach kvdockd at %s: %s%s\n", where,
                 kvd_status_str(rc),
-                rc == KVD_ERR_UNAVAILABLE ? " (is the daemon running? see --socket)" : "");
+                rc == KVD_ERR_UNAVAILABLE ? " (is the daemon running? see --socket)"
+                                          : "");
     return rc;
 }
 
@@ -124,7 +135,8 @@ static int cmd_health(const cli_t *cli)
         char a[32], b[32];
         printf("%s (pool %s of %s populated, up %.1f s)\n", kvd_health_name(h->state),
                kvd_size_format(h->populated_bytes, a, sizeof(a)),
-               kvd_size_format(h->pool_bytes, b, sizeof(b)), (double)h->uptime_ms / 1000.0);
+               kvd_size_format(h->pool_bytes, b, sizeof(b)),
+               (double)h->uptime_ms / 1000.0);
     }
     return h->state == KVD_HEALTH_READY ? 0 : EXIT_NOT_READY;
 }
@@ -182,29 +194,31 @@ static void stats_json(const kvd_stats_rep_t *st)
         printf("]}");
     }
     const kvd_store_stats_msg_t *ss = &st->store;
-    printf("},\"store\":{\"pool_bytes\":%llu,\"free_bytes\":%llu,\"writing_bytes\":%llu,"
-           "\"ready_bytes\":%llu,\"pinned_bytes\":%llu,\"objects_ready\":%llu,"
-           "\"objects_writing\":%llu,\"objects_pinned\":%llu,\"pins\":%llu,\"leases\":%llu,"
-           "\"free_extents\":%llu,\"largest_free_bytes\":%llu,\"fragmentation\":%.6f,"
-           "\"index_bytes\":%llu,\"evictions\":%llu,\"evicted_bytes\":%llu,"
-           "\"reserve_allocated\":%llu,\"reserve_exists\":%llu,\"reserve_in_flight\":%llu,"
-           "\"reserve_no_space\":%llu,\"lookups\":%llu,\"lookup_pages\":%llu,"
-           "\"hit_pages\":%llu,\"acquires\":%llu,\"acquire_failures\":%llu,"
-           "\"leases_expired\":%llu,\"published_bytes\":%llu,\"acquired_bytes\":%llu},",
-           (unsigned long long)ss->pool_bytes, (unsigned long long)ss->free_bytes,
-           (unsigned long long)ss->writing_bytes, (unsigned long long)ss->ready_bytes,
-           (unsigned long long)ss->pinned_bytes, (unsigned long long)ss->objects_ready,
-           (unsigned long long)ss->objects_writing, (unsigned long long)ss->objects_pinned,
-           (unsigned long long)ss->pins, (unsigned long long)ss->leases,
-           (unsigned long long)ss->free_extents, (unsigned long long)ss->largest_free_bytes,
-           ss->fragmentation, (unsigned long long)ss->index_bytes,
-           (unsigned long long)ss->evictions, (unsigned long long)ss->evicted_bytes,
-           (unsigned long long)ss->reserve_allocated, (unsigned long long)ss->reserve_exists,
-           (unsigned long long)ss->reserve_in_flight, (unsigned long long)ss->reserve_no_space,
-           (unsigned long long)ss->lookups, (unsigned long long)ss->lookup_pages,
-           (unsigned long long)ss->hit_pages, (unsigned long long)ss->acquires,
-           (unsigned long long)ss->acquire_failures, (unsigned long long)ss->leases_expired,
-           (unsigned long long)ss->published_bytes, (unsigned long long)ss->acquired_bytes);
+    printf(
+        "},\"store\":{\"pool_bytes\":%llu,\"free_bytes\":%llu,\"writing_bytes\":%llu,"
+        "\"ready_bytes\":%llu,\"pinned_bytes\":%llu,\"objects_ready\":%llu,"
+        "\"objects_writing\":%llu,\"objects_pinned\":%llu,\"pins\":%llu,\"leases\":%llu,"
+        "\"free_extents\":%llu,\"largest_free_bytes\":%llu,\"fragmentation\":%.6f,"
+        "\"index_bytes\":%llu,\"evictions\":%llu,\"evicted_bytes\":%llu,"
+        "\"reserve_allocated\":%llu,\"reserve_exists\":%llu,\"reserve_in_flight\":%llu,"
+        "\"reserve_no_space\":%llu,\"lookups\":%llu,\"lookup_pages\":%llu,"
+        "\"hit_pages\":%llu,\"acquires\":%llu,\"acquire_failures\":%llu,"
+        "\"leases_expired\":%llu,\"published_bytes\":%llu,\"acquired_bytes\":%llu},",
+        (unsigned long long)ss->pool_bytes, (unsigned long long)ss->free_bytes,
+        (unsigned long long)ss->writing_bytes, (unsigned long long)ss->ready_bytes,
+        (unsigned long long)ss->pinned_bytes, (unsigned long long)ss->objects_ready,
+        (unsigned long long)ss->objects_writing, (unsigned long long)ss->objects_pinned,
+        (unsigned long long)ss->pins, (unsigned long long)ss->leases,
+        (unsigned long long)ss->free_extents, (unsigned long long)ss->largest_free_bytes,
+        ss->fragmentation, (unsigned long long)ss->index_bytes,
+        (unsigned long long)ss->evictions, (unsigned long long)ss->evicted_bytes,
+        (unsigned long long)ss->reserve_allocated, (unsigned long long)ss->reserve_exists,
+        (unsigned long long)ss->reserve_in_flight,
+        (unsigned long long)ss->reserve_no_space, (unsigned long long)ss->lookups,
+        (unsigned long long)ss->lookup_pages, (unsigned long long)ss->hit_pages,
+        (unsigned long long)ss->acquires, (unsigned long long)ss->acquire_failures,
+        (unsigned long long)ss->leases_expired, (unsigned long long)ss->published_bytes,
+        (unsigned long long)ss->acquired_bytes);
     printf("\"namespaces\":[");
     for (size_t i = 0; i < st->n_namespaces; i++) {
         const kvd_ns_msg_t *n = &st->namespaces[i];
@@ -214,7 +228,8 @@ static void stats_json(const kvd_stats_rep_t *st)
                "\"objects_writing\":%llu,\"objects_pinned\":%llu,\"lookup_pages\":%llu,"
                "\"hit_pages\":%llu,\"evictions\":%llu}",
                (unsigned long long)n->object_bytes, n->rank_replicated ? "true" : "false",
-               (unsigned long long)n->objects_ready, (unsigned long long)n->objects_writing,
+               (unsigned long long)n->objects_ready,
+               (unsigned long long)n->objects_writing,
                (unsigned long long)n->objects_pinned, (unsigned long long)n->lookup_pages,
                (unsigned long long)n->hit_pages, (unsigned long long)n->evictions);
     }
@@ -236,7 +251,8 @@ static void stats_table(const kvd_stats_rep_t *st)
     printf("%-26s %s\n", "pool", kvd_size_format(m->pool_bytes, a, sizeof(a)));
     printf("%-26s %s (%.0f%%)\n", "pool populated",
            kvd_size_format(m->pool_populated_bytes, a, sizeof(a)),
-           m->pool_bytes ? 100.0 * (double)m->pool_populated_bytes / (double)m->pool_bytes : 0.0);
+           m->pool_bytes ? 100.0 * (double)m->pool_populated_bytes / (double)m->pool_bytes
+                         : 0.0);
     printf("%-26s %s%s\n", "pool pages", m->hugepages ? "2 MiB hugepages" : "base pages",
            m->mlocked ? ", locked" : "");
     printf("%-26s %s\n", "process rss", kvd_size_format(m->rss_bytes, a, sizeof(a)));
@@ -246,7 +262,8 @@ static void stats_table(const kvd_stats_rep_t *st)
     printf("%s file\n", kvd_size_format(m->rss_file_bytes, a, sizeof(a)));
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++) {
         char label[40];
-        snprintf(label, sizeof(label), "allocated: %s", kvd_mem_cat_name((kvd_mem_cat_t)c));
+        snprintf(label, sizeof(label), "allocated: %s",
+                 kvd_mem_cat_name((kvd_mem_cat_t)c));
         printf("%-26s %s\n", label, kvd_size_format(m->cat_bytes[c], a, sizeof(a)));
     }
     printf("%-26s %llu open, %llu accepted, %llu rejected\n", "connections",
@@ -268,7 +285,8 @@ static void stats_table(const kvd_stats_rep_t *st)
     char a2[32], b2[32], c2[32];
     uint64_t used = ss->pool_bytes - ss->free_bytes;
     printf("\nstore: %s used of %s (%.1f%%): %s ready, %s writing, %s pinned\n",
-           kvd_size_format(used, a, sizeof(a)), kvd_size_format(ss->pool_bytes, b, sizeof(b)),
+           kvd_size_format(used, a, sizeof(a)),
+           kvd_size_format(ss->pool_bytes, b, sizeof(b)),
            ss->pool_bytes ? 100.0 * (double)used / (double)ss->pool_bytes : 0.0,
            kvd_size_format(ss->ready_bytes, a2, sizeof(a2)),
            kvd_size_format(ss->writing_bytes, b2, sizeof(b2)),
@@ -278,15 +296,18 @@ static void stats_table(const kvd_stats_rep_t *st)
            (unsigned long long)ss->objects_pinned, (unsigned long long)ss->leases,
            kvd_size_format(ss->index_bytes, a, sizeof(a)));
     printf("  free %s in %llu extents, largest %s, fragmentation %.3f\n",
-           kvd_size_format(ss->free_bytes, a, sizeof(a)), (unsigned long long)ss->free_extents,
+           kvd_size_format(ss->free_bytes, a, sizeof(a)),
+           (unsigned long long)ss->free_extents,
            kvd_size_format(ss->largest_free_bytes, b, sizeof(b)), ss->fragmentation);
     printf("  lookups %llu, hit pages %llu of %llu; evictions %llu (%s)\n",
            (unsigned long long)ss->lookups, (unsigned long long)ss->hit_pages,
            (unsigned long long)ss->lookup_pages, (unsigned long long)ss->evictions,
            kvd_size_format(ss->evicted_bytes, a, sizeof(a)));
     printf("  reserve: %llu allocated, %llu exists, %llu in flight, %llu no space\n",
-           (unsigned long long)ss->reserve_allocated, (unsigned long long)ss->reserve_exists,
-           (unsigned long long)ss->reserve_in_flight, (unsigned long long)ss->reserve_no_space);
+           (unsigned long long)ss->reserve_allocated,
+           (unsigned long long)ss->reserve_exists,
+           (unsigned long long)ss->reserve_in_flight,
+           (unsigned long long)ss->reserve_no_space);
     if (st->n_namespaces > 0)
         printf("\n%-4s %-40s %12s %10s %10s %12s\n", "id", "namespace", "object", "ready",
                "pinned", "hit pages");
@@ -294,8 +315,9 @@ static void stats_table(const kvd_stats_rep_t *st)
         const kvd_ns_msg_t *n = &st->namespaces[i];
         printf("%-4u %-40s %12s %10llu %10llu %6llu/%-6llu\n", n->id, n->name,
                kvd_size_format(n->object_bytes, a, sizeof(a)),
-               (unsigned long long)n->objects_ready, (unsigned long long)n->objects_pinned,
-               (unsigned long long)n->hit_pages, (unsigned long long)n->lookup_pages);
+               (unsigned long long)n->objects_ready,
+               (unsigned long long)n->objects_pinned, (unsigned long long)n->hit_pages,
+               (unsigned long long)n->lookup_pages);
     }
 }
 
@@ -349,13 +371,16 @@ int main(int argc, char **argv)
         case 'j': cli.json = true; break;
         case 't':
             if (kvd_u64_parse(optarg, 1, 3600000, &v) != KVD_OK) {
-                fprintf(stderr, "kvdock: --timeout '%s': expected milliseconds\n", optarg);
+                fprintf(stderr, "kvdock: --timeout '%s': expected milliseconds\n",
+                        optarg);
                 return EXIT_USAGE;
             }
             cli.timeout_ms = (int)v;
             break;
         case 'h': usage(stdout); return 0;
-        case 'V': printf("kvdock %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION); return 0;
+        case 'V':
+            printf("kvdock %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION);
+            return 0;
         default: usage(stderr); return EXIT_USAGE;
         }
     }
@@ -392,7 +417,8 @@ int main(int argc, char **argv)
         case 'C': a.check = true; break;
         case 'n':
             if (a.n_namespaces == KVD_ARRAY_SIZE(a.namespaces)) {
-                fprintf(stderr, "kvdock: at most %zu --namespace\n", KVD_ARRAY_SIZE(a.namespaces));
+                fprintf(stderr, "kvdock: at most %zu --namespace\n",
+                        KVD_ARRAY_SIZE(a.namespaces));
                 return EXIT_USAGE;
             }
             a.namespaces[a.n_namespaces++] = optarg;

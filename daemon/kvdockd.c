@@ -38,7 +38,8 @@ int main(int argc, char **argv)
     kvd_host_mem_t host;
     int rc = kvd_host_mem_probe(opts.meminfo_root, &host);
     if (rc != KVD_OK) {
-        KVD_ERROR("kvdockd", "cannot read the host's memory figures from %s/proc/meminfo: %s",
+        KVD_ERROR("kvdockd",
+                  "cannot read the host's memory figures from %s/proc/meminfo: %s",
                   opts.meminfo_root, kvd_status_str(rc));
         return 1;
     }

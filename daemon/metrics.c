@@ -24,7 +24,8 @@ struct kvd_metrics {
     kvd_server_t *server;
 };
 
-static int appendf(kvd_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int appendf(kvd_buf_t *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static int appendf(kvd_buf_t *b, const char *fmt, ...)
 {
     for (;;) {
@@ -62,22 +63,27 @@ static void render_store(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size
                          kvd_buf_t *b)
 {
     const kvd_store_stats_msg_t *s = &st->store;
-    appendf(b, "# HELP kvdock_store_bytes Pool bytes by state (free + writing + ready = pool).\n"
-               "# TYPE kvdock_store_bytes gauge\n"
-               "kvdock_store_bytes{state=\"free\"} %llu\n"
-               "kvdock_store_bytes{state=\"writing\"} %llu\n"
-               "kvdock_store_bytes{state=\"ready\"} %llu\n",
-            (unsigned long long)s->free_bytes, (unsigned long long)s->writing_bytes,
-            (unsigned long long)s->ready_bytes);
-    gauge(b, "kvdock_store_pinned_bytes", "Ready bytes pinned by loads.", s->pinned_bytes);
+    appendf(
+        b,
+        "# HELP kvdock_store_bytes Pool bytes by state (free + writing + ready = pool).\n"
+        "# TYPE kvdock_store_bytes gauge\n"
+        "kvdock_store_bytes{state=\"free\"} %llu\n"
+        "kvdock_store_bytes{state=\"writing\"} %llu\n"
+        "kvdock_store_bytes{state=\"ready\"} %llu\n",
+        (unsigned long long)s->free_bytes, (unsigned long long)s->writing_bytes,
+        (unsigned long long)s->ready_bytes);
+    gauge(b, "kvdock_store_pinned_bytes", "Ready bytes pinned by loads.",
+          s->pinned_bytes);
     gauge(b, "kvdock_store_objects", "Objects stored (ready).", s->objects_ready);
     gauge(b, "kvdock_store_objects_writing", "Objects reserved, being written.",
           s->objects_writing);
     gauge(b, "kvdock_store_leases", "Leases holding reservations or pins.", s->leases);
     gauge(b, "kvdock_store_free_extents", "Free extents of the pool.", s->free_extents);
-    gauge(b, "kvdock_store_largest_free_bytes", "Largest free extent.", s->largest_free_bytes);
-    appendf(b, "# HELP kvdock_store_fragmentation 1 - largest free extent / free bytes.\n"
-               "# TYPE kvdock_store_fragmentation gauge\nkvdock_store_fragmentation %.4f\n",
+    gauge(b, "kvdock_store_largest_free_bytes", "Largest free extent.",
+          s->largest_free_bytes);
+    appendf(b,
+            "# HELP kvdock_store_fragmentation 1 - largest free extent / free bytes.\n"
+            "# TYPE kvdock_store_fragmentation gauge\nkvdock_store_fragmentation %.4f\n",
             s->fragmentation);
     gauge(b, "kvdock_store_index_bytes", "Memory of the index (records, hash, leases).",
           s->index_bytes);
@@ -89,21 +95,25 @@ static void render_store(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size
             s->acquired_bytes);
     counter(b, "kvdock_store_leases_expired_total", "Leases undone by their TTL.",
             s->leases_expired);
-    appendf(b, "# HELP kvdock_store_reserve_total Reserve results by kind.\n"
-               "# TYPE kvdock_store_reserve_total counter\n"
-               "kvdock_store_reserve_total{result=\"allocated\"} %llu\n"
-               "kvdock_store_reserve_total{result=\"exists\"} %llu\n"
-               "kvdock_store_reserve_total{result=\"in_flight\"} %llu\n"
-               "kvdock_store_reserve_total{result=\"no_space\"} %llu\n",
-            (unsigned long long)s->reserve_allocated, (unsigned long long)s->reserve_exists,
-            (unsigned long long)s->reserve_in_flight, (unsigned long long)s->reserve_no_space);
+    appendf(b,
+            "# HELP kvdock_store_reserve_total Reserve results by kind.\n"
+            "# TYPE kvdock_store_reserve_total counter\n"
+            "kvdock_store_reserve_total{result=\"allocated\"} %llu\n"
+            "kvdock_store_reserve_total{result=\"exists\"} %llu\n"
+            "kvdock_store_reserve_total{result=\"in_flight\"} %llu\n"
+            "kvdock_store_reserve_total{result=\"no_space\"} %llu\n",
+            (unsigned long long)s->reserve_allocated,
+            (unsigned long long)s->reserve_exists,
+            (unsigned long long)s->reserve_in_flight,
+            (unsigned long long)s->reserve_no_space);
     appendf(b, "# HELP kvdock_ns_objects Ready objects per namespace.\n"
                "# TYPE kvdock_ns_objects gauge\n");
     for (size_t i = 0; i < n_ns; i++)
         appendf(b, "kvdock_ns_objects{ns=\"%s\"} %llu\n", ns[i].name,
                 (unsigned long long)ns[i].objects_ready);
-    appendf(b, "# HELP kvdock_ns_lookup_pages_total Pages probed by lookups per namespace.\n"
-               "# TYPE kvdock_ns_lookup_pages_total counter\n");
+    appendf(b,
+            "# HELP kvdock_ns_lookup_pages_total Pages probed by lookups per namespace.\n"
+            "# TYPE kvdock_ns_lookup_pages_total counter\n");
     for (size_t i = 0; i < n_ns; i++)
         appendf(b, "kvdock_ns_lookup_pages_total{ns=\"%s\"} %llu\n", ns[i].name,
                 (unsigned long long)ns[i].lookup_pages);
@@ -118,35 +128,41 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t
                        kvd_buf_t *b)
 {
     const kvd_mem_stats_t *m = &st->memory;
-    appendf(b, "# HELP kvdock_info Build and instance of this daemon.\n"
-               "# TYPE kvdock_info gauge\nkvdock_info{version=\"%s\",instance=\"%s\"} 1\n",
+    appendf(b,
+            "# HELP kvdock_info Build and instance of this daemon.\n"
+            "# TYPE kvdock_info gauge\nkvdock_info{version=\"%s\",instance=\"%s\"} 1\n",
             st->daemon_version, st->instance);
     appendf(b, "# HELP kvdock_health_state 1 for the daemon's current state.\n"
                "# TYPE kvdock_health_state gauge\n");
     for (int h = KVD_HEALTH_STARTING; h <= KVD_HEALTH_DRAINING; h++)
         appendf(b, "kvdock_health_state{state=\"%s\"} %d\n",
                 kvd_health_name((kvd_health_t)h), st->state == (kvd_health_t)h);
-    appendf(b, "# HELP kvdock_uptime_seconds Seconds since the daemon started.\n"
-               "# TYPE kvdock_uptime_seconds gauge\nkvdock_uptime_seconds %.3f\n",
+    appendf(b,
+            "# HELP kvdock_uptime_seconds Seconds since the daemon started.\n"
+            "# TYPE kvdock_uptime_seconds gauge\nkvdock_uptime_seconds %.3f\n",
             (double)st->uptime_ms / 1000.0);
     gauge(b, "kvdock_pool_bytes", "Size of the shared-memory pool.", m->pool_bytes);
     gauge(b, "kvdock_pool_populated_bytes", "Bytes of the pool populated so far.",
           m->pool_populated_bytes);
-    gauge(b, "kvdock_pool_hugepages", "1 when the pool uses 2 MiB hugepages.", m->hugepages);
+    gauge(b, "kvdock_pool_hugepages", "1 when the pool uses 2 MiB hugepages.",
+          m->hugepages);
     gauge(b, "kvdock_pool_mlocked", "1 when the pool is locked in memory.", m->mlocked);
-    gauge(b, "kvdock_process_rss_bytes", "Resident set of the daemon (VmRSS).", m->rss_bytes);
+    gauge(b, "kvdock_process_rss_bytes", "Resident set of the daemon (VmRSS).",
+          m->rss_bytes);
     gauge(b, "kvdock_process_rss_anon_bytes", "Anonymous resident memory (RssAnon).",
           m->rss_anon_bytes);
     gauge(b, "kvdock_process_rss_file_bytes", "File-backed resident memory (RssFile).",
           m->rss_file_bytes);
     gauge(b, "kvdock_process_rss_shmem_bytes",
-          "Shared-memory resident memory (RssShmem): the mapped pool.", m->rss_shmem_bytes);
+          "Shared-memory resident memory (RssShmem): the mapped pool.",
+          m->rss_shmem_bytes);
     appendf(b, "# HELP kvdock_memory_bytes Heap bytes kvdock allocated, by purpose.\n"
                "# TYPE kvdock_memory_bytes gauge\n");
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
         appendf(b, "kvdock_memory_bytes{category=\"%s\"} %llu\n",
                 kvd_mem_cat_name((kvd_mem_cat_t)c), (unsigned long long)m->cat_bytes[c]);
-    gauge(b, "kvdock_connections", "Client connections open now.", st->connections_current);
+    gauge(b, "kvdock_connections", "Client connections open now.",
+          st->connections_current);
     counter(b, "kvdock_connections_total", "Client connections accepted.",
             st->connections_total);
     counter(b, "kvdock_connections_rejected_total",
@@ -158,12 +174,14 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t
                "# TYPE kvdock_rpc_requests_total counter\n");
     for (size_t i = 1; i < KVD_METHOD_COUNT; i++)
         appendf(b, "kvdock_rpc_requests_total{method=\"%s\"} %llu\n",
-                kvd_method_name((kvd_method_t)i), (unsigned long long)st->methods[i].calls);
+                kvd_method_name((kvd_method_t)i),
+                (unsigned long long)st->methods[i].calls);
     appendf(b, "# HELP kvdock_rpc_errors_total RPC requests answered with an error.\n"
                "# TYPE kvdock_rpc_errors_total counter\n");
     for (size_t i = 1; i < KVD_METHOD_COUNT; i++)
         appendf(b, "kvdock_rpc_errors_total{method=\"%s\"} %llu\n",
-                kvd_method_name((kvd_method_t)i), (unsigned long long)st->methods[i].errors);
+                kvd_method_name((kvd_method_t)i),
+                (unsigned long long)st->methods[i].errors);
     appendf(b, "# HELP kvdock_rpc_latency_seconds Time from a request read to its "
                "reply queued.\n# TYPE kvdock_rpc_latency_seconds histogram\n");
     for (size_t i = 1; i < KVD_METHOD_COUNT; i++) {
@@ -174,11 +192,15 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t
             cum += ms->latency_buckets[k];
             uint64_t bound = kvd_latency_bound_us(k);
             if (bound == UINT64_MAX)
-                appendf(b, "kvdock_rpc_latency_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n",
-                        name, (unsigned long long)cum);
+                appendf(
+                    b,
+                    "kvdock_rpc_latency_seconds_bucket{method=\"%s\",le=\"+Inf\"} %llu\n",
+                    name, (unsigned long long)cum);
             else
-                appendf(b, "kvdock_rpc_latency_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n",
-                        name, (double)bound / 1e6, (unsigned long long)cum);
+                appendf(
+                    b,
+                    "kvdock_rpc_latency_seconds_bucket{method=\"%s\",le=\"%g\"} %llu\n",
+                    name, (double)bound / 1e6, (unsigned long long)cum);
         }
         appendf(b, "kvdock_rpc_latency_seconds_sum{method=\"%s\"} %.6f\n", name,
                 (double)ms->latency_us_sum / 1e6);
@@ -238,8 +260,8 @@ static kvd_mhd_result handle(void *cls, struct MHD_Connection *conn, const char 
             return respond(conn, 500, "text/plain", "out of memory\n", 14,
                            MHD_RESPMEM_PERSISTENT);
         }
-        kvd_mhd_result r = respond(conn, 200, "text/plain; version=0.0.4", b.data,
-                                   b.len, MHD_RESPMEM_MUST_COPY);
+        kvd_mhd_result r = respond(conn, 200, "text/plain; version=0.0.4", b.data, b.len,
+                                   MHD_RESPMEM_MUST_COPY);
         kvd_buf_free(&b);
         return r;
     }
@@ -270,9 +292,8 @@ int kvd_metrics_start(kvd_server_t *s, const char *host_port, kvd_metrics_t **ou
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    m->mhd = MHD_start_daemon(flags, port, NULL, NULL, handle, m,
-                              MHD_OPTION_SOCK_ADDR, res->ai_addr,
-                              MHD_OPTION_CONNECTION_LIMIT, 64u,
+    m->mhd = MHD_start_daemon(flags, port, NULL, NULL, handle, m, MHD_OPTION_SOCK_ADDR,
+                              res->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 64u,
                               MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
     freeaddrinfo(res);
     if (m->mhd == NULL) {

@@ -33,20 +33,21 @@ typedef struct opt_def {
     const char *name;
     opt_type_t type;
     size_t offset;
-    size_t size;  /* string capacity */
+    size_t size; /* string capacity */
     uint64_t min, max;
     const char *arg;
     const char *help;
 } opt_def_t;
 
 #define OFF(f) offsetof(kvd_opts_t, f)
-#define SZ(f) sizeof(((kvd_opts_t *)0)->f)
+#define SZ(f)  sizeof(((kvd_opts_t *)0)->f)
 
 static const opt_def_t opt_defs[] = {
     {"instance", OPT_INSTANCE, OFF(instance), SZ(instance), 0, 0, "NAME",
      "instance name: names the pool file and the default socket (default: default)"},
     {"socket", OPT_STRING, OFF(socket_path), SZ(socket_path), 0, 0, "PATH",
-     "Unix socket to serve (default: $XDG_RUNTIME_DIR/kvdockd-NAME.sock, else /tmp/kvdockd-NAME.sock)"},
+     "Unix socket to serve (default: $XDG_RUNTIME_DIR/kvdockd-NAME.sock, else "
+     "/tmp/kvdockd-NAME.sock)"},
     {"listen", OPT_HOSTPORT, OFF(listen), SZ(listen), 0, 0, "HOST:PORT",
      "also serve RPC over TCP on this address (off unless given)"},
     {"metrics-listen", OPT_HOSTPORT, OFF(metrics_listen), SZ(metrics_listen), 0, 0,
@@ -74,7 +75,8 @@ static const opt_def_t opt_defs[] = {
     {"usage-interval", OPT_U64, OFF(usage_interval_s), 0, 0, 86400, "SECONDS",
      "seconds between usage lines; 0 = none (default 10)"},
     {"drain-timeout", OPT_U64, OFF(drain_timeout_ms), 0, 0, 600000, "MS",
-     "on SIGTERM/SIGINT, serve connected clients this long before exiting (default 1000)"},
+     "on SIGTERM/SIGINT, serve connected clients this long before exiting (default "
+     "1000)"},
     {"evict-high", OPT_FRACTION, OFF(evict_high), 0, 0, 0, "F",
      "start evicting when more than F of the pool is used (default 0.95)"},
     {"evict-low", OPT_FRACTION, OFF(evict_low), 0, 0, 0, "F",
@@ -89,11 +91,10 @@ static const opt_def_t opt_defs[] = {
 
 static void print_help(FILE *f)
 {
-    fprintf(f,
-            "Usage: kvdockd [OPTIONS]\n"
-            "kvdock's host-side daemon: holds KV pages and mamba state in a\n"
-            "host-memory pool for the serving workers of this node.\n\n"
-            "Options (each also a 'name = value' line of a --config file):\n");
+    fprintf(f, "Usage: kvdockd [OPTIONS]\n"
+               "kvdock's host-side daemon: holds KV pages and mamba state in a\n"
+               "host-memory pool for the serving workers of this node.\n\n"
+               "Options (each also a 'name = value' line of a --config file):\n");
     for (size_t i = 0; i < KVD_ARRAY_SIZE(opt_defs); i++) {
         char left[64];
         snprintf(left, sizeof(left), "--%s%s%s", opt_defs[i].name,
@@ -101,9 +102,8 @@ static void print_help(FILE *f)
         fprintf(f, "  %-28s %s\n", left, opt_defs[i].help);
     }
     fprintf(f, "  %-28s %s\n  %-28s %s\n  %-28s %s\n", "--config FILE",
-            "read options from FILE first; flags given later override it",
-            "--version", "print the version and exit", "--help",
-            "print this help and exit");
+            "read options from FILE first; flags given later override it", "--version",
+            "print the version and exit", "--help", "print this help and exit");
     fprintf(f, "\nSIZE takes K, M, G, T (powers of 1024), e.g. 512M or 1.5G.\n");
 }
 
@@ -144,21 +144,21 @@ static int apply_opt(const opt_def_t *d, const char *value, kvd_opts_t *o,
             return -1;
         }
         if (d->type == OPT_INSTANCE && !valid_instance(value)) {
-            fprintf(stderr, "kvdockd: %s--instance '%s': use letters, digits, '-', '_', '.'\n",
+            fprintf(stderr,
+                    "kvdockd: %s--instance '%s': use letters, digits, '-', '_', '.'\n",
                     where, value);
             return -1;
         }
         if (d->type == OPT_HOSTPORT &&
             kvd_parse_host_port(value, host, sizeof(host), &port) != KVD_OK) {
-            fprintf(stderr, "kvdockd: %s--%s '%s': expected HOST:PORT\n", where,
-                    d->name, value);
+            fprintf(stderr, "kvdockd: %s--%s '%s': expected HOST:PORT\n", where, d->name,
+                    value);
             return -1;
         }
         strcpy(field, value);
         return 0;
     case OPT_SIZE:
-        if (kvd_size_parse(value, &u) != KVD_OK || u < d->min ||
-            (d->max && u > d->max)) {
+        if (kvd_size_parse(value, &u) != KVD_OK || u < d->min || (d->max && u > d->max)) {
             fprintf(stderr, "kvdockd: %s--%s '%s': expected a size like 512M or 4G%s\n",
                     where, d->name, value, d->min ? " (non-zero)" : "");
             return -1;
@@ -176,15 +176,15 @@ static int apply_opt(const opt_def_t *d, const char *value, kvd_opts_t *o,
         return 0;
     case OPT_FRACTION:
         if (kvd_double_parse(value, 0.0, 1.0, &f) != KVD_OK || f <= 0.0) {
-            fprintf(stderr, "kvdockd: %s--%s '%s': expected a number in (0, 1]\n",
-                    where, d->name, value);
+            fprintf(stderr, "kvdockd: %s--%s '%s': expected a number in (0, 1]\n", where,
+                    d->name, value);
             return -1;
         }
         *(double *)field = f;
         return 0;
     case OPT_BOOL:
-        if (value == NULL || strcasecmp(value, "true") == 0 ||
-            strcmp(value, "1") == 0 || strcasecmp(value, "yes") == 0) {
+        if (value == NULL || strcasecmp(value, "true") == 0 || strcmp(value, "1") == 0 ||
+            strcasecmp(value, "yes") == 0) {
             *(bool *)field = true;
         } else if (strcasecmp(value, "false") == 0 || strcmp(value, "0") == 0 ||
                    strcasecmp(value, "no") == 0) {
@@ -197,7 +197,8 @@ static int apply_opt(const opt_def_t *d, const char *value, kvd_opts_t *o,
         return 0;
     case OPT_LOGLEVEL:
         if (kvd_log_level_parse(value, (kvd_log_level_t *)field) != KVD_OK) {
-            fprintf(stderr, "kvdockd: %s--log-level '%s': expected error, warn, info or debug\n",
+            fprintf(stderr,
+                    "kvdockd: %s--log-level '%s': expected error, warn, info or debug\n",
                     where, value);
             return -1;
         }
@@ -318,8 +319,10 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         if (c == '?' || c == ':') {
             const char *bad = argv[optind - 1];
-            fprintf(stderr, "kvdockd: unknown option or missing value: '%s' "
-                            "(see kvdockd --help)\n", bad);
+            fprintf(stderr,
+                    "kvdockd: unknown option or missing value: '%s' "
+                    "(see kvdockd --help)\n",
+                    bad);
             return KVD_OPTS_ERROR;
         }
         if (c < 1000)
@@ -336,7 +339,8 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
         return KVD_OPTS_ERROR;
     }
     if (pool_size_given && o->mem_fraction > 0) {
-        fprintf(stderr, "kvdockd: give one of --pool-size and --mem-fraction, not both\n");
+        fprintf(stderr,
+                "kvdockd: give one of --pool-size and --mem-fraction, not both\n");
         return KVD_OPTS_ERROR;
     }
     if (o->evict_low > o->evict_high) {

@@ -13,10 +13,10 @@
 typedef struct kvd_opts {
     char instance[64];
     char socket_path[108];
-    char listen[128];          /* "" = no TCP listener */
-    char metrics_listen[128];  /* "" = no metrics endpoint */
-    uint64_t pool_size_bytes;  /* 0 = not given */
-    double mem_fraction;       /* 0 = not given */
+    char listen[128];         /* "" = no TCP listener */
+    char metrics_listen[128]; /* "" = no metrics endpoint */
+    uint64_t pool_size_bytes; /* 0 = not given */
+    double mem_fraction;      /* 0 = not given */
     uint64_t reserve_bytes;
     uint64_t object_bytes;
     uint64_t populate_rate_bps;
@@ -27,17 +27,17 @@ typedef struct kvd_opts {
     uint64_t max_connections;
     uint64_t usage_interval_s; /* 0 = no usage line */
     uint64_t drain_timeout_ms;
-    double evict_high;         /* evict above this fraction of the pool used */
-    double evict_low;          /* ... down to this one */
+    double evict_high; /* evict above this fraction of the pool used */
+    double evict_low;  /* ... down to this one */
     uint64_t lease_ttl_ms;
     kvd_log_level_t log_level;
-    char meminfo_root[256];    /* tests: read /proc and /sys below this */
+    char meminfo_root[256]; /* tests: read /proc and /sys below this */
 } kvd_opts_t;
 
 typedef enum kvd_opts_result {
-    KVD_OPTS_RUN = 0,  /* start the daemon */
-    KVD_OPTS_EXIT_OK,  /* --help or --version was printed */
-    KVD_OPTS_ERROR,    /* a message was printed; exit 2 */
+    KVD_OPTS_RUN = 0, /* start the daemon */
+    KVD_OPTS_EXIT_OK, /* --help or --version was printed */
+    KVD_OPTS_ERROR,   /* a message was printed; exit 2 */
 } kvd_opts_result_t;
 
 /* Fills defaults, then the config file (if --config), then the flags. */

@@ -42,8 +42,9 @@ static bool check_batch(const kvd_opts_t *opts, size_t n, const kvd_msg_t *req,
 {
     if (n <= opts->max_batch)
         return true;
-    set_error(req, rep, KVD_ERR_TOO_LARGE, 0, "batch of %zu keys is over --max-batch %llu",
-              n, (unsigned long long)opts->max_batch);
+    set_error(req, rep, KVD_ERR_TOO_LARGE, 0,
+              "batch of %zu keys is over --max-batch %llu", n,
+              (unsigned long long)opts->max_batch);
     return false;
 }
 
@@ -59,7 +60,8 @@ static bool check_ns(kvd_store_t *store, uint32_t ns, uint64_t object_bytes,
     if (object_bytes != 0 && object_bytes != info.object_bytes) {
         set_error(req, rep, KVD_ERR_INVALID, 0,
                   "namespace %s has objects of %llu bytes, not %llu", info.name,
-                  (unsigned long long)info.object_bytes, (unsigned long long)object_bytes);
+                  (unsigned long long)info.object_bytes,
+                  (unsigned long long)object_bytes);
         return false;
     }
     return true;
@@ -103,10 +105,11 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t n,
                       sp->rank_replicated ? " (rank-replicated)" : "");
         else
             set_error(req, rep, rc, (uint32_t)i + 1,
-                      "namespace %s (%llu-byte objects) cannot be registered: %s", sp->name,
-                      (unsigned long long)sp->object_bytes,
-                      rc == KVD_ERR_NO_SPACE ? "too many namespaces"
-                                             : "the object size must be 1 byte to the pool size");
+                      "namespace %s (%llu-byte objects) cannot be registered: %s",
+                      sp->name, (unsigned long long)sp->object_bytes,
+                      rc == KVD_ERR_NO_SPACE
+                          ? "too many namespaces"
+                          : "the object size must be 1 byte to the pool size");
         return rc;
     }
     return KVD_OK;
@@ -171,8 +174,8 @@ void kvd_rpc_store_stats(const kvd_store_stats_t *in, kvd_store_stats_msg_t *o)
 
 /* --------------------------------------------------------------- methods */
 
-static void serve_register(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
-                           kvd_msg_t *rep)
+static void serve_register(kvd_store_t *store, const kvd_opts_t *opts,
+                           const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_register_req_t *r = &req->body.register_req;
     if (!check_batch(opts, r->n, req, rep))
@@ -224,7 +227,8 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
                           const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_reserve_req_t *r = &req->body.reserve_req;
-    if (!check_batch(opts, r->n, req, rep) || !check_ns(store, r->ns, r->object_bytes, req, rep))
+    if (!check_batch(opts, r->n, req, rep) ||
+        !check_ns(store, r->ns, r->object_bytes, req, rep))
         return;
     kvd_put_t *puts = kvd_msg_alloc(rep, r->n * sizeof(*puts) + 1);
     kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
@@ -235,9 +239,10 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
         return;
     }
     for (size_t i = 0; i < r->n; i++)
-        puts[i] = (kvd_put_t){.key = r->items[i].key,
-                              .parent = r->items[i].has_parent ? r->items[i].parent : NULL,
-                              .depth = r->items[i].depth};
+        puts[i] =
+            (kvd_put_t){.key = r->items[i].key,
+                        .parent = r->items[i].has_parent ? r->items[i].parent : NULL,
+                        .depth = r->items[i].depth};
     uint64_t lease = 0;
     kvd_store_reserve(store, owner, r->ns, puts, r->n, kvd_now_ns() / 1000000, &lease,
                       results, locs);
@@ -279,8 +284,7 @@ static void serve_finish(kvd_store_t *store, const kvd_opts_t *opts, uint64_t ow
                   "reservations; nothing changed",
                   what, (unsigned long long)r->lease_id);
         return;
-    default:
-        set_error(req, rep, rc, 0, "%s failed: %s", what, kvd_status_str(rc));
+    default: set_error(req, rep, rc, 0, "%s failed: %s", what, kvd_status_str(rc));
     }
 }
 
@@ -288,7 +292,8 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
                           const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_acquire_req_t *r = &req->body.acquire_req;
-    if (!check_batch(opts, r->n, req, rep) || !check_ns(store, r->ns, r->object_bytes, req, rep))
+    if (!check_batch(opts, r->n, req, rep) ||
+        !check_ns(store, r->ns, r->object_bytes, req, rep))
         return;
     kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
     uint64_t *offsets = kvd_msg_alloc(rep, r->n * sizeof(uint64_t) + 1);
@@ -304,8 +309,8 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
         char hex[65] = "";
         if (bad < r->n)
             kvd_key_to_hex(r->keys[bad], hex);
-        set_error(req, rep, rc, (uint32_t)bad + 1, "acquire: key %zu (%.16s...) %s; nothing pinned",
-                  bad, hex,
+        set_error(req, rep, rc, (uint32_t)bad + 1,
+                  "acquire: key %zu (%.16s...) %s; nothing pinned", bad, hex,
                   rc == KVD_ERR_NOT_FOUND ? "is not stored"
                   : rc == KVD_ERR_BUSY    ? "is still being written"
                                           : kvd_status_str(rc));
@@ -315,8 +320,10 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
     kvd_store_ns_info(store, r->ns, &info);
     for (size_t i = 0; i < r->n; i++)
         offsets[i] = locs[i].offset;
-    rep->body.acquire_rep = (kvd_acquire_rep_t){
-        .lease_id = lease, .object_bytes = info.object_bytes, .n = r->n, .offsets = offsets};
+    rep->body.acquire_rep = (kvd_acquire_rep_t){.lease_id = lease,
+                                                .object_bytes = info.object_bytes,
+                                                .n = r->n,
+                                                .offsets = offsets};
 }
 
 static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *req,
@@ -325,13 +332,15 @@ static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *r
     uint64_t id = req->body.release_req.lease_id;
     int rc = kvd_store_release(store, owner, id);
     if (rc == KVD_ERR_NOT_FOUND)
-        set_error(req, rep, rc, 0, "release: no lease %llu (never granted, released or expired)",
+        set_error(req, rep, rc, 0,
+                  "release: no lease %llu (never granted, released or expired)",
                   (unsigned long long)id);
     else if (rc == KVD_ERR_PERMISSION)
         set_error(req, rep, rc, 0, "release: lease %llu belongs to another connection",
                   (unsigned long long)id);
     else if (rc == KVD_ERR_STATE)
-        set_error(req, rep, rc, 0, "release: lease %llu holds reservations; publish or revoke it",
+        set_error(req, rep, rc, 0,
+                  "release: lease %llu holds reservations; publish or revoke it",
                   (unsigned long long)id);
     else if (rc != KVD_OK)
         set_error(req, rep, rc, 0, "release failed: %s", kvd_status_str(rc));
@@ -417,8 +426,9 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
     const kvd_evict_req_t *r = &req->body.evict_req;
     uint32_t ns;
     if (r->all + r->has_key + (r->ns_name[0] != '\0' && !r->has_key) != 1) {
-        set_error(req, rep, KVD_ERR_INVALID, 0,
-                  "evict takes one of: a key (with or without a namespace), a namespace, all");
+        set_error(
+            req, rep, KVD_ERR_INVALID, 0,
+            "evict takes one of: a key (with or without a namespace), a namespace, all");
         return;
     }
     if (!ns_by_name(store, r->all ? "" : r->ns_name, &ns, req, rep))
@@ -549,7 +559,8 @@ static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_
             b[nb++] = (uint32_t)(len - k);
         }
         if (nb > 0)
-            e->pools[e->n_pools++] = (kvd_pool_bounds_t){.ns = ns, .n = nb, .boundaries = b};
+            e->pools[e->n_pools++] =
+                (kvd_pool_bounds_t){.ns = ns, .n = nb, .boundaries = b};
     }
     kvd_mem_free(KVD_MEM_STAGING, chain, cap * sizeof(kvd_key_t));
     return rc;
@@ -562,13 +573,15 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
     uint32_t only;
     if (!ns_by_name(store, r->ns_name, &only, req, rep))
         return;
-    size_t limit = r->limit ? KVD_MIN((uint64_t)r->limit, opts->max_batch) : opts->max_batch;
+    size_t limit =
+        r->limit ? KVD_MIN((uint64_t)r->limit, opts->max_batch) : opts->max_batch;
     list_ctx_t c = {.store = store};
     kvd_store_foreach(store, only, collect, &c);
     tag_ref_t *parents = kvd_mem_calloc(KVD_MEM_STAGING, c.n + 1, sizeof(*parents));
     kvd_list_rep_t *o = &rep->body.list_rep;
     o->prefixes = kvd_msg_alloc(rep, KVD_MIN(c.n, limit) * sizeof(kvd_prefix_msg_t) + 1);
-    o->nodes = kvd_msg_alloc(rep, (r->nodes ? KVD_MIN(c.n, limit) : 0) * sizeof(kvd_obj_msg_t) + 1);
+    o->nodes = kvd_msg_alloc(
+        rep, (r->nodes ? KVD_MIN(c.n, limit) : 0) * sizeof(kvd_obj_msg_t) + 1);
     int rc = parents && o->prefixes && o->nodes ? KVD_OK : KVD_ERR_NOMEM;
     size_t np = 0;
     for (size_t i = 0; rc == KVD_OK && i < c.n; i++)
@@ -591,8 +604,9 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
         if (bsearch(&me, parents, np, sizeof(*parents), tag_cmp) != NULL)
             continue; /* not a leaf */
         kvd_obj_info_t parent;
-        bool orphan = obj->has_parent &&
-                      kvd_store_find_tag(store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
+        bool orphan =
+            obj->has_parent &&
+            kvd_store_find_tag(store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
         /* state saved at a boundary of another namespace's chain (mamba
          * slots): shown as that chain's pool, not as a prefix of its own */
         if (orphan && obj->depth > 0 && key_elsewhere(store, obj->ns, obj->key))
@@ -628,7 +642,6 @@ void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t ow
     case KVD_METHOD_LIST_PREFIXES: serve_list(store, opts, req, rep); break;
     case KVD_METHOD_INSPECT: serve_inspect(store, req, rep); break;
     case KVD_METHOD_EVICT: serve_evict(store, req, rep); break;
-    default:
-        set_error(req, rep, KVD_ERR_UNKNOWN_METHOD, 0, "not a store method");
+    default: set_error(req, rep, KVD_ERR_UNKNOWN_METHOD, 0, "not a store method");
     }
 }

@@ -36,8 +36,8 @@
 #include <unistd.h>
 
 #define OUT_HIGH_WATER (8u * 1024u * 1024u)
-#define READ_CHUNK (64u * 1024u)
-#define TICK_MS 100
+#define READ_CHUNK     (64u * 1024u)
+#define TICK_MS        100
 
 typedef enum src_kind {
     SRC_UNIX_LISTEN,
@@ -57,10 +57,10 @@ typedef struct conn {
     src_t src;
     uint64_t id;
     bool tcp;
-    bool closing;       /* close once the output is flushed */
-    bool dead;          /* closed; freed after the current epoll batch */
-    uint32_t events;    /* what epoll watches now */
-    size_t fd_at;       /* offset in out where the pool fd rides; SIZE_MAX none */
+    bool closing;    /* close once the output is flushed */
+    bool dead;       /* closed; freed after the current epoll batch */
+    uint32_t events; /* what epoll watches now */
+    size_t fd_at;    /* offset in out where the pool fd rides; SIZE_MAX none */
     kvd_framer_t in;
     kvd_buf_t out;
     struct conn *prev, *next;
@@ -76,7 +76,7 @@ struct kvd_server {
     int epfd;
     src_t unix_listen, tcp_listen, sig, timer;
     conn_t *conns;
-    conn_t *dead;       /* closed during this batch, freed after it */
+    conn_t *dead; /* closed during this batch, freed after it */
     uint64_t next_conn_id;
     kvd_counters_t counters;
     _Atomic int health;
@@ -178,7 +178,8 @@ static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
     size_t undone = kvd_store_owner_gone(s->store, c->id);
     pthread_mutex_unlock(&s->store_lock);
     if (undone > 0)
-        KVD_INFO("server", "connection %llu closed (%s) holding %zu leases: their "
+        KVD_INFO("server",
+                 "connection %llu closed (%s) holding %zu leases: their "
                  "reservations were revoked and pins released",
                  (unsigned long long)c->id, why, undone);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
@@ -250,16 +251,15 @@ static void conn_fail(kvd_server_t *s, conn_t *c, uint64_t id, kvd_method_t meth
                       int status, const char *what)
 {
     atomic_fetch_add(&s->counters.protocol_errors, 1);
-    KVD_WARN("server", "connection %llu: %s; closing it",
-             (unsigned long long)c->id, what);
+    KVD_WARN("server", "connection %llu: %s; closing it", (unsigned long long)c->id,
+             what);
     kvd_msg_t rep;
     kvd_msg_error(&rep, id, method, status, "%s", what);
     conn_reply(c, &rep);
     c->closing = true;
 }
 
-static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
-                        kvd_msg_t *rep)
+static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_hello_req_t *h = &req->body.hello_req;
     if (h->protocol_version != KVD_PROTOCOL_VERSION) {
@@ -355,18 +355,14 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     rep->method = req->method;
     rep->reply = true;
     switch (req->method) {
-    case KVD_METHOD_HELLO:
-        serve_hello(s, c, req, rep);
-        break;
+    case KVD_METHOD_HELLO: serve_hello(s, c, req, rep); break;
     case KVD_METHOD_HEALTH:
         rep->body.health_rep.state = kvd_server_health(s);
         rep->body.health_rep.pool_bytes = kvd_pool_size(s->pool);
         rep->body.health_rep.populated_bytes = kvd_pool_populated_bytes(s->pool);
         rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
         break;
-    case KVD_METHOD_STATS:
-        serve_stats(s, req, rep);
-        break;
+    case KVD_METHOD_STATS: serve_stats(s, req, rep); break;
     case KVD_METHOD_RESERVE:
     case KVD_METHOD_ACQUIRE:
         if (kvd_server_health(s) != KVD_HEALTH_READY) {
@@ -473,9 +469,10 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
         if (n == 0) {
             if (kvd_framer_pending(&c->in) > 0) {
                 atomic_fetch_add(&s->counters.protocol_errors, 1);
-                KVD_WARN("server", "connection %llu: closed inside a frame (%zu bytes "
-                         "of a truncated frame dropped)", (unsigned long long)c->id,
-                         kvd_framer_pending(&c->in));
+                KVD_WARN("server",
+                         "connection %llu: closed inside a frame (%zu bytes "
+                         "of a truncated frame dropped)",
+                         (unsigned long long)c->id, kvd_framer_pending(&c->in));
             }
             conn_close(s, c, "peer closed");
             return;
@@ -499,7 +496,8 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
                 break;
             if (got == KVD_ERR_TOO_LARGE) {
                 char what[128];
-                snprintf(what, sizeof(what), "frame larger than the maximum of %llu bytes",
+                snprintf(what, sizeof(what),
+                         "frame larger than the maximum of %llu bytes",
                          (unsigned long long)s->opts.max_frame_bytes);
                 conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_TOO_LARGE, what);
                 break;
@@ -592,8 +590,10 @@ static int listen_unix(kvd_server_t *s)
     kvd_client_t *probe = NULL;
     if (kvd_client_connect_unix(path, 500, &probe) == KVD_OK) {
         kvd_client_close(probe);
-        KVD_ERROR("server", "another daemon serves %s; stop it or pick another "
-                  "--socket / --instance", path);
+        KVD_ERROR("server",
+                  "another daemon serves %s; stop it or pick another "
+                  "--socket / --instance",
+                  path);
         return KVD_ERR_EXISTS;
     }
     unlink(path);
@@ -702,7 +702,8 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGINT);
     s->sig = (src_t){SRC_SIGNAL, signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)};
-    s->timer = (src_t){SRC_TIMER, timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)};
+    s->timer =
+        (src_t){SRC_TIMER, timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)};
     if (s->sig.fd < 0 || s->timer.fd < 0) {
         rc = kvd_status_from_errno(errno);
         goto fail;
@@ -761,27 +762,31 @@ static void log_usage(kvd_server_t *s, uint64_t now)
     double secs = (double)(now - s->usage_prev_ns) / 1e9;
     double rate = secs > 0 ? (double)(calls - s->usage_prev_calls) / secs : 0.0;
     const kvd_store_stats_msg_t *ss = &st.store;
-    double load_gbs = secs > 0 ? (double)(ss->acquired_bytes - s->usage_prev_acquired) / secs / 1e9 : 0;
+    double load_gbs =
+        secs > 0 ? (double)(ss->acquired_bytes - s->usage_prev_acquired) / secs / 1e9 : 0;
     double offload_gbs =
-        secs > 0 ? (double)(ss->published_bytes - s->usage_prev_published) / secs / 1e9 : 0;
+        secs > 0 ? (double)(ss->published_bytes - s->usage_prev_published) / secs / 1e9
+                 : 0;
     s->usage_prev_calls = calls;
     s->usage_prev_ns = now;
     s->usage_prev_acquired = ss->acquired_bytes;
     s->usage_prev_published = ss->published_bytes;
     uint64_t used = ss->pool_bytes - ss->free_bytes;
     char u[32], t[32], pin[32];
-    KVD_INFO("usage",
-             "store: used %s of %s (%.1f%%), pinned %s, objects %llu ready %llu writing, "
-             "hit rate %.1f%% (%llu of %llu pages), load %.2f GB/s, offload %.2f GB/s, "
-             "%llu leases, %llu evictions, fragmentation %.2f",
-             kvd_size_format(used, u, sizeof(u)), kvd_size_format(ss->pool_bytes, t, sizeof(t)),
-             ss->pool_bytes ? 100.0 * (double)used / (double)ss->pool_bytes : 0.0,
-             kvd_size_format(ss->pinned_bytes, pin, sizeof(pin)),
-             (unsigned long long)ss->objects_ready, (unsigned long long)ss->objects_writing,
-             ss->lookup_pages ? 100.0 * (double)ss->hit_pages / (double)ss->lookup_pages : 0.0,
-             (unsigned long long)ss->hit_pages, (unsigned long long)ss->lookup_pages, load_gbs,
-             offload_gbs, (unsigned long long)ss->leases, (unsigned long long)ss->evictions,
-             ss->fragmentation);
+    KVD_INFO(
+        "usage",
+        "store: used %s of %s (%.1f%%), pinned %s, objects %llu ready %llu writing, "
+        "hit rate %.1f%% (%llu of %llu pages), load %.2f GB/s, offload %.2f GB/s, "
+        "%llu leases, %llu evictions, fragmentation %.2f",
+        kvd_size_format(used, u, sizeof(u)),
+        kvd_size_format(ss->pool_bytes, t, sizeof(t)),
+        ss->pool_bytes ? 100.0 * (double)used / (double)ss->pool_bytes : 0.0,
+        kvd_size_format(ss->pinned_bytes, pin, sizeof(pin)),
+        (unsigned long long)ss->objects_ready, (unsigned long long)ss->objects_writing,
+        ss->lookup_pages ? 100.0 * (double)ss->hit_pages / (double)ss->lookup_pages : 0.0,
+        (unsigned long long)ss->hit_pages, (unsigned long long)ss->lookup_pages, load_gbs,
+        offload_gbs, (unsigned long long)ss->leases, (unsigned long long)ss->evictions,
+        ss->fragmentation);
     uint64_t ours = 0;
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
         ours += st.memory.cat_bytes[c];
@@ -793,9 +798,10 @@ static void log_usage(kvd_server_t *s, uint64_t now)
              kvd_health_name(st.state),
              kvd_size_format(st.memory.pool_populated_bytes, pop, sizeof(pop)),
              kvd_size_format(st.memory.pool_bytes, pool, sizeof(pool)),
-             100.0 * (double)st.memory.pool_populated_bytes / (double)st.memory.pool_bytes,
-             (unsigned long long)st.connections_current, (unsigned long long)calls,
-             rate, (unsigned long long)errors, (unsigned long long)st.protocol_errors,
+             100.0 * (double)st.memory.pool_populated_bytes /
+                 (double)st.memory.pool_bytes,
+             (unsigned long long)st.connections_current, (unsigned long long)calls, rate,
+             (unsigned long long)errors, (unsigned long long)st.protocol_errors,
              kvd_size_format(st.memory.rss_bytes, rss, sizeof(rss)),
              kvd_size_format(st.memory.rss_shmem_bytes, shm, sizeof(shm)),
              kvd_size_format(st.memory.rss_anon_bytes, anon, sizeof(anon)),
@@ -813,9 +819,10 @@ static void start_drain(kvd_server_t *s, int signo)
     atomic_store(&s->health, KVD_HEALTH_DRAINING);
     s->drain_deadline_ns = kvd_now_ns() + s->opts.drain_timeout_ms * 1000000ull;
     close_listeners(s);
-    KVD_INFO("server", "%s: draining, no new connections; exiting when clients "
-             "close or in %llu ms", strsignal(signo),
-             (unsigned long long)s->opts.drain_timeout_ms);
+    KVD_INFO("server",
+             "%s: draining, no new connections; exiting when clients "
+             "close or in %llu ms",
+             strsignal(signo), (unsigned long long)s->opts.drain_timeout_ms);
 }
 
 /* Returns 0 to go on, 1 on a fatal pool error. */
@@ -835,9 +842,10 @@ static int on_tick(kvd_server_t *s)
     size_t expired = kvd_store_expire(s->store, now / 1000000);
     pthread_mutex_unlock(&s->store_lock);
     if (expired > 0)
-        KVD_WARN("server", "%zu leases passed their TTL of %llu ms: reservations "
-                 "revoked, pins released", expired,
-                 (unsigned long long)s->opts.lease_ttl_ms);
+        KVD_WARN("server",
+                 "%zu leases passed their TTL of %llu ms: reservations "
+                 "revoked, pins released",
+                 expired, (unsigned long long)s->opts.lease_ttl_ms);
     if (!s->draining && kvd_server_health(s) == KVD_HEALTH_STARTING &&
         kvd_pool_ready(s->pool)) {
         atomic_store(&s->health, KVD_HEALTH_READY);
@@ -872,9 +880,7 @@ int kvd_server_run(kvd_server_t *s)
             src_t *src = events[i].data.ptr;
             switch (src->kind) {
             case SRC_UNIX_LISTEN:
-            case SRC_TCP_LISTEN:
-                accept_all(s, src);
-                break;
+            case SRC_TCP_LISTEN: accept_all(s, src); break;
             case SRC_SIGNAL: {
                 struct signalfd_siginfo si;
                 while (read(s->sig.fd, &si, sizeof(si)) == sizeof(si))
@@ -902,7 +908,7 @@ int kvd_server_run(kvd_server_t *s)
         }
         free_dead(s);
     }
-    KVD_INFO("server", "drained: %s", s->conns ? "drain timeout, closing clients"
-                                               : "all clients gone");
+    KVD_INFO("server", "drained: %s",
+             s->conns ? "drain timeout, closing clients" : "all clients gone");
     return 0;
 }

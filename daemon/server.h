@@ -36,8 +36,7 @@ typedef struct kvd_metrics kvd_metrics_t;
 
 /* Creates the server: listeners bound, signals blocked, nothing served yet.
  * The pool stays owned by the caller and must outlive the server. */
-int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool,
-                      kvd_server_t **out);
+int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **out);
 /* Runs the loop until a signal drains it (returns 0) or a fatal error (1). */
 int kvd_server_run(kvd_server_t *s);
 void kvd_server_destroy(kvd_server_t *s);

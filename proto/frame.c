@@ -128,7 +128,6 @@ int kvd_frame_put_header(kvd_buf_t *b, size_t len)
     if (len == 0 || len > UINT32_MAX)
         return KVD_ERR_TOO_LARGE;
     uint8_t h[KVD_FRAME_HEADER_BYTES] = {(uint8_t)len, (uint8_t)(len >> 8),
-                                         (uint8_t)(len >> 16),
-                                         (uint8_t)(len >> 24)};
+                                         (uint8_t)(len >> 16), (uint8_t)(len >> 24)};
     return kvd_buf_append(b, h, sizeof(h));
 }

@@ -21,15 +21,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KVD_PROTOCOL_VERSION 1
+#define KVD_PROTOCOL_VERSION   1
 #define KVD_FRAME_HEADER_BYTES 4
-#define KVD_FRAME_DEFAULT_MAX (4u * 1024u * 1024u)
+#define KVD_FRAME_DEFAULT_MAX  (4u * 1024u * 1024u)
 /* The hard ceiling for --max-frame: a frame must fit a 32-bit length and
  * one connection must not pin a large part of the daemon's heap. */
 #define KVD_FRAME_LIMIT_MAX (256u * 1024u * 1024u)
-#define KVD_NAME_MAX 128
-#define KVD_VERSION_MAX 32
-#define KVD_ERROR_MAX 256
+#define KVD_NAME_MAX        128
+#define KVD_VERSION_MAX     32
+#define KVD_ERROR_MAX       256
 
 /* --------------------------------------------------------------- buffer */
 
@@ -65,8 +65,7 @@ typedef struct kvd_framer {
 void kvd_framer_init(kvd_framer_t *f, size_t max_frame, kvd_mem_cat_t cat);
 void kvd_framer_free(kvd_framer_t *f);
 /* Hands out at least `min` writable bytes at *space (*avail may be more). */
-int kvd_framer_space(kvd_framer_t *f, size_t min, uint8_t **space,
-                     size_t *avail);
+int kvd_framer_space(kvd_framer_t *f, size_t min, uint8_t **space, size_t *avail);
 void kvd_framer_commit(kvd_framer_t *f, size_t n);
 /*
  * Returns 1 and the next whole payload (valid until the next call on f),
@@ -118,7 +117,7 @@ const char *kvd_health_name(kvd_health_t h);
 uint64_t kvd_latency_bound_us(size_t i);
 
 #define KVD_NS_NAME_BYTES 256 /* with the NUL: names are at most 255 bytes */
-#define KVD_KEY_LEN 32
+#define KVD_KEY_LEN       32
 
 typedef uint8_t kvd_key_t[KVD_KEY_LEN];
 
@@ -424,9 +423,8 @@ void kvd_msg_clear(kvd_msg_t *m);
  * and sets a request header. */
 void kvd_msg_request(kvd_msg_t *m, uint64_t id, kvd_method_t method);
 /* Initialises m likewise and sets an error reply to (id, method). */
-void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method,
-                   int status, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
+void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method, int status,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /*
  * Encodes m as one frame (header + payload) appended to out. Fails with
@@ -454,11 +452,9 @@ int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out);
 typedef struct kvd_client kvd_client_t;
 
 /* Connects to a Unix socket path. KVD_ERR_UNAVAILABLE when nobody listens. */
-int kvd_client_connect_unix(const char *path, int timeout_ms,
-                            kvd_client_t **out);
+int kvd_client_connect_unix(const char *path, int timeout_ms, kvd_client_t **out);
 /* Connects to "HOST:PORT" ("[v6]:PORT" for IPv6) over TCP. */
-int kvd_client_connect_tcp(const char *host_port, int timeout_ms,
-                           kvd_client_t **out);
+int kvd_client_connect_tcp(const char *host_port, int timeout_ms, kvd_client_t **out);
 void kvd_client_close(kvd_client_t *c);
 int kvd_client_fd(const kvd_client_t *c);
 
@@ -467,13 +463,12 @@ int kvd_client_fd(const kvd_client_t *c);
  * reply with the same id. Returns KVD_OK with *rep filled (check rep->status
  * for an error reply), KVD_ERR_TIMEOUT, KVD_ERR_CLOSED, KVD_ERR_PROTOCOL.
  */
-int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep,
-                    int timeout_ms);
+int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms);
 
 /* Hello with this process's pid and name; fills *rep on success (its
  * variable parts are not kept: use kvd_client_call for namespaces). */
-int kvd_client_hello(kvd_client_t *c, const char *client_name,
-                     kvd_hello_rep_t *rep, int timeout_ms);
+int kvd_client_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
+                     int timeout_ms);
 
 /* The file descriptor that arrived with the last reply (SCM_RIGHTS), handed
  * over to the caller (who closes it); -1 when none came. */
@@ -484,7 +479,6 @@ int kvd_client_take_fd(kvd_client_t *c);
 void kvd_default_socket_path(const char *instance, char *buf, size_t len);
 
 /* Splits "HOST:PORT" / "[V6]:PORT" into host and port. */
-int kvd_parse_host_port(const char *text, char *host, size_t host_len,
-                        uint16_t *port);
+int kvd_parse_host_port(const char *text, char *host, size_t host_len, uint16_t *port);
 
 #endif /* KVD_PROTO_H */

@@ -19,7 +19,7 @@
 const char *kvd_method_name(kvd_method_t m)
 {
     static const char *const names[KVD_METHOD_COUNT] = {
-        "none",   "hello",   "health",  "stats",         "register", "lookup", "reserve",
+        "none",    "hello",  "health",  "stats",   "register",      "lookup",  "reserve",
         "publish", "revoke", "acquire", "release", "list_prefixes", "inspect", "evict"};
     return (unsigned)m < KVD_METHOD_COUNT ? names[m] : "unknown";
 }
@@ -130,7 +130,8 @@ static Kvdock__NamespaceSpec **specs_to_pb(kvd_msg_t *scr, const kvd_ns_spec_t *
     return ptrs;
 }
 
-static Kvdock__NamespaceInfo **nsinfo_to_pb(kvd_msg_t *scr, const kvd_ns_msg_t *in, size_t n)
+static Kvdock__NamespaceInfo **nsinfo_to_pb(kvd_msg_t *scr, const kvd_ns_msg_t *in,
+                                            size_t n)
 {
     Kvdock__NamespaceInfo **ptrs = arena_array(scr, n, sizeof(*ptrs));
     Kvdock__NamespaceInfo *items = arena_array(scr, n, sizeof(*items));
@@ -385,7 +386,8 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
             return false;
         kvdock__register_namespace_request__init(r);
         r->n_namespaces = m->body.register_req.n;
-        r->namespaces = specs_to_pb(scr, m->body.register_req.namespaces, r->n_namespaces);
+        r->namespaces =
+            specs_to_pb(scr, m->body.register_req.namespaces, r->n_namespaces);
         env->body_case = KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST;
         env->register_request = r;
         return !r->n_namespaces || r->namespaces;
@@ -426,7 +428,8 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         r->object_bytes = in->object_bytes;
         for (size_t i = 0; i < in->n; i++) {
             kvdock__put_item__init(&items[i]);
-            items[i].key = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->items[i].key};
+            items[i].key =
+                (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->items[i].key};
             if (in->items[i].has_parent)
                 items[i].parent =
                     (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->items[i].parent};
@@ -514,8 +517,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         env->evict_request = r;
         return true;
     }
-    default:
-        return false;
+    default: return false;
     }
 }
 
@@ -678,8 +680,7 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         env->evict_reply = r;
         return true;
     }
-    default:
-        return false;
+    default: return false;
     }
 }
 
@@ -711,10 +712,11 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
         rc = KVD_ERR_TOO_LARGE;
         goto done;
     }
-    /* never zero: an error has a code, everything else a method */
-    rc = kvd_frame_put_header(out, len);
+    /* never zero: an error has a code, everything else a method. Room for
+     * header and payload first: a failure leaves out unchanged. */
+    rc = kvd_buf_reserve(out, KVD_FRAME_HEADER_BYTES + len);
     if (rc == KVD_OK)
-        rc = kvd_buf_reserve(out, len);
+        rc = kvd_frame_put_header(out, len);
     if (rc != KVD_OK)
         goto done;
     kvdock__envelope__pack(&env, out->data + out->len);
@@ -782,7 +784,8 @@ static int u32s_from_pb(kvd_msg_t *m, size_t n, const uint32_t *pb, uint32_t **o
     uint32_t *v = arena_array(m, n, sizeof(uint32_t));
     if (v == NULL)
         return KVD_ERR_NOMEM;
-    memcpy(v, pb, n * sizeof(uint32_t));
+    if (n > 0)
+        memcpy(v, pb, n * sizeof(uint32_t));
     *out = v;
     return KVD_OK;
 }
@@ -792,7 +795,8 @@ static int u64s_from_pb(kvd_msg_t *m, size_t n, const uint64_t *pb, uint64_t **o
     uint64_t *v = arena_array(m, n, sizeof(uint64_t));
     if (v == NULL)
         return KVD_ERR_NOMEM;
-    memcpy(v, pb, n * sizeof(uint64_t));
+    if (n > 0)
+        memcpy(v, pb, n * sizeof(uint64_t));
     *out = v;
     return KVD_OK;
 }
@@ -820,7 +824,8 @@ static int nsinfo_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceInfo **pb,
     return KVD_OK;
 }
 
-static int objs_from_pb(kvd_msg_t *m, size_t n, Kvdock__ObjectInfo **pb, kvd_obj_msg_t **out)
+static int objs_from_pb(kvd_msg_t *m, size_t n, Kvdock__ObjectInfo **pb,
+                        kvd_obj_msg_t **out)
 {
     kvd_obj_msg_t *v = arena_array(m, n, sizeof(*v));
     if (v == NULL)
@@ -830,7 +835,8 @@ static int objs_from_pb(kvd_msg_t *m, size_t n, Kvdock__ObjectInfo **pb, kvd_obj
         if (copy_key(v[i].key, o->key) != KVD_OK ||
             (o->parent.len != 0 && o->parent.len != 8 && o->parent.len != KVD_KEY_LEN))
             return KVD_ERR_PROTOCOL;
-        memcpy(v[i].parent, o->parent.data, o->parent.len);
+        if (o->parent.len > 0)
+            memcpy(v[i].parent, o->parent.data, o->parent.len);
         v[i].parent_len = (uint8_t)o->parent.len;
         v[i].ns = o->ns;
         v[i].depth = o->depth;
@@ -854,7 +860,8 @@ static int prefixes_from_pb(kvd_msg_t *m, size_t n, Kvdock__PrefixEntry **pb,
         return KVD_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         const Kvdock__PrefixEntry *o = pb[i];
-        if (copy_key(v[i].root, o->root) != KVD_OK || copy_key(v[i].leaf, o->leaf) != KVD_OK)
+        if (copy_key(v[i].root, o->root) != KVD_OK ||
+            copy_key(v[i].leaf, o->leaf) != KVD_OK)
             return KVD_ERR_PROTOCOL;
         v[i].ns = o->ns;
         v[i].pages = o->pages;
@@ -918,7 +925,8 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
         d->errors = ms->errors;
         d->latency_us_sum = ms->latency_us_sum;
         size_t nb = KVD_MIN(ms->n_latency_buckets, (size_t)KVD_LATENCY_BUCKETS);
-        memcpy(d->latency_buckets, ms->latency_buckets, nb * sizeof(uint64_t));
+        if (nb > 0)
+            memcpy(d->latency_buckets, ms->latency_buckets, nb * sizeof(uint64_t));
     }
     if (r->store != NULL)
         store_stats_from_pb(r->store, &s->store);
@@ -977,7 +985,8 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->want_pool_fd = r->want_pool_fd;
         h->n_namespaces = r->n_namespaces;
         int rc = copy_str(h->client_name, sizeof(h->client_name), r->client_name);
-        return rc ? rc : specs_from_pb(out, r->n_namespaces, r->namespaces, &h->namespaces);
+        return rc ? rc
+                  : specs_from_pb(out, r->n_namespaces, r->namespaces, &h->namespaces);
     }
     case KVDOCK__ENVELOPE__BODY_STATS_REQUEST:
         out->body.stats_req.check = env->stats_request->check;
@@ -1018,7 +1027,8 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         for (size_t i = 0; i < r->n_items; i++) {
             const Kvdock__PutItem *it = r->items[i];
             if (copy_key(q->items[i].key, it->key) != KVD_OK ||
-                (it->parent.len != 0 && copy_key(q->items[i].parent, it->parent) != KVD_OK))
+                (it->parent.len != 0 &&
+                 copy_key(q->items[i].parent, it->parent) != KVD_OK))
                 return KVD_ERR_PROTOCOL;
             q->items[i].has_parent = it->parent.len != 0;
             q->items[i].depth = it->depth;
@@ -1064,8 +1074,7 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
             return KVD_ERR_PROTOCOL;
         return copy_str(e->ns_name, sizeof(e->ns_name), r->ns_name);
     }
-    default:
-        return KVD_OK; /* empty request bodies */
+    default: return KVD_OK; /* empty request bodies */
     }
 }
 
@@ -1083,7 +1092,8 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->pool_fd_attached = r->pool_fd_attached;
         h->lease_ttl_ms = r->lease_ttl_ms;
         h->n_ns_ids = r->n_ns_ids;
-        int rc = copy_str(h->daemon_version, sizeof(h->daemon_version), r->daemon_version);
+        int rc =
+            copy_str(h->daemon_version, sizeof(h->daemon_version), r->daemon_version);
         if (rc == KVD_OK)
             rc = copy_str(h->instance, sizeof(h->instance), r->instance);
         return rc ? rc : u32s_from_pb(out, r->n_ns_ids, r->ns_ids, &h->ns_ids);
@@ -1100,12 +1110,13 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         return stats_from_pb(out, env->stats_reply, &out->body.stats_rep);
     case KVDOCK__ENVELOPE__BODY_REGISTER_REPLY:
         out->body.register_rep.n = env->register_reply->n_ns_ids;
-        return u32s_from_pb(out, env->register_reply->n_ns_ids, env->register_reply->ns_ids,
-                            &out->body.register_rep.ids);
+        return u32s_from_pb(out, env->register_reply->n_ns_ids,
+                            env->register_reply->ns_ids, &out->body.register_rep.ids);
     case KVDOCK__ENVELOPE__BODY_LOOKUP_REPLY:
         out->body.lookup_rep.n = env->lookup_reply->n_boundaries;
         return u32s_from_pb(out, env->lookup_reply->n_boundaries,
-                            env->lookup_reply->boundaries, &out->body.lookup_rep.boundaries);
+                            env->lookup_reply->boundaries,
+                            &out->body.lookup_rep.boundaries);
     case KVDOCK__ENVELOPE__BODY_RESERVE_REPLY: {
         const Kvdock__ReserveReply *r = env->reserve_reply;
         kvd_reserve_rep_t *q = &out->body.reserve_rep;
@@ -1129,7 +1140,8 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         out->body.acquire_rep.lease_id = r->lease_id;
         out->body.acquire_rep.object_bytes = r->object_bytes;
         out->body.acquire_rep.n = r->n_offsets;
-        return u64s_from_pb(out, r->n_offsets, r->offsets, &out->body.acquire_rep.offsets);
+        return u64s_from_pb(out, r->n_offsets, r->offsets,
+                            &out->body.acquire_rep.offsets);
     }
     case KVDOCK__ENVELOPE__BODY_LIST_REPLY: {
         const Kvdock__ListPrefixesReply *r = env->list_reply;
@@ -1141,7 +1153,8 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         int rc = prefixes_from_pb(out, r->n_prefixes, r->prefixes, &l->prefixes);
         if (rc == KVD_OK)
             rc = objs_from_pb(out, r->n_nodes, r->nodes, &l->nodes);
-        return rc ? rc : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
+        return rc ? rc
+                  : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
     }
     case KVDOCK__ENVELOPE__BODY_INSPECT_REPLY: {
         const Kvdock__InspectReply *r = env->inspect_reply;
@@ -1149,14 +1162,14 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         l->n_objects = r->n_objects;
         l->n_namespaces = r->n_namespaces;
         int rc = objs_from_pb(out, r->n_objects, r->objects, &l->objects);
-        return rc ? rc : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
+        return rc ? rc
+                  : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
     }
     case KVDOCK__ENVELOPE__BODY_EVICT_REPLY:
         out->body.evict_rep.evicted = env->evict_reply->evicted;
         out->body.evict_rep.skipped = env->evict_reply->skipped;
         return KVD_OK;
-    default:
-        return KVD_OK; /* empty reply bodies */
+    default: return KVD_OK; /* empty reply bodies */
     }
 }
 
@@ -1187,7 +1200,8 @@ int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
     int rc = KVD_OK;
     out->id = env->id;
     out->reply = env->reply;
-    if ((unsigned)env->method == KVD_METHOD_NONE || (unsigned)env->method >= KVD_METHOD_COUNT) {
+    if ((unsigned)env->method == KVD_METHOD_NONE ||
+        (unsigned)env->method >= KVD_METHOD_COUNT) {
         /* an error reply to a frame the daemon could not attribute has no
          * method; anything else without a known method is refused */
         if (env->reply && env->error != NULL && env->error->code < 0 &&

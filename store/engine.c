@@ -157,9 +157,9 @@ int kvd_store_ns_register(kvd_store_t *s, const char *name, uint64_t object_byte
         return KVD_ERR_NO_SPACE;
     if (s->n_ns == s->ns_cap) {
         uint32_t cap = s->ns_cap ? s->ns_cap * 2 : 16;
-        ns_entry_t *n = kvd_mem_realloc(KVD_MEM_INDEX, s->ns,
-                                        (size_t)s->ns_cap * sizeof(ns_entry_t),
-                                        (size_t)cap * sizeof(ns_entry_t));
+        ns_entry_t *n =
+            kvd_mem_realloc(KVD_MEM_INDEX, s->ns, (size_t)s->ns_cap * sizeof(ns_entry_t),
+                            (size_t)cap * sizeof(ns_entry_t));
         if (n == NULL)
             return KVD_ERR_NOMEM;
         s->ns = n;
@@ -225,7 +225,8 @@ static int buckets_resize(kvd_store_t *s, uint64_t n_buckets)
 
 static uint32_t index_find(const kvd_store_t *s, uint32_t ns, const uint8_t *key)
 {
-    for (uint32_t i = s->buckets[bucket_of(s, ns, key)]; i != NIL; i = R(s, i)->hash_next) {
+    for (uint32_t i = s->buckets[bucket_of(s, ns, key)]; i != NIL;
+         i = R(s, i)->hash_next) {
         const rec_t *r = R(s, i);
         if (r->ns == ns && memcmp(r->key, key, 32) == 0)
             return i;
@@ -373,8 +374,8 @@ static int lease_add(lease_t *l, uint32_t rec)
 {
     if (l->n == l->cap) {
         uint32_t cap = l->cap ? l->cap * 2 : 16;
-        uint32_t *n = kvd_mem_realloc(KVD_MEM_INDEX, l->recs, (size_t)l->cap * 4,
-                                      (size_t)cap * 4);
+        uint32_t *n =
+            kvd_mem_realloc(KVD_MEM_INDEX, l->recs, (size_t)l->cap * 4, (size_t)cap * 4);
         if (n == NULL)
             return KVD_ERR_NOMEM;
         l->recs = n;
@@ -784,7 +785,8 @@ int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
 int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
                        kvd_obj_info_t *out)
 {
-    for (uint32_t i = s->buckets[bucket_of(s, ns, tag)]; i != NIL; i = R(s, i)->hash_next) {
+    for (uint32_t i = s->buckets[bucket_of(s, ns, tag)]; i != NIL;
+         i = R(s, i)->hash_next) {
         const rec_t *r = R(s, i);
         if (r->ns == ns && memcmp(r->key, tag, 8) == 0) {
             info_of(s, i, out);
@@ -888,11 +890,11 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
 
 /* --------------------------------------------------------------- check */
 
-#define FAIL(...)                                                                  \
-    do {                                                                           \
-        if (why)                                                                   \
-            snprintf(why, why_len, __VA_ARGS__);                                   \
-        return KVD_ERR_STATE;                                                      \
+#define FAIL(...)                                \
+    do {                                         \
+        if (why)                                 \
+            snprintf(why, why_len, __VA_ARGS__); \
+        return KVD_ERR_STATE;                    \
     } while (0)
 
 int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
@@ -939,7 +941,8 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
         FAIL("extents cover %llu pages of %llu", (unsigned long long)pages,
              (unsigned long long)s->total_pages);
     if (free_p != s->free_pages || free_p + writing + ready != s->total_pages)
-        FAIL("free %llu + writing %llu + ready %llu != pool %llu pages (free counter %llu)",
+        FAIL("free %llu + writing %llu + ready %llu != pool %llu pages (free counter "
+             "%llu)",
              (unsigned long long)free_p, (unsigned long long)writing,
              (unsigned long long)ready, (unsigned long long)s->total_pages,
              (unsigned long long)s->free_pages);
@@ -974,7 +977,8 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
                 FAIL("write lease %llu holds a record that is not WRITING",
                      (unsigned long long)l->id);
             if (!l->write && (r->state != REC_READY || r->pins == 0))
-                FAIL("read lease %llu holds an unpinned record", (unsigned long long)l->id);
+                FAIL("read lease %llu holds an unpinned record",
+                     (unsigned long long)l->id);
             if (l->write)
                 held_writes += r->size_pages;
             else

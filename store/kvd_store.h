@@ -77,11 +77,11 @@ void kvd_sizing_format(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
 /* ------------------------------------------------------------------ pool */
 
 typedef struct kvd_pool_opts {
-    const char *instance;         /* names the memfd: "kvdock-<instance>" */
-    uint64_t size_bytes;          /* from kvd_sizing_t.budget_bytes */
-    bool hugepages;               /* 2 MiB hugetlb pages */
-    bool mlock;                   /* lock the pool once populated */
-    uint64_t populate_rate_bps;   /* bytes per second; 0 = no bound */
+    const char *instance;       /* names the memfd: "kvdock-<instance>" */
+    uint64_t size_bytes;        /* from kvd_sizing_t.budget_bytes */
+    bool hugepages;             /* 2 MiB hugetlb pages */
+    bool mlock;                 /* lock the pool once populated */
+    uint64_t populate_rate_bps; /* bytes per second; 0 = no bound */
 } kvd_pool_opts_t;
 
 typedef struct kvd_pool kvd_pool_t;
@@ -128,9 +128,9 @@ void *kvd_pool_base(const kvd_pool_t *p);
  * passed) undoes what it still holds.
  */
 
-#define KVD_NS_NAME_MAX 256
+#define KVD_NS_NAME_MAX          256
 #define KVD_STORE_MAX_NAMESPACES 4096
-#define KVD_LOOKUP_MAX_POOLS 16
+#define KVD_LOOKUP_MAX_POOLS     16
 
 typedef enum kvd_obj_state {
     KVD_OBJ_WRITING = 1, /* reserved, being written, invisible to readers */
@@ -201,8 +201,8 @@ typedef struct kvd_ns_info {
     uint64_t objects_ready;
     uint64_t objects_writing;
     uint64_t objects_pinned;
-    uint64_t lookup_pages;   /* pages probed by lookups */
-    uint64_t hit_pages;      /* ... of which present */
+    uint64_t lookup_pages; /* pages probed by lookups */
+    uint64_t hit_pages;    /* ... of which present */
     uint64_t evictions;
 } kvd_ns_info_t;
 
@@ -260,7 +260,7 @@ typedef struct kvd_lookup_pool {
     uint32_t ns;
     const uint8_t (*keys)[32]; /* page keys of the prompt's tail, in order */
     size_t n_keys;
-    uint32_t trailing_pages;   /* 0: ALL_PAGES; n: TRAILING_PAGES(n) */
+    uint32_t trailing_pages; /* 0: ALL_PAGES; n: TRAILING_PAGES(n) */
 } kvd_lookup_pool_t;
 
 /*
@@ -306,8 +306,7 @@ int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *ar
 int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[32]);
 /* Evicts every READY, unpinned object of ns (UINT32_MAX: all); counts what
  * went and what had to stay (pinned or being written). */
-int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted,
-                       uint64_t *skipped);
+int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped);
 
 typedef struct kvd_store_stats {
     uint64_t pool_bytes;
@@ -318,12 +317,12 @@ typedef struct kvd_store_stats {
     uint64_t objects_ready;
     uint64_t objects_writing;
     uint64_t objects_pinned;
-    uint64_t pins;            /* sum of pin counts */
+    uint64_t pins; /* sum of pin counts */
     uint64_t leases;
     uint64_t free_extents;
     uint64_t largest_free_bytes;
-    double fragmentation;     /* 1 - largest free extent / free bytes */
-    uint64_t index_bytes;     /* records + hash table + lease tables */
+    double fragmentation; /* 1 - largest free extent / free bytes */
+    uint64_t index_bytes; /* records + hash table + lease tables */
     uint64_t evictions;
     uint64_t evicted_bytes;
     uint64_t reserve_allocated, reserve_exists, reserve_in_flight, reserve_no_space;

@@ -29,7 +29,7 @@
 #endif
 
 #define POOL_CHUNK_BYTES (64ull * KVD_MiB)
-#define HUGE_PAGE_BYTES (2ull * KVD_MiB)
+#define HUGE_PAGE_BYTES  (2ull * KVD_MiB)
 
 struct kvd_pool {
     kvd_pool_opts_t opts;
@@ -51,7 +51,8 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
 {
     uint64_t page = opts->hugepages ? HUGE_PAGE_BYTES : (uint64_t)sysconf(_SC_PAGESIZE);
     if (opts->size_bytes == 0 || opts->size_bytes % page != 0) {
-        KVD_ERROR("pool", "pool size %llu is not a positive multiple of the %llu-byte page",
+        KVD_ERROR("pool",
+                  "pool size %llu is not a positive multiple of the %llu-byte page",
                   (unsigned long long)opts->size_bytes, (unsigned long long)page);
         return KVD_ERR_INVALID;
     }
@@ -72,17 +73,21 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
         free(p);
         return opts->hugepages ? KVD_ERR_UNSUPPORTED : kvd_status_from_errno(err);
     }
+    int err = 0;
     if (ftruncate(p->fd, (off_t)p->size_bytes) != 0) {
-        int err = errno;
+        err = errno;
         KVD_ERROR("pool", "ftruncate(%s, %llu): %s", p->name,
                   (unsigned long long)p->size_bytes, strerror(err));
         goto close_fd;
     }
     p->base = mmap(NULL, p->size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
     if (p->base == MAP_FAILED) {
-        int err = errno;
-        KVD_ERROR("pool", "mmap(%s, %llu): %s", p->name,
-                  (unsigned long long)p->size_bytes, strerror(err));
+        err = errno;
+        KVD_ERROR("pool", "mmap(%s, %llu): %s%s", p->name,
+                  (unsigned long long)p->size_bytes, strerror(err),
+                  opts->hugepages && err == ENOMEM
+                      ? " (not enough free hugepages: raise vm.nr_hugepages)"
+                      : "");
         goto close_fd;
     }
     *out = p;
@@ -91,7 +96,7 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
 close_fd:
     close(p->fd);
     free(p);
-    return KVD_ERR_IO;
+    return kvd_status_from_errno(err);
 }
 
 /* Allocates and maps [off, off+len); returns a status. */
@@ -100,7 +105,8 @@ static int populate_chunk(kvd_pool_t *p, uint64_t off, uint64_t len)
     if (fallocate(p->fd, 0, (off_t)off, (off_t)len) != 0) {
         int err = errno;
         if (err == ENOSPC && p->opts.hugepages)
-            KVD_ERROR("pool", "out of hugepages at %llu of %llu bytes: reserve "
+            KVD_ERROR("pool",
+                      "out of hugepages at %llu of %llu bytes: reserve "
                       "more with sysctl vm.nr_hugepages=%llu",
                       (unsigned long long)off, (unsigned long long)p->size_bytes,
                       (unsigned long long)(p->size_bytes / HUGE_PAGE_BYTES));
@@ -163,7 +169,8 @@ static void *populate_main(void *arg)
     if (p->opts.mlock) {
         if (mlock(p->base, p->size_bytes) != 0) {
             int err = errno;
-            KVD_ERROR("pool", "mlock of %s failed: %s (raise RLIMIT_MEMLOCK, e.g. "
+            KVD_ERROR("pool",
+                      "mlock of %s failed: %s (raise RLIMIT_MEMLOCK, e.g. "
                       "ulimit -l unlimited, or drop --mlock)",
                       kvd_size_format(p->size_bytes, a, sizeof(a)), strerror(err));
             atomic_store(&p->error, kvd_status_from_errno(err));

@@ -130,11 +130,12 @@ int kvd_host_mem_probe(const char *root, kvd_host_mem_t *out)
             char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
             if (c2 == NULL)
                 continue;
-            *c2 = '\0';
+            *c1 = '\0'; /* line = hierarchy id */
+            *c2 = '\0'; /* controllers end here */
             const char *controllers = c1 + 1, *rel = c2 + 1;
             if (strcmp(line, "0") == 0 && *controllers == '\0') {
-                cgroup_walk(root, "/sys/fs/cgroup", rel, "memory.max",
-                            "memory.current", &m);
+                cgroup_walk(root, "/sys/fs/cgroup", rel, "memory.max", "memory.current",
+                            &m);
                 /* hybrid hosts mount v2 at /sys/fs/cgroup/unified */
                 cgroup_walk(root, "/sys/fs/cgroup/unified", rel, "memory.max",
                             "memory.current", &m);
@@ -146,8 +147,7 @@ int kvd_host_mem_probe(const char *root, kvd_host_mem_t *out)
                      tok = strtok_r(NULL, ",", &save2)) {
                     if (strcmp(tok, "memory") == 0)
                         cgroup_walk(root, "/sys/fs/cgroup/memory", rel,
-                                    "memory.limit_in_bytes",
-                                    "memory.usage_in_bytes", &m);
+                                    "memory.limit_in_bytes", "memory.usage_in_bytes", &m);
                 }
             }
         }
@@ -166,6 +166,42 @@ static void why_set(char *why, size_t why_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, why_len, fmt, ap);
     va_end(ap);
+}
+
+/* The smallest pool worth starting: one page and one object. */
+static uint64_t min_budget(const kvd_sizing_req_t *req, uint64_t align)
+{
+    return KVD_MAX(align, kvd_align_up(req->object_bytes, align));
+}
+
+/*
+ * Says which values would fit, naming only values that really do: the
+ * largest --pool-size, and the largest --mem-fraction printed with three
+ * decimals (floored) whose budget is still at least one object. When not
+ * even one object fits beside the reserve, says that instead.
+ */
+static void sizing_advice(const kvd_sizing_t *s, const kvd_sizing_req_t *req,
+                          uint64_t align, char *buf, size_t len)
+{
+    char a[32], b[32];
+    uint64_t least = min_budget(req, align);
+    if (s->max_budget_bytes < least) {
+        snprintf(buf, len,
+                 "not even %s fits beside the reserve: lower --reserve (now %s) "
+                 "or free memory",
+                 kvd_size_format(least, a, sizeof(a)),
+                 kvd_size_format(req->reserve_bytes, b, sizeof(b)));
+        return;
+    }
+    int n = snprintf(buf, len, "--pool-size %lluK would fit",
+                     (unsigned long long)(s->max_budget_bytes / 1024));
+    double frac = (double)(uint64_t)(s->max_fraction * 1000.0) / 1000.0;
+    double share = frac * (double)s->limit_bytes;
+    uint64_t budget = share > (double)req->reserve_bytes
+                          ? kvd_align_down((uint64_t)share - req->reserve_bytes, align)
+                          : 0;
+    if (n > 0 && (size_t)n < len && frac > 0 && budget >= least)
+        snprintf(buf + n, len - (size_t)n, ", and so would --mem-fraction %.3f", frac);
 }
 
 int kvd_sizing_compute(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
@@ -196,10 +232,9 @@ int kvd_sizing_compute(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
         s.can_give_bytes > req->reserve_bytes
             ? kvd_align_down(s.can_give_bytes - req->reserve_bytes, align)
             : 0;
-    s.max_fraction = s.limit_bytes
-                         ? (double)(s.max_budget_bytes + req->reserve_bytes) /
-                               (double)s.limit_bytes
-                         : 0.0;
+    s.max_fraction = s.limit_bytes ? (double)(s.max_budget_bytes + req->reserve_bytes) /
+                                         (double)s.limit_bytes
+                                   : 0.0;
     if (s.max_fraction > 1.0)
         s.max_fraction = 1.0;
 
@@ -229,17 +264,15 @@ int kvd_sizing_compute(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
         return KVD_ERR_INVALID;
     }
     if (s.budget_bytes > s.max_budget_bytes) {
-        /* floor to two decimals so the printed fraction really fits */
-        double frac = (double)(uint64_t)(s.max_fraction * 100.0) / 100.0;
+        char advice[160];
+        sizing_advice(&s, req, align, advice, sizeof(advice));
         why_set(why, why_len,
                 "a pool of %s plus the reserve of %s does not fit in the %s "
-                "this host can give now (limit %s); --pool-size %lluK or "
-                "--mem-fraction %.2f would fit",
+                "this host can give now (limit %s); %s",
                 kvd_size_format(s.budget_bytes, a, sizeof(a)),
                 kvd_size_format(req->reserve_bytes, b, sizeof(b)),
                 kvd_size_format(s.can_give_bytes, c, sizeof(c)),
-                kvd_size_format(s.limit_bytes, d, sizeof(d)),
-                (unsigned long long)(s.max_budget_bytes / 1024), frac);
+                kvd_size_format(s.limit_bytes, d, sizeof(d)), advice);
         *out = s;
         return KVD_ERR_NO_SPACE;
     }
@@ -250,8 +283,8 @@ int kvd_sizing_compute(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
 void kvd_sizing_format(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
                        const kvd_sizing_t *s, char *buf, size_t buf_len)
 {
-    char total[32], avail[32], cg[32], cgu[32], limit[32], give[32], res[32],
-        budget[32], obj[32], align[32];
+    char total[32], avail[32], cg[32], cgu[32], limit[32], give[32], res[32], budget[32],
+        obj[32], align[32];
     if (host->cgroup_limit_bytes == UINT64_MAX)
         snprintf(cg, sizeof(cg), "none");
     else

@@ -16,20 +16,20 @@
 
 #include "kvd_store.h"
 
-#define NIL 0u
+#define NIL             0u
 #define REC_CHUNK_SHIFT 16
-#define REC_CHUNK (1u << REC_CHUNK_SHIFT)
-#define REC_MAX_CHUNKS 65536u /* 2^32 records */
+#define REC_CHUNK       (1u << REC_CHUNK_SHIFT)
+#define REC_MAX_CHUNKS  65536u /* 2^32 records */
 
 /* TLSF: first level = power of two of the size in pages, second level = 16
  * linear subdivisions of it. */
-#define TLSF_SL_LOG2 4
+#define TLSF_SL_LOG2  4
 #define TLSF_SL_COUNT (1u << TLSF_SL_LOG2)
 #define TLSF_FL_COUNT 29
 
 enum rec_state {
-    REC_UNUSED = 0,  /* on the spare-record list */
-    REC_FREE = 3,    /* a free extent */
+    REC_UNUSED = 0, /* on the spare-record list */
+    REC_FREE = 3,   /* a free extent */
     REC_WRITING = KVD_OBJ_WRITING,
     REC_READY = KVD_OBJ_READY,
 };
@@ -59,7 +59,7 @@ typedef struct lease {
     uint64_t id;
     uint64_t owner;
     uint64_t expires_ms;
-    bool write;            /* reservations (true) or pins (false) */
+    bool write; /* reservations (true) or pins (false) */
     uint32_t n, cap;
     uint32_t *recs;
     struct lease *older, *newer; /* by expiry */
@@ -67,20 +67,20 @@ typedef struct lease {
 } lease_t;
 
 typedef struct ns_entry {
-    kvd_ns_info_t info;   /* name, size, flags and counters */
-    uint32_t pages;       /* object size in pages */
+    kvd_ns_info_t info; /* name, size, flags and counters */
+    uint32_t pages;     /* object size in pages */
 } ns_entry_t;
 
 struct kvd_store {
     kvd_store_config_t cfg;
     uint64_t total_pages;
-    uint64_t epoch_ms;    /* wall clock at creation: last_access base */
+    uint64_t epoch_ms; /* wall clock at creation: last_access base */
 
     /* records */
     rec_t *chunks[REC_MAX_CHUNKS];
     uint32_t n_chunks;
-    uint32_t rec_high;    /* records ever handed out (excl. NIL) */
-    uint32_t spare;       /* list of unused records through link_next */
+    uint32_t rec_high; /* records ever handed out (excl. NIL) */
+    uint32_t spare;    /* list of unused records through link_next */
 
     /* extents (TLSF) */
     uint32_t phys_head;
@@ -92,7 +92,7 @@ struct kvd_store {
 
     /* index */
     uint32_t *buckets;
-    uint64_t n_buckets;   /* power of two */
+    uint64_t n_buckets; /* power of two */
     uint64_t n_objects;
 
     /* LRU of READY, unpinned objects: head most recent */

@@ -18,9 +18,9 @@
 
 typedef struct kvd_test_daemon {
     pid_t pid;
-    char dir[64];      /* temporary directory, removed by stop */
-    char socket[108];  /* dir/kvdockd.sock */
-    char log[300];     /* dir/kvdockd.log: the daemon's stderr and stdout */
+    char dir[64];     /* temporary directory, removed by stop */
+    char socket[108]; /* dir/kvdockd.sock */
+    char log[300];    /* dir/kvdockd.log: the daemon's stderr and stdout */
 } kvd_test_daemon_t;
 
 /* Absolute path of a built binary: "kvdockd" or "kvdock". Aborts if unset. */

@@ -40,8 +40,7 @@ typedef struct kvd_xfer_done {
 typedef struct kvd_transport kvd_transport_t;
 
 typedef int (*kvd_transport_post_fn)(kvd_transport_t *t, kvd_xfer_dir_t dir,
-                                     const kvd_xfer_t *xfers, size_t n,
-                                     uint64_t cookie);
+                                     const kvd_xfer_t *xfers, size_t n, uint64_t cookie);
 typedef int (*kvd_transport_poll_fn)(kvd_transport_t *t, kvd_xfer_done_t *done,
                                      size_t max, size_t *n_done);
 typedef void (*kvd_transport_destroy_fn)(kvd_transport_t *t);
@@ -77,8 +76,7 @@ int kvd_transport_open_shm(const kvd_region_t *local, const kvd_region_t *remote
  * KVD_ERR_INVALID when any transfer leaves a region (nothing is copied then).
  */
 static inline int kvd_transport_post(kvd_transport_t *t, kvd_xfer_dir_t dir,
-                                     const kvd_xfer_t *xfers, size_t n,
-                                     uint64_t cookie)
+                                     const kvd_xfer_t *xfers, size_t n, uint64_t cookie)
 {
     return t->ops->post(t, dir, xfers, n, cookie);
 }
@@ -100,10 +98,9 @@ void kvd_transport_destroy(kvd_transport_t *t);
 
 /* Typed stubs for slots a backend does not support. */
 int kvd_transport_post_unsupported(kvd_transport_t *t, kvd_xfer_dir_t dir,
-                                   const kvd_xfer_t *xfers, size_t n,
-                                   uint64_t cookie);
-int kvd_transport_poll_unsupported(kvd_transport_t *t, kvd_xfer_done_t *done,
-                                   size_t max, size_t *n_done);
+                                   const kvd_xfer_t *xfers, size_t n, uint64_t cookie);
+int kvd_transport_poll_unsupported(kvd_transport_t *t, kvd_xfer_done_t *done, size_t max,
+                                   size_t *n_done);
 
 /* True when [offset, offset+length) lies inside a region of region_len. */
 static inline int kvd_range_ok(uint64_t offset, uint64_t length, uint64_t region_len)

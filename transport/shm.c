@@ -52,8 +52,7 @@ static int shm_post(kvd_transport_t *t, kvd_xfer_dir_t dir, const kvd_xfer_t *xf
     return KVD_OK;
 }
 
-static int shm_poll(kvd_transport_t *t, kvd_xfer_done_t *done, size_t max,
-                    size_t *n_done)
+static int shm_poll(kvd_transport_t *t, kvd_xfer_done_t *done, size_t max, size_t *n_done)
 {
     shm_transport_t *s = (shm_transport_t *)t;
     size_t n = KVD_MIN(max, s->done_len);

@@ -21,8 +21,8 @@ int kvd_transport_post_unsupported(kvd_transport_t *t, kvd_xfer_dir_t dir,
     return KVD_ERR_UNSUPPORTED;
 }
 
-int kvd_transport_poll_unsupported(kvd_transport_t *t, kvd_xfer_done_t *done,
-                                   size_t max, size_t *n_done)
+int kvd_transport_poll_unsupported(kvd_transport_t *t, kvd_xfer_done_t *done, size_t max,
+                                   size_t *n_done)
 {
     (void)t;
     (void)done;

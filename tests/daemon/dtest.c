@@ -1,0 +1,648 @@
+/*
+ * dtest.c - see dtest.h. Nothing here signals or waits for a process it
+ * did not start; every blocking read and every child has a timeout.
+ */
+#include "dtest.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define RPC_TIMEOUT_MS 5000
+
+/* ------------------------------------------------------------- checks */
+
+static _Atomic int failures_atomic;
+
+int dt_failure_count(void)
+{
+    return atomic_load(&failures_atomic);
+}
+
+void dt_fail(const char *file, int line, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "FAIL %s:%d: %s\n", file, line, msg);
+    atomic_fetch_add(&failures_atomic, 1);
+}
+
+int dt_exit_status(const char *test_name)
+{
+    int n = atomic_load(&failures_atomic);
+    if (n == 0) {
+        printf("%s: all checks passed\n", test_name);
+        return 0;
+    }
+    fprintf(stderr, "%s: %d check(s) failed\n", test_name, n);
+    return 1;
+}
+
+/* --------------------------------------------------------- daemons */
+
+int dt_start(kvd_test_daemon_t *d, const char *const *extra)
+{
+    const char *args[48];
+    size_t n = 0;
+    args[n++] = "--pool-size";
+    args[n++] = DT_POOL;
+    args[n++] = "--usage-interval";
+    args[n++] = "0";
+    for (size_t i = 0; extra && extra[i] && n < KVD_ARRAY_SIZE(args) - 1; i++)
+        args[n++] = extra[i];
+    args[n] = NULL;
+    if (kvd_test_daemon_start(d, args, true, 30000) != 0) {
+        dt_fail(__FILE__, __LINE__, "kvdockd did not start (log above)");
+        return -1;
+    }
+    return 0;
+}
+
+char *dt_read_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    size_t n;
+    while (buf != NULL && (n = fread(buf + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 1024) {
+            char *nb = realloc(buf, cap * 2);
+            if (nb == NULL) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[len] = '\0';
+    return buf;
+}
+
+void dt_check_log_clean(const kvd_test_daemon_t *d)
+{
+    static const char *const reports[] = {"ERROR: AddressSanitizer",
+                                          "runtime error:", "ERROR: LeakSanitizer"};
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(reports); i++) {
+        if (!DT_CHECK(!kvd_test_file_contains(d->log, reports[i]),
+                      "kvdockd's log has a sanitizer report (\"%s\")", reports[i]))
+            kvd_test_dump_file(d->log);
+    }
+}
+
+int dt_stop(kvd_test_daemon_t *d, int sig, int timeout_ms)
+{
+    int before = atomic_load(&failures_atomic);
+    if (d->pid > 0) {
+        kill(d->pid, sig);
+        int st = 0;
+        if (kvd_test_wait_pid(d->pid, timeout_ms, &st) != 0) {
+            dt_fail(__FILE__, __LINE__, "kvdockd %d did not exit within %d ms of %s",
+                    (int)d->pid, timeout_ms, strsignal(sig));
+            kvd_test_dump_file(d->log);
+            /* the harness SIGKILLs it by pid */
+            kvd_test_daemon_stop(d, SIGKILL, 5000, NULL);
+            return -1;
+        }
+        d->pid = 0;
+        if (!DT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                      "kvdockd should exit 0 on %s, got %s %d", strsignal(sig),
+                      WIFEXITED(st) ? "status" : "signal",
+                      WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st)))
+            kvd_test_dump_file(d->log);
+        dt_check_log_clean(d);
+    }
+    if (d->dir[0])
+        kvd_test_daemon_stop(d, SIGTERM, 1000, NULL);
+    d->dir[0] = '\0';
+    return atomic_load(&failures_atomic) == before ? 0 : -1;
+}
+
+/* --------------------------------------------------------------- RPC */
+
+kvd_client_t *dt_connect(const char *socket, bool hello)
+{
+    kvd_client_t *c = NULL;
+    int rc = kvd_client_connect_unix(socket, RPC_TIMEOUT_MS, &c);
+    if (!DT_CHECK(rc == KVD_OK, "connect to %s: %s", socket, kvd_status_str(rc)))
+        return NULL;
+    if (hello) {
+        kvd_hello_rep_t h;
+        rc = kvd_client_hello(c, "kvdock-test", &h, RPC_TIMEOUT_MS);
+        if (!DT_CHECK(rc == KVD_OK, "hello: %s", kvd_status_str(rc))) {
+            kvd_client_close(c);
+            return NULL;
+        }
+    }
+    return c;
+}
+
+int dt_health(kvd_client_t *c, kvd_health_rep_t *out)
+{
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
+    int rc = kvd_client_call(c, &req, &rep, RPC_TIMEOUT_MS);
+    if (rc != KVD_OK)
+        return rc;
+    if (rep.status != KVD_OK)
+        return rep.status;
+    if (out)
+        *out = rep.body.health_rep;
+    return (int)rep.body.health_rep.state;
+}
+
+int dt_health_fresh(const char *socket, kvd_health_rep_t *out)
+{
+    kvd_client_t *c = NULL;
+    if (kvd_client_connect_unix(socket, RPC_TIMEOUT_MS, &c) != KVD_OK)
+        return -1;
+    int st = dt_health(c, out);
+    kvd_client_close(c);
+    return st < 0 ? -1 : st;
+}
+
+int dt_stats(kvd_client_t *c, kvd_stats_rep_t *out)
+{
+    kvd_msg_t *req = malloc(2 * sizeof(kvd_msg_t));
+    if (req == NULL)
+        return KVD_ERR_NOMEM;
+    kvd_msg_t *rep = req + 1;
+    kvd_msg_request(req, 0, KVD_METHOD_STATS);
+    int rc = kvd_client_call(c, req, rep, RPC_TIMEOUT_MS);
+    if (rc == KVD_OK && rep->status != KVD_OK)
+        rc = rep->status;
+    if (rc == KVD_OK)
+        *out = rep->body.stats_rep;
+    free(req);
+    return rc;
+}
+
+int dt_stats_fresh(const char *socket, kvd_stats_rep_t *out)
+{
+    kvd_client_t *c = NULL;
+    int rc = kvd_client_connect_unix(socket, RPC_TIMEOUT_MS, &c);
+    if (rc != KVD_OK)
+        return rc;
+    rc = dt_stats(c, out);
+    kvd_client_close(c);
+    return rc;
+}
+
+/* ------------------------------------------------------- raw sockets */
+
+int dt_raw_connect_unix(const char *path)
+{
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(addr.sun_path))
+        return -1;
+    strcpy(addr.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int dt_send_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+/* Reads exactly len bytes before the deadline. 1 done, 0 EOF before any
+ * byte, -EPROTO EOF after some, -ETIMEDOUT, -errno. */
+static int read_exact(int fd, uint8_t *buf, size_t len, uint64_t deadline_ns)
+{
+    size_t got = 0;
+    while (got < len) {
+        uint64_t now = kvd_now_ns();
+        if (now >= deadline_ns)
+            return -ETIMEDOUT;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int pr = poll(&p, 1, (int)((deadline_ns - now) / 1000000 + 1));
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr < 0)
+            return -errno;
+        if (pr == 0)
+            return -ETIMEDOUT;
+        ssize_t n = recv(fd, buf + got, len - got, 0);
+        if (n < 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            return -errno;
+        }
+        if (n == 0)
+            return got == 0 ? 0 : -EPROTO;
+        got += (size_t)n;
+    }
+    return 1;
+}
+
+int dt_read_frame(int fd, uint8_t *buf, size_t cap, size_t *len, int timeout_ms)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint8_t h[4];
+    int rc = read_exact(fd, h, sizeof(h), deadline);
+    if (rc <= 0)
+        return rc;
+    uint32_t n = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                 (uint32_t)h[3] << 24;
+    if (n == 0 || n > cap)
+        return -EPROTO;
+    rc = read_exact(fd, buf, n, deadline);
+    if (rc == 0)
+        return -EPROTO;
+    if (rc < 0)
+        return rc;
+    *len = n;
+    return 1;
+}
+
+int dt_expect_eof(int fd, int timeout_ms)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    uint8_t b;
+    int rc = read_exact(fd, &b, 1, deadline);
+    return rc == 1 ? 1 : rc;
+}
+
+int dt_pack(const kvd_msg_t *m, kvd_buf_t *out)
+{
+    kvd_buf_init(out, KVD_MEM_OTHER);
+    return kvd_msg_pack(m, KVD_FRAME_LIMIT_MAX, out);
+}
+
+/* Reads a base-128 varint; returns bytes used or 0 on malformed input. */
+static size_t varint(const uint8_t *p, size_t len, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < len && i < 10; i++) {
+        v |= (uint64_t)(p[i] & 0x7f) << (7 * i);
+        if (!(p[i] & 0x80)) {
+            *out = v;
+            return i + 1;
+        }
+    }
+    return 0;
+}
+
+/* Walks the fields of one message; calls fn for each. -1 if malformed. */
+typedef void (*field_fn)(void *ctx, uint32_t field, uint32_t wire, uint64_t v,
+                         const uint8_t *data, size_t data_len);
+
+static int walk_fields(const uint8_t *p, size_t len, field_fn fn, void *ctx)
+{
+    size_t off = 0;
+    while (off < len) {
+        uint64_t key, v = 0;
+        size_t k = varint(p + off, len - off, &key);
+        if (k == 0)
+            return -1;
+        off += k;
+        uint32_t field = (uint32_t)(key >> 3), wire = (uint32_t)(key & 7);
+        const uint8_t *data = NULL;
+        size_t dlen = 0;
+        switch (wire) {
+        case 0:
+            k = varint(p + off, len - off, &v);
+            if (k == 0)
+                return -1;
+            off += k;
+            break;
+        case 1:
+            if (len - off < 8)
+                return -1;
+            off += 8;
+            break;
+        case 2:
+            k = varint(p + off, len - off, &v);
+            if (k == 0 || v > len - off - k)
+                return -1;
+            data = p + off + k;
+            dlen = (size_t)v;
+            off += k + (size_t)v;
+            break;
+        case 5:
+            if (len - off < 4)
+                return -1;
+            off += 4;
+            break;
+        default: return -1;
+        }
+        if (field == 0)
+            return -1;
+        fn(ctx, field, wire, v, data, dlen);
+    }
+    return 0;
+}
+
+static void error_field(void *ctx, uint32_t field, uint32_t wire, uint64_t v,
+                        const uint8_t *data, size_t dlen)
+{
+    dt_wire_env_t *e = ctx;
+    if (field == 1 && wire == 0) /* sint32: zigzag */
+        e->error_code = (int64_t)(v >> 1) ^ -(int64_t)(v & 1);
+    if (field == 2 && wire == 2) {
+        size_t n = KVD_MIN(dlen, sizeof(e->error_message) - 1);
+        memcpy(e->error_message, data, n);
+        e->error_message[n] = '\0';
+    }
+}
+
+/* What walking an Envelope collects: the fields and whether the nested
+ * Error was well-formed. */
+typedef struct env_walk {
+    dt_wire_env_t *env;
+    bool bad;
+} env_walk_t;
+
+static void env_field(void *ctx, uint32_t field, uint32_t wire, uint64_t v,
+                      const uint8_t *data, size_t dlen)
+{
+    env_walk_t *w = ctx;
+    dt_wire_env_t *e = w->env;
+    if (field == 1 && wire == 0)
+        e->id = v;
+    else if (field == 2 && wire == 0)
+        e->method = v;
+    else if (field == 3 && wire == 0)
+        e->reply = v != 0;
+    else if (field == 4 && wire == 2) {
+        e->has_error = true;
+        if (walk_fields(data, dlen, error_field, e) != 0)
+            w->bad = true;
+    } else if (field >= 10 && field <= 15)
+        e->body_field = (int)field;
+}
+
+int dt_wire_parse(const uint8_t *p, size_t len, dt_wire_env_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    env_walk_t w = {.env = out, .bad = false};
+    if (walk_fields(p, len, env_field, &w) != 0 || w.bad)
+        return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------ processes */
+
+int dt_cli(char *out, size_t out_len, const char *const *args)
+{
+    char *argv[32];
+    size_t n = 0;
+    argv[n++] = (char *)kvd_test_bin("kvdock");
+    for (size_t i = 0; args[i] && n < KVD_ARRAY_SIZE(argv) - 1; i++)
+        argv[n++] = (char *)args[i];
+    argv[n] = NULL;
+    return kvd_test_run(argv, out, out_len, 20000);
+}
+
+int dt_sh(char *out, size_t out_len, const char *script)
+{
+    char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};
+    return kvd_test_run(argv, out, out_len, 30000);
+}
+
+/* --------------------------------------------------------------- JSON */
+
+static const char *json_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+static const char *json_value(const char *p, int depth);
+
+static const char *json_string(const char *p)
+{
+    if (*p != '"')
+        return NULL;
+    for (p++; *p && *p != '"'; p++) {
+        if ((unsigned char)*p < 0x20)
+            return NULL;
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!strchr("0123456789abcdefABCDEF", p[i]) || p[i] == '\0')
+                        return NULL;
+                p += 4;
+            } else if (!*p || !strchr("\"\\/bfnrt", *p)) {
+                return NULL;
+            }
+        }
+    }
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static const char *json_number(const char *p)
+{
+    const char *s = p;
+    if (*p == '-')
+        p++;
+    if (*p < '0' || *p > '9')
+        return NULL;
+    if (*p == '0')
+        p++;
+    else
+        while (*p >= '0' && *p <= '9')
+            p++;
+    if (*p == '.') {
+        p++;
+        if (*p < '0' || *p > '9')
+            return NULL;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    if (*p == 'e' || *p == 'E') {
+        p++;
+        if (*p == '+' || *p == '-')
+            p++;
+        if (*p < '0' || *p > '9')
+            return NULL;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    return p > s ? p : NULL;
+}
+
+static const char *json_container(const char *p, int depth, char close, bool object)
+{
+    p = json_ws(p + 1);
+    if (*p == close)
+        return p + 1;
+    for (;;) {
+        if (object) {
+            p = json_string(json_ws(p));
+            if (p == NULL)
+                return NULL;
+            p = json_ws(p);
+            if (*p++ != ':')
+                return NULL;
+        }
+        p = json_value(p, depth + 1);
+        if (p == NULL)
+            return NULL;
+        p = json_ws(p);
+        if (*p == close)
+            return p + 1;
+        if (*p++ != ',')
+            return NULL;
+    }
+}
+
+static const char *json_value(const char *p, int depth)
+{
+    if (depth > 64)
+        return NULL;
+    p = json_ws(p);
+    switch (*p) {
+    case '{': return json_container(p, depth, '}', true);
+    case '[': return json_container(p, depth, ']', false);
+    case '"': return json_string(p);
+    case 't': return strncmp(p, "true", 4) == 0 ? p + 4 : NULL;
+    case 'f': return strncmp(p, "false", 5) == 0 ? p + 5 : NULL;
+    case 'n': return strncmp(p, "null", 4) == 0 ? p + 4 : NULL;
+    default: return json_number(p);
+    }
+}
+
+bool dt_json_valid(const char *text)
+{
+    const char *end = json_value(text, 0);
+    return end != NULL && *json_ws(end) == '\0';
+}
+
+bool dt_json_u64(const char *json, const char *after, const char *key, uint64_t *out)
+{
+    const char *p = json;
+    if (after != NULL) {
+        p = strstr(json, after);
+        if (p == NULL)
+            return false;
+    }
+    char pat[128];
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    p = strstr(p, pat);
+    if (p == NULL)
+        return false;
+    p = json_ws(p + strlen(pat));
+    if (*p < '0' || *p > '9')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(p, &end, 10);
+    if (errno != 0)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* ------------------------------------------------------------ network */
+
+int dt_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {
+        .sin_family = AF_INET, .sin_port = 0, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof(a);
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+int dt_http_get(int port, const char *path, char *body, size_t body_len, int timeout_ms)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    char req[256];
+    int n = snprintf(req, sizeof(req), "GET %s HTTP/1.0\r\nHost: 127.0.0.1:%d\r\n\r\n",
+                     path, port);
+    if (connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+        dt_send_all(fd, req, (size_t)n) != 0) {
+        close(fd);
+        return -1;
+    }
+    /* read the whole response: HTTP/1.0 ends it with EOF */
+    size_t cap = 1 << 20, used = 0;
+    char *resp = malloc(cap);
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    int status = -1;
+    while (resp != NULL && used < cap - 1) {
+        uint64_t now = kvd_now_ns();
+        if (now >= deadline)
+            break;
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int pr = poll(&p, 1, (int)((deadline - now) / 1000000 + 1));
+        if (pr < 0 && errno == EINTR)
+            continue;
+        if (pr <= 0)
+            break;
+        ssize_t r = recv(fd, resp + used, cap - 1 - used, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            if (r == 0)
+                status = 0; /* complete */
+            break;
+        }
+        used += (size_t)r;
+    }
+    close(fd);
+    if (resp == NULL)
+        return -1;
+    resp[used] = '\0';
+    int code = -1;
+    if (status == 0 && sscanf(resp, "HTTP/1.%*d %d", &code) == 1) {
+        const char *b = strstr(resp, "\r\n\r\n");
+        kvd_strlcpy(body, b ? b + 4 : "", body_len);
+    } else {
+        code = -1;
+    }
+    free(resp);
+    return code;
+}

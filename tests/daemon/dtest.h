@@ -1,0 +1,162 @@
+/*
+ * dtest.h - small helpers shared by the daemon integration tests (on top of
+ * tests/harness.h): non-fatal checks that count failures so that a test
+ * always reaches its cleanup, raw sockets for speaking broken protocol, a
+ * minimal reader of the Envelope wire format, RPC shortcuts, running the CLI
+ * and a shell, a tiny JSON validator and field finder, a free loopback port,
+ * an HTTP/1.0 GET.
+ *
+ * Threading: DT_CHECK may be used from several threads (the failure counter
+ * is atomic); everything else belongs to the calling thread.
+ */
+#ifndef KVD_TEST_DTEST_H
+#define KVD_TEST_DTEST_H
+
+#include "harness.h"
+#include "kvd_common.h"
+#include "kvd_proto.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------- checks */
+
+/* Failures recorded so far by DT_CHECK (any thread). */
+int dt_failure_count(void);
+
+void dt_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records a failure with the message when cond is false; evaluates to cond. */
+#define DT_CHECK(cond, ...)                           \
+    ({                                                \
+        bool dt_ok_ = (cond);                         \
+        if (!dt_ok_)                                  \
+            dt_fail(__FILE__, __LINE__, __VA_ARGS__); \
+        dt_ok_;                                       \
+    })
+
+/* Exit status for main(): 0 when nothing failed, else 1 (with a summary). */
+int dt_exit_status(const char *test_name);
+
+/* --------------------------------------------------------- daemons */
+
+/* The pool size every test uses unless it needs another one. */
+#define DT_POOL       "64M"
+#define DT_POOL_BYTES (64ull * 1024 * 1024)
+
+/*
+ * Starts a daemon with `--pool-size 64M --usage-interval 0` in front of
+ * `extra` (NULL-terminated, may be NULL) and waits until it is ready.
+ * Returns 0, or -1 after recording a failure.
+ */
+int dt_start(kvd_test_daemon_t *d, const char *const *extra);
+
+/*
+ * Stops a daemon started by the harness with `sig` and checks that it
+ * exited 0 within timeout_ms and that its log has no sanitizer report; then
+ * removes its directory. Safe to call twice and on a daemon that never
+ * started (pid 0). Returns 0 when every check passed.
+ */
+int dt_stop(kvd_test_daemon_t *d, int sig, int timeout_ms);
+
+/* Checks the log for "ERROR: AddressSanitizer", "runtime error:",
+ * "LeakSanitizer"; records a failure per report found. */
+void dt_check_log_clean(const kvd_test_daemon_t *d);
+
+/* Copies the whole log into a malloc'd NUL-terminated string (or NULL). */
+char *dt_read_file(const char *path);
+
+/* --------------------------------------------------------------- RPC */
+
+/* Connects, optionally says Hello; NULL after recording a failure. */
+kvd_client_t *dt_connect(const char *socket, bool hello);
+
+/* Calls Health on a fresh connection; returns the state or -1 (no
+ * failure recorded: callers check). Fills *rep when not NULL. */
+int dt_health_fresh(const char *socket, kvd_health_rep_t *rep);
+
+/* Calls Health on c; returns the state or a negative status. */
+int dt_health(kvd_client_t *c, kvd_health_rep_t *rep);
+
+/* Stats on a fresh connection into *out (malloc-free: out is the caller's).
+ * Returns KVD_OK or a negative status. */
+int dt_stats_fresh(const char *socket, kvd_stats_rep_t *out);
+int dt_stats(kvd_client_t *c, kvd_stats_rep_t *out);
+
+/* ------------------------------------------------------- raw sockets */
+
+/* Connects a plain blocking Unix stream socket; -1 on failure. */
+int dt_raw_connect_unix(const char *path);
+
+/* Writes all of buf (MSG_NOSIGNAL); 0 or -errno. */
+int dt_send_all(int fd, const void *buf, size_t len);
+
+/*
+ * Reads one frame within timeout_ms: returns 1 with the payload in buf
+ * (*len its length), 0 on a clean EOF before any byte of a frame, or a
+ * negative value: -ETIMEDOUT, -EPROTO (EOF inside a frame or a frame bigger
+ * than cap), -errno.
+ */
+int dt_read_frame(int fd, uint8_t *buf, size_t cap, size_t *len, int timeout_ms);
+
+/* Waits up to timeout_ms for EOF: 0 on EOF, 1 when data came instead,
+ * -ETIMEDOUT, -errno. */
+int dt_expect_eof(int fd, int timeout_ms);
+
+/* A request frame (header + payload) built with kvd_msg_pack. */
+int dt_pack(const kvd_msg_t *m, kvd_buf_t *out);
+
+/*
+ * The top-level fields of an Envelope read straight from the wire, without
+ * proto/'s decoder: so a test can tell what the daemon sent apart from
+ * whether kvd_msg_decode accepts it.
+ */
+typedef struct dt_wire_env {
+    uint64_t id;
+    uint64_t method;
+    bool reply;
+    bool has_error;
+    int64_t error_code;
+    char error_message[KVD_ERROR_MAX];
+    int body_field; /* field number of the oneof body, 0 = none */
+} dt_wire_env_t;
+
+/* Returns 0, or -1 when the bytes are not well-formed protobuf. */
+int dt_wire_parse(const uint8_t *p, size_t len, dt_wire_env_t *out);
+
+/* ------------------------------------------------------ processes */
+
+/* Runs `kvdock` with the NULL-terminated args; stdout into out. Returns the
+ * exit status, -1 when it did not exit in time. */
+int dt_cli(char *out, size_t out_len, const char *const *args);
+
+/* Runs `/bin/sh -c script`, stdout into out; exit status or -1. The
+ * variables KVDOCK and KVDOCKD are in its environment. */
+int dt_sh(char *out, size_t out_len, const char *script);
+
+/* --------------------------------------------------------------- JSON */
+
+/* True when text is one well-formed JSON value (trailing whitespace ok). */
+bool dt_json_valid(const char *text);
+
+/*
+ * Finds `"key":` in json at or after the first occurrence of `after` (NULL:
+ * from the start) and parses the unsigned number behind it. Returns true
+ * with *out set; false when absent or not a number.
+ */
+bool dt_json_u64(const char *json, const char *after, const char *key, uint64_t *out);
+
+/* ------------------------------------------------------------ network */
+
+/* A TCP port on 127.0.0.1 that was free a moment ago (bind port 0). */
+int dt_free_port(void);
+
+/*
+ * HTTP/1.0 GET of `path` from 127.0.0.1:port. Returns the status code (and
+ * the body, NUL-terminated, in body), or -1 on a transport failure.
+ */
+int dt_http_get(int port, const char *path, char *body, size_t body_len, int timeout_ms);
+
+#endif
