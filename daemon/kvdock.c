@@ -410,8 +410,13 @@ int main(int argc, char **argv)
         {"limit", required_argument, NULL, 'l'},
         {NULL, 0, NULL, 0},
     };
-    /* GNU getopt permutes: positional arguments end up after optind */
-    while ((c = getopt_long(argc, argv, "", cmd_opts, NULL)) != -1) {
+    /* The command's words start a fresh scan (optind = 0 makes glibc forget
+     * the "+" of the first one): options and arguments in any order, the
+     * arguments permuted to the end. */
+    int sub_argc = argc - optind + 1;
+    char **sub_argv = argv + optind - 1; /* sub_argv[0] is the command */
+    optind = 0;
+    while ((c = getopt_long(sub_argc, sub_argv, "", cmd_opts, NULL)) != -1) {
         switch (c) {
         case 'j': cli.json = true; break;
         case 'C': a.check = true; break;
@@ -436,8 +441,8 @@ int main(int argc, char **argv)
             return EXIT_USAGE;
         }
     }
-    a.args = argv + optind;
-    a.n_args = (size_t)(argc - optind);
+    a.args = sub_argv + optind;
+    a.n_args = (size_t)(sub_argc - optind);
 
     if (strcmp(cmd, "health") == 0)
         return no_args(cmd, &a) ? cmd_health(&cli) : EXIT_USAGE;

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,6 +57,27 @@ static void counter(kvd_buf_t *b, const char *name, const char *help, uint64_t v
 {
     appendf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
             (unsigned long long)v);
+}
+
+/* One series with a sample per namespace: the uint64_t field at `field`. */
+static void ns_series(kvd_buf_t *b, const char *name, const char *help, const char *type,
+                      const kvd_ns_msg_t *ns, size_t n_ns, size_t field)
+{
+    appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    for (size_t i = 0; i < n_ns; i++) {
+        uint64_t v;
+        memcpy(&v, (const char *)&ns[i] + field, sizeof(v));
+        /* label values escape backslash and double quote */
+        char label[2 * KVD_NS_NAME_BYTES];
+        size_t o = 0;
+        for (const char *c = ns[i].name; *c && o + 2 < sizeof(label); c++) {
+            if (*c == '\\' || *c == '"')
+                label[o++] = '\\';
+            label[o++] = *c;
+        }
+        label[o] = '\0';
+        appendf(b, "%s{ns=\"%s\"} %llu\n", name, label, (unsigned long long)v);
+    }
 }
 
 /* The store's figures, global and per namespace. */
@@ -106,22 +128,12 @@ static void render_store(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size
             (unsigned long long)s->reserve_exists,
             (unsigned long long)s->reserve_in_flight,
             (unsigned long long)s->reserve_no_space);
-    appendf(b, "# HELP kvdock_ns_objects Ready objects per namespace.\n"
-               "# TYPE kvdock_ns_objects gauge\n");
-    for (size_t i = 0; i < n_ns; i++)
-        appendf(b, "kvdock_ns_objects{ns=\"%s\"} %llu\n", ns[i].name,
-                (unsigned long long)ns[i].objects_ready);
-    appendf(b,
-            "# HELP kvdock_ns_lookup_pages_total Pages probed by lookups per namespace.\n"
-            "# TYPE kvdock_ns_lookup_pages_total counter\n");
-    for (size_t i = 0; i < n_ns; i++)
-        appendf(b, "kvdock_ns_lookup_pages_total{ns=\"%s\"} %llu\n", ns[i].name,
-                (unsigned long long)ns[i].lookup_pages);
-    appendf(b, "# HELP kvdock_ns_hit_pages_total Probed pages found per namespace.\n"
-               "# TYPE kvdock_ns_hit_pages_total counter\n");
-    for (size_t i = 0; i < n_ns; i++)
-        appendf(b, "kvdock_ns_hit_pages_total{ns=\"%s\"} %llu\n", ns[i].name,
-                (unsigned long long)ns[i].hit_pages);
+    ns_series(b, "kvdock_ns_objects", "Ready objects per namespace.", "gauge", ns, n_ns,
+              offsetof(kvd_ns_msg_t, objects_ready));
+    ns_series(b, "kvdock_ns_lookup_pages_total", "Pages probed by lookups per namespace.",
+              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, lookup_pages));
+    ns_series(b, "kvdock_ns_hit_pages_total", "Probed pages found per namespace.",
+              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, hit_pages));
 }
 
 int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,

@@ -77,40 +77,76 @@ static bool name_ok(const char *name)
     return true;
 }
 
+/* Why spec i cannot be registered beside the existing namespaces and the
+ * earlier specs of its batch; false when it can. */
+static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t i,
+                         const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_ns_spec_t *sp = &specs[i];
+    uint32_t idx = (uint32_t)i + 1;
+    if (!name_ok(sp->name)) {
+        set_error(req, rep, KVD_ERR_INVALID, idx,
+                  "namespace %zu: the name must be printable and non-empty", i);
+        return true;
+    }
+    kvd_ns_info_t have = {0};
+    uint32_t id;
+    if (kvd_store_ns_find(store, sp->name, &id) == KVD_OK) {
+        kvd_store_ns_info(store, id, &have);
+    } else {
+        for (size_t k = 0; k < i; k++)
+            if (strcmp(specs[k].name, sp->name) == 0)
+                have = (kvd_ns_info_t){.object_bytes = specs[k].object_bytes,
+                                       .rank_replicated = specs[k].rank_replicated};
+    }
+    if (have.object_bytes != 0 && (have.object_bytes != sp->object_bytes ||
+                                   have.rank_replicated != sp->rank_replicated)) {
+        set_error(req, rep, KVD_ERR_INVALID, idx,
+                  "namespace %s exists with %llu-byte objects%s; cannot re-register it "
+                  "with %llu%s",
+                  sp->name, (unsigned long long)have.object_bytes,
+                  have.rank_replicated ? " (rank-replicated)" : "",
+                  (unsigned long long)sp->object_bytes,
+                  sp->rank_replicated ? " (rank-replicated)" : "");
+        return true;
+    }
+    kvd_store_stats_t st;
+    kvd_store_stats(store, &st);
+    if (sp->object_bytes == 0 || sp->object_bytes > st.pool_bytes) {
+        set_error(req, rep, KVD_ERR_INVALID, idx,
+                  "namespace %s: objects of %llu bytes; they must be 1 byte to the pool "
+                  "size (%llu)",
+                  sp->name, (unsigned long long)sp->object_bytes,
+                  (unsigned long long)st.pool_bytes);
+        return true;
+    }
+    return false;
+}
+
 int kvd_rpc_register(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t n,
                      uint32_t *ids, const kvd_msg_t *req, kvd_msg_t *rep)
 {
+    /* all checked before any is registered: a refused batch changes nothing */
+    size_t fresh = 0;
     for (size_t i = 0; i < n; i++) {
-        const kvd_ns_spec_t *sp = &specs[i];
-        if (!name_ok(sp->name)) {
-            set_error(req, rep, KVD_ERR_INVALID, (uint32_t)i + 1,
-                      "namespace %zu: the name must be printable and non-empty", i);
-            return KVD_ERR_INVALID;
+        if (spec_refused(store, specs, i, req, rep))
+            return rep->status;
+        uint32_t id;
+        fresh += kvd_store_ns_find(store, specs[i].name, &id) != KVD_OK;
+    }
+    if (kvd_store_ns_count(store) + fresh > KVD_STORE_MAX_NAMESPACES) {
+        set_error(req, rep, KVD_ERR_NO_SPACE, 0, "too many namespaces (at most %d)",
+                  KVD_STORE_MAX_NAMESPACES);
+        return KVD_ERR_NO_SPACE;
+    }
+    for (size_t i = 0; i < n; i++) {
+        int rc = kvd_store_ns_register(store, specs[i].name, specs[i].object_bytes,
+                                       specs[i].rank_replicated, &ids[i]);
+        if (rc != KVD_OK) { /* only out of memory is left */
+            set_error(req, rep, rc, (uint32_t)i + 1, "namespace %s: %s", specs[i].name,
+                      kvd_status_str(rc));
+            return rc;
         }
-        int rc = kvd_store_ns_register(store, sp->name, sp->object_bytes,
-                                       sp->rank_replicated, &ids[i]);
-        if (rc == KVD_OK)
-            continue;
-        uint32_t existing;
-        kvd_ns_info_t info = {0};
-        if (kvd_store_ns_find(store, sp->name, &existing) == KVD_OK)
-            kvd_store_ns_info(store, existing, &info);
-        if (rc == KVD_ERR_INVALID && info.object_bytes != 0)
-            set_error(req, rep, rc, (uint32_t)i + 1,
-                      "namespace %s exists with %llu-byte objects%s; cannot re-register "
-                      "it with %llu%s",
-                      sp->name, (unsigned long long)info.object_bytes,
-                      info.rank_replicated ? " (rank-replicated)" : "",
-                      (unsigned long long)sp->object_bytes,
-                      sp->rank_replicated ? " (rank-replicated)" : "");
-        else
-            set_error(req, rep, rc, (uint32_t)i + 1,
-                      "namespace %s (%llu-byte objects) cannot be registered: %s",
-                      sp->name, (unsigned long long)sp->object_bytes,
-                      rc == KVD_ERR_NO_SPACE
-                          ? "too many namespaces"
-                          : "the object size must be 1 byte to the pool size");
-        return rc;
     }
     return KVD_OK;
 }
@@ -362,6 +398,19 @@ static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
     return false;
 }
 
+/* The parent of an object by its tag: in its own namespace first, then in
+ * any (a mamba slot's parent page lives in the KV namespace). */
+static int find_parent(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_info_t *out)
+{
+    if (kvd_store_find_tag(store, in->ns, in->parent_tag, out) == KVD_OK)
+        return KVD_OK;
+    uint32_t count = kvd_store_ns_count(store);
+    for (uint32_t ns = 0; ns < count; ns++)
+        if (ns != in->ns && kvd_store_find_tag(store, ns, in->parent_tag, out) == KVD_OK)
+            return KVD_OK;
+    return KVD_ERR_NOT_FOUND;
+}
+
 /* An object's wire form, with the parent's full key where it is stored. */
 static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t *o)
 {
@@ -370,7 +419,7 @@ static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t 
     memcpy(o->key, in->key, 32);
     if (in->has_parent) {
         kvd_obj_info_t parent;
-        if (kvd_store_find_tag(store, in->ns, in->parent_tag, &parent) == KVD_OK) {
+        if (find_parent(store, in, &parent) == KVD_OK) {
             memcpy(o->parent, parent.key, 32);
             o->parent_len = 32;
         } else {
@@ -593,6 +642,16 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
         qsort(parents, np, sizeof(*parents), tag_cmp);
     for (size_t i = 0; rc == KVD_OK && i < c.n; i++) {
         const kvd_obj_info_t *obj = &c.objs[i];
+        kvd_obj_info_t parent;
+        bool orphan =
+            obj->has_parent &&
+            kvd_store_find_tag(store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
+        /* state saved at a boundary of another namespace's chain (mamba
+         * slots) is shown as that chain's pool, not as a prefix of its own,
+         * unless its namespace is the one asked for */
+        if (only == UINT32_MAX && orphan && obj->depth > 0 &&
+            key_elsewhere(store, obj->ns, obj->key))
+            continue;
         if (r->nodes) {
             if (o->n_nodes < limit)
                 obj_msg(store, obj, &o->nodes[o->n_nodes++]);
@@ -603,14 +662,6 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
         memcpy(me.tag, obj->key, 8);
         if (bsearch(&me, parents, np, sizeof(*parents), tag_cmp) != NULL)
             continue; /* not a leaf */
-        kvd_obj_info_t parent;
-        bool orphan =
-            obj->has_parent &&
-            kvd_store_find_tag(store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
-        /* state saved at a boundary of another namespace's chain (mamba
-         * slots): shown as that chain's pool, not as a prefix of its own */
-        if (orphan && obj->depth > 0 && key_elsewhere(store, obj->ns, obj->key))
-            continue;
         if (o->n_prefixes >= limit) {
             o->truncated = true;
             continue;

@@ -291,6 +291,7 @@ static int read_reply(kvd_client_t *c, kvd_msg_t *rep, uint64_t deadline)
 int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms)
 {
     uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    memset(rep, 0, sizeof(*rep)); /* kvd_msg_clear(rep) is safe whatever happens */
     req->id = c->next_id++;
     req->reply = false;
     c->out.len = 0;

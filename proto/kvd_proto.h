@@ -462,6 +462,8 @@ int kvd_client_fd(const kvd_client_t *c);
  * Sends req (its id is assigned here) and waits up to timeout_ms for the
  * reply with the same id. Returns KVD_OK with *rep filled (check rep->status
  * for an error reply), KVD_ERR_TIMEOUT, KVD_ERR_CLOSED, KVD_ERR_PROTOCOL.
+ * rep is initialised here (a previous arena in it is not freed) and owns the
+ * reply's variable parts: call kvd_msg_clear(rep) when done, on any result.
  */
 int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms);
 

@@ -93,9 +93,14 @@ void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method, int status,
     va_end(ap);
 }
 
-/* n zeroed elements of `size` in m's arena; NULL only when out of memory. */
+/* n zeroed elements of `size` in m's arena; NULL only when out of memory.
+ * An empty array costs nothing: it points at a shared, never written
+ * object, so a message without variable parts owns no memory. */
 static void *arena_array(kvd_msg_t *m, size_t n, size_t size)
 {
+    static max_align_t empty;
+    if (n == 0)
+        return &empty;
     if (size && n > SIZE_MAX / size)
         return NULL;
     return kvd_msg_alloc(m, n * size);

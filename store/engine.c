@@ -4,11 +4,13 @@
  * eviction and lookups. See kvd_store.h for the contracts and store_int.h
  * for the record layout.
  *
- * Eviction takes, from the cold end of the LRU, the deepest of the first
- * EVICT_WINDOW candidates: least recently used first, and among those the
- * page that ends a chain rather than one in its middle (which would strand
- * every page after it). Batches are re-inserted deepest first, so the root
- * of a chain is always its most recently used page.
+ * Eviction takes, from the cold end of the LRU, a leaf: a page no stored page
+ * names as its parent (each record counts its children), so a chain is cut
+ * from its end and never in its middle, which would strand every page after
+ * it. Among the EVICT_WINDOW coldest pages it takes the deepest leaf; when
+ * the window holds none it looks further, and only past EVICT_SCAN_MAX takes
+ * the window's deepest page anyway. Batches enter the LRU deepest first, so a
+ * chain's root is its most recently used page.
  *
  * In debug builds (KVD_STORE_PARANOID) every mutation ends with the full
  * invariant check and aborts on a violation.
@@ -20,6 +22,9 @@
 #include <string.h>
 
 #define EVICT_WINDOW 8
+/* How far past the window eviction looks for a leaf before it gives up and
+ * takes the deepest page of the window. */
+#define EVICT_SCAN_MAX 256
 
 #ifdef KVD_STORE_PARANOID
 static void paranoid(const kvd_store_t *s, const char *where)
@@ -299,14 +304,46 @@ static uint64_t page_bytes_of(const kvd_store_t *s, uint64_t pages)
     return pages * s->cfg.page_bytes;
 }
 
+/* The record of ns whose key begins with tag, or NIL. */
+static uint32_t index_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t *tag)
+{
+    for (uint32_t i = s->buckets[bucket_of(s, ns, tag)]; i != NIL;
+         i = R(s, i)->hash_next) {
+        const rec_t *r = R(s, i);
+        if (r->ns == ns && memcmp(r->key, tag, sizeof(r->parent_tag)) == 0)
+            return i;
+    }
+    return NIL;
+}
+
+/* Counts a published page in its parent's children (+1) or uncounts it (-1).
+ * Saturating: a parent stored after its children, or re-stored after an
+ * eviction, may undercount, which only makes it look like a leaf sooner. */
+static void count_child(kvd_store_t *s, uint32_t i, int delta)
+{
+    const rec_t *r = R(s, i);
+    if (!r->has_parent)
+        return;
+    uint32_t p = index_find_tag(s, r->ns, r->parent_tag);
+    if (p == NIL)
+        return;
+    rec_t *pr = R(s, p);
+    if (delta > 0 && pr->children < UINT16_MAX)
+        pr->children++;
+    else if (delta < 0 && pr->children > 0)
+        pr->children--;
+}
+
 static void drop_object(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
     ns_entry_t *e = &s->ns[r->ns];
-    if (r->state == REC_READY)
+    if (r->state == REC_READY) {
         e->info.objects_ready--;
-    else
+        count_child(s, i, -1);
+    } else {
         e->info.objects_writing--;
+    }
     index_remove(s, i);
     extent_free(s, i);
 }
@@ -315,14 +352,18 @@ static void drop_object(kvd_store_t *s, uint32_t i)
  * there is none. */
 static bool evict_one(kvd_store_t *s)
 {
-    uint32_t best = NIL, best_depth = 0;
+    uint32_t deepest = NIL, leaf = NIL;
     uint32_t i = s->lru_tail;
-    for (int n = 0; n < EVICT_WINDOW && i != NIL; n++, i = R(s, i)->link_prev) {
-        if (best == NIL || R(s, i)->depth > best_depth) {
-            best = i;
-            best_depth = R(s, i)->depth;
-        }
+    for (int n = 0; n < EVICT_SCAN_MAX && i != NIL; n++, i = R(s, i)->link_prev) {
+        const rec_t *r = R(s, i);
+        if (n < EVICT_WINDOW && (deepest == NIL || r->depth > R(s, deepest)->depth))
+            deepest = i;
+        if (r->children == 0 && (leaf == NIL || r->depth > R(s, leaf)->depth))
+            leaf = i;
+        if (leaf != NIL && n + 1 >= EVICT_WINDOW)
+            break;
     }
+    uint32_t best = leaf != NIL ? leaf : deepest;
     if (best == NIL)
         return false;
     rec_t *r = R(s, best);
@@ -440,29 +481,58 @@ static void lease_unlink(kvd_store_t *s, lease_t *l)
     lease_free(l);
 }
 
-/* Unpins one record; at zero it becomes evictable (most recent). */
-static void unpin(kvd_store_t *s, uint32_t i)
+typedef struct depth_ref {
+    uint32_t depth;
+    uint32_t rec;
+} depth_ref_t;
+
+static int deeper_first(const void *a, const void *b)
 {
-    rec_t *r = R(s, i);
-    if (--r->pins == 0) {
-        s->ns[r->ns].info.objects_pinned--;
-        lru_push_head(s, i);
-    }
+    const depth_ref_t *x = a, *y = b;
+    return x->depth != y->depth ? (x->depth > y->depth ? -1 : 1)
+                                : (x->rec < y->rec ? -1 : x->rec > y->rec);
 }
 
-/* Undoes everything a lease still holds, then frees it. Holds are undone
- * deepest-last-added first so that chain roots end up most recent. */
+/* Puts records at the LRU's hot end, deepest first, so that of every chain
+ * in the batch the root ends up most recent. Without memory for sorting
+ * they go in the order given. */
+static void lru_push_batch(kvd_store_t *s, const uint32_t *recs, size_t n)
+{
+    depth_ref_t *refs = n > 1 ? kvd_mem_calloc(KVD_MEM_STAGING, n, sizeof(*refs)) : NULL;
+    if (refs == NULL) {
+        for (size_t k = n; k-- > 0;)
+            lru_push_head(s, recs[k]);
+        return;
+    }
+    for (size_t k = 0; k < n; k++)
+        refs[k] = (depth_ref_t){R(s, recs[k])->depth, recs[k]};
+    qsort(refs, n, sizeof(*refs), deeper_first);
+    for (size_t k = 0; k < n; k++)
+        lru_push_head(s, refs[k].rec);
+    kvd_mem_free(KVD_MEM_STAGING, refs, n * sizeof(*refs));
+}
+
+/* Undoes everything a lease still holds, then frees it: reservations are
+ * freed, pins dropped, and pages no longer pinned become evictable again. */
 static void lease_end(kvd_store_t *s, lease_t *l)
 {
-    for (uint32_t k = l->n; k-- > 0;) {
+    size_t n_free = 0;
+    for (uint32_t k = 0; k < l->n; k++) {
         uint32_t i = l->recs[k];
         if (i == NIL)
             continue;
-        if (l->write)
+        if (l->write) {
             drop_object(s, i); /* a reservation never published */
-        else
-            unpin(s, i);
+            continue;
+        }
+        rec_t *r = R(s, i);
+        if (--r->pins == 0) {
+            s->ns[r->ns].info.objects_pinned--;
+            l->recs[n_free++] = i; /* reuse the array: k >= n_free */
+        }
     }
+    if (!l->write)
+        lru_push_batch(s, l->recs, n_free);
     lease_unlink(s, l);
 }
 
@@ -539,7 +609,7 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     r->has_parent = it->parent != NULL;
     if (it->parent)
         memcpy(r->parent_tag, it->parent, sizeof(r->parent_tag));
-    r->depth = it->depth;
+    r->depth = KVD_MIN(it->depth, REC_DEPTH_MAX);
     r->ns = (uint16_t)ns;
     r->state = REC_WRITING;
     index_insert(s, i);
@@ -596,9 +666,12 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
                 return KVD_ERR_STATE;
     }
     size_t total = keys ? n : l->n;
+    uint32_t *done = kvd_mem_calloc(KVD_MEM_STAGING, total ? total : 1, sizeof(uint32_t));
+    if (done == NULL)
+        return KVD_ERR_NOMEM;
+    size_t n_done = 0;
     uint32_t now = now_s(s);
-    /* deepest first onto the LRU head, so the chain's root ends up hottest */
-    for (size_t t = total; t-- > 0;) {
+    for (size_t t = 0; t < total; t++) {
         long k = keys ? lease_hold_of(s, l, keys[t]) : (long)t;
         if (k < 0 || l->recs[k] == NIL)
             continue; /* a key named twice */
@@ -614,8 +687,14 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
         s->st.published_bytes += s->ns[r->ns].info.object_bytes;
         s->ns[r->ns].info.objects_writing--;
         s->ns[r->ns].info.objects_ready++;
-        lru_push_head(s, i);
+        done[n_done++] = i;
     }
+    /* children are counted once every page of the batch is READY, so a
+     * chain published in one batch counts its own links too */
+    for (size_t k = 0; k < n_done; k++)
+        count_child(s, done[k], +1);
+    lru_push_batch(s, done, n_done);
+    kvd_mem_free(KVD_MEM_STAGING, done, (total ? total : 1) * sizeof(uint32_t));
     bool empty = true;
     for (uint32_t k = 0; k < l->n && empty; k++)
         empty = l->recs[k] == NIL;
@@ -645,6 +724,10 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
 {
     if (ns >= s->n_ns)
         return KVD_ERR_NOT_FOUND;
+    if (n == 0) {
+        *lease_id = 0; /* nothing to hold: no lease */
+        return KVD_OK;
+    }
     s->st.acquires++;
     /* check everything first: all or nothing */
     for (size_t k = 0; k < n; k++) {
@@ -672,7 +755,8 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
             lru_remove(s, i);
             s->ns[ns].info.objects_pinned++;
         }
-        r->hits++;
+        if (r->hits < UINT16_MAX)
+            r->hits++;
         r->last_access_s = now;
         s->st.acquired_bytes += s->ns[ns].info.object_bytes;
         fill_loc(s, i, &locs[k]);
@@ -765,6 +849,7 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
     out->tier = (kvd_tier_t)r->tier;
     out->pins = r->pins;
     out->hits = r->hits;
+    out->children = r->children;
     out->last_access_ms =
         r->last_access_s ? s->epoch_ms + (uint64_t)(r->last_access_s - 1) * 1000 : 0;
     fill_loc(s, i, &out->loc);
@@ -872,20 +957,22 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
         out->writing_bytes += e->info.objects_writing * bytes;
         out->pinned_bytes += e->info.objects_pinned * bytes;
     }
-    uint64_t pins = 0;
-    for (const lease_t *l = s->oldest; l != NULL; l = l->newer)
+    uint64_t pins = 0, lease_bytes = 0;
+    for (const lease_t *l = s->oldest; l != NULL; l = l->newer) {
+        lease_bytes += sizeof(*l) + (uint64_t)l->cap * sizeof(uint32_t);
         if (!l->write)
             for (uint32_t k = 0; k < l->n; k++)
                 pins += l->recs[k] != NIL;
+    }
     out->pins = pins;
     out->largest_free_bytes = page_bytes_of(s, extent_largest_free(s));
     out->fragmentation =
         out->free_bytes ? 1.0 - (double)out->largest_free_bytes / (double)out->free_bytes
                         : 0.0;
-    out->index_bytes = (uint64_t)s->n_chunks * REC_CHUNK * sizeof(rec_t) +
-                       s->n_buckets * sizeof(uint32_t) +
-                       s->n_lease_buckets * sizeof(lease_t *) +
-                       (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s);
+    out->index_bytes =
+        (uint64_t)s->n_chunks * REC_CHUNK * sizeof(rec_t) +
+        s->n_buckets * sizeof(uint32_t) + s->n_lease_buckets * sizeof(lease_t *) +
+        (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s) + lease_bytes;
 }
 
 /* --------------------------------------------------------------- check */

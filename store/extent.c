@@ -3,8 +3,10 @@
  * pool: a two-level segregated fit (TLSF) with its metadata outside the
  * pool, in page units.
  *
- * Allocation rounds the request up to the next size class, so any block of
- * the first non-empty class at or above it fits: O(1) through two bitmaps.
+ * Allocation first looks at a few blocks of the request's own size class (an
+ * exact-size hole left by an object of the same namespace is there), then
+ * rounds the request up to the next class, where any block fits: O(1)
+ * through two bitmaps.
  * Freeing merges with free neighbours (found through phys_prev/phys_next),
  * so no two free extents are ever adjacent. Records come from chunks of
  * 64 Ki; spare records are recycled through a list.
@@ -13,6 +15,10 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+/* How many blocks of a request's own size class are looked at for one that
+ * fits before the O(1) search of the classes above. */
+#define EXACT_FIT_SCAN 16
 
 /* ------------------------------------------------------------ records */
 
@@ -157,13 +163,31 @@ static uint32_t find_suitable(const kvd_store_t *s, uint32_t fl, uint32_t sl)
     return s->free_heads[fl][sl];
 }
 
+/* A block of pages' own class that holds it, looking at the first few of the
+ * class's list: a namespace's objects all have one size, so the hole one of
+ * them left is exactly the size of the next, yet the rounded-up search of
+ * TLSF starts one class higher and would never see it. */
+static uint32_t find_in_own_class(const kvd_store_t *s, uint32_t pages)
+{
+    uint32_t fl, sl;
+    mapping_insert(pages, &fl, &sl);
+    uint32_t i = s->free_heads[fl][sl];
+    for (int n = 0; n < EXACT_FIT_SCAN && i != NIL; n++, i = R(s, i)->link_next)
+        if (R(s, i)->size_pages >= pages)
+            return i;
+    return NIL;
+}
+
 uint32_t extent_alloc(kvd_store_t *s, uint32_t pages)
 {
     if (pages == 0)
         return NIL;
-    uint32_t fl, sl;
-    mapping_search(pages, &fl, &sl);
-    uint32_t i = find_suitable(s, fl, sl);
+    uint32_t i = find_in_own_class(s, pages);
+    if (i == NIL) {
+        uint32_t fl, sl;
+        mapping_search(pages, &fl, &sl);
+        i = find_suitable(s, fl, sl);
+    }
     if (i == NIL)
         return NIL;
     free_list_remove(s, i);

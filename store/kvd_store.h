@@ -283,8 +283,9 @@ typedef struct kvd_obj_info {
     kvd_obj_state_t state;
     kvd_tier_t tier;
     uint32_t pins;
-    uint32_t hits;
-    uint64_t last_access_ms; /* wall clock; 0 = never read */
+    uint32_t hits;           /* acquires (saturates at 65535) */
+    uint32_t children;       /* stored pages naming this one as parent */
+    uint64_t last_access_ms; /* wall clock of the last publish or acquire */
     kvd_loc_t loc;
 } kvd_obj_info_t;
 

@@ -9,7 +9,7 @@
  *   - when free: a member of one TLSF free list (link_prev/link_next);
  *   - when an object: an index entry (hash chain), an LRU member while READY
  *     and unpinned (link_prev/link_next), and the object's metadata.
- * That keeps the index at 88 bytes per object plus its hash bucket.
+ * That keeps the index at 84 bytes per object plus its hash bucket.
  */
 #ifndef KVD_STORE_INT_H
 #define KVD_STORE_INT_H
@@ -42,16 +42,21 @@ typedef struct rec {
     uint32_t phys_prev, phys_next;
     uint32_t link_prev, link_next; /* free list, or LRU list */
     uint32_t hash_next;
-    uint32_t depth;
     uint32_t last_access_s; /* seconds since the store's epoch; 0 = never */
-    uint32_t hits;
+    uint16_t hits;          /* acquires, saturating */
+    uint16_t children;      /* objects of ns whose parent this is, saturating */
     uint16_t ns;
     uint16_t pins;
-    uint8_t state;
-    uint8_t tier;
-    uint8_t has_parent;
-    uint8_t pad;
+    uint32_t depth : 24;    /* clamped at REC_DEPTH_MAX */
+    uint32_t state : 2;     /* enum rec_state */
+    uint32_t tier : 1;
+    uint32_t has_parent : 1;
+    uint32_t spare : 4;
 } rec_t;
+
+#define REC_DEPTH_MAX 0xffffffu
+
+_Static_assert(sizeof(rec_t) == 84, "a record is 84 bytes: keep the index small");
 
 /* One hold of a lease: a record and, for the record's life, its key (so a
  * hold can be matched by key without another index). */

@@ -191,8 +191,13 @@ int dt_stats(kvd_client_t *c, kvd_stats_rep_t *out)
     int rc = kvd_client_call(c, req, rep, RPC_TIMEOUT_MS);
     if (rc == KVD_OK && rep->status != KVD_OK)
         rc = rep->status;
-    if (rc == KVD_OK)
+    if (rc == KVD_OK) {
         *out = rep->body.stats_rep;
+        /* the namespace table lives in rep's arena: not kept */
+        out->n_namespaces = 0;
+        out->namespaces = NULL;
+    }
+    kvd_msg_clear(rep);
     free(req);
     return rc;
 }

@@ -343,8 +343,9 @@ static void test_unknown_method_keeps_id(void **state)
     assert_int_equal(decode_bytes(bytes, sizeof(bytes), &out), KVD_ERR_UNKNOWN_METHOD);
     assert_true(out.id == 7);
 
-    /* id = 300 (ac 02), method = 4 (one past this build's last), a body */
-    const uint8_t next[] = {0x08, 0xac, 0x02, 0x10, 0x04, 0x72, 0x00};
+    /* id = 300 (ac 02), method = one past this build's last, a body */
+    _Static_assert(KVD_METHOD_COUNT < 128, "the method must fit one varint byte");
+    const uint8_t next[] = {0x08, 0xac, 0x02, 0x10, (uint8_t)KVD_METHOD_COUNT, 0x72, 0x00};
     assert_int_equal(decode_bytes(next, sizeof(next), &out), KVD_ERR_UNKNOWN_METHOD);
     assert_true(out.id == 300);
 }
