@@ -159,12 +159,14 @@ static void store_usage(FILE *f)
 
 static int store_parse(int argc, char **argv, store_opts_t *o)
 {
-    static const struct option longopts[] = {
-        {"objects", required_argument, NULL, 'o'}, {"batch", required_argument, NULL, 'b'},
-        {"seconds", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
-    *o = (store_opts_t){.objects = {1000000, 10000000}, .n_points = 2, .batch = 256,
-                        .seconds = 2.0};
+    static const struct option longopts[] = {{"objects", required_argument, NULL, 'o'},
+                                             {"batch", required_argument, NULL, 'b'},
+                                             {"seconds", required_argument, NULL, 's'},
+                                             {"json", no_argument, NULL, 'j'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
+    *o = (store_opts_t){
+        .objects = {1000000, 10000000}, .n_points = 2, .batch = 256, .seconds = 2.0};
     int c;
     uint64_t v;
     optind = 1;

@@ -35,8 +35,7 @@
  * the points; worker threads only touch their own rpc_worker_t and read the
  * shared rpc_point_t, which is written before the barrier that starts them.
  */
-#include "kvd_common.h"
-#include "kvd_proto.h"
+#include "bench.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -54,267 +53,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-#define BENCH_EXIT_OK    0
-#define BENCH_EXIT_FAIL  1
-#define BENCH_EXIT_USAGE 2
-
-#define BENCH_CALL_TIMEOUT_MS  5000  /* one round trip, kvdock or echo */
-#define BENCH_READY_TIMEOUT_MS 30000 /* kvdockd populating its pool */
-#define BENCH_STOP_TIMEOUT_MS  5000  /* SIGTERM to exit, then SIGKILL */
-#define BENCH_MAX_CLIENTS      1024
-#define BENCH_MAX_POINTS       32
-
-/* ----------------------------------------------------------- histogram */
-
-/*
- * A log-linear histogram of nanosecond values, HDR style: values below 128
- * are exact; above, each power of two is split into 128 equal buckets.
- */
-#define HIST_SUB_BITS 7
-#define HIST_SUB      (1u << HIST_SUB_BITS)
-#define HIST_BUCKETS  (HIST_SUB + (64 - HIST_SUB_BITS) * HIST_SUB)
-
-typedef struct bench_hist {
-    uint64_t count;
-    uint64_t max_ns;
-    uint64_t buckets[HIST_BUCKETS];
-} bench_hist_t;
-
-/* The bucket a value falls in. */
-static size_t hist_index(uint64_t v)
-{
-    if (v < HIST_SUB)
-        return (size_t)v;
-    unsigned shift = (unsigned)(63 - __builtin_clzll(v)) - HIST_SUB_BITS;
-    return HIST_SUB + (size_t)shift * HIST_SUB + (size_t)((v >> shift) - HIST_SUB);
-}
-
-/* The value a bucket stands for: the middle of its range. */
-static uint64_t hist_bucket_value(size_t i)
-{
-    if (i < HIST_SUB)
-        return i;
-    unsigned shift = (unsigned)((i - HIST_SUB) / HIST_SUB);
-    uint64_t low = (uint64_t)(HIST_SUB + (i - HIST_SUB) % HIST_SUB) << shift;
-    return low + ((1ull << shift) >> 1);
-}
-
-static void hist_add(bench_hist_t *h, uint64_t v)
-{
-    h->buckets[hist_index(v)]++;
-    h->count++;
-    if (v > h->max_ns)
-        h->max_ns = v;
-}
-
-static void hist_merge(bench_hist_t *into, const bench_hist_t *from)
-{
-    for (size_t i = 0; i < HIST_BUCKETS; i++)
-        into->buckets[i] += from->buckets[i];
-    into->count += from->count;
-    into->max_ns = KVD_MAX(into->max_ns, from->max_ns);
-}
-
-/* The q-quantile (0 < q <= 1) in nanoseconds; 0 for an empty histogram. */
-static uint64_t hist_quantile_ns(const bench_hist_t *h, double q)
-{
-    if (h->count == 0)
-        return 0;
-    uint64_t rank = (uint64_t)(q * (double)h->count + 0.5);
-    rank = KVD_MAX(rank, (uint64_t)1);
-    uint64_t seen = 0;
-    for (size_t i = 0; i < HIST_BUCKETS; i++) {
-        seen += h->buckets[i];
-        if (seen >= rank)
-            return KVD_MIN(hist_bucket_value(i), h->max_ns);
-    }
-    return h->max_ns;
-}
-
-/* ------------------------------------------------------------ processes */
-
-/* The children of one run and the temporary directory of their sockets. */
-typedef struct bench_env {
-    char dir[64]; /* mkdtemp'd; removed by bench_env_cleanup */
-    char daemon_socket[108];
-    char daemon_log[128];
-    char echo_socket[108];
-    pid_t daemon_pid; /* 0 when --socket names someone else's daemon */
-    pid_t echo_pid;
-} bench_env_t;
-
-/* Prints a file to stderr (a failed daemon's log). */
-static void bench_dump_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return;
-    fprintf(stderr, "---- %s ----\n", path);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-        fwrite(buf, 1, n, stderr);
-    fprintf(stderr, "---- end ----\n");
-    fclose(f);
-}
-
-/* Waits up to timeout_ms for a child to exit. Returns 0 once it has. */
-static int bench_wait_pid(pid_t pid, int timeout_ms)
-{
-    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    for (;;) {
-        pid_t r = waitpid(pid, NULL, WNOHANG);
-        if (r == pid || (r < 0 && errno == ECHILD))
-            return 0;
-        if (kvd_now_ns() >= deadline)
-            return -1;
-        kvd_sleep_ns(5000000);
-    }
-}
-
-/* SIGTERM to one of our children by its pid, SIGKILL past the timeout. */
-static void bench_stop_child(pid_t *pid, const char *what)
-{
-    if (*pid <= 0)
-        return;
-    kill(*pid, SIGTERM);
-    if (bench_wait_pid(*pid, BENCH_STOP_TIMEOUT_MS) != 0) {
-        fprintf(stderr,
-                "kvdock-bench: %s (pid %d) ignored SIGTERM for %d ms; "
-                "killing it\n",
-                what, (int)*pid, BENCH_STOP_TIMEOUT_MS);
-        kill(*pid, SIGKILL);
-        bench_wait_pid(*pid, BENCH_STOP_TIMEOUT_MS);
-    }
-    *pid = 0;
-}
-
-/* In a fresh child: die with the parent. Returns -1 if it is already gone. */
-static int bench_child_tie_to_parent(pid_t parent)
-{
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0)
-        return -1;
-    return getppid() == parent ? 0 : -1;
-}
-
-/* Creates the temporary directory and the socket paths inside it. */
-static int bench_env_init(bench_env_t *env)
-{
-    memset(env, 0, sizeof(*env));
-    snprintf(env->dir, sizeof(env->dir), "/tmp/kvdock-bench-XXXXXX");
-    if (mkdtemp(env->dir) == NULL) {
-        fprintf(stderr, "kvdock-bench: mkdtemp: %s\n", strerror(errno));
-        env->dir[0] = '\0';
-        return KVD_ERR_IO;
-    }
-    snprintf(env->daemon_socket, sizeof(env->daemon_socket), "%s/kvdockd.sock", env->dir);
-    snprintf(env->daemon_log, sizeof(env->daemon_log), "%s/kvdockd.log", env->dir);
-    snprintf(env->echo_socket, sizeof(env->echo_socket), "%s/echo.sock", env->dir);
-    return KVD_OK;
-}
-
-/* Stops the children this run started and removes the temporary directory. */
-static void bench_env_cleanup(bench_env_t *env)
-{
-    bench_stop_child(&env->daemon_pid, "kvdockd");
-    bench_stop_child(&env->echo_pid, "echo server");
-    if (env->dir[0] == '\0')
-        return;
-    unlink(env->daemon_socket);
-    unlink(env->daemon_log);
-    unlink(env->echo_socket);
-    rmdir(env->dir);
-    env->dir[0] = '\0';
-}
-
-/* Asks Health once. Returns the daemon's state, or a negative status. */
-static int bench_health_once(const char *socket_path)
-{
-    kvd_client_t *c = NULL;
-    int rc = kvd_client_connect_unix(socket_path, 200, &c);
-    if (rc != KVD_OK)
-        return rc;
-    kvd_msg_t req, rep;
-    kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
-    rc = kvd_client_call(c, &req, &rep, 1000);
-    kvd_client_close(c);
-    if (rc != KVD_OK)
-        return rc;
-    return rep.status != KVD_OK ? rep.status : (int)rep.body.health_rep.state;
-}
-
-/*
- * Waits until the daemon at socket_path answers Health with "ready". When
- * pid > 0 it is our child, and its early exit ends the wait. Returns KVD_OK,
- * KVD_ERR_TIMEOUT or KVD_ERR_CLOSED (the child exited).
- */
-static int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms)
-{
-    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    while (kvd_now_ns() < deadline) {
-        int st;
-        if (*pid > 0 && waitpid(*pid, &st, WNOHANG) == *pid) {
-            fprintf(stderr, "kvdock-bench: kvdockd exited early (%s %d)\n",
-                    WIFEXITED(st) ? "status" : "signal",
-                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-            *pid = 0;
-            return KVD_ERR_CLOSED;
-        }
-        if (bench_health_once(socket_path) == KVD_HEALTH_READY)
-            return KVD_OK;
-        kvd_sleep_ns(10000000);
-    }
-    fprintf(stderr, "kvdock-bench: %s not ready after %d ms\n", socket_path, timeout_ms);
-    return KVD_ERR_TIMEOUT;
-}
-
-/* Starts kvdockd on env's socket, its output to env's log, and waits for
- * "ready". Returns KVD_OK; on failure prints why and the daemon's log. */
-static int bench_daemon_start(bench_env_t *env, const char *kvdockd_path)
-{
-    char instance[64];
-    snprintf(instance, sizeof(instance), "bench-%d", (int)getpid());
-    const char *argv[] = {
-        kvdockd_path,  "--socket", env->daemon_socket, "--instance", instance,
-        "--pool-size", "64M",      "--usage-interval", "0",          NULL};
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid < 0) {
-        fprintf(stderr, "kvdock-bench: fork: %s\n", strerror(errno));
-        return KVD_ERR_IO;
-    }
-    if (pid == 0) {
-        if (bench_child_tie_to_parent(parent) != 0)
-            _exit(127);
-        int fd = open(env->daemon_log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd >= 0) {
-            dup2(fd, STDOUT_FILENO);
-            dup2(fd, STDERR_FILENO);
-        }
-        execv(kvdockd_path, (char *const *)argv);
-        fprintf(stderr, "kvdock-bench: exec %s: %s\n", kvdockd_path, strerror(errno));
-        _exit(127);
-    }
-    env->daemon_pid = pid;
-    int rc =
-        bench_wait_ready(env->daemon_socket, &env->daemon_pid, BENCH_READY_TIMEOUT_MS);
-    if (rc != KVD_OK)
-        bench_dump_file(env->daemon_log);
-    return rc;
-}
-
-/* The CPU time (user + system, all threads) a process has used so far, in
- * nanoseconds, or UINT64_MAX when it cannot be read. */
-static uint64_t bench_proc_cpu_ns(pid_t pid)
-{
-    clockid_t clock;
-    struct timespec ts;
-    if (pid <= 0 || clock_getcpuclockid(pid, &clock) != 0 ||
-        clock_gettime(clock, &ts) != 0)
-        return UINT64_MAX;
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 /* The pid of the process serving a Unix socket (SO_PEERCRED), or 0. */
 static pid_t bench_socket_server_pid(const char *socket_path)
@@ -1063,7 +801,7 @@ static int rpc_run_points(const rpc_opts_t *o, const bench_env_t *env,
 }
 
 /* `kvdock-bench rpc`: see rpc_usage(). */
-static int bench_mode_rpc(int argc, char **argv)
+int bench_mode_rpc(int argc, char **argv)
 {
     rpc_opts_t o;
     int rc = rpc_parse_opts(argc, argv, &o);
@@ -1081,7 +819,7 @@ static int bench_mode_rpc(int argc, char **argv)
         rc = bench_echo_start(&env);
     const char *daemon_socket = o.socket_path;
     if (rc == KVD_OK && o.kvdockd_path != NULL) {
-        rc = bench_daemon_start(&env, o.kvdockd_path);
+        rc = bench_daemon_start(&env, o.kvdockd_path, "64M");
         daemon_socket = env.daemon_socket;
     } else if (rc == KVD_OK) {
         pid_t none = 0;
@@ -1107,6 +845,10 @@ typedef struct bench_mode {
 static const bench_mode_t bench_modes[] = {
     {"rpc", bench_mode_rpc,
      "Health round trips to kvdockd vs. a bare Unix-socket echo, by client count"},
+    {"store", bench_mode_store,
+     "the store engine in process: insert+publish/s, key probes/s, index bytes/object"},
+    {"store-rpc", bench_mode_store_rpc,
+     "Lookup of 256 keys over the socket; the 8 MiB object cycle vs. memcpy"},
 };
 
 static void bench_usage(FILE *f)

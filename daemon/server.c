@@ -89,6 +89,7 @@ struct kvd_server {
     uint64_t usage_prev_published;
     uint64_t usage_prev_acquired;
     kvd_metrics_t *metrics;
+    kvd_msg_t msgs[2]; /* the request being served and its reply */
 };
 
 /* ------------------------------------------------------------ counters */
@@ -329,12 +330,8 @@ static void serve_stats(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
 static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_t len)
 {
     uint64_t t0 = kvd_now_ns();
-    kvd_msg_t *req = kvd_mem_calloc(KVD_MEM_CONN, 2, sizeof(kvd_msg_t));
-    if (req == NULL) {
-        c->closing = true;
-        return;
-    }
-    kvd_msg_t *rep = req + 1;
+    /* the loop serves one request at a time: one pair of messages does */
+    kvd_msg_t *req = &s->msgs[0], *rep = &s->msgs[1];
     int rc = kvd_msg_decode(payload, len, req);
     if (rc == KVD_ERR_UNKNOWN_METHOD) {
         conn_fail(s, c, req->id, KVD_METHOD_NONE, rc, "unknown method");
@@ -397,7 +394,6 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
 done:
     kvd_msg_clear(req);
     kvd_msg_clear(rep);
-    kvd_mem_free(KVD_MEM_CONN, req, 2 * sizeof(kvd_msg_t));
 }
 
 /* send() that attaches fd (SCM_RIGHTS) to the first byte sent. */
@@ -509,6 +505,11 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
             }
             conn_serve(s, c, payload, len);
         }
+        /* a short read emptied the socket: waiting for epoll costs less than
+         * one more recv() that would say EAGAIN (level-triggered, nothing is
+         * lost) */
+        if ((size_t)n < avail)
+            break;
     }
     conn_flush(s, c);
 }

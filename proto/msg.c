@@ -108,14 +108,10 @@ static void *arena_array(kvd_msg_t *m, size_t n, size_t size)
 
 /* ------------------------------------------------------ packing helpers */
 
-static ProtobufCBinaryData *keys_to_pb(kvd_msg_t *scr, const kvd_key_t *keys, size_t n)
+/* A batch of keys as one packed bytes field: the C array already is. */
+static ProtobufCBinaryData keys_to_pb(const kvd_key_t *keys, size_t n)
 {
-    ProtobufCBinaryData *pb = arena_array(scr, n, sizeof(*pb));
-    for (size_t i = 0; pb && i < n; i++) {
-        pb[i].len = KVD_KEY_LEN;
-        pb[i].data = (uint8_t *)keys[i];
-    }
-    return pb;
+    return (ProtobufCBinaryData){.len = n * KVD_KEY_LEN, .data = (uint8_t *)keys};
 }
 
 static Kvdock__NamespaceSpec **specs_to_pb(kvd_msg_t *scr, const kvd_ns_spec_t *in,
@@ -409,10 +405,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
             kvdock__lookup_pool__init(&pools[i]);
             pools[i].ns = in->pools[i].ns;
             pools[i].trailing_pages = in->pools[i].trailing_pages;
-            pools[i].n_keys = in->pools[i].n_keys;
-            pools[i].keys = keys_to_pb(scr, in->pools[i].keys, in->pools[i].n_keys);
-            if (pools[i].keys == NULL)
-                return false;
+            pools[i].keys = keys_to_pb(in->pools[i].keys, in->pools[i].n_keys);
             ptrs[i] = &pools[i];
         }
         r->n_pools = in->n_pools;
@@ -424,25 +417,31 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
     case KVD_METHOD_RESERVE: {
         const kvd_reserve_req_t *in = &m->body.reserve_req;
         Kvdock__ReserveRequest *r = arena_array(scr, 1, sizeof(*r));
-        Kvdock__PutItem *items = arena_array(scr, in->n, sizeof(*items));
-        Kvdock__PutItem **ptrs = arena_array(scr, in->n, sizeof(*ptrs));
-        if (!r || !items || !ptrs)
+        uint8_t *keys = arena_array(scr, in->n, KVD_KEY_LEN);
+        uint8_t *parents = arena_array(scr, in->n, KVD_KEY_LEN);
+        uint8_t *has_parent = arena_array(scr, in->n, 1);
+        uint32_t *depths = arena_array(scr, in->n, sizeof(uint32_t));
+        if (!r || !keys || !parents || !has_parent || !depths)
             return false;
         kvdock__reserve_request__init(r);
         r->ns = in->ns;
         r->object_bytes = in->object_bytes;
+        bool any_parent = false;
         for (size_t i = 0; i < in->n; i++) {
-            kvdock__put_item__init(&items[i]);
-            items[i].key =
-                (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->items[i].key};
+            memcpy(keys + i * KVD_KEY_LEN, in->items[i].key, KVD_KEY_LEN);
             if (in->items[i].has_parent)
-                items[i].parent =
-                    (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->items[i].parent};
-            items[i].depth = in->items[i].depth;
-            ptrs[i] = &items[i];
+                memcpy(parents + i * KVD_KEY_LEN, in->items[i].parent, KVD_KEY_LEN);
+            has_parent[i] = in->items[i].has_parent;
+            any_parent |= in->items[i].has_parent;
+            depths[i] = in->items[i].depth;
         }
-        r->n_items = in->n;
-        r->items = ptrs;
+        r->keys = (ProtobufCBinaryData){in->n * KVD_KEY_LEN, keys};
+        if (any_parent) {
+            r->parents = (ProtobufCBinaryData){in->n * KVD_KEY_LEN, parents};
+            r->has_parent = (ProtobufCBinaryData){in->n, has_parent};
+        }
+        r->n_depths = in->n;
+        r->depths = depths;
         env->body_case = KVDOCK__ENVELOPE__BODY_RESERVE_REQUEST;
         env->reserve_request = r;
         return true;
@@ -455,11 +454,10 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
             return false;
         kvdock__finish_request__init(r);
         r->lease_id = in->lease_id;
-        r->n_keys = in->n;
-        r->keys = keys_to_pb(scr, in->keys, in->n);
+        r->keys = keys_to_pb(in->keys, in->n);
         env->body_case = KVDOCK__ENVELOPE__BODY_FINISH_REQUEST;
         env->finish_request = r;
-        return r->keys != NULL;
+        return true;
     }
     case KVD_METHOD_ACQUIRE: {
         const kvd_acquire_req_t *in = &m->body.acquire_req;
@@ -469,11 +467,10 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         kvdock__acquire_request__init(r);
         r->ns = in->ns;
         r->object_bytes = in->object_bytes;
-        r->n_keys = in->n;
-        r->keys = keys_to_pb(scr, in->keys, in->n);
+        r->keys = keys_to_pb(in->keys, in->n);
         env->body_case = KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST;
         env->acquire_request = r;
-        return r->keys != NULL;
+        return true;
     }
     case KVD_METHOD_RELEASE: {
         Kvdock__ReleaseRequest *r = arena_array(scr, 1, sizeof(*r));
@@ -755,16 +752,19 @@ static int copy_key(uint8_t *dst, ProtobufCBinaryData b)
     return KVD_OK;
 }
 
-static int keys_from_pb(kvd_msg_t *m, size_t n, const ProtobufCBinaryData *pb,
-                        kvd_key_t **out)
+/* A packed batch of keys: a multiple of 32 bytes, copied in one go. */
+static int keys_from_pb(kvd_msg_t *m, ProtobufCBinaryData pb, kvd_key_t **out, size_t *n)
 {
-    kvd_key_t *keys = arena_array(m, n, sizeof(kvd_key_t));
+    if (pb.len % KVD_KEY_LEN != 0)
+        return KVD_ERR_PROTOCOL;
+    size_t count = pb.len / KVD_KEY_LEN;
+    kvd_key_t *keys = arena_array(m, count, sizeof(kvd_key_t));
     if (keys == NULL)
         return KVD_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++)
-        if (copy_key(keys[i], pb[i]) != KVD_OK)
-            return KVD_ERR_PROTOCOL;
+    if (count > 0)
+        memcpy(keys, pb.data, pb.len);
     *out = keys;
+    *n = count;
     return KVD_OK;
 }
 
@@ -1012,9 +1012,8 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         for (size_t i = 0; i < r->n_pools; i++) {
             l->pools[i].ns = r->pools[i]->ns;
             l->pools[i].trailing_pages = r->pools[i]->trailing_pages;
-            l->pools[i].n_keys = r->pools[i]->n_keys;
-            int rc = keys_from_pb(out, r->pools[i]->n_keys, r->pools[i]->keys,
-                                  &l->pools[i].keys);
+            int rc = keys_from_pb(out, r->pools[i]->keys, &l->pools[i].keys,
+                                  &l->pools[i].n_keys);
             if (rc != KVD_OK)
                 return rc;
         }
@@ -1025,33 +1024,39 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         kvd_reserve_req_t *q = &out->body.reserve_req;
         q->ns = r->ns;
         q->object_bytes = r->object_bytes;
-        q->items = arena_array(out, r->n_items, sizeof(*q->items));
+        if (r->keys.len % KVD_KEY_LEN != 0)
+            return KVD_ERR_PROTOCOL;
+        size_t n = r->keys.len / KVD_KEY_LEN;
+        bool parents = r->parents.len != 0 || r->has_parent.len != 0;
+        if ((parents && (r->parents.len != r->keys.len || r->has_parent.len != n)) ||
+            (r->n_depths != 0 && r->n_depths != n))
+            return KVD_ERR_PROTOCOL;
+        q->items = arena_array(out, n, sizeof(*q->items));
         if (q->items == NULL)
             return KVD_ERR_NOMEM;
-        q->n = r->n_items;
-        for (size_t i = 0; i < r->n_items; i++) {
-            const Kvdock__PutItem *it = r->items[i];
-            if (copy_key(q->items[i].key, it->key) != KVD_OK ||
-                (it->parent.len != 0 &&
-                 copy_key(q->items[i].parent, it->parent) != KVD_OK))
-                return KVD_ERR_PROTOCOL;
-            q->items[i].has_parent = it->parent.len != 0;
-            q->items[i].depth = it->depth;
+        q->n = n;
+        for (size_t i = 0; i < n; i++) {
+            kvd_put_item_t *it = &q->items[i];
+            memcpy(it->key, r->keys.data + i * KVD_KEY_LEN, KVD_KEY_LEN);
+            it->has_parent = parents && r->has_parent.data[i] != 0;
+            if (it->has_parent)
+                memcpy(it->parent, r->parents.data + i * KVD_KEY_LEN, KVD_KEY_LEN);
+            it->depth = r->n_depths ? r->depths[i] : 0;
         }
         return KVD_OK;
     }
     case KVDOCK__ENVELOPE__BODY_FINISH_REQUEST: {
         const Kvdock__FinishRequest *r = env->finish_request;
         out->body.finish_req.lease_id = r->lease_id;
-        out->body.finish_req.n = r->n_keys;
-        return keys_from_pb(out, r->n_keys, r->keys, &out->body.finish_req.keys);
+        return keys_from_pb(out, r->keys, &out->body.finish_req.keys,
+                            &out->body.finish_req.n);
     }
     case KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST: {
         const Kvdock__AcquireRequest *r = env->acquire_request;
         out->body.acquire_req.ns = r->ns;
         out->body.acquire_req.object_bytes = r->object_bytes;
-        out->body.acquire_req.n = r->n_keys;
-        return keys_from_pb(out, r->n_keys, r->keys, &out->body.acquire_req.keys);
+        return keys_from_pb(out, r->keys, &out->body.acquire_req.keys,
+                            &out->body.acquire_req.n);
     }
     case KVDOCK__ENVELOPE__BODY_RELEASE_REQUEST:
         out->body.release_req.lease_id = env->release_request->lease_id;

@@ -332,17 +332,21 @@ static void acquire_frame(wbuf_t *out, uint64_t id, uint32_t ns, size_t key_len)
     frame(out, id, KVD_METHOD_ACQUIRE, 24, &req);
 }
 
-/* ReserveRequest{ns, items = [PutItem{key 32, parent of parent_len}]} (field 20). */
+/* ReserveRequest{ns, keys = one 32-byte key, parents = parent_len bytes
+ * with has_parent = {1} when parent_len > 0, depths = [1]} (field 20). */
 static void reserve_frame(wbuf_t *out, uint64_t id, uint32_t ns, size_t parent_len)
 {
     uint8_t key[40];
     memset(key, 0x78, sizeof(key));
-    wbuf_t item = {.n = 0}, req = {.n = 0};
-    put_bytes(&item, 1, key, KVD_KEY_LEN);
-    put_bytes(&item, 2, key, parent_len);
-    put_uint(&item, 3, 1);
+    const uint8_t one = 1;
+    wbuf_t req = {.n = 0};
     put_uint(&req, 1, ns);
-    put_bytes(&req, 3, item.b, item.n);
+    put_bytes(&req, 3, key, KVD_KEY_LEN);
+    if (parent_len > 0) {
+        put_bytes(&req, 4, key, parent_len);
+        put_bytes(&req, 5, &one, 1);
+    }
+    put_uint(&req, 6, 1);
     frame(out, id, KVD_METHOD_RESERVE, 20, &req);
 }
 
