@@ -217,8 +217,10 @@ static void prefixes_json(const kvd_list_rep_t *l)
             printf(",\"key\":\"");
             cli_print_hex(o->key, KVD_KEY_LEN);
             printf("\",\"parent\":\"");
-            cli_print_hex(o->parent, o->parent_len);
-            printf("\",\"depth\":%u,\"hits\":%u,\"pins\":%u}", o->depth, o->hits,
+            if (o->parent_len == KVD_KEY_LEN)
+                cli_print_hex(o->parent, o->parent_len);
+            printf("\",\"parent_stored\":%s,\"depth\":%u,\"hits\":%u,\"pins\":%u}",
+                   o->parent_len == KVD_KEY_LEN ? "true" : "false", o->depth, o->hits,
                    o->pins);
         }
         printf("]");
@@ -354,11 +356,14 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
             printf(",\"key\":\"");
             cli_print_hex(o->key, KVD_KEY_LEN);
             printf("\",\"parent\":\"");
-            cli_print_hex(o->parent, o->parent_len);
-            printf("\",\"depth\":%u,\"state\":\"%s\",\"tier\":\"%s\",\"pins\":%u,"
+            if (o->parent_len == KVD_KEY_LEN)
+                cli_print_hex(o->parent, o->parent_len);
+            printf("\",\"parent_stored\":%s,\"depth\":%u,\"state\":\"%s\",\"tier\":\"%"
+                   "s\",\"pins\":%u,"
                    "\"hits\":%u,"
                    "\"last_access_ms\":%llu,\"offset\":%llu,\"size\":%llu}",
-                   o->depth, state, o->tier ? "ssd" : "dram", o->pins, o->hits,
+                   o->parent_len == KVD_KEY_LEN ? "true" : "false", o->depth, state,
+                   o->tier ? "ssd" : "dram", o->pins, o->hits,
                    (unsigned long long)o->last_access_ms, (unsigned long long)o->offset,
                    (unsigned long long)o->size);
             continue;
@@ -369,9 +374,10 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
         printf("\nparent       ");
         if (o->parent_len == 0)
             printf("(none: first page of its chain)");
-        cli_print_hex(o->parent, o->parent_len);
-        if (o->parent_len == 8)
-            printf("... (not stored)");
+        else if (o->parent_len == KVD_KEY_LEN)
+            cli_print_hex(o->parent, o->parent_len);
+        else
+            printf("(not stored)");
         printf("\ndepth        %u\nstate        %s\ntier         %s\npins         %u\n"
                "hits         %u\nlast access  ",
                o->depth, state, o->tier ? "ssd" : "dram", o->pins, o->hits);

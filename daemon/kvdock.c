@@ -203,7 +203,8 @@ static void stats_json(const kvd_stats_rep_t *st)
         "\"reserve_allocated\":%llu,\"reserve_exists\":%llu,\"reserve_in_flight\":%llu,"
         "\"reserve_no_space\":%llu,\"lookups\":%llu,\"lookup_pages\":%llu,"
         "\"hit_pages\":%llu,\"acquires\":%llu,\"acquire_failures\":%llu,"
-        "\"leases_expired\":%llu,\"published_bytes\":%llu,\"acquired_bytes\":%llu},",
+        "\"leases_expired\":%llu,\"published_bytes\":%llu,\"acquired_bytes\":%llu,"
+        "\"quarantined_bytes\":%llu},",
         (unsigned long long)ss->pool_bytes, (unsigned long long)ss->free_bytes,
         (unsigned long long)ss->writing_bytes, (unsigned long long)ss->ready_bytes,
         (unsigned long long)ss->pinned_bytes, (unsigned long long)ss->objects_ready,
@@ -218,7 +219,8 @@ static void stats_json(const kvd_stats_rep_t *st)
         (unsigned long long)ss->lookup_pages, (unsigned long long)ss->hit_pages,
         (unsigned long long)ss->acquires, (unsigned long long)ss->acquire_failures,
         (unsigned long long)ss->leases_expired, (unsigned long long)ss->published_bytes,
-        (unsigned long long)ss->acquired_bytes);
+        (unsigned long long)ss->acquired_bytes,
+        (unsigned long long)ss->quarantined_bytes);
     printf("\"namespaces\":[");
     for (size_t i = 0; i < st->n_namespaces; i++) {
         const kvd_ns_msg_t *n = &st->namespaces[i];
@@ -282,15 +284,17 @@ static void stats_table(const kvd_stats_rep_t *st)
                (unsigned long long)ms->calls, (unsigned long long)ms->errors, mean);
     }
     const kvd_store_stats_msg_t *ss = &st->store;
-    char a2[32], b2[32], c2[32];
+    char a2[32], b2[32], c2[32], d2[32];
     uint64_t used = ss->pool_bytes - ss->free_bytes;
-    printf("\nstore: %s used of %s (%.1f%%): %s ready, %s writing, %s pinned\n",
+    printf("\nstore: %s used of %s (%.1f%%): %s ready, %s writing, %s pinned, %s "
+           "quarantined\n",
            kvd_size_format(used, a, sizeof(a)),
            kvd_size_format(ss->pool_bytes, b, sizeof(b)),
            ss->pool_bytes ? 100.0 * (double)used / (double)ss->pool_bytes : 0.0,
            kvd_size_format(ss->ready_bytes, a2, sizeof(a2)),
            kvd_size_format(ss->writing_bytes, b2, sizeof(b2)),
-           kvd_size_format(ss->pinned_bytes, c2, sizeof(c2)));
+           kvd_size_format(ss->pinned_bytes, c2, sizeof(c2)),
+           kvd_size_format(ss->quarantined_bytes, d2, sizeof(d2)));
     printf("  objects %llu ready, %llu writing, %llu pinned; %llu leases; index %s\n",
            (unsigned long long)ss->objects_ready, (unsigned long long)ss->objects_writing,
            (unsigned long long)ss->objects_pinned, (unsigned long long)ss->leases,

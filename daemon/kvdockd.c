@@ -12,9 +12,34 @@
 #include "server.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Every connection is a descriptor: raise the soft limit to the hard one,
+ * and keep --max-connections below what it allows (a few descriptors are the
+ * daemon's own: pool, epoll, signals, timer, listeners, metrics). */
+static void raise_fd_limit(kvd_opts_t *opts)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    uint64_t room = rl.rlim_cur > 96 ? (uint64_t)rl.rlim_cur - 64 : 32;
+    if (opts->max_connections > room) {
+        KVD_WARN("kvdockd",
+                 "--max-connections %llu is over what %llu descriptors allow; "
+                 "using %llu",
+                 (unsigned long long)opts->max_connections,
+                 (unsigned long long)rl.rlim_cur, (unsigned long long)room);
+        opts->max_connections = room;
+    }
+}
 
 int main(int argc, char **argv)
 {
@@ -34,6 +59,8 @@ int main(int argc, char **argv)
     sigaddset(&mask, SIGINT);
     pthread_sigmask(SIG_BLOCK, &mask, NULL);
     signal(SIGPIPE, SIG_IGN);
+
+    raise_fd_limit(&opts);
 
     kvd_host_mem_t host;
     int rc = kvd_host_mem_probe(opts.meminfo_root, &host);

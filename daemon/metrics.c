@@ -2,8 +2,9 @@
  * metrics.c - the Prometheus endpoint: GET /metrics (text exposition format
  * 0.0.4) and GET /healthz (200 "ready", 503 "starting"/"draining").
  *
- * libmicrohttpd serves on its own thread; every figure comes from
- * kvd_server_stats(), which reads only atomics and /proc.
+ * libmicrohttpd serves on a pool of two threads. /healthz reads an atomic;
+ * /metrics comes from kvd_server_stats(), which reads atomics, /proc, and
+ * the store under the server's store lock (held by the loop per request).
  */
 #include "server.h"
 
@@ -85,15 +86,15 @@ static void render_store(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size
                          kvd_buf_t *b)
 {
     const kvd_store_stats_msg_t *s = &st->store;
-    appendf(
-        b,
-        "# HELP kvdock_store_bytes Pool bytes by state (free + writing + ready = pool).\n"
-        "# TYPE kvdock_store_bytes gauge\n"
-        "kvdock_store_bytes{state=\"free\"} %llu\n"
-        "kvdock_store_bytes{state=\"writing\"} %llu\n"
-        "kvdock_store_bytes{state=\"ready\"} %llu\n",
-        (unsigned long long)s->free_bytes, (unsigned long long)s->writing_bytes,
-        (unsigned long long)s->ready_bytes);
+    appendf(b,
+            "# HELP kvdock_store_bytes Pool bytes by state (they add up to the pool).\n"
+            "# TYPE kvdock_store_bytes gauge\n"
+            "kvdock_store_bytes{state=\"free\"} %llu\n"
+            "kvdock_store_bytes{state=\"writing\"} %llu\n"
+            "kvdock_store_bytes{state=\"ready\"} %llu\n"
+            "kvdock_store_bytes{state=\"quarantined\"} %llu\n",
+            (unsigned long long)s->free_bytes, (unsigned long long)s->writing_bytes,
+            (unsigned long long)s->ready_bytes, (unsigned long long)s->quarantined_bytes);
     gauge(b, "kvdock_store_pinned_bytes", "Ready bytes pinned by loads.",
           s->pinned_bytes);
     gauge(b, "kvdock_store_objects", "Objects stored (ready).", s->objects_ready);
@@ -304,9 +305,12 @@ int kvd_metrics_start(kvd_server_t *s, const char *host_port, kvd_metrics_t **ou
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* two threads: /healthz answers from atomics while a /metrics scrape
+     * waits for the store's lock */
     m->mhd = MHD_start_daemon(flags, port, NULL, NULL, handle, m, MHD_OPTION_SOCK_ADDR,
                               res->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 64u,
-                              MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
+                              MHD_OPTION_CONNECTION_TIMEOUT, 10u,
+                              MHD_OPTION_THREAD_POOL_SIZE, 2u, MHD_OPTION_END);
     freeaddrinfo(res);
     if (m->mhd == NULL) {
         KVD_ERROR("metrics", "cannot serve metrics on %s (port in use?)", host_port);

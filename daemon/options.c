@@ -53,7 +53,8 @@ static const opt_def_t opt_defs[] = {
     {"metrics-listen", OPT_HOSTPORT, OFF(metrics_listen), SZ(metrics_listen), 0, 0,
      "HOST:PORT", "serve /metrics and /healthz over HTTP here (off unless given)"},
     {"pool-size", OPT_SIZE, OFF(pool_size_bytes), 0, 1, 0, "SIZE",
-     "the pool's exact size, e.g. 64G (default 1G when --mem-fraction is not given)"},
+     "the pool's size, e.g. 64G, rounded down to whole pages (default 1G when "
+     "--mem-fraction is not given)"},
     {"mem-fraction", OPT_FRACTION, OFF(mem_fraction), 0, 0, 0, "F",
      "pool = F x memory limit - reserve; limit = min(MemTotal, cgroup limit)"},
     {"reserve", OPT_SIZE, OFF(reserve_bytes), 0, 0, 0, "SIZE",
@@ -315,7 +316,7 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     /* pass 2: every flag, overriding the file */
     opterr = 0;
     optind = 1;
-    bool pool_size_given = o->pool_size_bytes > 0;
+    bool size_flag = false, fraction_flag = false;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         if (c == '?' || c == ':') {
             const char *bad = argv[optind - 1];
@@ -330,14 +331,20 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
         const opt_def_t *d = &opt_defs[c - 1000];
         if (apply_opt(d, optarg, o, "") != 0)
             return KVD_OPTS_ERROR;
-        if (strcmp(d->name, "pool-size") == 0)
-            pool_size_given = true;
+        size_flag |= strcmp(d->name, "pool-size") == 0;
+        fraction_flag |= strcmp(d->name, "mem-fraction") == 0;
     }
     if (optind < argc) {
         fprintf(stderr, "kvdockd: unexpected argument '%s' (see kvdockd --help)\n",
                 argv[optind]);
         return KVD_OPTS_ERROR;
     }
+    /* a flag overrides the file, also across the two ways of sizing */
+    if (size_flag && !fraction_flag)
+        o->mem_fraction = 0;
+    if (fraction_flag && !size_flag)
+        o->pool_size_bytes = 0;
+    bool pool_size_given = o->pool_size_bytes > 0;
     if (pool_size_given && o->mem_fraction > 0) {
         fprintf(stderr,
                 "kvdockd: give one of --pool-size and --mem-fraction, not both\n");

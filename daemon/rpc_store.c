@@ -18,7 +18,9 @@
 
 /* Most objects one ListPrefixes scans: bounds the reply's cost on a huge
  * store; the reply says when it was truncated. */
-#define LIST_SCAN_MAX (4u * 1024u * 1024u)
+#define LIST_SCAN_MAX (1u * 1024u * 1024u)
+/* Most parent links one ListPrefixes follows, over all its entries. */
+#define LIST_WALK_MAX (4u * 1024u * 1024u)
 
 static void set_error(const kvd_msg_t *req, kvd_msg_t *rep, int status, uint32_t index,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
@@ -132,7 +134,10 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t n,
         if (spec_refused(store, specs, i, req, rep))
             return rep->status;
         uint32_t id;
-        fresh += kvd_store_ns_find(store, specs[i].name, &id) != KVD_OK;
+        bool seen = kvd_store_ns_find(store, specs[i].name, &id) == KVD_OK;
+        for (size_t k = 0; k < i && !seen; k++)
+            seen = strcmp(specs[k].name, specs[i].name) == 0;
+        fresh += !seen;
     }
     if (kvd_store_ns_count(store) + fresh > KVD_STORE_MAX_NAMESPACES) {
         set_error(req, rep, KVD_ERR_NO_SPACE, 0, "too many namespaces (at most %d)",
@@ -206,6 +211,7 @@ void kvd_rpc_store_stats(const kvd_store_stats_t *in, kvd_store_stats_msg_t *o)
     o->leases_expired = in->leases_expired;
     o->published_bytes = in->published_bytes;
     o->acquired_bytes = in->acquired_bytes;
+    o->quarantined_bytes = in->quarantined_bytes;
 }
 
 /* --------------------------------------------------------------- methods */
@@ -347,9 +353,10 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
             kvd_key_to_hex(r->keys[bad], hex);
         set_error(req, rep, rc, (uint32_t)bad + 1,
                   "acquire: key %zu (%.16s...) %s; nothing pinned", bad, hex,
-                  rc == KVD_ERR_NOT_FOUND ? "is not stored"
-                  : rc == KVD_ERR_BUSY    ? "is still being written"
-                                          : kvd_status_str(rc));
+                  rc == KVD_ERR_NOT_FOUND  ? "is not stored"
+                  : rc == KVD_ERR_BUSY     ? "is still being written"
+                  : rc == KVD_ERR_NO_SPACE ? "has as many pins as it can count (65535)"
+                                           : kvd_status_str(rc));
         return;
     }
     kvd_ns_info_t info;
@@ -560,37 +567,73 @@ static bool key_elsewhere(kvd_store_t *store, uint32_t ns, const uint8_t *key)
     return false;
 }
 
-/* Builds one prefix entry: walks from the leaf to its root through parent
- * tags, then finds which other namespaces hold the chain's keys. */
+/* The work one ListPrefixes may do and the room its reply may take: the
+ * depths and parents it walks are what clients wrote, so neither is
+ * trusted to be small or acyclic. */
+typedef struct list_budget {
+    uint64_t steps;       /* parent links left to follow */
+    uint64_t reply_bytes; /* estimated encoded size left */
+} list_budget_t;
+
+/*
+ * Builds one prefix entry: walks from the leaf to its root through parent
+ * tags, following a link only when the parent's depth is one less (which
+ * also ends any cycle a client could write), then finds which other
+ * namespaces hold the chain's keys. KVD_ERR_TOO_LARGE when the budget runs
+ * out (the entry is not added).
+ */
 static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_t *rep,
-                        kvd_prefix_msg_t *e)
+                        list_budget_t *budget, kvd_prefix_msg_t *e)
 {
-    size_t cap = (size_t)leaf->depth + 1, len = 0;
+    size_t cap = 64, len = 0;
     kvd_key_t *chain = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(kvd_key_t));
     if (chain == NULL)
         return KVD_ERR_NOMEM;
     memset(e, 0, sizeof(*e));
     kvd_obj_info_t cur = *leaf;
+    int rc = KVD_OK;
     for (;;) {
-        if (len < cap)
-            memcpy(chain[len++], cur.key, 32);
+        if (len == cap) {
+            kvd_key_t *more =
+                kvd_mem_realloc(KVD_MEM_STAGING, chain, cap * sizeof(kvd_key_t),
+                                2 * cap * sizeof(kvd_key_t));
+            if (more == NULL) {
+                rc = KVD_ERR_NOMEM;
+                break;
+            }
+            chain = more;
+            cap *= 2;
+        }
+        memcpy(chain[len++], cur.key, 32);
         e->hits += cur.hits;
         e->last_access_ms = KVD_MAX(e->last_access_ms, cur.last_access_ms);
         e->bytes += cur.loc.size;
         kvd_obj_info_t parent;
-        if (!cur.has_parent || len >= cap ||
-            kvd_store_find_tag(store, cur.ns, cur.parent_tag, &parent) != KVD_OK)
+        if (!cur.has_parent || cur.depth == 0 ||
+            kvd_store_find_tag(store, cur.ns, cur.parent_tag, &parent) != KVD_OK ||
+            parent.depth + 1 != cur.depth)
             break;
+        if (budget->steps == 0) {
+            rc = KVD_ERR_TOO_LARGE;
+            break;
+        }
+        budget->steps--;
         cur = parent;
     }
-    e->ns = leaf->ns;
-    memcpy(e->root, chain[len - 1], 32);
-    memcpy(e->leaf, leaf->key, 32);
-    e->pages = (uint32_t)len;
-    /* chain[] runs leaf to root; boundary b = pages 0..b-1, i.e. index len-b */
     uint32_t count = kvd_store_ns_count(store);
-    e->pools = kvd_msg_alloc(rep, (size_t)count * sizeof(kvd_pool_bounds_t) + 1);
-    int rc = e->pools ? KVD_OK : KVD_ERR_NOMEM;
+    uint64_t size = 96 + (uint64_t)len * 2; /* the entry, its boundaries */
+    if (rc == KVD_OK && size > budget->reply_bytes)
+        rc = KVD_ERR_TOO_LARGE;
+    if (rc == KVD_OK) {
+        budget->reply_bytes -= size;
+        e->ns = leaf->ns;
+        memcpy(e->root, chain[len - 1], 32);
+        memcpy(e->leaf, leaf->key, 32);
+        e->pages = (uint32_t)len;
+        e->pools = kvd_msg_alloc(rep, (size_t)count * sizeof(kvd_pool_bounds_t) + 1);
+        rc = e->pools ? KVD_OK : KVD_ERR_NOMEM;
+    }
+    /* chain[] runs leaf to root; boundary b = pages 0..b-1, i.e. index len-b */
     for (uint32_t ns = 0; rc == KVD_OK && ns < count; ns++) {
         if (ns == leaf->ns)
             continue;
@@ -626,6 +669,10 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
         r->limit ? KVD_MIN((uint64_t)r->limit, opts->max_batch) : opts->max_batch;
     list_ctx_t c = {.store = store};
     kvd_store_foreach(store, only, collect, &c);
+    list_budget_t budget = {.steps = LIST_WALK_MAX,
+                            .reply_bytes = opts->max_frame_bytes / 2};
+    /* a node costs about 120 bytes of reply */
+    limit = KVD_MIN(limit, (size_t)(opts->max_frame_bytes / 2 / 128));
     tag_ref_t *parents = kvd_mem_calloc(KVD_MEM_STAGING, c.n + 1, sizeof(*parents));
     kvd_list_rep_t *o = &rep->body.list_rep;
     o->prefixes = kvd_msg_alloc(rep, KVD_MIN(c.n, limit) * sizeof(kvd_prefix_msg_t) + 1);
@@ -659,16 +706,21 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
                 o->truncated = true;
         }
         tag_ref_t me = {.ns = obj->ns};
-        memcpy(me.tag, obj->key, 8);
+        kvd_store_key_tag(store, obj->key, me.tag);
         if (bsearch(&me, parents, np, sizeof(*parents), tag_cmp) != NULL)
             continue; /* not a leaf */
         if (o->n_prefixes >= limit) {
             o->truncated = true;
             continue;
         }
-        rc = prefix_entry(store, obj, rep, &o->prefixes[o->n_prefixes]);
+        rc = prefix_entry(store, obj, rep, &budget, &o->prefixes[o->n_prefixes]);
         if (rc == KVD_OK)
             o->n_prefixes++;
+        if (rc == KVD_ERR_TOO_LARGE) {
+            o->truncated = true;
+            rc = KVD_OK;
+            break;
+        }
     }
     o->truncated |= c.truncated;
     if (rc == KVD_OK)

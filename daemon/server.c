@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #define OUT_HIGH_WATER (8u * 1024u * 1024u)
+#define BUF_KEEP_BYTES (1u * 1024u * 1024u) /* buffers larger are freed when empty */
 #define READ_CHUNK     (64u * 1024u)
 #define TICK_MS        100
 
@@ -82,6 +83,7 @@ struct kvd_server {
     _Atomic int health;
     uint64_t start_ns;
     bool draining;
+    bool accept_paused; /* out of descriptors: listeners unwatched a tick */
     uint64_t drain_deadline_ns;
     uint64_t next_usage_ns;
     uint64_t usage_prev_calls;
@@ -224,22 +226,32 @@ static void conn_update_events(kvd_server_t *s, conn_t *c)
     }
 }
 
+/* The largest reply: --max-frame, but never below the default (a Stats
+ * reply must always fit). */
+static size_t reply_max(const kvd_server_t *s)
+{
+    return KVD_MAX(s->opts.max_frame_bytes, (uint64_t)KVD_FRAME_DEFAULT_MAX);
+}
+
 /* Queues one reply; a reply that cannot be packed becomes an error reply.
  * A Hello reply that promises the pool's descriptor marks where it rides. */
-static void conn_reply(conn_t *c, const kvd_msg_t *rep)
+static void conn_reply(kvd_server_t *s, conn_t *c, const kvd_msg_t *rep)
 {
     size_t before = c->out.len;
     if (rep->method == KVD_METHOD_HELLO && rep->status == KVD_OK &&
         rep->body.hello_rep.pool_fd_attached)
         c->fd_at = before;
-    int rc = kvd_msg_pack(rep, KVD_FRAME_LIMIT_MAX, &c->out);
+    int rc = kvd_msg_pack(rep, reply_max(s), &c->out);
     if (rc != KVD_OK) {
         c->out.len = before;
         if (c->fd_at == before)
             c->fd_at = SIZE_MAX;
         kvd_msg_t err;
-        kvd_msg_error(&err, rep->id, rep->method, rc, "reply could not be encoded: %s",
-                      kvd_status_str(rc));
+        kvd_msg_error(&err, rep->id, rep->method, rc,
+                      rc == KVD_ERR_TOO_LARGE
+                          ? "the reply would be over %zu bytes: ask for less"
+                          : "the reply could not be encoded (%zu)",
+                      reply_max(s));
         if (kvd_msg_pack(&err, KVD_FRAME_LIMIT_MAX, &c->out) != KVD_OK) {
             c->out.len = before;
             c->closing = true; /* out of memory: nothing sensible left to say */
@@ -256,7 +268,7 @@ static void conn_fail(kvd_server_t *s, conn_t *c, uint64_t id, kvd_method_t meth
              what);
     kvd_msg_t rep;
     kvd_msg_error(&rep, id, method, status, "%s", what);
-    conn_reply(c, &rep);
+    conn_reply(s, c, &rep);
     c->closing = true;
 }
 
@@ -292,8 +304,9 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     r->n_ns_ids = h->n_namespaces;
     r->ns_ids = ids;
     r->lease_ttl_ms = s->opts.lease_ttl_ms;
-    /* the pool's descriptor can only cross a Unix socket */
-    r->pool_fd_attached = h->want_pool_fd && !c->tcp;
+    /* the pool's descriptor can only cross a Unix socket, and rides one
+     * reply at a time (a second pipelined Hello gets none) */
+    r->pool_fd_attached = h->want_pool_fd && !c->tcp && c->fd_at == SIZE_MAX;
     kvd_strlcpy(r->daemon_version, KVD_VERSION, sizeof(r->daemon_version));
     kvd_strlcpy(r->instance, s->opts.instance, sizeof(r->instance));
     r->protocol_version = KVD_PROTOCOL_VERSION;
@@ -388,7 +401,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         c->closing = true;
         break;
     }
-    conn_reply(c, rep);
+    conn_reply(s, c, rep);
     kvd_counters_record(&s->counters, req->method, rep->status != KVD_OK,
                         kvd_now_ns() - t0);
 done:
@@ -417,9 +430,10 @@ static ssize_t send_with_fd(int sock, const uint8_t *buf, size_t len, int fd)
     return sendmsg(sock, &msg, MSG_NOSIGNAL);
 }
 
-/* Writes queued output; closes a closing connection once it is all out.
- * The pool's descriptor goes with the first byte of the reply at fd_at. */
-static void conn_flush(kvd_server_t *s, conn_t *c)
+static void conn_serve_buffered(kvd_server_t *s, conn_t *c);
+
+/* Writes what is queued; returns false when the peer is gone (c closed). */
+static bool conn_send_out(kvd_server_t *s, conn_t *c)
 {
     size_t off = 0;
     while (off < c->out.len) {
@@ -438,23 +452,82 @@ static void conn_flush(kvd_server_t *s, conn_t *c)
             continue;
         if (n < 0 && errno == EAGAIN)
             break;
-        kvd_buf_consume(&c->out, off);
         conn_close(s, c, "send failed: peer gone");
-        return;
+        return false;
     }
     kvd_buf_consume(&c->out, off);
     if (c->fd_at != SIZE_MAX)
         c->fd_at -= off;
-    if (c->closing && c->out.len == 0) {
-        conn_close(s, c, "closed after error reply");
-        return;
+    return true;
+}
+
+/*
+ * Writes queued output; closes a closing connection once it is all out.
+ * The pool's descriptor goes with the first byte of the reply at fd_at.
+ * Once the output is drained, frames held back while the client was not
+ * reading are served, and their replies written, until either runs out.
+ */
+static void conn_flush(kvd_server_t *s, conn_t *c)
+{
+    for (;;) {
+        if (!conn_send_out(s, c))
+            return;
+        if (c->closing && c->out.len == 0) {
+            conn_close(s, c, "closed after error reply");
+            return;
+        }
+        if (c->out.len > 0 || c->closing || kvd_framer_pending(&c->in) == 0)
+            break;
+        size_t before = kvd_framer_pending(&c->in);
+        conn_serve_buffered(s, c);
+        if (kvd_framer_pending(&c->in) == before && c->out.len == 0)
+            break; /* only a partial frame is left: wait for its bytes */
+    }
+    if (c->out.len == 0) {
+        /* a burst can leave megabytes of buffer behind: give them back */
+        if (c->out.cap > BUF_KEEP_BYTES)
+            kvd_buf_free(&c->out);
+        if (kvd_framer_pending(&c->in) == 0 && c->in.buf.cap > BUF_KEEP_BYTES)
+            kvd_framer_free(&c->in);
     }
     conn_update_events(s, c);
 }
 
-static void conn_on_readable(kvd_server_t *s, conn_t *c)
+/*
+ * Serves the whole frames already read, in order, while the output stays
+ * under the high-water mark: the rest wait in the framer until the client
+ * has read its replies (conn_flush comes back here), so a client that sends
+ * without reading stalls itself, not the daemon's memory.
+ */
+static void conn_serve_buffered(kvd_server_t *s, conn_t *c)
 {
     while (!c->closing && c->out.len < OUT_HIGH_WATER) {
+        const uint8_t *payload;
+        size_t len;
+        int got = kvd_framer_next(&c->in, &payload, &len);
+        if (got == 0)
+            return;
+        if (got == KVD_ERR_TOO_LARGE) {
+            char what[128];
+            snprintf(what, sizeof(what), "frame larger than the maximum of %llu bytes",
+                     (unsigned long long)s->opts.max_frame_bytes);
+            conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_TOO_LARGE, what);
+            return;
+        }
+        if (got < 0) {
+            conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_PROTOCOL, "zero-length frame");
+            return;
+        }
+        conn_serve(s, c, payload, len);
+    }
+}
+
+static void conn_on_readable(kvd_server_t *s, conn_t *c)
+{
+    for (;;) {
+        conn_serve_buffered(s, c);
+        if (c->closing || c->out.len >= OUT_HIGH_WATER)
+            break;
         uint8_t *space;
         size_t avail;
         if (kvd_framer_space(&c->in, READ_CHUNK, &space, &avail) != KVD_OK) {
@@ -466,8 +539,8 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
             if (kvd_framer_pending(&c->in) > 0) {
                 atomic_fetch_add(&s->counters.protocol_errors, 1);
                 KVD_WARN("server",
-                         "connection %llu: closed inside a frame (%zu bytes "
-                         "of a truncated frame dropped)",
+                         "connection %llu: closed inside a frame (%zu bytes of "
+                         "truncated or unserved frames dropped)",
                          (unsigned long long)c->id, kvd_framer_pending(&c->in));
             }
             conn_close(s, c, "peer closed");
@@ -482,34 +555,12 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
             return;
         }
         kvd_framer_commit(&c->in, (size_t)n);
-        for (;;) {
-            if (c->closing)
-                break;
-            const uint8_t *payload;
-            size_t len;
-            int got = kvd_framer_next(&c->in, &payload, &len);
-            if (got == 0)
-                break;
-            if (got == KVD_ERR_TOO_LARGE) {
-                char what[128];
-                snprintf(what, sizeof(what),
-                         "frame larger than the maximum of %llu bytes",
-                         (unsigned long long)s->opts.max_frame_bytes);
-                conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_TOO_LARGE, what);
-                break;
-            }
-            if (got < 0) {
-                conn_fail(s, c, 0, KVD_METHOD_NONE, KVD_ERR_PROTOCOL,
-                          "zero-length frame");
-                break;
-            }
-            conn_serve(s, c, payload, len);
-        }
-        /* a short read emptied the socket: waiting for epoll costs less than
-         * one more recv() that would say EAGAIN (level-triggered, nothing is
-         * lost) */
-        if ((size_t)n < avail)
+        /* a short read emptied the socket: serve it, then wait for epoll
+         * rather than pay one more recv() that would say EAGAIN */
+        if ((size_t)n < avail) {
+            conn_serve_buffered(s, c);
             break;
+        }
     }
     conn_flush(s, c);
 }
@@ -521,8 +572,17 @@ static void accept_all(kvd_server_t *s, src_t *listener)
         if (fd < 0) {
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
-            if (errno != EAGAIN)
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                errno == ENOMEM) {
+                /* the pending connection stays queued and the listener
+                 * readable: stop watching it for a tick instead of spinning */
+                KVD_WARN("server", "accept: %s; not accepting for %d ms", strerror(errno),
+                         TICK_MS);
+                watch(s, listener, 0, EPOLL_CTL_MOD);
+                s->accept_paused = true;
+            } else if (errno != EAGAIN) {
                 KVD_WARN("server", "accept: %s", strerror(errno));
+            }
             return;
         }
         if (atomic_load(&s->counters.connections_current) >= s->opts.max_connections) {
@@ -833,6 +893,13 @@ static int on_tick(kvd_server_t *s)
     ssize_t r = read(s->timer.fd, &expirations, sizeof(expirations));
     (void)r;
     uint64_t now = kvd_now_ns();
+    if (s->accept_paused && !s->draining) {
+        s->accept_paused = false;
+        if (s->unix_listen.fd >= 0)
+            watch(s, &s->unix_listen, EPOLLIN, EPOLL_CTL_MOD);
+        if (s->tcp_listen.fd >= 0)
+            watch(s, &s->tcp_listen, EPOLLIN, EPOLL_CTL_MOD);
+    }
     int perr = kvd_pool_error(s->pool);
     if (perr != KVD_OK) {
         KVD_ERROR("server", "the pool could not be populated (%s); exiting",

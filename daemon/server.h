@@ -3,8 +3,9 @@
  * counters, the metrics endpoint. Private to daemon/.
  *
  * Threading: the event loop owns the server and every connection. The
- * metrics endpoint runs on libmicrohttpd's thread and reads only atomics
- * (counters, health, pool progress) through kvd_server_stats().
+ * metrics endpoint runs on libmicrohttpd's threads and reads atomics
+ * (counters, health, pool progress) and, under the store lock the loop
+ * holds while it serves a store request, the store's statistics.
  */
 #ifndef KVD_DAEMON_SERVER_H
 #define KVD_DAEMON_SERVER_H

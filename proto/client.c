@@ -3,8 +3,13 @@
  *
  * One call at a time: kvd_client_call() writes a request frame and reads
  * frames until the reply with the same id arrives, all bounded by one
- * deadline. Replies to other ids cannot occur (one call in flight), so any
- * other id is a protocol error. Owned by one thread.
+ * deadline. Ids grow by one per call. A call that timed out leaves its
+ * request behind: the rest of a half-written frame is sent before the next
+ * request (the daemon must see whole frames), and its late reply, which has
+ * a smaller id than the call now waiting, is read and dropped. An error reply
+ * with id 0 is the daemon refusing the connection or a frame and ends the
+ * call; any other id (a larger one, or 0 without an error) is a protocol
+ * error. Owned by one thread.
  */
 #include "kvd_proto.h"
 
@@ -26,7 +31,8 @@ struct kvd_client {
     int received_fd; /* from SCM_RIGHTS, until taken */
     uint64_t next_id;
     kvd_framer_t framer;
-    kvd_buf_t out;
+    kvd_buf_t out;   /* frames to send */
+    size_t out_sent; /* bytes of out already sent */
 };
 
 static int client_new(int fd, kvd_client_t **out)
@@ -191,14 +197,15 @@ int kvd_client_fd(const kvd_client_t *c)
     return c->fd;
 }
 
-/* Writes all of c->out before the deadline. */
+/* Writes the rest of c->out before the deadline. On a timeout what was
+ * sent stays counted in c->out_sent, so the next call can finish the frame. */
 static int flush_out(kvd_client_t *c, uint64_t deadline)
 {
-    size_t off = 0;
-    while (off < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + off, c->out.len - off, MSG_NOSIGNAL);
+    while (c->out_sent < c->out.len) {
+        ssize_t n = send(c->fd, c->out.data + c->out_sent, c->out.len - c->out_sent,
+                         MSG_NOSIGNAL);
         if (n > 0) {
-            off += (size_t)n;
+            c->out_sent += (size_t)n;
             continue;
         }
         if (n < 0 && errno == EINTR)
@@ -212,6 +219,7 @@ static int flush_out(kvd_client_t *c, uint64_t deadline)
         return KVD_ERR_CLOSED;
     }
     c->out.len = 0;
+    c->out_sent = 0;
     return KVD_OK;
 }
 
@@ -251,8 +259,17 @@ int kvd_client_take_fd(kvd_client_t *c)
     return fd;
 }
 
-/* Reads until one whole frame is available; decodes it into rep. */
-static int read_reply(kvd_client_t *c, kvd_msg_t *rep, uint64_t deadline)
+/* Whether m is the late reply to a call abandoned before the one waiting
+ * for id: those got smaller ids. Id 0 is not: it is the daemon's. */
+static bool is_stale_reply(const kvd_msg_t *m, uint64_t id)
+{
+    return m->reply && m->id != 0 && m->id < id;
+}
+
+/* Reads frames until one that is not a stale reply (see is_stale_reply)
+ * arrives; decodes it into rep. KVD_OK, KVD_ERR_PROTOCOL for a frame that
+ * does not decode, KVD_ERR_TIMEOUT, KVD_ERR_CLOSED. */
+static int read_reply(kvd_client_t *c, uint64_t id, kvd_msg_t *rep, uint64_t deadline)
 {
     for (;;) {
         const uint8_t *payload;
@@ -262,9 +279,14 @@ static int read_reply(kvd_client_t *c, kvd_msg_t *rep, uint64_t deadline)
             return KVD_ERR_PROTOCOL;
         if (got == 1) {
             int rc = kvd_msg_decode(payload, len, rep);
-            if (rc != KVD_OK)
+            if (rc != KVD_OK) {
                 kvd_msg_clear(rep);
-            return rc == KVD_OK ? KVD_OK : KVD_ERR_PROTOCOL;
+                return KVD_ERR_PROTOCOL;
+            }
+            if (!is_stale_reply(rep, id))
+                return KVD_OK;
+            kvd_msg_clear(rep);
+            continue;
         }
         uint8_t *space;
         size_t avail;
@@ -294,14 +316,16 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout
     memset(rep, 0, sizeof(*rep)); /* kvd_msg_clear(rep) is safe whatever happens */
     req->id = c->next_id++;
     req->reply = false;
-    c->out.len = 0;
+    /* what is left of a request abandoned mid-write goes out first */
+    kvd_buf_consume(&c->out, c->out_sent);
+    c->out_sent = 0;
     int rc = kvd_msg_pack(req, KVD_FRAME_LIMIT_MAX, &c->out);
     if (rc == KVD_OK)
         rc = flush_out(c, deadline);
     /* a daemon that refused the connection (too many clients) closed it after
      * its error reply: read that reply rather than report the broken pipe */
     if (rc == KVD_OK || rc == KVD_ERR_CLOSED)
-        rc = read_reply(c, rep, deadline);
+        rc = read_reply(c, req->id, rep, deadline);
     if (rc != KVD_OK)
         return rc;
     /* an error reply with id 0 is the daemon refusing the connection */

@@ -243,7 +243,7 @@ typedef struct kvd_obj_msg {
     uint32_t ns;
     kvd_key_t key;
     uint8_t parent[KVD_KEY_LEN];
-    uint8_t parent_len; /* 0, 8 (tag only) or 32 */
+    uint8_t parent_len; /* 0 (none), 8 (a tag: the parent is not stored) or 32 */
     uint32_t depth;
     uint32_t state; /* 1 writing, 2 ready */
     uint32_t tier;
@@ -326,6 +326,7 @@ typedef struct kvd_store_stats_msg {
     uint64_t lookups, lookup_pages, hit_pages, acquires, acquire_failures;
     uint64_t leases_expired;
     uint64_t published_bytes, acquired_bytes;
+    uint64_t quarantined_bytes;
 } kvd_store_stats_msg_t;
 
 typedef struct kvd_health_rep {
@@ -434,14 +435,49 @@ void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method, int status,
 int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out);
 
 /*
+ * Decoding memory budget: while protobuf-c unpacks a payload of len bytes,
+ * the memory it holds at any moment (charged to KVD_MEM_CONN) may not exceed
+ * KVD_DECODE_BUDGET_PER_BYTE * len + KVD_DECODE_BUDGET_EXTRA_BYTES. A payload
+ * that needs more (say, millions of empty submessages) is refused as
+ * malformed. Batches of keys need about 1 byte per payload byte, lists of
+ * objects about 4, namespaces with names of 20 characters or more about 4 to
+ * 7; thousands of namespaces with names of a few characters need more.
+ */
+#define KVD_DECODE_BUDGET_PER_BYTE    8u
+#define KVD_DECODE_BUDGET_EXTRA_BYTES (64u * 1024u)
+
+/*
+ * Limits on the variable parts of a decoded request, checked after the
+ * payload is parsed and before any of the message's arena is allocated:
+ * max_items bounds each batch (namespaces of Hello and RegisterNamespace,
+ * the keys of each Lookup pool, of Reserve, Publish/Revoke and Acquire,
+ * Reserve's parents and depths), max_pools the pools of one Lookup.
+ * SIZE_MAX in a field means no limit on it. Replies are not limited.
+ */
+typedef struct kvd_msg_limits {
+    size_t max_items;
+    size_t max_pools;
+} kvd_msg_limits_t;
+
+/*
  * Decodes one payload into out (initialised here; a previous arena is not
  * freed). The caller calls kvd_msg_clear(out) when done, also after
- * an error. Returns KVD_OK; KVD_ERR_PROTOCOL when the
- * bytes are not an Envelope or the body does not belong to the method;
- * KVD_ERR_UNKNOWN_METHOD when the method is outside this build's enum (out->id
- * is set then, so the error reply can name the request).
+ * an error. Returns KVD_OK; KVD_ERR_PROTOCOL when the bytes are not an
+ * Envelope, the body does not belong to the method, or unpacking would
+ * exceed the decoding memory budget above; KVD_ERR_UNKNOWN_METHOD when the
+ * method is outside this build's enum (out->id is set then, so the error
+ * reply can name the request). No item limits: see kvd_msg_decode_limited.
  */
 int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out);
+
+/*
+ * kvd_msg_decode with the request limits of *lim (NULL = none). Returns
+ * also KVD_ERR_TOO_LARGE when a batch is over lim->max_items or a Lookup
+ * names more than lim->max_pools pools; out->id, out->method and out->reply
+ * are set then (and no body), so the error reply can name the request.
+ */
+int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
+                           const kvd_msg_limits_t *lim, kvd_msg_t *out);
 
 /* --------------------------------------------------------------- client */
 
@@ -460,8 +496,11 @@ int kvd_client_fd(const kvd_client_t *c);
 
 /*
  * Sends req (its id is assigned here) and waits up to timeout_ms for the
- * reply with the same id. Returns KVD_OK with *rep filled (check rep->status
- * for an error reply), KVD_ERR_TIMEOUT, KVD_ERR_CLOSED, KVD_ERR_PROTOCOL.
+ * reply with the same id, or an error reply with id 0 (the daemon refusing
+ * the connection or the frame). Late replies to earlier calls that timed
+ * out are read and dropped. Returns KVD_OK with *rep filled (check
+ * rep->status for an error reply), KVD_ERR_TIMEOUT, KVD_ERR_CLOSED,
+ * KVD_ERR_PROTOCOL.
  * rep is initialised here (a previous arena in it is not freed) and owns the
  * reply's variable parts: call kvd_msg_clear(rep) when done, on any result.
  */

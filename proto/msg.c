@@ -3,11 +3,13 @@
  *
  * Packing builds the generated structs pointing into the caller's kvd_msg_t;
  * what needs arrays of pointers (repeated messages, repeated bytes) is
- * built in a scratch arena freed before returning. Decoding unpacks with
- * protobuf-c's allocator, copies into kvd_msg_t (variable parts into the
- * message's arena) and frees the unpacked tree. Anything that does not fit
- * the C side (a key that is not 32 bytes, a string longer than its field) is
- * a protocol error, never a silent truncation.
+ * built in a scratch arena freed before returning. Decoding unpacks with a
+ * budgeted allocator (every block charged to KVD_MEM_CONN, the whole unpack
+ * bounded by a multiple of the payload's size), checks the request limits,
+ * copies into kvd_msg_t (variable parts into the message's arena) and frees
+ * the unpacked tree. Anything that does not fit the C side (a key that is
+ * not 32 bytes, a string longer than its field) is a protocol error, never a
+ * silent truncation.
  */
 #include "kvd_proto.h"
 #include "kvdock.pb-c.h"
@@ -249,6 +251,7 @@ static void store_stats_to_pb(const kvd_store_stats_msg_t *s, Kvdock__StoreStats
     o->leases_expired = s->leases_expired;
     o->published_bytes = s->published_bytes;
     o->acquired_bytes = s->acquired_bytes;
+    o->quarantined_bytes = s->quarantined_bytes;
 }
 
 static void store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg_t *s)
@@ -281,6 +284,7 @@ static void store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg
     s->leases_expired = o->leases_expired;
     s->published_bytes = o->published_bytes;
     s->acquired_bytes = o->acquired_bytes;
+    s->quarantined_bytes = o->quarantined_bytes;
 }
 
 /* Stats reply: the fixed parts plus the namespaces. */
@@ -1183,8 +1187,51 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
     }
 }
 
-/* Fills out's body from env; the body must be the one of (method, reply). */
-static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
+/* ----------------------------------------------------- request limits */
+
+/* Whether a packed batch of keys holds at most max keys. */
+static bool keys_within(ProtobufCBinaryData keys, size_t max)
+{
+    return keys.len / KVD_KEY_LEN <= max;
+}
+
+/* Whether the request body of env is within lim (replies always are).
+ * Looks only at the counts protobuf-c parsed: nothing of the message's
+ * arena exists yet. */
+static bool within_limits(const Kvdock__Envelope *env, const kvd_msg_limits_t *lim)
+{
+    size_t max = lim->max_items;
+    switch (env->body_case) {
+    case KVDOCK__ENVELOPE__BODY_HELLO_REQUEST:
+        return env->hello_request->n_namespaces <= max;
+    case KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST:
+        return env->register_request->n_namespaces <= max;
+    case KVDOCK__ENVELOPE__BODY_LOOKUP_REQUEST: {
+        const Kvdock__LookupRequest *r = env->lookup_request;
+        if (r->n_pools > lim->max_pools)
+            return false;
+        for (size_t i = 0; i < r->n_pools; i++)
+            if (!keys_within(r->pools[i]->keys, max))
+                return false;
+        return true;
+    }
+    case KVDOCK__ENVELOPE__BODY_RESERVE_REQUEST: {
+        const Kvdock__ReserveRequest *r = env->reserve_request;
+        return keys_within(r->keys, max) && keys_within(r->parents, max) &&
+               r->has_parent.len <= max && r->n_depths <= max;
+    }
+    case KVDOCK__ENVELOPE__BODY_FINISH_REQUEST:
+        return keys_within(env->finish_request->keys, max);
+    case KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST:
+        return keys_within(env->acquire_request->keys, max);
+    default: return true;
+    }
+}
+
+/* Fills out's body from env; the body must be the one of (method, reply)
+ * and, for a request, within lim (NULL = unlimited). */
+static int body_from_pb(const Kvdock__Envelope *env, const kvd_msg_limits_t *lim,
+                        kvd_msg_t *out)
 {
     Kvdock__Envelope__BodyCase want = expected_body(out->method, out->reply);
     /* Empty bodies (Health, Stats without check, Publish/Revoke/Release
@@ -1197,13 +1244,79 @@ static int body_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
                                      out->method == KVD_METHOD_RELEASE)));
     if (env->body_case != want && !may_omit)
         return KVD_ERR_PROTOCOL;
-    return out->reply ? reply_from_pb(env, out) : request_from_pb(env, out);
+    if (out->reply)
+        return reply_from_pb(env, out);
+    if (lim != NULL && !within_limits(env, lim))
+        return KVD_ERR_TOO_LARGE;
+    return request_from_pb(env, out);
+}
+
+/* ----------------------------------------------------- unpack allocator */
+
+/*
+ * protobuf-c's allocator for one unpack: every block is charged to
+ * KVD_MEM_CONN and carries a header with its size (protobuf-c's free does
+ * not pass it); once the live bytes would exceed the budget, allocation
+ * fails and so does the unpack.
+ */
+typedef union unpack_block_hdr {
+    size_t bytes; /* the whole block, header included */
+    max_align_t align;
+} unpack_block_hdr_t;
+
+typedef struct unpack_budget {
+    size_t live_bytes;
+    size_t max_bytes;
+} unpack_budget_t;
+
+static void *unpack_alloc(void *data, size_t size)
+{
+    unpack_budget_t *b = data;
+    if (size > SIZE_MAX - sizeof(unpack_block_hdr_t))
+        return NULL;
+    size_t total = sizeof(unpack_block_hdr_t) + size;
+    if (total > b->max_bytes - b->live_bytes) /* live_bytes <= max_bytes */
+        return NULL;
+    unpack_block_hdr_t *h = kvd_mem_calloc(KVD_MEM_CONN, 1, total);
+    if (h == NULL)
+        return NULL;
+    h->bytes = total;
+    b->live_bytes += total;
+    return h + 1;
+}
+
+static void unpack_free(void *data, void *ptr)
+{
+    if (ptr == NULL)
+        return;
+    unpack_budget_t *b = data;
+    unpack_block_hdr_t *h = (unpack_block_hdr_t *)ptr - 1;
+    b->live_bytes -= h->bytes;
+    kvd_mem_free(KVD_MEM_CONN, h, h->bytes);
+}
+
+/* The budget for unpacking a payload of len bytes, saturating. */
+static size_t unpack_budget_bytes(size_t len)
+{
+    size_t extra = KVD_DECODE_BUDGET_EXTRA_BYTES;
+    if (len > (SIZE_MAX - extra) / KVD_DECODE_BUDGET_PER_BYTE)
+        return SIZE_MAX;
+    return len * KVD_DECODE_BUDGET_PER_BYTE + extra;
 }
 
 int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
 {
+    return kvd_msg_decode_limited(payload, len, NULL, out);
+}
+
+int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
+                           const kvd_msg_limits_t *lim, kvd_msg_t *out)
+{
     memset(out, 0, sizeof(*out));
-    Kvdock__Envelope *env = kvdock__envelope__unpack(NULL, len, payload);
+    unpack_budget_t budget = {.live_bytes = 0, .max_bytes = unpack_budget_bytes(len)};
+    ProtobufCAllocator alloc = {
+        .alloc = unpack_alloc, .free = unpack_free, .allocator_data = &budget};
+    Kvdock__Envelope *env = kvdock__envelope__unpack(&alloc, len, payload);
     if (env == NULL)
         return KVD_ERR_PROTOCOL;
 
@@ -1242,9 +1355,9 @@ int kvd_msg_decode(const uint8_t *payload, size_t len, kvd_msg_t *out)
                     sizeof(out->error));
         goto free_env;
     }
-    rc = body_from_pb(env, out);
+    rc = body_from_pb(env, lim, out);
 
 free_env:
-    kvdock__envelope__free_unpacked(env, NULL);
+    kvdock__envelope__free_unpacked(env, &alloc);
     return rc;
 }

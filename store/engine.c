@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #define EVICT_WINDOW 8
 /* How far past the window eviction looks for a leaf before it gives up and
@@ -81,6 +82,8 @@ int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out)
     s->cfg = *cfg;
     s->total_pages = pages;
     s->epoch_ms = kvd_wall_ms();
+    if (getrandom(&s->seed, sizeof(s->seed), GRND_NONBLOCK) != sizeof(s->seed))
+        s->seed = kvd_now_ns() ^ (uint64_t)(uintptr_t)s; /* weaker, never fails */
     s->next_lease_id = 1;
     uint64_t nb = 1024;
     while (nb < cfg->index_hint && nb < (1ull << 32))
@@ -109,8 +112,9 @@ int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out)
     return KVD_OK;
 }
 
-static void lease_free(lease_t *l)
+static void lease_free(kvd_store_t *s, lease_t *l)
 {
+    s->lease_bytes -= sizeof(*l) + (uint64_t)l->cap * sizeof(uint32_t);
     kvd_mem_free(KVD_MEM_INDEX, l->recs, (size_t)l->cap * sizeof(uint32_t));
     kvd_mem_free(KVD_MEM_INDEX, l, sizeof(*l));
 }
@@ -121,7 +125,7 @@ void kvd_store_destroy(kvd_store_t *s)
         return;
     for (lease_t *l = s->oldest, *next; l != NULL; l = next) {
         next = l->newer;
-        lease_free(l);
+        lease_free(s, l);
     }
     kvd_mem_free(KVD_MEM_INDEX, s->lease_buckets, s->n_lease_buckets * sizeof(lease_t *));
     kvd_mem_free(KVD_MEM_INDEX, s->buckets, s->n_buckets * sizeof(uint32_t));
@@ -195,13 +199,28 @@ int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out)
 
 /* ---------------------------------------------------------------- index */
 
-/* Keys are SHA-256 digests: their first 8 bytes are already uniform. The
- * bucket depends on nothing else, so a parent can be found by its tag. */
-static uint64_t bucket_of(const kvd_store_t *s, uint32_t ns, const uint8_t *tag8)
+/* A key's tag: a hash of all 32 bytes, keyed with a seed drawn at start.
+ * Clients choose the keys, so a fixed function of them would let one client
+ * pile every key into one bucket; with the seed they cannot aim. The bucket
+ * depends on the tag alone, so a parent is found from the tag a child
+ * records. */
+static uint64_t key_tag(const kvd_store_t *s, const uint8_t *key)
 {
-    uint64_t h;
-    memcpy(&h, tag8, sizeof(h));
-    h ^= (uint64_t)(ns + 1) * 0x9e3779b97f4a7c15ull;
+    uint64_t w[4];
+    memcpy(w, key, sizeof(w));
+    uint64_t h = s->seed;
+    for (int i = 0; i < 4; i++) {
+        h = (h ^ w[i]) * 0xbf58476d1ce4e5b9ull;
+        h ^= h >> 31;
+    }
+    h ^= h >> 29;
+    h *= 0x94d049bb133111ebull;
+    return h ^ (h >> 32);
+}
+
+static uint64_t bucket_of(const kvd_store_t *s, uint32_t ns, uint64_t tag)
+{
+    uint64_t h = tag ^ (uint64_t)(ns + 1) * 0x9e3779b97f4a7c15ull;
     h ^= h >> 29;
     return h & (s->n_buckets - 1);
 }
@@ -219,7 +238,7 @@ static int buckets_resize(kvd_store_t *s, uint64_t n_buckets)
         for (uint32_t i = old[b], next; i != NIL; i = next) {
             rec_t *r = R(s, i);
             next = r->hash_next;
-            uint64_t nbk = bucket_of(s, r->ns, r->key);
+            uint64_t nbk = bucket_of(s, r->ns, key_tag(s, r->key));
             r->hash_next = nb[nbk];
             nb[nbk] = i;
         }
@@ -230,7 +249,7 @@ static int buckets_resize(kvd_store_t *s, uint64_t n_buckets)
 
 static uint32_t index_find(const kvd_store_t *s, uint32_t ns, const uint8_t *key)
 {
-    for (uint32_t i = s->buckets[bucket_of(s, ns, key)]; i != NIL;
+    for (uint32_t i = s->buckets[bucket_of(s, ns, key_tag(s, key))]; i != NIL;
          i = R(s, i)->hash_next) {
         const rec_t *r = R(s, i);
         if (r->ns == ns && memcmp(r->key, key, 32) == 0)
@@ -242,7 +261,7 @@ static uint32_t index_find(const kvd_store_t *s, uint32_t ns, const uint8_t *key
 static void index_insert(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
-    uint64_t b = bucket_of(s, r->ns, r->key);
+    uint64_t b = bucket_of(s, r->ns, key_tag(s, r->key));
     r->hash_next = s->buckets[b];
     s->buckets[b] = i;
     s->n_objects++;
@@ -254,7 +273,7 @@ static void index_insert(kvd_store_t *s, uint32_t i)
 static void index_remove(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
-    uint32_t *link = &s->buckets[bucket_of(s, r->ns, r->key)];
+    uint32_t *link = &s->buckets[bucket_of(s, r->ns, key_tag(s, r->key))];
     while (*link != i)
         link = &R(s, *link)->hash_next;
     *link = r->hash_next;
@@ -267,6 +286,7 @@ static void index_remove(kvd_store_t *s, uint32_t i)
 static void lru_push_head(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
+    s->lru_pages += r->size_pages;
     r->link_prev = NIL;
     r->link_next = s->lru_head;
     if (s->lru_head != NIL)
@@ -279,6 +299,7 @@ static void lru_push_head(kvd_store_t *s, uint32_t i)
 static void lru_remove(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
+    s->lru_pages -= r->size_pages;
     if (r->link_prev != NIL)
         R(s, r->link_prev)->link_next = r->link_next;
     else
@@ -304,13 +325,15 @@ static uint64_t page_bytes_of(const kvd_store_t *s, uint64_t pages)
     return pages * s->cfg.page_bytes;
 }
 
-/* The record of ns whose key begins with tag, or NIL. */
-static uint32_t index_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t *tag)
+/* The record of ns whose key has this tag, or NIL. */
+static uint32_t index_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t *tag8)
 {
+    uint64_t tag;
+    memcpy(&tag, tag8, sizeof(tag));
     for (uint32_t i = s->buckets[bucket_of(s, ns, tag)]; i != NIL;
          i = R(s, i)->hash_next) {
         const rec_t *r = R(s, i);
-        if (r->ns == ns && memcmp(r->key, tag, sizeof(r->parent_tag)) == 0)
+        if (r->ns == ns && key_tag(s, r->key) == tag)
             return i;
     }
     return NIL;
@@ -390,15 +413,26 @@ static void evict_watermarks(kvd_store_t *s)
         ;
 }
 
-/* An extent for `pages`, evicting until one fits; NIL when nothing more
- * can go (everything left is pinned or being written). */
+/* Evictions one allocation may cost before it gives up: enough to free the
+ * request's pages many times over from objects of one page, never the whole
+ * cache for a hole that fragmentation keeps from forming. */
+static uint64_t evict_budget(uint32_t pages)
+{
+    return 64 + 4ull * pages;
+}
+
+/* An extent for `pages`, evicting (within the budget) until one fits; NIL
+ * when it cannot: then nothing was evicted if even every evictable page
+ * beside the free ones would be too few. */
 static uint32_t alloc_evicting(kvd_store_t *s, uint32_t pages)
 {
-    for (;;) {
-        uint32_t i = extent_alloc(s, pages);
-        if (i != NIL || !evict_one(s))
+    uint32_t i = extent_alloc(s, pages);
+    if (i != NIL || s->free_pages + s->lru_pages < pages)
+        return i;
+    for (uint64_t budget = evict_budget(pages); budget > 0 && evict_one(s); budget--)
+        if ((i = extent_alloc(s, pages)) != NIL)
             return i;
-    }
+    return NIL;
 }
 
 /* --------------------------------------------------------------- leases */
@@ -411,7 +445,25 @@ static lease_t *lease_find(const kvd_store_t *s, uint64_t id)
     return NULL;
 }
 
-static int lease_add(lease_t *l, uint32_t rec)
+/* Makes room for `more` holds in one allocation. */
+static int lease_reserve(kvd_store_t *s, lease_t *l, size_t more)
+{
+    if (more > UINT32_MAX - l->n)
+        return KVD_ERR_NOMEM;
+    uint32_t need = l->n + (uint32_t)more;
+    if (need <= l->cap)
+        return KVD_OK;
+    uint32_t *n =
+        kvd_mem_realloc(KVD_MEM_INDEX, l->recs, (size_t)l->cap * 4, (size_t)need * 4);
+    if (n == NULL)
+        return KVD_ERR_NOMEM;
+    s->lease_bytes += (uint64_t)(need - l->cap) * sizeof(uint32_t);
+    l->recs = n;
+    l->cap = need;
+    return KVD_OK;
+}
+
+static int lease_add(kvd_store_t *s, lease_t *l, uint32_t rec)
 {
     if (l->n == l->cap) {
         uint32_t cap = l->cap ? l->cap * 2 : 16;
@@ -419,6 +471,7 @@ static int lease_add(lease_t *l, uint32_t rec)
             kvd_mem_realloc(KVD_MEM_INDEX, l->recs, (size_t)l->cap * 4, (size_t)cap * 4);
         if (n == NULL)
             return KVD_ERR_NOMEM;
+        s->lease_bytes += (uint64_t)(cap - l->cap) * sizeof(uint32_t);
         l->recs = n;
         l->cap = cap;
     }
@@ -445,6 +498,7 @@ static lease_t *lease_new(kvd_store_t *s, uint64_t owner, bool write, uint64_t n
     lease_t *l = kvd_mem_calloc(KVD_MEM_INDEX, 1, sizeof(*l));
     if (l == NULL)
         return NULL;
+    s->lease_bytes += sizeof(*l);
     l->id = s->next_lease_id++;
     l->owner = owner;
     l->write = write;
@@ -478,7 +532,7 @@ static void lease_unlink(kvd_store_t *s, lease_t *l)
         b = &(*b)->hnext;
     *b = l->hnext;
     s->n_leases--;
-    lease_free(l);
+    lease_free(s, l);
 }
 
 typedef struct depth_ref {
@@ -512,8 +566,48 @@ static void lru_push_batch(kvd_store_t *s, const uint32_t *recs, size_t n)
     kvd_mem_free(KVD_MEM_STAGING, refs, n * sizeof(*refs));
 }
 
-/* Undoes everything a lease still holds, then frees it: reservations are
- * freed, pins dropped, and pages no longer pinned become evictable again. */
+/*
+ * Takes a reservation whose writer died or outlived its lease out of sight
+ * (the key can be reserved again at once) but keeps its extent for one more
+ * lease TTL: a writer still copying into it then writes into nothing live.
+ */
+static void quarantine(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    s->ns[r->ns].info.objects_writing--;
+    index_remove(s, i);
+    r->quarantined = 1;
+    uint64_t release_ms = s->now_ms + s->cfg.lease_ttl_ms;
+    r->last_access_s = (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
+    r->link_prev = NIL;
+    r->link_next = NIL;
+    if (s->quarantine_tail != NIL)
+        R(s, s->quarantine_tail)->link_next = i;
+    else
+        s->quarantine_head = i;
+    s->quarantine_tail = i;
+    s->quarantine_pages += r->size_pages;
+}
+
+/* Frees quarantined extents whose grace has passed by now_ms. */
+static void quarantine_release(kvd_store_t *s, uint64_t now_ms)
+{
+    while (s->quarantine_head != NIL) {
+        uint32_t i = s->quarantine_head;
+        rec_t *r = R(s, i);
+        if ((uint64_t)r->last_access_s * 1000 > now_ms)
+            break;
+        s->quarantine_head = r->link_next;
+        if (s->quarantine_head == NIL)
+            s->quarantine_tail = NIL;
+        s->quarantine_pages -= r->size_pages;
+        extent_free(s, i);
+    }
+}
+
+/* Undoes what a lease still holds and frees it: reservations go to
+ * quarantine (an explicit Revoke frees at once instead), pins are dropped,
+ * and pages no longer pinned become evictable again. */
 static void lease_end(kvd_store_t *s, lease_t *l)
 {
     size_t n_free = 0;
@@ -522,10 +616,11 @@ static void lease_end(kvd_store_t *s, lease_t *l)
         if (i == NIL)
             continue;
         if (l->write) {
-            drop_object(s, i); /* a reservation never published */
+            quarantine(s, i);
             continue;
         }
         rec_t *r = R(s, i);
+        s->pins--;
         if (--r->pins == 0) {
             s->ns[r->ns].info.objects_pinned--;
             l->recs[n_free++] = i; /* reuse the array: k >= n_free */
@@ -564,16 +659,24 @@ size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner)
     return n;
 }
 
+/* Callers pass a monotonic clock; the store keeps the latest it saw. */
+static void clock_seen(kvd_store_t *s, uint64_t now_ms)
+{
+    if (now_ms > s->now_ms)
+        s->now_ms = now_ms;
+}
+
 size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms)
 {
+    clock_seen(s, now_ms);
     size_t n = 0;
     while (s->oldest != NULL && s->oldest->expires_ms <= now_ms) {
         lease_end(s, s->oldest);
         n++;
     }
     s->st.leases_expired += n;
-    if (n)
-        PARANOID(s, "expire");
+    quarantine_release(s, now_ms);
+    PARANOID(s, "expire");
     return n;
 }
 
@@ -595,20 +698,26 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     if (found != NIL)
         return R(s, found)->state == REC_READY ? KVD_RESERVE_EXISTS
                                                : KVD_RESERVE_IN_FLIGHT;
-    if (*l == NULL && (*l = lease_new(s, owner, true, now_ms)) == NULL)
-        return KVD_RESERVE_NO_SPACE;
+    if (*l == NULL) {
+        if ((*l = lease_new(s, owner, true, now_ms)) == NULL)
+            return KVD_RESERVE_NO_SPACE; /* no memory for a lease: no room either */
+        (*l)->ns = ns;
+    }
     uint32_t i = alloc_evicting(s, s->ns[ns].pages);
     if (i == NIL)
         return KVD_RESERVE_NO_SPACE;
-    if (lease_add(*l, i) != KVD_OK) {
+    if (lease_add(s, *l, i) != KVD_OK) {
         extent_free(s, i);
         return KVD_RESERVE_NO_SPACE;
     }
     rec_t *r = R(s, i);
+    /* the hold's place, for finding it from the key in O(1) */
+    r->link_prev = (*l)->n - 1;
+    r->link_next = (uint32_t)(*l)->id;
     memcpy(r->key, it->key, 32);
     r->has_parent = it->parent != NULL;
     if (it->parent)
-        memcpy(r->parent_tag, it->parent, sizeof(r->parent_tag));
+        kvd_store_key_tag(s, it->parent, r->parent_tag);
     r->depth = KVD_MIN(it->depth, REC_DEPTH_MAX);
     r->ns = (uint16_t)ns;
     r->state = REC_WRITING;
@@ -624,6 +733,7 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
 {
     if (ns >= s->n_ns)
         return KVD_ERR_NOT_FOUND;
+    clock_seen(s, now_ms);
     lease_t *l = NULL;
     for (size_t k = 0; k < n; k++) {
         results[k] = reserve_one(s, owner, ns, &items[k], now_ms, &l, &locs[k]);
@@ -641,13 +751,18 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
     return KVD_OK;
 }
 
-/* Index in l->recs of the live hold with this key, or -1. */
+/* Index in l->recs of the live hold with this key, or -1: the record's
+ * own note of its hold (link_prev, link_next), checked against the lease. */
 static long lease_hold_of(const kvd_store_t *s, const lease_t *l, const uint8_t *key)
 {
-    for (uint32_t k = 0; k < l->n; k++)
-        if (l->recs[k] != NIL && memcmp(R(s, l->recs[k])->key, key, 32) == 0)
-            return (long)k;
-    return -1;
+    uint32_t i = index_find(s, l->ns, key);
+    if (i == NIL)
+        return -1;
+    const rec_t *r = R(s, i);
+    if (r->state != REC_WRITING || r->link_next != (uint32_t)l->id || r->link_prev >= l->n ||
+        l->recs[r->link_prev] != i)
+        return -1;
+    return (long)r->link_prev;
 }
 
 /* Publishes (publish = true) or revokes the lease's reservations: all, or
@@ -724,33 +839,47 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
 {
     if (ns >= s->n_ns)
         return KVD_ERR_NOT_FOUND;
+    clock_seen(s, now_ms);
     if (n == 0) {
         *lease_id = 0; /* nothing to hold: no lease */
         return KVD_OK;
     }
-    s->st.acquires++;
-    /* check everything first: all or nothing */
+    /* check everything first, all or nothing; the records found wait in
+     * locs[].offset for the second pass */
     for (size_t k = 0; k < n; k++) {
         uint32_t i = index_find(s, ns, keys[k]);
-        if (i == NIL || R(s, i)->state != REC_READY) {
+        int rc = i == NIL                         ? KVD_ERR_NOT_FOUND
+                 : R(s, i)->state != REC_READY    ? KVD_ERR_BUSY
+                 : R(s, i)->pins == UINT16_MAX    ? KVD_ERR_NO_SPACE /* pins saturated */
+                                                  : KVD_OK;
+        if (rc != KVD_OK) {
             *first_bad = k;
             s->st.acquire_failures++;
-            return i == NIL ? KVD_ERR_NOT_FOUND : KVD_ERR_BUSY;
+            return rc;
         }
+        locs[k].offset = i;
     }
     lease_t *l = lease_new(s, owner, false, now_ms);
-    if (l == NULL)
+    if (l == NULL || lease_reserve(s, l, n) != KVD_OK) {
+        if (l != NULL)
+            lease_unlink(s, l);
+        *first_bad = 0;
+        s->st.acquire_failures++;
         return KVD_ERR_NOMEM;
+    }
     uint32_t now = now_s(s);
     for (size_t k = 0; k < n; k++) {
-        uint32_t i = index_find(s, ns, keys[k]);
+        uint32_t i = (uint32_t)locs[k].offset;
         rec_t *r = R(s, i);
-        if (r->pins == UINT16_MAX || lease_add(l, i) != KVD_OK) {
-            lease_end(s, l); /* undo the pins taken so far */
+        if (r->pins == UINT16_MAX) {
+            /* only a batch naming one key ~65535 times gets here */
+            lease_end(s, l);
             *first_bad = k;
             s->st.acquire_failures++;
-            return r->pins == UINT16_MAX ? KVD_ERR_BUSY : KVD_ERR_NOMEM;
+            return KVD_ERR_NO_SPACE;
         }
+        lease_add(s, l, i); /* cannot fail: room was reserved */
+        s->pins++;
         if (r->pins++ == 0) {
             lru_remove(s, i);
             s->ns[ns].info.objects_pinned++;
@@ -758,9 +887,10 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
         if (r->hits < UINT16_MAX)
             r->hits++;
         r->last_access_s = now;
-        s->st.acquired_bytes += s->ns[ns].info.object_bytes;
         fill_loc(s, i, &locs[k]);
     }
+    s->st.acquires++;
+    s->st.acquired_bytes += (uint64_t)n * s->ns[ns].info.object_bytes;
     *lease_id = l->id;
     PARANOID(s, "acquire");
     return KVD_OK;
@@ -870,15 +1000,19 @@ int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
 int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
                        kvd_obj_info_t *out)
 {
-    for (uint32_t i = s->buckets[bucket_of(s, ns, tag)]; i != NIL;
-         i = R(s, i)->hash_next) {
-        const rec_t *r = R(s, i);
-        if (r->ns == ns && memcmp(r->key, tag, 8) == 0) {
-            info_of(s, i, out);
-            return KVD_OK;
-        }
-    }
-    return KVD_ERR_NOT_FOUND;
+    if (ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    uint32_t i = index_find_tag(s, ns, tag);
+    if (i == NIL)
+        return KVD_ERR_NOT_FOUND;
+    info_of(s, i, out);
+    return KVD_OK;
+}
+
+void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[32], uint8_t tag[8])
+{
+    uint64_t t = key_tag(s, key);
+    memcpy(tag, &t, sizeof(t));
 }
 
 int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *arg)
@@ -886,7 +1020,7 @@ int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *ar
     kvd_obj_info_t info;
     for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
         const rec_t *r = R(s, i);
-        if ((r->state != REC_READY && r->state != REC_WRITING) ||
+        if ((r->state != REC_READY && r->state != REC_WRITING) || r->quarantined ||
             (ns != UINT32_MAX && r->ns != ns))
             continue;
         info_of(s, i, &info);
@@ -957,14 +1091,8 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
         out->writing_bytes += e->info.objects_writing * bytes;
         out->pinned_bytes += e->info.objects_pinned * bytes;
     }
-    uint64_t pins = 0, lease_bytes = 0;
-    for (const lease_t *l = s->oldest; l != NULL; l = l->newer) {
-        lease_bytes += sizeof(*l) + (uint64_t)l->cap * sizeof(uint32_t);
-        if (!l->write)
-            for (uint32_t k = 0; k < l->n; k++)
-                pins += l->recs[k] != NIL;
-    }
-    out->pins = pins;
+    out->pins = s->pins;
+    out->quarantined_bytes = page_bytes_of(s, s->quarantine_pages);
     out->largest_free_bytes = page_bytes_of(s, extent_largest_free(s));
     out->fragmentation =
         out->free_bytes ? 1.0 - (double)out->largest_free_bytes / (double)out->free_bytes
@@ -972,7 +1100,7 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
     out->index_bytes =
         (uint64_t)s->n_chunks * REC_CHUNK * sizeof(rec_t) +
         s->n_buckets * sizeof(uint32_t) + s->n_lease_buckets * sizeof(lease_t *) +
-        (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s) + lease_bytes;
+        (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s) + s->lease_bytes;
 }
 
 /* --------------------------------------------------------------- check */
@@ -987,7 +1115,7 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
 int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
 {
     uint64_t pages = 0, free_p = 0, writing = 0, ready = 0, lru_expect = 0, pins = 0,
-             free_recs = 0, objects = 0;
+             free_recs = 0, objects = 0, quarantined = 0, lru_pages = 0;
     uint32_t prev = NIL;
     bool prev_free = false;
     for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
@@ -1003,6 +1131,10 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
                 FAIL("two adjacent free extents at page %u", r->off_pages);
             free_p += r->size_pages;
             free_recs++;
+        } else if (r->state == REC_WRITING && r->quarantined) {
+            quarantined += r->size_pages;
+            if (index_find(s, r->ns, r->key) == i)
+                FAIL("quarantined record %u is still in the index", i);
         } else if (r->state == REC_WRITING || r->state == REC_READY) {
             objects++;
             if (r->ns >= s->n_ns || r->size_pages != s->ns[r->ns].pages)
@@ -1017,6 +1149,7 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
                 ready += r->size_pages;
                 pins += r->pins;
                 lru_expect += r->pins == 0;
+                lru_pages += r->pins == 0 ? r->size_pages : 0;
             }
         } else {
             FAIL("record %u in the address order has state %u", i, r->state);
@@ -1027,12 +1160,28 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
     if (pages != s->total_pages)
         FAIL("extents cover %llu pages of %llu", (unsigned long long)pages,
              (unsigned long long)s->total_pages);
-    if (free_p != s->free_pages || free_p + writing + ready != s->total_pages)
-        FAIL("free %llu + writing %llu + ready %llu != pool %llu pages (free counter "
-             "%llu)",
+    if (free_p != s->free_pages ||
+        free_p + writing + ready + quarantined != s->total_pages)
+        FAIL("free %llu + writing %llu + ready %llu + quarantined %llu != pool %llu "
+             "pages (free counter %llu)",
              (unsigned long long)free_p, (unsigned long long)writing,
-             (unsigned long long)ready, (unsigned long long)s->total_pages,
-             (unsigned long long)s->free_pages);
+             (unsigned long long)ready, (unsigned long long)quarantined,
+             (unsigned long long)s->total_pages, (unsigned long long)s->free_pages);
+    if (quarantined != s->quarantine_pages)
+        FAIL("%llu pages in quarantine, the counter says %llu",
+             (unsigned long long)quarantined, (unsigned long long)s->quarantine_pages);
+    uint64_t queued = 0;
+    for (uint32_t i = s->quarantine_head; i != NIL; i = R(s, i)->link_next) {
+        if (!R(s, i)->quarantined || (queued += R(s, i)->size_pages) > quarantined)
+            FAIL("the quarantine list holds record %u wrongly or loops", i);
+    }
+    if (queued != quarantined)
+        FAIL("the quarantine list holds %llu of %llu pages", (unsigned long long)queued,
+             (unsigned long long)quarantined);
+    if (pins != s->pins || lru_pages != s->lru_pages)
+        FAIL("pins %llu / evictable pages %llu, the counters say %llu / %llu",
+             (unsigned long long)pins, (unsigned long long)lru_pages,
+             (unsigned long long)s->pins, (unsigned long long)s->lru_pages);
     if (objects != s->n_objects)
         FAIL("%llu objects in the pool, %llu in the index", (unsigned long long)objects,
              (unsigned long long)s->n_objects);

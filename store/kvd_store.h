@@ -120,7 +120,8 @@ void *kvd_pool_base(const kvd_pool_t *p);
  * lookups. It does bookkeeping only: it never touches the pool's bytes, so
  * it can be driven in-process by tests and benchmarks at any pool size.
  *
- * Threading: none inside. The daemon calls it from its loop thread only.
+ * Threading: none inside: callers serialise every call (the daemon: one
+ * lock, held by its loop for a request, by its metrics thread for stats).
  *
  * Ownership of holds: every reservation and pin belongs to a lease; a lease
  * belongs to an owner (the daemon uses the connection id). Ending a lease
@@ -215,7 +216,10 @@ int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out);
  * Put-if-absent for each key of namespace ns. results[i] says what happened;
  * locs[i] is set for ALLOCATED. All ALLOCATED keys are held by one new write
  * lease of `owner`, returned in *lease_id (0 when nothing was allocated).
- * Eviction makes room as needed (watermarks, then on demand).
+ * Eviction makes room as needed (watermarks, then on demand). A key answers
+ * NO_SPACE without evicting anything when even all evictable objects beside
+ * the free space would be too few, and after at most 64 + 4 * (its pages)
+ * evictions when fragmentation keeps a hole from forming.
  */
 int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put_t *items,
                       size_t n, uint64_t now_ms, uint64_t *lease_id, uint8_t *results,
@@ -237,9 +241,10 @@ int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
 
 /*
  * Pins every key for reading, all or nothing: on success locs[i] says where
- * each is and *lease_id holds the pins. Otherwise nothing is pinned,
- * *first_bad is the index of the first key that is missing
- * (KVD_ERR_NOT_FOUND) or still being written (KVD_ERR_BUSY).
+ * each is and *lease_id holds the pins (0 and no lease for n = 0). Otherwise
+ * nothing is pinned and *first_bad is the index of the first key that is
+ * missing (KVD_ERR_NOT_FOUND), still being written (KVD_ERR_BUSY) or pinned
+ * 65535 times already (KVD_ERR_NO_SPACE); KVD_ERR_NOMEM names key 0.
  */
 int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
                       const uint8_t (*keys)[32], size_t n, uint64_t now_ms,
@@ -248,10 +253,17 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
 /* Ends read lease lease_id, unpinning what it holds. Errors as publish. */
 int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id);
 
-/* Ends every lease of owner (its connection closed). Returns how many. */
+/*
+ * Ends every lease of owner (its connection closed). Returns how many. Its
+ * reservations become invisible at once (the keys can be reserved again)
+ * but their extents stay quarantined for one lease TTL, so that a writer
+ * still copying lands in nothing live; pins are released.
+ */
 size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner);
 
-/* Ends every lease whose TTL passed by now_ms. Returns how many. */
+/* Ends every lease whose TTL passed by now_ms (reservations quarantined as
+ * above) and frees quarantined extents whose grace is over. Callers pass a
+ * monotonic clock, never going back. Returns the leases ended. */
 size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms);
 
 /* --- lookup */
@@ -276,7 +288,7 @@ int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_po
 
 typedef struct kvd_obj_info {
     uint8_t key[32];
-    uint8_t parent_tag[8]; /* first 8 bytes of the parent's key */
+    uint8_t parent_tag[8]; /* the parent key's tag (kvd_store_key_tag) */
     bool has_parent;
     uint32_t ns;
     uint32_t depth;
@@ -297,6 +309,10 @@ int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
 int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
                        kvd_obj_info_t *out);
 
+/* A key's 8-byte tag: a hash keyed with this store's seed (so clients, who
+ * choose keys, cannot aim at one index bucket). */
+void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[32], uint8_t tag[8]);
+
 /* Calls fn for every object (of ns, or all when ns == UINT32_MAX) until fn
  * returns non-zero, which is returned. No mutation from inside fn. */
 typedef int (*kvd_obj_fn)(const kvd_obj_info_t *info, void *arg);
@@ -314,6 +330,7 @@ typedef struct kvd_store_stats {
     uint64_t free_bytes;
     uint64_t writing_bytes;
     uint64_t ready_bytes;
+    uint64_t quarantined_bytes; /* dead writers' extents in their grace */
     uint64_t pinned_bytes;
     uint64_t objects_ready;
     uint64_t objects_writing;

@@ -64,7 +64,9 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
     p->page_bytes = page;
     snprintf(p->name, sizeof(p->name), "kvdock-%s", opts->instance);
 
-    unsigned flags = MFD_CLOEXEC | (opts->hugepages ? MFD_HUGETLB : 0);
+    /* sealable: once sized, nobody holding the descriptor (every same-host
+     * client does) can shrink or grow the file under everyone's mappings */
+    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING | (opts->hugepages ? MFD_HUGETLB : 0);
     p->fd = memfd_create(p->name, flags);
     if (p->fd < 0) {
         int err = errno;
@@ -78,6 +80,11 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
         err = errno;
         KVD_ERROR("pool", "ftruncate(%s, %llu): %s", p->name,
                   (unsigned long long)p->size_bytes, strerror(err));
+        goto close_fd;
+    }
+    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        err = errno;
+        KVD_ERROR("pool", "sealing %s: %s", p->name, strerror(err));
         goto close_fd;
     }
     p->base = mmap(NULL, p->size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);

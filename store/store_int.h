@@ -36,7 +36,7 @@ enum rec_state {
 
 typedef struct rec {
     uint8_t key[32];
-    uint8_t parent_tag[8];
+    uint8_t parent_tag[8]; /* key_tag() of the parent key */
     uint32_t off_pages;
     uint32_t size_pages;
     uint32_t phys_prev, phys_next;
@@ -51,20 +51,24 @@ typedef struct rec {
     uint32_t state : 2;     /* enum rec_state */
     uint32_t tier : 1;
     uint32_t has_parent : 1;
-    uint32_t spare : 4;
+    uint32_t quarantined : 1; /* a dead writer's extent, waiting out its grace */
+    uint32_t spare : 3;
 } rec_t;
 
 #define REC_DEPTH_MAX 0xffffffu
 
 _Static_assert(sizeof(rec_t) == 84, "a record is 84 bytes: keep the index small");
 
-/* One hold of a lease: a record and, for the record's life, its key (so a
- * hold can be matched by key without another index). */
+/* A lease: what one Reserve (write) or one Acquire (read) holds, by record
+ * index. A write hold's record keeps its place in recs in link_prev and the
+ * lease id's low 32 bits in link_next, so a key is matched to its hold in
+ * O(1). */
 typedef struct lease {
     uint64_t id;
     uint64_t owner;
     uint64_t expires_ms;
     bool write; /* reservations (true) or pins (false) */
+    uint32_t ns; /* of a write lease */
     uint32_t n, cap;
     uint32_t *recs;
     struct lease *older, *newer; /* by expiry */
@@ -80,6 +84,7 @@ struct kvd_store {
     kvd_store_config_t cfg;
     uint64_t total_pages;
     uint64_t epoch_ms; /* wall clock at creation: last_access base */
+    uint64_t seed;     /* keys the index hash (getrandom at creation) */
 
     /* records */
     rec_t *chunks[REC_MAX_CHUNKS];
@@ -102,6 +107,16 @@ struct kvd_store {
 
     /* LRU of READY, unpinned objects: head most recent */
     uint32_t lru_head, lru_tail;
+    uint64_t lru_pages; /* pages on the LRU: what eviction could free */
+
+    /* extents of writers that died or outlived their lease: not reused until
+     * their grace (one lease TTL) passes, so a late write lands nowhere
+     * live. FIFO through link_next; release time in last_access_s (s). */
+    uint32_t quarantine_head, quarantine_tail;
+    uint64_t quarantine_pages;
+    uint64_t now_ms;    /* the latest clock a caller passed (monotonic) */
+    uint64_t pins;      /* sum of pin counts */
+    uint64_t lease_bytes;
 
     /* namespaces */
     ns_entry_t *ns;

@@ -93,16 +93,21 @@ static void compare(const kvd_test_daemon_t *d, int port, uint64_t objects,
     expect_metric("kvdock_ns_objects{ns=\"" TS_MAMBA_NS "\"}", 2, when);
     DT_CHECK(st->ready_bytes == N_KV * (uint64_t)TS_KV_BYTES + 2 * TS_MAMBA_BYTES,
              "%s: Stats ready_bytes %llu", when, (unsigned long long)st->ready_bytes);
-    uint64_t f = 0, w = 0, r = 0, pool = 0;
+    expect_metric("kvdock_store_bytes{state=\"quarantined\"}", st->quarantined_bytes,
+                  when);
+    uint64_t f = 0, w = 0, r = 0, q = 0, pool = 0;
     if (DT_CHECK(metric(body, "kvdock_store_bytes{state=\"free\"}", &f) &&
                      metric(body, "kvdock_store_bytes{state=\"writing\"}", &w) &&
                      metric(body, "kvdock_store_bytes{state=\"ready\"}", &r) &&
+                     metric(body, "kvdock_store_bytes{state=\"quarantined\"}", &q) &&
                      metric(body, "kvdock_pool_bytes", &pool),
                  "%s: /metrics lacks a store or pool series:\n%s", when, body))
-        DT_CHECK(f + w + r == pool && pool == DT_POOL_BYTES,
-                 "%s: /metrics free %llu + writing %llu + ready %llu != pool %llu", when,
-                 (unsigned long long)f, (unsigned long long)w, (unsigned long long)r,
-                 (unsigned long long)pool);
+        DT_CHECK(
+            f + w + r + q == pool && pool == DT_POOL_BYTES,
+            "%s: /metrics free %llu + writing %llu + ready %llu + quarantined %llu != "
+            "pool %llu",
+            when, (unsigned long long)f, (unsigned long long)w, (unsigned long long)r,
+            (unsigned long long)q, (unsigned long long)pool);
     DT_CHECK(strstr(body, "# TYPE kvdock_ns_objects gauge\n") != NULL,
              "%s: /metrics lacks the TYPE line of kvdock_ns_objects", when);
 }

@@ -344,10 +344,13 @@ bool ts_wait_stats(const char *socket, int timeout_ms, bool (*pred)(const ts_sta
 void ts_check_accounting(const ts_stats_t *s, const char *when)
 {
     const kvd_store_stats_msg_t *st = &s->store;
-    DT_CHECK(st->free_bytes + st->writing_bytes + st->ready_bytes == st->pool_bytes,
-             "%s: free %llu + writing %llu + ready %llu != pool %llu", when,
-             (unsigned long long)st->free_bytes, (unsigned long long)st->writing_bytes,
-             (unsigned long long)st->ready_bytes, (unsigned long long)st->pool_bytes);
+    DT_CHECK(
+        st->free_bytes + st->writing_bytes + st->ready_bytes + st->quarantined_bytes ==
+            st->pool_bytes,
+        "%s: free %llu + writing %llu + ready %llu + quarantined %llu != pool %llu", when,
+        (unsigned long long)st->free_bytes, (unsigned long long)st->writing_bytes,
+        (unsigned long long)st->ready_bytes, (unsigned long long)st->quarantined_bytes,
+        (unsigned long long)st->pool_bytes);
 }
 
 void ts_cli_check(const char *socket, const char *when)

@@ -145,7 +145,9 @@ static void test_index_memory_and_lookup(void **state)
         assert_true(info.loc.offset + PAGE <= POOL_PAGES * PAGE);
         assert_int_equal(info.has_parent, i != 0);
         if (i) {
-            assert_memory_equal(info.parent_tag, keys[i - 1], 8);
+            uint8_t tag[8];
+            kvd_store_key_tag(s, keys[i - 1], tag);
+            assert_memory_equal(info.parent_tag, tag, 8);
             kvd_obj_info_t parent;
             assert_int_equal(kvd_store_find_tag(s, ns, info.parent_tag, &parent), KVD_OK);
             assert_memory_equal(parent.key, keys[i - 1], 32);

@@ -273,7 +273,9 @@ static void test_reserve_allocates(void **state)
         assert_int_equal(info.ns, ns);
         assert_int_equal(info.depth, 4 + i);
         assert_true(info.has_parent);
-        assert_memory_equal(info.parent_tag, i ? keys[i - 1] : parent, 8);
+        uint8_t tag[8];
+        kvd_store_key_tag(s, i ? keys[i - 1] : parent, tag);
+        assert_memory_equal(info.parent_tag, tag, 8);
         assert_int_equal(info.loc.offset, locs[i].offset);
         assert_int_equal(info.loc.size, OBJ_KV);
     }
@@ -284,7 +286,8 @@ static void test_reserve_allocates(void **state)
     assert_int_equal(st.objects_writing, 3);
     assert_int_equal(st.leases, 1);
     assert_int_equal(st.reserve_allocated, 3);
-    assert_int_equal(st.free_bytes + st.writing_bytes + st.ready_bytes, POOL);
+    assert_int_equal(
+        st.free_bytes + st.writing_bytes + st.ready_bytes + st.quarantined_bytes, POOL);
     kvd_ns_info_t ni;
     assert_int_equal(kvd_store_ns_info(s, ns, &ni), KVD_OK);
     assert_int_equal(ni.objects_writing, 3);
@@ -808,7 +811,8 @@ static void test_owner_gone(void **state)
     assert_int_equal(st.leases, 2);
     assert_int_equal(st.objects_writing, 1);
     assert_int_equal(st.writing_bytes, PAGE);
-    assert_int_equal(st.free_bytes + st.writing_bytes + st.ready_bytes, POOL);
+    assert_int_equal(
+        st.free_bytes + st.writing_bytes + st.ready_bytes + st.quarantined_bytes, POOL);
     /* the half-written objects were never and are not visible */
     uint32_t half[2] = {5, 6};
     assert_int_equal(lookup_all(s, ns, half, 1), 0);
@@ -837,6 +841,13 @@ static void test_owner_gone(void **state)
     assert_int_equal(st.objects_writing, 0);
     assert_int_equal(st.leases, 0);
     assert_int_equal(st.objects_ready, 5); /* 1..4 and 7 */
+    /* the dead writers' extents wait out one TTL before they are reused */
+    assert_true(st.quarantined_bytes > 0);
+    assert_int_equal(st.free_bytes + st.ready_bytes + st.quarantined_bytes, POOL);
+    kvd_store_expire(s, UINT64_MAX / 2);
+    check_ok(s);
+    st = stats(s);
+    assert_int_equal(st.quarantined_bytes, 0);
     assert_int_equal(st.free_bytes + st.ready_bytes, POOL);
     assert_state(s, ns, 8, 0);
     kvd_store_destroy(s);
@@ -886,6 +897,14 @@ static void test_expire(void **state)
     assert_int_equal(after.leases, 0);
     assert_int_equal(after.pins, 0);
     assert_int_equal(after.objects_pinned, 0);
+    /* the expired writer's extent is quarantined for one more TTL */
+    assert_int_equal(after.free_bytes + after.ready_bytes + after.quarantined_bytes,
+                     POOL);
+    assert_int_equal(after.quarantined_bytes, PAGE);
+    assert_int_equal(kvd_store_expire(s, 100 + 2 * ttl + 50 + 1000), 0);
+    check_ok(s);
+    after = stats(s);
+    assert_int_equal(after.quarantined_bytes, 0);
     assert_int_equal(after.free_bytes + after.ready_bytes, POOL);
     assert_int_equal(pins_of(s, ns, 1), 0);
     assert_state(s, ns, 1, KVD_OBJ_READY); /* published objects stay */

@@ -1,0 +1,350 @@
+/*
+ * Description: a kvd_client_t recovers from a call that timed out. Against
+ * a fake server on a Unix socket (in a mkdtemp directory under /tmp, on a
+ * thread): the late reply to the abandoned call is read and dropped by the
+ * next call, which returns its own reply; a request abandoned half-written
+ * is finished before the next one, so the server sees whole frames; an
+ * error reply with id 0 is still returned to the waiting call, and a reply
+ * with an id the client never sent is a protocol error.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvd_proto.h"
+
+#define CLIENT_TIMEOUT_MS 100 /* the call that is abandoned */
+#define SERVER_DELAY_MS   300 /* how late the server answers it */
+#define PATIENT_MS        5000
+
+/* ---------------------------------------------------------- fake server */
+
+typedef struct fake_server fake_server_t;
+typedef void (*script_fn)(fake_server_t *s, int fd);
+
+struct fake_server {
+    char dir[64];
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    int listen_fd;
+    pthread_t thread;
+    script_fn script;
+    char failure[256]; /* the first check that failed on the server thread */
+};
+
+/* Records a failed check (cmocka's asserts belong to the main thread). */
+static void server_fail(fake_server_t *s, const char *what)
+{
+    if (s->failure[0] == '\0')
+        snprintf(s->failure, sizeof(s->failure), "server: %s", what);
+}
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static bool read_full(int fd, uint8_t *buf, size_t n)
+{
+    size_t off = 0;
+    while (off < n) {
+        ssize_t r = recv(fd, buf + off, n - off, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        off += (size_t)r;
+    }
+    return true;
+}
+
+/* Reads one frame from the blocking fd and decodes it into m. */
+static bool server_recv(int fd, kvd_msg_t *m)
+{
+    uint8_t hdr[KVD_FRAME_HEADER_BYTES];
+    memset(m, 0, sizeof(*m));
+    if (!read_full(fd, hdr, sizeof(hdr)))
+        return false;
+    size_t len = (size_t)hdr[0] | (size_t)hdr[1] << 8 | (size_t)hdr[2] << 16 |
+                 (size_t)hdr[3] << 24;
+    uint8_t *payload = malloc(len ? len : 1);
+    bool ok = payload != NULL && read_full(fd, payload, len) &&
+              kvd_msg_decode(payload, len, m) == KVD_OK;
+    free(payload);
+    return ok;
+}
+
+static bool server_send(int fd, const kvd_msg_t *m)
+{
+    kvd_buf_t b;
+    kvd_buf_init(&b, KVD_MEM_OTHER);
+    bool ok = kvd_msg_pack(m, KVD_FRAME_DEFAULT_MAX, &b) == KVD_OK;
+    for (size_t off = 0; ok && off < b.len;) {
+        ssize_t n = send(fd, b.data + off, b.len - off, MSG_NOSIGNAL);
+        if (n < 0 && errno == EINTR)
+            continue;
+        ok = n > 0;
+        off += ok ? (size_t)n : 0;
+    }
+    kvd_buf_free(&b);
+    return ok;
+}
+
+/* Receives a request and checks its id and method. */
+static bool expect_request(fake_server_t *s, int fd, uint64_t id, kvd_method_t method,
+                           kvd_msg_t *m)
+{
+    if (!server_recv(fd, m)) {
+        server_fail(s, "a request did not arrive whole or did not decode");
+        return false;
+    }
+    if (m->reply || m->id != id || m->method != method) {
+        server_fail(s, "unexpected request id or method");
+        return false;
+    }
+    return true;
+}
+
+/* Sends a Health reply to id, told apart by its uptime. */
+static bool send_health(fake_server_t *s, int fd, uint64_t id, uint64_t uptime_ms)
+{
+    kvd_msg_t rep;
+    kvd_msg_request(&rep, id, KVD_METHOD_HEALTH);
+    rep.reply = true;
+    rep.body.health_rep.state = KVD_HEALTH_READY;
+    rep.body.health_rep.uptime_ms = uptime_ms;
+    if (!server_send(fd, &rep)) {
+        server_fail(s, "a reply could not be sent");
+        return false;
+    }
+    return true;
+}
+
+static void *server_main(void *arg)
+{
+    fake_server_t *s = arg;
+    int fd = accept(s->listen_fd, NULL, NULL);
+    if (fd < 0) {
+        server_fail(s, "accept failed");
+        return NULL;
+    }
+    s->script(s, fd);
+    close(fd);
+    return NULL;
+}
+
+/* Binds a socket in a new directory under /tmp and runs script on a thread
+ * for the first connection. */
+static void server_start(fake_server_t *s, script_fn script)
+{
+    memset(s, 0, sizeof(*s));
+    strcpy(s->dir, "/tmp/kvd-client-test-XXXXXX");
+    assert_non_null(mkdtemp(s->dir));
+    snprintf(s->path, sizeof(s->path), "%s/s.sock", s->dir);
+    s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(s->listen_fd >= 0);
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    strcpy(addr.sun_path, s->path);
+    assert_int_equal(bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
+    assert_int_equal(listen(s->listen_fd, 1), 0);
+    s->script = script;
+    assert_int_equal(pthread_create(&s->thread, NULL, server_main, s), 0);
+}
+
+/* Waits for the script, removes socket and directory, reports its checks. */
+static void server_finish(fake_server_t *s)
+{
+    pthread_join(s->thread, NULL);
+    close(s->listen_fd);
+    unlink(s->path);
+    assert_int_equal(rmdir(s->dir), 0);
+    if (s->failure[0] != '\0')
+        fail_msg("%s", s->failure);
+}
+
+static kvd_client_t *connect_client(const fake_server_t *s)
+{
+    kvd_client_t *c = NULL;
+    assert_int_equal(kvd_client_connect_unix(s->path, PATIENT_MS, &c), KVD_OK);
+    return c;
+}
+
+static int call_health(kvd_client_t *c, kvd_msg_t *rep, int timeout_ms)
+{
+    kvd_msg_t req;
+    kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
+    return kvd_client_call(c, &req, rep, timeout_ms);
+}
+
+/* -------------------------------------------------------------- tests */
+
+/* Answers request 1 late, request 2 at once, request 3 too. */
+static void late_reply_script(fake_server_t *s, int fd)
+{
+    kvd_msg_t m;
+    if (!expect_request(s, fd, 1, KVD_METHOD_HEALTH, &m))
+        return;
+    sleep_ms(SERVER_DELAY_MS);
+    if (!send_health(s, fd, 1, 111))
+        return;
+    for (uint64_t id = 2; id <= 3; id++)
+        if (!expect_request(s, fd, id, KVD_METHOD_HEALTH, &m) ||
+            !send_health(s, fd, id, id * 111))
+            return;
+}
+
+static void test_late_reply_is_dropped(void **state)
+{
+    (void)state;
+    fake_server_t s;
+    server_start(&s, late_reply_script);
+    kvd_client_t *c = connect_client(&s);
+    kvd_msg_t rep;
+
+    assert_int_equal(call_health(c, &rep, CLIENT_TIMEOUT_MS), KVD_ERR_TIMEOUT);
+    kvd_msg_clear(&rep);
+
+    /* the late reply to 1 arrives first: dropped, 2's own reply returned */
+    assert_int_equal(call_health(c, &rep, PATIENT_MS), KVD_OK);
+    assert_true(rep.reply);
+    assert_true(rep.id == 2);
+    assert_int_equal(rep.status, KVD_OK);
+    assert_true(rep.body.health_rep.uptime_ms == 222);
+    kvd_msg_clear(&rep);
+
+    /* and the connection stays in step */
+    assert_int_equal(call_health(c, &rep, PATIENT_MS), KVD_OK);
+    assert_true(rep.id == 3);
+    assert_true(rep.body.health_rep.uptime_ms == 333);
+    kvd_msg_clear(&rep);
+
+    kvd_client_close(c);
+    server_finish(&s);
+}
+
+/* Keys of the big Acquire: far more than a socket buffer holds. */
+#define BIG_KEYS 100000
+
+static void key_of(kvd_key_t key, size_t i)
+{
+    memset(key, 0, KVD_KEY_LEN);
+    memcpy(key, &i, sizeof(i));
+}
+
+/* Reads nothing for a while (the client's first write stalls), then checks
+ * both frames arrive whole and answers them in order. */
+static void half_written_script(fake_server_t *s, int fd)
+{
+    sleep_ms(SERVER_DELAY_MS);
+    kvd_msg_t m;
+    if (!expect_request(s, fd, 1, KVD_METHOD_ACQUIRE, &m))
+        return;
+    kvd_key_t last;
+    key_of(last, BIG_KEYS - 1);
+    bool whole = m.body.acquire_req.n == BIG_KEYS &&
+                 memcmp(m.body.acquire_req.keys[BIG_KEYS - 1], last, KVD_KEY_LEN) == 0;
+    kvd_msg_clear(&m);
+    if (!whole) {
+        server_fail(s, "the abandoned Acquire did not arrive whole");
+        return;
+    }
+    kvd_msg_t rep;
+    kvd_msg_request(&rep, 1, KVD_METHOD_ACQUIRE);
+    rep.reply = true;
+    rep.body.acquire_rep.lease_id = 77;
+    if (!server_send(fd, &rep)) {
+        server_fail(s, "a reply could not be sent");
+        return;
+    }
+    if (expect_request(s, fd, 2, KVD_METHOD_HEALTH, &m))
+        send_health(s, fd, 2, 222);
+}
+
+static void test_half_written_request_is_finished(void **state)
+{
+    (void)state;
+    kvd_key_t *keys = calloc(BIG_KEYS, sizeof(kvd_key_t));
+    assert_non_null(keys);
+    for (size_t i = 0; i < BIG_KEYS; i++)
+        key_of(keys[i], i);
+    fake_server_t s;
+    server_start(&s, half_written_script);
+    kvd_client_t *c = connect_client(&s);
+
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_ACQUIRE);
+    req.body.acquire_req.keys = keys;
+    req.body.acquire_req.n = BIG_KEYS;
+    assert_int_equal(kvd_client_call(c, &req, &rep, CLIENT_TIMEOUT_MS), KVD_ERR_TIMEOUT);
+    kvd_msg_clear(&rep);
+
+    assert_int_equal(call_health(c, &rep, PATIENT_MS), KVD_OK);
+    assert_true(rep.id == 2);
+    assert_int_equal(rep.method, KVD_METHOD_HEALTH);
+    assert_true(rep.body.health_rep.uptime_ms == 222);
+    kvd_msg_clear(&rep);
+
+    kvd_client_close(c);
+    server_finish(&s);
+    free(keys);
+}
+
+/* Refuses request 1 with an error of id 0; answers request 2 with an id
+ * the client never used. */
+static void other_ids_script(fake_server_t *s, int fd)
+{
+    kvd_msg_t m, rep;
+    if (!expect_request(s, fd, 1, KVD_METHOD_HEALTH, &m))
+        return;
+    kvd_msg_error(&rep, 0, KVD_METHOD_NONE, KVD_ERR_TOO_LARGE, "frame refused");
+    if (!server_send(fd, &rep)) {
+        server_fail(s, "a reply could not be sent");
+        return;
+    }
+    if (expect_request(s, fd, 2, KVD_METHOD_HEALTH, &m))
+        send_health(s, fd, 99, 999);
+}
+
+static void test_id_zero_error_and_unknown_ids(void **state)
+{
+    (void)state;
+    fake_server_t s;
+    server_start(&s, other_ids_script);
+    kvd_client_t *c = connect_client(&s);
+    kvd_msg_t rep;
+
+    assert_int_equal(call_health(c, &rep, PATIENT_MS), KVD_OK);
+    assert_true(rep.id == 0);
+    assert_int_equal(rep.status, KVD_ERR_TOO_LARGE);
+    assert_string_equal(rep.error, "frame refused");
+    kvd_msg_clear(&rep);
+
+    assert_int_equal(call_health(c, &rep, PATIENT_MS), KVD_ERR_PROTOCOL);
+    kvd_msg_clear(&rep);
+
+    kvd_client_close(c);
+    server_finish(&s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_late_reply_is_dropped),
+        cmocka_unit_test(test_half_written_request_is_finished),
+        cmocka_unit_test(test_id_zero_error_and_unknown_ids),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
