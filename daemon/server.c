@@ -345,7 +345,19 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     uint64_t t0 = kvd_now_ns();
     /* the loop serves one request at a time: one pair of messages does */
     kvd_msg_t *req = &s->msgs[0], *rep = &s->msgs[1];
-    int rc = kvd_msg_decode(payload, len, req);
+    /* batch limits are checked before the batch is copied anywhere */
+    kvd_msg_limits_t lim = {.max_items = s->opts.max_batch,
+                            .max_pools = KVD_LOOKUP_MAX_POOLS};
+    int rc = kvd_msg_decode_limited(payload, len, &lim, req);
+    if (rc == KVD_ERR_TOO_LARGE && !req->reply) {
+        /* a typed refusal: the request was well formed, only too long */
+        kvd_msg_error(rep, req->id, req->method, rc,
+                      "a batch of more than %llu items (--max-batch) or %d pools",
+                      (unsigned long long)s->opts.max_batch, KVD_LOOKUP_MAX_POOLS);
+        conn_reply(s, c, rep);
+        kvd_counters_record(&s->counters, req->method, true, kvd_now_ns() - t0);
+        goto done;
+    }
     if (rc == KVD_ERR_UNKNOWN_METHOD) {
         conn_fail(s, c, req->id, KVD_METHOD_NONE, rc, "unknown method");
         goto done;

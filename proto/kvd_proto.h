@@ -441,9 +441,9 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out);
  * that needs more (say, millions of empty submessages) is refused as
  * malformed. Batches of keys need about 1 byte per payload byte, lists of
  * objects about 4, namespaces with names of 20 characters or more about 4 to
- * 7; thousands of namespaces with names of a few characters need more.
+ * 7, thousands of namespaces with names of a few characters up to about 11.
  */
-#define KVD_DECODE_BUDGET_PER_BYTE    8u
+#define KVD_DECODE_BUDGET_PER_BYTE    16u
 #define KVD_DECODE_BUDGET_EXTRA_BYTES (64u * 1024u)
 
 /*

@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +39,9 @@ struct fake_server {
     char dir[64];
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int listen_fd;
+    _Atomic int conn_fd; /* the accepted connection, -1 before and after */
     pthread_t thread;
+    bool running; /* thread not joined yet */
     script_fn script;
     char failure[256]; /* the first check that failed on the server thread */
 };
@@ -141,7 +144,9 @@ static void *server_main(void *arg)
         server_fail(s, "accept failed");
         return NULL;
     }
+    atomic_store(&s->conn_fd, fd);
     s->script(s, fd);
+    atomic_store(&s->conn_fd, -1);
     close(fd);
     return NULL;
 }
@@ -150,29 +155,62 @@ static void *server_main(void *arg)
  * for the first connection. */
 static void server_start(fake_server_t *s, script_fn script)
 {
-    memset(s, 0, sizeof(*s));
-    strcpy(s->dir, "/tmp/kvd-client-test-XXXXXX");
-    assert_non_null(mkdtemp(s->dir));
-    snprintf(s->path, sizeof(s->path), "%s/s.sock", s->dir);
+    s->script = script;
     s->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     assert_true(s->listen_fd >= 0);
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     strcpy(addr.sun_path, s->path);
     assert_int_equal(bind(s->listen_fd, (struct sockaddr *)&addr, sizeof(addr)), 0);
     assert_int_equal(listen(s->listen_fd, 1), 0);
-    s->script = script;
     assert_int_equal(pthread_create(&s->thread, NULL, server_main, s), 0);
+    s->running = true;
 }
 
-/* Waits for the script, removes socket and directory, reports its checks. */
+/* Waits for the script to end and fails the test if a check of it did. */
 static void server_finish(fake_server_t *s)
 {
     pthread_join(s->thread, NULL);
-    close(s->listen_fd);
-    unlink(s->path);
-    assert_int_equal(rmdir(s->dir), 0);
+    s->running = false;
     if (s->failure[0] != '\0')
         fail_msg("%s", s->failure);
+}
+
+/* Per test: a fresh directory for the socket. */
+static int setup_server(void **state)
+{
+    fake_server_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        return -1;
+    s->listen_fd = -1;
+    atomic_init(&s->conn_fd, -1);
+    strcpy(s->dir, "/tmp/kvd-client-test-XXXXXX");
+    if (mkdtemp(s->dir) == NULL) {
+        free(s);
+        return -1;
+    }
+    snprintf(s->path, sizeof(s->path), "%s/s.sock", s->dir);
+    *state = s;
+    return 0;
+}
+
+/* Also after a failed test: wakes a server still blocked in accept or
+ * recv, then removes socket and directory. */
+static int teardown_server(void **state)
+{
+    fake_server_t *s = *state;
+    if (s->running) {
+        int fd = atomic_load(&s->conn_fd);
+        if (fd >= 0)
+            shutdown(fd, SHUT_RDWR);
+        shutdown(s->listen_fd, SHUT_RDWR);
+        pthread_join(s->thread, NULL);
+    }
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    unlink(s->path);
+    int rc = rmdir(s->dir);
+    free(s);
+    return rc;
 }
 
 static kvd_client_t *connect_client(const fake_server_t *s)
@@ -208,10 +246,9 @@ static void late_reply_script(fake_server_t *s, int fd)
 
 static void test_late_reply_is_dropped(void **state)
 {
-    (void)state;
-    fake_server_t s;
-    server_start(&s, late_reply_script);
-    kvd_client_t *c = connect_client(&s);
+    fake_server_t *s = *state;
+    server_start(s, late_reply_script);
+    kvd_client_t *c = connect_client(s);
     kvd_msg_t rep;
 
     assert_int_equal(call_health(c, &rep, CLIENT_TIMEOUT_MS), KVD_ERR_TIMEOUT);
@@ -232,7 +269,7 @@ static void test_late_reply_is_dropped(void **state)
     kvd_msg_clear(&rep);
 
     kvd_client_close(c);
-    server_finish(&s);
+    server_finish(s);
 }
 
 /* Keys of the big Acquire: far more than a socket buffer holds. */
@@ -275,14 +312,13 @@ static void half_written_script(fake_server_t *s, int fd)
 
 static void test_half_written_request_is_finished(void **state)
 {
-    (void)state;
+    fake_server_t *s = *state;
     kvd_key_t *keys = calloc(BIG_KEYS, sizeof(kvd_key_t));
     assert_non_null(keys);
     for (size_t i = 0; i < BIG_KEYS; i++)
         key_of(keys[i], i);
-    fake_server_t s;
-    server_start(&s, half_written_script);
-    kvd_client_t *c = connect_client(&s);
+    server_start(s, half_written_script);
+    kvd_client_t *c = connect_client(s);
 
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_ACQUIRE);
@@ -298,7 +334,7 @@ static void test_half_written_request_is_finished(void **state)
     kvd_msg_clear(&rep);
 
     kvd_client_close(c);
-    server_finish(&s);
+    server_finish(s);
     free(keys);
 }
 
@@ -320,10 +356,9 @@ static void other_ids_script(fake_server_t *s, int fd)
 
 static void test_id_zero_error_and_unknown_ids(void **state)
 {
-    (void)state;
-    fake_server_t s;
-    server_start(&s, other_ids_script);
-    kvd_client_t *c = connect_client(&s);
+    fake_server_t *s = *state;
+    server_start(s, other_ids_script);
+    kvd_client_t *c = connect_client(s);
     kvd_msg_t rep;
 
     assert_int_equal(call_health(c, &rep, PATIENT_MS), KVD_OK);
@@ -336,15 +371,18 @@ static void test_id_zero_error_and_unknown_ids(void **state)
     kvd_msg_clear(&rep);
 
     kvd_client_close(c);
-    server_finish(&s);
+    server_finish(s);
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_late_reply_is_dropped),
-        cmocka_unit_test(test_half_written_request_is_finished),
-        cmocka_unit_test(test_id_zero_error_and_unknown_ids),
+        cmocka_unit_test_setup_teardown(test_late_reply_is_dropped, setup_server,
+                                        teardown_server),
+        cmocka_unit_test_setup_teardown(test_half_written_request_is_finished,
+                                        setup_server, teardown_server),
+        cmocka_unit_test_setup_teardown(test_id_zero_error_and_unknown_ids, setup_server,
+                                        teardown_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
