@@ -271,7 +271,16 @@ static bool is_stale_reply(const kvd_msg_t *m, uint64_t id)
  * does not decode, KVD_ERR_TIMEOUT, KVD_ERR_CLOSED. */
 static int read_reply(kvd_client_t *c, uint64_t id, kvd_msg_t *rep, uint64_t deadline)
 {
+    /* a reply to a request just sent is not there yet: wait first rather
+     * than pay a recv() that would say EAGAIN */
+    bool wait_first = kvd_framer_pending(&c->framer) == 0;
     for (;;) {
+        if (wait_first) {
+            wait_first = false;
+            int rc = wait_fd(c->fd, POLLIN, deadline);
+            if (rc != KVD_OK)
+                return rc;
+        }
         const uint8_t *payload;
         size_t len;
         int got = kvd_framer_next(&c->framer, &payload, &len);

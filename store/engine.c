@@ -759,8 +759,8 @@ static long lease_hold_of(const kvd_store_t *s, const lease_t *l, const uint8_t 
     if (i == NIL)
         return -1;
     const rec_t *r = R(s, i);
-    if (r->state != REC_WRITING || r->link_next != (uint32_t)l->id || r->link_prev >= l->n ||
-        l->recs[r->link_prev] != i)
+    if (r->state != REC_WRITING || r->link_next != (uint32_t)l->id ||
+        r->link_prev >= l->n || l->recs[r->link_prev] != i)
         return -1;
     return (long)r->link_prev;
 }
@@ -848,10 +848,10 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
      * locs[].offset for the second pass */
     for (size_t k = 0; k < n; k++) {
         uint32_t i = index_find(s, ns, keys[k]);
-        int rc = i == NIL                         ? KVD_ERR_NOT_FOUND
-                 : R(s, i)->state != REC_READY    ? KVD_ERR_BUSY
-                 : R(s, i)->pins == UINT16_MAX    ? KVD_ERR_NO_SPACE /* pins saturated */
-                                                  : KVD_OK;
+        int rc = i == NIL                      ? KVD_ERR_NOT_FOUND
+                 : R(s, i)->state != REC_READY ? KVD_ERR_BUSY
+                 : R(s, i)->pins == UINT16_MAX ? KVD_ERR_NO_SPACE /* pins saturated */
+                                               : KVD_OK;
         if (rc != KVD_OK) {
             *first_bad = k;
             s->st.acquire_failures++;

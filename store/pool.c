@@ -66,7 +66,8 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
 
     /* sealable: once sized, nobody holding the descriptor (every same-host
      * client does) can shrink or grow the file under everyone's mappings */
-    unsigned flags = MFD_CLOEXEC | MFD_ALLOW_SEALING | (opts->hugepages ? MFD_HUGETLB : 0);
+    unsigned flags =
+        MFD_CLOEXEC | MFD_ALLOW_SEALING | (opts->hugepages ? MFD_HUGETLB : 0);
     p->fd = memfd_create(p->name, flags);
     if (p->fd < 0) {
         int err = errno;

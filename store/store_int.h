@@ -47,8 +47,8 @@ typedef struct rec {
     uint16_t children;      /* objects of ns whose parent this is, saturating */
     uint16_t ns;
     uint16_t pins;
-    uint32_t depth : 24;    /* clamped at REC_DEPTH_MAX */
-    uint32_t state : 2;     /* enum rec_state */
+    uint32_t depth : 24; /* clamped at REC_DEPTH_MAX */
+    uint32_t state : 2;  /* enum rec_state */
     uint32_t tier : 1;
     uint32_t has_parent : 1;
     uint32_t quarantined : 1; /* a dead writer's extent, waiting out its grace */
@@ -67,7 +67,7 @@ typedef struct lease {
     uint64_t id;
     uint64_t owner;
     uint64_t expires_ms;
-    bool write; /* reservations (true) or pins (false) */
+    bool write;  /* reservations (true) or pins (false) */
     uint32_t ns; /* of a write lease */
     uint32_t n, cap;
     uint32_t *recs;
@@ -114,8 +114,8 @@ struct kvd_store {
      * live. FIFO through link_next; release time in last_access_s (s). */
     uint32_t quarantine_head, quarantine_tail;
     uint64_t quarantine_pages;
-    uint64_t now_ms;    /* the latest clock a caller passed (monotonic) */
-    uint64_t pins;      /* sum of pin counts */
+    uint64_t now_ms; /* the latest clock a caller passed (monotonic) */
+    uint64_t pins;   /* sum of pin counts */
     uint64_t lease_bytes;
 
     /* namespaces */

@@ -345,7 +345,8 @@ static void test_unknown_method_keeps_id(void **state)
 
     /* id = 300 (ac 02), method = one past this build's last, a body */
     _Static_assert(KVD_METHOD_COUNT < 128, "the method must fit one varint byte");
-    const uint8_t next[] = {0x08, 0xac, 0x02, 0x10, (uint8_t)KVD_METHOD_COUNT, 0x72, 0x00};
+    const uint8_t next[] = {0x08, 0xac, 0x02, 0x10, (uint8_t)KVD_METHOD_COUNT,
+                            0x72, 0x00};
     assert_int_equal(decode_bytes(next, sizeof(next), &out), KVD_ERR_UNKNOWN_METHOD);
     assert_true(out.id == 300);
 }
