@@ -82,8 +82,14 @@ int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out)
     s->cfg = *cfg;
     s->total_pages = pages;
     s->epoch_ms = kvd_wall_ms();
-    if (getrandom(&s->seed, sizeof(s->seed), GRND_NONBLOCK) != sizeof(s->seed))
-        s->seed = kvd_now_ns() ^ (uint64_t)(uintptr_t)s; /* weaker, never fails */
+    if (getrandom(s->secret, sizeof(s->secret), GRND_NONBLOCK) != sizeof(s->secret)) {
+        uint64_t x = kvd_now_ns() ^ (uint64_t)(uintptr_t)s; /* weaker, never fails */
+        for (size_t i = 0; i < KVD_ARRAY_SIZE(s->secret); i++) {
+            x += 0x9e3779b97f4a7c15ull;
+            s->secret[i] = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+        }
+    }
+    s->secret[5] |= 1; /* an odd multiplier keeps the last fold from losing bits */
     s->next_lease_id = 1;
     uint64_t nb = 1024;
     while (nb < cfg->index_hint && nb < (1ull << 32))
@@ -204,18 +210,21 @@ int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out)
  * pile every key into one bucket; with the seed they cannot aim. The bucket
  * depends on the tag alone, so a parent is found from the tag a child
  * records. */
+/* The folded 128-bit product: one multiply mixes both 64-bit halves. */
+static inline uint64_t mum(uint64_t a, uint64_t b)
+{
+    __uint128_t r = (__uint128_t)a * b;
+    return (uint64_t)r ^ (uint64_t)(r >> 64);
+}
+
 static uint64_t key_tag(const kvd_store_t *s, const uint8_t *key)
 {
     uint64_t w[4];
     memcpy(w, key, sizeof(w));
-    uint64_t h = s->seed;
-    for (int i = 0; i < 4; i++) {
-        h = (h ^ w[i]) * 0xbf58476d1ce4e5b9ull;
-        h ^= h >> 31;
-    }
-    h ^= h >> 29;
-    h *= 0x94d049bb133111ebull;
-    return h ^ (h >> 32);
+    /* two independent products (they run in parallel), then one to fold */
+    const uint64_t *k = s->secret;
+    uint64_t h = mum(w[0] ^ k[0], w[1] ^ k[1]) ^ mum(w[2] ^ k[2], w[3] ^ k[3]);
+    return mum(h ^ k[4], k[5]);
 }
 
 static uint64_t bucket_of(const kvd_store_t *s, uint32_t ns, uint64_t tag)

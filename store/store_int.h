@@ -84,7 +84,7 @@ struct kvd_store {
     kvd_store_config_t cfg;
     uint64_t total_pages;
     uint64_t epoch_ms; /* wall clock at creation: last_access base */
-    uint64_t seed;     /* keys the index hash (getrandom at creation) */
+    uint64_t secret[6]; /* keys the index hash (getrandom at creation) */
 
     /* records */
     rec_t *chunks[REC_MAX_CHUNKS];
