@@ -83,7 +83,7 @@ typedef struct ns_entry {
 struct kvd_store {
     kvd_store_config_t cfg;
     uint64_t total_pages;
-    uint64_t epoch_ms; /* wall clock at creation: last_access base */
+    uint64_t epoch_ms;  /* wall clock at creation: last_access base */
     uint64_t secret[6]; /* keys the index hash (getrandom at creation) */
 
     /* records */
