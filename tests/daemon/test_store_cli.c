@@ -24,6 +24,7 @@
  *     `stats --json` then shows store.objects_ready 0; no selector, or two,
  *     exit 2.
  */
+#include "ref_sha256.h"
 #include "test_store_util.h"
 
 #include <signal.h>
@@ -37,126 +38,22 @@
 
 static char out[1 << 16];
 
-/* ------------------------------------------- reference SHA-256 (FIPS 180-4) */
-
-typedef struct sha256 {
-    uint32_t h[8];
-    uint8_t block[64];
-    size_t block_len;
-    uint64_t total_bytes;
-} sha256_t;
-
-static const uint32_t sha_k[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2,
-};
-
-static uint32_t ror(uint32_t x, unsigned n)
-{
-    return (x >> n) | (x << (32 - n));
-}
-
-static void sha_block(sha256_t *c, const uint8_t *p)
-{
-    uint32_t w[64];
-    for (int i = 0; i < 16; i++)
-        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-               (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
-    for (int i = 16; i < 64; i++)
-        w[i] = w[i - 16] + (ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3)) +
-               w[i - 7] + (ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10));
-    uint32_t v[8];
-    memcpy(v, c->h, sizeof(v));
-    for (int i = 0; i < 64; i++) {
-        uint32_t t1 = v[7] + (ror(v[4], 6) ^ ror(v[4], 11) ^ ror(v[4], 25)) +
-                      ((v[4] & v[5]) ^ (~v[4] & v[6])) + sha_k[i] + w[i];
-        uint32_t t2 = (ror(v[0], 2) ^ ror(v[0], 13) ^ ror(v[0], 22)) +
-                      ((v[0] & v[1]) ^ (v[0] & v[2]) ^ (v[1] & v[2]));
-        memmove(&v[1], &v[0], 7 * sizeof(uint32_t));
-        v[4] += t1;
-        v[0] = t1 + t2;
-    }
-    for (int i = 0; i < 8; i++)
-        c->h[i] += v[i];
-}
-
-static void sha_init(sha256_t *c)
-{
-    static const uint32_t iv[8] = {0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-                                   0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19};
-    memcpy(c->h, iv, sizeof(iv));
-    c->block_len = 0;
-    c->total_bytes = 0;
-}
-
-static void sha_update(sha256_t *c, const void *data, size_t len)
-{
-    const uint8_t *p = data;
-    c->total_bytes += len;
-    while (len-- > 0) {
-        c->block[c->block_len++] = *p++;
-        if (c->block_len == 64) {
-            sha_block(c, c->block);
-            c->block_len = 0;
-        }
-    }
-}
-
-static void sha_final(sha256_t *c, uint8_t out_digest[32])
-{
-    uint64_t bits = c->total_bytes * 8;
-    uint8_t pad = 0x80, zero = 0;
-    sha_update(c, &pad, 1);
-    while (c->block_len != 56)
-        sha_update(c, &zero, 1);
-    uint8_t len_be[8];
-    for (int i = 0; i < 8; i++)
-        len_be[i] = (uint8_t)(bits >> (56 - 8 * i));
-    sha_update(c, len_be, 8);
-    for (int i = 0; i < 8; i++)
-        for (int b = 0; b < 4; b++)
-            out_digest[4 * i + b] = (uint8_t)(c->h[i] >> (24 - 8 * b));
-}
-
 static void to_hex(const uint8_t *d, char hex[65])
 {
     for (int i = 0; i < 32; i++)
         snprintf(hex + 2 * i, 3, "%02x", d[i]);
 }
 
-/* The page-key chain from its definition: key[i] = SHA256(key[i-1] || page i
- * tokens as uint32 LE), key[-1] = prior (NULL: absent). */
+/* The page-key chain of the reference SHA-256, as hex. */
 static size_t ref_chain(const uint32_t *tokens, size_t n, size_t page,
                         const uint8_t *prior, char hex[][65])
 {
-    uint8_t prev[32];
-    bool have_prev = prior != NULL;
-    if (prior)
-        memcpy(prev, prior, 32);
-    for (size_t p = 0; p < n / page; p++) {
-        sha256_t c;
-        sha_init(&c);
-        if (have_prev)
-            sha_update(&c, prev, 32);
-        for (size_t t = 0; t < page; t++) {
-            uint32_t v = tokens[p * page + t];
-            uint8_t le[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16),
-                             (uint8_t)(v >> 24)};
-            sha_update(&c, le, 4);
-        }
-        sha_final(&c, prev);
-        have_prev = true;
-        to_hex(prev, hex[p]);
-    }
-    return n / page;
+    uint8_t(*keys)[32] = calloc(n / page + 1, 32);
+    size_t pages = keys ? ref_page_chain(tokens, n, page, prior, keys) : 0;
+    for (size_t p = 0; p < pages; p++)
+        to_hex(keys[p], hex[p]);
+    free(keys);
+    return pages;
 }
 
 static bool reference_ok(void)
@@ -171,12 +68,12 @@ static bool reference_ok(void)
     };
     bool ok = true;
     for (size_t i = 0; i < KVD_ARRAY_SIZE(vec); i++) {
-        sha256_t c;
+        ref_sha256_t c;
         uint8_t d[32];
         char hex[65];
-        sha_init(&c);
-        sha_update(&c, vec[i].msg, strlen(vec[i].msg));
-        sha_final(&c, d);
+        ref_sha256_init(&c);
+        ref_sha256_update(&c, vec[i].msg, strlen(vec[i].msg));
+        ref_sha256_final(&c, d);
         to_hex(d, hex);
         ok &= DT_CHECK(strcmp(hex, vec[i].hex) == 0,
                        "the test's own SHA-256 of '%s' is %s, FIPS says %s", vec[i].msg,
