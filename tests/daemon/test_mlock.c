@@ -21,7 +21,7 @@
 static char out[1 << 16];
 
 /* VmLck of a process in bytes, or 0. */
-static uint64_t vm_locked(pid_t pid)
+static __attribute__((unused)) uint64_t vm_locked(pid_t pid)
 {
     char path[64], line[256];
     snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
