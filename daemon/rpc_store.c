@@ -690,8 +690,9 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
     for (size_t i = 0; rc == KVD_OK && i < c.n; i++) {
         const kvd_obj_info_t *obj = &c.objs[i];
         kvd_obj_info_t parent;
+        /* no stored parent in its own namespace (none named, or not here) */
         bool orphan =
-            obj->has_parent &&
+            !obj->has_parent ||
             kvd_store_find_tag(store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
         /* state saved at a boundary of another namespace's chain (mamba
          * slots) is shown as that chain's pool, not as a prefix of its own,

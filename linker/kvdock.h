@@ -1,18 +1,29 @@
 /*
  * kvdock.h - libkvdock, the worker-side linker: the library a serving
- * worker links to reach its node's kvdockd.
+ * worker links to offload KV and mamba state to its node's kvdockd and to
+ * load it back (DESIGN.md section 6).
  *
  * Conventions: every function returns 0 (KVD_OK) or a negative kvd status
  * (kvd_strerror() names it); handles are opaque and owned by the caller
- * until the matching close; outputs are set only on success.
+ * until the matching close; outputs are set only on success. Every call is
+ * thread-safe: engine threads call in while the linker's transfer thread
+ * copies layer group by layer group.
  *
- * This version opens a connection (Hello), asks the daemon's health and
- * computes page keys. Device pools, LOAD / PREPARE / COMMIT / ABORT and the
- * completion queues extend this header without changing what is here.
+ * The flow for one request `rid`, in the engine's order:
+ *   kvd_lookup        -> every restorable boundary (in pages)
+ *   kvd_load          LOAD: re-validate and pin what the chosen boundary needs
+ *   kvd_load_prepare  PREPARE: per-component fix-ups before the tree insert
+ *   (the engine inserts the prefix into its radix tree)
+ *   kvd_load_commit   COMMIT: cut the transfers to what the tree adopted
+ *   or kvd_load_abort ABORT: only for a load that never reached the insert
+ *   kvd_start_layer_wise_loading / kvd_wait_layer: the copies, layer by layer
+ *   kvd_pop_completed_loads: (rid, success), exactly once per committed load
+ * and for offloads: kvd_offload -> ack; kvd_pop_completed_offloads.
  */
 #ifndef KVDOCK_H
 #define KVDOCK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,18 +33,32 @@ extern "C" {
 
 #define KVD_API __attribute__((visibility("default")))
 
-#define KVD_PAGE_KEY_BYTES 32
+#define KVD_PAGE_KEY_BYTES   32
+#define KVD_MAX_POOLS        16 /* device pool entries of one linker */
+#define KVD_MAX_POOL_BUFFERS 8  /* component buffers of one layer */
 
 typedef struct kvd_linker kvd_linker_t;
+
+/* ------------------------------------------------------------- opening */
 
 typedef struct kvd_linker_config {
     /* Unix socket of the daemon (NULL: the default instance's socket). */
     const char *socket_path;
-    /* "HOST:PORT" of a daemon's TCP listener; used instead of socket_path. */
+    /* "HOST:PORT" of a daemon's TCP listener; used instead of socket_path.
+     * (Loads and offloads need the same-host pool: TCP is for inspection
+     * until the remote transport exists.) */
     const char *connect;
     /* Shows up in the daemon's log. NULL: "libkvdock". */
     const char *client_name;
-    /* Bound on every RPC; 0: 5000 ms. */
+    /* The model and its layout (weights, dtype, head config): two workers
+     * share stored KV only when this is equal. NULL: "model". */
+    const char *model_id;
+    int tp_rank, tp_size; /* tensor parallel: 0, 1 when unused */
+    int pp_rank, pp_size; /* pipeline parallel: 0, 1 when unused */
+    int cp_rank, cp_size; /* context parallel: 0, 1 when unused */
+    /* Layers copied per step of layer-wise loading; 0: 1. */
+    int layer_group_size;
+    /* Bound on every RPC and on every wait; 0: 5000 ms. */
     int timeout_ms;
 } kvd_linker_config_t;
 
@@ -47,12 +72,83 @@ typedef enum kvd_linker_health {
  * daemon listens, -10 (unsupported) for a protocol version mismatch. */
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out);
 
-/* Closes the connection and frees the handle. NULL is fine. */
+/* Stops the transfer thread (pending loads and offloads complete as
+ * failed), closes the connection and frees the handle. NULL is fine. */
 KVD_API void kvd_linker_close(kvd_linker_t *linker);
 
 /* The daemon's health and its pool size in bytes (either may be NULL). */
 KVD_API int kvd_linker_health(kvd_linker_t *linker, kvd_linker_health_t *state,
                               uint64_t *pool_bytes);
+
+/* --------------------------------------------------------- device pools */
+
+typedef enum kvd_addressing {
+    /* Token slots: a page is page_size consecutive rows starting at a
+     * multiple of page_size (KV, sliding-window KV, indexer). */
+    KVD_ADDR_PAGED = 1,
+    /* One row per tree node, addressed by slot id (mamba state). Never
+     * page-sliced. */
+    KVD_ADDR_SLOT = 2,
+} kvd_addressing_t;
+
+typedef enum kvd_memory_kind {
+    KVD_MEM_HOST = 1, /* ordinary host memory: memcpy */
+    KVD_MEM_HIP = 2,  /* ROCm device memory (a later backend) */
+} kvd_memory_kind_t;
+
+/* One component buffer of one layer: row r lives at base + r * row_stride
+ * and holds bytes_per_row bytes. */
+typedef struct kvd_pool_buffer {
+    void *base;
+    uint64_t row_stride;
+    uint64_t bytes_per_row;
+} kvd_pool_buffer_t;
+
+/* One layer of a pool: its global layer id and its buffers (K and V, or one
+ * MLA buffer, or a mamba layer's temporal state then its conv buffers). */
+typedef struct kvd_pool_layer {
+    uint32_t layer_id;
+    uint32_t n_buffers;
+    kvd_pool_buffer_t buffers[KVD_MAX_POOL_BUFFERS];
+} kvd_pool_layer_t;
+
+/* Called by ABORT and COMMIT to hand device indices back to the engine's
+ * allocator (paged: token slots; slot-addressed: slot ids). */
+typedef void (*kvd_free_indices_fn)(void *ctx, const int64_t *indices, size_t n);
+
+typedef struct kvd_pool_desc {
+    const char *name; /* "kv", "swa", "mamba", "indexer", ... */
+    kvd_addressing_t addressing;
+    uint32_t page_size; /* tokens per page (PAGED) */
+    uint64_t n_rows;    /* rows (token slots or state slots) of every
+                         * buffer: device indices must be below it */
+    /* Lookup hit policy: 0 = ALL_PAGES (full attention), n =
+     * TRAILING_PAGES(n) (sliding window: its pages; mamba: 1). */
+    uint32_t trailing_pages;
+    bool rank_replicated; /* identical on every TP rank (MLA KV) */
+    kvd_memory_kind_t memory;
+    uint32_t n_layers;
+    const kvd_pool_layer_t *layers; /* copied by kvd_register_pool */
+    kvd_free_indices_fn free_indices;
+    void *free_ctx;
+} kvd_pool_desc_t;
+
+/*
+ * Registers a device pool entry; *pool_id names it in transfers. The object
+ * of one page (or one slot) holds, layer by layer and buffer by buffer, the
+ * page's rows; its size and the namespace (model id, pool name, rank suffix)
+ * follow from the description and are registered with the daemon.
+ * Errors: -1 (invalid) for a bad description, -10 for an unsupported memory
+ * kind, the daemon's error (e.g. the namespace exists with another size).
+ */
+KVD_API int kvd_register_pool(kvd_linker_t *linker, const kvd_pool_desc_t *desc,
+                              uint32_t *pool_id);
+
+/* The object size and namespace of a registered pool. */
+KVD_API int kvd_pool_info(kvd_linker_t *linker, uint32_t pool_id, uint64_t *object_bytes,
+                          char *ns_name, size_t ns_name_len);
+
+/* ----------------------------------------------------------- page keys */
 
 /*
  * The SGLang-compatible page-key chain: one 32-byte key per full page of
@@ -63,6 +159,132 @@ KVD_API int kvd_linker_health(kvd_linker_t *linker, kvd_linker_health_t *state,
 KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_size,
                           const uint8_t *prior, uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
                           size_t *n_keys);
+
+/* ------------------------------------------------------------ transfers */
+
+/*
+ * What moves for one pool of one request.
+ *  PAGED: keys[i] is the key of page i; device_indices holds one token slot
+ *         per token (n_keys * page_size), each page's slots consecutive and
+ *         starting at a multiple of page_size.
+ *  SLOT:  keys[i] is the key of the page that ends node i; device_indices
+ *         holds one slot id per key.
+ * For kvd_lookup only keys are read (device_indices may be NULL); there the
+ * keys are the page keys of the prompt's page-aligned tail for every pool,
+ * slot-addressed ones included.
+ */
+typedef struct kvd_transfer {
+    uint32_t pool_id;
+    const uint8_t (*keys)[KVD_PAGE_KEY_BYTES];
+    size_t n_keys;
+    const int64_t *device_indices;
+    size_t n_indices;
+    /* For offloads (where the store records each page's place in its
+     * chain): the depth of keys[0] (page index in the chain), or per key
+     * when depths is non-NULL; the key of the page before keys[0], NULL at
+     * the start of a chain. PAGED keys i > 0 have keys[i-1] as parent. */
+    uint32_t first_depth;
+    const uint32_t *depths;
+    const uint8_t *prior_key;
+} kvd_transfer_t;
+
+/*
+ * Every boundary b (in pages, increasing) restorable in all the pools
+ * given, by each pool's hit policy (DESIGN.md section 5). `boundaries` holds
+ * at least the smallest n_keys entries. Counts lookup hit pages per pool.
+ */
+KVD_API int kvd_lookup(kvd_linker_t *linker, uint64_t rid,
+                       const kvd_transfer_t *transfers, size_t n_transfers,
+                       uint32_t *boundaries, size_t *n_boundaries);
+
+/*
+ * LOAD: pins the stored objects of every transfer (all or nothing) and
+ * records the load of rid. Fails (nothing pinned) when anything is missing
+ * now; the engine then ABORTs. The arrays are copied.
+ */
+KVD_API int kvd_load(kvd_linker_t *linker, uint64_t rid, const kvd_transfer_t *transfers,
+                     size_t n_transfers);
+
+/* PREPARE: fix-ups before the insert (host memory needs none). */
+KVD_API int kvd_load_prepare(kvd_linker_t *linker, uint64_t rid);
+
+/* What the tree adopted, per transfer of the load (in the same order). */
+typedef struct kvd_commit_pool {
+    /* PAGED: pages [adopted_begin, adopted_end) were adopted by the tree;
+     * the rest already existed there, and their device indices are freed
+     * through the pool's free_indices. */
+    uint32_t adopted_begin, adopted_end;
+    /* SLOT: the tree already had a state at that node: the transfer is
+     * dropped and its slot NOT freed (the tree freed it). */
+    bool mamba_exist;
+} kvd_commit_pool_t;
+
+/*
+ * COMMIT: cuts rid's transfers to what the tree adopted (n = the number of
+ * transfers given to kvd_load) and queues the copies for the next
+ * kvd_start_layer_wise_loading. The device indices of pages not adopted go
+ * back through free_indices; their pins end with the batch's.
+ */
+KVD_API int kvd_load_commit(kvd_linker_t *linker, uint64_t rid,
+                            const kvd_commit_pool_t *pools, size_t n);
+
+/* ABORT: only for a load that never reached the insert: releases the pins
+ * and frees every device index of the load through free_indices. */
+KVD_API int kvd_load_abort(kvd_linker_t *linker, uint64_t rid);
+
+/*
+ * Starts copying every committed load not started yet, layer group by layer
+ * group, on the transfer thread. *counter names the batch for
+ * kvd_wait_layer. With nothing committed the batch is empty (every wait
+ * returns at once).
+ */
+KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *linker, uint32_t *counter);
+
+/*
+ * Waits until layer_id's bytes of batch `counter` are in place: 0, or the
+ * batch's error (it failed: the remaining layers are failed, never left
+ * waiting), or -8 (timed out) past the linker's timeout. A layer no pool of
+ * the batch has returns at once.
+ */
+KVD_API int kvd_wait_layer(kvd_linker_t *linker, uint32_t counter, uint32_t layer_id);
+
+/* One finished load or offload. */
+typedef struct kvd_completion {
+    uint64_t id; /* the rid, or the offload's ack */
+    bool success;
+} kvd_completion_t;
+
+/* Pops up to max finished loads (each committed load comes back exactly
+ * once, success or not); *n says how many. Never blocks. */
+KVD_API int kvd_pop_completed_loads(kvd_linker_t *linker, kvd_completion_t *out,
+                                    size_t max, size_t *n);
+
+/*
+ * Offloads finished nodes: copies each transfer's device rows into the
+ * store (reserve, write, publish) on the transfer thread, after the device
+ * data is final. Pages already stored (EXISTS, or being written by another
+ * rank) count as success. *ack names it in the completed-offloads queue.
+ */
+KVD_API int kvd_offload(kvd_linker_t *linker, const kvd_transfer_t *transfers,
+                        size_t n_transfers, uint64_t *ack);
+
+KVD_API int kvd_pop_completed_offloads(kvd_linker_t *linker, kvd_completion_t *out,
+                                       size_t max, size_t *n);
+
+/* ------------------------------------------------------------- counters */
+
+typedef struct kvd_pool_stats {
+    uint64_t lookup_hit_pages;
+    uint64_t load_bytes;
+    uint64_t offload_bytes;
+    uint64_t load_failures;
+    uint64_t offload_failures;
+} kvd_pool_stats_t;
+
+/* Counters of one registered pool. */
+KVD_API int kvd_stats(kvd_linker_t *linker, uint32_t pool_id, kvd_pool_stats_t *out);
+
+/* ------------------------------------------------------------------ misc */
 
 /* A short description of a status code. */
 KVD_API const char *kvd_strerror(int status);

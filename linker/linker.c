@@ -1,54 +1,167 @@
 /*
- * linker.c - libkvdock's connection to the daemon.
- *
- * A linker holds one RPC client. Calls are serialised by a mutex, so engine
- * threads may share a handle.
+ * linker.c - libkvdock's front: opening and closing, the daemon connection
+ * (Hello with the pool's descriptor, mapping the pool, reconnecting after
+ * the daemon went away), device pool registration, lookups, counters.
+ * The load protocol is in load.c, the transfer thread in transfer.c.
  */
-#include "kvdock.h"
-#include "kvd_common.h"
-#include "kvd_proto.h"
+#include "linker_int.h"
 
-#include <pthread.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
-struct kvd_linker {
-    pthread_mutex_t lock;
-    kvd_client_t *client;
-    int timeout_ms;
-    kvd_hello_rep_t hello;
-};
+/* ---------------------------------------------------------- connection */
+
+/* Unmaps the pool; caller holds nothing (takes the map write lock). */
+static void unmap_pool(kvd_linker_t *l)
+{
+    pthread_rwlock_wrlock(&l->map);
+    if (l->pool_map != NULL)
+        munmap(l->pool_map, l->pool_bytes);
+    l->pool_map = NULL;
+    l->pool_bytes = 0;
+    pthread_rwlock_unlock(&l->map);
+}
+
+/* Says Hello with every registered pool's namespace and maps the pool.
+ * Caller holds rpc. */
+static int connect_locked(kvd_linker_t *l)
+{
+    kvd_client_t *c = NULL;
+    int rc = l->connect[0] ? kvd_client_connect_tcp(l->connect, l->timeout_ms, &c)
+                           : kvd_client_connect_unix(l->socket_path, l->timeout_ms, &c);
+    if (rc != KVD_OK)
+        return rc;
+    kvd_ns_spec_t specs[KVD_MAX_POOLS];
+    pthread_mutex_lock(&l->lock);
+    uint32_t n = l->n_pools;
+    for (uint32_t i = 0; i < n; i++)
+        specs[i] = (kvd_ns_spec_t){.object_bytes = l->pools[i].object_bytes,
+                                   .rank_replicated = l->pools[i].desc.rank_replicated};
+    for (uint32_t i = 0; i < n; i++)
+        kvd_strlcpy(specs[i].name, l->pools[i].ns_name, sizeof(specs[i].name));
+    pthread_mutex_unlock(&l->lock);
+
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_strlcpy(req.body.hello_req.client_name, l->client_name, KVD_NAME_MAX);
+    req.body.hello_req.pid = (uint32_t)getpid();
+    req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    req.body.hello_req.want_pool_fd = l->connect[0] == '\0';
+    req.body.hello_req.n_namespaces = n;
+    req.body.hello_req.namespaces = specs;
+    rc = kvd_client_call(c, &req, &rep, l->timeout_ms);
+    if (rc == KVD_OK && rep.status != KVD_OK)
+        rc = rep.status;
+    if (rc == KVD_OK && rep.body.hello_rep.n_ns_ids != n)
+        rc = KVD_ERR_PROTOCOL;
+    int fd = kvd_client_take_fd(c);
+    if (rc == KVD_OK && fd >= 0) {
+        uint64_t bytes = rep.body.hello_rep.pool_bytes;
+        void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (map == MAP_FAILED) {
+            rc = kvd_status_from_errno(errno);
+        } else {
+            unmap_pool(l);
+            pthread_rwlock_wrlock(&l->map);
+            l->pool_map = map;
+            l->pool_bytes = bytes;
+            pthread_rwlock_unlock(&l->map);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (rc == KVD_OK) {
+        pthread_mutex_lock(&l->lock);
+        for (uint32_t i = 0; i < n; i++)
+            l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
+        l->epoch++;
+        pthread_mutex_unlock(&l->lock);
+        l->client = c;
+    } else {
+        kvd_client_close(c);
+    }
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
+/* Drops a broken connection: its pins and reservations are gone with it. */
+static void disconnect_locked(kvd_linker_t *l)
+{
+    kvd_client_close(l->client);
+    l->client = NULL;
+}
+
+int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
+{
+    memset(rep, 0, sizeof(*rep));
+    pthread_mutex_lock(&l->rpc);
+    int rc = l->client ? KVD_OK : connect_locked(l);
+    if (rc == KVD_OK) {
+        rc = kvd_client_call(l->client, req, rep, l->timeout_ms);
+        if (rc != KVD_OK)
+            disconnect_locked(l); /* closed, timed out or garbled: start over */
+        else if (rep->status != KVD_OK)
+            rc = rep->status;
+    }
+    pthread_mutex_unlock(&l->rpc);
+    return rc;
+}
+
+/* Connects if needed; returns the connection epoch (0 when it failed). */
+static uint64_t ensure_connected(kvd_linker_t *l, int *rc)
+{
+    pthread_mutex_lock(&l->rpc);
+    *rc = l->client ? KVD_OK : connect_locked(l);
+    pthread_mutex_unlock(&l->rpc);
+    pthread_mutex_lock(&l->lock);
+    uint64_t e = *rc == KVD_OK ? l->epoch : 0;
+    pthread_mutex_unlock(&l->lock);
+    return e;
+}
+
+/* ------------------------------------------------------------ open/close */
 
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out)
 {
     if (config == NULL || out == NULL)
         return KVD_ERR_INVALID;
-    int timeout = config->timeout_ms > 0 ? config->timeout_ms : 5000;
-    kvd_client_t *client = NULL;
-    int rc;
-    if (config->connect != NULL) {
-        rc = kvd_client_connect_tcp(config->connect, timeout, &client);
-    } else {
-        char path[108];
-        if (config->socket_path != NULL)
-            kvd_strlcpy(path, config->socket_path, sizeof(path));
-        else
-            kvd_default_socket_path("default", path, sizeof(path));
-        rc = kvd_client_connect_unix(path, timeout, &client);
-    }
-    if (rc != KVD_OK)
-        return rc;
     kvd_linker_t *l = calloc(1, sizeof(*l));
-    if (l == NULL) {
-        kvd_client_close(client);
+    if (l == NULL)
         return KVD_ERR_NOMEM;
-    }
+    l->cfg = *config;
+    if (config->socket_path)
+        kvd_strlcpy(l->socket_path, config->socket_path, sizeof(l->socket_path));
+    else
+        kvd_default_socket_path("default", l->socket_path, sizeof(l->socket_path));
+    if (config->connect)
+        kvd_strlcpy(l->connect, config->connect, sizeof(l->connect));
+    kvd_strlcpy(l->client_name, config->client_name ? config->client_name : "libkvdock",
+                sizeof(l->client_name));
+    kvd_strlcpy(l->model_id, config->model_id ? config->model_id : "model",
+                sizeof(l->model_id));
+    l->cfg.tp_size = config->tp_size > 0 ? config->tp_size : 1;
+    l->cfg.pp_size = config->pp_size > 0 ? config->pp_size : 1;
+    l->cfg.cp_size = config->cp_size > 0 ? config->cp_size : 1;
+    l->cfg.layer_group_size = config->layer_group_size > 0 ? config->layer_group_size : 1;
+    l->timeout_ms = config->timeout_ms > 0 ? config->timeout_ms : 5000;
+    l->next_counter = 1;
+    l->next_ack = 1;
+    pthread_mutex_init(&l->rpc, NULL);
     pthread_mutex_init(&l->lock, NULL);
-    l->client = client;
-    l->timeout_ms = timeout;
-    rc = kvd_client_hello(client, config->client_name ? config->client_name : "libkvdock",
-                          &l->hello, timeout);
+    pthread_cond_init(&l->cond, NULL);
+    pthread_rwlock_init(&l->map, NULL);
+    pthread_mutex_lock(&l->rpc);
+    int rc = connect_locked(l);
+    pthread_mutex_unlock(&l->rpc);
+    if (rc == KVD_OK) {
+        rc = pthread_create(&l->thread, NULL, lk_thread_main, l) == 0 ? KVD_OK
+                                                                      : KVD_ERR_NOMEM;
+        l->thread_started = rc == KVD_OK;
+    }
     if (rc != KVD_OK) {
         kvd_linker_close(l);
         return rc;
@@ -57,34 +170,249 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     return KVD_OK;
 }
 
-KVD_API void kvd_linker_close(kvd_linker_t *linker)
+KVD_API void kvd_linker_close(kvd_linker_t *l)
 {
-    if (linker == NULL)
+    if (l == NULL)
         return;
-    kvd_client_close(linker->client);
-    pthread_mutex_destroy(&linker->lock);
-    free(linker);
+    pthread_mutex_lock(&l->lock);
+    l->stop = true;
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    if (l->thread_started)
+        pthread_join(l->thread, NULL);
+    lk_fail_pending(l); /* what is left completes as failed, then is freed */
+    for (lbatch_t *b = l->batches, *next; b != NULL; b = next) {
+        next = b->next;
+        free(b->layer_ids);
+        free(b);
+    }
+    free(l->done_loads.items);
+    free(l->done_offloads.items);
+    for (uint32_t i = 0; i < l->n_pools; i++)
+        free(l->pools[i].layers);
+    pthread_mutex_lock(&l->rpc);
+    if (l->client)
+        disconnect_locked(l);
+    pthread_mutex_unlock(&l->rpc);
+    unmap_pool(l);
+    pthread_rwlock_destroy(&l->map);
+    pthread_cond_destroy(&l->cond);
+    pthread_mutex_destroy(&l->lock);
+    pthread_mutex_destroy(&l->rpc);
+    free(l);
 }
 
-KVD_API int kvd_linker_health(kvd_linker_t *linker, kvd_linker_health_t *state,
+KVD_API int kvd_linker_health(kvd_linker_t *l, kvd_linker_health_t *state,
                               uint64_t *pool_bytes)
 {
-    if (linker == NULL)
+    if (l == NULL)
         return KVD_ERR_INVALID;
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
-    pthread_mutex_lock(&linker->lock);
-    int rc = kvd_client_call(linker->client, &req, &rep, linker->timeout_ms);
-    pthread_mutex_unlock(&linker->lock);
+    int rc = lk_call(l, &req, &rep);
+    if (rc == KVD_OK) {
+        if (state)
+            *state = (kvd_linker_health_t)rep.body.health_rep.state;
+        if (pool_bytes)
+            *pool_bytes = rep.body.health_rep.pool_bytes;
+    }
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
+/* ----------------------------------------------------------------- pools */
+
+/* model/pool/rank-suffix: what keeps models, pools and ranks apart. A
+ * rank-replicated pool is the same on every TP rank: no tp in its name. */
+static void ns_name_of(const kvd_linker_t *l, const kvd_pool_desc_t *d, char *out,
+                       size_t len)
+{
+    char suffix[64] = "";
+    size_t n = 0;
+    if (!d->rank_replicated)
+        n += (size_t)snprintf(suffix + n, sizeof(suffix) - n, "tp%d", l->cfg.tp_rank);
+    else
+        n += (size_t)snprintf(suffix + n, sizeof(suffix) - n, "rep");
+    if (l->cfg.cp_size > 1)
+        n += (size_t)snprintf(suffix + n, sizeof(suffix) - n, ".cp%d", l->cfg.cp_rank);
+    if (l->cfg.pp_size > 1)
+        snprintf(suffix + n, sizeof(suffix) - n, ".pp%d", l->cfg.pp_rank);
+    snprintf(out, len, "%s/%s/%s", l->model_id, d->name, suffix);
+}
+
+static int check_desc(const kvd_pool_desc_t *d)
+{
+    if (d == NULL || d->name == NULL || d->name[0] == '\0' || strlen(d->name) >= 64 ||
+        (d->addressing != KVD_ADDR_PAGED && d->addressing != KVD_ADDR_SLOT) ||
+        (d->addressing == KVD_ADDR_PAGED && d->page_size == 0) || d->n_rows == 0 ||
+        d->n_layers == 0 || d->layers == NULL)
+        return KVD_ERR_INVALID;
+    if (d->memory != KVD_MEM_HOST)
+        return KVD_ERR_UNSUPPORTED; /* the HIP backend comes later */
+    for (uint32_t i = 0; i < d->n_layers; i++) {
+        const kvd_pool_layer_t *ly = &d->layers[i];
+        if (ly->n_buffers == 0 || ly->n_buffers > KVD_MAX_POOL_BUFFERS)
+            return KVD_ERR_INVALID;
+        for (uint32_t b = 0; b < ly->n_buffers; b++)
+            if (ly->buffers[b].base == NULL || ly->buffers[b].bytes_per_row == 0 ||
+                ly->buffers[b].row_stride < ly->buffers[b].bytes_per_row)
+                return KVD_ERR_INVALID;
+    }
+    return KVD_OK;
+}
+
+KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
+                              uint32_t *pool_id)
+{
+    if (l == NULL || pool_id == NULL)
+        return KVD_ERR_INVALID;
+    int rc = check_desc(desc);
     if (rc != KVD_OK)
         return rc;
-    if (rep.status != KVD_OK)
-        return rep.status;
-    if (state)
-        *state = (kvd_linker_health_t)rep.body.health_rep.state;
-    if (pool_bytes)
-        *pool_bytes = rep.body.health_rep.pool_bytes;
+    lpool_t p = {0};
+    p.desc = *desc;
+    p.layers = calloc(desc->n_layers, sizeof(*p.layers));
+    if (p.layers == NULL)
+        return KVD_ERR_NOMEM;
+    memcpy(p.layers, desc->layers, desc->n_layers * sizeof(*p.layers));
+    p.desc.layers = p.layers;
+    kvd_strlcpy(p.name, desc->name, sizeof(p.name));
+    p.desc.name = p.name;
+    p.rows = desc->addressing == KVD_ADDR_PAGED ? desc->page_size : 1;
+    for (uint32_t i = 0; i < desc->n_layers; i++)
+        for (uint32_t b = 0; b < p.layers[i].n_buffers; b++)
+            p.object_bytes += (uint64_t)p.rows * p.layers[i].buffers[b].bytes_per_row;
+    ns_name_of(l, desc, p.ns_name, sizeof(p.ns_name));
+
+    /* register with the daemon first: a conflicting size is refused there */
+    kvd_msg_t req, rep;
+    kvd_ns_spec_t spec = {.object_bytes = p.object_bytes,
+                          .rank_replicated = desc->rank_replicated};
+    kvd_strlcpy(spec.name, p.ns_name, sizeof(spec.name));
+    kvd_msg_request(&req, 0, KVD_METHOD_REGISTER_NAMESPACE);
+    req.body.register_req.n = 1;
+    req.body.register_req.namespaces = &spec;
+    rc = lk_call(l, &req, &rep);
+    if (rc == KVD_OK && rep.body.register_rep.n != 1)
+        rc = KVD_ERR_PROTOCOL;
+    if (rc == KVD_OK)
+        p.ns_id = rep.body.register_rep.ids[0];
+    kvd_msg_clear(&rep);
+    pthread_mutex_lock(&l->lock);
+    if (rc == KVD_OK && l->n_pools == KVD_MAX_POOLS)
+        rc = KVD_ERR_NO_SPACE;
+    if (rc == KVD_OK) {
+        *pool_id = l->n_pools;
+        l->pools[l->n_pools++] = p;
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (rc != KVD_OK)
+        free(p.layers);
+    return rc;
+}
+
+KVD_API int kvd_pool_info(kvd_linker_t *l, uint32_t pool_id, uint64_t *object_bytes,
+                          char *ns_name, size_t ns_name_len)
+{
+    if (l == NULL || pool_id >= l->n_pools)
+        return KVD_ERR_INVALID;
+    if (object_bytes)
+        *object_bytes = l->pools[pool_id].object_bytes;
+    if (ns_name && ns_name_len)
+        kvd_strlcpy(ns_name, l->pools[pool_id].ns_name, ns_name_len);
     return KVD_OK;
+}
+
+KVD_API int kvd_stats(kvd_linker_t *l, uint32_t pool_id, kvd_pool_stats_t *out)
+{
+    if (l == NULL || out == NULL || pool_id >= l->n_pools)
+        return KVD_ERR_INVALID;
+    lpool_t *p = &l->pools[pool_id];
+    out->lookup_hit_pages = atomic_load(&p->lookup_hit_pages);
+    out->load_bytes = atomic_load(&p->load_bytes);
+    out->offload_bytes = atomic_load(&p->offload_bytes);
+    out->load_failures = atomic_load(&p->load_failures);
+    out->offload_failures = atomic_load(&p->offload_failures);
+    return KVD_OK;
+}
+
+/* ---------------------------------------------------------------- lookup */
+
+KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, size_t n,
+                       uint32_t *boundaries, size_t *n_boundaries)
+{
+    (void)rid;
+    if (l == NULL || t == NULL || n == 0 || n > KVD_LOOKUP_POOLS_MAX ||
+        boundaries == NULL || n_boundaries == NULL)
+        return KVD_ERR_INVALID;
+    int rc;
+    ensure_connected(l, &rc);
+    if (rc != KVD_OK)
+        return rc;
+    kvd_lookup_pool_msg_t pools[KVD_LOOKUP_POOLS_MAX];
+    pthread_mutex_lock(&l->lock);
+    for (size_t i = 0; i < n && rc == KVD_OK; i++) {
+        if (t[i].pool_id >= l->n_pools || (t[i].keys == NULL && t[i].n_keys > 0)) {
+            rc = KVD_ERR_INVALID;
+            break;
+        }
+        const lpool_t *p = &l->pools[t[i].pool_id];
+        pools[i] = (kvd_lookup_pool_msg_t){.ns = p->ns_id,
+                                           .trailing_pages = p->desc.trailing_pages,
+                                           .n_keys = t[i].n_keys,
+                                           .keys = (kvd_key_t *)t[i].keys};
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (rc != KVD_OK)
+        return rc;
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
+    req.body.lookup_req.n_pools = n;
+    req.body.lookup_req.pools = pools;
+    rc = lk_call(l, &req, &rep);
+    if (rc == KVD_OK) {
+        const kvd_lookup_rep_t *r = &rep.body.lookup_rep;
+        size_t cap = SIZE_MAX;
+        for (size_t i = 0; i < n; i++)
+            cap = KVD_MIN(cap, t[i].n_keys);
+        if (r->n > cap) {
+            rc = KVD_ERR_PROTOCOL;
+        } else {
+            memcpy(boundaries, r->boundaries, r->n * sizeof(uint32_t));
+            *n_boundaries = r->n;
+            uint32_t longest = r->n ? r->boundaries[r->n - 1] : 0;
+            for (size_t i = 0; i < n; i++)
+                atomic_fetch_add(&l->pools[t[i].pool_id].lookup_hit_pages, longest);
+        }
+    }
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
+/* -------------------------------------------------------------- helpers */
+
+void lk_xfer_free(lxfer_t *x, size_t n)
+{
+    for (size_t i = 0; x != NULL && i < n; i++) {
+        free(x[i].keys);
+        free(x[i].idx);
+        free(x[i].depths);
+        free(x[i].offsets);
+    }
+    free(x);
+}
+
+void lk_queue_push(lqueue_t *q, uint64_t id, bool success)
+{
+    if (q->n == q->cap) {
+        size_t cap = q->cap ? q->cap * 2 : 64;
+        kvd_completion_t *n = realloc(q->items, cap * sizeof(*n));
+        if (n == NULL)
+            return; /* cannot happen in practice; the waiter times out */
+        q->items = n;
+        q->cap = cap;
+    }
+    q->items[q->n++] = (kvd_completion_t){.id = id, .success = success};
 }
 
 KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_size,

@@ -1,0 +1,131 @@
+/*
+ * linker_int.h - libkvdock's internals shared by its files. Private to
+ * linker/.
+ *
+ * Threading: engine threads call the public functions; one transfer thread
+ * runs committed load batches layer by layer and offload jobs. `lock`
+ * guards every list and counter below it; `rpc` serialises calls on the one
+ * daemon connection; `map` (a rwlock) keeps the pool mapping alive while
+ * copies read or write it (a reconnect replaces it under the write lock).
+ * Completions wake waiters through `cond`.
+ */
+#ifndef KVD_LINKER_INT_H
+#define KVD_LINKER_INT_H
+
+#include "kvd_common.h"
+#include "kvd_proto.h"
+#include "kvdock.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* Pools one Lookup may name: the daemon's limit (a protocol constant). */
+#define KVD_LOOKUP_POOLS_MAX 16
+
+/* A registered device pool. */
+typedef struct lpool {
+    kvd_pool_desc_t desc;     /* layers point at `layers` below */
+    kvd_pool_layer_t *layers; /* owned copy */
+    char name[64];
+    char ns_name[KVD_NS_NAME_BYTES];
+    uint32_t ns_id; /* in the daemon we are connected to */
+    uint64_t object_bytes;
+    uint32_t rows; /* rows of one object: page_size or 1 */
+    _Atomic uint64_t lookup_hit_pages, load_bytes, offload_bytes;
+    _Atomic uint64_t load_failures, offload_failures;
+} lpool_t;
+
+/* One transfer of a load or an offload, with its own copies of the arrays. */
+typedef struct lxfer {
+    uint32_t pool;
+    size_t n_keys;
+    kvd_key_t *keys;
+    int64_t *idx;
+    size_t n_idx;
+    uint32_t first_depth;
+    uint32_t *depths; /* NULL: first_depth + i */
+    bool has_prior;
+    kvd_key_t prior;
+    uint64_t lease;      /* read lease of a load's pins; 0 none */
+    uint64_t *offsets;   /* where each key's object is (loads) */
+    uint32_t begin, end; /* keys to copy, after COMMIT */
+    bool dropped;        /* COMMIT dropped it (mamba_exist) */
+} lxfer_t;
+
+enum load_state { LOAD_PINNED = 1, LOAD_PREPARED, LOAD_COMMITTED };
+
+typedef struct lload {
+    uint64_t rid;
+    enum load_state state;
+    size_t n;
+    lxfer_t *x;
+    uint64_t epoch; /* connection epoch of its pins */
+    struct lload *next;
+} lload_t;
+
+/* A batch of committed loads, copied layer group by layer group. */
+typedef struct lbatch {
+    uint32_t counter;
+    lload_t *loads;
+    uint32_t n_layers;
+    uint32_t *layer_ids; /* sorted, unique */
+    uint32_t layers_done;
+    int error; /* the first failure; the rest of the layers fail */
+    bool finished;
+    struct lbatch *next;
+} lbatch_t;
+
+typedef struct ljob {
+    uint64_t ack;
+    size_t n;
+    lxfer_t *x;
+    struct ljob *next;
+} ljob_t;
+
+/* A growable queue of completions. */
+typedef struct lqueue {
+    kvd_completion_t *items;
+    size_t n, cap;
+} lqueue_t;
+
+struct kvd_linker {
+    kvd_linker_config_t cfg;
+    char socket_path[108], connect[128], client_name[64], model_id[128];
+    int timeout_ms;
+
+    pthread_mutex_t rpc; /* the connection */
+    kvd_client_t *client;
+    uint64_t epoch; /* bumped at every (re)connection */
+
+    pthread_rwlock_t map;
+    uint8_t *pool_map;
+    uint64_t pool_bytes;
+
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    lpool_t pools[KVD_MAX_POOLS];
+    uint32_t n_pools;
+    lload_t *loads;    /* pinned, prepared, committed-not-started */
+    lbatch_t *batches; /* started, oldest first, finished ones kept a while */
+    ljob_t *jobs, *jobs_tail;
+    lqueue_t done_loads, done_offloads;
+    uint32_t next_counter;
+    uint64_t next_ack;
+    bool stop;
+    pthread_t thread;
+    bool thread_started;
+};
+
+/* linker.c */
+int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep);
+void lk_xfer_free(lxfer_t *x, size_t n);
+void lk_queue_push(lqueue_t *q, uint64_t id, bool success);
+
+/* load.c: ends read leases; false when one was already gone */
+bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n);
+
+/* transfer.c */
+void *lk_thread_main(void *arg);
+void lk_fail_pending(kvd_linker_t *l);
+
+#endif

@@ -1,0 +1,418 @@
+/*
+ * load.c - the load protocol (DESIGN.md section 6): LOAD pins and records,
+ * PREPARE, COMMIT cuts the transfers to what the tree adopted, ABORT undoes
+ * a load that never reached the insert; layer-wise batches and the
+ * completion queues; offload jobs. The copies themselves run on the
+ * transfer thread (transfer.c).
+ */
+#include "linker_int.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Copies the caller's transfer into owned arrays; checks its shape. */
+static int xfer_copy(const kvd_linker_t *l, const kvd_transfer_t *t, lxfer_t *x)
+{
+    memset(x, 0, sizeof(*x));
+    if (t->pool_id >= l->n_pools || t->n_keys == 0 || t->keys == NULL)
+        return KVD_ERR_INVALID;
+    const lpool_t *p = &l->pools[t->pool_id];
+    size_t want =
+        p->desc.addressing == KVD_ADDR_PAGED ? t->n_keys * p->desc.page_size : t->n_keys;
+    if (t->device_indices == NULL || t->n_indices != want)
+        return KVD_ERR_INVALID;
+    for (size_t i = 0; i < want; i++) {
+        int64_t v = t->device_indices[i];
+        if (v < 0 || (uint64_t)v >= p->desc.n_rows)
+            return KVD_ERR_INVALID;
+        /* a page's slots are consecutive from a multiple of page_size */
+        if (p->desc.addressing == KVD_ADDR_PAGED &&
+            (i % p->desc.page_size == 0 ? v % p->desc.page_size != 0
+                                        : v != t->device_indices[i - 1] + 1))
+            return KVD_ERR_INVALID;
+    }
+    x->pool = t->pool_id;
+    x->n_keys = t->n_keys;
+    x->n_idx = want;
+    x->first_depth = t->first_depth;
+    x->keys = malloc(t->n_keys * sizeof(kvd_key_t));
+    x->idx = malloc(want * sizeof(int64_t));
+    x->offsets = calloc(t->n_keys, sizeof(uint64_t));
+    if (t->depths)
+        x->depths = malloc(t->n_keys * sizeof(uint32_t));
+    if (!x->keys || !x->idx || !x->offsets || (t->depths && !x->depths))
+        return KVD_ERR_NOMEM;
+    memcpy(x->keys, t->keys, t->n_keys * sizeof(kvd_key_t));
+    memcpy(x->idx, t->device_indices, want * sizeof(int64_t));
+    if (t->depths)
+        memcpy(x->depths, t->depths, t->n_keys * sizeof(uint32_t));
+    if (t->prior_key) {
+        x->has_prior = true;
+        memcpy(x->prior, t->prior_key, sizeof(kvd_key_t));
+    }
+    x->begin = 0;
+    x->end = (uint32_t)t->n_keys;
+    return KVD_OK;
+}
+
+static int copy_transfers(kvd_linker_t *l, const kvd_transfer_t *t, size_t n,
+                          lxfer_t **out)
+{
+    lxfer_t *x = calloc(n, sizeof(*x));
+    if (x == NULL)
+        return KVD_ERR_NOMEM;
+    pthread_mutex_lock(&l->lock);
+    int rc = KVD_OK;
+    for (size_t i = 0; i < n && rc == KVD_OK; i++)
+        rc = xfer_copy(l, &t[i], &x[i]);
+    pthread_mutex_unlock(&l->lock);
+    if (rc != KVD_OK) {
+        lk_xfer_free(x, n);
+        return rc;
+    }
+    *out = x;
+    return KVD_OK;
+}
+
+/* Releases the read lease of each transfer (best effort: a lost connection
+ * or an expired lease has released it already). Returns false when a
+ * lease was gone: its pins may have lapsed while the bytes were read. */
+bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n)
+{
+    bool all = true;
+    for (size_t i = 0; i < n; i++) {
+        if (x[i].lease == 0)
+            continue;
+        kvd_msg_t req, rep;
+        kvd_msg_request(&req, 0, KVD_METHOD_RELEASE);
+        req.body.release_req.lease_id = x[i].lease;
+        all &= lk_call(l, &req, &rep) == KVD_OK;
+        kvd_msg_clear(&rep);
+        x[i].lease = 0;
+    }
+    return all;
+}
+
+/* Pins one transfer's keys; records its lease and the objects' offsets. */
+static int pin(kvd_linker_t *l, lxfer_t *x)
+{
+    pthread_mutex_lock(&l->lock);
+    const lpool_t *p = &l->pools[x->pool];
+    uint32_t ns = p->ns_id;
+    uint64_t object_bytes = p->object_bytes;
+    pthread_mutex_unlock(&l->lock);
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_ACQUIRE);
+    req.body.acquire_req = (kvd_acquire_req_t){
+        .ns = ns, .object_bytes = object_bytes, .n = x->n_keys, .keys = x->keys};
+    int rc = lk_call(l, &req, &rep);
+    if (rc == KVD_OK && rep.body.acquire_rep.n != x->n_keys)
+        rc = KVD_ERR_PROTOCOL;
+    if (rc == KVD_OK) {
+        x->lease = rep.body.acquire_rep.lease_id;
+        pthread_rwlock_rdlock(&l->map);
+        for (size_t i = 0; i < x->n_keys && rc == KVD_OK; i++) {
+            uint64_t off = rep.body.acquire_rep.offsets[i];
+            /* the daemon's offsets are checked against the pool here too */
+            if (off > l->pool_bytes || object_bytes > l->pool_bytes - off)
+                rc = KVD_ERR_PROTOCOL;
+            x->offsets[i] = off;
+        }
+        pthread_rwlock_unlock(&l->map);
+    }
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
+static lload_t **find_load(kvd_linker_t *l, uint64_t rid)
+{
+    lload_t **pp = &l->loads;
+    while (*pp != NULL && (*pp)->rid != rid)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, size_t n)
+{
+    if (l == NULL || t == NULL || n == 0)
+        return KVD_ERR_INVALID;
+    lload_t *ld = calloc(1, sizeof(*ld));
+    if (ld == NULL)
+        return KVD_ERR_NOMEM;
+    int rc = copy_transfers(l, t, n, &ld->x);
+    ld->n = n;
+    ld->rid = rid;
+    pthread_mutex_lock(&l->lock);
+    if (rc == KVD_OK && *find_load(l, rid) != NULL)
+        rc = KVD_ERR_EXISTS; /* one load per request at a time */
+    ld->epoch = l->epoch;
+    pthread_mutex_unlock(&l->lock);
+    for (size_t i = 0; i < n && rc == KVD_OK; i++)
+        rc = pin(l, &ld->x[i]);
+    if (rc != KVD_OK) {
+        if (ld->x)
+            lk_release(l, ld->x, n); /* all or nothing */
+        for (size_t i = 0; ld->x && i < n; i++)
+            atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
+        lk_xfer_free(ld->x, n);
+        free(ld);
+        return rc;
+    }
+    ld->state = LOAD_PINNED;
+    pthread_mutex_lock(&l->lock);
+    ld->next = l->loads;
+    l->loads = ld;
+    pthread_mutex_unlock(&l->lock);
+    return KVD_OK;
+}
+
+KVD_API int kvd_load_prepare(kvd_linker_t *l, uint64_t rid)
+{
+    if (l == NULL)
+        return KVD_ERR_INVALID;
+    pthread_mutex_lock(&l->lock);
+    lload_t *ld = *find_load(l, rid);
+    int rc = ld == NULL                 ? KVD_ERR_NOT_FOUND
+             : ld->state != LOAD_PINNED ? KVD_ERR_STATE
+                                        : KVD_OK;
+    if (rc == KVD_OK)
+        ld->state = LOAD_PREPARED; /* host memory needs no fix-up */
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
+
+/* Hands device indices back to the engine's allocator. */
+static void free_indices(const lpool_t *p, const int64_t *idx, size_t n)
+{
+    if (n > 0 && p->desc.free_indices != NULL)
+        p->desc.free_indices(p->desc.free_ctx, idx, n);
+}
+
+KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool_t *c,
+                            size_t n)
+{
+    if (l == NULL || (c == NULL && n > 0))
+        return KVD_ERR_INVALID;
+    pthread_mutex_lock(&l->lock);
+    lload_t *ld = *find_load(l, rid);
+    int rc = ld == NULL                    ? KVD_ERR_NOT_FOUND
+             : ld->state == LOAD_COMMITTED ? KVD_ERR_STATE
+             : n != ld->n                  ? KVD_ERR_INVALID
+                                           : KVD_OK;
+    for (size_t i = 0; rc == KVD_OK && i < n; i++)
+        if (c[i].adopted_begin > c[i].adopted_end || c[i].adopted_end > ld->x[i].n_keys)
+            rc = KVD_ERR_INVALID;
+    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
+        lxfer_t *x = &ld->x[i];
+        const lpool_t *p = &l->pools[x->pool];
+        if (p->desc.addressing == KVD_ADDR_SLOT) {
+            /* never page-sliced: kept whole, or dropped without freeing
+             * when the tree already had the state (it freed our slot) */
+            x->dropped = c[i].mamba_exist;
+            if (x->dropped)
+                x->begin = x->end = 0;
+            continue;
+        }
+        /* pages the tree did not adopt: their slots go back now */
+        uint32_t ps = p->desc.page_size;
+        free_indices(p, x->idx, (size_t)c[i].adopted_begin * ps);
+        free_indices(p, x->idx + (size_t)c[i].adopted_end * ps,
+                     (x->n_keys - c[i].adopted_end) * ps);
+        x->begin = c[i].adopted_begin;
+        x->end = c[i].adopted_end;
+    }
+    if (rc == KVD_OK)
+        ld->state = LOAD_COMMITTED;
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
+
+KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
+{
+    if (l == NULL)
+        return KVD_ERR_INVALID;
+    pthread_mutex_lock(&l->lock);
+    lload_t **pp = find_load(l, rid);
+    lload_t *ld = *pp;
+    int rc = ld == NULL                    ? KVD_ERR_NOT_FOUND
+             : ld->state == LOAD_COMMITTED ? KVD_ERR_STATE /* it reached the insert */
+                                           : KVD_OK;
+    if (rc == KVD_OK) {
+        *pp = ld->next;
+        for (size_t i = 0; i < ld->n; i++)
+            free_indices(&l->pools[ld->x[i].pool], ld->x[i].idx, ld->x[i].n_idx);
+    }
+    pthread_mutex_unlock(&l->lock);
+    if (rc != KVD_OK)
+        return rc;
+    lk_release(l, ld->x, ld->n);
+    lk_xfer_free(ld->x, ld->n);
+    free(ld);
+    return KVD_OK;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
+{
+    if (l == NULL || counter == NULL)
+        return KVD_ERR_INVALID;
+    lbatch_t *b = calloc(1, sizeof(*b));
+    if (b == NULL)
+        return KVD_ERR_NOMEM;
+    pthread_mutex_lock(&l->lock);
+    /* take every committed load; the union of their layers, sorted */
+    size_t cap = 0;
+    for (lload_t *ld = l->loads; ld; ld = ld->next)
+        if (ld->state == LOAD_COMMITTED)
+            for (size_t i = 0; i < ld->n; i++)
+                cap += l->pools[ld->x[i].pool].desc.n_layers;
+    b->layer_ids = malloc((cap ? cap : 1) * sizeof(uint32_t));
+    if (b->layer_ids == NULL) {
+        pthread_mutex_unlock(&l->lock);
+        free(b);
+        return KVD_ERR_NOMEM;
+    }
+    for (lload_t **pp = &l->loads; *pp;) {
+        lload_t *ld = *pp;
+        if (ld->state != LOAD_COMMITTED) {
+            pp = &ld->next;
+            continue;
+        }
+        *pp = ld->next;
+        ld->next = b->loads;
+        b->loads = ld;
+        for (size_t i = 0; i < ld->n; i++) {
+            const lpool_t *p = &l->pools[ld->x[i].pool];
+            for (uint32_t k = 0; k < p->desc.n_layers; k++)
+                b->layer_ids[b->n_layers++] = p->layers[k].layer_id;
+        }
+    }
+    qsort(b->layer_ids, b->n_layers, sizeof(uint32_t), cmp_u32);
+    uint32_t u = 0;
+    for (uint32_t i = 0; i < b->n_layers; i++)
+        if (u == 0 || b->layer_ids[u - 1] != b->layer_ids[i])
+            b->layer_ids[u++] = b->layer_ids[i];
+    b->n_layers = u;
+    b->counter = l->next_counter++;
+    if (b->loads == NULL)
+        b->finished = true; /* nothing to copy: every wait returns at once */
+    lbatch_t **tail = &l->batches;
+    while (*tail)
+        tail = &(*tail)->next;
+    *tail = b;
+    *counter = b->counter;
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    return KVD_OK;
+}
+
+/* The deadline of a wait: now + the linker's timeout, as a timespec. */
+static struct timespec deadline_of(const kvd_linker_t *l)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += l->timeout_ms / 1000;
+    ts.tv_nsec += (long)(l->timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
+{
+    if (l == NULL)
+        return KVD_ERR_INVALID;
+    struct timespec until = deadline_of(l);
+    pthread_mutex_lock(&l->lock);
+    int rc = KVD_OK;
+    for (;;) {
+        lbatch_t *b = l->batches;
+        while (b != NULL && b->counter != counter)
+            b = b->next;
+        if (b == NULL) {
+            /* forgotten long ago, or never started */
+            rc = counter != 0 && counter < l->next_counter ? KVD_OK : KVD_ERR_NOT_FOUND;
+            break;
+        }
+        uint32_t pos = 0;
+        while (pos < b->n_layers && b->layer_ids[pos] != layer_id)
+            pos++;
+        if (pos == b->n_layers || b->layers_done > pos)
+            break; /* not in the batch, or in place */
+        if (b->error != KVD_OK) {
+            rc = b->error;
+            break;
+        }
+        if (b->finished)
+            break;
+        if (pthread_cond_timedwait(&l->cond, &l->lock, &until) == ETIMEDOUT) {
+            rc = KVD_ERR_TIMEOUT;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&l->lock);
+    return rc;
+}
+
+static int pop(kvd_linker_t *l, lqueue_t *q, kvd_completion_t *out, size_t max, size_t *n)
+{
+    if (l == NULL || (out == NULL && max > 0) || n == NULL)
+        return KVD_ERR_INVALID;
+    pthread_mutex_lock(&l->lock);
+    size_t k = KVD_MIN(max, q->n);
+    if (k > 0) {
+        memcpy(out, q->items, k * sizeof(*out));
+        memmove(q->items, q->items + k, (q->n - k) * sizeof(*out));
+        q->n -= k;
+    }
+    pthread_mutex_unlock(&l->lock);
+    *n = k;
+    return KVD_OK;
+}
+
+KVD_API int kvd_pop_completed_loads(kvd_linker_t *l, kvd_completion_t *out, size_t max,
+                                    size_t *n)
+{
+    return pop(l, &l->done_loads, out, max, n);
+}
+
+KVD_API int kvd_pop_completed_offloads(kvd_linker_t *l, kvd_completion_t *out, size_t max,
+                                       size_t *n)
+{
+    return pop(l, &l->done_offloads, out, max, n);
+}
+
+KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint64_t *ack)
+{
+    if (l == NULL || t == NULL || n == 0 || ack == NULL)
+        return KVD_ERR_INVALID;
+    ljob_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return KVD_ERR_NOMEM;
+    int rc = copy_transfers(l, t, n, &j->x);
+    if (rc != KVD_OK) {
+        free(j);
+        return rc;
+    }
+    j->n = n;
+    pthread_mutex_lock(&l->lock);
+    j->ack = l->next_ack++;
+    if (l->jobs_tail)
+        l->jobs_tail->next = j;
+    else
+        l->jobs = j;
+    l->jobs_tail = j;
+    *ack = j->ack;
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    return KVD_OK;
+}

@@ -1,0 +1,302 @@
+/*
+ * transfer.c - the linker's transfer thread: runs committed load batches
+ * layer group by layer group (marking each group done so that the forward
+ * pass can start on it), then ends their leases and publishes (rid,
+ * success); runs offload jobs (reserve, copy from the device rows, publish)
+ * and publishes (ack, success).
+ *
+ * Object layout (DESIGN.md section 3): layer by layer in registration
+ * order, buffer by buffer, the object's rows (page_size rows of a paged
+ * pool, one row of a slot-addressed one).
+ *
+ * Device memory is host memory here (memcpy); a HIP backend would replace
+ * copy_rows and wait for its completion events before marking a group.
+ */
+#include "linker_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KEEP_FINISHED_BATCHES 64
+
+/* Moves one buffer's rows of one object: to the device (load) or from it. */
+static void copy_rows(const kvd_pool_buffer_t *buf, int64_t row0, uint32_t rows,
+                      uint8_t *obj, bool to_device)
+{
+    uint8_t *dev = (uint8_t *)buf->base + (uint64_t)row0 * buf->row_stride;
+    if (buf->row_stride == buf->bytes_per_row) {
+        size_t n = (size_t)rows * buf->bytes_per_row;
+        if (to_device)
+            memcpy(dev, obj, n);
+        else
+            memcpy(obj, dev, n);
+        return;
+    }
+    for (uint32_t r = 0; r < rows; r++) {
+        uint8_t *d = dev + (uint64_t)r * buf->row_stride;
+        uint8_t *o = obj + (uint64_t)r * buf->bytes_per_row;
+        if (to_device)
+            memcpy(d, o, buf->bytes_per_row);
+        else
+            memcpy(o, d, buf->bytes_per_row);
+    }
+}
+
+/* Where layer li starts inside an object of pool p. */
+static uint64_t layer_offset(const lpool_t *p, uint32_t li)
+{
+    uint64_t off = 0;
+    for (uint32_t k = 0; k < li; k++)
+        for (uint32_t b = 0; b < p->layers[k].n_buffers; b++)
+            off += (uint64_t)p->rows * p->layers[k].buffers[b].bytes_per_row;
+    return off;
+}
+
+/* Copies layer li of keys [x->begin, x->end) of one transfer; returns the
+ * bytes moved. Caller holds the map read lock. */
+static uint64_t copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_t *x,
+                           uint32_t li, bool to_device, const uint8_t *allocated)
+{
+    uint64_t moved = 0, base_off = layer_offset(p, li);
+    const kvd_pool_layer_t *ly = &p->layers[li];
+    for (uint32_t i = x->begin; i < x->end; i++) {
+        if (allocated != NULL && !allocated[i])
+            continue; /* an offload writes only what it reserved */
+        int64_t row0 = p->desc.addressing == KVD_ADDR_PAGED
+                           ? x->idx[(size_t)i * p->desc.page_size]
+                           : x->idx[i];
+        uint8_t *obj = l->pool_map + x->offsets[i] + base_off;
+        for (uint32_t b = 0; b < ly->n_buffers; b++) {
+            copy_rows(&ly->buffers[b], row0, p->rows, obj, to_device);
+            obj += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
+            moved += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
+        }
+    }
+    return moved;
+}
+
+/* Copies every transfer of the batch that has layer `layer_id`. */
+static int copy_batch_layer(kvd_linker_t *l, lbatch_t *b, uint32_t layer_id)
+{
+    int rc = KVD_OK;
+    pthread_rwlock_rdlock(&l->map);
+    if (l->pool_map == NULL)
+        rc = KVD_ERR_CLOSED;
+    for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next) {
+        for (size_t i = 0; i < ld->n; i++) {
+            lxfer_t *x = &ld->x[i];
+            lpool_t *p = &l->pools[x->pool];
+            for (uint32_t li = 0; !x->dropped && li < p->desc.n_layers; li++)
+                if (p->layers[li].layer_id == layer_id)
+                    atomic_fetch_add(&p->load_bytes, copy_layer(l, p, x, li, true, NULL));
+        }
+    }
+    pthread_rwlock_unlock(&l->map);
+    return rc;
+}
+
+/* Ends a finished batch: leases, completions, counters. */
+static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
+{
+    for (lload_t *ld = b->loads; ld; ld = ld->next) {
+        /* a lease that lapsed while we copied: the bytes may be another
+         * object's by now, so the load failed */
+        bool ok = lk_release(l, ld->x, ld->n) && err == KVD_OK;
+        pthread_mutex_lock(&l->lock);
+        if (!ok)
+            for (size_t i = 0; i < ld->n; i++)
+                atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
+        lk_queue_push(&l->done_loads, ld->rid, ok);
+        pthread_mutex_unlock(&l->lock);
+    }
+    pthread_mutex_lock(&l->lock);
+    for (lload_t *ld = b->loads, *next; ld; ld = next) {
+        next = ld->next;
+        lk_xfer_free(ld->x, ld->n);
+        free(ld);
+    }
+    b->loads = NULL;
+    if (err != KVD_OK && b->error == KVD_OK)
+        b->error = err;
+    b->finished = true;
+    /* keep the last few finished batches for late waiters */
+    size_t n = 0;
+    for (lbatch_t *x = l->batches; x; x = x->next)
+        n += x->finished;
+    while (n > KEEP_FINISHED_BATCHES && l->batches && l->batches->finished) {
+        lbatch_t *old = l->batches;
+        l->batches = old->next;
+        free(old->layer_ids);
+        free(old);
+        n--;
+    }
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+}
+
+static void run_batch(kvd_linker_t *l, lbatch_t *b)
+{
+    pthread_mutex_lock(&l->lock);
+    int err = KVD_OK;
+    for (lload_t *ld = b->loads; ld; ld = ld->next)
+        if (ld->epoch != l->epoch)
+            err = KVD_ERR_CLOSED; /* the daemon went away: its pins went too */
+    uint32_t group = (uint32_t)l->cfg.layer_group_size;
+    pthread_mutex_unlock(&l->lock);
+    for (uint32_t pos = 0; err == KVD_OK && pos < b->n_layers; pos += group) {
+        uint32_t end = KVD_MIN(pos + group, b->n_layers);
+        for (uint32_t k = pos; err == KVD_OK && k < end; k++)
+            err = copy_batch_layer(l, b, b->layer_ids[k]);
+        pthread_mutex_lock(&l->lock);
+        if (err == KVD_OK)
+            b->layers_done = end;
+        else
+            b->error = err; /* the remaining layers fail now, nobody waits */
+        pthread_cond_broadcast(&l->cond);
+        pthread_mutex_unlock(&l->lock);
+    }
+    finish_batch(l, b, err);
+}
+
+/* Reserves, writes and publishes one offload transfer. */
+static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
+{
+    pthread_mutex_lock(&l->lock);
+    lpool_t *p = &l->pools[x->pool];
+    uint32_t ns = p->ns_id;
+    uint64_t object_bytes = p->object_bytes;
+    pthread_mutex_unlock(&l->lock);
+    bool paged = p->desc.addressing == KVD_ADDR_PAGED;
+    kvd_put_item_t *items = calloc(x->n_keys, sizeof(*items));
+    uint8_t *allocated = calloc(x->n_keys, 1);
+    if (items == NULL || allocated == NULL) {
+        free(items);
+        free(allocated);
+        return KVD_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < x->n_keys; i++) {
+        memcpy(items[i].key, x->keys[i], KVD_KEY_LEN);
+        items[i].depth = x->depths ? x->depths[i] : x->first_depth + (uint32_t)i;
+        /* a paged transfer is a run of a chain; slot keys (node ends) are
+         * not each other's parents */
+        const uint8_t *parent =
+            i == 0 ? (x->has_prior ? x->prior : NULL) : (paged ? x->keys[i - 1] : NULL);
+        if (parent) {
+            memcpy(items[i].parent, parent, KVD_KEY_LEN);
+            items[i].has_parent = true;
+        }
+    }
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_RESERVE);
+    req.body.reserve_req = (kvd_reserve_req_t){
+        .ns = ns, .object_bytes = object_bytes, .n = x->n_keys, .items = items};
+    int rc = lk_call(l, &req, &rep);
+    uint64_t lease = 0;
+    bool no_space = false;
+    if (rc == KVD_OK && rep.body.reserve_rep.n != x->n_keys)
+        rc = KVD_ERR_PROTOCOL;
+    pthread_rwlock_rdlock(&l->map);
+    for (size_t i = 0; rc == KVD_OK && i < x->n_keys; i++) {
+        uint8_t r = rep.body.reserve_rep.results[i];
+        uint64_t off = rep.body.reserve_rep.offsets[i];
+        no_space |= r == 3; /* KVD_RESERVE_NO_SPACE */
+        if (r != 0)
+            continue; /* exists or in flight: stored by someone: success */
+        if (l->pool_map == NULL || off > l->pool_bytes ||
+            object_bytes > l->pool_bytes - off)
+            rc = KVD_ERR_PROTOCOL;
+        x->offsets[i] = off;
+        allocated[i] = 1;
+    }
+    if (rc == KVD_OK) {
+        lease = rep.body.reserve_rep.lease_id;
+        uint64_t moved = 0;
+        for (uint32_t li = 0; li < p->desc.n_layers; li++)
+            moved += copy_layer(l, p, x, li, false, allocated);
+        atomic_fetch_add(&p->offload_bytes, moved);
+    }
+    pthread_rwlock_unlock(&l->map);
+    kvd_msg_clear(&rep);
+    if (rc == KVD_OK && lease != 0) {
+        /* the bytes are in place (memcpy returned): now they may be seen */
+        kvd_msg_request(&req, 0, KVD_METHOD_PUBLISH);
+        req.body.finish_req.lease_id = lease;
+        rc = lk_call(l, &req, &rep);
+        kvd_msg_clear(&rep);
+    }
+    free(items);
+    free(allocated);
+    return rc != KVD_OK ? rc : no_space ? KVD_ERR_NO_SPACE : KVD_OK;
+}
+
+static void run_job(kvd_linker_t *l, ljob_t *j)
+{
+    bool ok = true;
+    for (size_t i = 0; i < j->n; i++) {
+        if (run_offload_xfer(l, &j->x[i]) != KVD_OK) {
+            ok = false;
+            atomic_fetch_add(&l->pools[j->x[i].pool].offload_failures, 1);
+        }
+    }
+    pthread_mutex_lock(&l->lock);
+    lk_queue_push(&l->done_offloads, j->ack, ok);
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->lock);
+    lk_xfer_free(j->x, j->n);
+    free(j);
+}
+
+void *lk_thread_main(void *arg)
+{
+    kvd_linker_t *l = arg;
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        lbatch_t *b = l->batches;
+        while (b != NULL && (b->finished || b->layers_done > 0 || b->error != KVD_OK))
+            b = b->next;
+        if (b != NULL && b->loads != NULL) {
+            pthread_mutex_unlock(&l->lock);
+            run_batch(l, b);
+            pthread_mutex_lock(&l->lock);
+            continue;
+        }
+        if (l->jobs != NULL) {
+            ljob_t *j = l->jobs;
+            l->jobs = j->next;
+            if (l->jobs == NULL)
+                l->jobs_tail = NULL;
+            pthread_mutex_unlock(&l->lock);
+            run_job(l, j);
+            pthread_mutex_lock(&l->lock);
+            continue;
+        }
+        if (l->stop)
+            break;
+        pthread_cond_wait(&l->cond, &l->lock);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+void lk_fail_pending(kvd_linker_t *l)
+{
+    /* batches the thread never ran: failed, each load comes back once */
+    for (lbatch_t *b = l->batches; b; b = b->next)
+        if (!b->finished)
+            finish_batch(l, b, KVD_ERR_CLOSED);
+    /* loads never committed: their pins end, no completion (not queued) */
+    for (lload_t *ld = l->loads, *next; ld; ld = next) {
+        next = ld->next;
+        lk_release(l, ld->x, ld->n);
+        lk_xfer_free(ld->x, ld->n);
+        free(ld);
+    }
+    l->loads = NULL;
+    for (ljob_t *j = l->jobs, *next; j; j = next) {
+        next = j->next;
+        lk_queue_push(&l->done_offloads, j->ack, false);
+        lk_xfer_free(j->x, j->n);
+        free(j);
+    }
+    l->jobs = l->jobs_tail = NULL;
+}

@@ -1,0 +1,251 @@
+/*
+ * Description: the linker's whole path through the shared library, against
+ * a live kvdockd, on host memory: a paged pool (two layers, K and V, page
+ * size 4) and a slot-addressed pool (one layer, two buffers). Offload four
+ * pages and one state slot; wipe the device buffers; Lookup finds every
+ * boundary; Load, Prepare, Commit with the whole range adopted, layer-wise
+ * loading with a wait per layer; the completed-loads queue returns the rid
+ * once with success; the device bytes equal what was offloaded, byte for
+ * byte, each in its slot; the counters count the bytes both ways. A second
+ * load of a key that is not stored fails and pins nothing.
+ */
+#include "harness.h"
+#include "kvdock.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PS      4 /* tokens per page */
+#define PAGES   4
+#define ROWS    64 /* token slots in the paged pool */
+#define BPR     32 /* bytes per row of K and V */
+#define SLOTS   8  /* state slots */
+#define STATE_A 96 /* bytes per row of the first state buffer */
+#define STATE_B 16
+
+static int failures;
+#define CHECK(cond, ...)                                         \
+    do {                                                         \
+        if (!(cond)) {                                           \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+            fprintf(stderr, __VA_ARGS__);                        \
+            fputc('\n', stderr);                                 \
+            failures++;                                          \
+        }                                                        \
+    } while (0)
+
+static uint8_t k0[ROWS * BPR], v0[ROWS * BPR], k1[ROWS * BPR], v1[ROWS * BPR];
+static uint8_t sa[SLOTS * STATE_A], sb[SLOTS * STATE_B];
+static int64_t freed[256];
+static size_t n_freed;
+
+static void on_free(void *ctx, const int64_t *idx, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n && n_freed < 256; i++)
+        freed[n_freed++] = idx[i];
+}
+
+static void fill(uint8_t *buf, size_t len, uint8_t seed)
+{
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (uint8_t)(seed * 31 + i * 7 + (i >> 8));
+}
+
+static void run(const char *socket)
+{
+    kvd_linker_config_t cfg = {
+        .socket_path = socket, .model_id = "roundtrip", .tp_size = 1, .timeout_ms = 5000};
+    kvd_linker_t *l = NULL;
+    int rc = kvd_linker_open(&cfg, &l);
+    CHECK(rc == 0, "open: %s", kvd_strerror(rc));
+    if (rc != 0)
+        return;
+    kvd_pool_layer_t kv_layers[2] = {
+        {.layer_id = 0, .n_buffers = 2, .buffers = {{k0, BPR, BPR}, {v0, BPR, BPR}}},
+        {.layer_id = 2, .n_buffers = 2, .buffers = {{k1, BPR, BPR}, {v1, BPR, BPR}}},
+    };
+    kvd_pool_layer_t st_layers[1] = {
+        {.layer_id = 1,
+         .n_buffers = 2,
+         .buffers = {{sa, STATE_A, STATE_A}, {sb, STATE_B, STATE_B}}},
+    };
+    kvd_pool_desc_t kv = {.name = "kv",
+                          .addressing = KVD_ADDR_PAGED,
+                          .page_size = PS,
+                          .n_rows = ROWS,
+                          .memory = KVD_MEM_HOST,
+                          .n_layers = 2,
+                          .layers = kv_layers,
+                          .free_indices = on_free};
+    kvd_pool_desc_t st = {.name = "mamba",
+                          .addressing = KVD_ADDR_SLOT,
+                          .n_rows = SLOTS,
+                          .trailing_pages = 1,
+                          .memory = KVD_MEM_HOST,
+                          .n_layers = 1,
+                          .layers = st_layers,
+                          .free_indices = on_free};
+    uint32_t kv_id, st_id;
+    CHECK(kvd_register_pool(l, &kv, &kv_id) == 0, "register kv");
+    CHECK(kvd_register_pool(l, &st, &st_id) == 0, "register mamba");
+    uint64_t obj;
+    char ns[256];
+    CHECK(kvd_pool_info(l, kv_id, &obj, ns, sizeof(ns)) == 0 && obj == 2 * 2 * PS * BPR &&
+              strcmp(ns, "roundtrip/kv/tp0") == 0,
+          "kv object %llu bytes in %s", (unsigned long long)obj, ns);
+
+    uint32_t tokens[PAGES * PS];
+    for (int i = 0; i < PAGES * PS; i++)
+        tokens[i] = 1000 + (uint32_t)i;
+    uint8_t keys[PAGES][32];
+    size_t nk = 0;
+    CHECK(kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &nk) == 0 && nk == PAGES,
+          "keys");
+
+    /* the engine's prefill wrote pages into slots 8..23 and state into slot 3 */
+    fill(k0, sizeof(k0), 1);
+    fill(v0, sizeof(v0), 2);
+    fill(k1, sizeof(k1), 3);
+    fill(v1, sizeof(v1), 4);
+    fill(sa, sizeof(sa), 5);
+    fill(sb, sizeof(sb), 6);
+    uint8_t ek0[sizeof(k0)], ev0[sizeof(v0)], ek1[sizeof(k1)], ev1[sizeof(v1)],
+        esa[sizeof(sa)], esb[sizeof(sb)];
+    memcpy(ek0, k0, sizeof(k0));
+    memcpy(ev0, v0, sizeof(v0));
+    memcpy(ek1, k1, sizeof(k1));
+    memcpy(ev1, v1, sizeof(v1));
+    memcpy(esa, sa, sizeof(sa));
+    memcpy(esb, sb, sizeof(sb));
+    int64_t kv_idx[PAGES * PS], st_idx[1] = {3};
+    for (int i = 0; i < PAGES * PS; i++)
+        kv_idx[i] = 8 + i;
+    kvd_transfer_t off[2] = {
+        {.pool_id = kv_id,
+         .keys = (const uint8_t(*)[32])keys,
+         .n_keys = PAGES,
+         .device_indices = kv_idx,
+         .n_indices = PAGES * PS},
+        {.pool_id = st_id,
+         .keys = (const uint8_t(*)[32]) & keys[PAGES - 1],
+         .n_keys = 1,
+         .device_indices = st_idx,
+         .n_indices = 1,
+         .first_depth = PAGES - 1},
+    };
+    uint64_t ack = 0;
+    CHECK(kvd_offload(l, off, 2, &ack) == 0, "offload");
+    kvd_completion_t done[4];
+    size_t n = 0;
+    for (int i = 0; i < 500 && n == 0; i++) {
+        kvd_pop_completed_offloads(l, done, 4, &n);
+        if (n == 0) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    CHECK(n == 1 && done[0].id == ack && done[0].success, "offload completion");
+
+    /* the device forgets; the rows come back into other slots: 32..47, 6 */
+    memset(k0, 0, sizeof(k0));
+    memset(v0, 0, sizeof(v0));
+    memset(k1, 0, sizeof(k1));
+    memset(v1, 0, sizeof(v1));
+    memset(sa, 0, sizeof(sa));
+    memset(sb, 0, sizeof(sb));
+    uint32_t bounds[PAGES];
+    size_t nb = 0;
+    kvd_transfer_t look[2] = {
+        {.pool_id = kv_id, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
+        {.pool_id = st_id, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
+    };
+    CHECK(kvd_lookup(l, 7, look, 2, bounds, &nb) == 0 && nb == 1 && bounds[0] == PAGES,
+          "lookup: %zu boundaries, last %u", nb, nb ? bounds[nb - 1] : 0);
+    int64_t kv_new[PAGES * PS], st_new[1] = {6};
+    for (int i = 0; i < PAGES * PS; i++)
+        kv_new[i] = 32 + i;
+    kvd_transfer_t ld[2] = {
+        {.pool_id = kv_id,
+         .keys = (const uint8_t(*)[32])keys,
+         .n_keys = PAGES,
+         .device_indices = kv_new,
+         .n_indices = PAGES * PS},
+        {.pool_id = st_id,
+         .keys = (const uint8_t(*)[32]) & keys[PAGES - 1],
+         .n_keys = 1,
+         .device_indices = st_new,
+         .n_indices = 1},
+    };
+    CHECK(kvd_load(l, 7, ld, 2) == 0, "load");
+    CHECK(kvd_load_prepare(l, 7) == 0, "prepare");
+    kvd_commit_pool_t c[2] = {{.adopted_begin = 0, .adopted_end = PAGES}, {0}};
+    CHECK(kvd_load_commit(l, 7, c, 2) == 0, "commit");
+    CHECK(n_freed == 0, "a fully adopted commit frees nothing (%zu freed)", n_freed);
+    uint32_t counter = 0;
+    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
+    for (uint32_t layer = 0; layer < 3; layer++)
+        CHECK(kvd_wait_layer(l, counter, layer) == 0, "wait layer %u", layer);
+    n = 0;
+    for (int i = 0; i < 500 && n == 0; i++) {
+        kvd_pop_completed_loads(l, done, 4, &n);
+        if (n == 0) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    CHECK(n == 1 && done[0].id == 7 && done[0].success, "load completion");
+    CHECK(memcmp(k0 + 32 * BPR, ek0 + 8 * BPR, PAGES * PS * BPR) == 0,
+          "layer 0 K restored");
+    CHECK(memcmp(v0 + 32 * BPR, ev0 + 8 * BPR, PAGES * PS * BPR) == 0,
+          "layer 0 V restored");
+    CHECK(memcmp(k1 + 32 * BPR, ek1 + 8 * BPR, PAGES * PS * BPR) == 0,
+          "layer 2 K restored");
+    CHECK(memcmp(v1 + 32 * BPR, ev1 + 8 * BPR, PAGES * PS * BPR) == 0,
+          "layer 2 V restored");
+    CHECK(memcmp(sa + 6 * STATE_A, esa + 3 * STATE_A, STATE_A) == 0, "state A restored");
+    CHECK(memcmp(sb + 6 * STATE_B, esb + 3 * STATE_B, STATE_B) == 0, "state B restored");
+    /* nothing else was written */
+    uint8_t zero[ROWS * BPR] = {0};
+    CHECK(memcmp(k0, zero, 32 * BPR) == 0, "rows before the loaded pages stay untouched");
+    kvd_pool_stats_t s;
+    CHECK(kvd_stats(l, kv_id, &s) == 0 && s.load_bytes == PAGES * obj &&
+              s.offload_bytes == PAGES * obj && s.lookup_hit_pages == PAGES,
+          "kv counters: load %llu offload %llu hits %llu",
+          (unsigned long long)s.load_bytes, (unsigned long long)s.offload_bytes,
+          (unsigned long long)s.lookup_hit_pages);
+    CHECK(kvd_stats(l, st_id, &s) == 0 && s.load_bytes == STATE_A + STATE_B &&
+              s.lookup_hit_pages > 0,
+          "mamba counters: load %llu hits %llu", (unsigned long long)s.load_bytes,
+          (unsigned long long)s.lookup_hit_pages);
+
+    /* a key that is not stored: the load fails, nothing stays pinned */
+    uint8_t absent[1][32];
+    memset(absent, 0x5a, sizeof(absent));
+    kvd_transfer_t bad = {.pool_id = kv_id,
+                          .keys = (const uint8_t(*)[32])absent,
+                          .n_keys = 1,
+                          .device_indices = kv_new,
+                          .n_indices = PS};
+    CHECK(kvd_load(l, 8, &bad, 1) < 0, "a load of an absent key must fail");
+    CHECK(kvd_load_commit(l, 8, c, 1) < 0, "a failed load cannot be committed");
+    kvd_linker_close(l);
+}
+
+int main(void)
+{
+    kvd_test_daemon_t d;
+    const char *args[] = {"--pool-size", "64M", "--usage-interval", "0", NULL};
+    if (kvd_test_daemon_start(&d, args, true, 30000) != 0)
+        return 1;
+    run(d.socket);
+    int st = 0;
+    if (kvd_test_daemon_stop(&d, SIGTERM, 10000, &st) != 0)
+        failures++;
+    printf("%s\n", failures ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+}
