@@ -847,6 +847,8 @@ static const bench_mode_t bench_modes[] = {
      "Health round trips to kvdockd vs. a bare Unix-socket echo, by client count"},
     {"store", bench_mode_store,
      "the store engine in process: insert+publish/s, key probes/s, index bytes/object"},
+    {"linker", bench_mode_linker,
+     "offload and load through libkvdock for MHA, MLA and hybrid layouts vs memcpy"},
     {"store-rpc", bench_mode_store_rpc,
      "Lookup of 256 keys over the socket; the 8 MiB object cycle vs. memcpy"},
 };

@@ -52,7 +52,8 @@ typedef struct lxfer {
     bool dropped;        /* COMMIT dropped it (mamba_exist) */
 } lxfer_t;
 
-enum load_state { LOAD_PINNED = 1, LOAD_PREPARED, LOAD_COMMITTED };
+/* LOAD_FAILED: kvd_load could not pin; kept (without pins) for ABORT. */
+enum load_state { LOAD_PINNED = 1, LOAD_PREPARED, LOAD_COMMITTED, LOAD_FAILED };
 
 typedef struct lload {
     uint64_t rid;

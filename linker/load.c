@@ -149,23 +149,27 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
         rc = KVD_ERR_EXISTS; /* one load per request at a time */
     ld->epoch = l->epoch;
     pthread_mutex_unlock(&l->lock);
-    for (size_t i = 0; i < n && rc == KVD_OK; i++)
-        rc = pin(l, &ld->x[i]);
-    if (rc != KVD_OK) {
-        if (ld->x)
-            lk_release(l, ld->x, n); /* all or nothing */
-        for (size_t i = 0; ld->x && i < n; i++)
-            atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
+    if (rc != KVD_OK) { /* bad arguments: nothing recorded, nothing to abort */
         lk_xfer_free(ld->x, n);
         free(ld);
         return rc;
     }
+    for (size_t i = 0; i < n && rc == KVD_OK; i++)
+        rc = pin(l, &ld->x[i]);
     ld->state = LOAD_PINNED;
+    if (rc != KVD_OK) {
+        /* all or nothing: no pins stay; the record does, so that the
+         * engine's ABORT can hand every device index back */
+        lk_release(l, ld->x, n);
+        for (size_t i = 0; i < n; i++)
+            atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
+        ld->state = LOAD_FAILED;
+    }
     pthread_mutex_lock(&l->lock);
     ld->next = l->loads;
     l->loads = ld;
     pthread_mutex_unlock(&l->lock);
-    return KVD_OK;
+    return rc;
 }
 
 KVD_API int kvd_load_prepare(kvd_linker_t *l, uint64_t rid)
@@ -190,42 +194,83 @@ static void free_indices(const lpool_t *p, const int64_t *idx, size_t n)
         p->desc.free_indices(p->desc.free_ctx, idx, n);
 }
 
+/* Device indices to hand back once the lock is dropped (the engine's
+ * callback may call into the linker). */
+typedef struct to_free {
+    const lpool_t *pool;
+    int64_t *idx;
+    size_t n;
+} to_free_t;
+
+/* Copies idx[0..n) to be freed later; false when out of memory. */
+static bool defer_free(to_free_t *f, size_t *k, const lpool_t *p, const int64_t *idx,
+                       size_t n)
+{
+    if (n == 0)
+        return true;
+    int64_t *c = malloc(n * sizeof(*c));
+    if (c == NULL)
+        return false;
+    memcpy(c, idx, n * sizeof(*c));
+    f[(*k)++] = (to_free_t){p, c, n};
+    return true;
+}
+
 KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool_t *c,
                             size_t n)
 {
     if (l == NULL || (c == NULL && n > 0))
         return KVD_ERR_INVALID;
+    to_free_t *f = calloc(2 * n + 1, sizeof(*f));
+    if (f == NULL)
+        return KVD_ERR_NOMEM;
+    size_t k = 0;
     pthread_mutex_lock(&l->lock);
     lload_t *ld = *find_load(l, rid);
-    int rc = ld == NULL                    ? KVD_ERR_NOT_FOUND
-             : ld->state == LOAD_COMMITTED ? KVD_ERR_STATE
-             : n != ld->n                  ? KVD_ERR_INVALID
-                                           : KVD_OK;
+    int rc = ld == NULL                                                ? KVD_ERR_NOT_FOUND
+             : ld->state == LOAD_COMMITTED || ld->state == LOAD_FAILED ? KVD_ERR_STATE
+             : n != ld->n                                              ? KVD_ERR_INVALID
+                                                                       : KVD_OK;
+    /* adopted ranges mean something for paged transfers only */
     for (size_t i = 0; rc == KVD_OK && i < n; i++)
-        if (c[i].adopted_begin > c[i].adopted_end || c[i].adopted_end > ld->x[i].n_keys)
+        if (l->pools[ld->x[i].pool].desc.addressing == KVD_ADDR_PAGED &&
+            (c[i].adopted_begin > c[i].adopted_end || c[i].adopted_end > ld->x[i].n_keys))
             rc = KVD_ERR_INVALID;
     for (size_t i = 0; rc == KVD_OK && i < n; i++) {
         lxfer_t *x = &ld->x[i];
         const lpool_t *p = &l->pools[x->pool];
-        if (p->desc.addressing == KVD_ADDR_SLOT) {
-            /* never page-sliced: kept whole, or dropped without freeing
-             * when the tree already had the state (it freed our slot) */
+        if (p->desc.addressing == KVD_ADDR_SLOT)
+            continue; /* never page-sliced */
+        uint32_t ps = p->desc.page_size;
+        if (!defer_free(f, &k, p, x->idx, (size_t)c[i].adopted_begin * ps) ||
+            !defer_free(f, &k, p, x->idx + (size_t)c[i].adopted_end * ps,
+                        (x->n_keys - c[i].adopted_end) * ps))
+            rc = KVD_ERR_NOMEM;
+    }
+    /* nothing changes until everything is known to succeed */
+    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
+        lxfer_t *x = &ld->x[i];
+        if (l->pools[x->pool].desc.addressing == KVD_ADDR_SLOT) {
+            /* kept whole, or dropped without freeing when the tree already
+             * had the state (it freed our slot itself) */
             x->dropped = c[i].mamba_exist;
             if (x->dropped)
                 x->begin = x->end = 0;
-            continue;
+        } else {
+            x->begin = c[i].adopted_begin;
+            x->end = c[i].adopted_end;
         }
-        /* pages the tree did not adopt: their slots go back now */
-        uint32_t ps = p->desc.page_size;
-        free_indices(p, x->idx, (size_t)c[i].adopted_begin * ps);
-        free_indices(p, x->idx + (size_t)c[i].adopted_end * ps,
-                     (x->n_keys - c[i].adopted_end) * ps);
-        x->begin = c[i].adopted_begin;
-        x->end = c[i].adopted_end;
     }
     if (rc == KVD_OK)
         ld->state = LOAD_COMMITTED;
     pthread_mutex_unlock(&l->lock);
+    /* pages the tree did not adopt: their slots go back (outside the lock) */
+    for (size_t i = 0; i < k; i++) {
+        if (rc == KVD_OK)
+            free_indices(f[i].pool, f[i].idx, f[i].n);
+        free(f[i].idx);
+    }
+    free(f);
     return rc;
 }
 
@@ -239,15 +284,15 @@ KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
     int rc = ld == NULL                    ? KVD_ERR_NOT_FOUND
              : ld->state == LOAD_COMMITTED ? KVD_ERR_STATE /* it reached the insert */
                                            : KVD_OK;
-    if (rc == KVD_OK) {
+    if (rc == KVD_OK)
         *pp = ld->next;
-        for (size_t i = 0; i < ld->n; i++)
-            free_indices(&l->pools[ld->x[i].pool], ld->x[i].idx, ld->x[i].n_idx);
-    }
     pthread_mutex_unlock(&l->lock);
     if (rc != KVD_OK)
         return rc;
     lk_release(l, ld->x, ld->n);
+    /* outside the lock: the engine's callback may call into the linker */
+    for (size_t i = 0; i < ld->n; i++)
+        free_indices(&l->pools[ld->x[i].pool], ld->x[i].idx, ld->x[i].n_idx);
     lk_xfer_free(ld->x, ld->n);
     free(ld);
     return KVD_OK;

@@ -76,30 +76,30 @@ typedef struct sim_pool {
     uint64_t bytes_per_row[2];
     uint64_t row_stride[2];
     uint8_t *data[SIM_MAX_LAYERS][2];
-    uint32_t pool_id;         /* the linker's */
-    uint64_t object_bytes;    /* kvd_pool_info */
-    char ns_name[256];        /* kvd_pool_info */
-    pthread_mutex_t lock;     /* guards everything below */
-    uint32_t *free_stack;     /* LIFO */
+    uint32_t pool_id;      /* the linker's */
+    uint64_t object_bytes; /* kvd_pool_info */
+    char ns_name[256];     /* kvd_pool_info */
+    pthread_mutex_t lock;  /* guards everything below */
+    uint32_t *free_stack;  /* LIFO */
     uint32_t n_free;
-    uint8_t *state;           /* sim_unit_state_t per unit */
-    uint64_t linker_freed;    /* units handed back through free_indices */
+    uint8_t *state;        /* sim_unit_state_t per unit */
+    uint64_t linker_freed; /* units handed back through free_indices */
     uint64_t linker_free_calls;
-    uint64_t double_frees;    /* frees of a FREE unit */
-    uint64_t tree_frees;      /* frees of a unit the tree holds */
-    uint64_t bad_frees;       /* out of range, or not whole aligned pages */
+    uint64_t double_frees; /* frees of a FREE unit */
+    uint64_t tree_frees;   /* frees of a unit the tree holds */
+    uint64_t bad_frees;    /* out of range, or not whole aligned pages */
 } sim_pool_t;
 
 typedef struct sim_config {
-    const char *model_id;   /* the linker's model id */
-    const char *layers;     /* "AMAMA": A attention, M mamba, S sliding window */
-    uint32_t page_size;     /* tokens per page */
-    uint32_t mamba_chunk;   /* mamba checkpoint chunk (0: page_size) */
-    uint32_t swa_window;    /* sliding window in pages (SWA models) */
-    uint32_t kv_pages;      /* device pages of the kv (and swa) pool */
-    uint32_t mamba_slots;   /* device slots of the mamba pool */
-    uint32_t pad;           /* row_stride - bytes_per_row, every buffer */
-    int layer_group_size;   /* the linker's; 0: 1 */
+    const char *model_id; /* the linker's model id */
+    const char *layers;   /* "AMAMA": A attention, M mamba, S sliding window */
+    uint32_t page_size;   /* tokens per page */
+    uint32_t mamba_chunk; /* mamba checkpoint chunk (0: page_size) */
+    uint32_t swa_window;  /* sliding window in pages (SWA models) */
+    uint32_t kv_pages;    /* device pages of the kv (and swa) pool */
+    uint32_t mamba_slots; /* device slots of the mamba pool */
+    uint32_t pad;         /* row_stride - bytes_per_row, every buffer */
+    int layer_group_size; /* the linker's; 0: 1 */
 } sim_config_t;
 
 typedef struct sim_node sim_node_t;
@@ -196,6 +196,8 @@ void sim_drop_mamba(sim_t *s);
  * returns how many.
  */
 int sim_verify_tree(sim_t *s, const char *where);
+/* The same for one layer only (what kvd_wait_layer promises). */
+int sim_verify_tree_layer(sim_t *s, uint32_t layer_id, const char *where);
 
 /* Units the tree holds in pool kind k. */
 uint32_t sim_tree_units(sim_t *s, sim_pool_kind_t k);
@@ -224,12 +226,12 @@ int sim_offload_tree(sim_t *s, unsigned kinds_mask, uint64_t units[SIM_N_KINDS])
 typedef enum sim_req_state {
     SIM_REQ_NEW = 0,
     SIM_REQ_LOOKED_UP,
-    SIM_REQ_LOADED,   /* kvd_load succeeded */
+    SIM_REQ_LOADED, /* kvd_load succeeded */
     SIM_REQ_PREPARED,
     SIM_REQ_INSERTED,
     SIM_REQ_COMMITTED,
     SIM_REQ_ABORTED,
-    SIM_REQ_DONE,     /* its completion came back */
+    SIM_REQ_DONE, /* its completion came back */
 } sim_req_state_t;
 
 typedef struct sim_req {
@@ -240,17 +242,17 @@ typedef struct sim_req {
     uint32_t n_probe; /* floor((L-1)/page_size) pages */
     uint32_t cached;  /* device-usable prefix at lookup, pages */
     uint8_t keys[SIM_MAX_PAGES][KVD_PAGE_KEY_BYTES]; /* pages 0..n_probe-1 */
-    uint32_t boundaries[SIM_MAX_PAGES + 1]; /* absolute pages */
+    uint32_t boundaries[SIM_MAX_PAGES + 1];          /* absolute pages */
     size_t n_boundaries;
-    uint32_t b;       /* chosen boundary (absolute pages); <= cached: none */
+    uint32_t b; /* chosen boundary (absolute pages); <= cached: none */
     /* the load: transfers in pool order kv, swa, mamba (those present) */
     size_t n_tr;
     sim_pool_kind_t tr_kind[SIM_N_KINDS];
     kvd_transfer_t tr[SIM_N_KINDS];
     int64_t kv_units[SIM_MAX_PAGES];  /* pages [cached, b) */
     int64_t swa_units[SIM_MAX_PAGES]; /* pages [swa_first, b) */
-    int64_t *kv_tokens;  /* token slots of kv_units (malloc'd) */
-    int64_t *swa_tokens; /* token slots of swa_units (malloc'd) */
+    int64_t *kv_tokens;               /* token slots of kv_units (malloc'd) */
+    int64_t *swa_tokens;              /* token slots of swa_units (malloc'd) */
     uint32_t swa_first;
     int64_t mamba_slot;
     uint8_t mamba_key[1][KVD_PAGE_KEY_BYTES];
@@ -288,9 +290,14 @@ int sim_req_commit(sim_t *s, sim_req_t *r);
  * Returns kvd_load_abort's status. */
 int sim_req_abort(sim_t *s, sim_req_t *r);
 
+/* The engine frees every unit the request still holds itself (REQ ->
+ * FREE): the fallback when the linker cannot hand them back. */
+void sim_req_free_units(sim_t *s, sim_req_t *r);
+
 /*
  * Runs one batch: kvd_start_layer_wise_loading, kvd_wait_layer for every
- * layer (each must return 0), then pops completed loads (bounded) until the
+ * layer (each must return 0, and right after it that layer of every tree
+ * page and state must be byte-exact), then pops completed loads (bounded) until the
  * n requests came back; checks each comes back exactly once, with
  * success, and nothing else. Returns 0 or -1 (recorded).
  */
@@ -301,6 +308,8 @@ int sim_run_batch(sim_t *s, sim_req_t **reqs, size_t n);
  * restored (b - cached pages), or -1 (recorded).
  */
 int sim_load(sim_t *s, const uint32_t *tokens, size_t n_tokens);
+/* The same on a request the caller initialised (and finishes). */
+int sim_load_req(sim_t *s, sim_req_t *r);
 
 /* Pops completed loads for a while (bounded, short) and returns how many
  * came back (for "nothing more comes back" checks). */

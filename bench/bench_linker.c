@@ -1,0 +1,346 @@
+/*
+ * bench_linker.c - mode `linker` of kvdock-bench: offload and load through
+ * libkvdock's whole path (RPC + copies on its transfer thread) for three
+ * model layouts, against a kvdockd started here, with host memory standing
+ * in for device memory. The reference in the same run is a single-core
+ * memcpy of the same bytes from the device buffers.
+ *
+ * Layouts (page 64 tokens, bf16):
+ *   mha:    32 layers, K and V of 8 heads x 128  (8 MiB per page object)
+ *   mla:    61 layers, one 576-wide latent buffer, rank-replicated
+ *   hybrid: 12 attention layers as mha plus 36 mamba layers with a 64 KiB
+ *           temporal state and an 8 KiB conv state per node, one node
+ *           every 8 pages
+ * Each run offloads the pages of one prompt (fresh keys), waits for the
+ * completion, wipes the device buffers, then loads them back layer-wise:
+ * time to the first layer in place, and the whole load in GB/s.
+ */
+#include "bench.h"
+#include "kvdock.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PAGE       64
+#define MAX_LAYERS 64
+
+typedef struct layout {
+    const char *name;
+    uint32_t attn_layers;
+    uint32_t attn_buffers; /* 2 (K, V) or 1 (MLA latent) */
+    uint64_t attn_row;     /* bytes per token row of one buffer */
+    bool replicated;
+    uint32_t mamba_layers;
+    uint64_t mamba_a, mamba_b; /* bytes of the two state buffers */
+    uint32_t pages_per_node;
+} layout_t;
+
+static const layout_t layouts[] = {
+    {"mha", 32, 2, 8 * 128 * 2, false, 0, 0, 0, 0},
+    {"mla", 61, 1, 576 * 2, true, 0, 0, 0, 0},
+    {"hybrid", 12, 2, 8 * 128 * 2, false, 36, 64 * 1024, 8 * 1024, 8},
+};
+
+typedef struct dev {
+    uint8_t *attn[MAX_LAYERS][2];
+    uint8_t *mamba[MAX_LAYERS][2];
+    uint64_t attn_bytes, mamba_bytes; /* per buffer */
+} dev_t_;
+
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    return z ^ (z >> 27);
+}
+
+static int dev_alloc(const layout_t *lo, uint32_t pages, dev_t_ *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->attn_bytes = (uint64_t)pages * PAGE * lo->attn_row;
+    uint32_t nodes = lo->pages_per_node ? pages / lo->pages_per_node : 0;
+    for (uint32_t l = 0; l < lo->attn_layers; l++)
+        for (uint32_t b = 0; b < lo->attn_buffers; b++)
+            if ((d->attn[l][b] = malloc(d->attn_bytes)) == NULL)
+                return -1;
+    for (uint32_t l = 0; l < lo->mamba_layers; l++) {
+        d->mamba[l][0] = malloc((uint64_t)nodes * lo->mamba_a);
+        d->mamba[l][1] = malloc((uint64_t)nodes * lo->mamba_b);
+        if (!d->mamba[l][0] || !d->mamba[l][1])
+            return -1;
+    }
+    return 0;
+}
+
+static void dev_fill(const layout_t *lo, uint32_t pages, dev_t_ *d, int byte)
+{
+    uint32_t nodes = lo->pages_per_node ? pages / lo->pages_per_node : 0;
+    for (uint32_t l = 0; l < lo->attn_layers; l++)
+        for (uint32_t b = 0; b < lo->attn_buffers; b++)
+            memset(d->attn[l][b], byte + (int)l, d->attn_bytes);
+    for (uint32_t l = 0; l < lo->mamba_layers; l++) {
+        memset(d->mamba[l][0], byte + 1, (uint64_t)nodes * lo->mamba_a);
+        memset(d->mamba[l][1], byte + 2, (uint64_t)nodes * lo->mamba_b);
+    }
+}
+
+static void dev_free(const layout_t *lo, dev_t_ *d)
+{
+    for (uint32_t l = 0; l < lo->attn_layers; l++)
+        for (uint32_t b = 0; b < 2; b++)
+            free(d->attn[l][b]);
+    for (uint32_t l = 0; l < lo->mamba_layers; l++) {
+        free(d->mamba[l][0]);
+        free(d->mamba[l][1]);
+    }
+}
+
+/* Registers the layout's pools; attention layers get even ids, mamba odd. */
+static int register_pools(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ *d,
+                          uint32_t *attn_id, uint32_t *mamba_id)
+{
+    kvd_pool_layer_t layers[MAX_LAYERS];
+    memset(layers, 0, sizeof(layers));
+    for (uint32_t l = 0; l < lo->attn_layers; l++) {
+        layers[l].layer_id = 2 * l;
+        layers[l].n_buffers = lo->attn_buffers;
+        for (uint32_t b = 0; b < lo->attn_buffers; b++)
+            layers[l].buffers[b] =
+                (kvd_pool_buffer_t){d->attn[l][b], lo->attn_row, lo->attn_row};
+    }
+    kvd_pool_desc_t kv = {.name = "kv",
+                          .addressing = KVD_ADDR_PAGED,
+                          .page_size = PAGE,
+                          .n_rows = (uint64_t)pages * PAGE,
+                          .rank_replicated = lo->replicated,
+                          .memory = KVD_MEM_HOST,
+                          .n_layers = lo->attn_layers,
+                          .layers = layers};
+    int rc = kvd_register_pool(lk, &kv, attn_id);
+    if (rc != 0 || lo->mamba_layers == 0)
+        return rc;
+    for (uint32_t l = 0; l < lo->mamba_layers; l++) {
+        layers[l].layer_id = 2 * l + 1;
+        layers[l].n_buffers = 2;
+        layers[l].buffers[0] =
+            (kvd_pool_buffer_t){d->mamba[l][0], lo->mamba_a, lo->mamba_a};
+        layers[l].buffers[1] =
+            (kvd_pool_buffer_t){d->mamba[l][1], lo->mamba_b, lo->mamba_b};
+    }
+    kvd_pool_desc_t st = {.name = "mamba",
+                          .addressing = KVD_ADDR_SLOT,
+                          .n_rows = pages / lo->pages_per_node,
+                          .trailing_pages = 1,
+                          .memory = KVD_MEM_HOST,
+                          .n_layers = lo->mamba_layers,
+                          .layers = layers};
+    return kvd_register_pool(lk, &st, mamba_id);
+}
+
+typedef struct lk_result {
+    uint64_t bytes;
+    double offload_gbs, load_gbs, first_layer_ms, memcpy_gbs;
+} lk_result_t;
+
+/* Pops one completion within 60 s. */
+static int wait_done(kvd_linker_t *lk, bool load, uint64_t id)
+{
+    kvd_completion_t c;
+    size_t n = 0;
+    uint64_t until = kvd_now_ns() + 60000000000ull;
+    while (kvd_now_ns() < until) {
+        if (load)
+            kvd_pop_completed_loads(lk, &c, 1, &n);
+        else
+            kvd_pop_completed_offloads(lk, &c, 1, &n);
+        if (n == 1)
+            return c.id == id && c.success ? 0 : -1;
+        kvd_sleep_ns(20000);
+    }
+    return -1;
+}
+
+static int one_run(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ *d,
+                   uint32_t attn_id, uint32_t mamba_id, uint64_t seed, lk_result_t *r)
+{
+    uint32_t *tokens = malloc((size_t)pages * PAGE * sizeof(uint32_t));
+    kvd_key_t *keys = malloc(pages * sizeof(kvd_key_t));
+    int64_t *idx = malloc((size_t)pages * PAGE * sizeof(int64_t));
+    uint32_t nodes = lo->pages_per_node ? pages / lo->pages_per_node : 0;
+    kvd_key_t *node_keys = malloc((nodes + 1) * sizeof(kvd_key_t));
+    int64_t *slots = malloc((nodes + 1) * sizeof(int64_t));
+    uint32_t *depths = malloc((nodes + 1) * sizeof(uint32_t));
+    int rc = tokens && keys && idx && node_keys && slots && depths ? 0 : -1;
+    size_t nk = 0;
+    for (size_t i = 0; rc == 0 && i < (size_t)pages * PAGE; i++) {
+        tokens[i] = (uint32_t)mix(&seed);
+        idx[i] = (int64_t)i;
+    }
+    if (rc == 0)
+        rc = kvd_page_keys(tokens, (size_t)pages * PAGE, PAGE, NULL, (uint8_t(*)[32])keys,
+                           &nk);
+    for (uint32_t n = 0; n < nodes; n++) {
+        memcpy(node_keys[n], keys[(n + 1) * lo->pages_per_node - 1], sizeof(kvd_key_t));
+        slots[n] = n;
+        depths[n] = (n + 1) * lo->pages_per_node - 1;
+    }
+    kvd_transfer_t t[2] = {
+        {.pool_id = attn_id,
+         .keys = (const uint8_t(*)[32])keys,
+         .n_keys = pages,
+         .device_indices = idx,
+         .n_indices = (size_t)pages * PAGE},
+        {.pool_id = mamba_id,
+         .keys = (const uint8_t(*)[32])node_keys,
+         .n_keys = nodes,
+         .device_indices = slots,
+         .n_indices = nodes,
+         .depths = depths},
+    };
+    size_t nt = nodes ? 2 : 1;
+    dev_fill(lo, pages, d, (int)(seed & 0x3f));
+    uint64_t ack = 0, t0 = kvd_now_ns();
+    if (rc == 0)
+        rc = kvd_offload(lk, t, nt, &ack);
+    if (rc == 0)
+        rc = wait_done(lk, false, ack);
+    double off_s = (double)(kvd_now_ns() - t0) / 1e9;
+    dev_fill(lo, pages, d, 0);
+    uint64_t rid = seed;
+    uint32_t counter = 0;
+    t0 = kvd_now_ns();
+    if (rc == 0)
+        rc = kvd_load(lk, rid, t, nt);
+    if (rc == 0)
+        rc = kvd_load_prepare(lk, rid);
+    kvd_commit_pool_t c[2] = {{.adopted_begin = 0, .adopted_end = pages}, {0}};
+    if (rc == 0)
+        rc = kvd_load_commit(lk, rid, c, nt);
+    if (rc == 0)
+        rc = kvd_start_layer_wise_loading(lk, &counter);
+    if (rc == 0)
+        rc = kvd_wait_layer(lk, counter, 0);
+    double first_ms = (double)(kvd_now_ns() - t0) / 1e6;
+    uint32_t top = 2 * KVD_MAX(lo->attn_layers, lo->mamba_layers);
+    for (uint32_t layer = 0; rc == 0 && layer < top; layer++)
+        rc = kvd_wait_layer(lk, counter, layer);
+    if (rc == 0)
+        rc = wait_done(lk, true, rid);
+    double load_s = (double)(kvd_now_ns() - t0) / 1e9;
+    uint64_t bytes =
+        (uint64_t)lo->attn_layers * lo->attn_buffers * pages * PAGE * lo->attn_row +
+        (uint64_t)lo->mamba_layers * nodes * (lo->mamba_a + lo->mamba_b);
+    r->bytes = bytes;
+    r->offload_gbs = (double)bytes / off_s / 1e9;
+    r->load_gbs = (double)bytes / load_s / 1e9;
+    r->first_layer_ms = first_ms;
+    free(tokens);
+    free(keys);
+    free(idx);
+    free(node_keys);
+    free(slots);
+    free(depths);
+    return rc;
+}
+
+/* The same bytes, device buffers to one host buffer and back, one core. */
+static double memcpy_gbs(const layout_t *lo, uint32_t pages, dev_t_ *d)
+{
+    uint8_t *dst = malloc(d->attn_bytes + 1);
+    if (dst == NULL)
+        return 0;
+    memset(dst, 1, d->attn_bytes);
+    uint64_t bytes = 0, t0 = kvd_now_ns();
+    for (uint32_t l = 0; l < lo->attn_layers; l++)
+        for (uint32_t b = 0; b < lo->attn_buffers; b++) {
+            memcpy(dst, d->attn[l][b], d->attn_bytes);
+            __asm__ volatile("" ::: "memory");
+            bytes += d->attn_bytes;
+        }
+    uint32_t nodes = lo->pages_per_node ? pages / lo->pages_per_node : 0;
+    for (uint32_t l = 0; l < lo->mamba_layers; l++) {
+        memcpy(dst, d->mamba[l][0], (uint64_t)nodes * lo->mamba_a);
+        memcpy(dst, d->mamba[l][1], (uint64_t)nodes * lo->mamba_b);
+        __asm__ volatile("" ::: "memory");
+        bytes += (uint64_t)nodes * (lo->mamba_a + lo->mamba_b);
+    }
+    double s = (double)(kvd_now_ns() - t0) / 1e9;
+    free(dst);
+    return (double)bytes / s / 1e9;
+}
+
+int bench_mode_linker(int argc, char **argv)
+{
+    const char *kvdockd = NULL;
+    uint64_t pages = 32, runs = 3;
+    static const struct option longopts[] = {{"kvdockd", required_argument, NULL, 'k'},
+                                             {"pages", required_argument, NULL, 'p'},
+                                             {"runs", required_argument, NULL, 'r'},
+                                             {NULL, 0, NULL, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        if (c == 'k')
+            kvdockd = optarg;
+        else if (c == 'p' && kvd_u64_parse(optarg, 8, 1024, &pages) == KVD_OK)
+            continue;
+        else if (c == 'r' && kvd_u64_parse(optarg, 1, 100, &runs) == KVD_OK)
+            continue;
+        else
+            break;
+    }
+    if (kvdockd == NULL) {
+        fprintf(stderr,
+                "Usage: kvdock-bench linker --kvdockd PATH [--pages N] [--runs R]\n");
+        return BENCH_EXIT_USAGE;
+    }
+    bench_env_t env;
+    if (bench_env_init(&env) != KVD_OK ||
+        bench_daemon_start(&env, kvdockd, "3G") != KVD_OK) {
+        bench_env_cleanup(&env);
+        return BENCH_EXIT_FAIL;
+    }
+    printf("%-7s %10s %12s %12s %14s %12s %10s\n", "layout", "bytes", "offload GB/s",
+           "load GB/s", "first layer ms", "memcpy GB/s", "load/cpy");
+    int status = BENCH_EXIT_OK;
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(layouts) && status == BENCH_EXIT_OK; i++) {
+        const layout_t *lo = &layouts[i];
+        kvd_linker_config_t cfg = {
+            .socket_path = env.daemon_socket, .model_id = lo->name, .timeout_ms = 30000};
+        kvd_linker_t *lk = NULL;
+        dev_t_ d;
+        uint32_t attn_id = 0, mamba_id = 0;
+        if (dev_alloc(lo, (uint32_t)pages, &d) != 0 || kvd_linker_open(&cfg, &lk) != 0 ||
+            register_pools(lk, lo, (uint32_t)pages, &d, &attn_id, &mamba_id) != 0) {
+            fprintf(stderr, "kvdock-bench linker: cannot set up %s\n", lo->name);
+            status = BENCH_EXIT_FAIL;
+        }
+        lk_result_t best = {0};
+        for (uint64_t r = 0; status == BENCH_EXIT_OK && r < runs; r++) {
+            lk_result_t one;
+            if (one_run(lk, lo, (uint32_t)pages, &d, attn_id, mamba_id,
+                        1000 * (i + 1) + r, &one) != 0) {
+                fprintf(stderr, "kvdock-bench linker: run %llu of %s failed\n",
+                        (unsigned long long)r, lo->name);
+                status = BENCH_EXIT_FAIL;
+                break;
+            }
+            if (one.load_gbs > best.load_gbs)
+                best = one;
+        }
+        if (status == BENCH_EXIT_OK) {
+            best.memcpy_gbs = memcpy_gbs(lo, (uint32_t)pages, &d);
+            char b[32];
+            printf("%-7s %10s %12.2f %12.2f %14.2f %12.2f %10.2f\n", lo->name,
+                   kvd_size_format(best.bytes, b, sizeof(b)), best.offload_gbs,
+                   best.load_gbs, best.first_layer_ms, best.memcpy_gbs,
+                   best.memcpy_gbs > 0 ? best.load_gbs / best.memcpy_gbs : 0.0);
+            fflush(stdout);
+        }
+        kvd_linker_close(lk);
+        dev_free(lo, &d);
+    }
+    bench_env_cleanup(&env);
+    return status;
+}
