@@ -61,11 +61,15 @@ static int connect_locked(kvd_linker_t *l)
     int fd = kvd_client_take_fd(c);
     if (rc == KVD_OK && fd >= 0) {
         uint64_t bytes = rep.body.hello_rep.pool_bytes;
-        int flags = MAP_SHARED | (l->cfg.lazy_pool_mapping ? 0 : MAP_POPULATE);
-        void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, flags, fd, 0);
+        void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (map == MAP_FAILED) {
             rc = kvd_status_from_errno(errno);
         } else {
+            /* write-populated, so that no copy into the pool takes a fault
+             * (MAP_POPULATE read-faults shared pages; writes then fault
+             * again); best effort: older kernels fault on first use */
+            if (!l->cfg.lazy_pool_mapping)
+                madvise(map, bytes, MADV_POPULATE_WRITE);
             unmap_pool(l);
             pthread_rwlock_wrlock(&l->map);
             l->pool_map = map;
