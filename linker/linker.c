@@ -284,6 +284,7 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
     kvd_strlcpy(p.name, desc->name, sizeof(p.name));
     p.desc.name = p.name;
     p.rows = desc->addressing == KVD_ADDR_PAGED ? desc->page_size : 1;
+    p.dev = kvd_devmem_host(); /* check_desc admits host memory only, for now */
     for (uint32_t i = 0; i < desc->n_layers; i++)
         for (uint32_t b = 0; b < p.layers[i].n_buffers; b++)
             p.object_bytes += (uint64_t)p.rows * p.layers[i].buffers[b].bytes_per_row;

@@ -12,6 +12,7 @@
 #ifndef KVD_LINKER_INT_H
 #define KVD_LINKER_INT_H
 
+#include "devmem.h"
 #include "kvd_common.h"
 #include "kvd_proto.h"
 #include "kvdock.h"
@@ -30,7 +31,8 @@ typedef struct lpool {
     char ns_name[KVD_NS_NAME_BYTES];
     uint32_t ns_id; /* in the daemon we are connected to */
     uint64_t object_bytes;
-    uint32_t rows; /* rows of one object: page_size or 1 */
+    uint32_t rows;               /* rows of one object: page_size or 1 */
+    const kvd_devmem_ops_t *dev; /* how its buffers are copied */
     _Atomic uint64_t lookup_hit_pages, load_bytes, offload_bytes;
     _Atomic uint64_t load_failures, offload_failures;
 } lpool_t;

@@ -9,8 +9,9 @@
  * order, buffer by buffer, the object's rows (page_size rows of a paged
  * pool, one row of a slot-addressed one).
  *
- * Device memory is host memory here (memcpy); a HIP backend would replace
- * copy_rows and wait for its completion events before marking a group.
+ * Copies go through each pool's device-memory backend (devmem.h): a layer
+ * group is marked in place after its backend's sync, and an offload syncs
+ * before it reads the device rows.
  */
 #include "linker_int.h"
 
@@ -19,26 +20,27 @@
 
 #define KEEP_FINISHED_BATCHES 64
 
-/* Moves one buffer's rows of one object: to the device (load) or from it. */
-static void copy_rows(const kvd_pool_buffer_t *buf, int64_t row0, uint32_t rows,
-                      uint8_t *obj, bool to_device)
+/* Moves one buffer's rows of one object: to the device (load) or from it,
+ * through the pool's device-memory backend. */
+static void copy_rows(const kvd_devmem_ops_t *dev, const kvd_pool_buffer_t *buf,
+                      int64_t row0, uint32_t rows, uint8_t *obj, bool to_device)
 {
-    uint8_t *dev = (uint8_t *)buf->base + (uint64_t)row0 * buf->row_stride;
+    uint8_t *d = (uint8_t *)buf->base + (uint64_t)row0 * buf->row_stride;
     if (buf->row_stride == buf->bytes_per_row) {
         size_t n = (size_t)rows * buf->bytes_per_row;
         if (to_device)
-            memcpy(dev, obj, n);
+            dev->copy(d, obj, n, true);
         else
-            memcpy(obj, dev, n);
+            dev->copy(obj, d, n, false);
         return;
     }
     for (uint32_t r = 0; r < rows; r++) {
-        uint8_t *d = dev + (uint64_t)r * buf->row_stride;
+        uint8_t *dr = d + (uint64_t)r * buf->row_stride;
         uint8_t *o = obj + (uint64_t)r * buf->bytes_per_row;
         if (to_device)
-            memcpy(d, o, buf->bytes_per_row);
+            dev->copy(dr, o, buf->bytes_per_row, true);
         else
-            memcpy(o, d, buf->bytes_per_row);
+            dev->copy(o, dr, buf->bytes_per_row, false);
     }
 }
 
@@ -67,7 +69,7 @@ static uint64_t copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_
                            : x->idx[i];
         uint8_t *obj = l->pool_map + x->offsets[i] + base_off;
         for (uint32_t b = 0; b < ly->n_buffers; b++) {
-            copy_rows(&ly->buffers[b], row0, p->rows, obj, to_device);
+            copy_rows(p->dev, &ly->buffers[b], row0, p->rows, obj, to_device);
             obj += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
             moved += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
         }
@@ -147,6 +149,10 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
         uint32_t end = KVD_MIN(pos + group, b->n_layers);
         for (uint32_t k = pos; err == KVD_OK && k < end; k++)
             err = copy_batch_layer(l, b, b->layer_ids[k]);
+        /* the group is in place only once its copies completed */
+        for (lload_t *ld = b->loads; err == KVD_OK && ld; ld = ld->next)
+            for (size_t i = 0; err == KVD_OK && i < ld->n; i++)
+                err = l->pools[ld->x[i].pool].dev->sync();
         pthread_mutex_lock(&l->lock);
         if (err == KVD_OK)
             b->layers_done = end;
@@ -167,6 +173,10 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     uint64_t object_bytes = p->object_bytes;
     pthread_mutex_unlock(&l->lock);
     bool paged = p->desc.addressing == KVD_ADDR_PAGED;
+    /* the engine's writes to these rows must be final before they are read */
+    int synced = p->dev->sync();
+    if (synced != KVD_OK)
+        return synced;
     kvd_put_item_t *items = calloc(x->n_keys, sizeof(*items));
     uint8_t *allocated = calloc(x->n_keys, 1);
     if (items == NULL || allocated == NULL) {
