@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "kvd_proto.h"
+#include "msg_util.h"
 
 /* ------------------------------------------------------------ helpers */
 
@@ -35,31 +36,6 @@ static void round_trip(const kvd_msg_t *m, kvd_msg_t *out)
     memset(out, 0xa5, sizeof(*out)); /* decode must set what it reports */
     assert_int_equal(kvd_msg_decode(b.data + 4, b.len - 4, out), KVD_OK);
     kvd_buf_free(&b);
-}
-
-/* Packs m and returns the payload (without header) in a new block. */
-static uint8_t *pack_payload(const kvd_msg_t *m, size_t *len)
-{
-    kvd_buf_t b;
-    kvd_buf_init(&b, KVD_MEM_OTHER);
-    assert_int_equal(kvd_msg_pack(m, KVD_FRAME_DEFAULT_MAX, &b), KVD_OK);
-    *len = b.len - 4;
-    uint8_t *p = malloc(*len);
-    assert_non_null(p);
-    memcpy(p, b.data + 4, *len);
-    kvd_buf_free(&b);
-    return p;
-}
-
-static int decode_bytes(const uint8_t *bytes, size_t len, kvd_msg_t *out)
-{
-    /* a private copy, so that ASan sees any read past the end */
-    uint8_t *copy = malloc(len ? len : 1);
-    assert_non_null(copy);
-    memcpy(copy, bytes, len);
-    int rc = kvd_msg_decode(copy, len, out);
-    free(copy);
-    return rc;
 }
 
 static void assert_header(const kvd_msg_t *m, uint64_t id, kvd_method_t method,
@@ -394,18 +370,6 @@ static void test_error_with_positive_code_is_protocol_error(void **state)
     assert_int_equal(decode_bytes(negative, sizeof(negative), &out), KVD_OK);
     assert_header(&out, 1, KVD_METHOD_HEALTH, true, KVD_ERR_NO_SPACE);
     assert_string_equal(out.error, "x");
-}
-
-/* Appends v as a protobuf varint; returns the bytes written. */
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(0x80 | (v & 0x7f));
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
 }
 
 /* Hand-encodes a Hello request whose client_name has name_len 'a' bytes. */

@@ -21,19 +21,9 @@
 #include <string.h>
 
 #include "kvd_proto.h"
+#include "msg_util.h"
 
 /* ------------------------------------------------------------ helpers */
-
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
-}
 
 /*
  * An Envelope {id, method, reply, body field `body_field` = a message made
@@ -64,20 +54,6 @@ static uint8_t *many_empty_items(uint64_t id, kvd_method_t method, bool reply,
         p[n++] = 0x00;
     }
     *len = n;
-    return p;
-}
-
-/* Packs m and returns the payload (without header) in a new block. */
-static uint8_t *pack_payload(const kvd_msg_t *m, size_t *len)
-{
-    kvd_buf_t b;
-    kvd_buf_init(&b, KVD_MEM_OTHER);
-    assert_int_equal(kvd_msg_pack(m, KVD_FRAME_DEFAULT_MAX, &b), KVD_OK);
-    *len = b.len - KVD_FRAME_HEADER_BYTES;
-    uint8_t *p = malloc(*len);
-    assert_non_null(p);
-    memcpy(p, b.data + KVD_FRAME_HEADER_BYTES, *len);
-    kvd_buf_free(&b);
     return p;
 }
 

@@ -16,31 +16,7 @@
 #include <string.h>
 
 #include "kvd_proto.h"
-
-/* Packs m and returns the payload (without header) in a new block. */
-static uint8_t *pack_payload(const kvd_msg_t *m, size_t *len)
-{
-    kvd_buf_t b;
-    kvd_buf_init(&b, KVD_MEM_OTHER);
-    assert_int_equal(kvd_msg_pack(m, KVD_FRAME_DEFAULT_MAX, &b), KVD_OK);
-    *len = b.len - 4;
-    uint8_t *p = malloc(*len);
-    assert_non_null(p);
-    memcpy(p, b.data + 4, *len);
-    kvd_buf_free(&b);
-    return p;
-}
-
-static int decode_bytes(const uint8_t *bytes, size_t len, kvd_msg_t *out)
-{
-    /* a private copy, so that ASan sees any read past the end */
-    uint8_t *copy = malloc(len ? len : 1);
-    assert_non_null(copy);
-    memcpy(copy, bytes, len);
-    int rc = kvd_msg_decode(copy, len, out);
-    free(copy);
-    return rc;
-}
+#include "msg_util.h"
 
 static void fill_stats(kvd_stats_rep_t *s)
 {

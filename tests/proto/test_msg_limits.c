@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "kvd_proto.h"
+#include "msg_util.h"
 
 #define MAX_ITEMS 8
 #define MAX_POOLS 3
@@ -25,33 +26,6 @@
 static const kvd_msg_limits_t limits = {.max_items = MAX_ITEMS, .max_pools = MAX_POOLS};
 
 /* ------------------------------------------------------------ helpers */
-
-/* Packs m and returns the payload (without header) in a new block. */
-static uint8_t *pack_payload(const kvd_msg_t *m, size_t *len)
-{
-    kvd_buf_t b;
-    kvd_buf_init(&b, KVD_MEM_OTHER);
-    assert_int_equal(kvd_msg_pack(m, KVD_FRAME_DEFAULT_MAX, &b), KVD_OK);
-    *len = b.len - KVD_FRAME_HEADER_BYTES;
-    uint8_t *p = malloc(*len);
-    assert_non_null(p);
-    memcpy(p, b.data + KVD_FRAME_HEADER_BYTES, *len);
-    kvd_buf_free(&b);
-    return p;
-}
-
-/* Decodes payload with lim into out, from a private copy (so that ASan sees
- * any read past the end). */
-static int decode_with(const uint8_t *payload, size_t len, const kvd_msg_limits_t *lim,
-                       kvd_msg_t *out)
-{
-    uint8_t *copy = malloc(len ? len : 1);
-    assert_non_null(copy);
-    memcpy(copy, payload, len);
-    int rc = kvd_msg_decode_limited(copy, len, lim, out);
-    free(copy);
-    return rc;
-}
 
 /* m is over the limits: refused with TOO_LARGE, named, nothing allocated,
  * nothing of KVD_MEM_CONN left; without limits it decodes. */
@@ -197,17 +171,6 @@ static void test_reserve_keys(void **state)
 
     m.body.reserve_req.n = MAX_ITEMS + 1;
     assert_refused(&m);
-}
-
-static size_t put_varint(uint8_t *p, uint64_t v)
-{
-    size_t n = 0;
-    while (v >= 0x80) {
-        p[n++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p[n++] = (uint8_t)v;
-    return n;
 }
 
 static void test_reserve_depths(void **state)

@@ -21,19 +21,10 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "sizing_util.h"
 
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
-
-static const char *fixture(const char *name)
-{
-    static char path[1024];
-    const char *dir = getenv("KVD_FIXTURES");
-    if (dir == NULL || *dir == '\0')
-        dir = KVD_FIXTURES_DIR;
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return path;
-}
 
 static kvd_host_mem_t probe(const char *name)
 {

@@ -23,20 +23,13 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "engine_util.h"
 
 #define PAGE    4096u
 #define OWNER_A 1u
 #define OWNER_B 2u
 
-typedef uint8_t key_t32[32];
-
 /* ----------------------------------------------------------- helpers */
-
-static void mkkey(uint8_t key[32], uint32_t n)
-{
-    memset(key, 0, 32);
-    memcpy(key, &n, sizeof(n));
-}
 
 static kvd_store_t *mk_store(uint64_t pages, double high, double low)
 {
@@ -47,29 +40,6 @@ static kvd_store_t *mk_store(uint64_t pages, double high, double low)
     kvd_store_t *s = NULL;
     assert_int_equal(kvd_store_create(&cfg, &s), KVD_OK);
     return s;
-}
-
-static void check_ok(const kvd_store_t *s)
-{
-    char why[256] = "";
-    int rc = kvd_store_check(s, why, sizeof(why));
-    if (rc != KVD_OK)
-        print_error("kvd_store_check: %s\n", why);
-    assert_int_equal(rc, KVD_OK);
-}
-
-static kvd_store_stats_t stats(const kvd_store_t *s)
-{
-    kvd_store_stats_t st;
-    kvd_store_stats(s, &st);
-    return st;
-}
-
-static uint32_t reg(kvd_store_t *s, const char *name, uint64_t bytes)
-{
-    uint32_t id;
-    assert_int_equal(kvd_store_ns_register(s, name, bytes, false, &id), KVD_OK);
-    return id;
 }
 
 /* The key of page `depth` of chain `chain`. */

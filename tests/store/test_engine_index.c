@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "engine_util.h"
 
 #define PAGE          4096u
 #define POOL_PAGES    (1ull << 20)
@@ -32,15 +33,6 @@
 #define BATCH         4096u
 #define OWNER         3u
 #define MAX_BYTES_PER 130u
-
-static void check_ok(const kvd_store_t *s)
-{
-    char why[256] = "";
-    int rc = kvd_store_check(s, why, sizeof(why));
-    if (rc != KVD_OK)
-        print_error("kvd_store_check: %s\n", why);
-    assert_int_equal(rc, KVD_OK);
-}
 
 static void test_index_memory_and_lookup(void **state)
 {

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "engine_util.h"
 
 #define PAGE      4096u
 #define POOL_PGS  64u
@@ -34,15 +35,6 @@
 
 /* ----------------------------------------------------------- helpers */
 
-typedef uint8_t key_t32[32];
-
-/* A hand-made key: the counter in bytes 0..3, the rest zero. */
-static void mkkey(uint8_t key[32], uint32_t n)
-{
-    memset(key, 0, 32);
-    memcpy(key, &n, sizeof(n));
-}
-
 static kvd_store_t *mk_store(uint64_t ttl_ms)
 {
     kvd_store_config_t cfg;
@@ -54,22 +46,6 @@ static kvd_store_t *mk_store(uint64_t ttl_ms)
     assert_int_equal(kvd_store_create(&cfg, &s), KVD_OK);
     assert_non_null(s);
     return s;
-}
-
-static void check_ok(const kvd_store_t *s)
-{
-    char why[256] = "";
-    int rc = kvd_store_check(s, why, sizeof(why));
-    if (rc != KVD_OK)
-        print_error("kvd_store_check: %s\n", why);
-    assert_int_equal(rc, KVD_OK);
-}
-
-static kvd_store_stats_t stats(const kvd_store_t *s)
-{
-    kvd_store_stats_t st;
-    kvd_store_stats(s, &st);
-    return st;
 }
 
 /* The figures that describe the state (not the call counters). */
@@ -207,13 +183,6 @@ static size_t lookup_all(kvd_store_t *s, uint32_t ns, const uint32_t *k, size_t 
     size_t nb = 99;
     assert_int_equal(kvd_store_lookup(s, &p, 1, b, &nb), KVD_OK);
     return nb;
-}
-
-static uint32_t reg(kvd_store_t *s, const char *name, uint64_t bytes)
-{
-    uint32_t id = 12345;
-    assert_int_equal(kvd_store_ns_register(s, name, bytes, false, &id), KVD_OK);
-    return id;
 }
 
 /* ------------------------------------------------------------- tests */

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "engine_util.h"
 
 #define PAGE       4096u
 #define POOL_PGS   64u
@@ -28,22 +29,11 @@
 #define MAX_KEYS   8u
 #define BOUND_SENT 0xdeadbeefu
 
-typedef uint8_t key_t32[32];
-
 typedef struct fixture {
     kvd_store_t *s;
     uint32_t kv, mamba;
     key_t32 keys[MAX_KEYS]; /* the prompt's page keys, a real chain */
 } fixture_t;
-
-static void check_ok(const kvd_store_t *s)
-{
-    char why[256] = "";
-    int rc = kvd_store_check(s, why, sizeof(why));
-    if (rc != KVD_OK)
-        print_error("kvd_store_check: %s\n", why);
-    assert_int_equal(rc, KVD_OK);
-}
 
 static int setup(void **state)
 {

@@ -31,16 +31,16 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "engine_util.h"
 
 #define PAGE    4096u
 #define OWNER_A 1u
 #define OWNER_B 2u
 
-typedef uint8_t key_t32[32];
-
 /* ----------------------------------------------------------- helpers */
 
-static void mkkey(uint8_t key[32], uint32_t n)
+/* This file's keys: the counter in bytes 0..3, byte 31 0x5a, the rest zero. */
+static void mkkey_tagged(uint8_t key[32], uint32_t n)
 {
     memset(key, 0, 32);
     memcpy(key, &n, sizeof(n));
@@ -59,36 +59,13 @@ static kvd_store_t *mk_store(uint64_t pages)
     return s;
 }
 
-static void check_ok(const kvd_store_t *s)
-{
-    char why[256] = "";
-    int rc = kvd_store_check(s, why, sizeof(why));
-    if (rc != KVD_OK)
-        print_error("kvd_store_check: %s\n", why);
-    assert_int_equal(rc, KVD_OK);
-}
-
-static kvd_store_stats_t stats(const kvd_store_t *s)
-{
-    kvd_store_stats_t st;
-    kvd_store_stats(s, &st);
-    return st;
-}
-
-static uint32_t reg(kvd_store_t *s, const char *name, uint64_t bytes)
-{
-    uint32_t id;
-    assert_int_equal(kvd_store_ns_register(s, name, bytes, false, &id), KVD_OK);
-    return id;
-}
-
 /* Reserves key k (depth 0, no parent) for owner at now_ms; returns the
  * result, the lease and the location through the pointers. */
 static uint8_t reserve_at(kvd_store_t *s, uint64_t owner, uint32_t ns, uint32_t k,
                           uint64_t now_ms, uint64_t *lease, kvd_loc_t *loc)
 {
     key_t32 key;
-    mkkey(key, k);
+    mkkey_tagged(key, k);
     kvd_put_t item = {.key = key, .parent = NULL, .depth = 0};
     uint8_t res = 0xff;
     assert_int_equal(kvd_store_reserve(s, owner, ns, &item, 1, now_ms, lease, &res, loc),
@@ -117,7 +94,7 @@ static uint64_t pin(kvd_store_t *s, uint32_t ns, const uint32_t *k, size_t n)
     assert_non_null(keys);
     assert_non_null(locs);
     for (size_t i = 0; i < n; i++)
-        mkkey(keys[i], k[i]);
+        mkkey_tagged(keys[i], k[i]);
     uint64_t lease = 0;
     size_t bad = SIZE_MAX;
     assert_int_equal(kvd_store_acquire(s, OWNER_B, ns, (const uint8_t(*)[32])keys, n, 0,
@@ -133,7 +110,7 @@ static bool present(const kvd_store_t *s, uint32_t ns, uint32_t k)
 {
     key_t32 key;
     kvd_obj_info_t info;
-    mkkey(key, k);
+    mkkey_tagged(key, k);
     return kvd_store_inspect(s, ns, key, &info) == KVD_OK;
 }
 

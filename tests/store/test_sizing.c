@@ -25,22 +25,13 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "sizing_util.h"
 
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
 #define KiB (1ull << 10)
 
 /* ------------------------------------------------------------ helpers */
-
-static const char *fixture(const char *name)
-{
-    static char path[1024];
-    const char *dir = getenv("KVD_FIXTURES");
-    if (dir == NULL || *dir == '\0')
-        dir = KVD_FIXTURES_DIR;
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    return path;
-}
 
 static kvd_host_mem_t probe(const char *name)
 {
@@ -87,30 +78,6 @@ static kvd_sizing_req_t req_fraction(double f, uint64_t reserve, uint64_t object
                               .reserve_bytes = reserve,
                               .object_bytes = object,
                               .align_bytes = 4096};
-}
-
-/* Finds "<flag> <number>" in text; false when the flag is not followed by a
- * number. *suffix gets the character after the number. */
-static bool find_suggestion(const char *text, const char *flag, char *number,
-                            size_t number_len, char *suffix)
-{
-    size_t flen = strlen(flag);
-    for (const char *p = strstr(text, flag); p != NULL; p = strstr(p + 1, flag)) {
-        const char *q = p + flen;
-        if (*q != ' ')
-            continue;
-        q++;
-        size_t n = 0;
-        while ((q[n] >= '0' && q[n] <= '9') || q[n] == '.')
-            n++;
-        if (n == 0 || n >= number_len)
-            continue;
-        memcpy(number, q, n);
-        number[n] = '\0';
-        *suffix = q[n];
-        return true;
-    }
-    return false;
 }
 
 /* Checks a refusal's text: it names both flags, and the values it suggests

@@ -21,31 +21,10 @@
 #include <string.h>
 
 #include "kvd_store.h"
+#include "sizing_util.h"
 
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
-
-/* Finds "<flag> <number>" in text; false when none is there. */
-static bool find_suggestion(const char *text, const char *flag, char *number,
-                            size_t number_len)
-{
-    size_t flen = strlen(flag);
-    for (const char *p = strstr(text, flag); p != NULL; p = strstr(p + 1, flag)) {
-        const char *q = p + flen;
-        if (*q != ' ')
-            continue;
-        q++;
-        size_t n = 0;
-        while ((q[n] >= '0' && q[n] <= '9') || q[n] == '.')
-            n++;
-        if (n == 0 || n >= number_len)
-            continue;
-        memcpy(number, q, n);
-        number[n] = '\0';
-        return true;
-    }
-    return false;
-}
 
 static void check_advice_works(const kvd_host_mem_t *h, const kvd_sizing_req_t *req)
 {
@@ -56,7 +35,7 @@ static void check_advice_works(const kvd_host_mem_t *h, const kvd_sizing_req_t *
 
     char num[64], why2[512];
     int bad = 0;
-    if (find_suggestion(why, "--pool-size", num, sizeof(num))) {
+    if (find_suggestion(why, "--pool-size", num, sizeof(num), NULL)) {
         kvd_sizing_req_t r = *req;
         r.mem_fraction = 0;
         r.pool_size_bytes = strtoull(num, NULL, 10) * 1024;
@@ -68,7 +47,7 @@ static void check_advice_works(const kvd_host_mem_t *h, const kvd_sizing_req_t *
             bad++;
         }
     }
-    if (find_suggestion(why, "--mem-fraction", num, sizeof(num))) {
+    if (find_suggestion(why, "--mem-fraction", num, sizeof(num), NULL)) {
         kvd_sizing_req_t r = *req;
         r.pool_size_bytes = 0;
         r.mem_fraction = strtod(num, NULL);

@@ -1,0 +1,28 @@
+/*
+ * Description: helpers shared by the store engine tests
+ * (test_engine_*.c): hand-made keys, the engine's self-check, a stats
+ * snapshot and namespace registration. They check with cmocka's
+ * assertions, so include this after <cmocka.h>.
+ */
+#ifndef KVD_TEST_ENGINE_UTIL_H
+#define KVD_TEST_ENGINE_UTIL_H
+
+#include <stdint.h>
+
+#include "kvd_store.h"
+
+typedef uint8_t key_t32[32];
+
+/* A hand-made key: the counter in bytes 0..3, the rest zero. */
+void mkkey(uint8_t key[32], uint32_t n);
+
+/* kvd_store_check() passes; prints its reason when it does not. */
+void check_ok(const kvd_store_t *s);
+
+/* A snapshot of kvd_store_stats(). */
+kvd_store_stats_t stats(const kvd_store_t *s);
+
+/* Registers namespace name of object size bytes; returns its id. */
+uint32_t reg(kvd_store_t *s, const char *name, uint64_t bytes);
+
+#endif
