@@ -226,14 +226,17 @@ static void stats_json(const kvd_stats_rep_t *st)
         const kvd_ns_msg_t *n = &st->namespaces[i];
         printf("%s{\"id\":%u,\"name\":", i ? "," : "", n->id);
         cli_json_str(n->name);
-        printf(",\"object_bytes\":%llu,\"rank_replicated\":%s,\"objects_ready\":%llu,"
-               "\"objects_writing\":%llu,\"objects_pinned\":%llu,\"lookup_pages\":%llu,"
-               "\"hit_pages\":%llu,\"evictions\":%llu}",
-               (unsigned long long)n->object_bytes, n->rank_replicated ? "true" : "false",
-               (unsigned long long)n->objects_ready,
-               (unsigned long long)n->objects_writing,
-               (unsigned long long)n->objects_pinned, (unsigned long long)n->lookup_pages,
-               (unsigned long long)n->hit_pages, (unsigned long long)n->evictions);
+        printf(
+            ",\"object_bytes\":%llu,\"rank_replicated\":%s,\"objects_ready\":%llu,"
+            "\"objects_writing\":%llu,\"objects_pinned\":%llu,\"lookup_pages\":%llu,"
+            "\"hit_pages\":%llu,\"evictions\":%llu,\"offload_bytes\":%llu,"
+            "\"load_bytes\":%llu,\"load_failures\":%llu}",
+            (unsigned long long)n->object_bytes, n->rank_replicated ? "true" : "false",
+            (unsigned long long)n->objects_ready, (unsigned long long)n->objects_writing,
+            (unsigned long long)n->objects_pinned, (unsigned long long)n->lookup_pages,
+            (unsigned long long)n->hit_pages, (unsigned long long)n->evictions,
+            (unsigned long long)n->published_bytes, (unsigned long long)n->acquired_bytes,
+            (unsigned long long)n->acquire_failures);
     }
     printf("]");
     if (st->checked) {
@@ -313,15 +316,19 @@ static void stats_table(const kvd_stats_rep_t *st)
            (unsigned long long)ss->reserve_in_flight,
            (unsigned long long)ss->reserve_no_space);
     if (st->n_namespaces > 0)
-        printf("\n%-4s %-40s %12s %10s %10s %12s\n", "id", "namespace", "object", "ready",
-               "pinned", "hit pages");
+        printf("\n%-4s %-40s %12s %10s %10s %15s %12s %12s %8s\n", "id", "namespace",
+               "object", "ready", "pinned", "hit pages", "offloaded", "loaded", "failed");
     for (size_t i = 0; i < st->n_namespaces; i++) {
         const kvd_ns_msg_t *n = &st->namespaces[i];
-        printf("%-4u %-40s %12s %10llu %10llu %6llu/%-6llu\n", n->id, n->name,
-               kvd_size_format(n->object_bytes, a, sizeof(a)),
+        char off[32], ld[32];
+        printf("%-4u %-40s %12s %10llu %10llu %7llu/%-7llu %12s %12s %8llu\n", n->id,
+               n->name, kvd_size_format(n->object_bytes, a, sizeof(a)),
                (unsigned long long)n->objects_ready,
                (unsigned long long)n->objects_pinned, (unsigned long long)n->hit_pages,
-               (unsigned long long)n->lookup_pages);
+               (unsigned long long)n->lookup_pages,
+               kvd_size_format(n->published_bytes, off, sizeof(off)),
+               kvd_size_format(n->acquired_bytes, ld, sizeof(ld)),
+               (unsigned long long)n->acquire_failures);
     }
 }
 

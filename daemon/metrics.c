@@ -135,6 +135,13 @@ static void render_store(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size
               "counter", ns, n_ns, offsetof(kvd_ns_msg_t, lookup_pages));
     ns_series(b, "kvdock_ns_hit_pages_total", "Probed pages found per namespace.",
               "counter", ns, n_ns, offsetof(kvd_ns_msg_t, hit_pages));
+    ns_series(b, "kvdock_ns_offload_bytes_total", "Bytes published per namespace.",
+              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, published_bytes));
+    ns_series(b, "kvdock_ns_load_bytes_total", "Bytes acquired for loads per namespace.",
+              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, acquired_bytes));
+    ns_series(b, "kvdock_ns_load_failures_total",
+              "Acquires refused per namespace (a key missing or busy).", "counter", ns,
+              n_ns, offsetof(kvd_ns_msg_t, acquire_failures));
 }
 
 int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,

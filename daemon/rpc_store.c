@@ -175,6 +175,9 @@ int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, siz
         t[i].lookup_pages = in.lookup_pages;
         t[i].hit_pages = in.hit_pages;
         t[i].evictions = in.evictions;
+        t[i].published_bytes = in.published_bytes;
+        t[i].acquired_bytes = in.acquired_bytes;
+        t[i].acquire_failures = in.acquire_failures;
     }
     *out = t;
     *n = count;

@@ -237,6 +237,7 @@ typedef struct kvd_ns_msg {
     bool rank_replicated;
     uint64_t objects_ready, objects_writing, objects_pinned;
     uint64_t lookup_pages, hit_pages, evictions;
+    uint64_t published_bytes, acquired_bytes, acquire_failures;
 } kvd_ns_msg_t;
 
 typedef struct kvd_obj_msg {

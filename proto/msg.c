@@ -153,6 +153,9 @@ static Kvdock__NamespaceInfo **nsinfo_to_pb(kvd_msg_t *scr, const kvd_ns_msg_t *
         o->lookup_pages = in[i].lookup_pages;
         o->hit_pages = in[i].hit_pages;
         o->evictions = in[i].evictions;
+        o->published_bytes = in[i].published_bytes;
+        o->acquired_bytes = in[i].acquired_bytes;
+        o->acquire_failures = in[i].acquire_failures;
         ptrs[i] = o;
     }
     return ptrs;
@@ -828,6 +831,9 @@ static int nsinfo_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceInfo **pb,
         v[i].lookup_pages = pb[i]->lookup_pages;
         v[i].hit_pages = pb[i]->hit_pages;
         v[i].evictions = pb[i]->evictions;
+        v[i].published_bytes = pb[i]->published_bytes;
+        v[i].acquired_bytes = pb[i]->acquired_bytes;
+        v[i].acquire_failures = pb[i]->acquire_failures;
     }
     *out = v;
     return KVD_OK;

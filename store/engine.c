@@ -809,6 +809,7 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
         r->state = REC_READY;
         r->last_access_s = now;
         s->st.published_bytes += s->ns[r->ns].info.object_bytes;
+        s->ns[r->ns].info.published_bytes += s->ns[r->ns].info.object_bytes;
         s->ns[r->ns].info.objects_writing--;
         s->ns[r->ns].info.objects_ready++;
         done[n_done++] = i;
@@ -864,6 +865,7 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
         if (rc != KVD_OK) {
             *first_bad = k;
             s->st.acquire_failures++;
+            s->ns[ns].info.acquire_failures++;
             return rc;
         }
         locs[k].offset = i;
@@ -900,6 +902,7 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
     }
     s->st.acquires++;
     s->st.acquired_bytes += (uint64_t)n * s->ns[ns].info.object_bytes;
+    s->ns[ns].info.acquired_bytes += (uint64_t)n * s->ns[ns].info.object_bytes;
     *lease_id = l->id;
     PARANOID(s, "acquire");
     return KVD_OK;

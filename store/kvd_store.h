@@ -205,6 +205,9 @@ typedef struct kvd_ns_info {
     uint64_t lookup_pages; /* pages probed by lookups */
     uint64_t hit_pages;    /* ... of which present */
     uint64_t evictions;
+    uint64_t published_bytes;  /* offloaded into this namespace */
+    uint64_t acquired_bytes;   /* loaded (pinned for reading) */
+    uint64_t acquire_failures; /* Acquires refused: a key missing or busy */
 } kvd_ns_info_t;
 
 uint32_t kvd_store_ns_count(const kvd_store_t *s);

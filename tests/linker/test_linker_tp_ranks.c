@@ -193,6 +193,26 @@ static int rank_main(const char *socket, int rank, int start_fd)
     return fails;
 }
 
+/* A namespace's figures from the daemon's Stats; false when absent. */
+static bool ns_stats(const char *socket, const char *name, kvd_ns_msg_t *out)
+{
+    kvd_client_t *c = NULL;
+    if (kvd_client_connect_unix(socket, 2000, &c) != KVD_OK)
+        return false;
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_STATS);
+    bool found = false;
+    if (kvd_client_call(c, &req, &rep, 2000) == KVD_OK && rep.status == KVD_OK)
+        for (size_t i = 0; i < rep.body.stats_rep.n_namespaces; i++)
+            if (strcmp(rep.body.stats_rep.namespaces[i].name, name) == 0) {
+                *out = rep.body.stats_rep.namespaces[i];
+                found = true;
+            }
+    kvd_msg_clear(&rep);
+    kvd_client_close(c);
+    return found;
+}
+
 /* Objects of a namespace, from the daemon's Stats. */
 static long ns_objects(const char *socket, const char *name)
 {
@@ -255,6 +275,25 @@ int main(void)
             fprintf(stderr, "FAIL: %s holds %ld objects, want 1\n", name, n);
             failures++;
         }
+    }
+    /* the daemon's per-pool counters: the shared pages offloaded once and
+     * loaded by every rank; each state offloaded and loaded by its rank */
+    kvd_ns_msg_t kv, st;
+    uint64_t page = (uint64_t)PS * BPR;
+    if (!ns_stats(d.socket, "tp-model/kv/rep", &kv) ||
+        kv.published_bytes != PAGES * page || kv.acquired_bytes != RANKS * PAGES * page) {
+        fprintf(stderr, "FAIL: kv/rep offloaded %llu, loaded %llu; want %llu, %llu\n",
+                (unsigned long long)kv.published_bytes,
+                (unsigned long long)kv.acquired_bytes, (unsigned long long)(PAGES * page),
+                (unsigned long long)(RANKS * PAGES * page));
+        failures++;
+    }
+    if (!ns_stats(d.socket, "tp-model/mamba/tp0", &st) || st.published_bytes != STATE ||
+        st.acquired_bytes != STATE) {
+        fprintf(stderr, "FAIL: mamba/tp0 offloaded %llu, loaded %llu; want %d each\n",
+                (unsigned long long)st.published_bytes,
+                (unsigned long long)st.acquired_bytes, STATE);
+        failures++;
     }
     if (kvd_test_daemon_stop(&d, SIGTERM, 10000, NULL) != 0)
         failures++;
