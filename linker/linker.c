@@ -70,12 +70,18 @@ static int connect_locked(kvd_linker_t *l)
              * again); best effort: older kernels fault on first use */
             if (!l->cfg.lazy_pool_mapping)
                 madvise(map, bytes, MADV_POPULATE_WRITE);
-            unmap_pool(l);
             pthread_rwlock_wrlock(&l->map);
+            if (l->pool_map != NULL)
+                munmap(l->pool_map, l->pool_bytes);
             l->pool_map = map;
             l->pool_bytes = bytes;
+            atomic_fetch_add(&l->epoch, 1); /* old leases and offsets end here */
             pthread_rwlock_unlock(&l->map);
         }
+    } else if (rc == KVD_OK) {
+        pthread_rwlock_wrlock(&l->map); /* no pool over TCP: a new epoch all the same */
+        atomic_fetch_add(&l->epoch, 1);
+        pthread_rwlock_unlock(&l->map);
     }
     if (fd >= 0)
         close(fd);
@@ -83,7 +89,6 @@ static int connect_locked(kvd_linker_t *l)
         pthread_mutex_lock(&l->lock);
         for (uint32_t i = 0; i < n; i++)
             l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
-        l->epoch++;
         pthread_mutex_unlock(&l->lock);
         l->client = c;
     } else {
@@ -100,11 +105,14 @@ static void disconnect_locked(kvd_linker_t *l)
     l->client = NULL;
 }
 
-int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
+int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect,
+               uint64_t *epoch)
 {
     memset(rep, 0, sizeof(*rep));
     pthread_mutex_lock(&l->rpc);
-    int rc = l->client ? KVD_OK : connect_locked(l);
+    int rc = l->client ? KVD_OK : may_connect ? connect_locked(l) : KVD_ERR_CLOSED;
+    if (epoch)
+        *epoch = atomic_load(&l->epoch); /* cannot change while rpc is held */
     if (rc == KVD_OK) {
         rc = kvd_client_call(l->client, req, rep, l->timeout_ms);
         if (rc != KVD_OK)
@@ -116,16 +124,18 @@ int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
     return rc;
 }
 
+int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
+{
+    return lk_call_ex(l, req, rep, true, NULL);
+}
+
 /* Connects if needed; returns the connection epoch (0 when it failed). */
 static uint64_t ensure_connected(kvd_linker_t *l, int *rc)
 {
     pthread_mutex_lock(&l->rpc);
     *rc = l->client ? KVD_OK : connect_locked(l);
     pthread_mutex_unlock(&l->rpc);
-    pthread_mutex_lock(&l->lock);
-    uint64_t e = *rc == KVD_OK ? l->epoch : 0;
-    pthread_mutex_unlock(&l->lock);
-    return e;
+    return *rc == KVD_OK ? atomic_load(&l->epoch) : 0;
 }
 
 /* ------------------------------------------------------------ open/close */
@@ -286,8 +296,16 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
     p.rows = desc->addressing == KVD_ADDR_PAGED ? desc->page_size : 1;
     p.dev = kvd_devmem_host(); /* check_desc admits host memory only, for now */
     for (uint32_t i = 0; i < desc->n_layers; i++)
-        for (uint32_t b = 0; b < p.layers[i].n_buffers; b++)
-            p.object_bytes += (uint64_t)p.rows * p.layers[i].buffers[b].bytes_per_row;
+        for (uint32_t b = 0; b < p.layers[i].n_buffers; b++) {
+            uint64_t bytes;
+            if (__builtin_mul_overflow((uint64_t)p.rows,
+                                       (uint64_t)p.layers[i].buffers[b].bytes_per_row,
+                                       &bytes) ||
+                __builtin_add_overflow(p.object_bytes, bytes, &p.object_bytes)) {
+                free(p.layers);
+                return KVD_ERR_INVALID; /* no object is that large */
+            }
+        }
     ns_name_of(l, desc, p.ns_name, sizeof(p.ns_name));
 
     /* register with the daemon first: a conflicting size is refused there */
@@ -408,17 +426,31 @@ void lk_xfer_free(lxfer_t *x, size_t n)
     free(x);
 }
 
-void lk_queue_push(lqueue_t *q, uint64_t id, bool success)
+int lk_queue_reserve(lqueue_t *q, size_t more)
 {
-    if (q->n == q->cap) {
-        size_t cap = q->cap ? q->cap * 2 : 64;
+    size_t want = q->n + q->reserved + more;
+    if (want > q->cap) {
+        size_t cap = q->cap ? q->cap : 64;
+        while (cap < want)
+            cap *= 2;
         kvd_completion_t *n = realloc(q->items, cap * sizeof(*n));
         if (n == NULL)
-            return; /* cannot happen in practice; the waiter times out */
+            return KVD_ERR_NOMEM;
         q->items = n;
         q->cap = cap;
     }
-    q->items[q->n++] = (kvd_completion_t){.id = id, .success = success};
+    q->reserved += more;
+    return KVD_OK;
+}
+
+/* Room was reserved when the load was committed or the offload queued
+ * (lk_queue_reserve): a completion is never lost. */
+void lk_queue_push(lqueue_t *q, uint64_t id, bool success)
+{
+    if (q->reserved > 0)
+        q->reserved--;
+    if (q->n < q->cap)
+        q->items[q->n++] = (kvd_completion_t){.id = id, .success = success};
 }
 
 KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_size,

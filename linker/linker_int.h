@@ -49,6 +49,7 @@ typedef struct lxfer {
     bool has_prior;
     kvd_key_t prior;
     uint64_t lease;      /* read lease of a load's pins; 0 none */
+    uint64_t epoch;      /* of the connection that granted lease or offsets */
     uint64_t *offsets;   /* where each key's object is (loads) */
     uint32_t begin, end; /* keys to copy, after COMMIT */
     bool dropped;        /* COMMIT dropped it (mamba_exist) */
@@ -62,7 +63,7 @@ typedef struct lload {
     enum load_state state;
     size_t n;
     lxfer_t *x;
-    uint64_t epoch; /* connection epoch of its pins */
+    bool failed; /* its pins lapsed (connection lost): fail, do not copy */
     struct lload *next;
 } lload_t;
 
@@ -89,6 +90,7 @@ typedef struct ljob {
 typedef struct lqueue {
     kvd_completion_t *items;
     size_t n, cap;
+    size_t reserved; /* completions promised room (n + reserved <= cap) */
 } lqueue_t;
 
 struct kvd_linker {
@@ -98,7 +100,9 @@ struct kvd_linker {
 
     pthread_mutex_t rpc; /* the connection */
     kvd_client_t *client;
-    uint64_t epoch; /* bumped at every (re)connection */
+    /* bumped at every (re)connection, under the map write lock together
+     * with the mapping: a lease or an offset belongs to one epoch */
+    _Atomic uint64_t epoch;
 
     pthread_rwlock_t map;
     uint8_t *pool_map;
@@ -119,8 +123,14 @@ struct kvd_linker {
     bool thread_started;
 };
 
-/* linker.c */
+/* linker.c: one RPC on the connection, (re)connecting first when allowed;
+ * *epoch (may be NULL) says which connection served it. */
+int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect,
+               uint64_t *epoch);
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep);
+/* Promises room for `more` completions, so that pushing them cannot fail;
+ * each push uses up one promise. */
+int lk_queue_reserve(lqueue_t *q, size_t more);
 void lk_xfer_free(lxfer_t *x, size_t n);
 void lk_queue_push(lqueue_t *q, uint64_t id, bool success);
 

@@ -16,7 +16,9 @@
 static int xfer_copy(const kvd_linker_t *l, const kvd_transfer_t *t, lxfer_t *x)
 {
     memset(x, 0, sizeof(*x));
-    if (t->pool_id >= l->n_pools || t->n_keys == 0 || t->keys == NULL)
+    /* key positions are 32-bit (begin, end) */
+    if (t->pool_id >= l->n_pools || t->n_keys == 0 || t->n_keys > UINT32_MAX ||
+        t->keys == NULL)
         return KVD_ERR_INVALID;
     const lpool_t *p = &l->pools[t->pool_id];
     size_t want =
@@ -78,7 +80,9 @@ static int copy_transfers(kvd_linker_t *l, const kvd_transfer_t *t, size_t n,
 
 /* Releases the read lease of each transfer (best effort: a lost connection
  * or an expired lease has released it already). Returns false when a
- * lease was gone: its pins may have lapsed while the bytes were read. */
+ * lease was gone: its pins may have lapsed while the bytes were read.
+ * A lease of an earlier connection is not sent to a newer one (its id may
+ * name another client's lease there), and releasing never reconnects. */
 bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n)
 {
     bool all = true;
@@ -88,7 +92,11 @@ bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n)
         kvd_msg_t req, rep;
         kvd_msg_request(&req, 0, KVD_METHOD_RELEASE);
         req.body.release_req.lease_id = x[i].lease;
-        all &= lk_call(l, &req, &rep) == KVD_OK;
+        uint64_t epoch = 0;
+        int rc = lk_call_ex(l, &req, &rep, false, &epoch);
+        /* the call may have gone to a newer connection only if ours is gone,
+         * in which case the lease was gone too; the reply says so */
+        all &= rc == KVD_OK && epoch == x[i].epoch;
         kvd_msg_clear(&rep);
         x[i].lease = 0;
     }
@@ -107,12 +115,15 @@ static int pin(kvd_linker_t *l, lxfer_t *x)
     kvd_msg_request(&req, 0, KVD_METHOD_ACQUIRE);
     req.body.acquire_req = (kvd_acquire_req_t){
         .ns = ns, .object_bytes = object_bytes, .n = x->n_keys, .keys = x->keys};
-    int rc = lk_call(l, &req, &rep);
+    int rc = lk_call_ex(l, &req, &rep, true, &x->epoch);
     if (rc == KVD_OK && rep.body.acquire_rep.n != x->n_keys)
         rc = KVD_ERR_PROTOCOL;
     if (rc == KVD_OK) {
         x->lease = rep.body.acquire_rep.lease_id;
         pthread_rwlock_rdlock(&l->map);
+        /* offsets are into the mapping of the connection that gave them */
+        if (x->epoch != atomic_load(&l->epoch))
+            rc = KVD_ERR_CLOSED;
         for (size_t i = 0; i < x->n_keys && rc == KVD_OK; i++) {
             uint64_t off = rep.body.acquire_rep.offsets[i];
             /* the daemon's offsets are checked against the pool here too */
@@ -147,7 +158,6 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
     pthread_mutex_lock(&l->lock);
     if (rc == KVD_OK && *find_load(l, rid) != NULL)
         rc = KVD_ERR_EXISTS; /* one load per request at a time */
-    ld->epoch = l->epoch;
     pthread_mutex_unlock(&l->lock);
     if (rc != KVD_OK) { /* bad arguments: nothing recorded, nothing to abort */
         lk_xfer_free(ld->x, n);
@@ -247,6 +257,9 @@ KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool
                         (x->n_keys - c[i].adopted_end) * ps))
             rc = KVD_ERR_NOMEM;
     }
+    /* its completion will have room in the queue, whatever happens */
+    if (rc == KVD_OK)
+        rc = lk_queue_reserve(&l->done_loads, 1);
     /* nothing changes until everything is known to succeed */
     for (size_t i = 0; rc == KVD_OK && i < n; i++) {
         lxfer_t *x = &ld->x[i];
@@ -450,6 +463,13 @@ KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint
     }
     j->n = n;
     pthread_mutex_lock(&l->lock);
+    rc = lk_queue_reserve(&l->done_offloads, 1); /* its completion has room */
+    if (rc != KVD_OK) {
+        pthread_mutex_unlock(&l->lock);
+        lk_xfer_free(j->x, n);
+        free(j);
+        return rc;
+    }
     j->ack = l->next_ack++;
     if (l->jobs_tail)
         l->jobs_tail->next = j;

@@ -22,26 +22,22 @@
 
 /* Moves one buffer's rows of one object: to the device (load) or from it,
  * through the pool's device-memory backend. */
-static void copy_rows(const kvd_devmem_ops_t *dev, const kvd_pool_buffer_t *buf,
-                      int64_t row0, uint32_t rows, uint8_t *obj, bool to_device)
+static int copy_rows(const kvd_devmem_ops_t *dev, const kvd_pool_buffer_t *buf,
+                     int64_t row0, uint32_t rows, uint8_t *obj, bool to_device)
 {
     uint8_t *d = (uint8_t *)buf->base + (uint64_t)row0 * buf->row_stride;
     if (buf->row_stride == buf->bytes_per_row) {
         size_t n = (size_t)rows * buf->bytes_per_row;
-        if (to_device)
-            dev->copy(d, obj, n, true);
-        else
-            dev->copy(obj, d, n, false);
-        return;
+        return to_device ? dev->copy(d, obj, n, true) : dev->copy(obj, d, n, false);
     }
-    for (uint32_t r = 0; r < rows; r++) {
+    int rc = KVD_OK;
+    for (uint32_t r = 0; rc == KVD_OK && r < rows; r++) {
         uint8_t *dr = d + (uint64_t)r * buf->row_stride;
         uint8_t *o = obj + (uint64_t)r * buf->bytes_per_row;
-        if (to_device)
-            dev->copy(dr, o, buf->bytes_per_row, true);
-        else
-            dev->copy(o, dr, buf->bytes_per_row, false);
+        rc = to_device ? dev->copy(dr, o, buf->bytes_per_row, true)
+                       : dev->copy(o, dr, buf->bytes_per_row, false);
     }
+    return rc;
 }
 
 /* Where layer li starts inside an object of pool p. */
@@ -54,12 +50,13 @@ static uint64_t layer_offset(const lpool_t *p, uint32_t li)
     return off;
 }
 
-/* Copies layer li of keys [x->begin, x->end) of one transfer; returns the
- * bytes moved. Caller holds the map read lock. */
-static uint64_t copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_t *x,
-                           uint32_t li, bool to_device, const uint8_t *allocated)
+/* Copies layer li of keys [x->begin, x->end) of one transfer; adds the
+ * bytes moved to *moved. Caller holds the map read lock. */
+static int copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_t *x,
+                      uint32_t li, bool to_device, const uint8_t *allocated,
+                      uint64_t *moved)
 {
-    uint64_t moved = 0, base_off = layer_offset(p, li);
+    uint64_t base_off = layer_offset(p, li);
     const kvd_pool_layer_t *ly = &p->layers[li];
     for (uint32_t i = x->begin; i < x->end; i++) {
         if (allocated != NULL && !allocated[i])
@@ -69,28 +66,45 @@ static uint64_t copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_
                            : x->idx[i];
         uint8_t *obj = l->pool_map + x->offsets[i] + base_off;
         for (uint32_t b = 0; b < ly->n_buffers; b++) {
-            copy_rows(p->dev, &ly->buffers[b], row0, p->rows, obj, to_device);
+            int rc = copy_rows(p->dev, &ly->buffers[b], row0, p->rows, obj, to_device);
+            if (rc != KVD_OK)
+                return rc;
             obj += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
-            moved += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
+            *moved += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
         }
     }
-    return moved;
+    return KVD_OK;
 }
 
-/* Copies every transfer of the batch that has layer `layer_id`. */
+/* Copies every transfer of the batch that has layer `layer_id`. A load
+ * whose pins belong to an earlier connection (the daemon went away, and
+ * the mapping with it) is marked failed and not copied: its offsets mean
+ * nothing in the current mapping. The epoch is checked under the map read
+ * lock, which a reconnection takes for writing to swap the mapping. */
 static int copy_batch_layer(kvd_linker_t *l, lbatch_t *b, uint32_t layer_id)
 {
     int rc = KVD_OK;
     pthread_rwlock_rdlock(&l->map);
+    uint64_t epoch = atomic_load(&l->epoch);
     if (l->pool_map == NULL)
         rc = KVD_ERR_CLOSED;
     for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next) {
-        for (size_t i = 0; i < ld->n; i++) {
+        for (size_t i = 0; i < ld->n; i++)
+            ld->failed |= ld->x[i].lease != 0 && ld->x[i].epoch != epoch;
+        for (size_t i = 0; !ld->failed && i < ld->n; i++) {
             lxfer_t *x = &ld->x[i];
             lpool_t *p = &l->pools[x->pool];
-            for (uint32_t li = 0; !x->dropped && li < p->desc.n_layers; li++)
-                if (p->layers[li].layer_id == layer_id)
-                    atomic_fetch_add(&p->load_bytes, copy_layer(l, p, x, li, true, NULL));
+            for (uint32_t li = 0; !x->dropped && li < p->desc.n_layers; li++) {
+                if (p->layers[li].layer_id != layer_id)
+                    continue;
+                uint64_t moved = 0;
+                rc = copy_layer(l, p, x, li, true, NULL, &moved);
+                atomic_fetch_add(&p->load_bytes, moved);
+                if (rc != KVD_OK)
+                    break;
+            }
+            if (rc != KVD_OK)
+                break;
         }
     }
     pthread_rwlock_unlock(&l->map);
@@ -103,7 +117,8 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
     for (lload_t *ld = b->loads; ld; ld = ld->next) {
         /* a lease that lapsed while we copied: the bytes may be another
          * object's by now, so the load failed */
-        bool ok = lk_release(l, ld->x, ld->n) && err == KVD_OK;
+        bool released = lk_release(l, ld->x, ld->n);
+        bool ok = released && !ld->failed && err == KVD_OK;
         pthread_mutex_lock(&l->lock);
         if (!ok)
             for (size_t i = 0; i < ld->n; i++)
@@ -140,9 +155,6 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
 {
     pthread_mutex_lock(&l->lock);
     int err = KVD_OK;
-    for (lload_t *ld = b->loads; ld; ld = ld->next)
-        if (ld->epoch != l->epoch)
-            err = KVD_ERR_CLOSED; /* the daemon went away: its pins went too */
     uint32_t group = (uint32_t)l->cfg.layer_group_size;
     pthread_mutex_unlock(&l->lock);
     for (uint32_t pos = 0; err == KVD_OK && pos < b->n_layers; pos += group) {
@@ -200,12 +212,16 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     kvd_msg_request(&req, 0, KVD_METHOD_RESERVE);
     req.body.reserve_req = (kvd_reserve_req_t){
         .ns = ns, .object_bytes = object_bytes, .n = x->n_keys, .items = items};
-    int rc = lk_call(l, &req, &rep);
-    uint64_t lease = 0;
+    uint64_t epoch = 0;
+    int rc = lk_call_ex(l, &req, &rep, true, &epoch);
+    uint64_t lease = rc == KVD_OK ? rep.body.reserve_rep.lease_id : 0;
     bool no_space = false;
     if (rc == KVD_OK && rep.body.reserve_rep.n != x->n_keys)
         rc = KVD_ERR_PROTOCOL;
     pthread_rwlock_rdlock(&l->map);
+    /* offsets are into the mapping of the connection that reserved them */
+    if (rc == KVD_OK && epoch != atomic_load(&l->epoch))
+        rc = KVD_ERR_CLOSED;
     for (size_t i = 0; rc == KVD_OK && i < x->n_keys; i++) {
         uint8_t r = rep.body.reserve_rep.results[i];
         uint64_t off = rep.body.reserve_rep.offsets[i];
@@ -219,19 +235,22 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
         allocated[i] = 1;
     }
     if (rc == KVD_OK) {
-        lease = rep.body.reserve_rep.lease_id;
         uint64_t moved = 0;
-        for (uint32_t li = 0; li < p->desc.n_layers; li++)
-            moved += copy_layer(l, p, x, li, false, allocated);
+        for (uint32_t li = 0; rc == KVD_OK && li < p->desc.n_layers; li++)
+            rc = copy_layer(l, p, x, li, false, allocated, &moved);
         atomic_fetch_add(&p->offload_bytes, moved);
     }
     pthread_rwlock_unlock(&l->map);
     kvd_msg_clear(&rep);
-    if (rc == KVD_OK && lease != 0) {
-        /* the bytes are in place (memcpy returned): now they may be seen */
-        kvd_msg_request(&req, 0, KVD_METHOD_PUBLISH);
+    if (lease != 0 && (rc == KVD_OK || epoch == atomic_load(&l->epoch))) {
+        /* copied: now the bytes may be seen; failed: the reservation goes
+         * back rather than waiting out its lease (only to the connection
+         * that granted it; a lost one took its reservations along) */
+        kvd_msg_request(&req, 0, rc == KVD_OK ? KVD_METHOD_PUBLISH : KVD_METHOD_REVOKE);
         req.body.finish_req.lease_id = lease;
-        rc = lk_call(l, &req, &rep);
+        int prc = lk_call_ex(l, &req, &rep, false, NULL);
+        if (rc == KVD_OK)
+            rc = prc;
         kvd_msg_clear(&rep);
     }
     free(items);
@@ -261,6 +280,8 @@ void *lk_thread_main(void *arg)
     kvd_linker_t *l = arg;
     pthread_mutex_lock(&l->lock);
     for (;;) {
+        if (l->stop)
+            break; /* closing: what is left fails in lk_fail_pending */
         lbatch_t *b = l->batches;
         while (b != NULL && (b->finished || b->layers_done > 0 || b->error != KVD_OK))
             b = b->next;
@@ -280,8 +301,6 @@ void *lk_thread_main(void *arg)
             pthread_mutex_lock(&l->lock);
             continue;
         }
-        if (l->stop)
-            break;
         pthread_cond_wait(&l->cond, &l->lock);
     }
     pthread_mutex_unlock(&l->lock);

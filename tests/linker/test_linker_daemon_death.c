@@ -90,7 +90,9 @@ static int offload(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32], uint
     return kvd_offload(l, &t, 1, ack);
 }
 
-static int load(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32], uint64_t rid)
+/* LOAD and PREPARE into rows 32.. (no COMMIT). */
+static int pin_prepare(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32],
+                       uint64_t rid)
 {
     int64_t idx[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
@@ -101,11 +103,19 @@ static int load(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32], uint64_
                         .device_indices = idx,
                         .n_indices = PAGES * PS};
     int rc = kvd_load(l, rid, &t, 1);
-    if (rc != 0)
-        return rc;
-    kvd_load_prepare(l, rid);
+    return rc != 0 ? rc : kvd_load_prepare(l, rid);
+}
+
+static int commit(kvd_linker_t *l, uint64_t rid)
+{
     kvd_commit_pool_t c = {.adopted_begin = 0, .adopted_end = PAGES};
     return kvd_load_commit(l, rid, &c, 1);
+}
+
+static int load(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32], uint64_t rid)
+{
+    int rc = pin_prepare(l, pool, keys, rid);
+    return rc != 0 ? rc : commit(l, rid);
 }
 
 static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
@@ -140,6 +150,9 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     CHECK(offload(l, pool, keys, &ack) == 0 && collect(l, false, ack, &ok) == 1 && ok,
           "the first offload should succeed once");
 
+    /* a load pinned and prepared on this daemon, committed only once the
+     * linker is on the next one (rid 14, below) */
+    CHECK(pin_prepare(l, pool, keys, 14) == 0, "pin and prepare");
     /* a load committed, then the daemon dies before its copies run */
     CHECK(load(l, pool, keys, 11) == 0, "load and commit");
     kill(d1->pid, SIGKILL);
@@ -177,6 +190,20 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     CHECK(h == KVD_LINKER_HEALTH_READY, "the linker should reach the new daemon");
     CHECK(offload(l, pool, keys2, &ack) == 0 && collect(l, false, ack, &ok) == 1 && ok,
           "an offload to the new daemon succeeds once");
+
+    /* rid 14's pins and offsets were the dead daemon's: its offsets mean
+     * nothing in the new mapping, so it fails and writes no row */
+    memset(kbuf + 32 * BPR, 0xEE, PAGES * PS * BPR);
+    memset(vbuf + 32 * BPR, 0xEE, PAGES * PS * BPR);
+    CHECK(commit(l, 14) == 0, "commit after the reconnection");
+    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
+    kvd_wait_layer(l, counter, 0);
+    CHECK(collect(l, true, 14, &ok) == 1 && !ok,
+          "a load pinned on the dead daemon fails once after the reconnection");
+    bool untouched = true;
+    for (size_t i = 32 * BPR; i < (32 + PAGES * PS) * BPR; i++)
+        untouched &= kbuf[i] == 0xEE && vbuf[i] == 0xEE;
+    CHECK(untouched, "a stale load writes no device row");
     uint8_t want_k[PAGES * PS * BPR], want_v[PAGES * PS * BPR];
     memcpy(want_k, kbuf, sizeof(want_k));
     memcpy(want_v, vbuf, sizeof(want_v));
