@@ -313,45 +313,72 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
     kvd_ns_spec_t spec = {.object_bytes = p.object_bytes,
                           .rank_replicated = desc->rank_replicated};
     kvd_strlcpy(spec.name, p.ns_name, sizeof(spec.name));
-    kvd_msg_request(&req, 0, KVD_METHOD_REGISTER_NAMESPACE);
-    req.body.register_req.n = 1;
-    req.body.register_req.namespaces = &spec;
-    rc = lk_call(l, &req, &rep);
-    if (rc == KVD_OK && rep.body.register_rep.n != 1)
-        rc = KVD_ERR_PROTOCOL;
-    if (rc == KVD_OK)
-        p.ns_id = rep.body.register_rep.ids[0];
-    kvd_msg_clear(&rep);
-    pthread_mutex_lock(&l->lock);
-    if (rc == KVD_OK && l->n_pools == KVD_MAX_POOLS)
-        rc = KVD_ERR_NO_SPACE;
-    if (rc == KVD_OK) {
-        *pool_id = l->n_pools;
-        l->pools[l->n_pools++] = p;
+    /* the id belongs to the connection that gave it: if another thread
+     * reconnected in between (its Hello did not list this pool yet), ask
+     * the new connection again. The pool is added with rpc held, so that
+     * every later Hello lists it. */
+    bool added = false;
+    for (int attempt = 0; rc == KVD_OK && !added && attempt < 3; attempt++) {
+        kvd_msg_request(&req, 0, KVD_METHOD_REGISTER_NAMESPACE);
+        req.body.register_req.n = 1;
+        req.body.register_req.namespaces = &spec;
+        uint64_t epoch = 0;
+        rc = lk_call_ex(l, &req, &rep, true, &epoch);
+        if (rc == KVD_OK && rep.body.register_rep.n != 1)
+            rc = KVD_ERR_PROTOCOL;
+        if (rc == KVD_OK)
+            p.ns_id = rep.body.register_rep.ids[0];
+        kvd_msg_clear(&rep);
+        if (rc != KVD_OK)
+            break;
+        pthread_mutex_lock(&l->rpc);
+        pthread_mutex_lock(&l->lock);
+        if (epoch == atomic_load(&l->epoch)) {
+            if (l->n_pools == KVD_MAX_POOLS) {
+                rc = KVD_ERR_NO_SPACE;
+            } else {
+                *pool_id = l->n_pools;
+                l->pools[l->n_pools++] = p;
+                added = true;
+            }
+        }
+        pthread_mutex_unlock(&l->lock);
+        pthread_mutex_unlock(&l->rpc);
     }
-    pthread_mutex_unlock(&l->lock);
+    if (rc == KVD_OK && !added)
+        rc = KVD_ERR_CLOSED; /* the connection kept changing under us */
     if (rc != KVD_OK)
         free(p.layers);
     return rc;
 }
 
+/* A registered pool, or NULL; entries never move once added. */
+static lpool_t *pool_of(kvd_linker_t *l, uint32_t pool_id)
+{
+    pthread_mutex_lock(&l->lock);
+    lpool_t *p = pool_id < l->n_pools ? &l->pools[pool_id] : NULL;
+    pthread_mutex_unlock(&l->lock);
+    return p;
+}
+
 KVD_API int kvd_pool_info(kvd_linker_t *l, uint32_t pool_id, uint64_t *object_bytes,
                           char *ns_name, size_t ns_name_len)
 {
-    if (l == NULL || pool_id >= l->n_pools)
+    const lpool_t *p = l ? pool_of(l, pool_id) : NULL;
+    if (p == NULL)
         return KVD_ERR_INVALID;
     if (object_bytes)
-        *object_bytes = l->pools[pool_id].object_bytes;
+        *object_bytes = p->object_bytes;
     if (ns_name && ns_name_len)
-        kvd_strlcpy(ns_name, l->pools[pool_id].ns_name, ns_name_len);
+        kvd_strlcpy(ns_name, p->ns_name, ns_name_len);
     return KVD_OK;
 }
 
 KVD_API int kvd_stats(kvd_linker_t *l, uint32_t pool_id, kvd_pool_stats_t *out)
 {
-    if (l == NULL || out == NULL || pool_id >= l->n_pools)
+    lpool_t *p = l && out ? pool_of(l, pool_id) : NULL;
+    if (p == NULL)
         return KVD_ERR_INVALID;
-    lpool_t *p = &l->pools[pool_id];
     out->lookup_hit_pages = atomic_load(&p->lookup_hit_pages);
     out->load_bytes = atomic_load(&p->load_bytes);
     out->offload_bytes = atomic_load(&p->offload_bytes);
