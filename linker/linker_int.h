@@ -56,7 +56,15 @@ typedef struct lxfer {
 } lxfer_t;
 
 /* LOAD_FAILED: kvd_load could not pin; kept (without pins) for ABORT. */
-enum load_state { LOAD_PINNED = 1, LOAD_PREPARED, LOAD_COMMITTED, LOAD_FAILED };
+/* PINNING: recorded (so a second LOAD of the rid is refused) while its
+ * pins are taken; nothing but that LOAD may touch it then. */
+enum load_state {
+    LOAD_PINNING = 1,
+    LOAD_PINNED,
+    LOAD_PREPARED,
+    LOAD_COMMITTED,
+    LOAD_FAILED
+};
 
 typedef struct lload {
     uint64_t rid;

@@ -155,9 +155,15 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
     int rc = copy_transfers(l, t, n, &ld->x);
     ld->n = n;
     ld->rid = rid;
+    /* recorded before pinning: a second LOAD of the rid meanwhile is refused */
     pthread_mutex_lock(&l->lock);
     if (rc == KVD_OK && *find_load(l, rid) != NULL)
         rc = KVD_ERR_EXISTS; /* one load per request at a time */
+    if (rc == KVD_OK) {
+        ld->state = LOAD_PINNING;
+        ld->next = l->loads;
+        l->loads = ld;
+    }
     pthread_mutex_unlock(&l->lock);
     if (rc != KVD_OK) { /* bad arguments: nothing recorded, nothing to abort */
         lk_xfer_free(ld->x, n);
@@ -166,18 +172,15 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
     }
     for (size_t i = 0; i < n && rc == KVD_OK; i++)
         rc = pin(l, &ld->x[i]);
-    ld->state = LOAD_PINNED;
     if (rc != KVD_OK) {
         /* all or nothing: no pins stay; the record does, so that the
          * engine's ABORT can hand every device index back */
         lk_release(l, ld->x, n);
         for (size_t i = 0; i < n; i++)
             atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
-        ld->state = LOAD_FAILED;
     }
     pthread_mutex_lock(&l->lock);
-    ld->next = l->loads;
-    l->loads = ld;
+    ld->state = rc == KVD_OK ? LOAD_PINNED : LOAD_FAILED;
     pthread_mutex_unlock(&l->lock);
     return rc;
 }
@@ -237,10 +240,12 @@ KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool
     size_t k = 0;
     pthread_mutex_lock(&l->lock);
     lload_t *ld = *find_load(l, rid);
-    int rc = ld == NULL                                                ? KVD_ERR_NOT_FOUND
-             : ld->state == LOAD_COMMITTED || ld->state == LOAD_FAILED ? KVD_ERR_STATE
-             : n != ld->n                                              ? KVD_ERR_INVALID
-                                                                       : KVD_OK;
+    int rc = ld == NULL ? KVD_ERR_NOT_FOUND
+             : ld->state == LOAD_PINNING || ld->state == LOAD_COMMITTED ||
+                     ld->state == LOAD_FAILED
+                 ? KVD_ERR_STATE
+             : n != ld->n ? KVD_ERR_INVALID
+                          : KVD_OK;
     /* adopted ranges mean something for paged transfers only */
     for (size_t i = 0; rc == KVD_OK && i < n; i++)
         if (l->pools[ld->x[i].pool].desc.addressing == KVD_ADDR_PAGED &&
@@ -295,6 +300,7 @@ KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
     lload_t **pp = find_load(l, rid);
     lload_t *ld = *pp;
     int rc = ld == NULL                    ? KVD_ERR_NOT_FOUND
+             : ld->state == LOAD_PINNING   ? KVD_ERR_STATE /* its LOAD is running */
              : ld->state == LOAD_COMMITTED ? KVD_ERR_STATE /* it reached the insert */
                                            : KVD_OK;
     if (rc == KVD_OK)

@@ -7,11 +7,15 @@
  * loading with a wait per layer; the completed-loads queue returns the rid
  * once with success; the device bytes equal what was offloaded, byte for
  * byte, each in its slot; the counters count the bytes both ways. A second
- * load of a key that is not stored fails and pins nothing.
+ * load of a key that is not stored fails and pins nothing. The protocol's
+ * order is enforced: of eight threads loading one rid at once exactly one
+ * gets it; PREPARE twice, ABORT after COMMIT, unknown rids are refused.
  */
 #include "harness.h"
+#include "kvd_common.h" /* the status codes */
 #include "kvdock.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -54,6 +58,22 @@ static void fill(uint8_t *buf, size_t len, uint8_t seed)
 {
     for (size_t i = 0; i < len; i++)
         buf[i] = (uint8_t)(seed * 31 + i * 7 + (i >> 8));
+}
+
+/* Eight threads LOAD one rid at the same moment. */
+typedef struct racer {
+    kvd_linker_t *l;
+    const kvd_transfer_t *t;
+    pthread_barrier_t *go;
+    int rc;
+} racer_t;
+
+static void *race_load(void *arg)
+{
+    racer_t *r = arg;
+    pthread_barrier_wait(r->go);
+    r->rc = kvd_load(r->l, 9, r->t, 2);
+    return NULL;
 }
 
 static void run(const char *socket)
@@ -233,6 +253,53 @@ static void run(const char *socket)
                           .n_indices = PS};
     CHECK(kvd_load(l, 8, &bad, 1) < 0, "a load of an absent key must fail");
     CHECK(kvd_load_commit(l, 8, c, 1) < 0, "a failed load cannot be committed");
+    n_freed = 0;
+    CHECK(kvd_load_abort(l, 8) == 0 && n_freed == PS,
+          "ABORT of the failed load hands its indices back (%zu)", n_freed);
+
+    /* one load per rid: of eight racing LOADs exactly one is recorded */
+    enum { RACERS = 8 };
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, RACERS);
+    racer_t r[RACERS];
+    pthread_t th[RACERS];
+    for (int i = 0; i < RACERS; i++) {
+        r[i] = (racer_t){.l = l, .t = ld, .go = &go, .rc = 1};
+        pthread_create(&th[i], NULL, race_load, &r[i]);
+    }
+    int won = 0, refused = 0;
+    for (int i = 0; i < RACERS; i++) {
+        pthread_join(th[i], NULL);
+        won += r[i].rc == 0;
+        refused += r[i].rc == KVD_ERR_EXISTS;
+    }
+    pthread_barrier_destroy(&go);
+    CHECK(won == 1 && refused == RACERS - 1, "racing loads: %d won, %d refused", won,
+          refused);
+    CHECK(kvd_load_prepare(l, 9) == 0, "prepare");
+    CHECK(kvd_load_prepare(l, 9) == KVD_ERR_STATE, "a second PREPARE is refused");
+    CHECK(kvd_load_prepare(l, 4242) == KVD_ERR_NOT_FOUND, "PREPARE of an unknown rid");
+    CHECK(kvd_load_commit(l, 4242, c, 2) == KVD_ERR_NOT_FOUND,
+          "COMMIT of an unknown rid");
+    CHECK(kvd_load_commit(l, 9, c, 1) == KVD_ERR_INVALID,
+          "COMMIT with the wrong number of pools");
+    CHECK(kvd_load_commit(l, 9, c, 2) == 0, "commit");
+    CHECK(kvd_load_commit(l, 9, c, 2) == KVD_ERR_STATE, "a second COMMIT is refused");
+    CHECK(kvd_load_abort(l, 9) == KVD_ERR_STATE, "ABORT after COMMIT is refused");
+    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0 &&
+              kvd_wait_layer(l, counter, 2) == 0,
+          "the raced load runs");
+    n = 0;
+    for (int i = 0; i < 500 && n == 0; i++) {
+        kvd_pop_completed_loads(l, done, 4, &n);
+        if (n == 0) {
+            struct timespec ts = {0, 10000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    CHECK(n == 1 && done[0].id == 9 && done[0].success, "its completion, once");
+    CHECK(memcmp(k1 + 32 * BPR, ek1 + 8 * BPR, PAGES * PS * BPR) == 0,
+          "the raced load's bytes are exact");
     kvd_linker_close(l);
 }
 
