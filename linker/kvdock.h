@@ -253,7 +253,12 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *linker, uint32_t *counter
  * Waits until layer_id's bytes of batch `counter` are in place: 0, or the
  * batch's error (it failed: the remaining layers are failed, never left
  * waiting), or -8 (timed out) past the linker's timeout. A layer no pool of
- * the batch has returns at once.
+ * the batch has returns at once. One load of the batch can fail alone (its
+ * pins lapsed, its daemon went away): the wait still says 0 for the others,
+ * and that load's completion says failed, so an engine checks a request's
+ * completion before it trusts that request's KV. A batch forgotten long
+ * ago (64 newer finished ones) answers 0, or an error when a forgotten
+ * batch as new as it had failed.
  */
 KVD_API int kvd_wait_layer(kvd_linker_t *linker, uint32_t counter, uint32_t layer_id);
 

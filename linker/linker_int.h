@@ -125,6 +125,9 @@ struct kvd_linker {
     ljob_t *jobs, *jobs_tail;
     lqueue_t done_loads, done_offloads;
     uint32_t next_counter;
+    /* the newest counter of a failed batch already forgotten (0: none): a
+     * late wait on a forgotten counter up to it cannot be told "in place" */
+    uint32_t forgot_failed_max;
     uint64_t next_ack;
     bool stop;
     pthread_t thread;

@@ -403,8 +403,11 @@ KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
         while (b != NULL && b->counter != counter)
             b = b->next;
         if (b == NULL) {
-            /* forgotten long ago, or never started */
-            rc = counter != 0 && counter < l->next_counter ? KVD_OK : KVD_ERR_NOT_FOUND;
+            /* forgotten long ago (in place unless it may be one of the
+             * failed ones forgotten), or never started */
+            rc = counter == 0 || counter >= l->next_counter ? KVD_ERR_NOT_FOUND
+                 : counter <= l->forgot_failed_max          ? KVD_ERR_STATE
+                                                            : KVD_OK;
             break;
         }
         uint32_t pos = 0;

@@ -143,6 +143,8 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
     while (n > KEEP_FINISHED_BATCHES && l->batches && l->batches->finished) {
         lbatch_t *old = l->batches;
         l->batches = old->next;
+        if (old->error != KVD_OK && old->counter > l->forgot_failed_max)
+            l->forgot_failed_max = old->counter;
         free(old->layer_ids);
         free(old);
         n--;

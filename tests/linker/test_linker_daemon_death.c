@@ -8,6 +8,7 @@
  * followed by a load round-trips byte-exact.
  */
 #include "harness.h"
+#include "kvd_common.h" /* the status codes */
 #include "kvdock.h"
 
 #include <signal.h>
@@ -197,6 +198,7 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     memset(vbuf + 32 * BPR, 0xEE, PAGES * PS * BPR);
     CHECK(commit(l, 14) == 0, "commit after the reconnection");
     CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
+    uint32_t failed_counter = counter;
     kvd_wait_layer(l, counter, 0);
     CHECK(collect(l, true, 14, &ok) == 1 && !ok,
           "a load pinned on the dead daemon fails once after the reconnection");
@@ -204,6 +206,22 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     for (size_t i = 32 * BPR; i < (32 + PAGES * PS) * BPR; i++)
         untouched &= kbuf[i] == 0xEE && vbuf[i] == 0xEE;
     CHECK(untouched, "a stale load writes no device row");
+
+    /* a late wait on a batch the linker no longer keeps (64 finished batches
+     * are kept) says in place: rid 14 failed alone (its completion says so),
+     * the batch had no error */
+    for (int i = 0; i < 70; i++)
+        CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "empty batch");
+    uint32_t empty_counter = failed_counter + 5;
+    CHECK(load(l, pool, keys2, 15) == 0 &&
+              kvd_start_layer_wise_loading(l, &counter) == 0 &&
+              kvd_wait_layer(l, counter, 0) == 0 && collect(l, true, 15, &ok) == 1 && ok,
+          "a load after many batches");
+    CHECK(kvd_wait_layer(l, failed_counter, 0) == 0 &&
+              kvd_wait_layer(l, empty_counter, 0) == 0,
+          "a late wait on a forgotten batch without error");
+    CHECK(kvd_wait_layer(l, counter + 1, 0) == KVD_ERR_NOT_FOUND,
+          "a wait on a batch never started");
     uint8_t want_k[PAGES * PS * BPR], want_v[PAGES * PS * BPR];
     memcpy(want_k, kbuf, sizeof(want_k));
     memcpy(want_v, vbuf, sizeof(want_v));
