@@ -163,10 +163,22 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
         uint32_t end = KVD_MIN(pos + group, b->n_layers);
         for (uint32_t k = pos; err == KVD_OK && k < end; k++)
             err = copy_batch_layer(l, b, b->layer_ids[k]);
-        /* the group is in place only once its copies completed */
+        /* the group is in place only once its copies completed: one sync
+         * per backend the batch used, not one per transfer */
+        const kvd_devmem_ops_t *synced[KVD_MAX_POOLS];
+        size_t n_synced = 0;
         for (lload_t *ld = b->loads; err == KVD_OK && ld; ld = ld->next)
-            for (size_t i = 0; err == KVD_OK && i < ld->n; i++)
-                err = l->pools[ld->x[i].pool].dev->sync();
+            for (size_t i = 0; err == KVD_OK && i < ld->n; i++) {
+                const kvd_devmem_ops_t *dev = l->pools[ld->x[i].pool].dev;
+                size_t k = 0;
+                while (k < n_synced && synced[k] != dev)
+                    k++;
+                if (k < n_synced)
+                    continue;
+                if (n_synced < KVD_MAX_POOLS)
+                    synced[n_synced++] = dev;
+                err = dev->sync();
+            }
         pthread_mutex_lock(&l->lock);
         if (err == KVD_OK)
             b->layers_done = end;
