@@ -66,7 +66,6 @@ int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms);
 void bench_stop_child(pid_t *pid, const char *what);
 /* In a fresh child: die with the parent. -1 if it is already gone. */
 int bench_child_tie_to_parent(pid_t parent);
-void bench_dump_file(const char *path);
 /* CPU time a process has used (ns), UINT64_MAX when unreadable. */
 uint64_t bench_proc_cpu_ns(pid_t pid);
 

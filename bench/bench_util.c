@@ -69,48 +69,20 @@ uint64_t hist_quantile_ns(const bench_hist_t *h, double q)
 
 /* ------------------------------------------------------------ processes */
 
-/* Prints a file to stderr (a failed daemon's log). */
-void bench_dump_file(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return;
-    fprintf(stderr, "---- %s ----\n", path);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-        fwrite(buf, 1, n, stderr);
-    fprintf(stderr, "---- end ----\n");
-    fclose(f);
-}
-
-/* Waits up to timeout_ms for a child to exit. Returns 0 once it has. */
-int bench_wait_pid(pid_t pid, int timeout_ms)
-{
-    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    for (;;) {
-        pid_t r = waitpid(pid, NULL, WNOHANG);
-        if (r == pid || (r < 0 && errno == ECHILD))
-            return 0;
-        if (kvd_now_ns() >= deadline)
-            return -1;
-        kvd_sleep_ns(5000000);
-    }
-}
-
 /* SIGTERM to one of our children by its pid, SIGKILL past the timeout. */
 void bench_stop_child(pid_t *pid, const char *what)
 {
     if (*pid <= 0)
         return;
     kill(*pid, SIGTERM);
-    if (bench_wait_pid(*pid, BENCH_STOP_TIMEOUT_MS) != 0) {
+    int rc = kvd_wait_pid(*pid, BENCH_STOP_TIMEOUT_MS, NULL);
+    if (rc != KVD_OK && rc != KVD_ERR_NOT_FOUND) { /* not found: reaped already */
         fprintf(stderr,
                 "kvdock-bench: %s (pid %d) ignored SIGTERM for %d ms; "
                 "killing it\n",
                 what, (int)*pid, BENCH_STOP_TIMEOUT_MS);
         kill(*pid, SIGKILL);
-        bench_wait_pid(*pid, BENCH_STOP_TIMEOUT_MS);
+        kvd_wait_pid(*pid, BENCH_STOP_TIMEOUT_MS, NULL);
     }
     *pid = 0;
 }
@@ -153,22 +125,6 @@ void bench_env_cleanup(bench_env_t *env)
     env->dir[0] = '\0';
 }
 
-/* Asks Health once. Returns the daemon's state, or a negative status. */
-int bench_health_once(const char *socket_path)
-{
-    kvd_client_t *c = NULL;
-    int rc = kvd_client_connect_unix(socket_path, 200, &c);
-    if (rc != KVD_OK)
-        return rc;
-    kvd_msg_t req, rep;
-    kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
-    rc = kvd_client_call(c, &req, &rep, 1000);
-    kvd_client_close(c);
-    if (rc != KVD_OK)
-        return rc;
-    return rep.status != KVD_OK ? rep.status : (int)rep.body.health_rep.state;
-}
-
 /*
  * Waits until the daemon at socket_path answers Health with "ready". When
  * pid > 0 it is our child, and its early exit ends the wait. Returns KVD_OK,
@@ -186,7 +142,7 @@ int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms)
             *pid = 0;
             return KVD_ERR_CLOSED;
         }
-        if (bench_health_once(socket_path) == KVD_HEALTH_READY)
+        if (kvd_client_health_once(socket_path, 200, 1000) == KVD_HEALTH_READY)
             return KVD_OK;
         kvd_sleep_ns(10000000);
     }
@@ -226,7 +182,7 @@ int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *p
     int rc =
         bench_wait_ready(env->daemon_socket, &env->daemon_pid, BENCH_READY_TIMEOUT_MS);
     if (rc != KVD_OK)
-        bench_dump_file(env->daemon_log);
+        kvd_dump_file(env->daemon_log);
     return rc;
 }
 

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /* ---------------------------------------------------------------- status */
 
@@ -90,6 +91,16 @@ uint64_t kvd_wall_ms(void);
 
 /* Sleeps for `ns` nanoseconds, resuming after signals. */
 void kvd_sleep_ns(uint64_t ns);
+
+/* ------------------------------------------------------------- processes */
+
+/* Reaps child `pid`, polling up to timeout_ms: KVD_OK (its wait status in
+ * *wstatus, may be NULL), KVD_ERR_NOT_FOUND (not our child, or already
+ * reaped), KVD_ERR_TIMEOUT, or KVD_ERR_IO. For tools and tests. */
+int kvd_wait_pid(pid_t pid, int timeout_ms, int *wstatus);
+
+/* Copies a file to stderr between markers (a failed daemon's log). */
+void kvd_dump_file(const char *path);
 
 /* ----------------------------------------------------------------- sizes */
 

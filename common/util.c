@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/wait.h>
 #include <time.h>
 
 uint64_t kvd_now_ns(void)
@@ -229,4 +230,39 @@ int kvd_proc_mem_read(kvd_proc_mem_t *out)
     fclose(f);
     *out = m;
     return KVD_OK;
+}
+
+int kvd_wait_pid(pid_t pid, int timeout_ms, int *wstatus)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int st;
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            if (wstatus)
+                *wstatus = st;
+            return KVD_OK;
+        }
+        if (r < 0 && errno == ECHILD)
+            return KVD_ERR_NOT_FOUND;
+        if (r < 0 && errno != EINTR)
+            return KVD_ERR_IO;
+        if (kvd_now_ns() >= deadline)
+            return KVD_ERR_TIMEOUT;
+        kvd_sleep_ns(5000000);
+    }
+}
+
+void kvd_dump_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return;
+    fprintf(stderr, "---- %s ----\n", path);
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
+        fwrite(buf, 1, n, stderr);
+    fprintf(stderr, "---- end ----\n");
+    fclose(f);
 }

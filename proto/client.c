@@ -345,6 +345,22 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout
     return KVD_OK;
 }
 
+int kvd_client_health_once(const char *path, int connect_ms, int call_ms)
+{
+    kvd_client_t *c = NULL;
+    int rc = kvd_client_connect_unix(path, connect_ms, &c);
+    if (rc != KVD_OK)
+        return rc;
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
+    rc = kvd_client_call(c, &req, &rep, call_ms);
+    kvd_client_close(c);
+    if (rc == KVD_OK)
+        rc = rep.status != KVD_OK ? rep.status : (int)rep.body.health_rep.state;
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
 int kvd_client_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
                      int timeout_ms)
 {

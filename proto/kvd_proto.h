@@ -512,6 +512,11 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout
 int kvd_client_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
                      int timeout_ms);
 
+/* Connects to the daemon at a Unix socket, asks Health once and
+ * disconnects: the daemon's state (kvd_health_state_t, >= 0) or a negative
+ * status. For readiness polls (tests, benchmarks). */
+int kvd_client_health_once(const char *path, int connect_ms, int call_ms);
+
 /* The file descriptor that arrived with the last reply (SCM_RIGHTS), handed
  * over to the caller (who closes it); -1 when none came. */
 int kvd_client_take_fd(kvd_client_t *c);

@@ -9,6 +9,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,37 +28,38 @@ const char *kvd_test_bin(const char *name)
     return p;
 }
 
-int kvd_test_wait_pid(pid_t pid, int timeout_ms, int *wstatus)
+static _Atomic int failures_atomic;
+
+int dt_failure_count(void)
 {
-    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    for (;;) {
-        int st;
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid) {
-            if (wstatus)
-                *wstatus = st;
-            return 0;
-        }
-        if (r < 0 && errno != EINTR)
-            return -1;
-        if (kvd_now_ns() >= deadline)
-            return -1;
-        kvd_sleep_ns(5000000);
-    }
+    return atomic_load(&failures_atomic);
 }
 
-void kvd_test_dump_file(const char *path)
+void dt_fail(const char *file, int line, const char *fmt, ...)
 {
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return;
-    fprintf(stderr, "---- %s ----\n", path);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-        fwrite(buf, 1, n, stderr);
-    fprintf(stderr, "---- end ----\n");
-    fclose(f);
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "FAIL %s:%d: %s\n", file, line, msg);
+    atomic_fetch_add(&failures_atomic, 1);
+}
+
+int dt_exit_status(const char *test_name)
+{
+    int n = atomic_load(&failures_atomic);
+    if (n == 0) {
+        printf("%s: all checks passed\n", test_name);
+        return 0;
+    }
+    fprintf(stderr, "%s: %d check(s) failed\n", test_name, n);
+    return 1;
+}
+
+int kvd_test_wait_pid(pid_t pid, int timeout_ms, int *wstatus)
+{
+    return kvd_wait_pid(pid, timeout_ms, wstatus) == KVD_OK ? 0 : -1;
 }
 
 bool kvd_test_file_contains(const char *path, const char *needle)
@@ -69,21 +72,6 @@ bool kvd_test_file_contains(const char *path, const char *needle)
     fclose(f);
     buf[n] = '\0';
     return strstr(buf, needle) != NULL;
-}
-
-/* Asks Health once; returns the state or -1. */
-static int health_once(const char *socket)
-{
-    kvd_client_t *c = NULL;
-    if (kvd_client_connect_unix(socket, 200, &c) != KVD_OK)
-        return -1;
-    kvd_msg_t req, rep;
-    kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
-    int rc = kvd_client_call(c, &req, &rep, 1000);
-    kvd_client_close(c);
-    if (rc != KVD_OK || rep.status != KVD_OK)
-        return -1;
-    return (int)rep.body.health_rep.state;
 }
 
 int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
@@ -133,16 +121,16 @@ int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
         if (waitpid(pid, &st, WNOHANG) == pid) {
             fprintf(stderr, "harness: kvdockd exited early (status %d)\n",
                     WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-            kvd_test_dump_file(d->log);
+            kvd_dump_file(d->log);
             d->pid = 0;
             return -1;
         }
-        if (health_once(d->socket) == KVD_HEALTH_READY)
+        if (kvd_client_health_once(d->socket, 200, 1000) == KVD_HEALTH_READY)
             return 0;
         kvd_sleep_ns(10000000);
     }
     fprintf(stderr, "harness: kvdockd not ready after %d ms\n", timeout_ms);
-    kvd_test_dump_file(d->log);
+    kvd_dump_file(d->log);
     return -1;
 }
 
@@ -161,12 +149,12 @@ int kvd_test_daemon_stop(kvd_test_daemon_t *d, int sig, int timeout_ms, int *wst
     int rc = 0;
     if (d->pid > 0) {
         kill(d->pid, sig);
-        if (kvd_test_wait_pid(d->pid, timeout_ms, wstatus) != 0) {
+        if (kvd_wait_pid(d->pid, timeout_ms, wstatus) != 0) {
             fprintf(stderr, "harness: kvdockd %d did not exit in %d ms; killing it\n",
                     (int)d->pid, timeout_ms);
-            kvd_test_dump_file(d->log);
+            kvd_dump_file(d->log);
             kill(d->pid, SIGKILL);
-            kvd_test_wait_pid(d->pid, 5000, NULL);
+            kvd_wait_pid(d->pid, 5000, NULL);
             rc = -1;
         }
         d->pid = 0;

@@ -40,9 +40,6 @@ int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
  * Returns 0 when the daemon exited within the timeout, -1 otherwise. */
 int kvd_test_daemon_stop(kvd_test_daemon_t *d, int sig, int timeout_ms, int *wstatus);
 
-/* Waits up to timeout_ms for a process started by this test to exit. */
-int kvd_test_wait_pid(pid_t pid, int timeout_ms, int *wstatus);
-
 /*
  * Runs argv (argv[0] a path), captures stdout into out (NUL-terminated,
  * truncated to out_len-1), waits up to timeout_ms. Returns the exit status
@@ -50,8 +47,31 @@ int kvd_test_wait_pid(pid_t pid, int timeout_ms, int *wstatus);
  */
 int kvd_test_run(char *const argv[], char *out, size_t out_len, int timeout_ms);
 
-/* Prints the file's contents to stderr (for a failing test's context). */
-void kvd_test_dump_file(const char *path);
+/* Non-fatal checks: a failure is printed (FAIL file:line: message) and
+ * counted, and the test goes on to its cleanup. Safe from several threads. */
+
+/* Failures recorded so far by DT_CHECK (any thread). */
+int dt_failure_count(void);
+
+void dt_fail(const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Records a failure with the message when cond is false; evaluates to cond. */
+#define DT_CHECK(cond, ...)                           \
+    ({                                                \
+        bool dt_ok_ = (cond);                         \
+        if (!dt_ok_)                                  \
+            dt_fail(__FILE__, __LINE__, __VA_ARGS__); \
+        dt_ok_;                                       \
+    })
+
+/* Exit status for main(): 0 when nothing failed, else 1 (with a summary). */
+int dt_exit_status(const char *test_name);
+
+/* Waits up to timeout_ms for a process started by this test to exit: 0
+ * once reaped, -1 otherwise (kvd_wait_pid, for tests that see only the
+ * public kvdock.h). A daemon's log is dumped with kvd_dump_file. */
+int kvd_test_wait_pid(pid_t pid, int timeout_ms, int *wstatus);
 
 /* True when `needle` occurs in the file. */
 bool kvd_test_file_contains(const char *path, const char *needle);

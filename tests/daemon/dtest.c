@@ -23,35 +23,6 @@
 
 /* ------------------------------------------------------------- checks */
 
-static _Atomic int failures_atomic;
-
-int dt_failure_count(void)
-{
-    return atomic_load(&failures_atomic);
-}
-
-void dt_fail(const char *file, int line, const char *fmt, ...)
-{
-    char msg[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "FAIL %s:%d: %s\n", file, line, msg);
-    atomic_fetch_add(&failures_atomic, 1);
-}
-
-int dt_exit_status(const char *test_name)
-{
-    int n = atomic_load(&failures_atomic);
-    if (n == 0) {
-        printf("%s: all checks passed\n", test_name);
-        return 0;
-    }
-    fprintf(stderr, "%s: %d check(s) failed\n", test_name, n);
-    return 1;
-}
-
 /* --------------------------------------------------------- daemons */
 
 int dt_start(kvd_test_daemon_t *d, const char *const *extra)
@@ -106,20 +77,20 @@ void dt_check_log_clean(const kvd_test_daemon_t *d)
     for (size_t i = 0; i < KVD_ARRAY_SIZE(reports); i++) {
         if (!DT_CHECK(!kvd_test_file_contains(d->log, reports[i]),
                       "kvdockd's log has a sanitizer report (\"%s\")", reports[i]))
-            kvd_test_dump_file(d->log);
+            kvd_dump_file(d->log);
     }
 }
 
 int dt_stop(kvd_test_daemon_t *d, int sig, int timeout_ms)
 {
-    int before = atomic_load(&failures_atomic);
+    int before = dt_failure_count();
     if (d->pid > 0) {
         kill(d->pid, sig);
         int st = 0;
         if (kvd_test_wait_pid(d->pid, timeout_ms, &st) != 0) {
             dt_fail(__FILE__, __LINE__, "kvdockd %d did not exit within %d ms of %s",
                     (int)d->pid, timeout_ms, strsignal(sig));
-            kvd_test_dump_file(d->log);
+            kvd_dump_file(d->log);
             /* the harness SIGKILLs it by pid */
             kvd_test_daemon_stop(d, SIGKILL, 5000, NULL);
             return -1;
@@ -129,13 +100,13 @@ int dt_stop(kvd_test_daemon_t *d, int sig, int timeout_ms)
                       "kvdockd should exit 0 on %s, got %s %d", strsignal(sig),
                       WIFEXITED(st) ? "status" : "signal",
                       WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st)))
-            kvd_test_dump_file(d->log);
+            kvd_dump_file(d->log);
         dt_check_log_clean(d);
     }
     if (d->dir[0])
         kvd_test_daemon_stop(d, SIGTERM, 1000, NULL);
     d->dir[0] = '\0';
-    return atomic_load(&failures_atomic) == before ? 0 : -1;
+    return dt_failure_count() == before ? 0 : -1;
 }
 
 /* --------------------------------------------------------------- RPC */

@@ -1,7 +1,7 @@
 /*
  * dtest.h - small helpers shared by the daemon integration tests (on top of
- * tests/harness.h): non-fatal checks that count failures so that a test
- * always reaches its cleanup, raw sockets for speaking broken protocol, a
+ * tests/harness.h, whose DT_CHECK counts failures without stopping): raw
+ * sockets for speaking broken protocol, a
  * minimal reader of the Envelope wire format, RPC shortcuts, running the CLI
  * and a shell, a tiny JSON validator and field finder, a free loopback port,
  * an HTTP/1.0 GET.
@@ -20,25 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ------------------------------------------------------------- checks */
-
-/* Failures recorded so far by DT_CHECK (any thread). */
-int dt_failure_count(void);
-
-void dt_fail(const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Records a failure with the message when cond is false; evaluates to cond. */
-#define DT_CHECK(cond, ...)                           \
-    ({                                                \
-        bool dt_ok_ = (cond);                         \
-        if (!dt_ok_)                                  \
-            dt_fail(__FILE__, __LINE__, __VA_ARGS__); \
-        dt_ok_;                                       \
-    })
-
-/* Exit status for main(): 0 when nothing failed, else 1 (with a summary). */
-int dt_exit_status(const char *test_name);
+/* Checks (DT_CHECK, dt_fail, dt_exit_status) are the harness's. */
 
 /* --------------------------------------------------------- daemons */
 

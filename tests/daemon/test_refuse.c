@@ -54,7 +54,7 @@ static char *expect_exit(const char *what, const char *const *args, int want_sta
             ok &= DT_CHECK(strstr(log, needles[i]) != NULL,
                            "(%s) the log should say \"%s\"", what, needles[i]);
         if (!ok)
-            kvd_test_dump_file(d.log);
+            kvd_dump_file(d.log);
         dt_check_log_clean(&d);
     }
     dt_stop(&d, SIGKILL, 5000);

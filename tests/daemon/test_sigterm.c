@@ -87,7 +87,7 @@ static bool wait_exit_0(kvd_test_daemon_t *d, const char *sig)
     int st = 0;
     if (!DT_CHECK(kvd_test_wait_pid(d->pid, 15000, &st) == 0,
                   "kvdockd did not exit within 15 s of %s", sig)) {
-        kvd_test_dump_file(d->log);
+        kvd_dump_file(d->log);
         return false; /* dt_stop kills it */
     }
     d->pid = 0;
@@ -95,7 +95,7 @@ static bool wait_exit_0(kvd_test_daemon_t *d, const char *sig)
                   "after %s kvdockd exited with %s %d", sig,
                   WIFEXITED(st) ? "status" : "signal",
                   WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st)))
-        kvd_test_dump_file(d->log);
+        kvd_dump_file(d->log);
     return true;
 }
 

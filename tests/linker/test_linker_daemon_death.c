@@ -24,17 +24,6 @@
 #define ROWS  64
 #define BPR   64
 
-static int failures;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
-
 static uint8_t kbuf[ROWS * BPR], vbuf[ROWS * BPR];
 
 static void nap(void)
@@ -125,7 +114,7 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
         .socket_path = d1->socket, .model_id = "death", .timeout_ms = 2000};
     kvd_linker_t *l = NULL;
     int rc = kvd_linker_open(&cfg, &l);
-    CHECK(rc == 0, "open: %s", kvd_strerror(rc));
+    DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
     if (rc != 0)
         return;
     kvd_pool_layer_t layer = {
@@ -138,7 +127,7 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
                           .n_layers = 1,
                           .layers = &layer};
     uint32_t pool = 0;
-    CHECK(kvd_register_pool(l, &kv, &pool) == 0, "register");
+    DT_CHECK(kvd_register_pool(l, &kv, &pool) == 0, "register");
     uint8_t keys[PAGES][32], keys2[PAGES][32];
     make_keys(100, keys);
     make_keys(900, keys2);
@@ -148,36 +137,36 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     }
     uint64_t ack = 0;
     bool ok = false;
-    CHECK(offload(l, pool, keys, &ack) == 0 && collect(l, false, ack, &ok) == 1 && ok,
-          "the first offload should succeed once");
+    DT_CHECK(offload(l, pool, keys, &ack) == 0 && collect(l, false, ack, &ok) == 1 && ok,
+             "the first offload should succeed once");
 
     /* a load pinned and prepared on this daemon, committed only once the
      * linker is on the next one (rid 14, below) */
-    CHECK(pin_prepare(l, pool, keys, 14) == 0, "pin and prepare");
+    DT_CHECK(pin_prepare(l, pool, keys, 14) == 0, "pin and prepare");
     /* a load committed, then the daemon dies before its copies run */
-    CHECK(load(l, pool, keys, 11) == 0, "load and commit");
+    DT_CHECK(load(l, pool, keys, 11) == 0, "load and commit");
     kill(d1->pid, SIGKILL);
     kvd_test_wait_pid(d1->pid, 5000, NULL);
     d1->pid = 0;
     uint32_t counter = 0;
-    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
+    DT_CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
     rc = kvd_wait_layer(l, counter, 0); /* returns: in place or failed, never hangs */
-    CHECK(rc == 0 || rc < 0, "wait_layer returned %d", rc);
+    DT_CHECK(rc == 0 || rc < 0, "wait_layer returned %d", rc);
     int seen = collect(l, true, 11, &ok);
-    CHECK(seen == 1 && !ok, "the load comes back once, failed: %d times, ok %d", seen,
-          ok);
+    DT_CHECK(seen == 1 && !ok, "the load comes back once, failed: %d times, ok %d", seen,
+             ok);
 
     /* an offload while nobody serves: failed, once */
-    CHECK(offload(l, pool, keys2, &ack) == 0, "queueing an offload still works");
+    DT_CHECK(offload(l, pool, keys2, &ack) == 0, "queueing an offload still works");
     seen = collect(l, false, ack, &ok);
-    CHECK(seen == 1 && !ok, "the offload comes back once, failed: %d times, ok %d", seen,
-          ok);
+    DT_CHECK(seen == 1 && !ok, "the offload comes back once, failed: %d times, ok %d",
+             seen, ok);
 
     /* a new daemon on the same socket: the next calls reconnect */
     const char *args[] = {"--pool-size", "64M", "--usage-interval", "0", "--socket",
                           d1->socket,    NULL};
-    if (kvd_test_daemon_start(d2, args, false, 0) != 0) {
-        failures++;
+    if (!DT_CHECK(kvd_test_daemon_start(d2, args, false, 0) == 0,
+                  "the second daemon did not start")) {
         kvd_linker_close(l);
         return;
     }
@@ -188,53 +177,53 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
         if (h != KVD_LINKER_HEALTH_READY)
             nap();
     }
-    CHECK(h == KVD_LINKER_HEALTH_READY, "the linker should reach the new daemon");
-    CHECK(offload(l, pool, keys2, &ack) == 0 && collect(l, false, ack, &ok) == 1 && ok,
-          "an offload to the new daemon succeeds once");
+    DT_CHECK(h == KVD_LINKER_HEALTH_READY, "the linker should reach the new daemon");
+    DT_CHECK(offload(l, pool, keys2, &ack) == 0 && collect(l, false, ack, &ok) == 1 && ok,
+             "an offload to the new daemon succeeds once");
 
     /* rid 14's pins and offsets were the dead daemon's: its offsets mean
      * nothing in the new mapping, so it fails and writes no row */
     memset(kbuf + 32 * BPR, 0xEE, PAGES * PS * BPR);
     memset(vbuf + 32 * BPR, 0xEE, PAGES * PS * BPR);
-    CHECK(commit(l, 14) == 0, "commit after the reconnection");
-    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
+    DT_CHECK(commit(l, 14) == 0, "commit after the reconnection");
+    DT_CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
     uint32_t failed_counter = counter;
     kvd_wait_layer(l, counter, 0);
-    CHECK(collect(l, true, 14, &ok) == 1 && !ok,
-          "a load pinned on the dead daemon fails once after the reconnection");
+    DT_CHECK(collect(l, true, 14, &ok) == 1 && !ok,
+             "a load pinned on the dead daemon fails once after the reconnection");
     bool untouched = true;
     for (size_t i = 32 * BPR; i < (32 + PAGES * PS) * BPR; i++)
         untouched &= kbuf[i] == 0xEE && vbuf[i] == 0xEE;
-    CHECK(untouched, "a stale load writes no device row");
+    DT_CHECK(untouched, "a stale load writes no device row");
 
     /* a late wait on a batch the linker no longer keeps (64 finished batches
      * are kept) says in place: rid 14 failed alone (its completion says so),
      * the batch had no error */
     for (int i = 0; i < 70; i++)
-        CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "empty batch");
+        DT_CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "empty batch");
     uint32_t empty_counter = failed_counter + 5;
-    CHECK(load(l, pool, keys2, 15) == 0 &&
-              kvd_start_layer_wise_loading(l, &counter) == 0 &&
-              kvd_wait_layer(l, counter, 0) == 0 && collect(l, true, 15, &ok) == 1 && ok,
-          "a load after many batches");
-    CHECK(kvd_wait_layer(l, failed_counter, 0) == 0 &&
-              kvd_wait_layer(l, empty_counter, 0) == 0,
-          "a late wait on a forgotten batch without error");
-    CHECK(kvd_wait_layer(l, counter + 1, 0) == KVD_ERR_NOT_FOUND,
-          "a wait on a batch never started");
+    DT_CHECK(
+        load(l, pool, keys2, 15) == 0 && kvd_start_layer_wise_loading(l, &counter) == 0 &&
+            kvd_wait_layer(l, counter, 0) == 0 && collect(l, true, 15, &ok) == 1 && ok,
+        "a load after many batches");
+    DT_CHECK(kvd_wait_layer(l, failed_counter, 0) == 0 &&
+                 kvd_wait_layer(l, empty_counter, 0) == 0,
+             "a late wait on a forgotten batch without error");
+    DT_CHECK(kvd_wait_layer(l, counter + 1, 0) == KVD_ERR_NOT_FOUND,
+             "a wait on a batch never started");
     uint8_t want_k[PAGES * PS * BPR], want_v[PAGES * PS * BPR];
     memcpy(want_k, kbuf, sizeof(want_k));
     memcpy(want_v, vbuf, sizeof(want_v));
     memset(kbuf + 32 * BPR, 0, PAGES * PS * BPR);
     memset(vbuf + 32 * BPR, 0, PAGES * PS * BPR);
-    CHECK(load(l, pool, keys2, 12) == 0, "load from the new daemon");
-    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0 &&
-              kvd_wait_layer(l, counter, 0) == 0,
-          "layer-wise loading from the new daemon");
-    CHECK(collect(l, true, 12, &ok) == 1 && ok, "that load succeeds once");
-    CHECK(memcmp(kbuf + 32 * BPR, want_k, sizeof(want_k)) == 0 &&
-              memcmp(vbuf + 32 * BPR, want_v, sizeof(want_v)) == 0,
-          "the bytes from the new daemon are exact");
+    DT_CHECK(load(l, pool, keys2, 12) == 0, "load from the new daemon");
+    DT_CHECK(kvd_start_layer_wise_loading(l, &counter) == 0 &&
+                 kvd_wait_layer(l, counter, 0) == 0,
+             "layer-wise loading from the new daemon");
+    DT_CHECK(collect(l, true, 12, &ok) == 1 && ok, "that load succeeds once");
+    DT_CHECK(memcmp(kbuf + 32 * BPR, want_k, sizeof(want_k)) == 0 &&
+                 memcmp(vbuf + 32 * BPR, want_v, sizeof(want_v)) == 0,
+             "the bytes from the new daemon are exact");
     kvd_linker_close(l);
 }
 
@@ -245,9 +234,8 @@ int main(void)
     if (kvd_test_daemon_start(&d1, args, true, 30000) != 0)
         return 1;
     run(&d1, &d2);
-    if (d2.pid > 0 && kvd_test_daemon_stop(&d2, SIGTERM, 10000, NULL) != 0)
-        failures++;
+    DT_CHECK(d2.pid <= 0 || kvd_test_daemon_stop(&d2, SIGTERM, 10000, NULL) == 0,
+             "the second daemon did not exit on SIGTERM");
     kvd_test_daemon_stop(&d1, SIGKILL, 5000, NULL); /* its directory */
-    printf("%s\n", failures ? "FAILED" : "ok");
-    return failures ? 1 : 0;
+    return dt_exit_status("linker/daemon_death");
 }

@@ -29,28 +29,14 @@
 #define STATUS_UNAVAILABLE (-15)
 #define POOL_BYTES         (64ull * 1024 * 1024)
 
-static int failures;
-
-#define CHECK(cond, ...)                                         \
-    ({                                                           \
-        bool ok_ = (cond);                                       \
-        if (!ok_) {                                              \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-        ok_;                                                     \
-    })
-
 static void check_dladdr(void)
 {
     Dl_info info;
     void *fn = (void *)kvd_linker_open;
-    if (CHECK(dladdr(fn, &info) != 0 && info.dli_fname != NULL,
-              "dladdr(kvd_linker_open)"))
-        CHECK(strstr(info.dli_fname, "libkvdock.so") != NULL,
-              "kvd_linker_open should come from libkvdock.so, not %s", info.dli_fname);
+    if (DT_CHECK(dladdr(fn, &info) != 0 && info.dli_fname != NULL,
+                 "dladdr(kvd_linker_open)"))
+        DT_CHECK(strstr(info.dli_fname, "libkvdock.so") != NULL,
+                 "kvd_linker_open should come from libkvdock.so, not %s", info.dli_fname);
 }
 
 static void check_with_daemon(const kvd_test_daemon_t *d)
@@ -59,22 +45,22 @@ static void check_with_daemon(const kvd_test_daemon_t *d)
         .socket_path = d->socket, .client_name = "linker-test", .timeout_ms = 5000};
     kvd_linker_t *l = NULL;
     int rc = kvd_linker_open(&cfg, &l);
-    if (!CHECK(rc == 0 && l != NULL, "kvd_linker_open(%s): %d (%s)", d->socket, rc,
-               kvd_strerror(rc)))
+    if (!DT_CHECK(rc == 0 && l != NULL, "kvd_linker_open(%s): %d (%s)", d->socket, rc,
+                  kvd_strerror(rc)))
         return;
     kvd_linker_health_t state = 0;
     uint64_t pool = 0;
     rc = kvd_linker_health(l, &state, &pool);
-    CHECK(rc == 0, "kvd_linker_health: %d (%s)", rc, kvd_strerror(rc));
-    CHECK(state == KVD_LINKER_HEALTH_READY, "kvd_linker_health state %d, want READY",
-          state);
-    CHECK(pool == POOL_BYTES, "kvd_linker_health pool %llu, want %llu",
-          (unsigned long long)pool, POOL_BYTES);
+    DT_CHECK(rc == 0, "kvd_linker_health: %d (%s)", rc, kvd_strerror(rc));
+    DT_CHECK(state == KVD_LINKER_HEALTH_READY, "kvd_linker_health state %d, want READY",
+             state);
+    DT_CHECK(pool == POOL_BYTES, "kvd_linker_health pool %llu, want %llu",
+             (unsigned long long)pool, POOL_BYTES);
     /* either output may be NULL */
-    CHECK(kvd_linker_health(l, NULL, NULL) == 0, "kvd_linker_health(NULL, NULL)");
+    DT_CHECK(kvd_linker_health(l, NULL, NULL) == 0, "kvd_linker_health(NULL, NULL)");
     kvd_linker_close(l);
-    CHECK(kvd_test_file_contains(d->log, "hello from 'linker-test'"),
-          "the daemon should log the linker's Hello with its client name");
+    DT_CHECK(kvd_test_file_contains(d->log, "hello from 'linker-test'"),
+             "the daemon should log the linker's Hello with its client name");
 }
 
 static void check_errors(void)
@@ -83,16 +69,17 @@ static void check_errors(void)
                                .timeout_ms = 1000};
     kvd_linker_t *l = (kvd_linker_t *)&cfg; /* must stay untouched on failure */
     int rc = kvd_linker_open(&cfg, &l);
-    CHECK(rc == STATUS_UNAVAILABLE, "kvd_linker_open on a missing socket: %d, want %d",
-          rc, STATUS_UNAVAILABLE);
-    CHECK(l == (kvd_linker_t *)&cfg, "kvd_linker_open must not set *out on failure");
-    CHECK(strcmp(kvd_strerror(STATUS_UNAVAILABLE), "unavailable") == 0,
-          "kvd_strerror(-15) = '%s'", kvd_strerror(STATUS_UNAVAILABLE));
-    CHECK(kvd_linker_open(NULL, &l) < 0, "kvd_linker_open(NULL config) should fail");
-    CHECK(kvd_linker_health(NULL, NULL, NULL) < 0, "kvd_linker_health(NULL) should fail");
+    DT_CHECK(rc == STATUS_UNAVAILABLE, "kvd_linker_open on a missing socket: %d, want %d",
+             rc, STATUS_UNAVAILABLE);
+    DT_CHECK(l == (kvd_linker_t *)&cfg, "kvd_linker_open must not set *out on failure");
+    DT_CHECK(strcmp(kvd_strerror(STATUS_UNAVAILABLE), "unavailable") == 0,
+             "kvd_strerror(-15) = '%s'", kvd_strerror(STATUS_UNAVAILABLE));
+    DT_CHECK(kvd_linker_open(NULL, &l) < 0, "kvd_linker_open(NULL config) should fail");
+    DT_CHECK(kvd_linker_health(NULL, NULL, NULL) < 0,
+             "kvd_linker_health(NULL) should fail");
     kvd_linker_close(NULL);
-    CHECK(strcmp(kvd_version(), KVD_VERSION) == 0, "kvd_version() '%s', want '%s'",
-          kvd_version(), KVD_VERSION);
+    DT_CHECK(strcmp(kvd_version(), KVD_VERSION) == 0, "kvd_version() '%s', want '%s'",
+             kvd_version(), KVD_VERSION);
 }
 
 static void check_page_keys(void)
@@ -106,42 +93,42 @@ static void check_page_keys(void)
     uint8_t ka[PAGES][KVD_PAGE_KEY_BYTES], ka2[PAGES][KVD_PAGE_KEY_BYTES];
     uint8_t kb[PAGES][KVD_PAGE_KEY_BYTES], kp[PAGES][KVD_PAGE_KEY_BYTES];
     size_t na = 0, na2 = 0, nb = 0, np = 0;
-    CHECK(kvd_page_keys(a, N, PAGE, NULL, ka, &na) == 0 && na == PAGES,
-          "kvd_page_keys: %zu keys for %d tokens of pages of %d, want %d", na, N, PAGE,
-          PAGES);
-    CHECK(kvd_page_keys(a, N, PAGE, NULL, ka2, &na2) == 0 && na2 == PAGES &&
-              memcmp(ka, ka2, sizeof(ka)) == 0,
-          "kvd_page_keys is not deterministic");
-    CHECK(kvd_page_keys(b, N, PAGE, NULL, kb, &nb) == 0 && nb == PAGES,
-          "kvd_page_keys(b)");
-    CHECK(memcmp(ka[0], kb[0], KVD_PAGE_KEY_BYTES) == 0 &&
-              memcmp(ka[1], kb[1], KVD_PAGE_KEY_BYTES) == 0,
-          "a shared prefix of two pages should give the same first two keys");
+    DT_CHECK(kvd_page_keys(a, N, PAGE, NULL, ka, &na) == 0 && na == PAGES,
+             "kvd_page_keys: %zu keys for %d tokens of pages of %d, want %d", na, N, PAGE,
+             PAGES);
+    DT_CHECK(kvd_page_keys(a, N, PAGE, NULL, ka2, &na2) == 0 && na2 == PAGES &&
+                 memcmp(ka, ka2, sizeof(ka)) == 0,
+             "kvd_page_keys is not deterministic");
+    DT_CHECK(kvd_page_keys(b, N, PAGE, NULL, kb, &nb) == 0 && nb == PAGES,
+             "kvd_page_keys(b)");
+    DT_CHECK(memcmp(ka[0], kb[0], KVD_PAGE_KEY_BYTES) == 0 &&
+                 memcmp(ka[1], kb[1], KVD_PAGE_KEY_BYTES) == 0,
+             "a shared prefix of two pages should give the same first two keys");
     for (int i = 2; i < PAGES; i++)
-        CHECK(memcmp(ka[i], kb[i], KVD_PAGE_KEY_BYTES) != 0,
-              "pages that differ from page 2 on should differ in key %d", i);
+        DT_CHECK(memcmp(ka[i], kb[i], KVD_PAGE_KEY_BYTES) != 0,
+                 "pages that differ from page 2 on should differ in key %d", i);
 
     uint8_t prior[KVD_PAGE_KEY_BYTES];
     memset(prior, 0x5a, sizeof(prior));
-    CHECK(kvd_page_keys(a, N, PAGE, prior, kp, &np) == 0 && np == PAGES,
-          "kvd_page_keys with a prior");
+    DT_CHECK(kvd_page_keys(a, N, PAGE, prior, kp, &np) == 0 && np == PAGES,
+             "kvd_page_keys with a prior");
     for (int i = 0; i < PAGES; i++)
-        CHECK(memcmp(ka[i], kp[i], KVD_PAGE_KEY_BYTES) != 0,
-              "a prior should change key %d (the chain carries it)", i);
+        DT_CHECK(memcmp(ka[i], kp[i], KVD_PAGE_KEY_BYTES) != 0,
+                 "a prior should change key %d (the chain carries it)", i);
     for (int i = 1; i < PAGES; i++)
-        CHECK(memcmp(ka[i], ka[i - 1], KVD_PAGE_KEY_BYTES) != 0,
-              "keys %d and %d are equal", i - 1, i);
+        DT_CHECK(memcmp(ka[i], ka[i - 1], KVD_PAGE_KEY_BYTES) != 0,
+                 "keys %d and %d are equal", i - 1, i);
 
     /* fewer tokens than a page: no key; a partial last page: no key for it */
     size_t n = 99;
-    CHECK(kvd_page_keys(a, PAGE - 1, PAGE, NULL, ka2, &n) == 0 && n == 0,
-          "%d tokens with pages of %d should give 0 keys, got %zu", PAGE - 1, PAGE, n);
-    CHECK(kvd_page_keys(a, 2 * PAGE + 1, PAGE, NULL, ka2, &n) == 0 && n == 2 &&
-              memcmp(ka2, ka, 2 * KVD_PAGE_KEY_BYTES) == 0,
-          "33 tokens should give the same 2 keys as the longer sequence");
+    DT_CHECK(kvd_page_keys(a, PAGE - 1, PAGE, NULL, ka2, &n) == 0 && n == 0,
+             "%d tokens with pages of %d should give 0 keys, got %zu", PAGE - 1, PAGE, n);
+    DT_CHECK(kvd_page_keys(a, 2 * PAGE + 1, PAGE, NULL, ka2, &n) == 0 && n == 2 &&
+                 memcmp(ka2, ka, 2 * KVD_PAGE_KEY_BYTES) == 0,
+             "33 tokens should give the same 2 keys as the longer sequence");
     n = 99;
-    CHECK(kvd_page_keys(a, N, 0, NULL, ka2, &n) == STATUS_INVALID && n == 99,
-          "page_size 0 should fail with %d and leave n_keys alone", STATUS_INVALID);
+    DT_CHECK(kvd_page_keys(a, N, 0, NULL, ka2, &n) == STATUS_INVALID && n == 99,
+             "page_size 0 should fail with %d and leave n_keys alone", STATUS_INVALID);
 }
 
 /* Parses the names under "global:" of the version script. */
@@ -185,12 +172,12 @@ static void check_exports(const char *lib, const char *map)
 {
     char want[32][128];
     int n_want = read_map(map, want, 32);
-    if (!CHECK(n_want > 0, "cannot read the exports of %s", map))
+    if (!DT_CHECK(n_want > 0, "cannot read the exports of %s", map))
         return;
     static char out[1 << 16];
     char *argv[] = {"/usr/bin/nm", "-D", "--defined-only", (char *)lib, NULL};
     int rc = kvd_test_run(argv, out, sizeof(out), 20000);
-    if (!CHECK(rc == 0, "nm -D %s: exit %d", lib, rc))
+    if (!DT_CHECK(rc == 0, "nm -D %s: exit %d", lib, rc))
         return;
 
     char got[256][128];
@@ -209,16 +196,17 @@ static void check_exports(const char *lib, const char *map)
             snprintf(got[n_got++], 128, "%s", name);
     }
     for (int i = 0; i < n_want; i++)
-        CHECK(in_list(got, n_got, want[i]), "%s does not export %s (listed in %s)", lib,
-              want[i], map);
+        DT_CHECK(in_list(got, n_got, want[i]), "%s does not export %s (listed in %s)",
+                 lib, want[i], map);
     for (int i = 0; i < n_got; i++)
-        CHECK(in_list(want, n_want, got[i]), "%s exports %s, which %s does not list", lib,
-              got[i], map);
-    CHECK(n_got == n_want, "%s exports %d symbols, the map lists %d", lib, n_got, n_want);
+        DT_CHECK(in_list(want, n_want, got[i]), "%s exports %s, which %s does not list",
+                 lib, got[i], map);
+    DT_CHECK(n_got == n_want, "%s exports %d symbols, the map lists %d", lib, n_got,
+             n_want);
     for (int i = 0; i < n_got; i++)
-        CHECK(strncmp(got[i], "kvd_client_", 11) != 0 &&
-                  strcmp(got[i], "kvd_key_chain") != 0,
-              "internal %s leaks out of %s", got[i], lib);
+        DT_CHECK(strncmp(got[i], "kvd_client_", 11) != 0 &&
+                     strcmp(got[i], "kvd_key_chain") != 0,
+                 "internal %s leaks out of %s", got[i], lib);
 }
 
 int main(int argc, char **argv)
@@ -235,25 +223,24 @@ int main(int argc, char **argv)
 
     kvd_test_daemon_t d;
     const char *args[] = {"--pool-size", "64M", "--usage-interval", "0", NULL};
-    if (CHECK(kvd_test_daemon_start(&d, args, true, 30000) == 0, "kvdockd did not start"))
+    if (DT_CHECK(kvd_test_daemon_start(&d, args, true, 30000) == 0,
+                 "kvdockd did not start"))
         check_with_daemon(&d);
     if (d.pid > 0) {
         int st = 0;
         kill(d.pid, SIGTERM);
-        if (CHECK(kvd_test_wait_pid(d.pid, 10000, &st) == 0,
-                  "kvdockd did not exit on SIGTERM")) {
+        if (DT_CHECK(kvd_test_wait_pid(d.pid, 10000, &st) == 0,
+                     "kvdockd did not exit on SIGTERM")) {
             d.pid = 0;
-            CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
-                  "kvdockd should exit 0 on SIGTERM");
-            CHECK(!kvd_test_file_contains(d.log, "ERROR: AddressSanitizer") &&
-                      !kvd_test_file_contains(d.log, "runtime error:") &&
-                      !kvd_test_file_contains(d.log, "ERROR: LeakSanitizer"),
-                  "kvdockd's log has a sanitizer report");
+            DT_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                     "kvdockd should exit 0 on SIGTERM");
+            DT_CHECK(!kvd_test_file_contains(d.log, "ERROR: AddressSanitizer") &&
+                         !kvd_test_file_contains(d.log, "runtime error:") &&
+                         !kvd_test_file_contains(d.log, "ERROR: LeakSanitizer"),
+                     "kvdockd's log has a sanitizer report");
         }
     }
     /* removes the directory; SIGKILLs by pid a daemon that did not exit */
     kvd_test_daemon_stop(&d, SIGKILL, 5000, NULL);
-    if (failures == 0)
-        printf("linker/open: all checks passed\n");
-    return failures ? 1 : 0;
+    return dt_exit_status("linker/open");
 }

@@ -31,17 +31,6 @@
 #define STATE_A 96 /* bytes per row of the first state buffer */
 #define STATE_B 16
 
-static int failures;
-#define CHECK(cond, ...)                                         \
-    do {                                                         \
-        if (!(cond)) {                                           \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-            fprintf(stderr, __VA_ARGS__);                        \
-            fputc('\n', stderr);                                 \
-            failures++;                                          \
-        }                                                        \
-    } while (0)
-
 static uint8_t k0[ROWS * BPR], v0[ROWS * BPR], k1[ROWS * BPR], v1[ROWS * BPR];
 static uint8_t sa[SLOTS * STATE_A], sb[SLOTS * STATE_B];
 static int64_t freed[256];
@@ -82,7 +71,7 @@ static void run(const char *socket)
         .socket_path = socket, .model_id = "roundtrip", .tp_size = 1, .timeout_ms = 5000};
     kvd_linker_t *l = NULL;
     int rc = kvd_linker_open(&cfg, &l);
-    CHECK(rc == 0, "open: %s", kvd_strerror(rc));
+    DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
     if (rc != 0)
         return;
     kvd_pool_layer_t kv_layers[2] = {
@@ -111,21 +100,21 @@ static void run(const char *socket)
                           .layers = st_layers,
                           .free_indices = on_free};
     uint32_t kv_id, st_id;
-    CHECK(kvd_register_pool(l, &kv, &kv_id) == 0, "register kv");
-    CHECK(kvd_register_pool(l, &st, &st_id) == 0, "register mamba");
+    DT_CHECK(kvd_register_pool(l, &kv, &kv_id) == 0, "register kv");
+    DT_CHECK(kvd_register_pool(l, &st, &st_id) == 0, "register mamba");
     uint64_t obj;
     char ns[256];
-    CHECK(kvd_pool_info(l, kv_id, &obj, ns, sizeof(ns)) == 0 && obj == 2 * 2 * PS * BPR &&
-              strcmp(ns, "roundtrip/kv/tp0") == 0,
-          "kv object %llu bytes in %s", (unsigned long long)obj, ns);
+    DT_CHECK(kvd_pool_info(l, kv_id, &obj, ns, sizeof(ns)) == 0 &&
+                 obj == 2 * 2 * PS * BPR && strcmp(ns, "roundtrip/kv/tp0") == 0,
+             "kv object %llu bytes in %s", (unsigned long long)obj, ns);
 
     uint32_t tokens[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
         tokens[i] = 1000 + (uint32_t)i;
     uint8_t keys[PAGES][32];
     size_t nk = 0;
-    CHECK(kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &nk) == 0 && nk == PAGES,
-          "keys");
+    DT_CHECK(kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &nk) == 0 && nk == PAGES,
+             "keys");
 
     /* the engine's prefill wrote pages into slots 8..23 and state into slot 3 */
     fill(k0, sizeof(k0), 1);
@@ -159,7 +148,7 @@ static void run(const char *socket)
          .first_depth = PAGES - 1},
     };
     uint64_t ack = 0;
-    CHECK(kvd_offload(l, off, 2, &ack) == 0, "offload");
+    DT_CHECK(kvd_offload(l, off, 2, &ack) == 0, "offload");
     kvd_completion_t done[4];
     size_t n = 0;
     for (int i = 0; i < 500 && n == 0; i++) {
@@ -169,7 +158,7 @@ static void run(const char *socket)
             nanosleep(&ts, NULL);
         }
     }
-    CHECK(n == 1 && done[0].id == ack && done[0].success, "offload completion");
+    DT_CHECK(n == 1 && done[0].id == ack && done[0].success, "offload completion");
 
     /* the device forgets; the rows come back into other slots: 32..47, 6 */
     memset(k0, 0, sizeof(k0));
@@ -184,8 +173,8 @@ static void run(const char *socket)
         {.pool_id = kv_id, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
         {.pool_id = st_id, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
     };
-    CHECK(kvd_lookup(l, 7, look, 2, bounds, &nb) == 0 && nb == 1 && bounds[0] == PAGES,
-          "lookup: %zu boundaries, last %u", nb, nb ? bounds[nb - 1] : 0);
+    DT_CHECK(kvd_lookup(l, 7, look, 2, bounds, &nb) == 0 && nb == 1 && bounds[0] == PAGES,
+             "lookup: %zu boundaries, last %u", nb, nb ? bounds[nb - 1] : 0);
     int64_t kv_new[PAGES * PS], st_new[1] = {6};
     for (int i = 0; i < PAGES * PS; i++)
         kv_new[i] = 32 + i;
@@ -201,15 +190,15 @@ static void run(const char *socket)
          .device_indices = st_new,
          .n_indices = 1},
     };
-    CHECK(kvd_load(l, 7, ld, 2) == 0, "load");
-    CHECK(kvd_load_prepare(l, 7) == 0, "prepare");
+    DT_CHECK(kvd_load(l, 7, ld, 2) == 0, "load");
+    DT_CHECK(kvd_load_prepare(l, 7) == 0, "prepare");
     kvd_commit_pool_t c[2] = {{.adopted_begin = 0, .adopted_end = PAGES}, {0}};
-    CHECK(kvd_load_commit(l, 7, c, 2) == 0, "commit");
-    CHECK(n_freed == 0, "a fully adopted commit frees nothing (%zu freed)", n_freed);
+    DT_CHECK(kvd_load_commit(l, 7, c, 2) == 0, "commit");
+    DT_CHECK(n_freed == 0, "a fully adopted commit frees nothing (%zu freed)", n_freed);
     uint32_t counter = 0;
-    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
+    DT_CHECK(kvd_start_layer_wise_loading(l, &counter) == 0, "start");
     for (uint32_t layer = 0; layer < 3; layer++)
-        CHECK(kvd_wait_layer(l, counter, layer) == 0, "wait layer %u", layer);
+        DT_CHECK(kvd_wait_layer(l, counter, layer) == 0, "wait layer %u", layer);
     n = 0;
     for (int i = 0; i < 500 && n == 0; i++) {
         kvd_pop_completed_loads(l, done, 4, &n);
@@ -218,30 +207,33 @@ static void run(const char *socket)
             nanosleep(&ts, NULL);
         }
     }
-    CHECK(n == 1 && done[0].id == 7 && done[0].success, "load completion");
-    CHECK(memcmp(k0 + 32 * BPR, ek0 + 8 * BPR, PAGES * PS * BPR) == 0,
-          "layer 0 K restored");
-    CHECK(memcmp(v0 + 32 * BPR, ev0 + 8 * BPR, PAGES * PS * BPR) == 0,
-          "layer 0 V restored");
-    CHECK(memcmp(k1 + 32 * BPR, ek1 + 8 * BPR, PAGES * PS * BPR) == 0,
-          "layer 2 K restored");
-    CHECK(memcmp(v1 + 32 * BPR, ev1 + 8 * BPR, PAGES * PS * BPR) == 0,
-          "layer 2 V restored");
-    CHECK(memcmp(sa + 6 * STATE_A, esa + 3 * STATE_A, STATE_A) == 0, "state A restored");
-    CHECK(memcmp(sb + 6 * STATE_B, esb + 3 * STATE_B, STATE_B) == 0, "state B restored");
+    DT_CHECK(n == 1 && done[0].id == 7 && done[0].success, "load completion");
+    DT_CHECK(memcmp(k0 + 32 * BPR, ek0 + 8 * BPR, PAGES * PS * BPR) == 0,
+             "layer 0 K restored");
+    DT_CHECK(memcmp(v0 + 32 * BPR, ev0 + 8 * BPR, PAGES * PS * BPR) == 0,
+             "layer 0 V restored");
+    DT_CHECK(memcmp(k1 + 32 * BPR, ek1 + 8 * BPR, PAGES * PS * BPR) == 0,
+             "layer 2 K restored");
+    DT_CHECK(memcmp(v1 + 32 * BPR, ev1 + 8 * BPR, PAGES * PS * BPR) == 0,
+             "layer 2 V restored");
+    DT_CHECK(memcmp(sa + 6 * STATE_A, esa + 3 * STATE_A, STATE_A) == 0,
+             "state A restored");
+    DT_CHECK(memcmp(sb + 6 * STATE_B, esb + 3 * STATE_B, STATE_B) == 0,
+             "state B restored");
     /* nothing else was written */
     uint8_t zero[ROWS * BPR] = {0};
-    CHECK(memcmp(k0, zero, 32 * BPR) == 0, "rows before the loaded pages stay untouched");
+    DT_CHECK(memcmp(k0, zero, 32 * BPR) == 0,
+             "rows before the loaded pages stay untouched");
     kvd_pool_stats_t s;
-    CHECK(kvd_stats(l, kv_id, &s) == 0 && s.load_bytes == PAGES * obj &&
-              s.offload_bytes == PAGES * obj && s.lookup_hit_pages == PAGES,
-          "kv counters: load %llu offload %llu hits %llu",
-          (unsigned long long)s.load_bytes, (unsigned long long)s.offload_bytes,
-          (unsigned long long)s.lookup_hit_pages);
-    CHECK(kvd_stats(l, st_id, &s) == 0 && s.load_bytes == STATE_A + STATE_B &&
-              s.lookup_hit_pages > 0,
-          "mamba counters: load %llu hits %llu", (unsigned long long)s.load_bytes,
-          (unsigned long long)s.lookup_hit_pages);
+    DT_CHECK(kvd_stats(l, kv_id, &s) == 0 && s.load_bytes == PAGES * obj &&
+                 s.offload_bytes == PAGES * obj && s.lookup_hit_pages == PAGES,
+             "kv counters: load %llu offload %llu hits %llu",
+             (unsigned long long)s.load_bytes, (unsigned long long)s.offload_bytes,
+             (unsigned long long)s.lookup_hit_pages);
+    DT_CHECK(kvd_stats(l, st_id, &s) == 0 && s.load_bytes == STATE_A + STATE_B &&
+                 s.lookup_hit_pages > 0,
+             "mamba counters: load %llu hits %llu", (unsigned long long)s.load_bytes,
+             (unsigned long long)s.lookup_hit_pages);
 
     /* a key that is not stored: the load fails, nothing stays pinned */
     uint8_t absent[1][32];
@@ -251,11 +243,11 @@ static void run(const char *socket)
                           .n_keys = 1,
                           .device_indices = kv_new,
                           .n_indices = PS};
-    CHECK(kvd_load(l, 8, &bad, 1) < 0, "a load of an absent key must fail");
-    CHECK(kvd_load_commit(l, 8, c, 1) < 0, "a failed load cannot be committed");
+    DT_CHECK(kvd_load(l, 8, &bad, 1) < 0, "a load of an absent key must fail");
+    DT_CHECK(kvd_load_commit(l, 8, c, 1) < 0, "a failed load cannot be committed");
     n_freed = 0;
-    CHECK(kvd_load_abort(l, 8) == 0 && n_freed == PS,
-          "ABORT of the failed load hands its indices back (%zu)", n_freed);
+    DT_CHECK(kvd_load_abort(l, 8) == 0 && n_freed == PS,
+             "ABORT of the failed load hands its indices back (%zu)", n_freed);
 
     /* one load per rid: of eight racing LOADs exactly one is recorded */
     enum { RACERS = 8 };
@@ -274,21 +266,21 @@ static void run(const char *socket)
         refused += r[i].rc == KVD_ERR_EXISTS;
     }
     pthread_barrier_destroy(&go);
-    CHECK(won == 1 && refused == RACERS - 1, "racing loads: %d won, %d refused", won,
-          refused);
-    CHECK(kvd_load_prepare(l, 9) == 0, "prepare");
-    CHECK(kvd_load_prepare(l, 9) == KVD_ERR_STATE, "a second PREPARE is refused");
-    CHECK(kvd_load_prepare(l, 4242) == KVD_ERR_NOT_FOUND, "PREPARE of an unknown rid");
-    CHECK(kvd_load_commit(l, 4242, c, 2) == KVD_ERR_NOT_FOUND,
-          "COMMIT of an unknown rid");
-    CHECK(kvd_load_commit(l, 9, c, 1) == KVD_ERR_INVALID,
-          "COMMIT with the wrong number of pools");
-    CHECK(kvd_load_commit(l, 9, c, 2) == 0, "commit");
-    CHECK(kvd_load_commit(l, 9, c, 2) == KVD_ERR_STATE, "a second COMMIT is refused");
-    CHECK(kvd_load_abort(l, 9) == KVD_ERR_STATE, "ABORT after COMMIT is refused");
-    CHECK(kvd_start_layer_wise_loading(l, &counter) == 0 &&
-              kvd_wait_layer(l, counter, 2) == 0,
-          "the raced load runs");
+    DT_CHECK(won == 1 && refused == RACERS - 1, "racing loads: %d won, %d refused", won,
+             refused);
+    DT_CHECK(kvd_load_prepare(l, 9) == 0, "prepare");
+    DT_CHECK(kvd_load_prepare(l, 9) == KVD_ERR_STATE, "a second PREPARE is refused");
+    DT_CHECK(kvd_load_prepare(l, 4242) == KVD_ERR_NOT_FOUND, "PREPARE of an unknown rid");
+    DT_CHECK(kvd_load_commit(l, 4242, c, 2) == KVD_ERR_NOT_FOUND,
+             "COMMIT of an unknown rid");
+    DT_CHECK(kvd_load_commit(l, 9, c, 1) == KVD_ERR_INVALID,
+             "COMMIT with the wrong number of pools");
+    DT_CHECK(kvd_load_commit(l, 9, c, 2) == 0, "commit");
+    DT_CHECK(kvd_load_commit(l, 9, c, 2) == KVD_ERR_STATE, "a second COMMIT is refused");
+    DT_CHECK(kvd_load_abort(l, 9) == KVD_ERR_STATE, "ABORT after COMMIT is refused");
+    DT_CHECK(kvd_start_layer_wise_loading(l, &counter) == 0 &&
+                 kvd_wait_layer(l, counter, 2) == 0,
+             "the raced load runs");
     n = 0;
     for (int i = 0; i < 500 && n == 0; i++) {
         kvd_pop_completed_loads(l, done, 4, &n);
@@ -297,9 +289,9 @@ static void run(const char *socket)
             nanosleep(&ts, NULL);
         }
     }
-    CHECK(n == 1 && done[0].id == 9 && done[0].success, "its completion, once");
-    CHECK(memcmp(k1 + 32 * BPR, ek1 + 8 * BPR, PAGES * PS * BPR) == 0,
-          "the raced load's bytes are exact");
+    DT_CHECK(n == 1 && done[0].id == 9 && done[0].success, "its completion, once");
+    DT_CHECK(memcmp(k1 + 32 * BPR, ek1 + 8 * BPR, PAGES * PS * BPR) == 0,
+             "the raced load's bytes are exact");
     kvd_linker_close(l);
 }
 
@@ -311,8 +303,7 @@ int main(void)
         return 1;
     run(d.socket);
     int st = 0;
-    if (kvd_test_daemon_stop(&d, SIGTERM, 10000, &st) != 0)
-        failures++;
-    printf("%s\n", failures ? "FAILED" : "ok");
-    return failures ? 1 : 0;
+    DT_CHECK(kvd_test_daemon_stop(&d, SIGTERM, 10000, &st) == 0,
+             "kvdockd did not exit on SIGTERM");
+    return dt_exit_status("linker/roundtrip");
 }
