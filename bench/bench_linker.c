@@ -14,13 +14,23 @@
  * Each run offloads the pages of one prompt (fresh keys), waits for the
  * completion, wipes the device buffers, then loads them back layer-wise:
  * time to the first layer in place, and the whole load in GB/s.
+ *
+ * With --transport ucx the bytes move by UCX RMA (UCX_TLS chooses what
+ * runs underneath) and the reference is ucx_perftest in the same run and
+ * the same UCX_TLS: ucp_get and ucp_put_bw at the size of one operation of
+ * the layout (one page's rows of one buffer: what the linker posts).
  */
 #include "bench.h"
 #include "kvdock.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #define PAGE       64
 #define MAX_LAYERS 64
@@ -274,19 +284,83 @@ static double memcpy_gbs(const layout_t *lo, uint32_t pages, dev_t_ *d)
     return (double)total / s / 1e9;
 }
 
+/* The size of one linker operation for the layout: a page's rows of one
+ * attention buffer (contiguous on the device and in the object). */
+static uint64_t op_bytes(const layout_t *lo)
+{
+    return (uint64_t)PAGE * lo->attn_row;
+}
+
+/* ucx_perftest's bandwidth (GB/s) for `test` at `size` bytes, between a
+ * server and a client started here on loopback; 0 when it failed. */
+static double perftest_gbs(const char *test, uint64_t size)
+{
+    int port = 20000 + (int)(getpid() % 20000);
+    char ports[16];
+    snprintf(ports, sizeof(ports), "%d", port);
+    pid_t parent = getpid();
+    pid_t srv = fork();
+    if (srv < 0)
+        return 0;
+    if (srv == 0) {
+        if (bench_child_tie_to_parent(parent) != 0)
+            _exit(127);
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, STDOUT_FILENO);
+            dup2(null, STDERR_FILENO);
+        }
+        execlp("ucx_perftest", "ucx_perftest", "-p", ports, (char *)NULL);
+        _exit(127);
+    }
+    /* enough iterations for ~1 GiB, at least 200 */
+    uint64_t iters = KVD_MAX((1ull << 30) / size, 200ull);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "timeout 60 ucx_perftest 127.0.0.1 -p %d -t %s -s %llu -n %llu 2>/dev/null",
+             port, test, (unsigned long long)size, (unsigned long long)iters);
+    double mbs = 0;
+    for (int attempt = 0; attempt < 50 && mbs == 0; attempt++) {
+        usleep(100 * 1000); /* the server listens within a few 100 ms */
+        FILE *f = popen(cmd, "r");
+        if (f == NULL)
+            break;
+        char line[512];
+        while (fgets(line, sizeof(line), f)) {
+            double v[8];
+            /* Final: iters, lat typical, avg, overall, BW avg, overall, rate... */
+            if (sscanf(line, " Final: %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2],
+                       &v[3], &v[4], &v[5]) == 6)
+                mbs = v[5];
+        }
+        pclose(f);
+        if (mbs == 0 && waitpid(srv, NULL, WNOHANG) == srv) {
+            srv = 0; /* the server died: nothing to retry against */
+            break;
+        }
+    }
+    if (srv > 0)
+        bench_stop_child(&srv, "ucx_perftest");
+    return mbs * 1048576.0 / 1e9; /* ucx_perftest's MB is 2^20 bytes */
+}
+
 int bench_mode_linker(int argc, char **argv)
 {
     const char *kvdockd = NULL;
+    const char *transport = "shm";
     uint64_t pages = 32, runs = 3;
     static const struct option longopts[] = {{"kvdockd", required_argument, NULL, 'k'},
                                              {"pages", required_argument, NULL, 'p'},
                                              {"runs", required_argument, NULL, 'r'},
+                                             {"transport", required_argument, NULL, 't'},
                                              {NULL, 0, NULL, 0}};
     int c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         if (c == 'k')
             kvdockd = optarg;
+        else if (c == 't' && (strcmp(optarg, "shm") == 0 || strcmp(optarg, "ucx") == 0))
+            transport = optarg;
         else if (c == 'p' && kvd_u64_parse(optarg, 8, 1024, &pages) == KVD_OK)
             continue;
         else if (c == 'r' && kvd_u64_parse(optarg, 1, 100, &runs) == KVD_OK)
@@ -296,7 +370,8 @@ int bench_mode_linker(int argc, char **argv)
     }
     if (kvdockd == NULL) {
         fprintf(stderr,
-                "Usage: kvdock-bench linker --kvdockd PATH [--pages N] [--runs R]\n");
+                "Usage: kvdock-bench linker --kvdockd PATH [--pages N] [--runs R] "
+                "[--transport shm|ucx]\n");
         return BENCH_EXIT_USAGE;
     }
     bench_env_t env;
@@ -305,13 +380,23 @@ int bench_mode_linker(int argc, char **argv)
         bench_env_cleanup(&env);
         return BENCH_EXIT_FAIL;
     }
-    printf("%-7s %10s %12s %12s %14s %12s %10s\n", "layout", "bytes", "offload GB/s",
-           "load GB/s", "first layer ms", "memcpy GB/s", "load/cpy");
+    bool ucx = strcmp(transport, "ucx") == 0;
+    printf("transport %s%s%s\n", transport, ucx ? ", UCX_TLS=" : "",
+           ucx ? (getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)") : "");
+    if (ucx)
+        printf("%-7s %10s %8s %12s %12s %14s %10s %10s %8s %8s\n", "layout", "bytes",
+               "op", "offload GB/s", "load GB/s", "first layer ms", "get GB/s",
+               "put GB/s", "load/ref", "off/ref");
+    else
+        printf("%-7s %10s %12s %12s %14s %12s %10s\n", "layout", "bytes", "offload GB/s",
+               "load GB/s", "first layer ms", "memcpy GB/s", "load/cpy");
     int status = BENCH_EXIT_OK;
     for (size_t i = 0; i < KVD_ARRAY_SIZE(layouts) && status == BENCH_EXIT_OK; i++) {
         const layout_t *lo = &layouts[i];
-        kvd_linker_config_t cfg = {
-            .socket_path = env.daemon_socket, .model_id = lo->name, .timeout_ms = 30000};
+        kvd_linker_config_t cfg = {.socket_path = env.daemon_socket,
+                                   .model_id = lo->name,
+                                   .timeout_ms = 30000,
+                                   .transport = transport};
         kvd_linker_t *lk = NULL;
         dev_t_ d;
         uint32_t attn_id = 0, mamba_id = 0;
@@ -333,7 +418,20 @@ int bench_mode_linker(int argc, char **argv)
             if (one.load_gbs > best.load_gbs)
                 best = one;
         }
-        if (status == BENCH_EXIT_OK) {
+        if (status == BENCH_EXIT_OK && ucx) {
+            /* the reference: the better of get and put at the op size */
+            double get = perftest_gbs("ucp_get", op_bytes(lo));
+            double put = perftest_gbs("ucp_put_bw", op_bytes(lo));
+            double ref = KVD_MAX(get, put);
+            char b[32], o[32];
+            printf("%-7s %10s %8s %12.2f %12.2f %14.2f %10.2f %10.2f %8.2f %8.2f\n",
+                   lo->name, kvd_size_format(best.bytes, b, sizeof(b)),
+                   kvd_size_format(op_bytes(lo), o, sizeof(o)), best.offload_gbs,
+                   best.load_gbs, best.first_layer_ms, get, put,
+                   ref > 0 ? best.load_gbs / ref : 0.0,
+                   ref > 0 ? best.offload_gbs / ref : 0.0);
+            fflush(stdout);
+        } else if (status == BENCH_EXIT_OK) {
             best.memcpy_gbs = memcpy_gbs(lo, (uint32_t)pages, &d);
             char b[32];
             printf("%-7s %10s %12.2f %12.2f %14.2f %12.2f %10.2f\n", lo->name,

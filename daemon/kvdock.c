@@ -24,7 +24,8 @@ static void usage(FILE *f)
             "  health                      the daemon's state (exit 0 ready, 3 starting "
             "or draining)\n"
             "  stats [--check]             memory, store, namespaces, connections, RPC "
-            "counters;\n"
+            "counters,\n"
+            "                              RDMA ports;\n"
             "                              --check runs the store's invariant (exit 1 "
             "when broken)\n"
             "  hash --page-size P [--prior HEX] (TOKENS... | --tokens-file F)\n"
@@ -156,6 +157,27 @@ void cli_json_str(const char *s)
     putchar('"');
 }
 
+/* ,"nics":[...] of stats --json: the daemon's RDMA ports. */
+static void nics_json(const kvd_stats_rep_t *st)
+{
+    printf(",\"nics\":[");
+    for (size_t i = 0; i < st->n_nics; i++) {
+        const kvd_nic_msg_t *n = &st->nics[i];
+        printf("%s{\"device\":", i ? "," : "");
+        cli_json_str(n->device);
+        printf(",\"port\":%u,\"state\":", n->port);
+        cli_json_str(n->state);
+        printf(",\"link_layer\":");
+        cli_json_str(n->link_layer);
+        printf(",\"gid\":");
+        cli_json_str(n->gid);
+        printf(",\"numa_node\":%d,\"netdev\":", (int)n->numa_node);
+        cli_json_str(n->netdev);
+        printf(",\"active_mtu\":%u}", n->active_mtu);
+    }
+    printf("]");
+}
+
 static void stats_json(const kvd_stats_rep_t *st)
 {
     const kvd_mem_stats_t *m = &st->memory;
@@ -239,12 +261,40 @@ static void stats_json(const kvd_stats_rep_t *st)
             (unsigned long long)n->acquire_failures);
     }
     printf("]");
+    nics_json(st);
     if (st->checked) {
         printf(",\"check\":{\"ok\":%s,\"error\":", st->check_error[0] ? "false" : "true");
         cli_json_str(st->check_error);
         printf("}");
     }
     printf("}\n");
+}
+
+static const char *or_dash(const char *s)
+{
+    return s[0] ? s : "-";
+}
+
+/* The "nics:" section of the stats table: the daemon's RDMA ports. */
+static void nics_table(const kvd_stats_rep_t *st)
+{
+    if (st->n_nics == 0) {
+        printf("\nnics: no RDMA devices\n");
+        return;
+    }
+    printf("\nnics:\n  %-12s %4s  %-12s %-10s %5s %4s  %-16s %s\n", "device", "port",
+           "state", "link", "mtu", "numa", "netdev", "gid");
+    for (size_t i = 0; i < st->n_nics; i++) {
+        const kvd_nic_msg_t *n = &st->nics[i];
+        char mtu[16] = "-", numa[16] = "-";
+        if (n->active_mtu)
+            snprintf(mtu, sizeof(mtu), "%u", n->active_mtu);
+        if (n->numa_node >= 0)
+            snprintf(numa, sizeof(numa), "%d", (int)n->numa_node);
+        printf("  %-12s %4u  %-12s %-10s %5s %4s  %-16s %s\n", n->device, n->port,
+               or_dash(n->state), or_dash(n->link_layer), mtu, numa, or_dash(n->netdev),
+               or_dash(n->gid));
+    }
 }
 
 static void stats_table(const kvd_stats_rep_t *st)
@@ -330,6 +380,7 @@ static void stats_table(const kvd_stats_rep_t *st)
                kvd_size_format(n->acquired_bytes, ld, sizeof(ld)),
                (unsigned long long)n->acquire_failures);
     }
+    nics_table(st);
 }
 
 static int cmd_stats(const cli_t *cli, bool check)

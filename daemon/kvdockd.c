@@ -4,11 +4,15 @@
  *
  * Exit status: 0 after a clean drain; 1 when a runtime failure stops it (the
  * pool cannot be populated, the loop fails); 2 for bad options or a pool
- * that does not fit (the message says which value would).
+ * that does not fit (the message says which value would). --list-nics
+ * exits 0 once it listed the RDMA ports (also when there are none), 1 when
+ * built without libibverbs or discovery failed.
  */
 #include "kvd_common.h"
 #include "kvd_store.h"
+#include "nics.h"
 #include "options.h"
+#include "ucxd.h"
 #include "server.h"
 
 #include <signal.h>
@@ -44,9 +48,12 @@ static void raise_fd_limit(kvd_opts_t *opts)
 int main(int argc, char **argv)
 {
     kvd_opts_t opts;
+    if (argc > 1 && strcmp(argv[1], "--ucx-serve") == 0)
+        return kvd_ucxd_main(argc, argv); /* the UCX server process (ucxd.h) */
     switch (kvd_opts_parse(argc, argv, &opts)) {
     case KVD_OPTS_EXIT_OK: return 0;
     case KVD_OPTS_ERROR: return 2;
+    case KVD_OPTS_LIST_NICS: return kvd_nics_list_main(stdout);
     case KVD_OPTS_RUN: break;
     }
     kvd_log_set_level(opts.log_level);

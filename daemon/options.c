@@ -50,6 +50,9 @@ static const opt_def_t opt_defs[] = {
      "/tmp/kvdockd-NAME.sock)"},
     {"listen", OPT_HOSTPORT, OFF(listen), SZ(listen), 0, 0, "HOST:PORT",
      "also serve RPC over TCP on this address (off unless given)"},
+    {"ucx", OPT_STRING, OFF(ucx), SZ(ucx), 0, 0, "auto|on|off",
+     "serve the pool to UCX workers (RMA over RDMA, TCP or shared memory; UCX_TLS "
+     "and UCX_NET_DEVICES choose); auto: when UCX starts (default auto)"},
     {"metrics-listen", OPT_HOSTPORT, OFF(metrics_listen), SZ(metrics_listen), 0, 0,
      "HOST:PORT", "serve /metrics and /healthz over HTTP here (off unless given)"},
     {"pool-size", OPT_SIZE, OFF(pool_size_bytes), 0, 1, 0, "SIZE",
@@ -105,6 +108,8 @@ static void print_help(FILE *f)
     fprintf(f, "  %-28s %s\n  %-28s %s\n  %-28s %s\n", "--config FILE",
             "read options from FILE first; flags given later override it", "--version",
             "print the version and exit", "--help", "print this help and exit");
+    fprintf(f, "  %-28s %s\n", "--list-nics",
+            "list the RDMA ports and the suggested UCX_NET_DEVICES, then exit");
     fprintf(f, "\nSIZE takes K, M, G, T (powers of 1024), e.g. 512M or 1.5G.\n");
 }
 
@@ -263,6 +268,7 @@ static void set_defaults(kvd_opts_t *o)
 {
     memset(o, 0, sizeof(*o));
     strcpy(o->instance, "default");
+    strcpy(o->ucx, "auto");
     o->reserve_bytes = KVD_GiB;
     o->object_bytes = KVD_MiB;
     o->populate_rate_bps = 4 * KVD_GiB;
@@ -280,8 +286,8 @@ static void set_defaults(kvd_opts_t *o)
 kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
 {
     set_defaults(o);
-    /* getopt_long table from opt_defs, plus config/help/version */
-    struct option longopts[KVD_ARRAY_SIZE(opt_defs) + 4];
+    /* getopt_long table from opt_defs, plus config/help/version/list-nics */
+    struct option longopts[KVD_ARRAY_SIZE(opt_defs) + 5];
     size_t n = 0;
     for (; n < KVD_ARRAY_SIZE(opt_defs); n++)
         longopts[n] = (struct option){opt_defs[n].name,
@@ -291,9 +297,10 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     longopts[n++] = (struct option){"config", required_argument, NULL, 'c'};
     longopts[n++] = (struct option){"help", no_argument, NULL, 'h'};
     longopts[n++] = (struct option){"version", no_argument, NULL, 'V'};
+    longopts[n++] = (struct option){"list-nics", no_argument, NULL, 'N'};
     longopts[n] = (struct option){NULL, 0, NULL, 0};
 
-    /* pass 1: --help, --version, --config */
+    /* pass 1: --help, --version, --list-nics, --config */
     opterr = 0;
     optind = 1;
     int c;
@@ -307,6 +314,8 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
             printf("kvdockd %s (protocol %d)\n", KVD_VERSION, KVD_PROTOCOL_VERSION);
             return KVD_OPTS_EXIT_OK;
         }
+        if (c == 'N')
+            return KVD_OPTS_LIST_NICS;
         if (c == 'c')
             config = optarg;
     }
@@ -348,6 +357,11 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     if (pool_size_given && o->mem_fraction > 0) {
         fprintf(stderr,
                 "kvdockd: give one of --pool-size and --mem-fraction, not both\n");
+        return KVD_OPTS_ERROR;
+    }
+    if (strcmp(o->ucx, "auto") != 0 && strcmp(o->ucx, "on") != 0 &&
+        strcmp(o->ucx, "off") != 0) {
+        fprintf(stderr, "kvdockd: --ucx '%s': expected auto, on or off\n", o->ucx);
         return KVD_OPTS_ERROR;
     }
     if (o->evict_low > o->evict_high) {

@@ -15,6 +15,7 @@ typedef struct kvd_opts {
     char socket_path[108];
     char listen[128];         /* "" = no TCP listener */
     char metrics_listen[128]; /* "" = no metrics endpoint */
+    char ucx[8];              /* "auto", "on", "off" */
     uint64_t pool_size_bytes; /* 0 = not given */
     double mem_fraction;      /* 0 = not given */
     uint64_t reserve_bytes;
@@ -35,9 +36,10 @@ typedef struct kvd_opts {
 } kvd_opts_t;
 
 typedef enum kvd_opts_result {
-    KVD_OPTS_RUN = 0, /* start the daemon */
-    KVD_OPTS_EXIT_OK, /* --help or --version was printed */
-    KVD_OPTS_ERROR,   /* a message was printed; exit 2 */
+    KVD_OPTS_RUN = 0,   /* start the daemon */
+    KVD_OPTS_EXIT_OK,   /* --help or --version was printed */
+    KVD_OPTS_ERROR,     /* a message was printed; exit 2 */
+    KVD_OPTS_LIST_NICS, /* --list-nics: list the RDMA devices and exit */
 } kvd_opts_result_t;
 
 /* Fills defaults, then the config file (if --config), then the flags. */

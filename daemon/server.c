@@ -16,6 +16,8 @@
  */
 #include "server.h"
 #include "rpc_store.h"
+#include "nics.h"
+#include "ucxd.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -45,6 +47,7 @@ typedef enum src_kind {
     SRC_TCP_LISTEN,
     SRC_SIGNAL,
     SRC_TIMER,
+    SRC_UCX,
     SRC_CONN,
 } src_kind_t;
 
@@ -76,6 +79,10 @@ struct kvd_server {
     pthread_mutex_t store_lock;
     int epfd;
     src_t unix_listen, tcp_listen, sig, timer;
+    /* UCX workers reach the pool through the UCX server process (see
+     * ucxd.h); its control socket is watched as `ucx_src` */
+    kvd_ucxd_t *ucxd;
+    src_t ucx_src;
     conn_t *conns;
     conn_t *dead; /* closed during this batch, freed after it */
     uint64_t next_conn_id;
@@ -91,7 +98,8 @@ struct kvd_server {
     uint64_t usage_prev_published;
     uint64_t usage_prev_acquired;
     kvd_metrics_t *metrics;
-    kvd_msg_t msgs[2]; /* the request being served and its reply */
+    kvd_nic_list_t nics; /* RDMA ports found at start, for Stats */
+    kvd_msg_t msgs[2];   /* the request being served and its reply */
 };
 
 /* ------------------------------------------------------------ counters */
@@ -282,6 +290,16 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         c->closing = true;
         return;
     }
+    if (h->want_ucx && !kvd_ucxd_up(s->ucxd)) {
+        if (s->ucxd != NULL)
+            kvd_msg_error(rep, req->id, req->method, KVD_ERR_BUSY,
+                          "the UCX server is restarting; try again in a second");
+        else
+            kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNSUPPORTED,
+                          "this daemon does not serve UCX (--ucx %s%s)", s->opts.ucx,
+                          strcmp(s->opts.ucx, "off") ? ", and UCX did not start" : "");
+        return;
+    }
     if (h->n_namespaces > s->opts.max_batch) {
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_TOO_LARGE,
                       "%zu namespaces in one Hello is over --max-batch", h->n_namespaces);
@@ -314,6 +332,9 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     r->max_batch = (uint32_t)s->opts.max_batch;
     r->pool_bytes = kvd_pool_size(s->pool);
     r->connection_id = c->id;
+    if (h->want_ucx)
+        kvd_ucxd_peer(s->ucxd, &r->ucx_address, &r->ucx_address_len, &r->ucx_rkey,
+                      &r->ucx_rkey_len, &r->ucx_pool_base);
 }
 
 int kvd_server_ns_table(kvd_server_t *s, kvd_msg_t *m, kvd_ns_msg_t **out, size_t *n)
@@ -335,6 +356,8 @@ static void serve_stats(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
         kvd_store_check(s->store, st->check_error, sizeof(st->check_error));
     }
     pthread_mutex_unlock(&s->store_lock);
+    if (rc == KVD_OK)
+        rc = kvd_nics_to_msg(&s->nics, rep, &st->nics, &st->n_nics);
     if (rc != KVD_OK)
         kvd_msg_error(rep, req->id, req->method, rc, "out of memory");
 }
@@ -738,6 +761,37 @@ static void close_listeners(kvd_server_t *s)
 
 /* ------------------------------------------------------------- lifecycle */
 
+/* Starts the UCX server process, as --ucx says: auto goes on without UCX
+ * when it cannot start, on refuses to run without it. */
+static int start_ucx(kvd_server_t *s)
+{
+    if (strcmp(s->opts.ucx, "off") == 0)
+        return KVD_OK;
+    bool required = strcmp(s->opts.ucx, "on") == 0;
+    int rc =
+        kvd_ucxd_start(kvd_pool_fd(s->pool), kvd_pool_size(s->pool), 10000, &s->ucxd);
+    if (rc == KVD_OK) {
+        s->ucx_src = (src_t){SRC_UCX, kvd_ucxd_fd(s->ucxd)};
+        rc = watch(s, &s->ucx_src, EPOLLIN, EPOLL_CTL_ADD);
+    }
+    if (rc == KVD_OK) {
+        KVD_INFO("server", "UCX serves the pool (%s)",
+                 getenv("UCX_TLS") ? getenv("UCX_TLS") : "UCX_TLS unset: UCX picks");
+        return KVD_OK;
+    }
+    kvd_ucxd_stop(s->ucxd);
+    s->ucxd = NULL;
+    s->ucx_src.fd = -1;
+    if (required) {
+        KVD_ERROR("server", "--ucx on, but UCX cannot serve the pool: %s",
+                  kvd_status_str(rc));
+        return rc;
+    }
+    KVD_WARN("server", "UCX cannot serve the pool (%s): shared-memory workers only",
+             kvd_status_str(rc));
+    return KVD_OK;
+}
+
 int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **out)
 {
     kvd_server_t *s = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*s));
@@ -747,9 +801,10 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     s->pool = pool;
     s->start_ns = kvd_now_ns();
     s->usage_prev_ns = s->start_ns;
-    s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = -1;
+    s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = s->ucx_src.fd = -1;
     atomic_store(&s->health, KVD_HEALTH_STARTING);
     pthread_mutex_init(&s->store_lock, NULL);
+    kvd_nics_discover(&s->nics); /* empty when none, or without libibverbs */
     kvd_store_config_t scfg;
     kvd_store_config_default(&scfg, kvd_pool_size(pool));
     scfg.evict_high = opts->evict_high;
@@ -787,6 +842,8 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     if ((rc = watch(s, &s->sig, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
         (rc = watch(s, &s->timer, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK)
         goto fail;
+    if ((rc = start_ucx(s)) != KVD_OK)
+        goto fail;
     if ((rc = listen_unix(s)) != KVD_OK)
         goto fail;
     if (opts->listen[0] && (rc = listen_tcp(s)) != KVD_OK)
@@ -818,7 +875,9 @@ void kvd_server_destroy(kvd_server_t *s)
         close(s->timer.fd);
     if (s->epfd >= 0)
         close(s->epfd);
+    kvd_ucxd_stop(s->ucxd);
     kvd_store_destroy(s->store);
+    kvd_nics_free(&s->nics);
     pthread_mutex_destroy(&s->store_lock);
     kvd_mem_free(KVD_MEM_OTHER, s, sizeof(*s));
 }
@@ -918,6 +977,10 @@ static int on_tick(kvd_server_t *s)
                   kvd_status_str(perr));
         return 1;
     }
+    if (s->ucxd != NULL && !s->draining && kvd_ucxd_tick(s->ucxd, now)) {
+        s->ucx_src = (src_t){SRC_UCX, kvd_ucxd_fd(s->ucxd)};
+        watch(s, &s->ucx_src, EPOLLIN, EPOLL_CTL_ADD);
+    }
     pthread_mutex_lock(&s->store_lock);
     size_t expired = kvd_store_expire(s->store, now / 1000000);
     pthread_mutex_unlock(&s->store_lock);
@@ -970,6 +1033,12 @@ int kvd_server_run(kvd_server_t *s)
             case SRC_TIMER:
                 if (on_tick(s) != 0)
                     return 1;
+                break;
+            case SRC_UCX:
+                /* the UCX server died: reap it; on_tick starts the next */
+                epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->ucx_src.fd, NULL);
+                kvd_ucxd_on_event(s->ucxd);
+                s->ucx_src.fd = -1;
                 break;
             case SRC_CONN: {
                 conn_t *c = (conn_t *)src;

@@ -44,9 +44,8 @@ typedef struct kvd_linker kvd_linker_t;
 typedef struct kvd_linker_config {
     /* Unix socket of the daemon (NULL: the default instance's socket). */
     const char *socket_path;
-    /* "HOST:PORT" of a daemon's TCP listener; used instead of socket_path.
-     * (Loads and offloads need the same-host pool: TCP is for inspection
-     * until the remote transport exists.) */
+    /* "HOST:PORT" of a daemon's TCP listener; used instead of socket_path
+     * (bytes then move over UCX). */
     const char *connect;
     /* Shows up in the daemon's log. NULL: "libkvdock". */
     const char *client_name;
@@ -65,6 +64,11 @@ typedef struct kvd_linker_config {
      * writing into an unpopulated mapping ran at 0.3 GB/s); true: pages map
      * in on first use (for pools too large to map up front). */
     bool lazy_pool_mapping;
+    /* How bytes move: "shm" (the daemon's pool mapped here; Unix socket
+     * only), "ucx" (UCX RMA into the daemon's pool: RDMA, TCP or shared
+     * memory, as UCX_TLS says), "auto" (shm over a Unix socket, ucx over
+     * TCP). NULL: $KVDOCK_TRANSPORT, else auto. */
+    const char *transport;
 } kvd_linker_config_t;
 
 typedef enum kvd_linker_health {

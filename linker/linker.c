@@ -11,11 +11,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------- connection */
 
-/* Unmaps the pool; caller holds nothing (takes the map write lock). */
+/* Unmaps the pool and closes the UCX endpoint; caller holds nothing
+ * (takes the map write lock). */
 static void unmap_pool(kvd_linker_t *l)
 {
     pthread_rwlock_wrlock(&l->map);
@@ -23,12 +25,42 @@ static void unmap_pool(kvd_linker_t *l)
         munmap(l->pool_map, l->pool_bytes);
     l->pool_map = NULL;
     l->pool_bytes = 0;
+    kvd_transport_destroy(l->xport);
+    l->xport = NULL;
     pthread_rwlock_unlock(&l->map);
+}
+
+/* Opens the UCX endpoint to the daemon that sent `h`, with every device
+ * buffer's handle. Caller holds the map write lock. */
+static int open_ucx_locked(kvd_linker_t *l, const kvd_hello_rep_t *h,
+                           kvd_transport_t **out)
+{
+    if (h->ucx_address_len == 0 || h->ucx_rkey_len == 0)
+        return KVD_ERR_PROTOCOL;
+    kvd_ucx_peer_t peer = {.address = h->ucx_address,
+                           .address_len = h->ucx_address_len,
+                           .rkey = h->ucx_rkey,
+                           .rkey_len = h->ucx_rkey_len,
+                           .remote_base = h->ucx_pool_base,
+                           .remote_length = h->pool_bytes};
+    kvd_transport_t *t = NULL;
+    int rc = kvd_transport_open_ucx(l->ucx, &peer, &t);
+    pthread_mutex_lock(&l->lock);
+    for (uint32_t i = 0; rc == KVD_OK && i < l->n_pools; i++)
+        for (uint32_t k = 0; rc == KVD_OK && k < l->pools[i].n_mems; k++)
+            rc = kvd_transport_ucx_add_local(t, l->pools[i].mems[k]);
+    pthread_mutex_unlock(&l->lock);
+    if (rc != KVD_OK) {
+        kvd_transport_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return KVD_OK;
 }
 
 /* Says Hello with every registered pool's namespace and maps the pool.
  * Caller holds rpc. */
-static int connect_locked(kvd_linker_t *l)
+static int connect_once(kvd_linker_t *l)
 {
     kvd_client_t *c = NULL;
     int rc = l->connect[0] ? kvd_client_connect_tcp(l->connect, l->timeout_ms, &c)
@@ -50,7 +82,8 @@ static int connect_locked(kvd_linker_t *l)
     kvd_strlcpy(req.body.hello_req.client_name, l->client_name, KVD_NAME_MAX);
     req.body.hello_req.pid = (uint32_t)getpid();
     req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
-    req.body.hello_req.want_pool_fd = l->connect[0] == '\0';
+    req.body.hello_req.want_pool_fd = !l->use_ucx && l->connect[0] == '\0';
+    req.body.hello_req.want_ucx = l->use_ucx;
     req.body.hello_req.n_namespaces = n;
     req.body.hello_req.namespaces = specs;
     rc = kvd_client_call(c, &req, &rep, l->timeout_ms);
@@ -78,6 +111,17 @@ static int connect_locked(kvd_linker_t *l)
             atomic_fetch_add(&l->epoch, 1); /* old leases and offsets end here */
             pthread_rwlock_unlock(&l->map);
         }
+    } else if (rc == KVD_OK && l->use_ucx) {
+        pthread_rwlock_wrlock(&l->map);
+        kvd_transport_t *t = NULL;
+        rc = open_ucx_locked(l, &rep.body.hello_rep, &t);
+        if (rc == KVD_OK) {
+            kvd_transport_destroy(l->xport); /* idle: copies hold the read lock */
+            l->xport = t;
+            l->pool_bytes = rep.body.hello_rep.pool_bytes;
+            atomic_fetch_add(&l->epoch, 1);
+        }
+        pthread_rwlock_unlock(&l->map);
     } else if (rc == KVD_OK) {
         pthread_rwlock_wrlock(&l->map); /* no pool over TCP: a new epoch all the same */
         atomic_fetch_add(&l->epoch, 1);
@@ -98,6 +142,20 @@ static int connect_locked(kvd_linker_t *l)
     return rc;
 }
 
+/* connect_once, again while the daemon says busy (its UCX server is
+ * restarting: a second at most), within the timeout. */
+static int connect_locked(kvd_linker_t *l)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)l->timeout_ms * 1000000ull;
+    for (;;) {
+        int rc = connect_once(l);
+        if (rc != KVD_ERR_BUSY || kvd_now_ns() >= deadline)
+            return rc;
+        struct timespec ts = {0, 100 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Drops a broken connection: its pins and reservations are gone with it. */
 static void disconnect_locked(kvd_linker_t *l)
 {
@@ -110,6 +168,10 @@ int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect
 {
     memset(rep, 0, sizeof(*rep));
     pthread_mutex_lock(&l->rpc);
+    /* a failed endpoint takes its connection along: the pins and offsets
+     * of that epoch are void, the next connection brings a new endpoint */
+    if (l->client != NULL && atomic_load(&l->xport_failed) == atomic_load(&l->epoch))
+        disconnect_locked(l);
     int rc = l->client ? KVD_OK : may_connect ? connect_locked(l) : KVD_ERR_CLOSED;
     if (epoch)
         *epoch = atomic_load(&l->epoch); /* cannot change while rpc is held */
@@ -133,6 +195,8 @@ int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
 static uint64_t ensure_connected(kvd_linker_t *l, int *rc)
 {
     pthread_mutex_lock(&l->rpc);
+    if (l->client != NULL && atomic_load(&l->xport_failed) == atomic_load(&l->epoch))
+        disconnect_locked(l);
     *rc = l->client ? KVD_OK : connect_locked(l);
     pthread_mutex_unlock(&l->rpc);
     return *rc == KVD_OK ? atomic_load(&l->epoch) : 0;
@@ -165,6 +229,26 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     l->timeout_ms = config->timeout_ms > 0 ? config->timeout_ms : 5000;
     l->next_counter = 1;
     l->next_ack = 1;
+    /* shm when the daemon shares this host (a Unix socket), UCX otherwise;
+     * KVDOCK_TRANSPORT chooses when the config does not */
+    const char *tr = config->transport ? config->transport : getenv("KVDOCK_TRANSPORT");
+    if (tr == NULL || tr[0] == '\0' || strcmp(tr, "auto") == 0)
+        l->use_ucx = l->connect[0] != '\0';
+    else if (strcmp(tr, "ucx") == 0)
+        l->use_ucx = true;
+    else if (strcmp(tr, "shm") == 0 && l->connect[0] == '\0')
+        l->use_ucx = false;
+    else {
+        free(l);
+        return KVD_ERR_INVALID; /* unknown, or shm to a daemon over TCP */
+    }
+    if (l->use_ucx) {
+        int urc = kvd_ucx_create(l->client_name, false, &l->ucx);
+        if (urc != KVD_OK) {
+            free(l);
+            return urc;
+        }
+    }
     pthread_mutex_init(&l->rpc, NULL);
     pthread_mutex_init(&l->lock, NULL);
     pthread_cond_init(&l->cond, NULL);
@@ -203,13 +287,18 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     }
     free(l->done_loads.items);
     free(l->done_offloads.items);
-    for (uint32_t i = 0; i < l->n_pools; i++)
-        free(l->pools[i].layers);
     pthread_mutex_lock(&l->rpc);
     if (l->client)
         disconnect_locked(l);
     pthread_mutex_unlock(&l->rpc);
-    unmap_pool(l);
+    unmap_pool(l); /* the endpoint goes before the memory it used */
+    for (uint32_t i = 0; i < l->n_pools; i++) {
+        free(l->pools[i].layers);
+        for (uint32_t k = 0; k < l->pools[i].n_mems; k++)
+            kvd_ucx_mem_unmap(l->pools[i].mems[k]);
+        free(l->pools[i].mems);
+    }
+    kvd_ucx_destroy(l->ucx);
     pthread_rwlock_destroy(&l->map);
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);
@@ -276,6 +365,47 @@ static int check_desc(const kvd_pool_desc_t *d)
     return KVD_OK;
 }
 
+/* The extent of one buffer: every row, from the first to the last byte. */
+static uint64_t buffer_extent(const kvd_pool_desc_t *d, const kvd_pool_buffer_t *b)
+{
+    return (d->n_rows - 1) * b->row_stride + b->bytes_per_row;
+}
+
+static void unmap_buffers(lpool_t *p)
+{
+    for (uint32_t k = 0; k < p->n_mems; k++)
+        kvd_ucx_mem_unmap(p->mems[k]);
+    free(p->mems);
+    p->mems = NULL;
+    p->n_mems = 0;
+}
+
+/* Maps every device buffer of p with UCX, so that transfers use their
+ * handles instead of registering on the fly. The map write lock keeps
+ * the transfer thread off the UCX context meanwhile. */
+static int map_buffers(kvd_linker_t *l, lpool_t *p)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < p->desc.n_layers; i++)
+        n += p->layers[i].n_buffers;
+    p->mems = calloc(n, sizeof(*p->mems));
+    if (p->mems == NULL)
+        return KVD_ERR_NOMEM;
+    int rc = KVD_OK;
+    pthread_rwlock_wrlock(&l->map);
+    for (uint32_t i = 0; rc == KVD_OK && i < p->desc.n_layers; i++)
+        for (uint32_t b = 0; rc == KVD_OK && b < p->layers[i].n_buffers; b++) {
+            const kvd_pool_buffer_t *buf = &p->layers[i].buffers[b];
+            rc = kvd_ucx_mem_map(l->ucx, buf->base, buffer_extent(&p->desc, buf),
+                                 &p->mems[p->n_mems]);
+            p->n_mems += rc == KVD_OK;
+        }
+    pthread_rwlock_unlock(&l->map);
+    if (rc != KVD_OK)
+        unmap_buffers(p);
+    return rc;
+}
+
 KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
                               uint32_t *pool_id)
 {
@@ -307,6 +437,10 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
             }
         }
     ns_name_of(l, desc, p.ns_name, sizeof(p.ns_name));
+    if (l->use_ucx && (rc = map_buffers(l, &p)) != KVD_OK) {
+        free(p.layers);
+        return rc;
+    }
 
     /* register with the daemon first: a conflicting size is refused there */
     kvd_msg_t req, rep;
@@ -343,12 +477,25 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
             }
         }
         pthread_mutex_unlock(&l->lock);
+        if (added) {
+            /* the current endpoint learns the handles; a later one gets
+             * them from the pool list (rpc keeps them apart) */
+            /* (out of memory here only costs speed: UCX then registers
+             * those buffers on the fly) */
+            pthread_rwlock_wrlock(&l->map);
+            for (uint32_t k = 0; l->xport && k < p.n_mems; k++)
+                if (kvd_transport_ucx_add_local(l->xport, p.mems[k]) != KVD_OK)
+                    break;
+            pthread_rwlock_unlock(&l->map);
+        }
         pthread_mutex_unlock(&l->rpc);
     }
     if (rc == KVD_OK && !added)
         rc = KVD_ERR_CLOSED; /* the connection kept changing under us */
-    if (rc != KVD_OK)
+    if (rc != KVD_OK) {
         free(p.layers);
+        unmap_buffers(&p);
+    }
     return rc;
 }
 

@@ -15,6 +15,7 @@
 #include "devmem.h"
 #include "kvd_common.h"
 #include "kvd_proto.h"
+#include "kvd_transport.h"
 #include "kvdock.h"
 
 #include <pthread.h>
@@ -33,6 +34,8 @@ typedef struct lpool {
     uint64_t object_bytes;
     uint32_t rows;               /* rows of one object: page_size or 1 */
     const kvd_devmem_ops_t *dev; /* how its buffers are copied */
+    kvd_ucx_mem_t **mems;        /* ucx: each buffer mapped, for its handle */
+    uint32_t n_mems;
     _Atomic uint64_t lookup_hit_pages, load_bytes, offload_bytes;
     _Atomic uint64_t load_failures, offload_failures;
 } lpool_t;
@@ -113,8 +116,17 @@ struct kvd_linker {
     _Atomic uint64_t epoch;
 
     pthread_rwlock_t map;
-    uint8_t *pool_map;
+    uint8_t *pool_map; /* shm: the pool, mapped here */
     uint64_t pool_bytes;
+    /* ucx: the worker lives as long as the linker; the endpoint (xport)
+     * belongs to one connection and is replaced with the mapping. Only
+     * the transfer thread posts on it, under the map read lock; after it
+     * failed (xport_failed = its epoch) the next call reconnects. */
+    bool use_ucx;
+    kvd_ucx_t *ucx;
+    kvd_transport_t *xport;
+    _Atomic uint64_t xport_failed;
+    uint64_t next_cookie;
 
     pthread_mutex_t lock;
     pthread_cond_t cond;

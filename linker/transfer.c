@@ -9,9 +9,14 @@
  * order, buffer by buffer, the object's rows (page_size rows of a paged
  * pool, one row of a slot-addressed one).
  *
- * Copies go through each pool's device-memory backend (devmem.h): a layer
- * group is marked in place after its backend's sync, and an offload syncs
- * before it reads the device rows.
+ * With shm, copies go through each pool's device-memory backend
+ * (devmem.h) between the device rows and the mapped pool: a layer group is
+ * marked in place after its backend's sync, and an offload syncs before it
+ * reads the device rows. With ucx, the copies of one layer (a load) or of
+ * one offload transfer are gathered into one batch of RMA gets or puts
+ * between the device rows and the daemon's pool, and waited for; a WRITE
+ * batch completes only once the bytes are at the daemon, so the Publish
+ * that follows shows whole objects.
  */
 #include "linker_int.h"
 
@@ -20,23 +25,98 @@
 
 #define KEEP_FINISHED_BATCHES 64
 
-/* Moves one buffer's rows of one object: to the device (load) or from it,
- * through the pool's device-memory backend. */
-static int copy_rows(const kvd_devmem_ops_t *dev, const kvd_pool_buffer_t *buf,
-                     int64_t row0, uint32_t rows, uint8_t *obj, bool to_device)
+/* Where the copies of one step go: straight through the devmem backend
+ * (shm), or gathered into one transport batch (ucx). */
+typedef struct copier {
+    kvd_linker_t *l;
+    bool to_device;
+    kvd_xfer_t *v;
+    size_t n, cap;
+} copier_t;
+
+/* One contiguous copy between device memory at `d` and the pool at
+ * `pool_off`. Adjacent ones merge, so a contiguous run is one operation. */
+static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
+                    uint64_t pool_off, size_t n)
+{
+    kvd_linker_t *l = c->l;
+    if (l->xport == NULL) {
+        uint8_t *obj = l->pool_map + pool_off;
+        return c->to_device ? dev->copy(d, obj, n, true) : dev->copy(obj, d, n, false);
+    }
+    uint64_t local = (uint64_t)(uintptr_t)d;
+    if (c->n > 0) {
+        kvd_xfer_t *last = &c->v[c->n - 1];
+        if (last->local_offset + last->length == local &&
+            last->remote_offset + last->length == pool_off) {
+            last->length += n;
+            return KVD_OK;
+        }
+    }
+    if (c->n == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 64;
+        kvd_xfer_t *v = realloc(c->v, cap * sizeof(*v));
+        if (v == NULL)
+            return KVD_ERR_NOMEM;
+        c->v = v;
+        c->cap = cap;
+    }
+    c->v[c->n++] =
+        (kvd_xfer_t){.local_offset = local, .remote_offset = pool_off, .length = n};
+    return KVD_OK;
+}
+
+/* Runs what was gathered and waits for it. A failure (the daemon gone, a
+ * timeout) ends the endpoint here, which cancels whatever is still
+ * outstanding before the rows it wrote are reported, and marks the
+ * connection for a reconnect. Caller holds the map read lock and is the
+ * transfer thread, the endpoint's only user. */
+static int copy_run(copier_t *c)
+{
+    kvd_linker_t *l = c->l;
+    if (l->xport == NULL || c->n == 0)
+        return KVD_OK;
+    uint64_t cookie = ++l->next_cookie;
+    int rc = kvd_transport_post(l->xport, c->to_device ? KVD_XFER_READ : KVD_XFER_WRITE,
+                                c->v, c->n, cookie);
+    if (rc == KVD_OK)
+        rc = kvd_transport_wait(l->xport, cookie, l->timeout_ms);
+    c->n = 0;
+    if (rc != KVD_OK && rc != KVD_ERR_INVALID) {
+        KVD_WARN("linker", "%s over %s failed: %s; reconnecting",
+                 c->to_device ? "load" : "offload", kvd_transport_name(l->xport),
+                 kvd_status_str(rc));
+        kvd_transport_destroy(l->xport);
+        l->xport = NULL;
+        atomic_store(&l->xport_failed, atomic_load(&l->epoch));
+    }
+    return rc;
+}
+
+static void copy_free(copier_t *c)
+{
+    free(c->v);
+}
+
+/* Whether copies can run: a mapped pool or a live endpoint. */
+static bool data_path_up(const kvd_linker_t *l)
+{
+    return l->pool_map != NULL || l->xport != NULL;
+}
+
+/* Moves one buffer's rows of one object (at pool_off): to the device (a
+ * load) or from it. */
+static int copy_rows(copier_t *c, const kvd_devmem_ops_t *dev,
+                     const kvd_pool_buffer_t *buf, int64_t row0, uint32_t rows,
+                     uint64_t pool_off)
 {
     uint8_t *d = (uint8_t *)buf->base + (uint64_t)row0 * buf->row_stride;
-    if (buf->row_stride == buf->bytes_per_row) {
-        size_t n = (size_t)rows * buf->bytes_per_row;
-        return to_device ? dev->copy(d, obj, n, true) : dev->copy(obj, d, n, false);
-    }
+    if (buf->row_stride == buf->bytes_per_row)
+        return copy_add(c, dev, d, pool_off, (size_t)rows * buf->bytes_per_row);
     int rc = KVD_OK;
-    for (uint32_t r = 0; rc == KVD_OK && r < rows; r++) {
-        uint8_t *dr = d + (uint64_t)r * buf->row_stride;
-        uint8_t *o = obj + (uint64_t)r * buf->bytes_per_row;
-        rc = to_device ? dev->copy(dr, o, buf->bytes_per_row, true)
-                       : dev->copy(o, dr, buf->bytes_per_row, false);
-    }
+    for (uint32_t r = 0; rc == KVD_OK && r < rows; r++)
+        rc = copy_add(c, dev, d + (uint64_t)r * buf->row_stride,
+                      pool_off + (uint64_t)r * buf->bytes_per_row, buf->bytes_per_row);
     return rc;
 }
 
@@ -50,11 +130,10 @@ static uint64_t layer_offset(const lpool_t *p, uint32_t li)
     return off;
 }
 
-/* Copies layer li of keys [x->begin, x->end) of one transfer; adds the
- * bytes moved to *moved. Caller holds the map read lock. */
-static int copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_t *x,
-                      uint32_t li, bool to_device, const uint8_t *allocated,
-                      uint64_t *moved)
+/* Copies (or gathers) layer li of keys [x->begin, x->end) of one
+ * transfer; adds the bytes to *moved. Caller holds the map read lock. */
+static int copy_layer(copier_t *c, const lpool_t *p, const lxfer_t *x, uint32_t li,
+                      const uint8_t *allocated, uint64_t *moved)
 {
     uint64_t base_off = layer_offset(p, li);
     const kvd_pool_layer_t *ly = &p->layers[li];
@@ -64,9 +143,9 @@ static int copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_t *x,
         int64_t row0 = p->desc.addressing == KVD_ADDR_PAGED
                            ? x->idx[(size_t)i * p->desc.page_size]
                            : x->idx[i];
-        uint8_t *obj = l->pool_map + x->offsets[i] + base_off;
+        uint64_t obj = x->offsets[i] + base_off;
         for (uint32_t b = 0; b < ly->n_buffers; b++) {
-            int rc = copy_rows(p->dev, &ly->buffers[b], row0, p->rows, obj, to_device);
+            int rc = copy_rows(c, p->dev, &ly->buffers[b], row0, p->rows, obj);
             if (rc != KVD_OK)
                 return rc;
             obj += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
@@ -84,9 +163,10 @@ static int copy_layer(const kvd_linker_t *l, const lpool_t *p, const lxfer_t *x,
 static int copy_batch_layer(kvd_linker_t *l, lbatch_t *b, uint32_t layer_id)
 {
     int rc = KVD_OK;
+    copier_t c = {.l = l, .to_device = true};
     pthread_rwlock_rdlock(&l->map);
     uint64_t epoch = atomic_load(&l->epoch);
-    if (l->pool_map == NULL)
+    if (!data_path_up(l))
         rc = KVD_ERR_CLOSED;
     for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next) {
         for (size_t i = 0; i < ld->n; i++)
@@ -98,7 +178,7 @@ static int copy_batch_layer(kvd_linker_t *l, lbatch_t *b, uint32_t layer_id)
                 if (p->layers[li].layer_id != layer_id)
                     continue;
                 uint64_t moved = 0;
-                rc = copy_layer(l, p, x, li, true, NULL, &moved);
+                rc = copy_layer(&c, p, x, li, NULL, &moved);
                 atomic_fetch_add(&p->load_bytes, moved);
                 if (rc != KVD_OK)
                     break;
@@ -107,7 +187,10 @@ static int copy_batch_layer(kvd_linker_t *l, lbatch_t *b, uint32_t layer_id)
                 break;
         }
     }
+    if (rc == KVD_OK)
+        rc = copy_run(&c); /* one batch for the layer, all loads together */
     pthread_rwlock_unlock(&l->map);
+    copy_free(&c);
     return rc;
 }
 
@@ -242,19 +325,22 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
         no_space |= r == 3; /* KVD_RESERVE_NO_SPACE */
         if (r != 0)
             continue; /* exists or in flight: stored by someone: success */
-        if (l->pool_map == NULL || off > l->pool_bytes ||
-            object_bytes > l->pool_bytes - off)
+        if (!data_path_up(l) || off > l->pool_bytes || object_bytes > l->pool_bytes - off)
             rc = KVD_ERR_PROTOCOL;
         x->offsets[i] = off;
         allocated[i] = 1;
     }
+    copier_t c = {.l = l, .to_device = false};
     if (rc == KVD_OK) {
         uint64_t moved = 0;
         for (uint32_t li = 0; rc == KVD_OK && li < p->desc.n_layers; li++)
-            rc = copy_layer(l, p, x, li, false, allocated, &moved);
+            rc = copy_layer(&c, p, x, li, allocated, &moved);
+        if (rc == KVD_OK)
+            rc = copy_run(&c); /* complete at the daemon before Publish */
         atomic_fetch_add(&p->offload_bytes, moved);
     }
     pthread_rwlock_unlock(&l->map);
+    copy_free(&c);
     kvd_msg_clear(&rep);
     if (lease != 0 && (rc == KVD_OK || epoch == atomic_load(&l->epoch))) {
         /* copied: now the bytes may be seen; failed: the reservation goes

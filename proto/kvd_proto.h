@@ -140,6 +140,7 @@ typedef struct kvd_hello_req {
     size_t n_namespaces;
     kvd_ns_spec_t *namespaces;
     bool want_pool_fd;
+    bool want_ucx;
 } kvd_hello_req_t;
 
 typedef struct kvd_hello_rep {
@@ -154,6 +155,12 @@ typedef struct kvd_hello_rep {
     uint32_t *ns_ids;
     bool pool_fd_attached;
     uint64_t lease_ttl_ms;
+    /* UCX (want_ucx and the daemon runs it; lengths 0 otherwise) */
+    const uint8_t *ucx_address; /* in the message (arena or the daemon's) */
+    size_t ucx_address_len;
+    const uint8_t *ucx_rkey;
+    size_t ucx_rkey_len;
+    uint64_t ucx_pool_base;
 } kvd_hello_rep_t;
 
 typedef struct kvd_register_req {
@@ -356,6 +363,24 @@ typedef struct kvd_mem_stats {
     bool mlocked;
 } kvd_mem_stats_t;
 
+/* One RDMA port the daemon found at start (Stats). Text is "" when
+ * unknown; numa_node -1 when unknown, active_mtu 0 when unknown. */
+#define KVD_NIC_NAME_BYTES   64 /* IBV_SYSFS_NAME_MAX */
+#define KVD_NIC_STATE_BYTES  32
+#define KVD_NIC_LINK_BYTES   16
+#define KVD_NIC_GID_BYTES    48 /* INET6_ADDRSTRLEN */
+#define KVD_NIC_NETDEV_BYTES 32
+typedef struct kvd_nic_msg {
+    char device[KVD_NIC_NAME_BYTES];     /* "mlx5_0" */
+    uint32_t port;                       /* 1-based */
+    char state[KVD_NIC_STATE_BYTES];     /* "active", "down", ... */
+    char link_layer[KVD_NIC_LINK_BYTES]; /* "InfiniBand", "Ethernet", "unknown" */
+    char gid[KVD_NIC_GID_BYTES];         /* GID index 0, IPv6 text form */
+    int32_t numa_node;
+    char netdev[KVD_NIC_NETDEV_BYTES];
+    uint32_t active_mtu; /* bytes */
+} kvd_nic_msg_t;
+
 typedef struct kvd_stats_rep {
     char daemon_version[KVD_VERSION_MAX];
     char instance[KVD_NAME_MAX];
@@ -372,6 +397,8 @@ typedef struct kvd_stats_rep {
     kvd_ns_msg_t *namespaces;
     bool checked;
     char check_error[KVD_ERROR_MAX];
+    size_t n_nics; /* 0: no RDMA devices, or built without libibverbs */
+    kvd_nic_msg_t *nics;
 } kvd_stats_rep_t;
 
 /*

@@ -161,6 +161,29 @@ static Kvdock__NamespaceInfo **nsinfo_to_pb(kvd_msg_t *scr, const kvd_ns_msg_t *
     return ptrs;
 }
 
+/* The RDMA ports of a Stats reply; strings point into `in`. */
+static Kvdock__Nic **nics_to_pb(kvd_msg_t *scr, const kvd_nic_msg_t *in, size_t n)
+{
+    Kvdock__Nic **ptrs = arena_array(scr, n, sizeof(*ptrs));
+    Kvdock__Nic *items = arena_array(scr, n, sizeof(*items));
+    if (ptrs == NULL || items == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        Kvdock__Nic *o = &items[i];
+        kvdock__nic__init(o);
+        o->device = (char *)in[i].device;
+        o->port = in[i].port;
+        o->state = (char *)in[i].state;
+        o->link_layer = (char *)in[i].link_layer;
+        o->gid = (char *)in[i].gid;
+        o->numa_node = in[i].numa_node;
+        o->netdev = (char *)in[i].netdev;
+        o->active_mtu = in[i].active_mtu;
+        ptrs[i] = o;
+    }
+    return ptrs;
+}
+
 static Kvdock__ObjectInfo **objs_to_pb(kvd_msg_t *scr, const kvd_obj_msg_t *in, size_t n)
 {
     Kvdock__ObjectInfo **ptrs = arena_array(scr, n, sizeof(*ptrs));
@@ -343,7 +366,9 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->namespaces = nsinfo_to_pb(scr, s->namespaces, s->n_namespaces);
     r->checked = s->checked;
     r->check_error = (char *)s->check_error;
-    if (s->n_namespaces && r->namespaces == NULL)
+    r->n_nics = s->n_nics;
+    r->nics = nics_to_pb(scr, s->nics, s->n_nics);
+    if ((s->n_namespaces && r->namespaces == NULL) || (s->n_nics && r->nics == NULL))
         return NULL;
     return r;
 }
@@ -363,6 +388,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         h->pid = in->pid;
         h->protocol_version = in->protocol_version;
         h->want_pool_fd = in->want_pool_fd;
+        h->want_ucx = in->want_ucx;
         h->n_namespaces = in->n_namespaces;
         h->namespaces = specs_to_pb(scr, in->namespaces, in->n_namespaces);
         env->body_case = KVDOCK__ENVELOPE__BODY_HELLO_REQUEST;
@@ -551,6 +577,10 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         h->ns_ids = in->ns_ids;
         h->pool_fd_attached = in->pool_fd_attached;
         h->lease_ttl_ms = in->lease_ttl_ms;
+        h->ucx_address =
+            (ProtobufCBinaryData){in->ucx_address_len, (uint8_t *)in->ucx_address};
+        h->ucx_rkey = (ProtobufCBinaryData){in->ucx_rkey_len, (uint8_t *)in->ucx_rkey};
+        h->ucx_pool_base = in->ucx_pool_base;
         env->body_case = KVDOCK__ENVELOPE__BODY_HELLO_REPLY;
         env->hello_reply = h;
         return true;
@@ -775,6 +805,23 @@ static int keys_from_pb(kvd_msg_t *m, ProtobufCBinaryData pb, kvd_key_t **out, s
     return KVD_OK;
 }
 
+/* Opaque bytes (a UCX address or rkey), copied into the message. */
+static int bytes_from_pb(kvd_msg_t *m, ProtobufCBinaryData pb, const uint8_t **out,
+                         size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    if (pb.len == 0)
+        return KVD_OK;
+    uint8_t *v = arena_array(m, pb.len, 1);
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    memcpy(v, pb.data, pb.len);
+    *out = v;
+    *n = pb.len;
+    return KVD_OK;
+}
+
 static int specs_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceSpec **pb,
                          kvd_ns_spec_t **out)
 {
@@ -834,6 +881,29 @@ static int nsinfo_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceInfo **pb,
         v[i].published_bytes = pb[i]->published_bytes;
         v[i].acquired_bytes = pb[i]->acquired_bytes;
         v[i].acquire_failures = pb[i]->acquire_failures;
+    }
+    *out = v;
+    return KVD_OK;
+}
+
+/* The RDMA ports of a Stats reply; a string too long for its field is a
+ * protocol error, as for namespaces. */
+static int nics_from_pb(kvd_msg_t *m, size_t n, Kvdock__Nic **pb, kvd_nic_msg_t **out)
+{
+    kvd_nic_msg_t *v = arena_array(m, n, sizeof(*v));
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        const Kvdock__Nic *o = pb[i];
+        if (copy_str(v[i].device, sizeof(v[i].device), o->device) != KVD_OK ||
+            copy_str(v[i].state, sizeof(v[i].state), o->state) != KVD_OK ||
+            copy_str(v[i].link_layer, sizeof(v[i].link_layer), o->link_layer) != KVD_OK ||
+            copy_str(v[i].gid, sizeof(v[i].gid), o->gid) != KVD_OK ||
+            copy_str(v[i].netdev, sizeof(v[i].netdev), o->netdev) != KVD_OK)
+            return KVD_ERR_PROTOCOL;
+        v[i].port = o->port;
+        v[i].numa_node = o->numa_node;
+        v[i].active_mtu = o->active_mtu;
     }
     *out = v;
     return KVD_OK;
@@ -947,6 +1017,9 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
         store_stats_from_pb(r->store, &s->store);
     s->n_namespaces = r->n_namespaces;
     rc = nsinfo_from_pb(m, r->n_namespaces, r->namespaces, &s->namespaces);
+    if (rc == KVD_OK)
+        rc = nics_from_pb(m, r->n_nics, r->nics, &s->nics);
+    s->n_nics = rc == KVD_OK ? r->n_nics : 0;
     s->checked = r->checked;
     kvd_strlcpy(s->check_error, r->check_error ? r->check_error : "",
                 sizeof(s->check_error));
@@ -998,6 +1071,7 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->pid = r->pid;
         h->protocol_version = r->protocol_version;
         h->want_pool_fd = r->want_pool_fd;
+        h->want_ucx = r->want_ucx;
         h->n_namespaces = r->n_namespaces;
         int rc = copy_str(h->client_name, sizeof(h->client_name), r->client_name);
         return rc ? rc
@@ -1112,8 +1186,13 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->pool_fd_attached = r->pool_fd_attached;
         h->lease_ttl_ms = r->lease_ttl_ms;
         h->n_ns_ids = r->n_ns_ids;
+        h->ucx_pool_base = r->ucx_pool_base;
         int rc =
             copy_str(h->daemon_version, sizeof(h->daemon_version), r->daemon_version);
+        if (rc == KVD_OK)
+            rc = bytes_from_pb(out, r->ucx_address, &h->ucx_address, &h->ucx_address_len);
+        if (rc == KVD_OK)
+            rc = bytes_from_pb(out, r->ucx_rkey, &h->ucx_rkey, &h->ucx_rkey_len);
         if (rc == KVD_OK)
             rc = copy_str(h->instance, sizeof(h->instance), r->instance);
         return rc ? rc : u32s_from_pb(out, r->n_ns_ids, r->ns_ids, &h->ns_ids);

@@ -2,10 +2,8 @@
  * shm.c - the same-host backend: both regions are mapped in this process
  * (the peer's through its shared-memory file), so a transfer is a memcpy
  * done at post time; poll hands the completions back in posting order.
- *
- * Completions wait in a small growable ring until polled.
  */
-#include "kvd_transport.h"
+#include "transport_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -14,8 +12,7 @@ typedef struct shm_transport {
     kvd_transport_t base;
     kvd_region_t local;
     kvd_region_t remote;
-    kvd_xfer_done_t *done;
-    size_t done_head, done_len, done_cap;
+    kvd_done_ring_t done;
 } shm_transport_t;
 
 static int shm_post(kvd_transport_t *t, kvd_xfer_dir_t dir, const kvd_xfer_t *xfers,
@@ -26,18 +23,8 @@ static int shm_post(kvd_transport_t *t, kvd_xfer_dir_t dir, const kvd_xfer_t *xf
         if (!kvd_range_ok(xfers[i].local_offset, xfers[i].length, s->local.length) ||
             !kvd_range_ok(xfers[i].remote_offset, xfers[i].length, s->remote.length))
             return KVD_ERR_INVALID;
-    if (s->done_len == s->done_cap) {
-        size_t cap = s->done_cap ? s->done_cap * 2 : 16;
-        kvd_xfer_done_t *d = malloc(cap * sizeof(*d));
-        if (d == NULL)
-            return KVD_ERR_NOMEM;
-        for (size_t i = 0; i < s->done_len; i++)
-            d[i] = s->done[(s->done_head + i) % s->done_cap];
-        free(s->done);
-        s->done = d;
-        s->done_cap = cap;
-        s->done_head = 0;
-    }
+    if (kvd_done_ring_reserve(&s->done, s->done.len + 1) != KVD_OK)
+        return KVD_ERR_NOMEM;
     uint8_t *l = s->local.base, *r = s->remote.base;
     for (size_t i = 0; i < n; i++) {
         const kvd_xfer_t *x = &xfers[i];
@@ -46,30 +33,21 @@ static int shm_post(kvd_transport_t *t, kvd_xfer_dir_t dir, const kvd_xfer_t *xf
         else
             memcpy(r + x->remote_offset, l + x->local_offset, x->length);
     }
-    s->done[(s->done_head + s->done_len) % s->done_cap] =
-        (kvd_xfer_done_t){.cookie = cookie, .status = KVD_OK};
-    s->done_len++;
+    kvd_done_ring_push(&s->done, cookie, KVD_OK);
     return KVD_OK;
 }
 
 static int shm_poll(kvd_transport_t *t, kvd_xfer_done_t *done, size_t max, size_t *n_done)
 {
     shm_transport_t *s = (shm_transport_t *)t;
-    size_t n = KVD_MIN(max, s->done_len);
-    for (size_t i = 0; i < n; i++)
-        done[i] = s->done[(s->done_head + i) % s->done_cap];
-    if (n > 0) {
-        s->done_head = (s->done_head + n) % s->done_cap;
-        s->done_len -= n;
-    }
-    *n_done = n;
+    *n_done = kvd_done_ring_pop(&s->done, done, max);
     return KVD_OK;
 }
 
 static void shm_destroy(kvd_transport_t *t)
 {
     shm_transport_t *s = (shm_transport_t *)t;
-    free(s->done);
+    kvd_done_ring_free(&s->done);
     free(s);
 }
 
@@ -77,6 +55,7 @@ static const kvd_transport_ops_t shm_ops = {
     .name = "shm",
     .post = shm_post,
     .poll = shm_poll,
+    .progress = kvd_transport_progress_none,
     .destroy = shm_destroy,
 };
 

@@ -164,9 +164,11 @@ int dt_stats(kvd_client_t *c, kvd_stats_rep_t *out)
         rc = rep->status;
     if (rc == KVD_OK) {
         *out = rep->body.stats_rep;
-        /* the namespace table lives in rep's arena: not kept */
+        /* the namespace table and the nics live in rep's arena: not kept */
         out->n_namespaces = 0;
         out->namespaces = NULL;
+        out->n_nics = 0;
+        out->nics = NULL;
     }
     kvd_msg_clear(rep);
     free(req);
