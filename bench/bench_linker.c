@@ -18,7 +18,9 @@
  * With --transport ucx the bytes move by UCX RMA (UCX_TLS chooses what
  * runs underneath) and the reference is ucx_perftest in the same run and
  * the same UCX_TLS: ucp_get and ucp_put_bw at the size of one operation of
- * the layout (one page's rows of one buffer: what the linker posts).
+ * the layout (one page's rows of one buffer: what the linker posts), and
+ * ucp_am_bw at 8 MiB (the size of a message of the linker's message mode,
+ * which KVDOCK_UCX_MODE / auto picks on TCP).
  */
 #include "bench.h"
 #include "kvdock.h"
@@ -384,9 +386,9 @@ int bench_mode_linker(int argc, char **argv)
     printf("transport %s%s%s\n", transport, ucx ? ", UCX_TLS=" : "",
            ucx ? (getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)") : "");
     if (ucx)
-        printf("%-7s %10s %8s %12s %12s %14s %10s %10s %8s %8s\n", "layout", "bytes",
+        printf("%-7s %10s %8s %12s %12s %14s %9s %9s %9s %8s %8s\n", "layout", "bytes",
                "op", "offload GB/s", "load GB/s", "first layer ms", "get GB/s",
-               "put GB/s", "load/ref", "off/ref");
+               "put GB/s", "am GB/s", "load/ref", "off/ref");
     else
         printf("%-7s %10s %12s %12s %14s %12s %10s\n", "layout", "bytes", "offload GB/s",
                "load GB/s", "first layer ms", "memcpy GB/s", "load/cpy");
@@ -422,12 +424,15 @@ int bench_mode_linker(int argc, char **argv)
             /* the reference: the better of get and put at the op size */
             double get = perftest_gbs("ucp_get", op_bytes(lo));
             double put = perftest_gbs("ucp_put_bw", op_bytes(lo));
+            /* and, for the message mode, active messages at 8 MiB (the
+             * size of its messages); not part of the ratio */
+            double am = perftest_gbs("ucp_am_bw", 8u << 20);
             double ref = KVD_MAX(get, put);
             char b[32], o[32];
-            printf("%-7s %10s %8s %12.2f %12.2f %14.2f %10.2f %10.2f %8.2f %8.2f\n",
+            printf("%-7s %10s %8s %12.2f %12.2f %14.2f %9.2f %9.2f %9.2f %8.2f %8.2f\n",
                    lo->name, kvd_size_format(best.bytes, b, sizeof(b)),
                    kvd_size_format(op_bytes(lo), o, sizeof(o)), best.offload_gbs,
-                   best.load_gbs, best.first_layer_ms, get, put,
+                   best.load_gbs, best.first_layer_ms, get, put, am,
                    ref > 0 ? best.load_gbs / ref : 0.0,
                    ref > 0 ? best.offload_gbs / ref : 0.0);
             fflush(stdout);

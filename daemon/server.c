@@ -992,6 +992,7 @@ static int on_tick(kvd_server_t *s)
     if (!s->draining && kvd_server_health(s) == KVD_HEALTH_STARTING &&
         kvd_pool_ready(s->pool)) {
         atomic_store(&s->health, KVD_HEALTH_READY);
+        kvd_ucxd_pool_ready(s->ucxd);
         char a[32];
         KVD_INFO("server", "ready: pool %s populated in %.2f s, serving %s",
                  kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),

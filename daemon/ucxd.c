@@ -25,12 +25,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define UCXD_MAGIC      0x6b766478u /* "kvdx" */
-#define UCXD_MSG_MAX    65536
-#define UCXD_RESTART_NS 1000000000ull
-#define UCXD_STOP_MS    2000
-#define UCXD_CHILD_POOL 3 /* the fds the child finds its pool and socket on */
-#define UCXD_CHILD_SOCK 4
+#define UCXD_MAGIC          0x6b766478u /* "kvdx" */
+#define UCXD_MSG_MAX        65536
+#define UCXD_RESTART_NS     1000000000ull
+#define UCXD_STOP_MS        2000
+#define UCXD_CHILD_POOL     3 /* the fds the child finds its pool and socket on */
+#define UCXD_CHILD_SOCK     4
+#define UCXD_POPULATE_CHUNK (64ull << 20)
+#define UCXD_SPIN_NS        (200ull * 1000)
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 
 typedef struct ucxd_hdr {
     uint32_t magic, addr_len, rkey_len, zero;
@@ -47,6 +52,7 @@ struct kvd_ucxd {
     size_t msg_len;
     uint64_t last_start_ns;
     unsigned restarts;
+    bool pool_ready; /* told to every child, which then maps the pages */
 };
 
 /* ------------------------------------------------------------- parent */
@@ -162,6 +168,8 @@ static int spawn(kvd_ucxd_t *x)
         drop_child(x, UCXD_STOP_MS);
         return rc == KVD_ERR_PROTOCOL ? rc : KVD_ERR_UNAVAILABLE;
     }
+    if (x->pool_ready)
+        send(x->sock, "R", 1, MSG_NOSIGNAL);
     const ucxd_hdr_t *h = (const ucxd_hdr_t *)x->msg;
     KVD_INFO("ucx", "UCX server pid %d serves the pool (address %u bytes, rkey %u bytes)",
              (int)pid, h->addr_len, h->rkey_len);
@@ -207,6 +215,15 @@ void kvd_ucxd_peer(const kvd_ucxd_t *x, const uint8_t **addr, size_t *addr_len,
     *base = h->base;
 }
 
+void kvd_ucxd_pool_ready(kvd_ucxd_t *x)
+{
+    if (x == NULL || x->pool_ready)
+        return;
+    x->pool_ready = true;
+    if (x->sock >= 0)
+        send(x->sock, "R", 1, MSG_NOSIGNAL);
+}
+
 void kvd_ucxd_on_event(kvd_ucxd_t *x)
 {
     /* the child never writes after its description: readable means gone */
@@ -234,9 +251,15 @@ void kvd_ucxd_stop(kvd_ucxd_t *x)
 
 /* -------------------------------------------------------------- child */
 
-/* Progresses the worker until the parent closes the socket. */
-static int serve(kvd_ucx_t *u, int sock)
+/* Progresses the worker until the parent closes the socket. Once the
+ * parent says the pool is populated ('R'), this process maps its pages in
+ * too, a chunk per pass: the pages exist already, but a write through this
+ * mapping would otherwise fault once per 4 KiB (measured: offloads over
+ * TCP spent 14% of this process in page faults). Waiting for the parent
+ * keeps --populate-rate the pool's pace. */
+static int serve(kvd_ucx_t *u, int sock, uint8_t *pool, uint64_t bytes)
 {
+    uint64_t populated = bytes; /* nothing to do until 'R' */
     int ep = epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0)
         return 1;
@@ -245,17 +268,39 @@ static int serve(kvd_ucx_t *u, int sock)
     epoll_ctl(ep, EPOLL_CTL_ADD, ev.data.fd, &ev);
     ev.data.fd = sock;
     epoll_ctl(ep, EPOLL_CTL_ADD, sock, &ev);
+    uint64_t active_ns = 0;
     for (;;) {
+        /* while requests keep coming, poll rather than sleep: over TCP a
+         * rendezvous takes several round trips, each a wake-up otherwise */
+        if (kvd_ucx_progress(u) > 0) {
+            active_ns = kvd_now_ns();
+            continue;
+        }
+        if (kvd_now_ns() - active_ns < UCXD_SPIN_NS)
+            continue;
         kvd_ucx_drive(u);
+        if (populated < bytes) {
+            uint64_t len = KVD_MIN(bytes - populated, UCXD_POPULATE_CHUNK);
+            if (madvise(pool + populated, len, MADV_POPULATE_WRITE) != 0)
+                populated = bytes; /* an older kernel: fault on first use */
+            else
+                populated += len;
+        }
         struct epoll_event got[4];
-        int n = epoll_wait(ep, got, 4, 1000);
+        int n = epoll_wait(ep, got, 4, populated < bytes ? 0 : 1000);
         if (n < 0 && errno != EINTR)
             break;
-        for (int i = 0; i < n; i++)
-            if (got[i].data.fd == sock) {
-                close(ep);
-                return 0; /* the parent closed its end: done */
+        for (int i = 0; i < n; i++) {
+            if (got[i].data.fd != sock)
+                continue;
+            char c = 0;
+            if (recv(sock, &c, 1, MSG_DONTWAIT) == 1 && c == 'R') {
+                populated = 0;
+                continue;
             }
+            close(ep);
+            return 0; /* the parent closed its end: done */
+        }
     }
     close(ep);
     return 1;
@@ -282,6 +327,8 @@ int kvd_ucxd_main(int argc, char **argv)
     int rc = kvd_ucx_create("kvdockd", true, &u);
     if (rc == KVD_OK)
         rc = kvd_ucx_mem_map(u, pool, bytes, &mem);
+    if (rc == KVD_OK)
+        rc = kvd_ucx_serve_messages(u, mem); /* for workers on TCP */
     if (rc != KVD_OK) {
         KVD_ERROR("ucxd", "UCX cannot serve the pool: %s", kvd_status_str(rc));
         kvd_ucx_destroy(u);
@@ -300,7 +347,7 @@ int kvd_ucxd_main(int argc, char **argv)
     int status = 1;
     if (sizeof(h) + alen + klen <= UCXD_MSG_MAX &&
         sendmsg((int)sock, &m, MSG_NOSIGNAL) > 0)
-        status = serve(u, (int)sock);
+        status = serve(u, (int)sock, pool, bytes);
     kvd_ucx_mem_unmap(mem);
     kvd_ucx_destroy(u);
     munmap(pool, bytes);

@@ -41,6 +41,10 @@ bool kvd_ucxd_up(const kvd_ucxd_t *x);
 void kvd_ucxd_peer(const kvd_ucxd_t *x, const uint8_t **addr, size_t *addr_len,
                    const uint8_t **rkey, size_t *rkey_len, uint64_t *base);
 
+/* The pool is populated: the child (and every later one) maps its pages
+ * in, at its own pace, so that writes through it do not fault. */
+void kvd_ucxd_pool_ready(kvd_ucxd_t *x);
+
 /* The control socket fired: reaps a dead child (logging how it died). */
 void kvd_ucxd_on_event(kvd_ucxd_t *x);
 

@@ -69,6 +69,12 @@ typedef struct kvd_linker_config {
      * memory, as UCX_TLS says), "auto" (shm over a Unix socket, ucx over
      * TCP). NULL: $KVDOCK_TRANSPORT, else auto. */
     const char *transport;
+    /* With ucx: "rma" (one-sided get/put: RDMA NICs), "am" (active
+     * messages the daemon's UCX server answers: several times faster where
+     * UCX emulates RMA in software, i.e. TCP), "auto" (rma when this host
+     * has an RDMA device and UCX_TLS does not rule it out, am otherwise).
+     * NULL: $KVDOCK_UCX_MODE, else auto. */
+    const char *ucx_mode;
 } kvd_linker_config_t;
 
 typedef enum kvd_linker_health {

@@ -6,6 +6,7 @@
  */
 #include "linker_int.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +43,8 @@ static int open_ucx_locked(kvd_linker_t *l, const kvd_hello_rep_t *h,
                            .rkey = h->ucx_rkey,
                            .rkey_len = h->ucx_rkey_len,
                            .remote_base = h->ucx_pool_base,
-                           .remote_length = h->pool_bytes};
+                           .remote_length = h->pool_bytes,
+                           .mode = l->ucx_mode};
     kvd_transport_t *t = NULL;
     int rc = kvd_transport_open_ucx(l->ucx, &peer, &t);
     pthread_mutex_lock(&l->lock);
@@ -204,6 +206,39 @@ static uint64_t ensure_connected(kvd_linker_t *l, int *rc)
 
 /* ------------------------------------------------------------ open/close */
 
+/* Whether UCX will likely run RDMA here: an RDMA device, and UCX_TLS unset
+ * or naming a verbs transport. */
+static bool rdma_likely(void)
+{
+    DIR *d = opendir("/sys/class/infiniband");
+    bool dev = false;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        dev |= e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    const char *tls = getenv("UCX_TLS");
+    if (!dev || tls == NULL || tls[0] == '\0' || strstr(tls, "all"))
+        return dev;
+    static const char *const rdma[] = {"rc", "dc", "ud", "ib", "mlx", "verbs", "roce"};
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(rdma); i++)
+        if (strstr(tls, rdma[i]))
+            return true;
+    return false;
+}
+
+static int choose_ucx_mode(const char *m, kvd_ucx_mode_t *out)
+{
+    if (m == NULL || m[0] == '\0' || strcmp(m, "auto") == 0)
+        *out = rdma_likely() ? KVD_UCX_MODE_RMA : KVD_UCX_MODE_AM;
+    else if (strcmp(m, "rma") == 0)
+        *out = KVD_UCX_MODE_RMA;
+    else if (strcmp(m, "am") == 0)
+        *out = KVD_UCX_MODE_AM;
+    else
+        return KVD_ERR_INVALID;
+    return KVD_OK;
+}
+
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out)
 {
     if (config == NULL || out == NULL)
@@ -241,6 +276,12 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     else {
         free(l);
         return KVD_ERR_INVALID; /* unknown, or shm to a daemon over TCP */
+    }
+    int mrc = choose_ucx_mode(
+        config->ucx_mode ? config->ucx_mode : getenv("KVDOCK_UCX_MODE"), &l->ucx_mode);
+    if (mrc != KVD_OK) {
+        free(l);
+        return mrc;
     }
     if (l->use_ucx) {
         int urc = kvd_ucx_create(l->client_name, false, &l->ucx);

@@ -123,6 +123,7 @@ struct kvd_linker {
      * the transfer thread posts on it, under the map read lock; after it
      * failed (xport_failed = its epoch) the next call reconnects. */
     bool use_ucx;
+    kvd_ucx_mode_t ucx_mode;
     kvd_ucx_t *ucx;
     kvd_transport_t *xport;
     _Atomic uint64_t xport_failed;

@@ -162,6 +162,17 @@ int kvd_ucx_mem_map(kvd_ucx_t *u, void *base, uint64_t len, kvd_ucx_mem_t **out)
 void kvd_ucx_mem_rkey(const kvd_ucx_mem_t *m, const void **rkey, size_t *len);
 void kvd_ucx_mem_unmap(kvd_ucx_mem_t *m);
 
+/* How a ucx transport moves bytes. */
+typedef enum kvd_ucx_mode {
+    /* one-sided get/put on the peer's region: the peer's CPU is not
+     * involved where the NIC does RMA (RDMA verbs) */
+    KVD_UCX_MODE_RMA = 0,
+    /* active messages the peer's worker serves (kvd_ucx_serve_messages):
+     * for transports where UCX emulates RMA in software (TCP), which move
+     * several times more this way */
+    KVD_UCX_MODE_AM = 1,
+} kvd_ucx_mode_t;
+
 /* The peer a ucx transport talks to: its worker, and its region. */
 typedef struct kvd_ucx_peer {
     const void *address;
@@ -170,6 +181,7 @@ typedef struct kvd_ucx_peer {
     size_t rkey_len;
     uint64_t remote_base; /* the region's address in the peer */
     uint64_t remote_length;
+    kvd_ucx_mode_t mode;
 } kvd_ucx_peer_t;
 
 /*
@@ -184,6 +196,11 @@ typedef struct kvd_ucx_peer {
  */
 int kvd_transport_open_ucx(kvd_ucx_t *u, const kvd_ucx_peer_t *peer,
                            kvd_transport_t **out);
+
+/* Serves message-mode requests (KVD_UCX_MODE_AM) for the region m on u's
+ * worker, from its progress. Ranges outside m are refused (the requester
+ * is told). KVD_ERR_INVALID, KVD_ERR_IO. */
+int kvd_ucx_serve_messages(kvd_ucx_t *u, const kvd_ucx_mem_t *m);
 
 /* Lets batches of t use m's handle for local memory inside m. */
 int kvd_transport_ucx_add_local(kvd_transport_t *t, const kvd_ucx_mem_t *m);

@@ -16,6 +16,10 @@
  * only by that thread then (created before it starts, destroyed after it
  * is joined). The test thread drives the client.
  *
+ * KVD_TEST_UCX_MODE=am runs every test in the message mode instead of
+ * one-sided RMA: the server then also serves messages for its region
+ * (kvd_ucx_serve_messages), and the same behaviour is required.
+ *
  * Where UCX cannot start, or cannot reach the server, with this UCX_TLS,
  * the program prints why and exits 77 (meson: SKIP).
  */
@@ -137,7 +141,11 @@ static int server_resume(server_t *s)
 /* The peer description a client needs to reach s's region. */
 static kvd_ucx_peer_t peer_of(const server_t *s)
 {
-    kvd_ucx_peer_t p = {.remote_base = addr_of(s->region), .remote_length = REMOTE_BYTES};
+    const char *mode = getenv("KVD_TEST_UCX_MODE");
+    kvd_ucx_peer_t p = {.remote_base = addr_of(s->region),
+                        .remote_length = REMOTE_BYTES,
+                        .mode = mode && strcmp(mode, "am") == 0 ? KVD_UCX_MODE_AM
+                                                                : KVD_UCX_MODE_RMA};
     kvd_ucx_address(s->ucx, &p.address, &p.address_len);
     kvd_ucx_mem_rkey(s->mem, &p.rkey, &p.rkey_len);
     return p;
@@ -161,6 +169,9 @@ static int server_start(server_t *s)
     if (kvd_ucx_efd(s->ucx) < 0)
         return KVD_ERR_STATE;
     rc = kvd_ucx_mem_map(s->ucx, s->region, REMOTE_BYTES, &s->mem);
+    if (rc != KVD_OK)
+        return rc;
+    rc = kvd_ucx_serve_messages(s->ucx, s->mem);
     if (rc != KVD_OK)
         return rc;
     s->peer = peer_of(s);
@@ -219,6 +230,10 @@ static void fixture_close(fixture_t *f)
 {
     kvd_transport_destroy(f->t);
     f->t = NULL;
+    /* answers the server still sends (message mode) finish only with the
+     * client's worker driven: drive it a while, as a live worker would */
+    for (uint64_t end = kvd_now_ns() + 100000000ull; f->ucx && kvd_now_ns() < end;)
+        kvd_ucx_progress(f->ucx);
     /* the server first: it may still answer the client's worker */
     server_free(&f->srv);
     kvd_ucx_destroy(f->ucx);
