@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,10 +100,16 @@ int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
         argv[n++] = extra_args[i];
     argv[n] = NULL;
 
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0)
         return -1;
     if (pid == 0) {
+        /* a test that crashes does not leave its daemon behind (the thread
+         * that starts daemons is the test's main thread) */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(127);
         int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             dup2(fd, STDOUT_FILENO);
