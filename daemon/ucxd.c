@@ -14,6 +14,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,15 +253,39 @@ void kvd_ucxd_stop(kvd_ucxd_t *x)
 
 /* -------------------------------------------------------------- child */
 
+/* Maps the pool's pages into this process, on a thread of its own: the
+ * pages exist already (the parent populated them), but a write through
+ * this mapping would otherwise fault once per 4 KiB (measured: offloads
+ * over TCP spent 14% of this process in page faults), and on this VM a
+ * fault costs ~5 us, so the whole pool takes seconds; done from the serving
+ * loop, each chunk stalled every transfer in flight. */
+typedef struct populator {
+    uint8_t *pool;
+    uint64_t bytes;
+    atomic_bool stop;
+} populator_t;
+
+static void *populate_main(void *arg)
+{
+    populator_t *p = arg;
+    for (uint64_t at = 0; at < p->bytes && !atomic_load(&p->stop);) {
+        uint64_t len = KVD_MIN(p->bytes - at, UCXD_POPULATE_CHUNK);
+        if (madvise(p->pool + at, len, MADV_POPULATE_WRITE) != 0)
+            break; /* an older kernel: pages fault in on first use */
+        at += len;
+    }
+    return NULL;
+}
+
 /* Progresses the worker until the parent closes the socket. Once the
- * parent says the pool is populated ('R'), this process maps its pages in
- * too, a chunk per pass: the pages exist already, but a write through this
- * mapping would otherwise fault once per 4 KiB (measured: offloads over
- * TCP spent 14% of this process in page faults). Waiting for the parent
- * keeps --populate-rate the pool's pace. */
+ * parent says the pool is populated ('R'), the populator thread maps it
+ * here too (waiting for the parent keeps --populate-rate the pool's pace). */
 static int serve(kvd_ucx_t *u, int sock, uint8_t *pool, uint64_t bytes)
 {
-    uint64_t populated = bytes; /* nothing to do until 'R' */
+    populator_t pop = {.pool = pool, .bytes = bytes};
+    pthread_t pop_thread;
+    bool pop_started = false;
+    int status = 1;
     int ep = epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0)
         return 1;
@@ -279,31 +305,34 @@ static int serve(kvd_ucx_t *u, int sock, uint8_t *pool, uint64_t bytes)
         if (kvd_now_ns() - active_ns < UCXD_SPIN_NS)
             continue;
         kvd_ucx_drive(u);
-        if (populated < bytes) {
-            uint64_t len = KVD_MIN(bytes - populated, UCXD_POPULATE_CHUNK);
-            if (madvise(pool + populated, len, MADV_POPULATE_WRITE) != 0)
-                populated = bytes; /* an older kernel: fault on first use */
-            else
-                populated += len;
-        }
         struct epoll_event got[4];
-        int n = epoll_wait(ep, got, 4, populated < bytes ? 0 : 1000);
+        int n = epoll_wait(ep, got, 4, 1000);
         if (n < 0 && errno != EINTR)
             break;
+        bool done = false;
         for (int i = 0; i < n; i++) {
             if (got[i].data.fd != sock)
                 continue;
             char c = 0;
             if (recv(sock, &c, 1, MSG_DONTWAIT) == 1 && c == 'R') {
-                populated = 0;
+                if (!pop_started)
+                    pop_started =
+                        pthread_create(&pop_thread, NULL, populate_main, &pop) == 0;
                 continue;
             }
-            close(ep);
-            return 0; /* the parent closed its end: done */
+            done = true; /* the parent closed its end */
+        }
+        if (done) {
+            status = 0;
+            break;
         }
     }
+    if (pop_started) {
+        atomic_store(&pop.stop, true);
+        pthread_join(pop_thread, NULL);
+    }
     close(ep);
-    return 1;
+    return status;
 }
 
 int kvd_ucxd_main(int argc, char **argv)
