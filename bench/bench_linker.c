@@ -15,6 +15,11 @@
  * completion, wipes the device buffers, then loads them back layer-wise:
  * time to the first layer in place, and the whole load in GB/s.
  *
+ * --pool SIZE sizes the daemon's pool (default 3G: every run lands on pool
+ * memory nobody has written through the writer's mapping yet, which on
+ * this VM is the slow case; a pool smaller than the runs' bytes, e.g.
+ * 768M, recycles memory through eviction and measures the steady state).
+ *
  * With --transport ucx the bytes move by UCX RMA (UCX_TLS chooses what
  * runs underneath) and the reference is ucx_perftest in the same run and
  * the same UCX_TLS: ucp_get and ucp_put_bw at the size of one operation of
@@ -349,12 +354,13 @@ static double perftest_gbs(const char *test, uint64_t size)
 int bench_mode_linker(int argc, char **argv)
 {
     const char *kvdockd = NULL;
-    const char *transport = "shm";
+    const char *transport = "shm", *pool_size = "3G";
     uint64_t pages = 32, runs = 3;
     static const struct option longopts[] = {{"kvdockd", required_argument, NULL, 'k'},
                                              {"pages", required_argument, NULL, 'p'},
                                              {"runs", required_argument, NULL, 'r'},
                                              {"transport", required_argument, NULL, 't'},
+                                             {"pool", required_argument, NULL, 'P'},
                                              {NULL, 0, NULL, 0}};
     int c;
     optind = 1;
@@ -363,6 +369,8 @@ int bench_mode_linker(int argc, char **argv)
             kvdockd = optarg;
         else if (c == 't' && (strcmp(optarg, "shm") == 0 || strcmp(optarg, "ucx") == 0))
             transport = optarg;
+        else if (c == 'P')
+            pool_size = optarg; /* kvdockd checks it */
         else if (c == 'p' && kvd_u64_parse(optarg, 8, 1024, &pages) == KVD_OK)
             continue;
         else if (c == 'r' && kvd_u64_parse(optarg, 1, 100, &runs) == KVD_OK)
@@ -373,12 +381,12 @@ int bench_mode_linker(int argc, char **argv)
     if (kvdockd == NULL) {
         fprintf(stderr,
                 "Usage: kvdock-bench linker --kvdockd PATH [--pages N] [--runs R] "
-                "[--transport shm|ucx]\n");
+                "[--transport shm|ucx] [--pool SIZE]\n");
         return BENCH_EXIT_USAGE;
     }
     bench_env_t env;
     if (bench_env_init(&env) != KVD_OK ||
-        bench_daemon_start(&env, kvdockd, "3G") != KVD_OK) {
+        bench_daemon_start(&env, kvdockd, pool_size) != KVD_OK) {
         bench_env_cleanup(&env);
         return BENCH_EXIT_FAIL;
     }

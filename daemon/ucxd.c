@@ -120,14 +120,6 @@ static int spawn(kvd_ucxd_t *x)
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return kvd_status_from_errno(errno);
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    if (n <= 0) {
-        close(sv[0]);
-        close(sv[1]);
-        return KVD_ERR_IO;
-    }
-    self[n] = '\0';
     char bytes[32], pool_fd[8], sock_fd[8];
     snprintf(bytes, sizeof(bytes), "%llu", (unsigned long long)x->pool_bytes);
     snprintf(pool_fd, sizeof(pool_fd), "%d", UCXD_CHILD_POOL);
@@ -156,14 +148,22 @@ static int spawn(kvd_ucxd_t *x)
             _exit(127);
         close(pfd);
         close(sfd);
-        char *argv[] = {self, "--ucx-serve", pool_fd, sock_fd, bytes, NULL};
-        execv(self, argv);
+        /* this very binary, also once it was replaced or removed on disk
+         * (an upgrade): the child must speak the parent's protocol */
+        char *argv[] = {"kvdockd", "--ucx-serve", pool_fd, sock_fd, bytes, NULL};
+        execv("/proc/self/exe", argv);
         _exit(127);
     }
     close(sv[1]);
     x->pid = pid;
     x->sock = sv[0];
+    /* kvdockd's loop waits for this: the first start may take the whole
+     * timeout, a restart (from the loop) two seconds at most */
+    int saved = x->timeout_ms;
+    if (x->restarts > 0)
+        x->timeout_ms = KVD_MIN(x->timeout_ms, 2000);
     int rc = read_description(x);
+    x->timeout_ms = saved;
     if (rc != KVD_OK) {
         KVD_WARN("ucx", "UCX server (pid %d) did not start: %s", (int)pid,
                  kvd_status_str(rc));

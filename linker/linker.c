@@ -217,13 +217,15 @@ static bool rdma_likely(void)
     if (d)
         closedir(d);
     const char *tls = getenv("UCX_TLS");
-    if (!dev || tls == NULL || tls[0] == '\0' || strstr(tls, "all"))
+    if (!dev || tls == NULL || tls[0] == '\0' || strcmp(tls, "all") == 0)
         return dev;
+    /* "^a,b" is UCX's "all but a and b" */
+    bool exclude = tls[0] == '^';
     static const char *const rdma[] = {"rc", "dc", "ud", "ib", "mlx", "verbs", "roce"};
+    bool named = false;
     for (size_t i = 0; i < KVD_ARRAY_SIZE(rdma); i++)
-        if (strstr(tls, rdma[i]))
-            return true;
-    return false;
+        named |= strstr(tls, rdma[i]) != NULL;
+    return exclude ? !named : named;
 }
 
 static int choose_ucx_mode(const char *m, kvd_ucx_mode_t *out)
@@ -412,6 +414,8 @@ static uint64_t buffer_extent(const kvd_pool_desc_t *d, const kvd_pool_buffer_t 
     return (d->n_rows - 1) * b->row_stride + b->bytes_per_row;
 }
 
+/* Caller holds the map write lock (the transfer thread drives the UCX
+ * worker under the read lock). */
 static void unmap_buffers(lpool_t *p)
 {
     for (uint32_t k = 0; k < p->n_mems; k++)
@@ -441,9 +445,9 @@ static int map_buffers(kvd_linker_t *l, lpool_t *p)
                                  &p->mems[p->n_mems]);
             p->n_mems += rc == KVD_OK;
         }
-    pthread_rwlock_unlock(&l->map);
     if (rc != KVD_OK)
         unmap_buffers(p);
+    pthread_rwlock_unlock(&l->map);
     return rc;
 }
 
@@ -535,7 +539,9 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
         rc = KVD_ERR_CLOSED; /* the connection kept changing under us */
     if (rc != KVD_OK) {
         free(p.layers);
+        pthread_rwlock_wrlock(&l->map);
         unmap_buffers(&p);
+        pthread_rwlock_unlock(&l->map);
     }
     return rc;
 }

@@ -77,10 +77,16 @@ static int copy_run(copier_t *c)
     if (l->xport == NULL || c->n == 0)
         return KVD_OK;
     uint64_t cookie = ++l->next_cookie;
+    /* the bound grows with the batch: timeout_ms, plus its bytes at 50 MB/s
+     * (a large offload over a slow link is not a dead daemon) */
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < c->n; i++)
+        bytes += c->v[i].length;
+    uint64_t ms = (uint64_t)l->timeout_ms + bytes / 50000u;
     int rc = kvd_transport_post(l->xport, c->to_device ? KVD_XFER_READ : KVD_XFER_WRITE,
                                 c->v, c->n, cookie);
     if (rc == KVD_OK)
-        rc = kvd_transport_wait(l->xport, cookie, l->timeout_ms);
+        rc = kvd_transport_wait(l->xport, cookie, (int)KVD_MIN(ms, (uint64_t)INT32_MAX));
     c->n = 0;
     if (rc != KVD_OK && rc != KVD_ERR_INVALID) {
         KVD_WARN("linker", "%s over %s failed: %s; reconnecting",

@@ -35,14 +35,15 @@
 #define AM_ACK   13
 #define AM_DATA  14
 #define AM_MAGIC 0x6b764131u /* "kvA1": bumped when the headers change */
-/* Ranges per message. Measured over tcp here, two ways that disagree:
- * a transport-only loop (one batch of 64 ranges of 128 KiB at a time)
- * moved 1.9-2.6 GB/s with one range per message and 0.8-1.0 GB/s with 64
- * (one contiguous range goes zero-copy, an iov takes UCX's packing path);
- * the linker bench (same sizes, per-layer batches) loads at 0.76-1.39 GB/s
- * with 64 and 0.45-0.52 with one, offloads alike. The linker is what runs,
- * so 64; why the two differ is not understood yet. */
-#define AM_SEGS_MAX   64
+/* Ranges per message. One: a single contiguous range goes zero-copy on
+ * TCP, an iov takes UCX's packing path. Measured over tcp here with 128 KiB
+ * ranges (bench/RESULTS.md): the transport alone 1.5-2.3 GB/s with one
+ * range per message, 0.7-0.8 with 64; the linker, once the pool's memory
+ * has been cycled, loads at 1.6-2.8 GB/s with one. (On fresh pool memory
+ * this VM's first touch through a new mapping dominates and 64 looked
+ * better; that was the wrong measurement.) The protocol carries up to
+ * AM_SEGS_LIMIT, for transports whose iov path is as fast. */
+#define AM_SEGS_MAX   1
 #define AM_SEGS_LIMIT 64
 #define AM_MSG_MAX    (64ull << 20) /* bytes one message carries at most */
 
@@ -72,6 +73,7 @@ typedef struct am_msg {
     ucx_batch_t *b;
     uint64_t token;
     bool answered; /* its answer arrived (or never will) */
+    bool read;     /* AM_GET: answered by AM_DATA with total bytes */
     int refs;      /* the send's completion and the answer */
     size_t n;
     uint64_t total;
@@ -291,10 +293,10 @@ static void data_landed(void *request, ucs_status_t st, size_t length, void *use
 
 /* Worker side: AM_ACK (a WRITE message is in the peer's region) and
  * AM_DATA (a READ message's bytes). */
-static ucs_status_t on_answer(void *arg, const void *header, size_t header_length,
-                              void *data, size_t length, const ucp_am_recv_param_t *param)
+static ucs_status_t answer_in(kvd_ucx_t *u, unsigned got_id, const void *header,
+                              size_t header_length, void *data, size_t length,
+                              const ucp_am_recv_param_t *param)
 {
-    kvd_ucx_t *u = arg;
     am_rep_hdr_t h;
     if (header_length != sizeof(h))
         return UCS_OK; /* not ours: dropped */
@@ -302,8 +304,18 @@ static ucs_status_t on_answer(void *arg, const void *header, size_t header_lengt
     am_msg_t *m = msg_find(u, h.token);
     if (h.magic != AM_MAGIC || m == NULL || m->answered)
         return UCS_OK; /* its transport is gone: dropped */
-    if (h.status != KVD_OK || length == 0) {
-        msg_answered(m->b, m, h.status != KVD_OK ? h.status : KVD_OK);
+    if (h.status != KVD_OK) {
+        msg_answered(m->b, m, h.status);
+        return UCS_OK;
+    }
+    /* a READ is answered by its bytes, a WRITE by an empty ACK */
+    unsigned id = m->read ? AM_DATA : AM_ACK;
+    if (got_id != id || length != (m->read ? m->total : 0)) {
+        msg_answered(m->b, m, KVD_ERR_PROTOCOL);
+        return UCS_OK;
+    }
+    if (length == 0) {
+        msg_answered(m->b, m, KVD_OK);
         return UCS_OK;
     }
     if (length != m->total) {
@@ -329,6 +341,18 @@ static ucs_status_t on_answer(void *arg, const void *header, size_t header_lengt
     scatter(m->local, m->n, data);
     msg_answered(m->b, m, KVD_OK);
     return UCS_OK;
+}
+
+static ucs_status_t on_ack(void *arg, const void *header, size_t header_length,
+                           void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    return answer_in(arg, AM_ACK, header, header_length, data, length, param);
+}
+
+static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
+                            void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    return answer_in(arg, AM_DATA, header, header_length, data, length, param);
 }
 
 /* Serving side: one request's ranges, checked against the region. */
@@ -374,6 +398,7 @@ typedef struct sent_answer {
     inflight_t link; /* first */
     kvd_ucx_t *u;
     ucp_dt_iov_t *bytes;
+    am_rep_hdr_t hdr; /* UCX 1.13 reads it when it packs, maybe later */
 } sent_answer_t;
 
 static void freed_on_send(void *request, ucs_status_t st, void *user_data)
@@ -391,13 +416,14 @@ static void freed_on_send(void *request, ucs_status_t st, void *user_data)
 static void answer(kvd_ucx_t *u, ucp_ep_h ep, unsigned id, uint64_t token, int status,
                    ucp_dt_iov_t *bytes, size_t n)
 {
-    am_rep_hdr_t h = {.magic = AM_MAGIC, .status = status, .token = token};
     sent_answer_t *a = malloc(sizeof(*a));
     if (a == NULL) {
         free(bytes);
         return; /* the requester times out */
     }
-    *a = (sent_answer_t){.u = u, .bytes = bytes};
+    *a = (sent_answer_t){.u = u,
+                         .bytes = bytes,
+                         .hdr = {.magic = AM_MAGIC, .status = status, .token = token}};
     ucp_request_param_t prm = {
         .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
         .cb.send = freed_on_send,
@@ -405,8 +431,11 @@ static void answer(kvd_ucx_t *u, ucp_ep_h ep, unsigned id, uint64_t token, int s
     };
     size_t count = 0;
     void *buf = bytes ? ranges_arg(&prm, bytes, n, &count) : NULL;
-    /* the header is copied by UCX before the call returns */
-    ucs_status_ptr_t sp = ucp_am_send_nbx(ep, id, &h, sizeof(h), buf, count, &prm);
+    /* the header lives with the request: a queued send packs it later
+     * (a header on this stack was garbage in 18441 of 20000 answers of a
+     * busy endpoint, measured) */
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(ep, id, &a->hdr, sizeof(a->hdr), buf, count, &prm);
     if (UCS_PTR_IS_PTR(sp)) {
         inflight_add(u, &a->link, ep);
     } else {
@@ -553,9 +582,9 @@ int kvd_ucx_create(const char *name, bool wakeup, kvd_ucx_t **out)
     if (st == UCS_OK && wakeup)
         st = ucp_worker_get_efd(u->worker, &u->efd);
     if (st == UCS_OK)
-        st = set_handler(u, AM_ACK, on_answer);
+        st = set_handler(u, AM_ACK, on_ack);
     if (st == UCS_OK)
-        st = set_handler(u, AM_DATA, on_answer);
+        st = set_handler(u, AM_DATA, on_data);
     if (st == UCS_OK && wakeup) {
         kvd_ucx_drive(u); /* armed before anyone waits on the fd */
     }
@@ -589,10 +618,18 @@ void kvd_ucx_destroy(kvd_ucx_t *u)
                 ucp_worker_progress(u->worker);
             ucp_request_free(sp);
         }
-        for (int i = 0; i < 1000 && u->inflight && u->inflight->ep == ep; i++)
+        /* every request on ep must be gone now: an endpoint is closed once
+         * (one still listed anywhere means UCX did not cancel it: leave it
+         * to the exit rather than close a freed endpoint again) */
+        bool left = true;
+        for (int i = 0; i < 1000 && left; i++) {
             ucp_worker_progress(u->worker);
-        if (u->inflight && u->inflight->ep == ep)
-            break; /* not cancelled: leave it to the exit */
+            left = false;
+            for (inflight_t *f = u->inflight; f && !left; f = f->next)
+                left = f->ep == ep;
+        }
+        if (left)
+            break;
     }
     if (u->serving > 0) {
         KVD_WARN("ucx", "%zu answers still in flight: UCX is left to the exit",
@@ -781,6 +818,7 @@ static void post_messages(ucx_transport_t *t, ucx_batch_t *b, kvd_xfer_dir_t dir
         *hdr =
             (am_req_hdr_t){.magic = AM_MAGIC, .n = (uint32_t)k, .token = ++u->next_token};
         *m = (am_msg_t){.b = b,
+                        .read = dir == KVD_XFER_READ,
                         .token = hdr->token,
                         .refs = 2,
                         .n = k,

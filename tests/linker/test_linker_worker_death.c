@@ -6,7 +6,9 @@
  * invariant holds (`kvdock stats --check`), the dead worker's reservations
  * and pins are gone (no lease, nothing writing) and its quarantined
  * extents come back after a TTL, and a fresh worker's offload and load
- * round-trip byte-exact. The daemon exits 0 on SIGTERM with a clean log.
+ * round-trip byte-exact. Then the daemon's UCX server process is killed:
+ * the daemon stays ready, starts another (its log says so), and a fresh
+ * worker round-trips again. The daemon exits 0 on SIGTERM with a clean log.
  */
 #include "dtest.h"
 #include "harness.h"
@@ -207,6 +209,20 @@ static void check_fresh_worker(const char *socket)
     free(v);
 }
 
+/* The daemon's child (its UCX server), or 0. */
+static pid_t ucx_server_of(pid_t daemon)
+{
+    char path[64], kids[256] = "";
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)daemon, (int)daemon);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    if (fgets(kids, sizeof(kids), f) == NULL)
+        kids[0] = '\0';
+    fclose(f);
+    return (pid_t)atoi(kids);
+}
+
 int main(void)
 {
     kvd_test_daemon_t d = {0};
@@ -238,6 +254,26 @@ int main(void)
         check_store(d.socket);
     }
     check_fresh_worker(d.socket);
+
+    /* the UCX server process dies: it comes back, workers reconnect */
+    pid_t ucxd = ucx_server_of(d.pid);
+    if (DT_CHECK(ucxd > 0, "the daemon should have its UCX server child")) {
+        kill(ucxd, SIGKILL);
+        pid_t next = 0;
+        for (int i = 0; i < 500 && (next <= 0 || next == ucxd); i++) {
+            next = ucx_server_of(d.pid);
+            if (next <= 0 || next == ucxd)
+                nap_ms(10);
+        }
+        DT_CHECK(next > 0 && next != ucxd,
+                 "the daemon should start another UCX server (was %d, now %d)", (int)ucxd,
+                 (int)next);
+        DT_CHECK(kvd_test_file_contains(d.log, "starting UCX server again"),
+                 "the daemon's log should say it restarted its UCX server");
+        DT_CHECK(dt_health_fresh(d.socket, NULL) == KVD_HEALTH_READY,
+                 "the daemon should stay ready when its UCX server dies");
+        check_fresh_worker(d.socket);
+    }
     dt_stop(&d, SIGTERM, 5000);
     return dt_exit_status("linker/worker_death");
 }
