@@ -977,9 +977,12 @@ static int on_tick(kvd_server_t *s)
                   kvd_status_str(perr));
         return 1;
     }
-    if (s->ucxd != NULL && !s->draining && kvd_ucxd_tick(s->ucxd, now)) {
+    int ticked = s->ucxd != NULL && !s->draining ? kvd_ucxd_tick(s->ucxd, now) : 0;
+    if (ticked > 0) {
         s->ucx_src = (src_t){SRC_UCX, kvd_ucxd_fd(s->ucxd)};
         watch(s, &s->ucx_src, EPOLLIN, EPOLL_CTL_ADD);
+    } else if (ticked < 0) {
+        s->ucx_src.fd = -1; /* closed: epoll forgot it */
     }
     pthread_mutex_lock(&s->store_lock);
     size_t expired = kvd_store_expire(s->store, now / 1000000);
@@ -1036,10 +1039,15 @@ int kvd_server_run(kvd_server_t *s)
                     return 1;
                 break;
             case SRC_UCX:
-                /* the UCX server died: reap it; on_tick starts the next */
-                epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->ucx_src.fd, NULL);
-                kvd_ucxd_on_event(s->ucxd);
-                s->ucx_src.fd = -1;
+                /* a restarted UCX server reports, or one died (reaped
+                 * here; on_tick starts the next) */
+                if (s->ucx_src.fd >= 0) {
+                    int fd = s->ucx_src.fd;
+                    if (kvd_ucxd_on_event(s->ucxd)) {
+                        epoll_ctl(s->epfd, EPOLL_CTL_DEL, fd, NULL);
+                        s->ucx_src.fd = -1;
+                    }
+                }
                 break;
             case SRC_CONN: {
                 conn_t *c = (conn_t *)src;

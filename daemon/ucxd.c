@@ -88,11 +88,12 @@ static void drop_child(kvd_ucxd_t *x, int timeout_ms)
     reap(x, timeout_ms);
 }
 
-/* Reads the child's description, waiting up to timeout_ms. */
-static int read_description(kvd_ucxd_t *x)
+/* Reads the child's description, waiting up to timeout_ms (0: it is
+ * there, the socket said so). */
+static int read_description(kvd_ucxd_t *x, int timeout_ms)
 {
     struct pollfd p = {.fd = x->sock, .events = POLLIN};
-    int n = poll(&p, 1, x->timeout_ms);
+    int n = poll(&p, 1, timeout_ms);
     if (n <= 0)
         return n == 0 ? KVD_ERR_TIMEOUT : kvd_status_from_errno(errno);
     uint8_t *buf = malloc(UCXD_MSG_MAX);
@@ -157,16 +158,18 @@ static int spawn(kvd_ucxd_t *x)
     close(sv[1]);
     x->pid = pid;
     x->sock = sv[0];
-    /* kvdockd's loop waits for this: the first start may take the whole
-     * timeout, a restart (from the loop) two seconds at most */
-    int saved = x->timeout_ms;
-    if (x->restarts > 0)
-        x->timeout_ms = KVD_MIN(x->timeout_ms, 2000);
-    int rc = read_description(x);
-    x->timeout_ms = saved;
+    return KVD_OK;
+}
+
+/* The child's description is in (or it failed): up, or dropped. */
+static int take_description(kvd_ucxd_t *x, int timeout_ms)
+{
+    int rc = read_description(x, timeout_ms);
     if (rc != KVD_OK) {
-        KVD_WARN("ucx", "UCX server (pid %d) did not start: %s", (int)pid,
+        KVD_WARN("ucx", "UCX server (pid %d) did not start: %s", (int)x->pid,
                  kvd_status_str(rc));
+        if (x->pid > 0)
+            kill(x->pid, SIGKILL); /* alive but useless, or dead already */
         drop_child(x, UCXD_STOP_MS);
         return rc == KVD_ERR_PROTOCOL ? rc : KVD_ERR_UNAVAILABLE;
     }
@@ -174,7 +177,7 @@ static int spawn(kvd_ucxd_t *x)
         send(x->sock, "R", 1, MSG_NOSIGNAL);
     const ucxd_hdr_t *h = (const ucxd_hdr_t *)x->msg;
     KVD_INFO("ucx", "UCX server pid %d serves the pool (address %u bytes, rkey %u bytes)",
-             (int)pid, h->addr_len, h->rkey_len);
+             (int)x->pid, h->addr_len, h->rkey_len);
     return KVD_OK;
 }
 
@@ -187,7 +190,11 @@ int kvd_ucxd_start(int pool_fd, uint64_t pool_bytes, int timeout_ms, kvd_ucxd_t 
                       .pool_bytes = pool_bytes,
                       .timeout_ms = timeout_ms,
                       .sock = -1};
+    /* the first start is waited for (kvdockd is not serving yet); restarts
+     * are not (see kvd_ucxd_on_event) */
     int rc = spawn(x);
+    if (rc == KVD_OK)
+        rc = take_description(x, timeout_ms);
     if (rc != KVD_OK) {
         free(x);
         return rc;
@@ -226,21 +233,32 @@ void kvd_ucxd_pool_ready(kvd_ucxd_t *x)
         send(x->sock, "R", 1, MSG_NOSIGNAL);
 }
 
-void kvd_ucxd_on_event(kvd_ucxd_t *x)
+bool kvd_ucxd_on_event(kvd_ucxd_t *x)
 {
+    if (x->msg == NULL && x->pid > 0)
+        return take_description(x, 0) != KVD_OK; /* a restarted child reports */
     /* the child never writes after its description: readable means gone */
     KVD_WARN("ucx", "UCX server (pid %d) went away; UCX workers reconnect to the next",
              (int)x->pid);
     drop_child(x, UCXD_STOP_MS);
+    return true;
 }
 
-bool kvd_ucxd_tick(kvd_ucxd_t *x, uint64_t now_ns)
+int kvd_ucxd_tick(kvd_ucxd_t *x, uint64_t now_ns)
 {
+    if (x->pid > 0 && x->msg == NULL &&
+        now_ns - x->last_start_ns > (uint64_t)x->timeout_ms * 1000000ull) {
+        KVD_WARN("ucx", "UCX server (pid %d) said nothing in %d ms: stopping it",
+                 (int)x->pid, x->timeout_ms);
+        kill(x->pid, SIGKILL);
+        drop_child(x, UCXD_STOP_MS);
+        return -1;
+    }
     if (x->pid > 0 || now_ns - x->last_start_ns < UCXD_RESTART_NS)
-        return false;
+        return 0;
     x->restarts++;
     KVD_INFO("ucx", "starting UCX server again (restart %u)", x->restarts);
-    return spawn(x) == KVD_OK;
+    return spawn(x) == KVD_OK ? 1 : 0;
 }
 
 void kvd_ucxd_stop(kvd_ucxd_t *x)

@@ -45,12 +45,18 @@ void kvd_ucxd_peer(const kvd_ucxd_t *x, const uint8_t **addr, size_t *addr_len,
  * in, at its own pace, so that writes through it do not fault. */
 void kvd_ucxd_pool_ready(kvd_ucxd_t *x);
 
-/* The control socket fired: reaps a dead child (logging how it died). */
-void kvd_ucxd_on_event(kvd_ucxd_t *x);
+/* The control socket fired: a restarted child's description (it serves
+ * from now on), or a dead child, reaped with how it died. Returns true
+ * when the socket is gone (closed; watch kvd_ucxd_fd again after a tick
+ * restarts it). Never waits for a living child. */
+bool kvd_ucxd_on_event(kvd_ucxd_t *x);
 
-/* Called every tick: starts a new child when the last one died, at most
- * once a second. Returns true when it (re)started one now. */
-bool kvd_ucxd_tick(kvd_ucxd_t *x, uint64_t now_ns);
+/* Called every tick: starts a new child (without waiting for it: its
+ * description arrives on the new socket) when the last one died, at most
+ * once a second, and stops a new child that said nothing within the
+ * timeout. Returns 1 when it started one now (watch kvd_ucxd_fd), -1 when
+ * it stopped one (its socket is gone), 0 otherwise. */
+int kvd_ucxd_tick(kvd_ucxd_t *x, uint64_t now_ns);
 
 /* Stops the child (closing its socket, then SIGKILL past 2 s), frees x. */
 void kvd_ucxd_stop(kvd_ucxd_t *x);
