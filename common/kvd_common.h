@@ -102,6 +102,9 @@ int kvd_wait_pid(pid_t pid, int timeout_ms, int *wstatus);
 /* Copies a file to stderr between markers (a failed daemon's log). */
 void kvd_dump_file(const char *path);
 
+/* True when the kernel lists an RDMA device (/sys/class/infiniband). */
+bool kvd_rdma_device_present(void);
+
 /* ----------------------------------------------------------------- sizes */
 
 #define KVD_KiB ((uint64_t)1 << 10)

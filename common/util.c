@@ -5,6 +5,7 @@
 #include "kvd_common.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -265,4 +266,15 @@ void kvd_dump_file(const char *path)
         fwrite(buf, 1, n, stderr);
     fprintf(stderr, "---- end ----\n");
     fclose(f);
+}
+
+bool kvd_rdma_device_present(void)
+{
+    DIR *d = opendir("/sys/class/infiniband");
+    bool any = false;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
+        any |= e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return any;
 }

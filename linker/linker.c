@@ -6,7 +6,6 @@
  */
 #include "linker_int.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -210,12 +209,7 @@ static uint64_t ensure_connected(kvd_linker_t *l, int *rc)
  * or naming a verbs transport. */
 static bool rdma_likely(void)
 {
-    DIR *d = opendir("/sys/class/infiniband");
-    bool dev = false;
-    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
-        dev |= e->d_name[0] != '.';
-    if (d)
-        closedir(d);
+    bool dev = kvd_rdma_device_present();
     const char *tls = getenv("UCX_TLS");
     if (!dev || tls == NULL || tls[0] == '\0' || strcmp(tls, "all") == 0)
         return dev;

@@ -106,9 +106,22 @@ struct kvd_ucx {
      * mostly in order, so a lookup stops near the head) */
     am_msg_t *waiting, *waiting_tail;
     am_region_t served;   /* kvd_ucx_serve_messages: the region; base NULL none */
-    size_t serving;       /* answers and landing bytes of requests in flight */
     inflight_t *inflight; /* ... listed, to cancel them at destroy */
 };
+
+/* Closes ep without the peer's consent, which cancels its requests, and
+ * waits for the close to finish. */
+static void close_ep_force(kvd_ucx_t *u, ucp_ep_h ep)
+{
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
+    if (UCS_PTR_IS_PTR(sp)) {
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
+            ucp_worker_progress(u->worker);
+        ucp_request_free(sp);
+    }
+}
 
 static void inflight_add(kvd_ucx_t *u, inflight_t *f, ucp_ep_h ep)
 {
@@ -116,7 +129,6 @@ static void inflight_add(kvd_ucx_t *u, inflight_t *f, ucp_ep_h ep)
     if (u->inflight)
         u->inflight->prev = f;
     u->inflight = f;
-    u->serving++;
 }
 
 static void inflight_del(kvd_ucx_t *u, inflight_t *f)
@@ -127,7 +139,6 @@ static void inflight_del(kvd_ucx_t *u, inflight_t *f)
         u->inflight = f->next;
     if (f->next)
         f->next->prev = f->prev;
-    u->serving--;
 }
 
 struct kvd_ucx_mem {
@@ -604,20 +615,13 @@ void kvd_ucx_destroy(kvd_ucx_t *u)
     /* answers still on their way must finish before the worker goes (UCX
      * asserts otherwise); bounded, then left to the process's exit */
     uint64_t deadline = kvd_now_ns() + 1000000000ull;
-    while (u->worker != NULL && u->serving > 0 && kvd_now_ns() < deadline)
+    while (u->worker != NULL && u->inflight != NULL && kvd_now_ns() < deadline)
         ucp_worker_progress(u->worker);
     /* a peer that stopped driving its worker never lets them finish: close
      * their endpoints, which cancels them */
     while (u->inflight != NULL) {
-        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                                   .flags = UCP_EP_CLOSE_FLAG_FORCE};
         ucp_ep_h ep = u->inflight->ep;
-        ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
-        if (UCS_PTR_IS_PTR(sp)) {
-            while (ucp_request_check_status(sp) == UCS_INPROGRESS)
-                ucp_worker_progress(u->worker);
-            ucp_request_free(sp);
-        }
+        close_ep_force(u, ep);
         /* every request on ep must be gone now: an endpoint is closed once
          * (one still listed anywhere means UCX did not cancel it: leave it
          * to the exit rather than close a freed endpoint again) */
@@ -631,9 +635,8 @@ void kvd_ucx_destroy(kvd_ucx_t *u)
         if (left)
             break;
     }
-    if (u->serving > 0) {
-        KVD_WARN("ucx", "%zu answers still in flight: UCX is left to the exit",
-                 u->serving);
+    if (u->inflight != NULL) {
+        KVD_WARN("ucx", "answers still in flight: UCX is left to the exit");
         free(u);
         return;
     }
@@ -947,15 +950,8 @@ static void ucx_close_ep(ucx_transport_t *t)
     t->rkey = NULL;
     if (t->ep == NULL)
         return;
-    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
-    ucs_status_ptr_t sp = ucp_ep_close_nbx(t->ep, &prm);
+    close_ep_force(t->u, t->ep);
     t->ep = NULL;
-    if (UCS_PTR_IS_PTR(sp)) {
-        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
-            ucp_worker_progress(t->u->worker);
-        ucp_request_free(sp);
-    }
     fail_waiting(t, KVD_ERR_CLOSED);
     /* cancelled requests complete from progress; bounded so that a UCX
      * that never reports cannot hang the caller (the batches then leak

@@ -23,6 +23,7 @@
 #include "harness.h"
 #include "kvd_common.h"
 #include "kvdock.h"
+#include "ltest.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -53,12 +54,6 @@ typedef struct net {
     char addr_a[32], addr_b[32]; /* 10.x.y.1, 10.x.y.2 */
     char ip[PATH_MAX];           /* the ip command */
 } net_t;
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* --------------------------------------------------------------- worker */
 
@@ -93,7 +88,7 @@ static int open_worker(const char *addr, uint8_t *k, uint8_t *v, kvd_linker_t **
         if (*l != NULL)
             rc = kvd_linker_health(*l, &state, NULL);
         if (state != KVD_LINKER_HEALTH_READY)
-            nap_ms(50);
+            kvd_sleep_ns(50 * 1000000ull);
     }
     if (state != KVD_LINKER_HEALTH_READY)
         return rc != 0 ? rc : KVD_ERR_TIMEOUT;
@@ -107,41 +102,6 @@ static int open_worker(const char *addr, uint8_t *k, uint8_t *v, kvd_linker_t **
                           .n_layers = 1,
                           .layers = &layer};
     return kvd_register_pool(*l, &kv, pool);
-}
-
-/* Waits up to 10 s for completion id; true when it came back successful. */
-static bool wait_done(kvd_linker_t *l, bool loads, uint64_t id)
-{
-    for (int i = 0; i < 1000; i++) {
-        kvd_completion_t c[4];
-        size_t n = 0;
-        if (loads)
-            kvd_pop_completed_loads(l, c, 4, &n);
-        else
-            kvd_pop_completed_offloads(l, c, 4, &n);
-        for (size_t j = 0; j < n; j++)
-            if (c[j].id == id)
-                return c[j].success;
-        nap_ms(10);
-    }
-    return false;
-}
-
-/* Loads rid 1 (the transfer t) layer-wise; returns 0 or the first error. */
-static int load_all(kvd_linker_t *l, const kvd_transfer_t *t)
-{
-    kvd_commit_pool_t cp = {.adopted_begin = 0, .adopted_end = PAGES};
-    uint32_t counter = 0;
-    int rc = kvd_load(l, 1, t, 1);
-    if (rc == 0)
-        rc = kvd_load_prepare(l, 1);
-    if (rc == 0)
-        rc = kvd_load_commit(l, 1, &cp, 1);
-    if (rc == 0)
-        rc = kvd_start_layer_wise_loading(l, &counter);
-    if (rc == 0)
-        rc = kvd_wait_layer(l, counter, 0);
-    return rc;
 }
 
 /* The worker, inside namespace B: offload a pattern, zero the buffers, load
@@ -173,12 +133,13 @@ static int worker_main(const char *addr)
                             .n_indices = ROWS};
         uint64_t ack = 0;
         rc = kvd_offload(l, &t, 1, &ack);
-        DT_CHECK(rc == 0 && wait_done(l, false, ack), "the offload should succeed: %d",
-                 rc);
+        DT_CHECK(rc == 0 && lt_wait_done(l, false, ack, 10000),
+                 "the offload should succeed: %d", rc);
         memset(k, 0, (size_t)ROWS * BPR);
         memset(v, 0, (size_t)ROWS * BPR);
-        rc = load_all(l, &t);
-        DT_CHECK(rc == 0 && wait_done(l, true, 1), "the load should succeed: %d", rc);
+        rc = lt_load_all(l, 1, &t, PAGES);
+        DT_CHECK(rc == 0 && lt_wait_done(l, true, 1, 10000),
+                 "the load should succeed: %d", rc);
         size_t bad = 0;
         for (size_t i = 0; i < (size_t)ROWS * BPR; i++)
             bad += k[i] != pattern_k(i) || v[i] != pattern_v(i);
@@ -298,7 +259,7 @@ static void net_check_gone(const net_t *n)
                 "ip link show %s >/dev/null 2>&1 && exit 1; exit 0",
                 n->ns_a, n->ns_b, n->link_a, n->link_b);
         if (rc != 0)
-            nap_ms(100);
+            kvd_sleep_ns(100 * 1000000ull);
     }
     DT_CHECK(rc == 0, "the test's namespaces or links are still there: %s", out);
 }
@@ -445,7 +406,7 @@ static int wait_worker(pid_t worker, pid_t daemon, int *ws)
             why = "kvdockd exited while the worker ran";
             break;
         }
-        nap_ms(10);
+        kvd_sleep_ns(10 * 1000000ull);
     }
     dt_fail(__FILE__, __LINE__, "%s", why);
     kill(worker, SIGKILL);

@@ -12,6 +12,7 @@
 #include "harness.h"
 #include "kvd_common.h"
 #include "kvdock.h"
+#include "ltest.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -63,40 +64,11 @@ static void round_trip(kvd_linker_t *l)
                         .device_indices = src,
                         .n_indices = 8};
     uint64_t ack = 0;
-    bool ok = false;
-    if (kvd_offload(l, &t, 1, &ack) == 0)
-        for (int i = 0; i < 500 && !ok; i++) {
-            kvd_completion_t c[4];
-            size_t n = 0;
-            kvd_pop_completed_offloads(l, c, 4, &n);
-            for (size_t j = 0; j < n; j++)
-                ok |= c[j].id == ack && c[j].success;
-            if (!ok)
-                kvd_sleep_ns(10000000);
-        }
+    bool ok = kvd_offload(l, &t, 1, &ack) == 0 && lt_wait_done(l, false, ack, 5000);
     DT_CHECK(ok, "the offload should succeed");
     t.device_indices = dst;
-    kvd_commit_pool_t cp = {.adopted_begin = 0, .adopted_end = 2};
-    uint32_t counter = 0;
-    int rc = kvd_load(l, 7, &t, 1);
-    if (rc == 0)
-        rc = kvd_load_prepare(l, 7);
-    if (rc == 0)
-        rc = kvd_load_commit(l, 7, &cp, 1);
-    if (rc == 0)
-        rc = kvd_start_layer_wise_loading(l, &counter);
-    if (rc == 0)
-        rc = kvd_wait_layer(l, counter, 0);
-    ok = false;
-    for (int i = 0; rc == 0 && i < 500 && !ok; i++) {
-        kvd_completion_t c[4];
-        size_t n = 0;
-        kvd_pop_completed_loads(l, c, 4, &n);
-        for (size_t j = 0; j < n; j++)
-            ok |= c[j].id == 7 && c[j].success;
-        if (!ok)
-            kvd_sleep_ns(10000000);
-    }
+    int rc = lt_load_all(l, 7, &t, 2);
+    ok = rc == 0 && lt_wait_done(l, true, 7, 5000);
     DT_CHECK(rc == 0 && ok, "the load should succeed (%d)", rc);
     DT_CHECK(memcmp(kbuf, kbuf + 8 * BPR, 8 * BPR) == 0,
              "rows 8..15 should equal rows 0..7");

@@ -14,6 +14,7 @@
 #include "harness.h"
 #include "kvd_common.h"
 #include "kvdock.h"
+#include "ltest.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -27,12 +28,6 @@
 #define PAGES 8
 #define ROWS  (PAGES * PS)
 #define BPR   (128 * 1024) /* one page of one buffer: 2 MiB; an object 4 MiB */
-
-static void nap_ms(int ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 static int open_worker(const char *socket, uint8_t *k, uint8_t *v, kvd_linker_t **l,
                        uint32_t *pool)
@@ -100,7 +95,7 @@ static void worker(const char *socket, int ready_fd)
         size_t n = 0;
         kvd_pop_completed_offloads(l, c, 16, &n);
         if (round % 4 == 3)
-            nap_ms(1);
+            kvd_sleep_ns(1 * 1000000ull);
     }
     _exit(0);
 }
@@ -117,7 +112,7 @@ static void check_store(const char *socket)
                       st.store.writing_bytes == 0 && st.store.quarantined_bytes == 0 &&
                       st.store.pinned_bytes == 0;
         if (!drained)
-            nap_ms(20);
+            kvd_sleep_ns(20 * 1000000ull);
     }
     DT_CHECK(drained,
              "the dead worker's leases, reservations and quarantine should be gone: "
@@ -164,41 +159,12 @@ static void check_fresh_worker(const char *socket)
     keys_of(7, keys);
     kvd_transfer_t t = transfer(pool, keys, idx);
     uint64_t ack = 0;
-    bool ok = false;
-    if (kvd_offload(l, &t, 1, &ack) == 0)
-        for (int i = 0; i < 1000 && !ok; i++) {
-            kvd_completion_t c[4];
-            size_t n = 0;
-            kvd_pop_completed_offloads(l, c, 4, &n);
-            for (size_t j = 0; j < n; j++)
-                ok |= c[j].id == ack && c[j].success;
-            if (!ok)
-                nap_ms(10);
-        }
+    bool ok = kvd_offload(l, &t, 1, &ack) == 0 && lt_wait_done(l, false, ack, 10000);
     DT_CHECK(ok, "the fresh worker's offload should succeed");
     memset(k, 0, (size_t)ROWS * BPR);
     memset(v, 0, (size_t)ROWS * BPR);
-    kvd_commit_pool_t cp = {.adopted_begin = 0, .adopted_end = PAGES};
-    uint32_t counter = 0;
-    ok = false;
-    rc = kvd_load(l, 1, &t, 1);
-    if (rc == 0)
-        rc = kvd_load_prepare(l, 1);
-    if (rc == 0)
-        rc = kvd_load_commit(l, 1, &cp, 1);
-    if (rc == 0)
-        rc = kvd_start_layer_wise_loading(l, &counter);
-    if (rc == 0)
-        rc = kvd_wait_layer(l, counter, 0);
-    for (int i = 0; rc == 0 && i < 1000 && !ok; i++) {
-        kvd_completion_t c[4];
-        size_t n = 0;
-        kvd_pop_completed_loads(l, c, 4, &n);
-        for (size_t j = 0; j < n; j++)
-            ok |= c[j].id == 1 && c[j].success;
-        if (!ok)
-            nap_ms(10);
-    }
+    rc = lt_load_all(l, 1, &t, PAGES);
+    ok = rc == 0 && lt_wait_done(l, true, 1, 10000);
     DT_CHECK(rc == 0 && ok, "the fresh worker's load should succeed: %d", rc);
     size_t bad = 0;
     for (size_t i = 0; i < (size_t)ROWS * BPR; i++)
@@ -243,7 +209,8 @@ int main(void)
         bool started = read(pfd[0], &b, 1) == 1;
         close(pfd[0]);
         DT_CHECK(started, "the worker should start offloading");
-        nap_ms(20 + 40 * trial); /* mid-transfer: objects are 4 MiB each */
+        kvd_sleep_ns((uint64_t)(20 + 40 * trial) *
+                     1000000u); /* mid-transfer: objects are 4 MiB each */
         kill(pid, SIGKILL);
         int ws = 0;
         kvd_test_wait_pid(pid, 10000, &ws);
@@ -263,7 +230,7 @@ int main(void)
         for (int i = 0; i < 500 && (next <= 0 || next == ucxd); i++) {
             next = ucx_server_of(d.pid);
             if (next <= 0 || next == ucxd)
-                nap_ms(10);
+                kvd_sleep_ns(10 * 1000000ull);
         }
         DT_CHECK(next > 0 && next != ucxd,
                  "the daemon should start another UCX server (was %d, now %d)", (int)ucxd,

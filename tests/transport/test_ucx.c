@@ -29,7 +29,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -759,23 +758,12 @@ static void test_invalid_arguments(void **state)
     kvd_ucx_destroy(NULL);
 }
 
-/* Whether UCX starts and reaches a peer with this UCX_TLS; prints why not. */
-/* KVD_TEST_NEEDS_RDMA: the variant that asks for verbs transports skips,
+/* Whether UCX starts and reaches a peer with this UCX_TLS; prints why not.
+ * KVD_TEST_NEEDS_RDMA: the variant that asks for verbs transports skips,
  * saying why, on a machine without an RDMA device. */
-static bool rdma_device_present(void)
-{
-    DIR *d = opendir("/sys/class/infiniband");
-    bool any = false;
-    for (struct dirent *e; d && (e = readdir(d)) != NULL;)
-        any |= e->d_name[0] != '.';
-    if (d)
-        closedir(d);
-    return any;
-}
-
 static bool ucx_usable(void)
 {
-    if (getenv("KVD_TEST_NEEDS_RDMA") && !rdma_device_present()) {
+    if (getenv("KVD_TEST_NEEDS_RDMA") && !kvd_rdma_device_present()) {
         fprintf(stderr, "SKIP: no RDMA device (/sys/class/infiniband is empty or "
                         "absent): UCX RMA over verbs cannot be tested here\n");
         return false;

@@ -1,0 +1,40 @@
+/*
+ * ltest.c - see ltest.h.
+ */
+#include "ltest.h"
+
+#include <time.h>
+
+bool lt_wait_done(kvd_linker_t *l, bool loads, uint64_t id, int timeout_ms)
+{
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        kvd_completion_t c[4];
+        size_t n = 0;
+        if (loads)
+            kvd_pop_completed_loads(l, c, 4, &n);
+        else
+            kvd_pop_completed_offloads(l, c, 4, &n);
+        for (size_t j = 0; j < n; j++)
+            if (c[j].id == id)
+                return c[j].success;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+int lt_load_all(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, uint32_t adopted)
+{
+    kvd_commit_pool_t cp = {.adopted_begin = 0, .adopted_end = adopted};
+    uint32_t counter = 0;
+    int rc = kvd_load(l, rid, t, 1);
+    if (rc == 0)
+        rc = kvd_load_prepare(l, rid);
+    if (rc == 0)
+        rc = kvd_load_commit(l, rid, &cp, 1);
+    if (rc == 0)
+        rc = kvd_start_layer_wise_loading(l, &counter);
+    if (rc == 0)
+        rc = kvd_wait_layer(l, counter, 0);
+    return rc;
+}
