@@ -136,6 +136,7 @@ static int connect_once(kvd_linker_t *l)
             l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
         pthread_mutex_unlock(&l->lock);
         l->client = c;
+        l->lease_ttl_ms = rep.body.hello_rep.lease_ttl_ms;
     } else {
         kvd_client_close(c);
     }
@@ -164,10 +165,10 @@ static void disconnect_locked(kvd_linker_t *l)
     l->client = NULL;
 }
 
-int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect,
-               uint64_t *epoch)
+int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                 bool may_connect, uint64_t *epoch)
 {
-    memset(rep, 0, sizeof(*rep));
+    memset(reps, 0, n * sizeof(*reps));
     pthread_mutex_lock(&l->rpc);
     /* a failed endpoint takes its connection along: the pins and offsets
      * of that epoch are void, the next connection brings a new endpoint */
@@ -177,14 +178,36 @@ int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect
     if (epoch)
         *epoch = atomic_load(&l->epoch); /* cannot change while rpc is held */
     if (rc == KVD_OK) {
-        rc = kvd_client_call(l->client, req, rep, l->timeout_ms);
+        rc = kvd_client_call_many(l->client, reqs, reps, n, l->timeout_ms);
         if (rc != KVD_OK)
             disconnect_locked(l); /* closed, timed out or garbled: start over */
-        else if (rep->status != KVD_OK)
-            rc = rep->status;
     }
     pthread_mutex_unlock(&l->rpc);
     return rc;
+}
+
+int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect,
+               uint64_t *epoch)
+{
+    int rc = lk_call_many(l, req, rep, 1, may_connect, epoch);
+    return rc == KVD_OK ? rep->status : rc;
+}
+
+bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
+{
+    pthread_mutex_lock(&l->rpc);
+    uint64_t epoch = atomic_load(&l->epoch), now = kvd_now_ns();
+    /* half the TTL: the daemon started it after we asked, on a clock that
+     * runs at the rate of ours; the margin covers any difference */
+    uint64_t ttl_ns = l->lease_ttl_ms * 1000000ull / 2;
+    bool ok = l->client != NULL && atomic_load(&l->xport_failed) != epoch;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = x[i].lease == 0 || (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
+    /* checked last: the leases stood until now only if the daemon has not
+     * ended the connection by now */
+    ok = ok && kvd_client_quiet(l->client);
+    pthread_mutex_unlock(&l->rpc);
+    return ok;
 }
 
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)

@@ -52,6 +52,7 @@ typedef struct lxfer {
     bool has_prior;
     kvd_key_t prior;
     uint64_t lease;      /* read lease of a load's pins; 0 none */
+    uint64_t asked_ns;   /* when the lease was asked for (its TTL began later) */
     uint64_t epoch;      /* of the connection that granted lease or offsets */
     uint64_t *offsets;   /* where each key's object is (loads) */
     uint32_t begin, end; /* keys to copy, after COMMIT */
@@ -111,6 +112,7 @@ struct kvd_linker {
 
     pthread_mutex_t rpc; /* the connection */
     kvd_client_t *client;
+    uint64_t lease_ttl_ms; /* the connected daemon's (under rpc) */
     /* bumped at every (re)connection, under the map write lock together
      * with the mapping: a lease or an offset belongs to one epoch */
     _Atomic uint64_t epoch;
@@ -152,6 +154,17 @@ struct kvd_linker {
 int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect,
                uint64_t *epoch);
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep);
+/* n requests in one round trip (kvd_client_call_many): KVD_OK when every
+ * reply came, each reps[i].status its own; else the connection failed and
+ * is dropped. */
+int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                 bool may_connect, uint64_t *epoch);
+/* Whether the read leases of x[0..n) provably still stand: each of the
+ * current connection, asked for less than half the daemon's lease TTL ago,
+ * and the connection still open and quiet (a daemon that ends leases by
+ * closing the connection shows it there). When true, the bytes copied
+ * under them are the objects' and their Release may come after. */
+bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n);
 /* Promises room for `more` completions, so that pushing them cannot fail;
  * each push uses up one promise. */
 int lk_queue_reserve(lqueue_t *q, size_t more);

@@ -78,62 +78,101 @@ static int copy_transfers(kvd_linker_t *l, const kvd_transfer_t *t, size_t n,
     return KVD_OK;
 }
 
-/* Releases the read lease of each transfer (best effort: a lost connection
- * or an expired lease has released it already). Returns false when a
- * lease was gone: its pins may have lapsed while the bytes were read.
- * A lease of an earlier connection is not sent to a newer one (its id may
- * name another client's lease there), and releasing never reconnects. */
+/* Releases the read lease of each transfer, all in one round trip (best
+ * effort: a lost connection or an expired lease has released it already).
+ * Returns false when a lease was gone: its pins may have lapsed while the
+ * bytes were read. Releasing never reconnects; a lease sent to a newer
+ * connection (ours went away meanwhile) names none of its leases there,
+ * and the daemon says so. */
 bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n)
 {
-    bool all = true;
-    for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += x[i].lease != 0;
+    if (k == 0)
+        return true;
+    kvd_msg_t *req = calloc(2 * k, sizeof(*req)), *rep = req + k;
+    size_t *at = calloc(k, sizeof(*at));
+    int rc = req && at ? KVD_OK : KVD_ERR_NOMEM;
+    k = 0;
+    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
         if (x[i].lease == 0)
             continue;
-        kvd_msg_t req, rep;
-        kvd_msg_request(&req, 0, KVD_METHOD_RELEASE);
-        req.body.release_req.lease_id = x[i].lease;
-        uint64_t epoch = 0;
-        int rc = lk_call_ex(l, &req, &rep, false, &epoch);
-        /* the call may have gone to a newer connection only if ours is gone,
-         * in which case the lease was gone too; the reply says so */
-        all &= rc == KVD_OK && epoch == x[i].epoch;
-        kvd_msg_clear(&rep);
-        x[i].lease = 0;
+        kvd_msg_request(&req[k], 0, KVD_METHOD_RELEASE);
+        req[k].body.release_req.lease_id = x[i].lease;
+        at[k++] = i;
     }
-    return all;
+    uint64_t epoch = 0;
+    if (rc == KVD_OK)
+        rc = lk_call_many(l, req, rep, k, false, &epoch);
+    for (size_t j = 0; rc == KVD_OK && j < k; j++) {
+        rc = rep[j].status != KVD_OK   ? rep[j].status
+             : epoch != x[at[j]].epoch ? KVD_ERR_CLOSED
+                                       : KVD_OK;
+        kvd_msg_clear(&rep[j]);
+    }
+    /* out of memory too: the leases end with their TTL, the load fails */
+    for (size_t i = 0; i < n; i++)
+        x[i].lease = 0;
+    free(req);
+    free(at);
+    return rc == KVD_OK;
 }
 
-/* Pins one transfer's keys; records its lease and the objects' offsets. */
-static int pin(kvd_linker_t *l, lxfer_t *x)
+/* Pins every transfer's keys, all in one round trip; records each lease
+ * and the objects' offsets. All or nothing is the caller's: on failure
+ * the leases that were granted are recorded, for lk_release. */
+static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
 {
-    pthread_mutex_lock(&l->lock);
-    const lpool_t *p = &l->pools[x->pool];
-    uint32_t ns = p->ns_id;
-    uint64_t object_bytes = p->object_bytes;
-    pthread_mutex_unlock(&l->lock);
-    kvd_msg_t req, rep;
-    kvd_msg_request(&req, 0, KVD_METHOD_ACQUIRE);
-    req.body.acquire_req = (kvd_acquire_req_t){
-        .ns = ns, .object_bytes = object_bytes, .n = x->n_keys, .keys = x->keys};
-    int rc = lk_call_ex(l, &req, &rep, true, &x->epoch);
-    if (rc == KVD_OK && rep.body.acquire_rep.n != x->n_keys)
-        rc = KVD_ERR_PROTOCOL;
-    if (rc == KVD_OK) {
-        x->lease = rep.body.acquire_rep.lease_id;
-        pthread_rwlock_rdlock(&l->map);
-        /* offsets are into the mapping of the connection that gave them */
-        if (x->epoch != atomic_load(&l->epoch))
-            rc = KVD_ERR_CLOSED;
-        for (size_t i = 0; i < x->n_keys && rc == KVD_OK; i++) {
-            uint64_t off = rep.body.acquire_rep.offsets[i];
-            /* the daemon's offsets are checked against the pool here too */
-            if (off > l->pool_bytes || object_bytes > l->pool_bytes - off)
-                rc = KVD_ERR_PROTOCOL;
-            x->offsets[i] = off;
-        }
-        pthread_rwlock_unlock(&l->map);
+    kvd_msg_t *req = calloc(2 * n, sizeof(*req)), *rep = req + n;
+    uint64_t *object_bytes = calloc(n, sizeof(*object_bytes));
+    if (req == NULL || object_bytes == NULL) {
+        free(req);
+        free(object_bytes);
+        return KVD_ERR_NOMEM;
     }
-    kvd_msg_clear(&rep);
+    pthread_mutex_lock(&l->lock);
+    for (size_t i = 0; i < n; i++) {
+        const lpool_t *p = &l->pools[x[i].pool];
+        object_bytes[i] = p->object_bytes;
+        kvd_msg_request(&req[i], 0, KVD_METHOD_ACQUIRE);
+        req[i].body.acquire_req = (kvd_acquire_req_t){.ns = p->ns_id,
+                                                      .object_bytes = p->object_bytes,
+                                                      .n = x[i].n_keys,
+                                                      .keys = x[i].keys};
+    }
+    pthread_mutex_unlock(&l->lock);
+    uint64_t epoch = 0, asked = kvd_now_ns();
+    int call = lk_call_many(l, req, rep, n, true, &epoch), rc = call;
+    pthread_rwlock_rdlock(&l->map);
+    /* offsets are into the mapping of the connection that gave them */
+    bool current = epoch == atomic_load(&l->epoch);
+    for (size_t i = 0; i < n; i++) {
+        int one = call != KVD_OK                             ? call
+                  : rep[i].status != KVD_OK                  ? rep[i].status
+                  : rep[i].body.acquire_rep.n != x[i].n_keys ? KVD_ERR_PROTOCOL
+                                                             : KVD_OK;
+        if (one == KVD_OK) {
+            x[i].lease = rep[i].body.acquire_rep.lease_id;
+            x[i].epoch = epoch;
+            x[i].asked_ns = asked;
+            if (!current)
+                one = KVD_ERR_CLOSED;
+        }
+        for (size_t k = 0; k < x[i].n_keys && one == KVD_OK; k++) {
+            uint64_t off = rep[i].body.acquire_rep.offsets[k];
+            /* the daemon's offsets are checked against the pool here too */
+            if (off > l->pool_bytes || object_bytes[i] > l->pool_bytes - off)
+                one = KVD_ERR_PROTOCOL;
+            x[i].offsets[k] = off;
+        }
+        if (rc == KVD_OK && one != KVD_OK)
+            rc = one; /* the first failure; later leases are still recorded */
+        kvd_msg_clear(&rep[i]);
+    }
+    pthread_rwlock_unlock(&l->map);
+    free(req);
+    free(object_bytes);
     return rc;
 }
 
@@ -170,8 +209,7 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
         free(ld);
         return rc;
     }
-    for (size_t i = 0; i < n && rc == KVD_OK; i++)
-        rc = pin(l, &ld->x[i]);
+    rc = pin_all(l, ld->x, n);
     if (rc != KVD_OK) {
         /* all or nothing: no pins stay; the record does, so that the
          * engine's ABORT can hand every device index back */

@@ -204,16 +204,25 @@ static int copy_batch_layer(kvd_linker_t *l, lbatch_t *b, uint32_t layer_id)
 static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
 {
     for (lload_t *ld = b->loads; ld; ld = ld->next) {
-        /* a lease that lapsed while we copied: the bytes may be another
-         * object's by now, so the load failed */
-        bool released = lk_release(l, ld->x, ld->n);
-        bool ok = released && !ld->failed && err == KVD_OK;
+        bool ok = !ld->failed && err == KVD_OK;
+        /* A lease that lapsed while we copied: the bytes may be another
+         * object's by now, so the load failed. When the leases provably
+         * still stand, the load is done now and the Release (a round trip
+         * to a daemon idle through the copy) follows; otherwise its reply
+         * decides. */
+        bool early = ok && lk_leases_standing(l, ld->x, ld->n);
+        if (!early)
+            ok = lk_release(l, ld->x, ld->n) && ok;
         pthread_mutex_lock(&l->lock);
         if (!ok)
             for (size_t i = 0; i < ld->n; i++)
                 atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
         lk_queue_push(&l->done_loads, ld->rid, ok);
+        if (early)
+            pthread_cond_broadcast(&l->cond);
         pthread_mutex_unlock(&l->lock);
+        if (early)
+            lk_release(l, ld->x, ld->n); /* what it says changes nothing now */
     }
     pthread_mutex_lock(&l->lock);
     for (lload_t *ld = b->loads, *next; ld; ld = next) {

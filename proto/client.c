@@ -319,30 +319,62 @@ static int read_reply(kvd_client_t *c, uint64_t id, kvd_msg_t *rep, uint64_t dea
     }
 }
 
-int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms)
+int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                         int timeout_ms)
 {
     uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    memset(rep, 0, sizeof(*rep)); /* kvd_msg_clear(rep) is safe whatever happens */
-    req->id = c->next_id++;
-    req->reply = false;
+    for (size_t i = 0; i < n; i++)
+        memset(&reps[i], 0, sizeof(reps[i])); /* kvd_msg_clear is safe whatever happens */
     /* what is left of a request abandoned mid-write goes out first */
     kvd_buf_consume(&c->out, c->out_sent);
     c->out_sent = 0;
-    int rc = kvd_msg_pack(req, KVD_FRAME_LIMIT_MAX, &c->out);
+    int rc = KVD_OK;
+    for (size_t i = 0; i < n && rc == KVD_OK; i++) {
+        reqs[i].id = c->next_id++;
+        reqs[i].reply = false;
+        rc = kvd_msg_pack(&reqs[i], KVD_FRAME_LIMIT_MAX, &c->out);
+    }
     if (rc == KVD_OK)
         rc = flush_out(c, deadline);
     /* a daemon that refused the connection (too many clients) closed it after
      * its error reply: read that reply rather than report the broken pipe */
-    if (rc == KVD_OK || rc == KVD_ERR_CLOSED)
-        rc = read_reply(c, req->id, rep, deadline);
-    if (rc != KVD_OK)
+    if (rc != KVD_OK && rc != KVD_ERR_CLOSED)
         return rc;
-    /* an error reply with id 0 is the daemon refusing the connection */
-    if ((rep->id != req->id && !(rep->id == 0 && rep->status < 0)) || !rep->reply) {
-        kvd_msg_clear(rep);
-        return KVD_ERR_PROTOCOL;
+    /* the daemon serves a connection's frames in order: so come the replies */
+    for (size_t i = 0; i < n; i++) {
+        rc = read_reply(c, reqs[i].id, &reps[i], deadline);
+        if (rc != KVD_OK)
+            break;
+        /* an error reply with id 0 is the daemon refusing the connection */
+        kvd_msg_t *rep = &reps[i];
+        if ((rep->id != reqs[i].id && !(rep->id == 0 && rep->status < 0)) ||
+            !rep->reply) {
+            rc = KVD_ERR_PROTOCOL;
+            break;
+        }
+        if (rep->id == 0) { /* refused: nothing more comes */
+            for (size_t k = i + 1; k < n; k++)
+                reps[k].status = rep->status;
+            break;
+        }
     }
-    return KVD_OK;
+    if (rc != KVD_OK)
+        for (size_t i = 0; i < n; i++)
+            kvd_msg_clear(&reps[i]);
+    return rc;
+}
+
+int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms)
+{
+    return kvd_client_call_many(c, req, rep, 1, timeout_ms);
+}
+
+bool kvd_client_quiet(const kvd_client_t *c)
+{
+    if (kvd_framer_pending(&c->framer) != 0 || c->out_sent < c->out.len)
+        return false;
+    struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+    return poll(&p, 1, 0) == 0;
 }
 
 int kvd_client_health_once(const char *path, int connect_ms, int call_ms)

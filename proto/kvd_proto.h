@@ -534,6 +534,25 @@ int kvd_client_fd(const kvd_client_t *c);
  */
 int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms);
 
+/*
+ * kvd_client_call for n requests in one round trip: all are sent, then the
+ * replies read in order (the daemon serves a connection's frames in turn).
+ * KVD_OK when every reply came (each rep[i].status says how its request
+ * went); otherwise the first failure, every reps[i] cleared. After a refusal
+ * (an error reply with id 0) the later reps[i] carry its status. Each reps[i]
+ * owns its variable parts: kvd_msg_clear each, on any result.
+ */
+int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                         int timeout_ms);
+
+/*
+ * Whether the connection is open with nothing unread and nothing half
+ * sent: the peer has not closed it and no frame waits. A daemon sends only
+ * replies (and the error that refuses or ends a connection), so between
+ * calls a quiet connection is one the daemon has not ended.
+ */
+bool kvd_client_quiet(const kvd_client_t *c);
+
 /* Hello with this process's pid and name; fills *rep on success (its
  * variable parts are not kept: use kvd_client_call for namespaces). */
 int kvd_client_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,

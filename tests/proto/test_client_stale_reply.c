@@ -5,7 +5,10 @@
  * next call, which returns its own reply; a request abandoned half-written
  * is finished before the next one, so the server sees whole frames; an
  * error reply with id 0 is still returned to the waiting call, and a reply
- * with an id the client never sent is a protocol error.
+ * with an id the client never sent is a protocol error. Pipelined calls
+ * (kvd_client_call_many) send every request before reading a reply and
+ * return the replies in order; a refusal fails the requests after it too.
+ * kvd_client_quiet says false once a frame waits unread or the peer closed.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -374,6 +377,82 @@ static void test_id_zero_error_and_unknown_ids(void **state)
     server_finish(s);
 }
 
+/* Reads three requests before it answers any (a client that waited for
+ * each reply before sending the next would time out here), answers them
+ * in order, then sends one frame nobody asked for and closes. */
+static void pipelined_script(fake_server_t *s, int fd)
+{
+    kvd_msg_t m;
+    for (uint64_t id = 1; id <= 3; id++)
+        if (!expect_request(s, fd, id, KVD_METHOD_HEALTH, &m))
+            return;
+    for (uint64_t id = 1; id <= 3; id++)
+        if (!send_health(s, fd, id, id * 1000))
+            return;
+    sleep_ms(SERVER_DELAY_MS); /* the client checks it is quiet meanwhile */
+    send_health(s, fd, 0, 7);
+    sleep_ms(SERVER_DELAY_MS);
+}
+
+static void test_call_many_pipelines_and_quiet(void **state)
+{
+    fake_server_t *s = *state;
+    server_start(s, pipelined_script);
+    kvd_client_t *c = connect_client(s);
+    assert_true(kvd_client_quiet(c));
+    kvd_msg_t req[3], rep[3];
+    for (int i = 0; i < 3; i++)
+        kvd_msg_request(&req[i], 0, KVD_METHOD_HEALTH);
+    assert_int_equal(kvd_client_call_many(c, req, rep, 3, CLIENT_TIMEOUT_MS * 10),
+                     KVD_OK);
+    for (int i = 0; i < 3; i++) {
+        assert_true(rep[i].id == (uint64_t)i + 1);
+        assert_int_equal(rep[i].status, KVD_OK);
+        assert_true(rep[i].body.health_rep.uptime_ms == (uint64_t)(i + 1) * 1000);
+        kvd_msg_clear(&rep[i]);
+    }
+    assert_true(kvd_client_quiet(c)); /* every reply read, the server waits */
+    bool quiet = true;                /* until the frame nobody asked for arrives */
+    for (int waited = 0; quiet && waited < PATIENT_MS; waited += 10) {
+        sleep_ms(10);
+        quiet = kvd_client_quiet(c);
+    }
+    assert_false(quiet);
+    server_finish(s);
+    assert_false(kvd_client_quiet(c)); /* and the peer has closed */
+    kvd_client_close(c);
+}
+
+/* Refuses the first of two pipelined requests with an error of id 0 and
+ * closes the connection. */
+static void refuse_many_script(fake_server_t *s, int fd)
+{
+    kvd_msg_t m, rep;
+    if (!expect_request(s, fd, 1, KVD_METHOD_HEALTH, &m) ||
+        !expect_request(s, fd, 2, KVD_METHOD_HEALTH, &m))
+        return;
+    kvd_msg_error(&rep, 0, KVD_METHOD_NONE, KVD_ERR_BUSY, "too many connections");
+    if (!server_send(fd, &rep))
+        server_fail(s, "a reply could not be sent");
+}
+
+static void test_call_many_refused(void **state)
+{
+    fake_server_t *s = *state;
+    server_start(s, refuse_many_script);
+    kvd_client_t *c = connect_client(s);
+    kvd_msg_t req[2], rep[2];
+    for (int i = 0; i < 2; i++)
+        kvd_msg_request(&req[i], 0, KVD_METHOD_HEALTH);
+    assert_int_equal(kvd_client_call_many(c, req, rep, 2, PATIENT_MS), KVD_OK);
+    assert_int_equal(rep[0].status, KVD_ERR_BUSY);
+    assert_int_equal(rep[1].status, KVD_ERR_BUSY); /* never answered: refused too */
+    kvd_msg_clear(&rep[0]);
+    kvd_msg_clear(&rep[1]);
+    server_finish(s);
+    kvd_client_close(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -382,6 +461,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_half_written_request_is_finished,
                                         setup_server, teardown_server),
         cmocka_unit_test_setup_teardown(test_id_zero_error_and_unknown_ids, setup_server,
+                                        teardown_server),
+        cmocka_unit_test_setup_teardown(test_call_many_pipelines_and_quiet, setup_server,
+                                        teardown_server),
+        cmocka_unit_test_setup_teardown(test_call_many_refused, setup_server,
                                         teardown_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
