@@ -144,6 +144,10 @@ struct kvd_linker {
      * late wait on a forgotten counter up to it cannot be told "in place" */
     uint32_t forgot_failed_max;
     uint64_t next_ack;
+    /* the transfer thread polls `kick` (bumped by each start) instead of
+     * sleeping until spin_until_ns (under lock), set by kvd_load */
+    uint64_t spin_ns, spin_until_ns;
+    _Atomic uint32_t kick;
     bool stop;
     pthread_t thread;
     bool thread_started;

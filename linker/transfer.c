@@ -20,6 +20,7 @@
  */
 #include "linker_int.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -414,6 +415,19 @@ void *lk_thread_main(void *arg)
             pthread_mutex_unlock(&l->lock);
             run_job(l, j);
             pthread_mutex_lock(&l->lock);
+            continue;
+        }
+        if (kvd_now_ns() < l->spin_until_ns) {
+            /* a load is on its way (kvd_load): poll for its start rather
+             * than sleep, yielding the CPU to whoever needs it */
+            uint32_t seen = atomic_load(&l->kick);
+            uint64_t until = l->spin_until_ns;
+            pthread_mutex_unlock(&l->lock);
+            while (atomic_load(&l->kick) == seen && kvd_now_ns() < until)
+                sched_yield();
+            pthread_mutex_lock(&l->lock);
+            if (atomic_load(&l->kick) == seen)
+                l->spin_until_ns = 0; /* it did not come: sleep next time */
             continue;
         }
         pthread_cond_wait(&l->cond, &l->lock);
