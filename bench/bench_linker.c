@@ -17,6 +17,8 @@
  * completion, wipes the device buffers, then loads them back layer-wise:
  * time to the first layer in place, and the whole load in GB/s.
  *
+ * --spin-us sets the linker's spin_us (-1: its threads sleep at once).
+ *
  * --pool SIZE sizes the daemon's pool (default 3G: every run lands on pool
  * memory nobody has written through the writer's mapping yet, which on
  * this VM is the slow case; a pool smaller than the runs' bytes, e.g.
@@ -375,13 +377,16 @@ int bench_mode_linker(int argc, char **argv)
     const char *kvdockd = NULL;
     const char *transport = "shm", *pool_size = "3G";
     uint64_t pages = 32, runs = 3;
+    int spin_us = 0; /* the linker's default */
     static const struct option longopts[] = {{"kvdockd", required_argument, NULL, 'k'},
                                              {"pages", required_argument, NULL, 'p'},
                                              {"runs", required_argument, NULL, 'r'},
                                              {"transport", required_argument, NULL, 't'},
                                              {"pool", required_argument, NULL, 'P'},
+                                             {"spin-us", required_argument, NULL, 's'},
                                              {NULL, 0, NULL, 0}};
     int c;
+    uint64_t sp = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         if (c == 'k')
@@ -394,13 +399,17 @@ int bench_mode_linker(int argc, char **argv)
             continue;
         else if (c == 'r' && kvd_u64_parse(optarg, 1, 100, &runs) == KVD_OK)
             continue;
+        else if (c == 's' && strcmp(optarg, "-1") == 0)
+            spin_us = -1;
+        else if (c == 's' && kvd_u64_parse(optarg, 1, 1000000, &sp) == KVD_OK)
+            spin_us = (int)sp;
         else
             break;
     }
     if (kvdockd == NULL) {
         fprintf(stderr,
                 "Usage: kvdock-bench linker --kvdockd PATH [--pages N] [--runs R] "
-                "[--transport shm|ucx] [--pool SIZE]\n");
+                "[--transport shm|ucx] [--pool SIZE] [--spin-us US|-1]\n");
         return BENCH_EXIT_USAGE;
     }
     bench_env_t env;
@@ -426,6 +435,7 @@ int bench_mode_linker(int argc, char **argv)
         kvd_linker_config_t cfg = {.socket_path = env.daemon_socket,
                                    .model_id = lo->name,
                                    .timeout_ms = 30000,
+                                   .spin_us = spin_us,
                                    .transport = transport};
         kvd_linker_t *lk = NULL;
         dev_t_ d;

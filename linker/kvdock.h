@@ -59,11 +59,12 @@ typedef struct kvd_linker_config {
     int layer_group_size;
     /* Bound on every RPC and on every wait; 0: 5000 ms. */
     int timeout_ms;
-    /* From kvd_load on, the transfer thread stays awake this long waiting
-     * for kvd_start_layer_wise_loading (yielding the CPU as it polls), so
-     * the copy starts without a wake-up of a sleeping thread (100-300 us
-     * measured on a VM). 0: 1000 us; negative: it sleeps. */
-    int start_spin_us;
+    /* How long a linker thread polls (yielding the CPU) before it sleeps:
+     * the transfer thread for the start of a load, from kvd_load on, and
+     * kvd_wait_layer for its layer. Waking a sleeping thread cost 100-300
+     * us on a VM, and each wake-up per layer took the copying CPU for a
+     * while. 0: 1000 us; negative: sleep at once. */
+    int spin_us;
     /* false (default): the pool's mapping is populated when the linker
      * connects, so no transfer pays a page fault per 4 KiB (measured here:
      * writing into an unpopulated mapping ran at 0.3 GB/s); true: pages map

@@ -281,9 +281,9 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     l->cfg.cp_size = config->cp_size > 0 ? config->cp_size : 1;
     l->cfg.layer_group_size = config->layer_group_size > 0 ? config->layer_group_size : 1;
     l->timeout_ms = config->timeout_ms > 0 ? config->timeout_ms : 5000;
-    l->spin_ns = config->start_spin_us == 0  ? 1000000u
-                 : config->start_spin_us < 0 ? 0
-                                             : (uint64_t)config->start_spin_us * 1000u;
+    l->spin_ns = config->spin_us == 0  ? 1000000u
+                 : config->spin_us < 0 ? 0
+                                       : (uint64_t)config->spin_us * 1000u;
     l->next_counter = 1;
     l->next_ack = 1;
     /* shm when the daemon shares this host (a Unix socket), UCX otherwise;

@@ -145,9 +145,12 @@ struct kvd_linker {
     uint32_t forgot_failed_max;
     uint64_t next_ack;
     /* the transfer thread polls `kick` (bumped by each start) instead of
-     * sleeping until spin_until_ns (under lock), set by kvd_load */
+     * sleeping until spin_until_ns (under lock), set by kvd_load; layer
+     * waiters poll `progress` (bumped by each group in place, each batch
+     * ended) for spin_ns before they sleep */
     uint64_t spin_ns, spin_until_ns;
     _Atomic uint32_t kick;
+    _Atomic uint64_t progress;
     bool stop;
     pthread_t thread;
     bool thread_started;

@@ -8,6 +8,7 @@
 #include "linker_int.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -441,6 +442,7 @@ KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
     if (l == NULL)
         return KVD_ERR_INVALID;
     struct timespec until = deadline_of(l);
+    uint64_t spin_until = kvd_now_ns() + l->spin_ns;
     pthread_mutex_lock(&l->lock);
     int rc = KVD_OK;
     for (;;) {
@@ -466,6 +468,16 @@ KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
         }
         if (b->finished)
             break;
+        if (kvd_now_ns() < spin_until) {
+            /* poll a while: a sleeping waiter costs the copying thread a
+             * wake-up per layer */
+            uint64_t seen = atomic_load(&l->progress);
+            pthread_mutex_unlock(&l->lock);
+            while (atomic_load(&l->progress) == seen && kvd_now_ns() < spin_until)
+                sched_yield();
+            pthread_mutex_lock(&l->lock);
+            continue;
+        }
         if (pthread_cond_timedwait(&l->cond, &l->lock, &until) == ETIMEDOUT) {
             rc = KVD_ERR_TIMEOUT;
             break;

@@ -235,6 +235,7 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
     if (err != KVD_OK && b->error == KVD_OK)
         b->error = err;
     b->finished = true;
+    atomic_fetch_add(&l->progress, 1);
     /* keep the last few finished batches for late waiters */
     size_t n = 0;
     for (lbatch_t *x = l->batches; x; x = x->next)
@@ -283,6 +284,7 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
             b->layers_done = end;
         else
             b->error = err; /* the remaining layers fail now, nobody waits */
+        atomic_fetch_add(&l->progress, 1);
         pthread_cond_broadcast(&l->cond);
         pthread_mutex_unlock(&l->lock);
     }

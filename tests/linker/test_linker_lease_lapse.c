@@ -13,8 +13,8 @@
  *  3. A LOAD whose state key is not stored: refused, no pin left (all or
  *     nothing across the pipelined Acquires); ABORT hands its indices back.
  *  4. The connection is as good as before: a fresh load succeeds.
- * The linker here runs with start_spin_us < 0: its transfer thread sleeps
- * until each start instead of polling for it.
+ * The linker here runs with spin_us < 0: its threads sleep until each
+ * start and each layer instead of polling for them.
  */
 #include "dtest.h"
 #include "harness.h"
@@ -153,12 +153,10 @@ static bool bytes_back(void)
 
 static void run(const char *socket)
 {
-    /* the transfer thread sleeps until each start here (every other test
-     * runs with the default: it polls for the start from kvd_load on) */
-    kvd_linker_config_t cfg = {.socket_path = socket,
-                               .model_id = "lapse",
-                               .timeout_ms = 5000,
-                               .start_spin_us = -1};
+    /* threads sleep at once here (every other test runs with the default:
+     * they poll a while first) */
+    kvd_linker_config_t cfg = {
+        .socket_path = socket, .model_id = "lapse", .timeout_ms = 5000, .spin_us = -1};
     kvd_linker_t *l = NULL;
     int rc = kvd_linker_open(&cfg, &l);
     DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
