@@ -363,6 +363,8 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
         free(l->pools[i].mems);
     }
     kvd_ucx_destroy(l->ucx);
+    if (l->stage != NULL)
+        kvd_mem_free(KVD_MEM_STAGING, l->stage, 2 * (size_t)KVD_LINKER_STAGE_HALF);
     pthread_rwlock_destroy(&l->map);
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);

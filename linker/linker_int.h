@@ -21,6 +21,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+/* Half of the staging buffer of offloads in the UCX message mode (see
+ * transfer.c): 16 MiB per linker, made on the first such offload. */
+#define KVD_LINKER_STAGE_HALF (8u << 20)
 /* Pools one Lookup may name: the daemon's limit (a protocol constant). */
 #define KVD_LOOKUP_POOLS_MAX 16
 
@@ -130,6 +133,7 @@ struct kvd_linker {
     kvd_transport_t *xport;
     _Atomic uint64_t xport_failed;
     uint64_t next_cookie;
+    uint8_t *stage; /* offload staging, 2 x KVD_LINKER_STAGE_HALF; transfer thread */
 
     pthread_mutex_t lock;
     pthread_cond_t cond;

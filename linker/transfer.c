@@ -27,13 +27,72 @@
 #define KEEP_FINISHED_BATCHES 64
 
 /* Where the copies of one step go: straight through the devmem backend
- * (shm), or gathered into one transport batch (ucx). */
+ * (shm), or gathered into one transport batch (ucx). An offload in the
+ * message mode first copies the device rows into a staging buffer, so that
+ * an object's rows (scattered over the device's per-layer buffers, one
+ * after the other in the object) leave as one message instead of one per
+ * row range: over TCP, 72 KiB messages moved 1.2-1.3 GB/s here and 4 MiB
+ * ones 2.9-3.0. The buffer's two halves take turns: one fills while the
+ * other is on the wire. */
 typedef struct copier {
     kvd_linker_t *l;
     bool to_device;
     kvd_xfer_t *v;
     size_t n, cap;
+    uint8_t *stage;     /* NULL: no staging */
+    size_t used;        /* bytes of the filling half */
+    int half;           /* which half fills */
+    uint64_t in_flight; /* the other half's batch; 0 none */
 } copier_t;
+
+static int copy_run(copier_t *c);
+
+/* Ends the endpoint after a failed batch: that cancels whatever is still
+ * outstanding before the rows it wrote are reported, and marks the
+ * connection for a reconnect. */
+static void xport_failed(copier_t *c, int rc)
+{
+    kvd_linker_t *l = c->l;
+    KVD_WARN("linker", "%s over %s failed: %s; reconnecting",
+             c->to_device ? "load" : "offload", kvd_transport_name(l->xport),
+             kvd_status_str(rc));
+    kvd_transport_destroy(l->xport);
+    l->xport = NULL;
+    atomic_store(&l->xport_failed, atomic_load(&l->epoch));
+    c->in_flight = 0;
+}
+
+/* Waits for a posted batch of `bytes`: timeout_ms, plus its bytes at
+ * 50 MB/s (a large offload over a slow link is not a dead daemon). */
+static int wait_batch(copier_t *c, uint64_t cookie, uint64_t bytes)
+{
+    uint64_t ms = (uint64_t)c->l->timeout_ms + bytes / 50000u;
+    return kvd_transport_wait(c->l->xport, cookie, (int)KVD_MIN(ms, (uint64_t)INT32_MAX));
+}
+
+/* Sends what the filling half holds, once the batch on the wire (from the
+ * other half) is done, and turns to that half. One batch at a time: a
+ * wait reports its own cookie only and drops the others'. */
+static int stage_flip(copier_t *c)
+{
+    kvd_linker_t *l = c->l;
+    int rc = KVD_OK;
+    if (c->in_flight != 0)
+        rc = wait_batch(c, c->in_flight, KVD_LINKER_STAGE_HALF);
+    c->in_flight = 0;
+    if (rc == KVD_OK && c->n > 0) {
+        uint64_t cookie = ++l->next_cookie;
+        rc = kvd_transport_post(l->xport, KVD_XFER_WRITE, c->v, c->n, cookie);
+        if (rc == KVD_OK)
+            c->in_flight = cookie;
+    }
+    c->n = 0;
+    if (rc != KVD_OK && rc != KVD_ERR_INVALID)
+        xport_failed(c, rc);
+    c->half ^= 1;
+    c->used = 0;
+    return rc;
+}
 
 /* One contiguous copy between device memory at `d` and the pool at
  * `pool_off`. Adjacent ones merge, so a contiguous run is one operation. */
@@ -44,6 +103,19 @@ static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
     if (l->xport == NULL) {
         uint8_t *obj = l->pool_map + pool_off;
         return c->to_device ? dev->copy(d, obj, n, true) : dev->copy(obj, d, n, false);
+    }
+    if (c->stage != NULL && n <= KVD_LINKER_STAGE_HALF) {
+        if (c->used + n > KVD_LINKER_STAGE_HALF) {
+            int rc = stage_flip(c);
+            if (rc != KVD_OK)
+                return rc;
+        }
+        uint8_t *s = c->stage + (size_t)c->half * KVD_LINKER_STAGE_HALF + c->used;
+        int rc = dev->copy(s, d, n, false);
+        if (rc != KVD_OK)
+            return rc;
+        c->used += n;
+        d = s; /* what goes on the wire; the next row lands right after */
     }
     uint64_t local = (uint64_t)(uintptr_t)d;
     if (c->n > 0) {
@@ -67,36 +139,32 @@ static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
     return KVD_OK;
 }
 
-/* Runs what was gathered and waits for it. A failure (the daemon gone, a
- * timeout) ends the endpoint here, which cancels whatever is still
- * outstanding before the rows it wrote are reported, and marks the
- * connection for a reconnect. Caller holds the map read lock and is the
- * transfer thread, the endpoint's only user. */
+/* Runs what was gathered and waits for it, and for a staged batch still in
+ * flight. A failure (the daemon gone, a timeout) ends the endpoint here
+ * (xport_failed). Caller holds the map read lock and is the transfer
+ * thread, the endpoint's only user. */
 static int copy_run(copier_t *c)
 {
     kvd_linker_t *l = c->l;
-    if (l->xport == NULL || c->n == 0)
+    if (l->xport == NULL)
         return KVD_OK;
-    uint64_t cookie = ++l->next_cookie;
-    /* the bound grows with the batch: timeout_ms, plus its bytes at 50 MB/s
-     * (a large offload over a slow link is not a dead daemon) */
-    uint64_t bytes = 0;
-    for (size_t i = 0; i < c->n; i++)
-        bytes += c->v[i].length;
-    uint64_t ms = (uint64_t)l->timeout_ms + bytes / 50000u;
-    int rc = kvd_transport_post(l->xport, c->to_device ? KVD_XFER_READ : KVD_XFER_WRITE,
+    int rc = KVD_OK;
+    if (c->in_flight != 0)
+        rc = wait_batch(c, c->in_flight, KVD_LINKER_STAGE_HALF);
+    c->in_flight = 0;
+    if (rc == KVD_OK && c->n > 0) {
+        uint64_t cookie = ++l->next_cookie, bytes = 0;
+        for (size_t i = 0; i < c->n; i++)
+            bytes += c->v[i].length;
+        rc = kvd_transport_post(l->xport, c->to_device ? KVD_XFER_READ : KVD_XFER_WRITE,
                                 c->v, c->n, cookie);
-    if (rc == KVD_OK)
-        rc = kvd_transport_wait(l->xport, cookie, (int)KVD_MIN(ms, (uint64_t)INT32_MAX));
-    c->n = 0;
-    if (rc != KVD_OK && rc != KVD_ERR_INVALID) {
-        KVD_WARN("linker", "%s over %s failed: %s; reconnecting",
-                 c->to_device ? "load" : "offload", kvd_transport_name(l->xport),
-                 kvd_status_str(rc));
-        kvd_transport_destroy(l->xport);
-        l->xport = NULL;
-        atomic_store(&l->xport_failed, atomic_load(&l->epoch));
+        if (rc == KVD_OK)
+            rc = wait_batch(c, cookie, bytes);
     }
+    c->n = 0;
+    c->used = 0;
+    if (rc != KVD_OK && rc != KVD_ERR_INVALID)
+        xport_failed(c, rc);
     return rc;
 }
 
@@ -137,20 +205,17 @@ static uint64_t layer_offset(const lpool_t *p, uint32_t li)
     return off;
 }
 
-/* Copies (or gathers) layer li of keys [x->begin, x->end) of one
- * transfer; adds the bytes to *moved. Caller holds the map read lock. */
-static int copy_layer(copier_t *c, const lpool_t *p, const lxfer_t *x, uint32_t li,
-                      const uint8_t *allocated, uint64_t *moved)
+/* Copies (or gathers) layers [l0, l1) of key i of one transfer; adds the
+ * bytes to *moved. Caller holds the map read lock. */
+static int copy_key(copier_t *c, const lpool_t *p, const lxfer_t *x, uint32_t i,
+                    uint32_t l0, uint32_t l1, uint64_t *moved)
 {
-    uint64_t base_off = layer_offset(p, li);
-    const kvd_pool_layer_t *ly = &p->layers[li];
-    for (uint32_t i = x->begin; i < x->end; i++) {
-        if (allocated != NULL && !allocated[i])
-            continue; /* an offload writes only what it reserved */
-        int64_t row0 = p->desc.addressing == KVD_ADDR_PAGED
-                           ? x->idx[(size_t)i * p->desc.page_size]
-                           : x->idx[i];
-        uint64_t obj = x->offsets[i] + base_off;
+    int64_t row0 = p->desc.addressing == KVD_ADDR_PAGED
+                       ? x->idx[(size_t)i * p->desc.page_size]
+                       : x->idx[i];
+    uint64_t obj = x->offsets[i] + layer_offset(p, l0);
+    for (uint32_t li = l0; li < l1; li++) {
+        const kvd_pool_layer_t *ly = &p->layers[li];
         for (uint32_t b = 0; b < ly->n_buffers; b++) {
             int rc = copy_rows(c, p->dev, &ly->buffers[b], row0, p->rows, obj);
             if (rc != KVD_OK)
@@ -160,6 +225,29 @@ static int copy_layer(copier_t *c, const lpool_t *p, const lxfer_t *x, uint32_t 
         }
     }
     return KVD_OK;
+}
+
+/* Copies (or gathers) layer li of keys [x->begin, x->end) of one load
+ * transfer; adds the bytes to *moved. Caller holds the map read lock. */
+static int copy_layer(copier_t *c, const lpool_t *p, const lxfer_t *x, uint32_t li,
+                      uint64_t *moved)
+{
+    for (uint32_t i = x->begin; i < x->end; i++) {
+        int rc = copy_key(c, p, x, i, li, li + 1, moved);
+        if (rc != KVD_OK)
+            return rc;
+    }
+    return KVD_OK;
+}
+
+/* The linker's staging buffer (two halves of KVD_LINKER_STAGE_HALF),
+ * made on first use; NULL without memory (then rows go unstaged). Only
+ * the transfer thread uses it. */
+static uint8_t *stage_buffer(kvd_linker_t *l)
+{
+    if (l->stage == NULL)
+        l->stage = kvd_mem_calloc(KVD_MEM_STAGING, 2, KVD_LINKER_STAGE_HALF);
+    return l->stage;
 }
 
 /* Copies every transfer of the batch that has layer `layer_id`. A load
@@ -185,7 +273,7 @@ static int copy_batch_layer(kvd_linker_t *l, lbatch_t *b, uint32_t layer_id)
                 if (p->layers[li].layer_id != layer_id)
                     continue;
                 uint64_t moved = 0;
-                rc = copy_layer(&c, p, x, li, NULL, &moved);
+                rc = copy_layer(&c, p, x, li, &moved);
                 atomic_fetch_add(&p->load_bytes, moved);
                 if (rc != KVD_OK)
                     break;
@@ -349,12 +437,21 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
         allocated[i] = 1;
     }
     copier_t c = {.l = l, .to_device = false};
+    if (rc == KVD_OK && l->xport != NULL && l->ucx_mode == KVD_UCX_MODE_AM)
+        c.stage = stage_buffer(l);
     if (rc == KVD_OK) {
+        /* object by object: an object's rows are contiguous in the pool,
+         * so staged rows merge into one range per object */
         uint64_t moved = 0;
-        for (uint32_t li = 0; rc == KVD_OK && li < p->desc.n_layers; li++)
-            rc = copy_layer(&c, p, x, li, allocated, &moved);
+        for (uint32_t i = x->begin; rc == KVD_OK && i < x->end; i++)
+            if (allocated[i])
+                rc = copy_key(&c, p, x, i, 0, p->desc.n_layers, &moved);
         if (rc == KVD_OK)
             rc = copy_run(&c); /* complete at the daemon before Publish */
+        else if (c.in_flight != 0 && l->xport != NULL) {
+            c.n = 0; /* nothing more is sent; what is on the wire ends first */
+            copy_run(&c);
+        }
         atomic_fetch_add(&p->offload_bytes, moved);
     }
     pthread_rwlock_unlock(&l->map);
