@@ -30,6 +30,52 @@ static void unmap_pool(kvd_linker_t *l)
     pthread_rwlock_unlock(&l->map);
 }
 
+#define POPULATE_CHUNK (64ull << 20)
+
+/* Write-populates the pool mapping, a chunk at a time under the map read
+ * lock (copies go on; a reconnection waits one chunk at most), starting
+ * over when the mapping is replaced, until the current one is done. */
+static void *populate_main(void *arg)
+{
+    kvd_linker_t *l = arg;
+    uint64_t epoch = 0, off = 0;
+    for (;;) {
+        pthread_rwlock_rdlock(&l->map);
+        if (atomic_load(&l->epoch) != epoch) {
+            epoch = atomic_load(&l->epoch);
+            off = 0;
+        }
+        bool more = l->pool_map != NULL && off < l->pool_bytes;
+        if (more) {
+            uint64_t n = KVD_MIN(POPULATE_CHUNK, l->pool_bytes - off);
+            madvise(l->pool_map + off, n, MADV_POPULATE_WRITE);
+            off += n;
+        }
+        pthread_rwlock_unlock(&l->map);
+        pthread_mutex_lock(&l->lock);
+        bool done = l->stop || (!more && atomic_load(&l->epoch) == epoch);
+        if (done)
+            l->pop_running = false;
+        pthread_mutex_unlock(&l->lock);
+        if (done)
+            return NULL;
+    }
+}
+
+/* Has the populating thread (re)start on the current mapping; best effort:
+ * without it, pages map in on first use. */
+static void populate_in_background(kvd_linker_t *l)
+{
+    pthread_mutex_lock(&l->lock);
+    if (!l->pop_running && !l->stop) {
+        if (l->pop_started)
+            pthread_join(l->pop_thread, NULL); /* it has ended */
+        l->pop_running = pthread_create(&l->pop_thread, NULL, populate_main, l) == 0;
+        l->pop_started = l->pop_running;
+    }
+    pthread_mutex_unlock(&l->lock);
+}
+
 /* Opens the UCX endpoint to the daemon that sent `h`, with every device
  * buffer's handle. Caller holds the map write lock. */
 static int open_ucx_locked(kvd_linker_t *l, const kvd_hello_rep_t *h,
@@ -101,8 +147,13 @@ static int connect_once(kvd_linker_t *l)
         } else {
             /* write-populated, so that no copy into the pool takes a fault
              * (MAP_POPULATE read-faults shared pages; writes then fault
-             * again); best effort: older kernels fault on first use */
-            if (!l->cfg.lazy_pool_mapping)
+             * again); best effort: older kernels fault on first use. The
+             * first mapping before kvd_linker_open returns; a new one after
+             * a reconnection in the background, as calls wait on us here */
+            pthread_rwlock_rdlock(&l->map);
+            bool reconnect = l->pool_map != NULL;
+            pthread_rwlock_unlock(&l->map);
+            if (!l->cfg.lazy_pool_mapping && !reconnect)
                 madvise(map, bytes, MADV_POPULATE_WRITE);
             pthread_rwlock_wrlock(&l->map);
             if (l->pool_map != NULL)
@@ -111,6 +162,8 @@ static int connect_once(kvd_linker_t *l)
             l->pool_bytes = bytes;
             atomic_fetch_add(&l->epoch, 1); /* old leases and offsets end here */
             pthread_rwlock_unlock(&l->map);
+            if (!l->cfg.lazy_pool_mapping && reconnect)
+                populate_in_background(l);
         }
     } else if (rc == KVD_OK && l->use_ucx) {
         pthread_rwlock_wrlock(&l->map);
@@ -343,6 +396,8 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     pthread_mutex_unlock(&l->lock);
     if (l->thread_started)
         pthread_join(l->thread, NULL);
+    if (l->pop_started)
+        pthread_join(l->pop_thread, NULL); /* it stops within a chunk */
     lk_fail_pending(l); /* what is left completes as failed, then is freed */
     for (lbatch_t *b = l->batches, *next; b != NULL; b = next) {
         next = b->next;

@@ -158,6 +158,11 @@ struct kvd_linker {
     bool stop;
     pthread_t thread;
     bool thread_started;
+    /* after a reconnection the new mapping is populated by this thread,
+     * not under `rpc` (which would stall every call for as long as the
+     * pool takes); pop_running under lock */
+    pthread_t pop_thread;
+    bool pop_started, pop_running;
 };
 
 /* linker.c: one RPC on the connection, (re)connecting first when allowed;
