@@ -288,10 +288,10 @@ typedef struct kvd_completion {
  * Pops up to max finished loads (each committed load comes back exactly
  * once, success or not); *n says how many. Never blocks. A load succeeds
  * only if its pins held until its last byte was in place: when that is
- * certain without asking (the connection quiet and open, the pins younger
- * than half the daemon's lease TTL) it is reported at once and its pins
- * are released just after; otherwise the daemon's answer to the release
- * decides.
+ * certain without asking (a daemon on this host, its connection quiet and
+ * open, the pins younger than half its lease TTL) it is reported at once
+ * and its pins are released just after; otherwise the daemon's answer to
+ * the release decides.
  */
 KVD_API int kvd_pop_completed_loads(kvd_linker_t *linker, kvd_completion_t *out,
                                     size_t max, size_t *n);

@@ -30,7 +30,7 @@ static void unmap_pool(kvd_linker_t *l)
     pthread_rwlock_unlock(&l->map);
 }
 
-#define POPULATE_CHUNK (64ull << 20)
+#define POPULATE_CHUNK (16ull << 20)
 
 /* Write-populates the pool mapping, a chunk at a time under the map read
  * lock (copies go on; a reconnection waits one chunk at most), starting
@@ -40,6 +40,12 @@ static void *populate_main(void *arg)
     kvd_linker_t *l = arg;
     uint64_t epoch = 0, off = 0;
     for (;;) {
+        /* a reconnection waiting for the write lock goes first (readers
+         * are preferred, and this one comes back at once) */
+        while (atomic_load(&l->remapping) != 0) {
+            struct timespec ts = {0, 1000000};
+            nanosleep(&ts, NULL);
+        }
         pthread_rwlock_rdlock(&l->map);
         if (atomic_load(&l->epoch) != epoch) {
             epoch = atomic_load(&l->epoch);
@@ -155,6 +161,7 @@ static int connect_once(kvd_linker_t *l)
             pthread_rwlock_unlock(&l->map);
             if (!l->cfg.lazy_pool_mapping && !reconnect)
                 madvise(map, bytes, MADV_POPULATE_WRITE);
+            atomic_store(&l->remapping, 1);
             pthread_rwlock_wrlock(&l->map);
             if (l->pool_map != NULL)
                 munmap(l->pool_map, l->pool_bytes);
@@ -162,6 +169,7 @@ static int connect_once(kvd_linker_t *l)
             l->pool_bytes = bytes;
             atomic_fetch_add(&l->epoch, 1); /* old leases and offsets end here */
             pthread_rwlock_unlock(&l->map);
+            atomic_store(&l->remapping, 0);
             if (!l->cfg.lazy_pool_mapping && reconnect)
                 populate_in_background(l);
         }
@@ -219,7 +227,7 @@ static void disconnect_locked(kvd_linker_t *l)
 }
 
 int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
-                 bool may_connect, uint64_t *epoch)
+                 uint64_t on_epoch, uint64_t *epoch)
 {
     memset(reps, 0, n * sizeof(*reps));
     pthread_mutex_lock(&l->rpc);
@@ -227,7 +235,10 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
      * of that epoch are void, the next connection brings a new endpoint */
     if (l->client != NULL && atomic_load(&l->xport_failed) == atomic_load(&l->epoch))
         disconnect_locked(l);
-    int rc = l->client ? KVD_OK : may_connect ? connect_locked(l) : KVD_ERR_CLOSED;
+    int rc = l->client != NULL && (on_epoch == 0 || on_epoch == atomic_load(&l->epoch))
+                 ? KVD_OK
+             : on_epoch == 0 ? connect_locked(l)
+                             : KVD_ERR_CLOSED;
     if (epoch)
         *epoch = atomic_load(&l->epoch); /* cannot change while rpc is held */
     if (rc == KVD_OK) {
@@ -239,10 +250,10 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
     return rc;
 }
 
-int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect,
+int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
                uint64_t *epoch)
 {
-    int rc = lk_call_many(l, req, rep, 1, may_connect, epoch);
+    int rc = lk_call_many(l, req, rep, 1, on_epoch, epoch);
     return rc == KVD_OK ? rep->status : rc;
 }
 
@@ -253,7 +264,11 @@ bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
     /* half the TTL: the daemon started it after we asked, on a clock that
      * runs at the rate of ours; the margin covers any difference */
     uint64_t ttl_ns = l->lease_ttl_ms * 1000000ull / 2;
-    bool ok = l->client != NULL && atomic_load(&l->xport_failed) != epoch;
+    /* over a Unix socket only: the daemon's close is then seen here at
+     * once, while a TCP FIN may still be on its way when the daemon has
+     * already dropped the pins (and a remote clock is not ours) */
+    bool ok = l->connect[0] == '\0' && l->client != NULL &&
+              atomic_load(&l->xport_failed) != epoch;
     for (size_t i = 0; ok && i < n; i++)
         ok = x[i].lease == 0 || (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
     /* checked last: the leases stood until now only if the daemon has not
@@ -265,7 +280,7 @@ bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
 
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
 {
-    return lk_call_ex(l, req, rep, true, NULL);
+    return lk_call_ex(l, req, rep, 0, NULL);
 }
 
 /* Connects if needed; returns the connection epoch (0 when it failed). */
@@ -580,7 +595,7 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
         req.body.register_req.n = 1;
         req.body.register_req.namespaces = &spec;
         uint64_t epoch = 0;
-        rc = lk_call_ex(l, &req, &rep, true, &epoch);
+        rc = lk_call_ex(l, &req, &rep, 0, &epoch);
         if (rc == KVD_OK && rep.body.register_rep.n != 1)
             rc = KVD_ERR_PROTOCOL;
         if (rc == KVD_OK)

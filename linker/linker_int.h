@@ -163,23 +163,28 @@ struct kvd_linker {
      * pool takes); pop_running under lock */
     pthread_t pop_thread;
     bool pop_started, pop_running;
+    _Atomic int remapping; /* a shm reconnection wants the map write lock */
 };
 
-/* linker.c: one RPC on the connection, (re)connecting first when allowed;
- * *epoch (may be NULL) says which connection served it. */
-int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, bool may_connect,
+/* linker.c: one RPC. on_epoch 0: on the connection, (re)connecting first
+ * when there is none; otherwise only on the connection of that epoch, and
+ * KVD_ERR_CLOSED without sending when it is gone (a lease or reservation
+ * id of a dead daemon can name one of ours on a restarted one). *epoch
+ * (may be NULL) says which connection served it. */
+int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
                uint64_t *epoch);
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep);
-/* n requests in one round trip (kvd_client_call_many): KVD_OK when every
- * reply came, each reps[i].status its own; else the connection failed and
- * is dropped. */
+/* n requests in one round trip (kvd_client_call_many), on_epoch as for
+ * lk_call_ex: KVD_OK when every reply came, each reps[i].status its own;
+ * else nothing was sent, or the connection failed and is dropped. */
 int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
-                 bool may_connect, uint64_t *epoch);
+                 uint64_t on_epoch, uint64_t *epoch);
 /* Whether the read leases of x[0..n) provably still stand: each of the
- * current connection, asked for less than half the daemon's lease TTL ago,
- * and the connection still open and quiet (a daemon that ends leases by
- * closing the connection shows it there). When true, the bytes copied
- * under them are the objects' and their Release may come after. */
+ * current connection, a Unix socket, asked for less than half the
+ * daemon's lease TTL ago, and the connection still open and quiet (a
+ * daemon that ends leases by closing the connection shows it there at
+ * once). When true, the bytes copied under them are the objects' and
+ * their Release may come after. */
 bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n);
 /* Promises room for `more` completions, so that pushing them cannot fail;
  * each push uses up one promise. */

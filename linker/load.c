@@ -82,42 +82,46 @@ static int copy_transfers(kvd_linker_t *l, const kvd_transfer_t *t, size_t n,
 /* Releases the read lease of each transfer, all in one round trip (best
  * effort: a lost connection or an expired lease has released it already).
  * Returns false when a lease was gone: its pins may have lapsed while the
- * bytes were read. Releasing never reconnects; a lease sent to a newer
- * connection (ours went away meanwhile) names none of its leases there,
- * and the daemon says so. */
+ * bytes were read. A lease goes only to the connection that granted it
+ * (after a restart its id can name one of our new leases); releasing never
+ * reconnects. */
 bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n)
 {
     size_t k = 0;
-    for (size_t i = 0; i < n; i++)
+    uint64_t epoch = 0; /* a load's leases come from one Acquire round trip */
+    bool all = true;
+    for (size_t i = 0; i < n; i++) {
+        if (x[i].lease != 0 && epoch == 0)
+            epoch = x[i].epoch;
+        if (x[i].lease != 0 && x[i].epoch != epoch) {
+            x[i].lease = 0; /* of another connection: gone with it */
+            all = false;
+        }
         k += x[i].lease != 0;
+    }
     if (k == 0)
-        return true;
+        return all;
     kvd_msg_t *req = calloc(2 * k, sizeof(*req)), *rep = req + k;
-    size_t *at = calloc(k, sizeof(*at));
-    int rc = req && at ? KVD_OK : KVD_ERR_NOMEM;
+    int rc = req ? KVD_OK : KVD_ERR_NOMEM;
     k = 0;
     for (size_t i = 0; rc == KVD_OK && i < n; i++) {
         if (x[i].lease == 0)
             continue;
         kvd_msg_request(&req[k], 0, KVD_METHOD_RELEASE);
-        req[k].body.release_req.lease_id = x[i].lease;
-        at[k++] = i;
+        req[k++].body.release_req.lease_id = x[i].lease;
     }
-    uint64_t epoch = 0;
     if (rc == KVD_OK)
-        rc = lk_call_many(l, req, rep, k, false, &epoch);
-    for (size_t j = 0; rc == KVD_OK && j < k; j++) {
-        rc = rep[j].status != KVD_OK   ? rep[j].status
-             : epoch != x[at[j]].epoch ? KVD_ERR_CLOSED
-                                       : KVD_OK;
+        rc = lk_call_many(l, req, rep, k, epoch, NULL);
+    for (size_t j = 0; j < k; j++) {
+        if (rc == KVD_OK && rep[j].status != KVD_OK)
+            rc = rep[j].status;
         kvd_msg_clear(&rep[j]);
     }
     /* out of memory too: the leases end with their TTL, the load fails */
     for (size_t i = 0; i < n; i++)
         x[i].lease = 0;
     free(req);
-    free(at);
-    return rc == KVD_OK;
+    return all && rc == KVD_OK;
 }
 
 /* Pins every transfer's keys, all in one round trip; records each lease
@@ -144,7 +148,7 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
     }
     pthread_mutex_unlock(&l->lock);
     uint64_t epoch = 0, asked = kvd_now_ns();
-    int call = lk_call_many(l, req, rep, n, true, &epoch), rc = call;
+    int call = lk_call_many(l, req, rep, n, 0, &epoch), rc = call;
     pthread_rwlock_rdlock(&l->map);
     /* offsets are into the mapping of the connection that gave them */
     bool current = epoch == atomic_load(&l->epoch);
@@ -543,6 +547,7 @@ KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint
         l->jobs = j;
     l->jobs_tail = j;
     *ack = j->ack;
+    atomic_fetch_add(&l->kick, 1); /* a transfer thread awake takes it at once */
     pthread_cond_broadcast(&l->cond);
     pthread_mutex_unlock(&l->lock);
     return KVD_OK;

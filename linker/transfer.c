@@ -39,13 +39,12 @@ typedef struct copier {
     bool to_device;
     kvd_xfer_t *v;
     size_t n, cap;
-    uint8_t *stage;     /* NULL: no staging */
-    size_t used;        /* bytes of the filling half */
-    int half;           /* which half fills */
-    uint64_t in_flight; /* the other half's batch; 0 none */
+    uint8_t *stage;                      /* NULL: no staging */
+    size_t used;                         /* bytes of the filling half */
+    int half;                            /* which half fills */
+    const kvd_devmem_ops_t *staged_by;   /* backend of copies into the half */
+    uint64_t in_flight, in_flight_bytes; /* the other half's batch; 0 none */
 } copier_t;
-
-static int copy_run(copier_t *c);
 
 /* Ends the endpoint after a failed batch: that cancels whatever is still
  * outstanding before the rows it wrote are reported, and marks the
@@ -70,6 +69,14 @@ static int wait_batch(copier_t *c, uint64_t cookie, uint64_t bytes)
     return kvd_transport_wait(c->l->xport, cookie, (int)KVD_MIN(ms, (uint64_t)INT32_MAX));
 }
 
+static uint64_t batch_bytes(const copier_t *c)
+{
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < c->n; i++)
+        bytes += c->v[i].length;
+    return bytes;
+}
+
 /* Sends what the filling half holds, once the batch on the wire (from the
  * other half) is done, and turns to that half. One batch at a time: a
  * wait reports its own cookie only and drops the others'. */
@@ -78,10 +85,14 @@ static int stage_flip(copier_t *c)
     kvd_linker_t *l = c->l;
     int rc = KVD_OK;
     if (c->in_flight != 0)
-        rc = wait_batch(c, c->in_flight, KVD_LINKER_STAGE_HALF);
+        rc = wait_batch(c, c->in_flight, c->in_flight_bytes);
     c->in_flight = 0;
+    if (rc == KVD_OK && c->staged_by != NULL) /* the device copies are done */
+        rc = c->staged_by->sync();
+    c->staged_by = NULL;
     if (rc == KVD_OK && c->n > 0) {
         uint64_t cookie = ++l->next_cookie;
+        c->in_flight_bytes = batch_bytes(c);
         rc = kvd_transport_post(l->xport, KVD_XFER_WRITE, c->v, c->n, cookie);
         if (rc == KVD_OK)
             c->in_flight = cookie;
@@ -111,9 +122,14 @@ static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
                 return rc;
         }
         uint8_t *s = c->stage + (size_t)c->half * KVD_LINKER_STAGE_HALF + c->used;
-        int rc = dev->copy(s, d, n, false);
+        int rc = KVD_OK;
+        if (c->staged_by != NULL && c->staged_by != dev)
+            rc = c->staged_by->sync(); /* one backend's copies pending at a time */
+        if (rc == KVD_OK)
+            rc = dev->copy(s, d, n, false);
         if (rc != KVD_OK)
             return rc;
+        c->staged_by = dev;
         c->used += n;
         d = s; /* what goes on the wire; the next row lands right after */
     }
@@ -150,12 +166,13 @@ static int copy_run(copier_t *c)
         return KVD_OK;
     int rc = KVD_OK;
     if (c->in_flight != 0)
-        rc = wait_batch(c, c->in_flight, KVD_LINKER_STAGE_HALF);
+        rc = wait_batch(c, c->in_flight, c->in_flight_bytes);
     c->in_flight = 0;
+    if (rc == KVD_OK && c->staged_by != NULL) /* the device copies are done */
+        rc = c->staged_by->sync();
+    c->staged_by = NULL;
     if (rc == KVD_OK && c->n > 0) {
-        uint64_t cookie = ++l->next_cookie, bytes = 0;
-        for (size_t i = 0; i < c->n; i++)
-            bytes += c->v[i].length;
+        uint64_t cookie = ++l->next_cookie, bytes = batch_bytes(c);
         rc = kvd_transport_post(l->xport, c->to_device ? KVD_XFER_READ : KVD_XFER_WRITE,
                                 c->v, c->n, cookie);
         if (rc == KVD_OK)
@@ -416,7 +433,7 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     req.body.reserve_req = (kvd_reserve_req_t){
         .ns = ns, .object_bytes = object_bytes, .n = x->n_keys, .items = items};
     uint64_t epoch = 0;
-    int rc = lk_call_ex(l, &req, &rep, true, &epoch);
+    int rc = lk_call_ex(l, &req, &rep, 0, &epoch);
     uint64_t lease = rc == KVD_OK ? rep.body.reserve_rep.lease_id : 0;
     bool no_space = false;
     if (rc == KVD_OK && rep.body.reserve_rep.n != x->n_keys)
@@ -457,13 +474,13 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     pthread_rwlock_unlock(&l->map);
     copy_free(&c);
     kvd_msg_clear(&rep);
-    if (lease != 0 && (rc == KVD_OK || epoch == atomic_load(&l->epoch))) {
+    if (lease != 0) {
         /* copied: now the bytes may be seen; failed: the reservation goes
          * back rather than waiting out its lease (only to the connection
          * that granted it; a lost one took its reservations along) */
         kvd_msg_request(&req, 0, rc == KVD_OK ? KVD_METHOD_PUBLISH : KVD_METHOD_REVOKE);
         req.body.finish_req.lease_id = lease;
-        int prc = lk_call_ex(l, &req, &rep, false, NULL);
+        int prc = lk_call_ex(l, &req, &rep, epoch, NULL);
         if (rc == KVD_OK)
             rc = prc;
         kvd_msg_clear(&rep);

@@ -325,38 +325,56 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
     uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (size_t i = 0; i < n; i++)
         memset(&reps[i], 0, sizeof(reps[i])); /* kvd_msg_clear is safe whatever happens */
+    if (n == 0)
+        return KVD_OK;
     /* what is left of a request abandoned mid-write goes out first */
     kvd_buf_consume(&c->out, c->out_sent);
     c->out_sent = 0;
+    size_t before = c->out.len;
+    uint64_t first = c->next_id;
     int rc = KVD_OK;
     for (size_t i = 0; i < n && rc == KVD_OK; i++) {
         reqs[i].id = c->next_id++;
         reqs[i].reply = false;
         rc = kvd_msg_pack(&reqs[i], KVD_FRAME_LIMIT_MAX, &c->out);
     }
-    if (rc == KVD_OK)
-        rc = flush_out(c, deadline);
+    if (rc != KVD_OK) {
+        c->out.len = before; /* none of them goes out later either */
+        return rc;
+    }
+    rc = flush_out(c, deadline);
     /* a daemon that refused the connection (too many clients) closed it after
      * its error reply: read that reply rather than report the broken pipe */
     if (rc != KVD_OK && rc != KVD_ERR_CLOSED)
         return rc;
-    /* the daemon serves a connection's frames in order: so come the replies */
-    for (size_t i = 0; i < n; i++) {
-        rc = read_reply(c, reqs[i].id, &reps[i], deadline);
+    /* each reply goes where its id says (replies may come in any order) */
+    for (size_t got = 0; got < n;) {
+        kvd_msg_t m;
+        rc = read_reply(c, first, &m, deadline);
         if (rc != KVD_OK)
             break;
-        /* an error reply with id 0 is the daemon refusing the connection */
-        kvd_msg_t *rep = &reps[i];
-        if ((rep->id != reqs[i].id && !(rep->id == 0 && rep->status < 0)) ||
-            !rep->reply) {
+        if (m.id == 0 && m.status < 0) {
+            /* the daemon refusing the connection: the first request without
+             * a reply gets it, the others its status; nothing more comes */
+            bool placed = false;
+            for (size_t k = 0; k < n; k++) {
+                if (reps[k].reply)
+                    continue;
+                if (!placed)
+                    reps[k] = m;
+                else
+                    reps[k].status = m.status;
+                placed = true;
+            }
+            break;
+        }
+        if (!m.reply || m.id < first || m.id - first >= n || reps[m.id - first].reply) {
+            kvd_msg_clear(&m);
             rc = KVD_ERR_PROTOCOL;
             break;
         }
-        if (rep->id == 0) { /* refused: nothing more comes */
-            for (size_t k = i + 1; k < n; k++)
-                reps[k].status = rep->status;
-            break;
-        }
+        reps[m.id - first] = m;
+        got++;
     }
     if (rc != KVD_OK)
         for (size_t i = 0; i < n; i++)

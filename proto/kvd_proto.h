@@ -535,12 +535,14 @@ int kvd_client_fd(const kvd_client_t *c);
 int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms);
 
 /*
- * kvd_client_call for n requests in one round trip: all are sent, then the
- * replies read in order (the daemon serves a connection's frames in turn).
- * KVD_OK when every reply came (each rep[i].status says how its request
- * went); otherwise the first failure, every reps[i] cleared. After a refusal
- * (an error reply with id 0) the later reps[i] carry its status. Each reps[i]
- * owns its variable parts: kvd_msg_clear each, on any result.
+ * kvd_client_call for n requests in one round trip: all are sent, then
+ * each reply is put where its id says (reps[i] answers reqs[i]). KVD_OK
+ * when every reply came (each reps[i].status says how its request went);
+ * otherwise the first failure, every reps[i] cleared, and nothing of this
+ * call left to go out later. After a refusal (an error reply with id 0)
+ * the first unanswered reps[i] is that reply and the others carry its
+ * status. Each reps[i] owns its variable parts: kvd_msg_clear each, on any
+ * result.
  */
 int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
                          int timeout_ms);

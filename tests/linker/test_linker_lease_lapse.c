@@ -2,7 +2,7 @@
  * Description: a load whose read leases lapse before its bytes are copied
  * fails, and one whose leases stand succeeds, over two pools at once (a
  * paged KV pool and a slot-addressed state pool: two leases, asked for and
- * released in one round trip each). kvdockd runs with --lease-ttl 200.
+ * released in one round trip each). kvdockd runs with --lease-ttl 1000.
  *
  *  1. Offload four KV pages and one state slot; wipe the buffers; load:
  *     (rid, true), the bytes are back byte for byte, and the daemon's pins
@@ -32,7 +32,7 @@
 #define ROWS    (PAGES * PS)
 #define BPR     256
 #define STATE_A 512
-#define TTL_MS  200
+#define TTL_MS  1000
 
 static uint8_t kbuf[ROWS * BPR], vbuf[ROWS * BPR], sbuf[2 * STATE_A];
 static uint8_t kwant[ROWS * BPR], vwant[ROWS * BPR], swant[2 * STATE_A];

@@ -7,8 +7,9 @@
  * error reply with id 0 is still returned to the waiting call, and a reply
  * with an id the client never sent is a protocol error. Pipelined calls
  * (kvd_client_call_many) send every request before reading a reply and
- * return the replies in order; a refusal fails the requests after it too.
- * kvd_client_quiet says false once a frame waits unread or the peer closed.
+ * put each reply where its id says, whatever order they come in; a refusal
+ * fails the requests after it too. kvd_client_quiet says false once a
+ * frame waits unread, and once the peer has closed.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -379,15 +380,16 @@ static void test_id_zero_error_and_unknown_ids(void **state)
 
 /* Reads three requests before it answers any (a client that waited for
  * each reply before sending the next would time out here), answers them
- * in order, then sends one frame nobody asked for and closes. */
+ * out of order (3, 1, 2), then sends one frame nobody asked for. */
 static void pipelined_script(fake_server_t *s, int fd)
 {
     kvd_msg_t m;
     for (uint64_t id = 1; id <= 3; id++)
         if (!expect_request(s, fd, id, KVD_METHOD_HEALTH, &m))
             return;
-    for (uint64_t id = 1; id <= 3; id++)
-        if (!send_health(s, fd, id, id * 1000))
+    static const uint64_t order[3] = {3, 1, 2};
+    for (int i = 0; i < 3; i++)
+        if (!send_health(s, fd, order[i], order[i] * 1000))
             return;
     sleep_ms(SERVER_DELAY_MS); /* the client checks it is quiet meanwhile */
     send_health(s, fd, 0, 7);
@@ -419,7 +421,30 @@ static void test_call_many_pipelines_and_quiet(void **state)
     }
     assert_false(quiet);
     server_finish(s);
-    assert_false(kvd_client_quiet(c)); /* and the peer has closed */
+    kvd_client_close(c);
+}
+
+/* Closes the connection after a while, having sent nothing. */
+static void close_script(fake_server_t *s, int fd)
+{
+    (void)s;
+    (void)fd;
+    sleep_ms(SERVER_DELAY_MS);
+}
+
+static void test_quiet_sees_close(void **state)
+{
+    fake_server_t *s = *state;
+    server_start(s, close_script);
+    kvd_client_t *c = connect_client(s);
+    assert_true(kvd_client_quiet(c)); /* open, nothing sent yet */
+    bool quiet = true;
+    for (int waited = 0; quiet && waited < PATIENT_MS; waited += 10) {
+        sleep_ms(10);
+        quiet = kvd_client_quiet(c);
+    }
+    assert_false(quiet); /* the peer closed: no frame, just the end */
+    server_finish(s);
     kvd_client_close(c);
 }
 
@@ -465,6 +490,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_call_many_pipelines_and_quiet, setup_server,
                                         teardown_server),
         cmocka_unit_test_setup_teardown(test_call_many_refused, setup_server,
+                                        teardown_server),
+        cmocka_unit_test_setup_teardown(test_quiet_sees_close, setup_server,
                                         teardown_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
