@@ -180,6 +180,7 @@ static int connect_once(kvd_linker_t *l)
         if (rc == KVD_OK) {
             kvd_transport_destroy(l->xport); /* idle: copies hold the read lock */
             l->xport = t;
+            l->n_kept = 0; /* the old endpoint's batches */
             l->pool_bytes = rep.body.hello_rep.pool_bytes;
             atomic_fetch_add(&l->epoch, 1);
         }
@@ -382,15 +383,18 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     }
     pthread_mutex_init(&l->rpc, NULL);
     pthread_mutex_init(&l->lock, NULL);
+    pthread_mutex_init(&l->xport_lock, NULL);
     pthread_cond_init(&l->cond, NULL);
     pthread_rwlock_init(&l->map, NULL);
     pthread_mutex_lock(&l->rpc);
     int rc = connect_locked(l);
     pthread_mutex_unlock(&l->rpc);
     if (rc == KVD_OK) {
-        rc = pthread_create(&l->thread, NULL, lk_thread_main, l) == 0 ? KVD_OK
-                                                                      : KVD_ERR_NOMEM;
-        l->thread_started = rc == KVD_OK;
+        l->thread_started = pthread_create(&l->thread, NULL, lk_load_thread_main, l) == 0;
+        l->off_thread_started =
+            l->thread_started &&
+            pthread_create(&l->off_thread, NULL, lk_offload_thread_main, l) == 0;
+        rc = l->off_thread_started ? KVD_OK : KVD_ERR_NOMEM;
     }
     if (rc != KVD_OK) {
         kvd_linker_close(l);
@@ -411,6 +415,8 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     pthread_mutex_unlock(&l->lock);
     if (l->thread_started)
         pthread_join(l->thread, NULL);
+    if (l->off_thread_started)
+        pthread_join(l->off_thread, NULL);
     if (l->pop_started)
         pthread_join(l->pop_thread, NULL); /* it stops within a chunk */
     lk_fail_pending(l); /* what is left completes as failed, then is freed */
@@ -439,6 +445,7 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     pthread_cond_destroy(&l->cond);
     pthread_mutex_destroy(&l->lock);
     pthread_mutex_destroy(&l->rpc);
+    pthread_mutex_destroy(&l->xport_lock);
     free(l);
 }
 

@@ -2,12 +2,15 @@
  * linker_int.h - libkvdock's internals shared by its files. Private to
  * linker/.
  *
- * Threading: engine threads call the public functions; one transfer thread
- * runs committed load batches layer by layer and offload jobs. `lock`
- * guards every list and counter below it; `rpc` serialises calls on the one
- * daemon connection; `map` (a rwlock) keeps the pool mapping alive while
- * copies read or write it (a reconnect replaces it under the write lock).
- * Completions wake waiters through `cond`.
+ * Threading: engine threads call the public functions; a load thread runs
+ * committed load batches layer by layer, and an offload thread runs
+ * offload jobs, so that no load waits behind an offload. `lock` guards
+ * every list and counter below it; `rpc` serialises calls on the one
+ * daemon connection; `map` (a rwlock) keeps the pool mapping and the UCX
+ * endpoint alive while copies use them (a reconnect replaces both under
+ * the write lock); `xport_lock` lets one of the two threads at a time post
+ * and wait on the endpoint (UCX's worker is serialised), a batch at a
+ * time. Completions wake waiters through `cond`.
  */
 #ifndef KVD_LINKER_INT_H
 #define KVD_LINKER_INT_H
@@ -130,9 +133,17 @@ struct kvd_linker {
     bool use_ucx;
     kvd_ucx_mode_t ucx_mode;
     kvd_ucx_t *ucx;
+    pthread_mutex_t xport_lock; /* xport's use and failure, next_cookie, kept */
     kvd_transport_t *xport;
     _Atomic uint64_t xport_failed;
     uint64_t next_cookie;
+    /* batches of one thread that finished while the other waited (one
+     * thread has at most two outstanding: a staged half and its next) */
+    kvd_xfer_done_t kept[8];
+    size_t n_kept;
+    /* the load thread wants xport_lock: the offload thread lets it in
+     * before its next batch (a mutex hands itself back to its releaser) */
+    _Atomic int load_waiting;
     uint8_t *stage; /* offload staging, 2 x KVD_LINKER_STAGE_HALF; transfer thread */
 
     pthread_mutex_t lock;
@@ -148,7 +159,7 @@ struct kvd_linker {
      * late wait on a forgotten counter up to it cannot be told "in place" */
     uint32_t forgot_failed_max;
     uint64_t next_ack;
-    /* the transfer thread polls `kick` (bumped by each start) instead of
+    /* the load thread polls `kick` (bumped by each start) instead of
      * sleeping until spin_until_ns (under lock), set by kvd_load; layer
      * waiters poll `progress` (bumped by each group in place, each batch
      * ended) for spin_ns before they sleep */
@@ -156,8 +167,8 @@ struct kvd_linker {
     _Atomic uint32_t kick;
     _Atomic uint64_t progress;
     bool stop;
-    pthread_t thread;
-    bool thread_started;
+    pthread_t thread, off_thread; /* loads, offloads */
+    bool thread_started, off_thread_started;
     /* after a reconnection the new mapping is populated by this thread,
      * not under `rpc` (which would stall every call for as long as the
      * pool takes); pop_running under lock */
@@ -196,7 +207,8 @@ void lk_queue_push(lqueue_t *q, uint64_t id, bool success);
 bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n);
 
 /* transfer.c */
-void *lk_thread_main(void *arg);
+void *lk_load_thread_main(void *arg);
+void *lk_offload_thread_main(void *arg);
 void lk_fail_pending(kvd_linker_t *l);
 
 #endif

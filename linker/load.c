@@ -208,7 +208,7 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
         ld->next = l->loads;
         l->loads = ld;
         /* wake the transfer thread now, while the pins are asked for: it
-         * waits awake for the start (lk_thread_main) */
+         * waits awake for the start (lk_load_thread_main) */
         if (l->spin_ns > 0) {
             l->spin_until_ns = kvd_now_ns() + l->spin_ns;
             pthread_cond_broadcast(&l->cond);
@@ -547,7 +547,6 @@ KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint
         l->jobs = j;
     l->jobs_tail = j;
     *ack = j->ack;
-    atomic_fetch_add(&l->kick, 1); /* a transfer thread awake takes it at once */
     pthread_cond_broadcast(&l->cond);
     pthread_mutex_unlock(&l->lock);
     return KVD_OK;

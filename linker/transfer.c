@@ -47,26 +47,71 @@ typedef struct copier {
 } copier_t;
 
 /* Ends the endpoint after a failed batch: that cancels whatever is still
- * outstanding before the rows it wrote are reported, and marks the
- * connection for a reconnect. */
+ * outstanding (the other thread's batches too, which then fail) before the
+ * rows it wrote are reported, and marks the connection for a reconnect.
+ * Caller holds xport_lock. */
 static void xport_failed(copier_t *c, int rc)
 {
     kvd_linker_t *l = c->l;
-    KVD_WARN("linker", "%s over %s failed: %s; reconnecting",
-             c->to_device ? "load" : "offload", kvd_transport_name(l->xport),
-             kvd_status_str(rc));
-    kvd_transport_destroy(l->xport);
-    l->xport = NULL;
+    if (l->xport != NULL) {
+        KVD_WARN("linker", "%s over %s failed: %s; reconnecting",
+                 c->to_device ? "load" : "offload", kvd_transport_name(l->xport),
+                 kvd_status_str(rc));
+        kvd_transport_destroy(l->xport);
+        l->xport = NULL;
+        l->n_kept = 0;
+    }
     atomic_store(&l->xport_failed, atomic_load(&l->epoch));
     c->in_flight = 0;
 }
 
+/* Takes xport_lock for one batch. A load goes first: the offload thread
+ * waits while the load thread wants the lock. */
+static void xport_lock(copier_t *c)
+{
+    kvd_linker_t *l = c->l;
+    if (c->to_device) {
+        atomic_fetch_add(&l->load_waiting, 1);
+        pthread_mutex_lock(&l->xport_lock);
+        atomic_fetch_sub(&l->load_waiting, 1);
+        return;
+    }
+    while (atomic_load(&l->load_waiting) > 0)
+        sched_yield();
+    pthread_mutex_lock(&l->xport_lock);
+}
+
+/* Posts a batch of what was gathered; *cookie names it. Caller holds
+ * xport_lock. */
+static int post_batch(copier_t *c, uint64_t *cookie)
+{
+    kvd_linker_t *l = c->l;
+    if (l->xport == NULL)
+        return KVD_ERR_CLOSED; /* the other thread's batch failed it */
+    *cookie = ++l->next_cookie;
+    return kvd_transport_post(l->xport, c->to_device ? KVD_XFER_READ : KVD_XFER_WRITE,
+                              c->v, c->n, *cookie);
+}
+
 /* Waits for a posted batch of `bytes`: timeout_ms, plus its bytes at
- * 50 MB/s (a large offload over a slow link is not a dead daemon). */
+ * 50 MB/s (a large offload over a slow link is not a dead daemon). The
+ * batch may have finished while the other thread waited: it kept it.
+ * Caller holds xport_lock. */
 static int wait_batch(copier_t *c, uint64_t cookie, uint64_t bytes)
 {
-    uint64_t ms = (uint64_t)c->l->timeout_ms + bytes / 50000u;
-    return kvd_transport_wait(c->l->xport, cookie, (int)KVD_MIN(ms, (uint64_t)INT32_MAX));
+    kvd_linker_t *l = c->l;
+    for (size_t i = 0; i < l->n_kept; i++)
+        if (l->kept[i].cookie == cookie) {
+            int status = l->kept[i].status;
+            l->kept[i] = l->kept[--l->n_kept];
+            return status;
+        }
+    if (l->xport == NULL)
+        return KVD_ERR_CLOSED;
+    uint64_t ms = (uint64_t)l->timeout_ms + bytes / 50000u;
+    return kvd_transport_wait_keep(l->xport, cookie,
+                                   (int)KVD_MIN(ms, (uint64_t)INT32_MAX), l->kept,
+                                   &l->n_kept, KVD_ARRAY_SIZE(l->kept));
 }
 
 static uint64_t batch_bytes(const copier_t *c)
@@ -84,6 +129,7 @@ static int stage_flip(copier_t *c)
 {
     kvd_linker_t *l = c->l;
     int rc = KVD_OK;
+    xport_lock(c);
     if (c->in_flight != 0)
         rc = wait_batch(c, c->in_flight, c->in_flight_bytes);
     c->in_flight = 0;
@@ -91,19 +137,22 @@ static int stage_flip(copier_t *c)
         rc = c->staged_by->sync();
     c->staged_by = NULL;
     if (rc == KVD_OK && c->n > 0) {
-        uint64_t cookie = ++l->next_cookie;
+        uint64_t cookie = 0;
         c->in_flight_bytes = batch_bytes(c);
-        rc = kvd_transport_post(l->xport, KVD_XFER_WRITE, c->v, c->n, cookie);
+        rc = post_batch(c, &cookie);
         if (rc == KVD_OK)
             c->in_flight = cookie;
     }
     c->n = 0;
     if (rc != KVD_OK && rc != KVD_ERR_INVALID)
         xport_failed(c, rc);
+    pthread_mutex_unlock(&l->xport_lock);
     c->half ^= 1;
     c->used = 0;
     return rc;
 }
+
+static int copy_run(copier_t *c);
 
 /* One contiguous copy between device memory at `d` and the pool at
  * `pool_off`. Adjacent ones merge, so a contiguous run is one operation. */
@@ -111,7 +160,7 @@ static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
                     uint64_t pool_off, size_t n)
 {
     kvd_linker_t *l = c->l;
-    if (l->xport == NULL) {
+    if (!l->use_ucx) {
         uint8_t *obj = l->pool_map + pool_off;
         return c->to_device ? dev->copy(d, obj, n, true) : dev->copy(obj, d, n, false);
     }
@@ -132,7 +181,15 @@ static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
         c->staged_by = dev;
         c->used += n;
         d = s; /* what goes on the wire; the next row lands right after */
+    } else if (!c->to_device && c->n > 0 && c->used + n > KVD_LINKER_STAGE_HALF) {
+        /* unstaged offloads go in batches of a half's size too, so that
+         * a load waits for one of them at most (copy_run) */
+        int rc = copy_run(c);
+        if (rc != KVD_OK)
+            return rc;
     }
+    if (c->stage == NULL && !c->to_device)
+        c->used += n;
     uint64_t local = (uint64_t)(uintptr_t)d;
     if (c->n > 0) {
         kvd_xfer_t *last = &c->v[c->n - 1];
@@ -157,14 +214,15 @@ static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
 
 /* Runs what was gathered and waits for it, and for a staged batch still in
  * flight. A failure (the daemon gone, a timeout) ends the endpoint here
- * (xport_failed). Caller holds the map read lock and is the transfer
- * thread, the endpoint's only user. */
+ * (xport_failed). Caller holds the map read lock; the endpoint is this
+ * thread's while it holds xport_lock, for one batch. */
 static int copy_run(copier_t *c)
 {
     kvd_linker_t *l = c->l;
-    if (l->xport == NULL)
+    if (!l->use_ucx)
         return KVD_OK;
     int rc = KVD_OK;
+    xport_lock(c);
     if (c->in_flight != 0)
         rc = wait_batch(c, c->in_flight, c->in_flight_bytes);
     c->in_flight = 0;
@@ -172,9 +230,8 @@ static int copy_run(copier_t *c)
         rc = c->staged_by->sync();
     c->staged_by = NULL;
     if (rc == KVD_OK && c->n > 0) {
-        uint64_t cookie = ++l->next_cookie, bytes = batch_bytes(c);
-        rc = kvd_transport_post(l->xport, c->to_device ? KVD_XFER_READ : KVD_XFER_WRITE,
-                                c->v, c->n, cookie);
+        uint64_t cookie = 0, bytes = batch_bytes(c);
+        rc = post_batch(c, &cookie);
         if (rc == KVD_OK)
             rc = wait_batch(c, cookie, bytes);
     }
@@ -182,6 +239,7 @@ static int copy_run(copier_t *c)
     c->used = 0;
     if (rc != KVD_OK && rc != KVD_ERR_INVALID)
         xport_failed(c, rc);
+    pthread_mutex_unlock(&l->xport_lock);
     return rc;
 }
 
@@ -190,10 +248,16 @@ static void copy_free(copier_t *c)
     free(c->v);
 }
 
-/* Whether copies can run: a mapped pool or a live endpoint. */
-static bool data_path_up(const kvd_linker_t *l)
+/* Whether copies can run: a mapped pool or a live endpoint. Caller holds
+ * the map read lock. */
+static bool data_path_up(kvd_linker_t *l)
 {
-    return l->pool_map != NULL || l->xport != NULL;
+    if (!l->use_ucx)
+        return l->pool_map != NULL;
+    pthread_mutex_lock(&l->xport_lock);
+    bool up = l->xport != NULL;
+    pthread_mutex_unlock(&l->xport_lock);
+    return up;
 }
 
 /* Moves one buffer's rows of one object (at pool_off): to the device (a
@@ -454,7 +518,7 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
         allocated[i] = 1;
     }
     copier_t c = {.l = l, .to_device = false};
-    if (rc == KVD_OK && l->xport != NULL && l->ucx_mode == KVD_UCX_MODE_AM)
+    if (rc == KVD_OK && l->use_ucx && l->ucx_mode == KVD_UCX_MODE_AM)
         c.stage = stage_buffer(l);
     if (rc == KVD_OK) {
         /* object by object: an object's rows are contiguous in the pool,
@@ -465,7 +529,7 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
                 rc = copy_key(&c, p, x, i, 0, p->desc.n_layers, &moved);
         if (rc == KVD_OK)
             rc = copy_run(&c); /* complete at the daemon before Publish */
-        else if (c.in_flight != 0 && l->xport != NULL) {
+        else if (c.in_flight != 0) {
             c.n = 0; /* nothing more is sent; what is on the wire ends first */
             copy_run(&c);
         }
@@ -507,7 +571,7 @@ static void run_job(kvd_linker_t *l, ljob_t *j)
     free(j);
 }
 
-void *lk_thread_main(void *arg)
+void *lk_load_thread_main(void *arg)
 {
     kvd_linker_t *l = arg;
     pthread_mutex_lock(&l->lock);
@@ -523,16 +587,6 @@ void *lk_thread_main(void *arg)
             pthread_mutex_lock(&l->lock);
             continue;
         }
-        if (l->jobs != NULL) {
-            ljob_t *j = l->jobs;
-            l->jobs = j->next;
-            if (l->jobs == NULL)
-                l->jobs_tail = NULL;
-            pthread_mutex_unlock(&l->lock);
-            run_job(l, j);
-            pthread_mutex_lock(&l->lock);
-            continue;
-        }
         if (kvd_now_ns() < l->spin_until_ns) {
             /* a load is on its way (kvd_load): poll for its start rather
              * than sleep, yielding the CPU to whoever needs it */
@@ -544,6 +598,29 @@ void *lk_thread_main(void *arg)
             pthread_mutex_lock(&l->lock);
             if (atomic_load(&l->kick) == seen)
                 l->spin_until_ns = 0; /* it did not come: sleep next time */
+            continue;
+        }
+        pthread_cond_wait(&l->cond, &l->lock);
+    }
+    pthread_mutex_unlock(&l->lock);
+    return NULL;
+}
+
+void *lk_offload_thread_main(void *arg)
+{
+    kvd_linker_t *l = arg;
+    pthread_mutex_lock(&l->lock);
+    for (;;) {
+        if (l->stop)
+            break; /* closing: what is left fails in lk_fail_pending */
+        if (l->jobs != NULL) {
+            ljob_t *j = l->jobs;
+            l->jobs = j->next;
+            if (l->jobs == NULL)
+                l->jobs_tail = NULL;
+            pthread_mutex_unlock(&l->lock);
+            run_job(l, j);
+            pthread_mutex_lock(&l->lock);
             continue;
         }
         pthread_cond_wait(&l->cond, &l->lock);

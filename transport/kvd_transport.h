@@ -107,6 +107,15 @@ static inline unsigned kvd_transport_progress(kvd_transport_t *t)
  */
 int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms);
 
+/*
+ * kvd_transport_wait for callers that share t between batches they wait on
+ * one at a time: the other batches that finish meanwhile are appended to
+ * kept[*n_kept..cap) instead of being dropped (beyond cap they are lost:
+ * size it for the batches outstanding).
+ */
+int kvd_transport_wait_keep(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
+                            kvd_xfer_done_t *kept, size_t *n_kept, size_t cap);
+
 static inline const char *kvd_transport_name(const kvd_transport_t *t)
 {
     return t->ops->name;

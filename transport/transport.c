@@ -40,7 +40,8 @@ unsigned kvd_transport_progress_none(kvd_transport_t *t)
     return 0;
 }
 
-int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms)
+int kvd_transport_wait_keep(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
+                            kvd_xfer_done_t *kept, size_t *n_kept, size_t cap)
 {
     uint64_t deadline = kvd_now_ns() + (uint64_t)KVD_MAX(timeout_ms, 0) * 1000000ull;
     unsigned idle = 0;
@@ -50,9 +51,18 @@ int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms)
         int rc = kvd_transport_poll(t, done, KVD_ARRAY_SIZE(done), &n);
         if (rc != KVD_OK)
             return rc;
-        for (size_t i = 0; i < n; i++)
-            if (done[i].cookie == cookie)
-                return done[i].status;
+        bool found = false;
+        int status = KVD_OK;
+        for (size_t i = 0; i < n; i++) {
+            if (done[i].cookie == cookie) {
+                found = true;
+                status = done[i].status;
+            } else if (n_kept != NULL && *n_kept < cap) {
+                kept[(*n_kept)++] = done[i]; /* someone else's */
+            }
+        }
+        if (found)
+            return status;
         bool busy = kvd_transport_progress(t) > 0 || n > 0;
         idle = busy ? 0 : idle + 1;
         /* the clock is read every 64 passes (a pass is ~100 ns), busy or
@@ -64,6 +74,11 @@ int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms)
             sched_yield();
         }
     }
+}
+
+int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms)
+{
+    return kvd_transport_wait_keep(t, cookie, timeout_ms, NULL, NULL, 0);
 }
 
 /* ---------------------------------------------------------- done ring */

@@ -1,0 +1,169 @@
+/*
+ * Description: a load does not wait behind an offload. Loads and offloads
+ * run on their own threads, and an offload over UCX goes in batches of at
+ * most 8 MiB, so a load waits for one batch at most.
+ *
+ * Two pools of one linker: a large one (32 pages of 4 MiB) and a small one
+ * (one page of 8 KiB, stored and wiped first). The large pool's 128 MiB go
+ * out in one offload (fresh keys, so every byte moves); right after
+ * kvd_offload returns, the small page is loaded. Its completion must come
+ * back, successful and byte-exact, before the offload's: copying 128 MiB
+ * takes a hundred times longer than the small load, whatever the transport.
+ * Then the offload comes back successful, and the daemon's pins and
+ * reservations end at 0.
+ */
+#include "dtest.h"
+#include "harness.h"
+#include "kvd_common.h"
+#include "kvdock.h"
+#include "ltest.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PS         16
+#define BIG_PAGES  32
+#define BIG_BPR    (128 * 1024) /* a page of one buffer: 2 MiB; an object 4 MiB */
+#define BIG_ROWS   (BIG_PAGES * PS)
+#define SMALL_BPR  256
+#define SMALL_ROWS (2 * PS) /* stored from rows [0, PS), loaded into [PS, 2 PS) */
+
+static uint8_t small_k[SMALL_ROWS * SMALL_BPR], small_v[SMALL_ROWS * SMALL_BPR];
+
+static void keys_of(uint32_t base, size_t pages, uint8_t (*keys)[32])
+{
+    uint32_t *tokens = malloc(pages * PS * sizeof(uint32_t));
+    for (size_t i = 0; tokens && i < pages * PS; i++)
+        tokens[i] = base + (uint32_t)i;
+    size_t n = 0;
+    if (tokens)
+        kvd_page_keys(tokens, pages * PS, PS, NULL, keys, &n);
+    free(tokens);
+}
+
+static int register_kv(kvd_linker_t *l, const char *name, uint8_t *k, uint8_t *v,
+                       uint32_t bpr, uint32_t rows, uint32_t *id)
+{
+    kvd_pool_layer_t layer = {
+        .layer_id = 0, .n_buffers = 2, .buffers = {{k, bpr, bpr}, {v, bpr, bpr}}};
+    kvd_pool_desc_t d = {.name = name,
+                         .addressing = KVD_ADDR_PAGED,
+                         .page_size = PS,
+                         .n_rows = rows,
+                         .memory = KVD_MEM_HOST,
+                         .n_layers = 1,
+                         .layers = &layer};
+    return kvd_register_pool(l, &d, id);
+}
+
+static void run(const char *socket)
+{
+    uint8_t *big_k = malloc((size_t)BIG_ROWS * BIG_BPR);
+    uint8_t *big_v = malloc((size_t)BIG_ROWS * BIG_BPR);
+    uint8_t(*big_keys)[32] = malloc(BIG_PAGES * 32);
+    int64_t *big_idx = malloc(BIG_ROWS * sizeof(int64_t));
+    if (!DT_CHECK(big_k && big_v && big_keys && big_idx, "out of memory")) {
+        free(big_k);
+        free(big_v);
+        free(big_keys);
+        free(big_idx);
+        return;
+    }
+    memset(big_k, 0x5a, (size_t)BIG_ROWS * BIG_BPR);
+    memset(big_v, 0xa5, (size_t)BIG_ROWS * BIG_BPR);
+    for (int i = 0; i < BIG_ROWS; i++)
+        big_idx[i] = i;
+    kvd_linker_config_t cfg = {
+        .socket_path = socket, .model_id = "hol", .timeout_ms = 10000};
+    kvd_linker_t *l = NULL;
+    int rc = kvd_linker_open(&cfg, &l);
+    DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
+    uint32_t big = 0, small = 0;
+    if (rc == 0)
+        rc = register_kv(l, "big", big_k, big_v, BIG_BPR, BIG_ROWS, &big);
+    if (rc == 0)
+        rc = register_kv(l, "small", small_k, small_v, SMALL_BPR, SMALL_ROWS, &small);
+    DT_CHECK(rc == 0, "register: %s", kvd_strerror(rc));
+
+    /* the small page, stored first */
+    for (size_t i = 0; i < PS * SMALL_BPR; i++) {
+        small_k[i] = (uint8_t)(i * 13 + 1);
+        small_v[i] = (uint8_t)(i * 29 + 7);
+    }
+    uint8_t small_key[1][32];
+    keys_of(1, 1, small_key);
+    int64_t store_idx[PS], load_idx[PS];
+    for (int i = 0; i < PS; i++) {
+        store_idx[i] = i;
+        load_idx[i] = PS + i;
+    }
+    kvd_transfer_t st = {.pool_id = small,
+                         .keys = (const uint8_t(*)[32])small_key,
+                         .n_keys = 1,
+                         .device_indices = store_idx,
+                         .n_indices = PS};
+    uint64_t ack = 0;
+    bool stored = rc == 0 && kvd_offload(l, &st, 1, &ack) == 0 &&
+                  lt_wait_done(l, false, ack, 10000);
+    DT_CHECK(stored, "the small page was not stored");
+
+    /* the large offload, then at once the small load */
+    keys_of(1000, BIG_PAGES, big_keys);
+    kvd_transfer_t bt = {.pool_id = big,
+                         .keys = (const uint8_t(*)[32])big_keys,
+                         .n_keys = BIG_PAGES,
+                         .device_indices = big_idx,
+                         .n_indices = BIG_ROWS};
+    uint64_t big_ack = 0;
+    rc = stored ? kvd_offload(l, &bt, 1, &big_ack) : KVD_ERR_STATE;
+    DT_CHECK(rc == 0, "large offload: %s", kvd_strerror(rc));
+    kvd_transfer_t lt = st;
+    lt.device_indices = load_idx;
+    rc = rc == 0 ? lt_load_all(l, 7, &lt, 1) : rc;
+    DT_CHECK(rc == 0, "small load: %s", kvd_strerror(rc));
+    /* the load's completion first; the offload's must not be there yet */
+    bool loaded = rc == 0 && lt_wait_done(l, true, 7, 30000);
+    DT_CHECK(loaded, "the small load did not come back successful");
+    kvd_completion_t c;
+    size_t n = 1;
+    if (loaded)
+        kvd_pop_completed_offloads(l, &c, 1, &n);
+    DT_CHECK(n == 0, "the small load waited behind the offload");
+    bool offloaded = rc == 0 && (n == 1 ? c.id == big_ack && c.success
+                                        : lt_wait_done(l, false, big_ack, 60000));
+    DT_CHECK(offloaded, "the large offload did not come back successful");
+    DT_CHECK(memcmp(small_k + PS * SMALL_BPR, small_k, PS * SMALL_BPR) == 0 &&
+                 memcmp(small_v + PS * SMALL_BPR, small_v, PS * SMALL_BPR) == 0,
+             "the small page's bytes are not what was stored");
+    kvd_linker_close(l);
+    for (int waited = 0; waited < 5000; waited += 10) {
+        kvd_stats_rep_t s;
+        if (dt_stats_fresh(socket, &s) == KVD_OK && s.store.pins == 0 &&
+            s.store.objects_writing == 0)
+            break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    kvd_stats_rep_t s;
+    DT_CHECK(dt_stats_fresh(socket, &s) == KVD_OK && s.store.pins == 0 &&
+                 s.store.objects_writing == 0,
+             "pins or writing objects stay");
+    free(big_k);
+    free(big_v);
+    free(big_keys);
+    free(big_idx);
+}
+
+int main(void)
+{
+    kvd_test_daemon_t d = {0};
+    const char *args[] = {"--pool-size", "256M", NULL};
+    if (dt_start(&d, args) != 0)
+        return dt_exit_status("linker/load_beside_offload");
+    run(d.socket);
+    dt_stop(&d, SIGTERM, 10000);
+    return dt_exit_status("linker/load_beside_offload");
+}
