@@ -6,8 +6,8 @@
  * Conventions: every function returns 0 (KVD_OK) or a negative kvd status
  * (kvd_strerror() names it); handles are opaque and owned by the caller
  * until the matching close; outputs are set only on success. Every call is
- * thread-safe: engine threads call in while the linker's transfer thread
- * copies layer group by layer group.
+ * thread-safe: engine threads call in while the linker's load thread
+ * copies layer group by layer group and its offload thread stores.
  *
  * The flow for one request `rid`, in the engine's order:
  *   kvd_lookup        -> every restorable boundary (in pages)
@@ -60,7 +60,7 @@ typedef struct kvd_linker_config {
     /* Bound on every RPC and on every wait; 0: 5000 ms. */
     int timeout_ms;
     /* How long a linker thread polls (yielding the CPU) before it sleeps:
-     * the transfer thread for the start of a load, from kvd_load on, and
+     * the load thread for the start of a load, from kvd_load on, and
      * kvd_wait_layer for its layer. Waking a sleeping thread cost 100-300
      * us on a VM, and each wake-up per layer took the copying CPU for a
      * while. 0: 1000 us; negative: sleep at once. */
@@ -93,7 +93,7 @@ typedef enum kvd_linker_health {
  * daemon listens, -10 (unsupported) for a protocol version mismatch. */
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out);
 
-/* Stops the transfer thread (pending loads and offloads complete as
+/* Stops the transfer threads (pending loads and offloads complete as
  * failed), closes the connection and frees the handle. NULL is fine. */
 KVD_API void kvd_linker_close(kvd_linker_t *linker);
 
@@ -259,7 +259,7 @@ KVD_API int kvd_load_abort(kvd_linker_t *linker, uint64_t rid);
 
 /*
  * Starts copying every committed load not started yet, layer group by layer
- * group, on the transfer thread. *counter names the batch for
+ * group, on the load thread. *counter names the batch for
  * kvd_wait_layer. With nothing committed the batch is empty (every wait
  * returns at once).
  */
@@ -298,7 +298,7 @@ KVD_API int kvd_pop_completed_loads(kvd_linker_t *linker, kvd_completion_t *out,
 
 /*
  * Offloads finished nodes: copies each transfer's device rows into the
- * store (reserve, write, publish) on the transfer thread, after the device
+ * store (reserve, write, publish) on the offload thread, after the device
  * data is final. Pages already stored (EXISTS, or being written by another
  * rank) count as success. *ack names it in the completed-offloads queue.
  * The arrays are copied: the caller may reuse them at once.

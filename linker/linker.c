@@ -2,7 +2,7 @@
  * linker.c - libkvdock's front: opening and closing, the daemon connection
  * (Hello with the pool's descriptor, mapping the pool, reconnecting after
  * the daemon went away), device pool registration, lookups, counters.
- * The load protocol is in load.c, the transfer thread in transfer.c.
+ * The load protocol is in load.c, the transfer threads in transfer.c.
  */
 #include "linker_int.h"
 
@@ -514,7 +514,7 @@ static uint64_t buffer_extent(const kvd_pool_desc_t *d, const kvd_pool_buffer_t 
     return (d->n_rows - 1) * b->row_stride + b->bytes_per_row;
 }
 
-/* Caller holds the map write lock (the transfer thread drives the UCX
+/* Caller holds the map write lock (the transfer threads drive the UCX
  * worker under the read lock). */
 static void unmap_buffers(lpool_t *p)
 {
@@ -527,7 +527,7 @@ static void unmap_buffers(lpool_t *p)
 
 /* Maps every device buffer of p with UCX, so that transfers use their
  * handles instead of registering on the fly. The map write lock keeps
- * the transfer thread off the UCX context meanwhile. */
+ * the transfer threads off the UCX context meanwhile. */
 static int map_buffers(kvd_linker_t *l, lpool_t *p)
 {
     uint32_t n = 0;

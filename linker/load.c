@@ -207,7 +207,7 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
         ld->state = LOAD_PINNING;
         ld->next = l->loads;
         l->loads = ld;
-        /* wake the transfer thread now, while the pins are asked for: it
+        /* wake the load thread now, while the pins are asked for: it
          * waits awake for the start (lk_load_thread_main) */
         if (l->spin_ns > 0) {
             l->spin_until_ns = kvd_now_ns() + l->spin_ns;
@@ -421,7 +421,7 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
         tail = &(*tail)->next;
     *tail = b;
     *counter = b->counter;
-    atomic_fetch_add(&l->kick, 1); /* a transfer thread awake sees it at once */
+    atomic_fetch_add(&l->kick, 1); /* a load thread awake sees it at once */
     pthread_cond_broadcast(&l->cond);
     pthread_mutex_unlock(&l->lock);
     return KVD_OK;

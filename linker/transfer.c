@@ -1,9 +1,11 @@
 /*
- * transfer.c - the linker's transfer thread: runs committed load batches
- * layer group by layer group (marking each group done so that the forward
- * pass can start on it), then ends their leases and publishes (rid,
- * success); runs offload jobs (reserve, copy from the device rows, publish)
- * and publishes (ack, success).
+ * transfer.c - the linker's two transfer threads. The load thread runs
+ * committed load batches layer group by layer group (marking each group
+ * done so that the forward pass can start on it), then ends their leases
+ * and publishes (rid, success). The offload thread runs offload jobs
+ * (reserve, copy from the device rows, publish) and publishes (ack,
+ * success). Over UCX they share the endpoint a batch at a time, loads
+ * first (xport_lock).
  *
  * Object layout (DESIGN.md section 3): layer by layer in registration
  * order, buffer by buffer, the object's rows (page_size rows of a paged
@@ -13,7 +15,8 @@
  * (devmem.h) between the device rows and the mapped pool: a layer group is
  * marked in place after its backend's sync, and an offload syncs before it
  * reads the device rows. With ucx, the copies of one layer (a load) or of
- * one offload transfer are gathered into one batch of RMA gets or puts
+ * up to 8 MiB of an offload transfer are gathered into one batch of gets,
+ * puts or messages
  * between the device rows and the daemon's pool, and waited for; a WRITE
  * batch completes only once the bytes are at the daemon, so the Publish
  * that follows shows whole objects.
@@ -323,7 +326,7 @@ static int copy_layer(copier_t *c, const lpool_t *p, const lxfer_t *x, uint32_t 
 
 /* The linker's staging buffer (two halves of KVD_LINKER_STAGE_HALF),
  * made on first use; NULL without memory (then rows go unstaged). Only
- * the transfer thread uses it. */
+ * the offload thread uses it. */
 static uint8_t *stage_buffer(kvd_linker_t *l)
 {
     if (l->stage == NULL)
