@@ -128,8 +128,9 @@ struct kvd_linker {
     uint64_t pool_bytes;
     /* ucx: the worker lives as long as the linker; the endpoint (xport)
      * belongs to one connection and is replaced with the mapping. Only
-     * the transfer thread posts on it, under the map read lock; after it
-     * failed (xport_failed = its epoch) the next call reconnects. */
+     * the load and offload threads post on it, under the map read lock and
+     * xport_lock; after it failed (xport_failed = its epoch) the next call
+     * reconnects. */
     bool use_ucx;
     kvd_ucx_mode_t ucx_mode;
     kvd_ucx_t *ucx;
@@ -144,7 +145,7 @@ struct kvd_linker {
     /* the load thread wants xport_lock: the offload thread lets it in
      * before its next batch (a mutex hands itself back to its releaser) */
     _Atomic int load_waiting;
-    uint8_t *stage; /* offload staging, 2 x KVD_LINKER_STAGE_HALF; transfer thread */
+    uint8_t *stage; /* offload staging, 2 x KVD_LINKER_STAGE_HALF; offload thread */
 
     pthread_mutex_t lock;
     pthread_cond_t cond;

@@ -3,7 +3,7 @@
  * PREPARE, COMMIT cuts the transfers to what the tree adopted, ABORT undoes
  * a load that never reached the insert; layer-wise batches and the
  * completion queues; offload jobs. The copies themselves run on the
- * transfer thread (transfer.c).
+ * load and offload threads (transfer.c).
  */
 #include "linker_int.h"
 
