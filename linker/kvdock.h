@@ -301,7 +301,10 @@ KVD_API int kvd_pop_completed_loads(kvd_linker_t *linker, kvd_completion_t *out,
  * store (reserve, write, publish) on the offload thread, after the device
  * data is final. Pages already stored (EXISTS, or being written by another
  * rank) count as success. *ack names it in the completed-offloads queue.
- * The arrays are copied: the caller may reuse them at once.
+ * The arrays are copied: the caller may reuse them at once; the device
+ * rows must stay as they are until the ack comes back (loads run beside
+ * offloads, so a load may land while an offload still reads its rows:
+ * never into those rows).
  */
 KVD_API int kvd_offload(kvd_linker_t *linker, const kvd_transfer_t *transfers,
                         size_t n_transfers, uint64_t *ack);
@@ -313,8 +316,8 @@ KVD_API int kvd_pop_completed_offloads(kvd_linker_t *linker, kvd_completion_t *o
 
 typedef struct kvd_pool_stats {
     uint64_t lookup_hit_pages;
-    uint64_t load_bytes;
-    uint64_t offload_bytes;
+    uint64_t load_bytes;    /* counted layer by layer as loads copy */
+    uint64_t offload_bytes; /* counted object by object as offloads copy */
     uint64_t load_failures;
     uint64_t offload_failures;
 } kvd_pool_stats_t;

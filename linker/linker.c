@@ -385,6 +385,7 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     pthread_mutex_init(&l->lock, NULL);
     pthread_mutex_init(&l->xport_lock, NULL);
     pthread_cond_init(&l->cond, NULL);
+    pthread_cond_init(&l->jobs_cond, NULL);
     pthread_rwlock_init(&l->map, NULL);
     pthread_mutex_lock(&l->rpc);
     int rc = connect_locked(l);
@@ -412,6 +413,7 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     l->stop = true;
     atomic_fetch_add(&l->kick, 1); /* a thread polling for a start stops too */
     pthread_cond_broadcast(&l->cond);
+    pthread_cond_broadcast(&l->jobs_cond);
     pthread_mutex_unlock(&l->lock);
     if (l->thread_started)
         pthread_join(l->thread, NULL);
@@ -443,6 +445,7 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
         kvd_mem_free(KVD_MEM_STAGING, l->stage, 2 * (size_t)KVD_LINKER_STAGE_HALF);
     pthread_rwlock_destroy(&l->map);
     pthread_cond_destroy(&l->cond);
+    pthread_cond_destroy(&l->jobs_cond);
     pthread_mutex_destroy(&l->lock);
     pthread_mutex_destroy(&l->rpc);
     pthread_mutex_destroy(&l->xport_lock);

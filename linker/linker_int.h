@@ -143,12 +143,15 @@ struct kvd_linker {
     kvd_xfer_done_t kept[8];
     size_t n_kept;
     /* the load thread wants xport_lock: the offload thread lets it in
-     * before its next batch (a mutex hands itself back to its releaser) */
-    _Atomic int load_waiting;
+     * before its next batch (a mutex hands itself back to its releaser),
+     * unless loads had it loads_in_a_row times; offload_waiting: the
+     * offload thread is queued for it (see transfer.c, xport_lock) */
+    _Atomic int load_waiting, offload_waiting, loads_in_a_row;
     uint8_t *stage; /* offload staging, 2 x KVD_LINKER_STAGE_HALF; offload thread */
 
     pthread_mutex_t lock;
-    pthread_cond_t cond;
+    pthread_cond_t cond;      /* progress, completions, starts */
+    pthread_cond_t jobs_cond; /* an offload job queued, or stop */
     lpool_t pools[KVD_MAX_POOLS];
     uint32_t n_pools;
     lload_t *loads;    /* pinned, prepared, committed-not-started */

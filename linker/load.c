@@ -547,7 +547,7 @@ KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint
         l->jobs = j;
     l->jobs_tail = j;
     *ack = j->ack;
-    pthread_cond_broadcast(&l->cond);
+    pthread_cond_signal(&l->jobs_cond);
     pthread_mutex_unlock(&l->lock);
     return KVD_OK;
 }

@@ -68,20 +68,34 @@ static void xport_failed(copier_t *c, int rc)
     c->in_flight = 0;
 }
 
+/* Loads may take the endpoint this many batches in a row while an offload
+ * waits for it; then the offload has one. */
+#define LOADS_BEFORE_OFFLOAD 4
+
 /* Takes xport_lock for one batch. A load goes first: the offload thread
- * waits while the load thread wants the lock. */
+ * waits while the load thread wants the lock, except after
+ * LOADS_BEFORE_OFFLOAD load batches in a row, so that a steady stream of
+ * loads cannot starve the offloads. */
 static void xport_lock(copier_t *c)
 {
     kvd_linker_t *l = c->l;
     if (c->to_device) {
         atomic_fetch_add(&l->load_waiting, 1);
+        while (atomic_load(&l->offload_waiting) &&
+               atomic_load(&l->loads_in_a_row) >= LOADS_BEFORE_OFFLOAD)
+            sched_yield(); /* its turn: it takes the lock next */
         pthread_mutex_lock(&l->xport_lock);
         atomic_fetch_sub(&l->load_waiting, 1);
+        atomic_fetch_add(&l->loads_in_a_row, 1);
         return;
     }
-    while (atomic_load(&l->load_waiting) > 0)
+    while (atomic_load(&l->load_waiting) > 0 &&
+           atomic_load(&l->loads_in_a_row) < LOADS_BEFORE_OFFLOAD)
         sched_yield();
+    atomic_store(&l->offload_waiting, 1);
     pthread_mutex_lock(&l->xport_lock);
+    atomic_store(&l->offload_waiting, 0);
+    atomic_store(&l->loads_in_a_row, 0);
 }
 
 /* Posts a batch of what was gathered; *cookie names it. Caller holds
@@ -251,16 +265,15 @@ static void copy_free(copier_t *c)
     free(c->v);
 }
 
-/* Whether copies can run: a mapped pool or a live endpoint. Caller holds
- * the map read lock. */
-static bool data_path_up(kvd_linker_t *l)
+/* Whether copies can run: a mapped pool, or an endpoint of the current
+ * connection that has not failed (read without xport_lock, which a load
+ * would otherwise queue for behind an offload's batch). Caller holds the
+ * map read lock, so the connection cannot change meanwhile. */
+static bool data_path_up(const kvd_linker_t *l)
 {
     if (!l->use_ucx)
         return l->pool_map != NULL;
-    pthread_mutex_lock(&l->xport_lock);
-    bool up = l->xport != NULL;
-    pthread_mutex_unlock(&l->xport_lock);
-    return up;
+    return atomic_load(&l->xport_failed) != atomic_load(&l->epoch);
 }
 
 /* Moves one buffer's rows of one object (at pool_off): to the device (a
@@ -526,17 +539,18 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     if (rc == KVD_OK) {
         /* object by object: an object's rows are contiguous in the pool,
          * so staged rows merge into one range per object */
-        uint64_t moved = 0;
-        for (uint32_t i = x->begin; rc == KVD_OK && i < x->end; i++)
+        for (uint32_t i = x->begin; rc == KVD_OK && i < x->end; i++) {
+            uint64_t moved = 0; /* counted as it goes: the counter shows progress */
             if (allocated[i])
                 rc = copy_key(&c, p, x, i, 0, p->desc.n_layers, &moved);
+            atomic_fetch_add(&p->offload_bytes, moved);
+        }
         if (rc == KVD_OK)
             rc = copy_run(&c); /* complete at the daemon before Publish */
         else if (c.in_flight != 0) {
             c.n = 0; /* nothing more is sent; what is on the wire ends first */
             copy_run(&c);
         }
-        atomic_fetch_add(&p->offload_bytes, moved);
     }
     pthread_rwlock_unlock(&l->map);
     copy_free(&c);
@@ -626,7 +640,7 @@ void *lk_offload_thread_main(void *arg)
             pthread_mutex_lock(&l->lock);
             continue;
         }
-        pthread_cond_wait(&l->cond, &l->lock);
+        pthread_cond_wait(&l->jobs_cond, &l->lock);
     }
     pthread_mutex_unlock(&l->lock);
     return NULL;

@@ -7,8 +7,11 @@
  * (one page of 8 KiB, stored and wiped first). The large pool's 128 MiB go
  * out in one offload (fresh keys, so every byte moves); right after
  * kvd_offload returns, the small page is loaded. Its completion must come
- * back, successful and byte-exact, before the offload's: copying 128 MiB
- * takes a hundred times longer than the small load, whatever the transport.
+ * back, successful and byte-exact, before the offload's, and by then the
+ * offload's byte counter (which grows object by object) must show at most
+ * half of its 128 MiB copied: copying them takes far longer than the small
+ * load, whatever the transport, and a load queued behind the offload's
+ * copy would see all of them.
  * Then the offload comes back successful, and the daemon's pins and
  * reservations end at 0.
  */
@@ -124,14 +127,23 @@ static void run(const char *socket)
     lt.device_indices = load_idx;
     rc = rc == 0 ? lt_load_all(l, 7, &lt, 1) : rc;
     DT_CHECK(rc == 0, "small load: %s", kvd_strerror(rc));
-    /* the load's completion first; the offload's must not be there yet */
+    /* the load's completion first. The offload must not be back yet, and
+     * must have copied at most half of its bytes (its counter grows object
+     * by object): a load that waited for the whole copy, and only raced
+     * the offload's Publish, fails here */
     bool loaded = rc == 0 && lt_wait_done(l, true, 7, 30000);
     DT_CHECK(loaded, "the small load did not come back successful");
+    kvd_pool_stats_t bs = {0};
+    kvd_stats(l, big, &bs);
     kvd_completion_t c;
     size_t n = 1;
     if (loaded)
         kvd_pop_completed_offloads(l, &c, 1, &n);
     DT_CHECK(n == 0, "the small load waited behind the offload");
+    uint64_t big_bytes = (uint64_t)BIG_ROWS * BIG_BPR * 2;
+    DT_CHECK(bs.offload_bytes <= big_bytes / 2,
+             "the offload had copied %llu of %llu bytes when the small load was done",
+             (unsigned long long)bs.offload_bytes, (unsigned long long)big_bytes);
     bool offloaded = rc == 0 && (n == 1 ? c.id == big_ack && c.success
                                         : lt_wait_done(l, false, big_ack, 60000));
     DT_CHECK(offloaded, "the large offload did not come back successful");
