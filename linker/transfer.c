@@ -42,9 +42,10 @@ typedef struct copier {
     bool to_device;
     kvd_xfer_t *v;
     size_t n, cap;
-    uint8_t *stage;                      /* NULL: no staging */
-    size_t used;                         /* bytes of the filling half */
-    int half;                            /* which half fills */
+    uint8_t *stage; /* NULL: no staging */
+    size_t
+        used; /* bytes gathered since the last send (of the filling half when staging) */
+    int half; /* which half fills */
     const kvd_devmem_ops_t *staged_by;   /* backend of copies into the half */
     uint64_t in_flight, in_flight_bytes; /* the other half's batch; 0 none */
 } copier_t;
@@ -139,10 +140,13 @@ static uint64_t batch_bytes(const copier_t *c)
     return bytes;
 }
 
-/* Sends what the filling half holds, once the batch on the wire (from the
- * other half) is done, and turns to that half. One batch at a time: a
- * wait reports its own cookie only and drops the others'. */
-static int stage_flip(copier_t *c)
+/* Sends what was gathered, once the staged batch still on the wire (if
+ * any) is done and the device copies into the stage are complete; with
+ * `wait`, waits for it too, else leaves it on the wire (in_flight). A
+ * failure (the daemon gone, a timeout) ends the endpoint (xport_failed).
+ * Caller holds the map read lock; the endpoint is this thread's while it
+ * holds xport_lock, for one batch. */
+static int send_gathered(copier_t *c, bool wait)
 {
     kvd_linker_t *l = c->l;
     int rc = KVD_OK;
@@ -154,22 +158,42 @@ static int stage_flip(copier_t *c)
         rc = c->staged_by->sync();
     c->staged_by = NULL;
     if (rc == KVD_OK && c->n > 0) {
-        uint64_t cookie = 0;
-        c->in_flight_bytes = batch_bytes(c);
+        uint64_t cookie = 0, bytes = batch_bytes(c);
         rc = post_batch(c, &cookie);
-        if (rc == KVD_OK)
+        if (rc == KVD_OK && wait)
+            rc = wait_batch(c, cookie, bytes);
+        else if (rc == KVD_OK) {
             c->in_flight = cookie;
+            c->in_flight_bytes = bytes;
+        }
     }
     c->n = 0;
     if (rc != KVD_OK && rc != KVD_ERR_INVALID)
         xport_failed(c, rc);
     pthread_mutex_unlock(&l->xport_lock);
+    return rc;
+}
+
+/* Sends what the filling half holds, once the other half's batch is done,
+ * and turns to that half. */
+static int stage_flip(copier_t *c)
+{
+    int rc = send_gathered(c, false);
     c->half ^= 1;
     c->used = 0;
     return rc;
 }
 
-static int copy_run(copier_t *c);
+/* Runs what was gathered and waits for it, and for a staged batch still in
+ * flight (send_gathered). */
+static int copy_run(copier_t *c)
+{
+    if (!c->l->use_ucx)
+        return KVD_OK;
+    int rc = send_gathered(c, true);
+    c->used = 0;
+    return rc;
+}
 
 /* One contiguous copy between device memory at `d` and the pool at
  * `pool_off`. Adjacent ones merge, so a contiguous run is one operation. */
@@ -227,37 +251,6 @@ static int copy_add(copier_t *c, const kvd_devmem_ops_t *dev, uint8_t *d,
     c->v[c->n++] =
         (kvd_xfer_t){.local_offset = local, .remote_offset = pool_off, .length = n};
     return KVD_OK;
-}
-
-/* Runs what was gathered and waits for it, and for a staged batch still in
- * flight. A failure (the daemon gone, a timeout) ends the endpoint here
- * (xport_failed). Caller holds the map read lock; the endpoint is this
- * thread's while it holds xport_lock, for one batch. */
-static int copy_run(copier_t *c)
-{
-    kvd_linker_t *l = c->l;
-    if (!l->use_ucx)
-        return KVD_OK;
-    int rc = KVD_OK;
-    xport_lock(c);
-    if (c->in_flight != 0)
-        rc = wait_batch(c, c->in_flight, c->in_flight_bytes);
-    c->in_flight = 0;
-    if (rc == KVD_OK && c->staged_by != NULL) /* the device copies are done */
-        rc = c->staged_by->sync();
-    c->staged_by = NULL;
-    if (rc == KVD_OK && c->n > 0) {
-        uint64_t cookie = 0, bytes = batch_bytes(c);
-        rc = post_batch(c, &cookie);
-        if (rc == KVD_OK)
-            rc = wait_batch(c, cookie, bytes);
-    }
-    c->n = 0;
-    c->used = 0;
-    if (rc != KVD_OK && rc != KVD_ERR_INVALID)
-        xport_failed(c, rc);
-    pthread_mutex_unlock(&l->xport_lock);
-    return rc;
 }
 
 static void copy_free(copier_t *c)
@@ -522,13 +515,14 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     /* offsets are into the mapping of the connection that reserved them */
     if (rc == KVD_OK && epoch != atomic_load(&l->epoch))
         rc = KVD_ERR_CLOSED;
+    bool up = data_path_up(l);
     for (size_t i = 0; rc == KVD_OK && i < x->n_keys; i++) {
         uint8_t r = rep.body.reserve_rep.results[i];
         uint64_t off = rep.body.reserve_rep.offsets[i];
         no_space |= r == 3; /* KVD_RESERVE_NO_SPACE */
         if (r != 0)
             continue; /* exists or in flight: stored by someone: success */
-        if (!data_path_up(l) || off > l->pool_bytes || object_bytes > l->pool_bytes - off)
+        if (!up || off > l->pool_bytes || object_bytes > l->pool_bytes - off)
             rc = KVD_ERR_PROTOCOL;
         x->offsets[i] = off;
         allocated[i] = 1;

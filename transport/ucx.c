@@ -222,6 +222,21 @@ static void *ranges_arg(ucp_request_param_t *prm, ucp_dt_iov_t *iov, size_t n,
     return iov;
 }
 
+/* Fetches a rendezvous message's bytes into the ranges; `landed` runs when
+ * they are in (unless the bytes came at once: NULL). */
+static ucs_status_ptr_t recv_rndv(kvd_ucx_t *u, void *data, ucp_dt_iov_t *iov, size_t n,
+                                  ucp_am_recv_data_nbx_callback_t landed, void *user)
+{
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+        .cb.recv_am = landed,
+        .user_data = user,
+    };
+    size_t count;
+    void *buf = ranges_arg(&prm, iov, n, &count);
+    return ucp_am_recv_data_nbx(u->worker, data, buf, count, &prm);
+}
+
 static void msg_unlink(kvd_ucx_t *u, am_msg_t *m)
 {
     if (m->prev)
@@ -335,14 +350,7 @@ static ucs_status_t answer_in(kvd_ucx_t *u, unsigned got_id, const void *header,
     }
     if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
         m->answered = true; /* no second answer; it completes in data_landed */
-        ucp_request_param_t prm = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-            .cb.recv_am = data_landed,
-            .user_data = m,
-        };
-        size_t count;
-        void *buf = ranges_arg(&prm, m->local, m->n, &count);
-        ucs_status_ptr_t sp = ucp_am_recv_data_nbx(u->worker, data, buf, count, &prm);
+        ucs_status_ptr_t sp = recv_rndv(u, data, m->local, m->n, data_landed, m);
         if (UCS_PTR_IS_ERR(sp))
             msg_answered(m->b, m, status_from_ucs(UCS_PTR_STATUS(sp)));
         else if (sp == NULL)
@@ -499,14 +507,7 @@ static ucs_status_t on_put(void *arg, const void *header, size_t header_length,
         op.reply_ep = param->reply_ep;
         op.u = u;
         *heap = op;
-        ucp_request_param_t prm = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
-            .cb.recv_am = put_landed,
-            .user_data = heap,
-        };
-        size_t count;
-        void *buf = ranges_arg(&prm, heap->iov, heap->n, &count);
-        ucs_status_ptr_t sp = ucp_am_recv_data_nbx(u->worker, data, buf, count, &prm);
+        ucs_status_ptr_t sp = recv_rndv(u, data, heap->iov, heap->n, put_landed, heap);
         if (UCS_PTR_IS_PTR(sp)) {
             inflight_add(u, &heap->link, param->reply_ep);
         } else {

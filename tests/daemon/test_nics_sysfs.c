@@ -130,17 +130,24 @@ static size_t count(const char *text, const char *needle)
     return n;
 }
 
+/* What kvd_nics_print writes for l (free it). */
+static char *printed(const kvd_nic_list_t *l)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    assert_int_equal(kvd_nics_print(f, l), KVD_OK);
+    fclose(f);
+    return text;
+}
+
 static void test_print(void **state)
 {
     (void)state;
     kvd_nic_list_t l;
     assert_int_equal(kvd_nics_discover_sysfs(root, &l), KVD_OK);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    assert_int_equal(kvd_nics_print(f, &l), KVD_OK);
-    fclose(f);
+    char *text = printed(&l);
     /* header, 4 rows, 4 notes, an empty line, the UCX line */
     assert_int_equal(count(text, "\n"), 11);
     assert_non_null(strstr(text, "DEVICE"));
@@ -162,12 +169,7 @@ static void test_missing_root(void **state)
     kvd_nic_list_t l;
     assert_int_equal(kvd_nics_discover_sysfs(missing, &l), KVD_OK);
     assert_int_equal(l.n, 0);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    assert_non_null(f);
-    assert_int_equal(kvd_nics_print(f, &l), KVD_OK);
-    fclose(f);
+    char *text = printed(&l);
     assert_non_null(strstr(text, "no RDMA devices"));
     assert_non_null(strstr(text, "TCP and shared memory"));
     free(text);

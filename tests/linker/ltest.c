@@ -38,3 +38,22 @@ int lt_load_all(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, uint32_t
         rc = kvd_wait_layer(l, counter, 0);
     return rc;
 }
+
+int lt_register_kv(kvd_linker_t *l, const char *name, uint8_t *k, uint8_t *v,
+                   uint32_t bytes_per_row, uint32_t page_size, uint64_t rows,
+                   kvd_free_indices_fn free_indices, uint32_t *pool_id)
+{
+    kvd_pool_layer_t layer = {.layer_id = 0,
+                              .n_buffers = 2,
+                              .buffers = {{k, bytes_per_row, bytes_per_row},
+                                          {v, bytes_per_row, bytes_per_row}}};
+    kvd_pool_desc_t d = {.name = name,
+                         .addressing = KVD_ADDR_PAGED,
+                         .page_size = page_size,
+                         .n_rows = rows,
+                         .memory = KVD_MEM_HOST,
+                         .n_layers = 1,
+                         .layers = &layer,
+                         .free_indices = free_indices};
+    return kvd_register_pool(l, &d, pool_id);
+}

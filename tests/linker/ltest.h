@@ -18,4 +18,11 @@ bool lt_wait_done(kvd_linker_t *l, bool loads, uint64_t id, int timeout_ms);
  * first error; the completion is for lt_wait_done. */
 int lt_load_all(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, uint32_t adopted);
 
+/* Registers a paged pool `name` in host memory: one layer (id 0) of a K
+ * and a V buffer, `rows` rows of bytes_per_row each, packed; free_indices
+ * may be NULL. */
+int lt_register_kv(kvd_linker_t *l, const char *name, uint8_t *k, uint8_t *v,
+                   uint32_t bytes_per_row, uint32_t page_size, uint64_t rows,
+                   kvd_free_indices_fn free_indices, uint32_t *pool_id);
+
 #endif

@@ -10,6 +10,7 @@
 #include "harness.h"
 #include "kvd_common.h" /* the status codes */
 #include "kvdock.h"
+#include "ltest.h"
 
 #include <signal.h>
 #include <stdbool.h>
@@ -117,17 +118,9 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
     if (rc != 0)
         return;
-    kvd_pool_layer_t layer = {
-        .layer_id = 0, .n_buffers = 2, .buffers = {{kbuf, BPR, BPR}, {vbuf, BPR, BPR}}};
-    kvd_pool_desc_t kv = {.name = "kv",
-                          .addressing = KVD_ADDR_PAGED,
-                          .page_size = PS,
-                          .n_rows = ROWS,
-                          .memory = KVD_MEM_HOST,
-                          .n_layers = 1,
-                          .layers = &layer};
     uint32_t pool = 0;
-    DT_CHECK(kvd_register_pool(l, &kv, &pool) == 0, "register");
+    DT_CHECK(lt_register_kv(l, "kv", kbuf, vbuf, BPR, PS, ROWS, NULL, &pool) == 0,
+             "register");
     uint8_t keys[PAGES][32], keys2[PAGES][32];
     make_keys(100, keys);
     make_keys(900, keys2);

@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "kvd_common.h"
 #include "kvdock.h"
+#include "ltest.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -162,18 +163,8 @@ static void run(const char *socket)
     DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
     if (rc != 0)
         return;
-    kvd_pool_layer_t kv_layer = {
-        .layer_id = 0, .n_buffers = 2, .buffers = {{kbuf, BPR, BPR}, {vbuf, BPR, BPR}}};
     kvd_pool_layer_t st_layer = {
         .layer_id = 1, .n_buffers = 1, .buffers = {{sbuf, STATE_A, STATE_A}}};
-    kvd_pool_desc_t kv = {.name = "kv",
-                          .addressing = KVD_ADDR_PAGED,
-                          .page_size = PS,
-                          .n_rows = ROWS,
-                          .memory = KVD_MEM_HOST,
-                          .n_layers = 1,
-                          .layers = &kv_layer,
-                          .free_indices = on_free};
     kvd_pool_desc_t st = {.name = "state",
                           .addressing = KVD_ADDR_SLOT,
                           .n_rows = 2,
@@ -183,7 +174,7 @@ static void run(const char *socket)
                           .layers = &st_layer,
                           .free_indices = on_free};
     uint32_t kv_id = 0, st_id = 0;
-    rc = kvd_register_pool(l, &kv, &kv_id);
+    rc = lt_register_kv(l, "kv", kbuf, vbuf, BPR, PS, ROWS, on_free, &kv_id);
     if (rc == 0)
         rc = kvd_register_pool(l, &st, &st_id);
     DT_CHECK(rc == 0, "register: %s", kvd_strerror(rc));

@@ -47,21 +47,6 @@ static void keys_of(uint32_t base, size_t pages, uint8_t (*keys)[32])
     free(tokens);
 }
 
-static int register_kv(kvd_linker_t *l, const char *name, uint8_t *k, uint8_t *v,
-                       uint32_t bpr, uint32_t rows, uint32_t *id)
-{
-    kvd_pool_layer_t layer = {
-        .layer_id = 0, .n_buffers = 2, .buffers = {{k, bpr, bpr}, {v, bpr, bpr}}};
-    kvd_pool_desc_t d = {.name = name,
-                         .addressing = KVD_ADDR_PAGED,
-                         .page_size = PS,
-                         .n_rows = rows,
-                         .memory = KVD_MEM_HOST,
-                         .n_layers = 1,
-                         .layers = &layer};
-    return kvd_register_pool(l, &d, id);
-}
-
 static void run(const char *socket)
 {
     uint8_t *big_k = malloc((size_t)BIG_ROWS * BIG_BPR);
@@ -86,9 +71,10 @@ static void run(const char *socket)
     DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
     uint32_t big = 0, small = 0;
     if (rc == 0)
-        rc = register_kv(l, "big", big_k, big_v, BIG_BPR, BIG_ROWS, &big);
+        rc = lt_register_kv(l, "big", big_k, big_v, BIG_BPR, PS, BIG_ROWS, NULL, &big);
     if (rc == 0)
-        rc = register_kv(l, "small", small_k, small_v, SMALL_BPR, SMALL_ROWS, &small);
+        rc = lt_register_kv(l, "small", small_k, small_v, SMALL_BPR, PS, SMALL_ROWS, NULL,
+                            &small);
     DT_CHECK(rc == 0, "register: %s", kvd_strerror(rc));
 
     /* the small page, stored first */

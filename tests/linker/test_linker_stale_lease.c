@@ -96,18 +96,9 @@ int main(void)
     kvd_linker_t *l = NULL;
     int rc = kvd_linker_open(&cfg, &l);
     DT_CHECK(rc == 0, "open: %s", kvd_strerror(rc));
-    kvd_pool_layer_t layer = {
-        .layer_id = 0, .n_buffers = 2, .buffers = {{kbuf, BPR, BPR}, {vbuf, BPR, BPR}}};
-    kvd_pool_desc_t kv = {.name = "kv",
-                          .addressing = KVD_ADDR_PAGED,
-                          .page_size = PS,
-                          .n_rows = ROWS,
-                          .memory = KVD_MEM_HOST,
-                          .n_layers = 1,
-                          .layers = &layer};
     uint32_t pool = 0;
     if (rc == 0)
-        rc = kvd_register_pool(l, &kv, &pool);
+        rc = lt_register_kv(l, "kv", kbuf, vbuf, BPR, PS, ROWS, NULL, &pool);
     DT_CHECK(rc == 0, "register: %s", kvd_strerror(rc));
     for (int i = 0; i < PAGES * PS; i++) {
         store_idx[i] = i;

@@ -37,16 +37,7 @@ static int open_worker(const char *socket, uint8_t *k, uint8_t *v, kvd_linker_t 
     int rc = kvd_linker_open(&cfg, l);
     if (rc != 0)
         return rc;
-    kvd_pool_layer_t layer = {
-        .layer_id = 0, .n_buffers = 2, .buffers = {{k, BPR, BPR}, {v, BPR, BPR}}};
-    kvd_pool_desc_t kv = {.name = "kv",
-                          .addressing = KVD_ADDR_PAGED,
-                          .page_size = PS,
-                          .n_rows = ROWS,
-                          .memory = KVD_MEM_HOST,
-                          .n_layers = 1,
-                          .layers = &layer};
-    return kvd_register_pool(*l, &kv, pool);
+    return lt_register_kv(*l, "kv", k, v, BPR, PS, ROWS, NULL, pool);
 }
 
 static void keys_of(uint32_t base, uint8_t keys[PAGES][32])
