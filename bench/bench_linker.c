@@ -222,8 +222,8 @@ static int one_run(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ 
         idx[i] = (int64_t)i;
     }
     if (rc == 0)
-        rc = kvd_page_keys(tokens, (size_t)pages * PAGE, PAGE, NULL, (uint8_t(*)[32])keys,
-                           &nk);
+        rc = kvd_page_keys(tokens, (size_t)pages * PAGE, PAGE, NULL,
+                           (uint8_t(*)[KVD_PAGE_KEY_BYTES])keys, &nk);
     for (uint32_t n = 0; n < nodes; n++) {
         memcpy(node_keys[n], keys[(n + 1) * lo->pages_per_node - 1], sizeof(kvd_key_t));
         slots[n] = n;
@@ -231,12 +231,12 @@ static int one_run(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ 
     }
     kvd_transfer_t t[2] = {
         {.pool_id = attn_id,
-         .keys = (const uint8_t(*)[32])keys,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
          .n_keys = pages,
          .device_indices = idx,
          .n_indices = (size_t)pages * PAGE},
         {.pool_id = mamba_id,
-         .keys = (const uint8_t(*)[32])node_keys,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])node_keys,
          .n_keys = nodes,
          .device_indices = slots,
          .n_indices = nodes,

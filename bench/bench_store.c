@@ -95,8 +95,10 @@ static double store_probe(kvd_store_t *s, uint32_t ns, const kvd_key_t *keys, si
     while (bounds != NULL && kvd_now_ns() < end) {
         for (int rep = 0; rep < 64; rep++) {
             size_t at = (size_t)(splitmix64(&seed) % (n - batch + 1));
-            kvd_lookup_pool_t pool = {
-                .ns = ns, .keys = (const uint8_t(*)[32])(keys + at), .n_keys = batch};
+            kvd_lookup_pool_t pool = {.ns = ns,
+                                      .keys =
+                                          (const uint8_t(*)[KVD_KEY_BYTES])(keys + at),
+                                      .n_keys = batch};
             kvd_store_lookup(s, &pool, 1, bounds, &nb);
             if (expect_hits && nb != batch) {
                 fprintf(stderr, "kvdock-bench store: a lookup missed stored keys\n");

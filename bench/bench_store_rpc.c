@@ -124,9 +124,9 @@ static int put_keys(srpc_client_t *sc, uint32_t ns, uint64_t object_bytes,
     if (items == NULL)
         return KVD_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
-        memcpy(items[i].key, keys[i], KVD_KEY_LEN);
+        memcpy(items[i].key, keys[i], KVD_KEY_BYTES);
         if (i > 0) {
-            memcpy(items[i].parent, keys[i - 1], KVD_KEY_LEN);
+            memcpy(items[i].parent, keys[i - 1], KVD_KEY_BYTES);
             items[i].has_parent = true;
         }
         items[i].depth = (uint32_t)i;
@@ -139,7 +139,8 @@ static int put_keys(srpc_client_t *sc, uint32_t ns, uint64_t object_bytes,
     uint64_t lease = rep.body.reserve_rep.lease_id;
     for (size_t i = 0; rc == KVD_OK && i < n; i++) {
         uint64_t off = rep.body.reserve_rep.offsets[i];
-        if (rep.body.reserve_rep.results[i] != 0 || off + object_bytes > sc->pool_bytes)
+        if (rep.body.reserve_rep.results[i] != KVD_RESERVE_ALLOCATED ||
+            off + object_bytes > sc->pool_bytes)
             rc = KVD_ERR_NO_SPACE;
         else
             memcpy(sc->pool + off, src, object_bytes);

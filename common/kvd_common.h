@@ -176,6 +176,25 @@ int kvd_proc_mem_read(kvd_proc_mem_t *out);
 /* ------------------------------------------------------------ page keys */
 
 #define KVD_KEY_BYTES 32
+/* A key's short tag (store/'s seeded hash of it): what an object records of
+ * a parent, and what Inspect shows of a parent that is not stored. */
+#define KVD_KEY_TAG_BYTES 8
+
+/*
+ * What Reserve answers per key (DESIGN.md section 4). Here, below store/ and
+ * proto/, because both speak it: the store decides it, the RPC carries it
+ * (ReserveReply.results), the linker acts on it. Wire values: never
+ * renumber them.
+ */
+typedef enum kvd_reserve_result {
+    KVD_RESERVE_ALLOCATED = 0, /* yours: write it at loc, then Publish */
+    KVD_RESERVE_EXISTS = 1,    /* already stored and readable */
+    KVD_RESERVE_IN_FLIGHT = 2, /* another writer holds it */
+    KVD_RESERVE_NO_SPACE = 3,  /* no room, even after eviction */
+} kvd_reserve_result_t;
+
+/* How many results there are: a value >= this is not a result. */
+#define KVD_RESERVE_RESULT_COUNT 4
 
 /*
  * The page-key chain of DESIGN.md section 3, compatible with SGLang:

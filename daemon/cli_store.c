@@ -39,7 +39,7 @@ static const char *ns_name(const kvd_ns_msg_t *ns, size_t n, uint32_t id)
     return "?";
 }
 
-static int parse_key(const char *hex, uint8_t key[KVD_KEY_LEN])
+static int parse_key(const char *hex, uint8_t key[KVD_KEY_BYTES])
 {
     if (kvd_key_from_hex(hex, key) == KVD_OK)
         return 0;
@@ -114,7 +114,7 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
         fprintf(stderr, "kvdock hash: --page-size P (a positive integer) is required\n");
         return EXIT_USAGE;
     }
-    uint8_t prior[KVD_KEY_LEN];
+    uint8_t prior[KVD_KEY_BYTES];
     if (a->prior != NULL && parse_key(a->prior, prior) != 0)
         return EXIT_USAGE;
     if ((a->tokens_file != NULL) == (a->n_args > 0)) {
@@ -143,7 +143,7 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
         n = a->n_args;
     }
     size_t pages = n / page, n_keys = 0;
-    uint8_t(*keys)[KVD_KEY_LEN] = calloc(pages ? pages : 1, KVD_KEY_LEN);
+    uint8_t(*keys)[KVD_KEY_BYTES] = calloc(pages ? pages : 1, KVD_KEY_BYTES);
     int rc = tokens && keys
                  ? kvd_key_chain(tokens, n, page, a->prior ? prior : NULL, keys, &n_keys)
                  : KVD_ERR_NOMEM;
@@ -190,9 +190,9 @@ static void prefixes_json(const kvd_list_rep_t *l)
         printf("%s{\"namespace\":", i ? "," : "");
         cli_json_str(ns_name(l->namespaces, l->n_namespaces, p->ns));
         printf(",\"root\":\"");
-        cli_print_hex(p->root, KVD_KEY_LEN);
+        cli_print_hex(p->root, KVD_KEY_BYTES);
         printf("\",\"leaf\":\"");
-        cli_print_hex(p->leaf, KVD_KEY_LEN);
+        cli_print_hex(p->leaf, KVD_KEY_BYTES);
         printf("\",\"pages\":%u,\"bytes\":%llu,\"last_access_ms\":%llu,\"hits\":%llu,"
                "\"pools\":[",
                p->pages, (unsigned long long)p->bytes,
@@ -215,12 +215,12 @@ static void prefixes_json(const kvd_list_rep_t *l)
             printf("%s{\"namespace\":", i ? "," : "");
             cli_json_str(ns_name(l->namespaces, l->n_namespaces, o->ns));
             printf(",\"key\":\"");
-            cli_print_hex(o->key, KVD_KEY_LEN);
+            cli_print_hex(o->key, KVD_KEY_BYTES);
             printf("\",\"parent\":\"");
-            if (o->parent_len == KVD_KEY_LEN)
+            if (o->parent_len == KVD_KEY_BYTES)
                 cli_print_hex(o->parent, o->parent_len);
             printf("\",\"parent_stored\":%s,\"depth\":%u,\"hits\":%u,\"pins\":%u}",
-                   o->parent_len == KVD_KEY_LEN ? "true" : "false", o->depth, o->hits,
+                   o->parent_len == KVD_KEY_BYTES ? "true" : "false", o->depth, o->hits,
                    o->pins);
         }
         printf("]");
@@ -237,8 +237,8 @@ static void tree_print(const kvd_list_rep_t *l, size_t i, int indent, int budget
         size_t only = SIZE_MAX, kids = 0;
         for (size_t k = 0; k < l->n_nodes; k++) {
             const kvd_obj_msg_t *o = &l->nodes[k];
-            if (o->ns == l->nodes[cur].ns && o->parent_len == KVD_KEY_LEN &&
-                memcmp(o->parent, l->nodes[cur].key, KVD_KEY_LEN) == 0) {
+            if (o->ns == l->nodes[cur].ns && o->parent_len == KVD_KEY_BYTES &&
+                memcmp(o->parent, l->nodes[cur].key, KVD_KEY_BYTES) == 0) {
                 only = k;
                 kids++;
             }
@@ -261,8 +261,8 @@ static void tree_print(const kvd_list_rep_t *l, size_t i, int indent, int budget
         return;
     for (size_t k = 0; k < l->n_nodes; k++) {
         const kvd_obj_msg_t *o = &l->nodes[k];
-        if (o->ns == l->nodes[cur].ns && o->parent_len == KVD_KEY_LEN &&
-            memcmp(o->parent, l->nodes[cur].key, KVD_KEY_LEN) == 0)
+        if (o->ns == l->nodes[cur].ns && o->parent_len == KVD_KEY_BYTES &&
+            memcmp(o->parent, l->nodes[cur].key, KVD_KEY_BYTES) == 0)
             tree_print(l, k, indent + 2, budget - 1);
     }
 }
@@ -296,7 +296,7 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
     } else if (a->tree) {
         for (size_t i = 0; i < l->n_nodes; i++) {
             const kvd_obj_msg_t *o = &l->nodes[i];
-            if (o->parent_len == KVD_KEY_LEN)
+            if (o->parent_len == KVD_KEY_BYTES)
                 continue; /* not a root: printed under its parent */
             printf("%s\n", ns_name(l->namespaces, l->n_namespaces, o->ns));
             tree_print(l, i, 2, 64);
@@ -354,15 +354,15 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
             printf("%s{\"namespace\":", i ? "," : "");
             cli_json_str(ns_name(r->namespaces, r->n_namespaces, o->ns));
             printf(",\"key\":\"");
-            cli_print_hex(o->key, KVD_KEY_LEN);
+            cli_print_hex(o->key, KVD_KEY_BYTES);
             printf("\",\"parent\":\"");
-            if (o->parent_len == KVD_KEY_LEN)
+            if (o->parent_len == KVD_KEY_BYTES)
                 cli_print_hex(o->parent, o->parent_len);
             printf("\",\"parent_stored\":%s,\"depth\":%u,\"state\":\"%s\",\"tier\":\"%"
                    "s\",\"pins\":%u,"
                    "\"hits\":%u,"
                    "\"last_access_ms\":%llu,\"offset\":%llu,\"size\":%llu}",
-                   o->parent_len == KVD_KEY_LEN ? "true" : "false", o->depth, state,
+                   o->parent_len == KVD_KEY_BYTES ? "true" : "false", o->depth, state,
                    o->tier ? "ssd" : "dram", o->pins, o->hits,
                    (unsigned long long)o->last_access_ms, (unsigned long long)o->offset,
                    (unsigned long long)o->size);
@@ -370,11 +370,11 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
         }
         printf("namespace    %s\nkey          ",
                ns_name(r->namespaces, r->n_namespaces, o->ns));
-        cli_print_hex(o->key, KVD_KEY_LEN);
+        cli_print_hex(o->key, KVD_KEY_BYTES);
         printf("\nparent       ");
         if (o->parent_len == 0)
             printf("(none: first page of its chain)");
-        else if (o->parent_len == KVD_KEY_LEN)
+        else if (o->parent_len == KVD_KEY_BYTES)
             cli_print_hex(o->parent, o->parent_len);
         else
             printf("(not stored)");

@@ -240,21 +240,22 @@ static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_m
                          kvd_msg_t *rep)
 {
     const kvd_lookup_req_t *r = &req->body.lookup_req;
-    if (r->n_pools == 0 || r->n_pools > KVD_LOOKUP_MAX_POOLS) {
+    if (r->n_pools == 0 || r->n_pools > KVD_LOOKUP_POOLS_MAX) {
         set_error(req, rep, KVD_ERR_INVALID, 0, "a lookup names 1 to %d pools, not %zu",
-                  KVD_LOOKUP_MAX_POOLS, r->n_pools);
+                  KVD_LOOKUP_POOLS_MAX, r->n_pools);
         return;
     }
-    kvd_lookup_pool_t pools[KVD_LOOKUP_MAX_POOLS];
+    kvd_lookup_pool_t pools[KVD_LOOKUP_POOLS_MAX];
     size_t n_min = SIZE_MAX;
     for (size_t p = 0; p < r->n_pools; p++) {
         if (!check_batch(opts, r->pools[p].n_keys, req, rep) ||
             !check_ns(store, r->pools[p].ns, 0, req, rep))
             return;
-        pools[p] = (kvd_lookup_pool_t){.ns = r->pools[p].ns,
-                                       .keys = (const uint8_t(*)[32])r->pools[p].keys,
-                                       .n_keys = r->pools[p].n_keys,
-                                       .trailing_pages = r->pools[p].trailing_pages};
+        pools[p] =
+            (kvd_lookup_pool_t){.ns = r->pools[p].ns,
+                                .keys = (const uint8_t(*)[KVD_KEY_BYTES])r->pools[p].keys,
+                                .n_keys = r->pools[p].n_keys,
+                                .trailing_pages = r->pools[p].trailing_pages};
         n_min = KVD_MIN(n_min, r->pools[p].n_keys);
     }
     uint32_t *b = kvd_msg_alloc(rep, n_min * sizeof(uint32_t) + 1);
@@ -308,7 +309,8 @@ static void serve_finish(kvd_store_t *store, const kvd_opts_t *opts, uint64_t ow
     const kvd_finish_req_t *r = &req->body.finish_req;
     if (!check_batch(opts, r->n, req, rep))
         return;
-    const uint8_t(*keys)[32] = r->n ? (const uint8_t(*)[32])r->keys : NULL;
+    const uint8_t(*keys)[KVD_KEY_BYTES] =
+        r->n ? (const uint8_t(*)[KVD_KEY_BYTES])r->keys : NULL;
     bool publish = req->method == KVD_METHOD_PUBLISH;
     int rc = publish ? kvd_store_publish(store, owner, r->lease_id, keys, r->n)
                      : kvd_store_revoke(store, owner, r->lease_id, keys, r->n);
@@ -348,8 +350,9 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
     }
     uint64_t lease = 0;
     size_t bad = 0;
-    int rc = kvd_store_acquire(store, owner, r->ns, (const uint8_t(*)[32])r->keys, r->n,
-                               kvd_now_ns() / 1000000, &lease, locs, &bad);
+    int rc =
+        kvd_store_acquire(store, owner, r->ns, (const uint8_t(*)[KVD_KEY_BYTES])r->keys,
+                          r->n, kvd_now_ns() / 1000000, &lease, locs, &bad);
     if (rc != KVD_OK) {
         char hex[65] = "";
         if (bad < r->n)
@@ -426,15 +429,15 @@ static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t 
 {
     memset(o, 0, sizeof(*o));
     o->ns = in->ns;
-    memcpy(o->key, in->key, 32);
+    memcpy(o->key, in->key, KVD_KEY_BYTES);
     if (in->has_parent) {
         kvd_obj_info_t parent;
         if (find_parent(store, in, &parent) == KVD_OK) {
-            memcpy(o->parent, parent.key, 32);
-            o->parent_len = 32;
+            memcpy(o->parent, parent.key, KVD_KEY_BYTES);
+            o->parent_len = KVD_KEY_BYTES;
         } else {
-            memcpy(o->parent, in->parent_tag, 8);
-            o->parent_len = 8;
+            memcpy(o->parent, in->parent_tag, KVD_KEY_TAG_BYTES);
+            o->parent_len = KVD_KEY_TAG_BYTES;
         }
     }
     o->depth = in->depth;
@@ -548,7 +551,7 @@ static int collect(const kvd_obj_info_t *info, void *arg)
 /* Orders (ns, parent tag) for the "is somebody's parent" search. */
 typedef struct tag_ref {
     uint32_t ns;
-    uint8_t tag[8];
+    uint8_t tag[KVD_KEY_TAG_BYTES];
 } tag_ref_t;
 
 static int tag_cmp(const void *a, const void *b)
@@ -556,7 +559,7 @@ static int tag_cmp(const void *a, const void *b)
     const tag_ref_t *x = a, *y = b;
     if (x->ns != y->ns)
         return x->ns < y->ns ? -1 : 1;
-    return memcmp(x->tag, y->tag, 8);
+    return memcmp(x->tag, y->tag, KVD_KEY_TAG_BYTES);
 }
 
 /* True when the key exists in another namespace than ns. */
@@ -607,7 +610,7 @@ static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_
             chain = more;
             cap *= 2;
         }
-        memcpy(chain[len++], cur.key, 32);
+        memcpy(chain[len++], cur.key, KVD_KEY_BYTES);
         e->hits += cur.hits;
         e->last_access_ms = KVD_MAX(e->last_access_ms, cur.last_access_ms);
         e->bytes += cur.loc.size;
@@ -630,8 +633,8 @@ static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_
     if (rc == KVD_OK) {
         budget->reply_bytes -= size;
         e->ns = leaf->ns;
-        memcpy(e->root, chain[len - 1], 32);
-        memcpy(e->leaf, leaf->key, 32);
+        memcpy(e->root, chain[len - 1], KVD_KEY_BYTES);
+        memcpy(e->leaf, leaf->key, KVD_KEY_BYTES);
         e->pages = (uint32_t)len;
         e->pools = kvd_msg_alloc(rep, (size_t)count * sizeof(kvd_pool_bounds_t) + 1);
         rc = e->pools ? KVD_OK : KVD_ERR_NOMEM;
@@ -686,7 +689,7 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
     for (size_t i = 0; rc == KVD_OK && i < c.n; i++)
         if (c.objs[i].has_parent) {
             parents[np].ns = c.objs[i].ns;
-            memcpy(parents[np++].tag, c.objs[i].parent_tag, 8);
+            memcpy(parents[np++].tag, c.objs[i].parent_tag, KVD_KEY_TAG_BYTES);
         }
     if (rc == KVD_OK)
         qsort(parents, np, sizeof(*parents), tag_cmp);

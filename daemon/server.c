@@ -370,13 +370,13 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     kvd_msg_t *req = &s->msgs[0], *rep = &s->msgs[1];
     /* batch limits are checked before the batch is copied anywhere */
     kvd_msg_limits_t lim = {.max_items = s->opts.max_batch,
-                            .max_pools = KVD_LOOKUP_MAX_POOLS};
+                            .max_pools = KVD_LOOKUP_POOLS_MAX};
     int rc = kvd_msg_decode_limited(payload, len, &lim, req);
     if (rc == KVD_ERR_TOO_LARGE && !req->reply) {
         /* a typed refusal: the request was well formed, only too long */
         kvd_msg_error(rep, req->id, req->method, rc,
                       "a batch of more than %llu items (--max-batch) or %d pools",
-                      (unsigned long long)s->opts.max_batch, KVD_LOOKUP_MAX_POOLS);
+                      (unsigned long long)s->opts.max_batch, KVD_LOOKUP_POOLS_MAX);
         conn_reply(s, c, rep);
         kvd_counters_record(&s->counters, req->method, true, kvd_now_ns() - t0);
         goto done;
@@ -973,8 +973,8 @@ static int on_tick(kvd_server_t *s)
     }
     int perr = kvd_pool_error(s->pool);
     if (perr != KVD_OK) {
-        KVD_ERROR("server", "the pool could not be populated (%s); exiting",
-                  kvd_status_str(perr));
+        KVD_ERROR("server", "the pool could not be populated (%s: %s); exiting",
+                  kvd_status_str(perr), kvd_pool_error_text(s->pool));
         return 1;
     }
     int ticked = s->ucxd != NULL && !s->draining ? kvd_ucxd_tick(s->ucxd, now) : 0;

@@ -117,9 +117,13 @@ const char *kvd_health_name(kvd_health_t h);
 uint64_t kvd_latency_bound_us(size_t i);
 
 #define KVD_NS_NAME_BYTES 256 /* with the NUL: names are at most 255 bytes */
-#define KVD_KEY_LEN       32
+/* The old name of KVD_KEY_BYTES (kvd_common.h): remains until linker/ stops
+ * using it. */
+#define KVD_KEY_LEN KVD_KEY_BYTES
+/* Most pools one Lookup names (the daemon refuses more before decoding). */
+#define KVD_LOOKUP_POOLS_MAX 16
 
-typedef uint8_t kvd_key_t[KVD_KEY_LEN];
+typedef uint8_t kvd_key_t[KVD_KEY_BYTES];
 
 /*
  * Variable-length parts of messages (arrays of keys, items, ids) are
@@ -191,7 +195,7 @@ typedef struct kvd_reserve_rep {
     uint64_t lease_id;
     uint64_t object_bytes;
     size_t n;
-    uint8_t *results;  /* kvd_reserve_result_t values */
+    uint8_t *results;  /* kvd_reserve_result_t values (kvd_common.h) */
     uint64_t *offsets; /* meaningful where results[i] == allocated */
 } kvd_reserve_rep_t;
 
@@ -250,8 +254,9 @@ typedef struct kvd_ns_msg {
 typedef struct kvd_obj_msg {
     uint32_t ns;
     kvd_key_t key;
-    uint8_t parent[KVD_KEY_LEN];
-    uint8_t parent_len; /* 0 (none), 8 (a tag: the parent is not stored) or 32 */
+    uint8_t parent[KVD_KEY_BYTES];
+    uint8_t parent_len; /* 0 (none), KVD_KEY_TAG_BYTES (a tag: the parent is not
+                         * stored) or KVD_KEY_BYTES */
     uint32_t depth;
     uint32_t state; /* 1 writing, 2 ready */
     uint32_t tier;

@@ -8,7 +8,7 @@
  * bounded by a multiple of the payload's size), checks the request limits,
  * copies into kvd_msg_t (variable parts into the message's arena) and frees
  * the unpacked tree. Anything that does not fit the C side (a key that is
- * not 32 bytes, a string longer than its field) is a protocol error, never a
+ * not KVD_KEY_BYTES long, a string longer than its field) is a protocol error, never a
  * silent truncation.
  */
 #include "kvd_proto.h"
@@ -113,7 +113,7 @@ static void *arena_array(kvd_msg_t *m, size_t n, size_t size)
 /* A batch of keys as one packed bytes field: the C array already is. */
 static ProtobufCBinaryData keys_to_pb(const kvd_key_t *keys, size_t n)
 {
-    return (ProtobufCBinaryData){.len = n * KVD_KEY_LEN, .data = (uint8_t *)keys};
+    return (ProtobufCBinaryData){.len = n * KVD_KEY_BYTES, .data = (uint8_t *)keys};
 }
 
 static Kvdock__NamespaceSpec **specs_to_pb(kvd_msg_t *scr, const kvd_ns_spec_t *in,
@@ -194,7 +194,7 @@ static Kvdock__ObjectInfo **objs_to_pb(kvd_msg_t *scr, const kvd_obj_msg_t *in, 
         Kvdock__ObjectInfo *o = &items[i];
         kvdock__object_info__init(o);
         o->ns = in[i].ns;
-        o->key.len = KVD_KEY_LEN;
+        o->key.len = KVD_KEY_BYTES;
         o->key.data = (uint8_t *)in[i].key;
         o->parent.len = in[i].parent_len;
         o->parent.data = (uint8_t *)in[i].parent;
@@ -222,8 +222,8 @@ static Kvdock__PrefixEntry **prefixes_to_pb(kvd_msg_t *scr, const kvd_prefix_msg
         Kvdock__PrefixEntry *o = &items[i];
         kvdock__prefix_entry__init(o);
         o->ns = in[i].ns;
-        o->root = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in[i].root};
-        o->leaf = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in[i].leaf};
+        o->root = (ProtobufCBinaryData){KVD_KEY_BYTES, (uint8_t *)in[i].root};
+        o->leaf = (ProtobufCBinaryData){KVD_KEY_BYTES, (uint8_t *)in[i].leaf};
         o->pages = in[i].pages;
         o->bytes = in[i].bytes;
         o->last_access_ms = in[i].last_access_ms;
@@ -450,8 +450,8 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
     case KVD_METHOD_RESERVE: {
         const kvd_reserve_req_t *in = &m->body.reserve_req;
         Kvdock__ReserveRequest *r = arena_array(scr, 1, sizeof(*r));
-        uint8_t *keys = arena_array(scr, in->n, KVD_KEY_LEN);
-        uint8_t *parents = arena_array(scr, in->n, KVD_KEY_LEN);
+        uint8_t *keys = arena_array(scr, in->n, KVD_KEY_BYTES);
+        uint8_t *parents = arena_array(scr, in->n, KVD_KEY_BYTES);
         uint8_t *has_parent = arena_array(scr, in->n, 1);
         uint32_t *depths = arena_array(scr, in->n, sizeof(uint32_t));
         if (!r || !keys || !parents || !has_parent || !depths)
@@ -461,16 +461,16 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         r->object_bytes = in->object_bytes;
         bool any_parent = false;
         for (size_t i = 0; i < in->n; i++) {
-            memcpy(keys + i * KVD_KEY_LEN, in->items[i].key, KVD_KEY_LEN);
+            memcpy(keys + i * KVD_KEY_BYTES, in->items[i].key, KVD_KEY_BYTES);
             if (in->items[i].has_parent)
-                memcpy(parents + i * KVD_KEY_LEN, in->items[i].parent, KVD_KEY_LEN);
+                memcpy(parents + i * KVD_KEY_BYTES, in->items[i].parent, KVD_KEY_BYTES);
             has_parent[i] = in->items[i].has_parent;
             any_parent |= in->items[i].has_parent;
             depths[i] = in->items[i].depth;
         }
-        r->keys = (ProtobufCBinaryData){in->n * KVD_KEY_LEN, keys};
+        r->keys = (ProtobufCBinaryData){in->n * KVD_KEY_BYTES, keys};
         if (any_parent) {
-            r->parents = (ProtobufCBinaryData){in->n * KVD_KEY_LEN, parents};
+            r->parents = (ProtobufCBinaryData){in->n * KVD_KEY_BYTES, parents};
             r->has_parent = (ProtobufCBinaryData){in->n, has_parent};
         }
         r->n_depths = in->n;
@@ -533,7 +533,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
             return false;
         kvdock__inspect_request__init(r);
         r->ns_name = (char *)m->body.inspect_req.ns_name;
-        r->key = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)m->body.inspect_req.key};
+        r->key = (ProtobufCBinaryData){KVD_KEY_BYTES, (uint8_t *)m->body.inspect_req.key};
         env->body_case = KVDOCK__ENVELOPE__BODY_INSPECT_REQUEST;
         env->inspect_request = r;
         return true;
@@ -546,7 +546,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         kvdock__evict_request__init(r);
         r->ns_name = (char *)in->ns_name;
         if (in->has_key)
-            r->key = (ProtobufCBinaryData){KVD_KEY_LEN, (uint8_t *)in->key};
+            r->key = (ProtobufCBinaryData){KVD_KEY_BYTES, (uint8_t *)in->key};
         r->all = in->all;
         env->body_case = KVDOCK__ENVELOPE__BODY_EVICT_REQUEST;
         env->evict_request = r;
@@ -783,18 +783,18 @@ static int copy_str(char *dst, size_t dst_len, const char *src)
 
 static int copy_key(uint8_t *dst, ProtobufCBinaryData b)
 {
-    if (b.len != KVD_KEY_LEN)
+    if (b.len != KVD_KEY_BYTES)
         return KVD_ERR_PROTOCOL;
-    memcpy(dst, b.data, KVD_KEY_LEN);
+    memcpy(dst, b.data, KVD_KEY_BYTES);
     return KVD_OK;
 }
 
-/* A packed batch of keys: a multiple of 32 bytes, copied in one go. */
+/* A packed batch of keys: a multiple of KVD_KEY_BYTES, copied in one go. */
 static int keys_from_pb(kvd_msg_t *m, ProtobufCBinaryData pb, kvd_key_t **out, size_t *n)
 {
-    if (pb.len % KVD_KEY_LEN != 0)
+    if (pb.len % KVD_KEY_BYTES != 0)
         return KVD_ERR_PROTOCOL;
-    size_t count = pb.len / KVD_KEY_LEN;
+    size_t count = pb.len / KVD_KEY_BYTES;
     kvd_key_t *keys = arena_array(m, count, sizeof(kvd_key_t));
     if (keys == NULL)
         return KVD_ERR_NOMEM;
@@ -918,7 +918,8 @@ static int objs_from_pb(kvd_msg_t *m, size_t n, Kvdock__ObjectInfo **pb,
     for (size_t i = 0; i < n; i++) {
         const Kvdock__ObjectInfo *o = pb[i];
         if (copy_key(v[i].key, o->key) != KVD_OK ||
-            (o->parent.len != 0 && o->parent.len != 8 && o->parent.len != KVD_KEY_LEN))
+            (o->parent.len != 0 && o->parent.len != KVD_KEY_TAG_BYTES &&
+             o->parent.len != KVD_KEY_BYTES))
             return KVD_ERR_PROTOCOL;
         if (o->parent.len > 0)
             memcpy(v[i].parent, o->parent.data, o->parent.len);
@@ -1108,9 +1109,9 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         kvd_reserve_req_t *q = &out->body.reserve_req;
         q->ns = r->ns;
         q->object_bytes = r->object_bytes;
-        if (r->keys.len % KVD_KEY_LEN != 0)
+        if (r->keys.len % KVD_KEY_BYTES != 0)
             return KVD_ERR_PROTOCOL;
-        size_t n = r->keys.len / KVD_KEY_LEN;
+        size_t n = r->keys.len / KVD_KEY_BYTES;
         bool parents = r->parents.len != 0 || r->has_parent.len != 0;
         if ((parents && (r->parents.len != r->keys.len || r->has_parent.len != n)) ||
             (r->n_depths != 0 && r->n_depths != n))
@@ -1121,10 +1122,10 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         q->n = n;
         for (size_t i = 0; i < n; i++) {
             kvd_put_item_t *it = &q->items[i];
-            memcpy(it->key, r->keys.data + i * KVD_KEY_LEN, KVD_KEY_LEN);
+            memcpy(it->key, r->keys.data + i * KVD_KEY_BYTES, KVD_KEY_BYTES);
             it->has_parent = parents && r->has_parent.data[i] != 0;
             if (it->has_parent)
-                memcpy(it->parent, r->parents.data + i * KVD_KEY_LEN, KVD_KEY_LEN);
+                memcpy(it->parent, r->parents.data + i * KVD_KEY_BYTES, KVD_KEY_BYTES);
             it->depth = r->n_depths ? r->depths[i] : 0;
         }
         return KVD_OK;
@@ -1228,7 +1229,7 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         if (q->results == NULL)
             return KVD_ERR_NOMEM;
         for (size_t i = 0; i < r->n_results; i++) {
-            if (r->results[i] > 3u /* no space, the last result */)
+            if (r->results[i] >= KVD_RESERVE_RESULT_COUNT)
                 return KVD_ERR_PROTOCOL;
             q->results[i] = (uint8_t)r->results[i];
         }
@@ -1277,7 +1278,7 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
 /* Whether a packed batch of keys holds at most max keys. */
 static bool keys_within(ProtobufCBinaryData keys, size_t max)
 {
-    return keys.len / KVD_KEY_LEN <= max;
+    return keys.len / KVD_KEY_BYTES <= max;
 }
 
 /* Whether the request body of env is within lim (replies always are).

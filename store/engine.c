@@ -205,7 +205,7 @@ int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out)
 
 /* ---------------------------------------------------------------- index */
 
-/* A key's tag: a hash of all 32 bytes, keyed with a seed drawn at start.
+/* A key's tag: a hash of the whole key, keyed with a seed drawn at start.
  * Clients choose the keys, so a fixed function of them would let one client
  * pile every key into one bucket; with the seed they cannot aim. The bucket
  * depends on the tag alone, so a parent is found from the tag a child
@@ -219,6 +219,9 @@ static inline uint64_t mum(uint64_t a, uint64_t b)
 
 static uint64_t key_tag(const kvd_store_t *s, const uint8_t *key)
 {
+    _Static_assert(KVD_KEY_BYTES == 4 * sizeof(uint64_t) &&
+                       KVD_KEY_TAG_BYTES == sizeof(uint64_t),
+                   "the tag mixes a key as four words into one");
     uint64_t w[4];
     memcpy(w, key, sizeof(w));
     /* two independent products (they run in parallel), then one to fold */
@@ -261,7 +264,7 @@ static uint32_t index_find(const kvd_store_t *s, uint32_t ns, const uint8_t *key
     for (uint32_t i = s->buckets[bucket_of(s, ns, key_tag(s, key))]; i != NIL;
          i = R(s, i)->hash_next) {
         const rec_t *r = R(s, i);
-        if (r->ns == ns && memcmp(r->key, key, 32) == 0)
+        if (r->ns == ns && memcmp(r->key, key, KVD_KEY_BYTES) == 0)
             return i;
     }
     return NIL;
@@ -723,7 +726,7 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     /* the hold's place, for finding it from the key in O(1) */
     r->link_prev = (*l)->n - 1;
     r->link_next = (uint32_t)(*l)->id;
-    memcpy(r->key, it->key, 32);
+    memcpy(r->key, it->key, KVD_KEY_BYTES);
     r->has_parent = it->parent != NULL;
     if (it->parent)
         kvd_store_key_tag(s, it->parent, r->parent_tag);
@@ -777,7 +780,7 @@ static long lease_hold_of(const kvd_store_t *s, const lease_t *l, const uint8_t 
 /* Publishes (publish = true) or revokes the lease's reservations: all, or
  * the given keys after checking that each is one of them. */
 static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
-                         const uint8_t (*keys)[32], size_t n, bool publish)
+                         const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, bool publish)
 {
     lease_t *l;
     int rc = lease_get(s, owner, lease_id, true, &l);
@@ -830,13 +833,13 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
 }
 
 int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
-                      const uint8_t (*keys)[32], size_t n)
+                      const uint8_t (*keys)[KVD_KEY_BYTES], size_t n)
 {
     return finish_writes(s, owner, lease_id, keys, n, true);
 }
 
 int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
-                     const uint8_t (*keys)[32], size_t n)
+                     const uint8_t (*keys)[KVD_KEY_BYTES], size_t n)
 {
     return finish_writes(s, owner, lease_id, keys, n, false);
 }
@@ -844,7 +847,7 @@ int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
 /* ------------------------------------------------------------- acquire */
 
 int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
-                      const uint8_t (*keys)[32], size_t n, uint64_t now_ms,
+                      const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, uint64_t now_ms,
                       uint64_t *lease_id, kvd_loc_t *locs, size_t *first_bad)
 {
     if (ns >= s->n_ns)
@@ -932,7 +935,7 @@ static bool restorable(const uint32_t *run_end, size_t b, uint32_t trailing)
 int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
                      uint32_t *boundaries, size_t *n_boundaries)
 {
-    if (n_pools == 0 || n_pools > KVD_LOOKUP_MAX_POOLS)
+    if (n_pools == 0)
         return KVD_ERR_INVALID;
     size_t n = SIZE_MAX;
     for (size_t p = 0; p < n_pools; p++) {
@@ -982,8 +985,8 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
 {
     const rec_t *r = R(s, i);
     memset(out, 0, sizeof(*out));
-    memcpy(out->key, r->key, 32);
-    memcpy(out->parent_tag, r->parent_tag, 8);
+    memcpy(out->key, r->key, KVD_KEY_BYTES);
+    memcpy(out->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
     out->has_parent = r->has_parent;
     out->ns = r->ns;
     out->depth = r->depth;
@@ -997,7 +1000,7 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
     fill_loc(s, i, &out->loc);
 }
 
-int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
+int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES],
                       kvd_obj_info_t *out)
 {
     if (ns >= s->n_ns)
@@ -1009,8 +1012,8 @@ int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
     return KVD_OK;
 }
 
-int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
-                       kvd_obj_info_t *out)
+int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns,
+                       const uint8_t tag[KVD_KEY_TAG_BYTES], kvd_obj_info_t *out)
 {
     if (ns >= s->n_ns)
         return KVD_ERR_NOT_FOUND;
@@ -1021,7 +1024,8 @@ int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
     return KVD_OK;
 }
 
-void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[32], uint8_t tag[8])
+void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[KVD_KEY_BYTES],
+                       uint8_t tag[KVD_KEY_TAG_BYTES])
 {
     uint64_t t = key_tag(s, key);
     memcpy(tag, &t, sizeof(t));
@@ -1043,7 +1047,7 @@ int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *ar
     return 0;
 }
 
-int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[32])
+int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES])
 {
     if (ns >= s->n_ns)
         return KVD_ERR_NOT_FOUND;

@@ -104,6 +104,10 @@ void kvd_pool_destroy(kvd_pool_t *p);
 bool kvd_pool_ready(const kvd_pool_t *p);
 /* KVD_OK while fine; the population's error once it failed. */
 int kvd_pool_error(const kvd_pool_t *p);
+/* Why the population failed, with the system's reason and what would fix
+ * it ("mlock of 1.00 GiB failed: Cannot allocate memory (raise
+ * RLIMIT_MEMLOCK, ...)"); "" while kvd_pool_error is KVD_OK. */
+const char *kvd_pool_error_text(const kvd_pool_t *p);
 uint64_t kvd_pool_populated_bytes(const kvd_pool_t *p);
 uint64_t kvd_pool_size(const kvd_pool_t *p);
 bool kvd_pool_hugepages(const kvd_pool_t *p);
@@ -131,7 +135,6 @@ void *kvd_pool_base(const kvd_pool_t *p);
 
 #define KVD_NS_NAME_MAX          256
 #define KVD_STORE_MAX_NAMESPACES 4096
-#define KVD_LOOKUP_MAX_POOLS     16
 
 typedef enum kvd_obj_state {
     KVD_OBJ_WRITING = 1, /* reserved, being written, invisible to readers */
@@ -143,13 +146,8 @@ typedef enum kvd_tier {
     KVD_TIER_SSD = 1,
 } kvd_tier_t;
 
-typedef enum kvd_reserve_result {
-    KVD_RESERVE_ALLOCATED = 0, /* yours: write it at loc, then Publish */
-    KVD_RESERVE_EXISTS = 1,    /* already stored and readable */
-    KVD_RESERVE_IN_FLIGHT = 2, /* another writer holds it */
-    KVD_RESERVE_NO_SPACE = 3,  /* no room, even after eviction */
-} kvd_reserve_result_t;
-
+/* kvd_reserve_result_t, the per-key answer of kvd_store_reserve, is in
+ * kvd_common.h: the RPC carries it too. */
 const char *kvd_reserve_result_name(kvd_reserve_result_t r);
 
 typedef struct kvd_store_config {
@@ -172,8 +170,8 @@ void kvd_store_destroy(kvd_store_t *s);
 
 /* A key with what Reserve records about its place in its chain. */
 typedef struct kvd_put {
-    const uint8_t *key;    /* 32 bytes */
-    const uint8_t *parent; /* 32 bytes, NULL for the first page of a chain */
+    const uint8_t *key;    /* KVD_KEY_BYTES */
+    const uint8_t *parent; /* KVD_KEY_BYTES, NULL for the first page of a chain */
     uint32_t depth;        /* page index in the chain: 0 for the first */
 } kvd_put_t;
 
@@ -236,11 +234,11 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
  * KVD_ERR_PERMISSION for another owner's, KVD_ERR_STATE for a read lease.
  */
 int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
-                      const uint8_t (*keys)[32], size_t n);
+                      const uint8_t (*keys)[KVD_KEY_BYTES], size_t n);
 
 /* Frees reservations (all, or the n given keys), same rules as publish. */
 int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
-                     const uint8_t (*keys)[32], size_t n);
+                     const uint8_t (*keys)[KVD_KEY_BYTES], size_t n);
 
 /*
  * Pins every key for reading, all or nothing: on success locs[i] says where
@@ -250,7 +248,7 @@ int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
  * 65535 times already (KVD_ERR_NO_SPACE); KVD_ERR_NOMEM names key 0.
  */
 int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
-                      const uint8_t (*keys)[32], size_t n, uint64_t now_ms,
+                      const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, uint64_t now_ms,
                       uint64_t *lease_id, kvd_loc_t *locs, size_t *first_bad);
 
 /* Ends read lease lease_id, unpinning what it holds. Errors as publish. */
@@ -273,7 +271,7 @@ size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms);
 
 typedef struct kvd_lookup_pool {
     uint32_t ns;
-    const uint8_t (*keys)[32]; /* page keys of the prompt's tail, in order */
+    const uint8_t (*keys)[KVD_KEY_BYTES]; /* page keys of the prompt's tail, in order */
     size_t n_keys;
     uint32_t trailing_pages; /* 0: ALL_PAGES; n: TRAILING_PAGES(n) */
 } kvd_lookup_pool_t;
@@ -290,8 +288,8 @@ int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_po
 /* --- inspection and eviction */
 
 typedef struct kvd_obj_info {
-    uint8_t key[32];
-    uint8_t parent_tag[8]; /* the parent key's tag (kvd_store_key_tag) */
+    uint8_t key[KVD_KEY_BYTES];
+    uint8_t parent_tag[KVD_KEY_TAG_BYTES]; /* the parent key's tag (kvd_store_key_tag) */
     bool has_parent;
     uint32_t ns;
     uint32_t depth;
@@ -305,16 +303,17 @@ typedef struct kvd_obj_info {
 } kvd_obj_info_t;
 
 /* KVD_ERR_NOT_FOUND when the key is not in ns. */
-int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[32],
+int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES],
                       kvd_obj_info_t *out);
 
 /* The object of ns whose key starts with the 8-byte tag (a parent). */
-int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns, const uint8_t tag[8],
-                       kvd_obj_info_t *out);
+int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns,
+                       const uint8_t tag[KVD_KEY_TAG_BYTES], kvd_obj_info_t *out);
 
 /* A key's 8-byte tag: a hash keyed with this store's seed (so clients, who
  * choose keys, cannot aim at one index bucket). */
-void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[32], uint8_t tag[8]);
+void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[KVD_KEY_BYTES],
+                       uint8_t tag[KVD_KEY_TAG_BYTES]);
 
 /* Calls fn for every object (of ns, or all when ns == UINT32_MAX) until fn
  * returns non-zero, which is returned. No mutation from inside fn. */
@@ -323,7 +322,7 @@ int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *ar
 
 /* Evicts one READY, unpinned object: KVD_ERR_BUSY when pinned or being
  * written, KVD_ERR_NOT_FOUND when absent. */
-int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[32]);
+int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES]);
 /* Evicts every READY, unpinned object of ns (UINT32_MAX: all); counts what
  * went and what had to stay (pinned or being written). */
 int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped);

@@ -35,8 +35,8 @@ enum rec_state {
 };
 
 typedef struct rec {
-    uint8_t key[32];
-    uint8_t parent_tag[8]; /* key_tag() of the parent key */
+    uint8_t key[KVD_KEY_BYTES];
+    uint8_t parent_tag[KVD_KEY_TAG_BYTES]; /* key_tag() of the parent key */
     uint32_t off_pages;
     uint32_t size_pages;
     uint32_t phys_prev, phys_next;

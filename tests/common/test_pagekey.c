@@ -75,7 +75,7 @@ static void check_chain(const uint32_t *tokens, size_t n_tokens, size_t page_siz
     size_t want_pages = n_tokens / page_size;
     size_t cap = want_pages + 1;
     uint8_t(*got)[KVD_KEY_BYTES] = calloc(cap, KVD_KEY_BYTES);
-    uint8_t(*want)[32] = calloc(cap, 32);
+    uint8_t(*want)[KVD_KEY_BYTES] = calloc(cap, KVD_KEY_BYTES);
     assert_non_null(got);
     assert_non_null(want);
     memset(got, 0x5a, cap * KVD_KEY_BYTES);
@@ -87,10 +87,10 @@ static void check_chain(const uint32_t *tokens, size_t n_tokens, size_t page_siz
     assert_int_equal(ref_page_chain(tokens, n_tokens, page_size, prior, want),
                      want_pages);
     for (size_t i = 0; i < want_pages; i++) {
-        if (memcmp(got[i], want[i], 32) != 0)
+        if (memcmp(got[i], want[i], KVD_KEY_BYTES) != 0)
             print_error("page size %zu: key %zu of %zu differs\n", page_size, i,
                         want_pages);
-        assert_memory_equal(got[i], want[i], 32);
+        assert_memory_equal(got[i], want[i], KVD_KEY_BYTES);
     }
     /* nothing is written past the last full page */
     for (size_t b = 0; b < KVD_KEY_BYTES; b++)
@@ -164,8 +164,8 @@ static void test_chain_with_prior(void **state)
 {
     (void)state;
     uint32_t *tokens = make_tokens(128, 3);
-    uint8_t prior[32];
-    for (int i = 0; i < 32; i++)
+    uint8_t prior[KVD_KEY_BYTES];
+    for (int i = 0; i < KVD_KEY_BYTES; i++)
         prior[i] = (uint8_t)(0xa0 + i);
     check_chain(tokens, 128, 4, prior);
     check_chain(tokens, 128, 64, prior);

@@ -40,7 +40,7 @@ static char out[1 << 16];
 
 static void to_hex(const uint8_t *d, char hex[65])
 {
-    for (int i = 0; i < 32; i++)
+    for (int i = 0; i < KVD_KEY_BYTES; i++)
         snprintf(hex + 2 * i, 3, "%02x", d[i]);
 }
 
@@ -48,7 +48,7 @@ static void to_hex(const uint8_t *d, char hex[65])
 static size_t ref_chain(const uint32_t *tokens, size_t n, size_t page,
                         const uint8_t *prior, char hex[][65])
 {
-    uint8_t(*keys)[32] = calloc(n / page + 1, 32);
+    uint8_t(*keys)[KVD_KEY_BYTES] = calloc(n / page + 1, KVD_KEY_BYTES);
     size_t pages = keys ? ref_page_chain(tokens, n, page, prior, keys) : 0;
     for (size_t p = 0; p < pages; p++)
         to_hex(keys[p], hex[p]);
@@ -69,7 +69,7 @@ static bool reference_ok(void)
     bool ok = true;
     for (size_t i = 0; i < KVD_ARRAY_SIZE(vec); i++) {
         ref_sha256_t c;
-        uint8_t d[32];
+        uint8_t d[KVD_KEY_BYTES];
         char hex[65];
         ref_sha256_init(&c);
         ref_sha256_update(&c, vec[i].msg, strlen(vec[i].msg));
@@ -136,8 +136,8 @@ static void check_hash(void)
              "kvdock hash printed\n%swant (reference SHA-256)\n%s", out, expect);
 
     /* --prior: key[-1] = the given digest */
-    uint8_t prior[32];
-    for (int i = 0; i < 32; i++)
+    uint8_t prior[KVD_KEY_BYTES];
+    for (int i = 0; i < KVD_KEY_BYTES; i++)
         prior[i] = (uint8_t)(0xa0 + i);
     char prior_hex[65], pref[2][65];
     to_hex(prior, prior_hex);
@@ -210,8 +210,8 @@ static bool store(ts_client_t *t)
     ts_chain_items(&keys[1], 1, keys[0], 1, &m[0]);
     ts_chain_items(&keys[5], 1, keys[4], 5, &m[1]);
     st = ts_reserve(t->c, t->ns[1], TS_MAMBA_BYTES, m, 2, &lease, res, off, &e);
-    if (!DT_CHECK(st == KVD_OK && lease != 0 && res[0] == TS_ALLOCATED &&
-                      res[1] == TS_ALLOCATED,
+    if (!DT_CHECK(st == KVD_OK && lease != 0 && res[0] == KVD_RESERVE_ALLOCATED &&
+                      res[1] == KVD_RESERVE_ALLOCATED,
                   "reserve mamba: %s (%s)", kvd_status_str(st), e.text))
         return false;
     st = ts_publish(t->c, lease, NULL, 0, &e);

@@ -163,7 +163,7 @@ static void check_leases(ts_client_t *a, ts_client_t *b)
     uint8_t res;
     uint64_t off, blease = 0;
     st = ts_reserve(b->c, b->ns[0], TS_KV_BYTES, &item, 1, &blease, &res, &off, &e);
-    if (!DT_CHECK(st == KVD_OK && res == TS_ALLOCATED && blease != 0,
+    if (!DT_CHECK(st == KVD_OK && res == KVD_RESERVE_ALLOCATED && blease != 0,
                   "B: reserve: %s (%s)", kvd_status_str(st), e.text))
         return;
     before = snap(a->c);
@@ -175,8 +175,8 @@ static void check_leases(ts_client_t *a, ts_client_t *b)
     EXPECT_ERR(st, e, KVD_ERR_PERMISSION, "Release of another connection's lease");
     /* B names a key its lease does not hold: nothing is published */
     kvd_key_t two[2];
-    memcpy(two[0], many[0], KVD_KEY_LEN);
-    memcpy(two[1], many[1], KVD_KEY_LEN);
+    memcpy(two[0], many[0], KVD_KEY_BYTES);
+    memcpy(two[1], many[1], KVD_KEY_BYTES);
     st = ts_publish(b->c, blease, two, 2, &e);
     EXPECT_ERR(st, e, KVD_ERR_STATE, "Publish naming a key the lease does not hold");
     st = ts_release(b->c, blease, &e);
@@ -191,16 +191,16 @@ static void check_leases(ts_client_t *a, ts_client_t *b)
 
     /* Acquire while B still writes it: BUSY at position 3 (index 2 + 1) */
     kvd_key_t mix[3];
-    memcpy(mix[0], stored[0], KVD_KEY_LEN);
-    memcpy(mix[1], stored[1], KVD_KEY_LEN);
-    memcpy(mix[2], many[0], KVD_KEY_LEN);
+    memcpy(mix[0], stored[0], KVD_KEY_BYTES);
+    memcpy(mix[1], stored[1], KVD_KEY_BYTES);
+    memcpy(mix[2], many[0], KVD_KEY_BYTES);
     before = snap(a->c);
     uint64_t rlease = 0;
     st = ts_acquire(a->c, a->ns[0], TS_KV_BYTES, mix, 3, &rlease, NULL, &e);
     EXPECT_ERR(st, e, KVD_ERR_BUSY, "Acquire of a key being written");
     DT_CHECK(e.index == 3, "BUSY error_index %u, want 3 (position 2 + 1)", e.index);
     /* a missing key at position 2 */
-    memset(mix[1], 0x5a, KVD_KEY_LEN);
+    memset(mix[1], 0x5a, KVD_KEY_BYTES);
     st = ts_acquire(a->c, a->ns[0], TS_KV_BYTES, mix, 3, &rlease, NULL, &e);
     EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Acquire of a missing key");
     DT_CHECK(e.index == 2, "NOT_FOUND error_index %u, want 2 (position 1 + 1)", e.index);
@@ -249,7 +249,7 @@ static void check_batches(ts_client_t *a)
     kvd_put_item_t big[MAX_BATCH + 1];
     kvd_key_t bigkeys[MAX_BATCH + 1];
     for (int i = 0; i <= MAX_BATCH; i++)
-        memset(bigkeys[i], 0x10 + i, KVD_KEY_LEN);
+        memset(bigkeys[i], 0x10 + i, KVD_KEY_BYTES);
     ts_chain_items(bigkeys, MAX_BATCH + 1, NULL, 0, big);
     st =
         ts_reserve(a->c, a->ns[0], TS_KV_BYTES, big, MAX_BATCH + 1, &lease, res, off, &e);
@@ -341,7 +341,7 @@ static void reserve_frame(wbuf_t *out, uint64_t id, uint32_t ns, size_t parent_l
     const uint8_t one = 1;
     wbuf_t req = {.n = 0};
     put_uint(&req, 1, ns);
-    put_bytes(&req, 3, key, KVD_KEY_LEN);
+    put_bytes(&req, 3, key, KVD_KEY_BYTES);
     if (parent_len > 0) {
         put_bytes(&req, 4, key, parent_len);
         put_bytes(&req, 5, &one, 1);
@@ -375,7 +375,7 @@ static void check_wire(const kvd_test_daemon_t *d, ts_client_t *a)
     /* the control: the encoder is right, a 32-byte key is a typed miss */
     wbuf_t f;
     dt_wire_env_t env;
-    acquire_frame(&f, 41, a->ns[0], KVD_KEY_LEN);
+    acquire_frame(&f, 41, a->ns[0], KVD_KEY_BYTES);
     if (exchange(fd, &f, &env, "hand-encoded Acquire (32-byte key)"))
         DT_CHECK(env.reply && env.id == 41 && env.method == KVD_METHOD_ACQUIRE &&
                      env.has_error && env.error_code == KVD_ERR_NOT_FOUND,
@@ -383,14 +383,14 @@ static void check_wire(const kvd_test_daemon_t *d, ts_client_t *a)
                  "'%s', want id 41, acquire, not found",
                  (unsigned long long)env.id, (unsigned long long)env.method,
                  (long long)env.error_code, env.error_message);
-    acquire_frame(&f, 42, a->ns[0], KVD_KEY_LEN);
+    acquire_frame(&f, 42, a->ns[0], KVD_KEY_BYTES);
     if (exchange(fd, &f, &env, "second hand-encoded Acquire"))
         DT_CHECK(env.id == 42 && env.error_code == KVD_ERR_NOT_FOUND,
                  "after a typed error the raw connection should still be served: id "
                  "%llu error %lld",
                  (unsigned long long)env.id, (long long)env.error_code);
     /* a 31-byte key: protocol error, then the daemon closes this connection */
-    acquire_frame(&f, 43, a->ns[0], KVD_KEY_LEN - 1);
+    acquire_frame(&f, 43, a->ns[0], KVD_KEY_BYTES - 1);
     if (exchange(fd, &f, &env, "Acquire with a 31-byte key"))
         DT_CHECK(env.reply && env.has_error && env.error_code == KVD_ERR_PROTOCOL,
                  "Acquire with a 31-byte key: error %lld '%s', want protocol error",
@@ -416,7 +416,7 @@ static void check_wire(const kvd_test_daemon_t *d, ts_client_t *a)
                      "after the raw Reserve: writing %llu, leases %llu; want 1, 1",
                      (unsigned long long)mid.store.objects_writing,
                      (unsigned long long)mid.store.leases);
-        reserve_frame(&f, 45, a->ns[0], KVD_KEY_LEN + 1);
+        reserve_frame(&f, 45, a->ns[0], KVD_KEY_BYTES + 1);
         if (exchange(fd, &f, &env, "Reserve with a 33-byte parent"))
             DT_CHECK(env.has_error && env.error_code == KVD_ERR_PROTOCOL,
                      "Reserve with a 33-byte parent: error %lld '%s', want protocol",

@@ -43,7 +43,7 @@ static void victim_main(const char *socket, int ready_fd)
     bool ok = DT_CHECK(st == KVD_OK && wlease != 0, "victim: reserve: %s (%s)",
                        kvd_status_str(st), e.text);
     for (size_t i = 0; ok && i < N_HALF; i++) {
-        ok = DT_CHECK(res[i] == TS_ALLOCATED, "victim: reserve key %zu: %s", i,
+        ok = DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED, "victim: reserve key %zu: %s", i,
                       ts_result_name(res[i]));
         /* half-write it, as a worker killed mid-copy would */
         if (ok && ts_in_pool(off[i], TS_KV_BYTES, t.pool_bytes))
@@ -76,7 +76,7 @@ static void store_pages(ts_client_t *t)
     if (!DT_CHECK(st == KVD_OK, "reserve: %s (%s)", kvd_status_str(st), e.text))
         return;
     for (size_t i = 0; i < N_STORED; i++)
-        if (DT_CHECK(res[i] == TS_ALLOCATED, "reserve %zu: %s", i,
+        if (DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED, "reserve %zu: %s", i,
                      ts_result_name(res[i])))
             ts_fill(t->pool + off[i], TS_KV_BYTES, stored[i], SALT);
     st = ts_publish(t->c, lease, NULL, 0, &e);
@@ -173,8 +173,9 @@ static void check_after(const kvd_test_daemon_t *d, ts_client_t *t)
     r = ts_reserve(t->c, t->ns[0], TS_KV_BYTES, items, N_HALF, &lease, res, roff, &e);
     if (DT_CHECK(r == KVD_OK, "reserve again: %s (%s)", kvd_status_str(r), e.text)) {
         for (size_t i = 0; i < N_HALF; i++)
-            DT_CHECK(res[i] == TS_ALLOCATED, "reserve again, key %zu: %s, want allocated",
-                     i, ts_result_name(res[i]));
+            DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED,
+                     "reserve again, key %zu: %s, want allocated", i,
+                     ts_result_name(res[i]));
         r = ts_finish(t->c, KVD_METHOD_REVOKE, lease, NULL, 0, &e);
         DT_CHECK(r == KVD_OK, "revoke: %s (%s)", kvd_status_str(r), e.text);
     }

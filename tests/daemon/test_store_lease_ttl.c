@@ -49,8 +49,8 @@ static void run(const kvd_test_daemon_t *d)
         DT_CHECK(st == KVD_OK, "publish key 0: %s (%s)", kvd_status_str(st), e.text);
     }
     st = ts_reserve(t.c, t.ns[0], TS_KV_BYTES, &items[1], 2, &wlease, res, off, &e);
-    DT_CHECK(st == KVD_OK && wlease != 0 && res[0] == TS_ALLOCATED &&
-                 res[1] == TS_ALLOCATED,
+    DT_CHECK(st == KVD_OK && wlease != 0 && res[0] == KVD_RESERVE_ALLOCATED &&
+                 res[1] == KVD_RESERVE_ALLOCATED,
              "reserve keys 1, 2: %s (%s)", kvd_status_str(st), e.text);
     st = ts_acquire(t.c, t.ns[0], TS_KV_BYTES, keys, 1, &rlease, NULL, &e);
     DT_CHECK(st == KVD_OK && rlease != 0, "acquire key 0: %s (%s)", kvd_status_str(st),
@@ -93,7 +93,8 @@ static void run(const kvd_test_daemon_t *d)
     }
     uint64_t again = 0;
     st = ts_reserve(t.c, t.ns[0], TS_KV_BYTES, &items[1], 2, &again, res, off, &e);
-    DT_CHECK(st == KVD_OK && res[0] == TS_ALLOCATED && res[1] == TS_ALLOCATED,
+    DT_CHECK(st == KVD_OK && res[0] == KVD_RESERVE_ALLOCATED &&
+                 res[1] == KVD_RESERVE_ALLOCATED,
              "reserve keys 1, 2 again: %s, %s %s", kvd_status_str(st),
              ts_result_name(res[0]), ts_result_name(res[1]));
     if (again != 0) {

@@ -39,7 +39,7 @@ static char out[1 << 16];
 static void mkkeys(void)
 {
     for (int i = 0; i < K_COUNT; i++) {
-        memset(keys[i], 0, KVD_KEY_LEN);
+        memset(keys[i], 0, KVD_KEY_BYTES);
         keys[i][0] = 0xc0;
         keys[i][1] = (uint8_t)(i + 1);
         keys[i][31] = 0x77;
@@ -50,10 +50,10 @@ static kvd_put_item_t item(int k, int parent, uint32_t depth)
 {
     kvd_put_item_t it;
     memset(&it, 0, sizeof(it));
-    memcpy(it.key, keys[k], KVD_KEY_LEN);
+    memcpy(it.key, keys[k], KVD_KEY_BYTES);
     it.has_parent = parent >= 0;
     if (parent >= 0)
-        memcpy(it.parent, keys[parent], KVD_KEY_LEN);
+        memcpy(it.parent, keys[parent], KVD_KEY_BYTES);
     it.depth = depth;
     return it;
 }
@@ -75,7 +75,7 @@ static bool store_pages(ts_client_t *t)
         return false;
     bool ok = true;
     for (int i = 0; i < K_COUNT; i++)
-        ok &= DT_CHECK(res[i] == TS_ALLOCATED, "reserve of %s: %s", key_names[i],
+        ok &= DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED, "reserve of %s: %s", key_names[i],
                        ts_result_name(res[i]));
     st = ts_publish(t->c, lease, NULL, 0, &e);
     return DT_CHECK(st == KVD_OK, "publish: %s (%s)", kvd_status_str(st), e.text) && ok;
@@ -85,7 +85,7 @@ static bool store_pages(ts_client_t *t)
 static const char *name_of(const uint8_t *key)
 {
     for (int i = 0; i < K_COUNT; i++)
-        if (memcmp(key, keys[i], KVD_KEY_LEN) == 0)
+        if (memcmp(key, keys[i], KVD_KEY_BYTES) == 0)
             return key_names[i];
     return "?";
 }
@@ -119,16 +119,16 @@ static void check_list(kvd_client_t *c, const char *ns_name, bool nodes)
         DT_CHECK(p->bytes == (uint64_t)p->pages * OBJ_BYTES,
                  "ListPrefixes %s: entry leaf %s: %llu bytes for %u pages", what, leaf,
                  (unsigned long long)p->bytes, p->pages);
-        if (memcmp(p->leaf, keys[K_G2], KVD_KEY_LEN) == 0) {
+        if (memcmp(p->leaf, keys[K_G2], KVD_KEY_BYTES) == 0) {
             saw_chain = true;
-            DT_CHECK(p->pages == 3 && memcmp(p->root, keys[K_G0], KVD_KEY_LEN) == 0,
+            DT_CHECK(p->pages == 3 && memcmp(p->root, keys[K_G0], KVD_KEY_BYTES) == 0,
                      "ListPrefixes %s: the genuine chain lists as %u pages from root %s, "
                      "want 3 from G0",
                      what, p->pages, root);
         }
-        if (memcmp(p->leaf, keys[K_C], KVD_KEY_LEN) == 0) {
+        if (memcmp(p->leaf, keys[K_C], KVD_KEY_BYTES) == 0) {
             saw_c = true;
-            DT_CHECK(p->pages == 1 && memcmp(p->root, keys[K_C], KVD_KEY_LEN) == 0,
+            DT_CHECK(p->pages == 1 && memcmp(p->root, keys[K_C], KVD_KEY_BYTES) == 0,
                      "ListPrefixes %s: C (depth 0xffffff over A at depth 5) lists as %u "
                      "pages from root %s, want 1 from C",
                      what, p->pages, root);

@@ -107,7 +107,7 @@ static void racer_main(int me, const char *socket, pipes_t *p)
     for (int b = 0; b < N_KEYS / BATCH; b++) {
         bool mine = false;
         for (int i = b * BATCH; i < (b + 1) * BATCH; i++) {
-            if (rep.results[i] != TS_ALLOCATED)
+            if (rep.results[i] != KVD_RESERVE_ALLOCATED)
                 continue;
             mine = true;
             if (DT_CHECK(ts_in_pool(offsets[i], TS_KV_BYTES, t.pool_bytes),
@@ -180,9 +180,9 @@ static void check_results(const report_t *reports)
         int allocated = 0, other = 0;
         for (int p = 0; p < N_PROCS; p++) {
             unsigned r = reports[p].results[i];
-            allocated += r == TS_ALLOCATED;
-            other += r == TS_EXISTS || r == TS_IN_FLIGHT;
-            DT_CHECK(r <= TS_IN_FLIGHT, "key %d: process %d got %s", i, p,
+            allocated += r == KVD_RESERVE_ALLOCATED;
+            other += r == KVD_RESERVE_EXISTS || r == KVD_RESERVE_IN_FLIGHT;
+            DT_CHECK(r <= KVD_RESERVE_IN_FLIGHT, "key %d: process %d got %s", i, p,
                      ts_result_name(r));
         }
         DT_CHECK(allocated == 1, "key %d was ALLOCATED %d times across %d processes", i,

@@ -128,7 +128,7 @@ static void write_kv(ts_client_t *w)
     DT_CHECK(ts_last_object_bytes == TS_KV_BYTES, "reserve: object_bytes %llu",
              (unsigned long long)ts_last_object_bytes);
     for (size_t i = 0; i < N_KEYS; i++) {
-        if (!DT_CHECK(res[i] == TS_ALLOCATED, "reserve: key %zu got %s", i,
+        if (!DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED, "reserve: key %zu got %s", i,
                       ts_result_name(res[i])))
             return;
         if (!DT_CHECK(ts_in_pool(kv_offsets[i], TS_KV_BYTES, w->pool_bytes),
@@ -188,7 +188,8 @@ static void check_exists(ts_client_t *w)
     DT_CHECK(lease == 0, "second reserve: lease %llu, want 0 (nothing allocated)",
              (unsigned long long)lease);
     for (size_t i = 0; i < N_KEYS; i++)
-        DT_CHECK(res[i] == TS_EXISTS, "second reserve: key %zu got %s, want exists", i,
+        DT_CHECK(res[i] == KVD_RESERVE_EXISTS,
+                 "second reserve: key %zu got %s, want exists", i,
                  ts_result_name(res[i]));
 }
 
@@ -208,7 +209,7 @@ static void check_lookup_kv(ts_client_t *w)
     /* a hole at page 6 (index 5): ALL_PAGES stops at 5 */
     kvd_key_t holed[N_KEYS];
     memcpy(holed, keys, sizeof(holed));
-    memset(holed[5], 0xab, KVD_KEY_LEN);
+    memset(holed[5], 0xab, KVD_KEY_BYTES);
     pool.keys = holed;
     st = ts_lookup(w->c, &pool, 1, b, N_KEYS, &nb, &e);
     DT_CHECK(st == KVD_OK && nb == 5 && b[0] == 1 && b[4] == 5,
@@ -223,7 +224,7 @@ static void write_mamba(ts_client_t *w)
     kvd_key_t mk[2];
     kvd_put_item_t items[2];
     for (size_t i = 0; i < 2; i++) {
-        memcpy(mk[i], keys[at[i]], KVD_KEY_LEN);
+        memcpy(mk[i], keys[at[i]], KVD_KEY_BYTES);
         ts_chain_items(&mk[i], 1, keys[at[i] - 1], (uint32_t)at[i], &items[i]);
     }
     uint8_t res[2];
@@ -235,7 +236,7 @@ static void write_mamba(ts_client_t *w)
     DT_CHECK(ts_last_object_bytes == TS_MAMBA_BYTES, "reserve mamba: object_bytes %llu",
              (unsigned long long)ts_last_object_bytes);
     for (size_t i = 0; i < 2; i++) {
-        if (!DT_CHECK(res[i] == TS_ALLOCATED &&
+        if (!DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED &&
                           ts_in_pool(off[i], TS_MAMBA_BYTES, w->pool_bytes),
                       "reserve mamba key %zu: %s at %llu", at[i], ts_result_name(res[i]),
                       (unsigned long long)off[i]))

@@ -151,11 +151,11 @@ void ts_chain_items(const kvd_key_t *keys, size_t n, const uint8_t *first_parent
 {
     for (size_t i = 0; i < n; i++) {
         memset(&items[i], 0, sizeof(items[i]));
-        memcpy(items[i].key, keys[i], KVD_KEY_LEN);
+        memcpy(items[i].key, keys[i], KVD_KEY_BYTES);
         const uint8_t *parent = i == 0 ? first_parent : keys[i - 1];
         items[i].has_parent = parent != NULL;
         if (parent != NULL)
-            memcpy(items[i].parent, parent, KVD_KEY_LEN);
+            memcpy(items[i].parent, parent, KVD_KEY_BYTES);
         items[i].depth = first_depth + (uint32_t)i;
     }
 }
@@ -259,7 +259,7 @@ int ts_inspect(kvd_client_t *c, const char *ns_name, const uint8_t *key,
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_INSPECT);
     kvd_strlcpy(req.body.inspect_req.ns_name, ns_name, KVD_NS_NAME_BYTES);
-    memcpy(req.body.inspect_req.key, key, KVD_KEY_LEN);
+    memcpy(req.body.inspect_req.key, key, KVD_KEY_BYTES);
     int st = call(c, &req, &rep, err);
     *n = 0;
     if (st == KVD_OK) {

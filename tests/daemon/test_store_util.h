@@ -31,15 +31,8 @@
 #define TS_MAMBA_NS    "m/mamba/tp0"
 #define TS_MAMBA_BYTES (16u * 1024u)
 
-/* ReserveReply.results on the wire (kvdock.proto): the test speaks the
- * protocol, not store/'s header. */
-enum {
-    TS_ALLOCATED = 0,
-    TS_EXISTS = 1,
-    TS_IN_FLIGHT = 2,
-    TS_NO_SPACE = 3,
-};
-/* "allocated", "exists", "in_flight", "no_space" or "?". */
+/* ReserveReply.results are kvd_reserve_result_t (kvd_common.h).
+ * "allocated", "exists", "in_flight", "no_space" or "?". */
 const char *ts_result_name(unsigned r);
 
 /* A typed error reply: status, the failed batch item + 1, the text. */
@@ -160,7 +153,7 @@ int ts_make_keys(uint32_t first_token, size_t n_pages, size_t page_size, kvd_key
 static inline uint8_t ts_pattern_byte(const uint8_t *key, uint32_t salt, size_t j)
 {
     uint32_t x = (uint32_t)j * 2654435761u ^ salt;
-    return (uint8_t)(key[j % KVD_KEY_LEN] ^ (x >> 24) ^ (uint8_t)(j >> 12));
+    return (uint8_t)(key[j % KVD_KEY_BYTES] ^ (x >> 24) ^ (uint8_t)(j >> 12));
 }
 
 void ts_fill(uint8_t *dst, size_t len, const uint8_t *key, uint32_t salt);

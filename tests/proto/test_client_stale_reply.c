@@ -281,7 +281,7 @@ static void test_late_reply_is_dropped(void **state)
 
 static void key_of(kvd_key_t key, size_t i)
 {
-    memset(key, 0, KVD_KEY_LEN);
+    memset(key, 0, KVD_KEY_BYTES);
     memcpy(key, &i, sizeof(i));
 }
 
@@ -296,7 +296,7 @@ static void half_written_script(fake_server_t *s, int fd)
     kvd_key_t last;
     key_of(last, BIG_KEYS - 1);
     bool whole = m.body.acquire_req.n == BIG_KEYS &&
-                 memcmp(m.body.acquire_req.keys[BIG_KEYS - 1], last, KVD_KEY_LEN) == 0;
+                 memcmp(m.body.acquire_req.keys[BIG_KEYS - 1], last, KVD_KEY_BYTES) == 0;
     kvd_msg_clear(&m);
     if (!whole) {
         server_fail(s, "the abandoned Acquire did not arrive whole");

@@ -172,7 +172,7 @@ static void test_large_ordinary_messages_decode(void **state)
     for (size_t i = 0; i < N_OBJ; i++) {
         objs[i].ns = 1;
         memcpy(objs[i].key, &i, sizeof(i));
-        objs[i].parent_len = KVD_KEY_LEN;
+        objs[i].parent_len = KVD_KEY_BYTES;
         objs[i].depth = (uint32_t)i;
         objs[i].state = 2;
     }

@@ -74,7 +74,7 @@ static void fill_specs(kvd_ns_spec_t *specs, size_t n)
 static void fill_keys(kvd_key_t *keys, size_t n, uint8_t seed)
 {
     for (size_t i = 0; i < n; i++)
-        memset(keys[i], (int)(seed + i), KVD_KEY_LEN);
+        memset(keys[i], (int)(seed + i), KVD_KEY_BYTES);
 }
 
 /* -------------------------------------------------------------- tests */
@@ -142,7 +142,8 @@ static void test_lookup_pools_and_keys(void **state)
     pools[1].n_keys = MAX_ITEMS;
     decode_accepted(&m, &out);
     assert_int_equal(out.body.lookup_req.pools[1].n_keys, MAX_ITEMS);
-    assert_memory_equal(out.body.lookup_req.pools[1].keys, keys, MAX_ITEMS * KVD_KEY_LEN);
+    assert_memory_equal(out.body.lookup_req.pools[1].keys, keys,
+                        MAX_ITEMS * KVD_KEY_BYTES);
     kvd_msg_clear(&out);
     pools[1].n_keys = MAX_ITEMS + 1;
     assert_refused(&m);
@@ -153,10 +154,10 @@ static void test_reserve_keys(void **state)
     (void)state;
     kvd_put_item_t items[MAX_ITEMS + 1] = {0};
     for (size_t i = 0; i < MAX_ITEMS + 1; i++) {
-        memset(items[i].key, (int)i + 1, KVD_KEY_LEN);
+        memset(items[i].key, (int)i + 1, KVD_KEY_BYTES);
         items[i].has_parent = i > 0;
         if (i > 0)
-            memcpy(items[i].parent, items[i - 1].key, KVD_KEY_LEN);
+            memcpy(items[i].parent, items[i - 1].key, KVD_KEY_BYTES);
         items[i].depth = (uint32_t)i;
     }
     kvd_msg_t m, out;
@@ -182,9 +183,9 @@ static void test_reserve_depths(void **state)
     uint8_t body[512], env[600];
     size_t n = 0;
     body[n++] = 0x1a; /* keys = 3, length-delimited */
-    n += put_varint(body + n, MAX_ITEMS * KVD_KEY_LEN);
-    memset(body + n, 0x33, MAX_ITEMS * KVD_KEY_LEN);
-    n += MAX_ITEMS * KVD_KEY_LEN;
+    n += put_varint(body + n, MAX_ITEMS * KVD_KEY_BYTES);
+    memset(body + n, 0x33, MAX_ITEMS * KVD_KEY_BYTES);
+    n += MAX_ITEMS * KVD_KEY_BYTES;
     body[n++] = 0x32; /* depths = 6, packed */
     n += put_varint(body + n, MAX_ITEMS + 1);
     for (size_t i = 0; i < MAX_ITEMS + 1; i++)
@@ -237,7 +238,7 @@ static void test_finish_and_acquire_keys(void **state)
     m.body.acquire_req.n = MAX_ITEMS;
     decode_accepted(&m, &out);
     assert_int_equal(out.body.acquire_req.n, MAX_ITEMS);
-    assert_memory_equal(out.body.acquire_req.keys, keys, MAX_ITEMS * KVD_KEY_LEN);
+    assert_memory_equal(out.body.acquire_req.keys, keys, MAX_ITEMS * KVD_KEY_BYTES);
     kvd_msg_clear(&out);
     m.body.acquire_req.n = MAX_ITEMS + 1;
     assert_refused(&m);

@@ -12,9 +12,9 @@
 
 #include "engine_util.h"
 
-void mkkey(uint8_t key[32], uint32_t n)
+void mkkey(uint8_t key[KVD_KEY_BYTES], uint32_t n)
 {
-    memset(key, 0, 32);
+    memset(key, 0, KVD_KEY_BYTES);
     memcpy(key, &n, sizeof(n));
 }
 

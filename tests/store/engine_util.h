@@ -11,10 +11,10 @@
 
 #include "kvd_store.h"
 
-typedef uint8_t key_t32[32];
+typedef uint8_t key_t32[KVD_KEY_BYTES];
 
 /* A hand-made key: the counter in bytes 0..3, the rest zero. */
-void mkkey(uint8_t key[32], uint32_t n);
+void mkkey(uint8_t key[KVD_KEY_BYTES], uint32_t n);
 
 /* kvd_store_check() passes; prints its reason when it does not. */
 void check_ok(const kvd_store_t *s);

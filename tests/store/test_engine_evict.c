@@ -123,8 +123,8 @@ static int acquire(kvd_store_t *s, uint64_t owner, uint32_t ns, const uint32_t *
     assert_true(n <= 64);
     for (size_t i = 0; i < n; i++)
         mkkey(keys[i], k[i]);
-    int rc = kvd_store_acquire(s, owner, ns, (const uint8_t(*)[32])keys, n, 0, lease,
-                               locs, &bad);
+    int rc = kvd_store_acquire(s, owner, ns, (const uint8_t(*)[KVD_KEY_BYTES])keys, n, 0,
+                               lease, locs, &bad);
     check_ok(s);
     return rc;
 }

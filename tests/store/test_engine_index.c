@@ -37,7 +37,7 @@
 static void test_index_memory_and_lookup(void **state)
 {
     (void)state;
-    uint8_t(*keys)[32] = calloc(N_OBJECTS, 32);
+    uint8_t(*keys)[KVD_KEY_BYTES] = calloc(N_OBJECTS, KVD_KEY_BYTES);
     uint32_t *tokens = calloc(N_OBJECTS, sizeof(uint32_t));
     kvd_put_t *items = calloc(BATCH, sizeof(kvd_put_t));
     uint8_t *res = calloc(BATCH, 1);
@@ -114,7 +114,7 @@ static void test_index_memory_and_lookup(void **state)
 
     /* every object is found, in one lookup */
     kvd_lookup_pool_t pool = {.ns = ns,
-                              .keys = (const uint8_t(*)[32])keys,
+                              .keys = (const uint8_t(*)[KVD_KEY_BYTES])keys,
                               .n_keys = N_OBJECTS,
                               .trailing_pages = 0};
     size_t nb = 0;
@@ -137,12 +137,12 @@ static void test_index_memory_and_lookup(void **state)
         assert_true(info.loc.offset + PAGE <= POOL_PAGES * PAGE);
         assert_int_equal(info.has_parent, i != 0);
         if (i) {
-            uint8_t tag[8];
+            uint8_t tag[KVD_KEY_TAG_BYTES];
             kvd_store_key_tag(s, keys[i - 1], tag);
-            assert_memory_equal(info.parent_tag, tag, 8);
+            assert_memory_equal(info.parent_tag, tag, KVD_KEY_TAG_BYTES);
             kvd_obj_info_t parent;
             assert_int_equal(kvd_store_find_tag(s, ns, info.parent_tag, &parent), KVD_OK);
-            assert_memory_equal(parent.key, keys[i - 1], 32);
+            assert_memory_equal(parent.key, keys[i - 1], KVD_KEY_BYTES);
         }
     }
 

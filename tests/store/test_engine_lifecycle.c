@@ -104,7 +104,7 @@ static int publish_keys(kvd_store_t *s, uint64_t owner, uint64_t lease, const ui
     assert_true(n <= 16);
     for (size_t i = 0; i < n; i++)
         mkkey(keys[i], k[i]);
-    int rc = kvd_store_publish(s, owner, lease, (const uint8_t(*)[32])keys, n);
+    int rc = kvd_store_publish(s, owner, lease, (const uint8_t(*)[KVD_KEY_BYTES])keys, n);
     check_ok(s);
     return rc;
 }
@@ -116,7 +116,7 @@ static int revoke_keys(kvd_store_t *s, uint64_t owner, uint64_t lease, const uin
     assert_true(n <= 16);
     for (size_t i = 0; i < n; i++)
         mkkey(keys[i], k[i]);
-    int rc = kvd_store_revoke(s, owner, lease, (const uint8_t(*)[32])keys, n);
+    int rc = kvd_store_revoke(s, owner, lease, (const uint8_t(*)[KVD_KEY_BYTES])keys, n);
     check_ok(s);
     return rc;
 }
@@ -137,8 +137,8 @@ static int acquire_keys(kvd_store_t *s, uint64_t owner, uint32_t ns, const uint3
     assert_true(n <= 16);
     for (size_t i = 0; i < n; i++)
         mkkey(keys[i], k[i]);
-    int rc = kvd_store_acquire(s, owner, ns, (const uint8_t(*)[32])keys, n, now, lease,
-                               locs, first_bad);
+    int rc = kvd_store_acquire(s, owner, ns, (const uint8_t(*)[KVD_KEY_BYTES])keys, n,
+                               now, lease, locs, first_bad);
     check_ok(s);
     return rc;
 }
@@ -178,8 +178,10 @@ static size_t lookup_all(kvd_store_t *s, uint32_t ns, const uint32_t *k, size_t 
     uint32_t b[16];
     for (size_t i = 0; i < n; i++)
         mkkey(keys[i], k[i]);
-    kvd_lookup_pool_t p = {
-        .ns = ns, .keys = (const uint8_t(*)[32])keys, .n_keys = n, .trailing_pages = 0};
+    kvd_lookup_pool_t p = {.ns = ns,
+                           .keys = (const uint8_t(*)[KVD_KEY_BYTES])keys,
+                           .n_keys = n,
+                           .trailing_pages = 0};
     size_t nb = 99;
     assert_int_equal(kvd_store_lookup(s, &p, 1, b, &nb), KVD_OK);
     return nb;
@@ -242,9 +244,9 @@ static void test_reserve_allocates(void **state)
         assert_int_equal(info.ns, ns);
         assert_int_equal(info.depth, 4 + i);
         assert_true(info.has_parent);
-        uint8_t tag[8];
+        uint8_t tag[KVD_KEY_TAG_BYTES];
         kvd_store_key_tag(s, i ? keys[i - 1] : parent, tag);
-        assert_memory_equal(info.parent_tag, tag, 8);
+        assert_memory_equal(info.parent_tag, tag, KVD_KEY_TAG_BYTES);
         assert_int_equal(info.loc.offset, locs[i].offset);
         assert_int_equal(info.loc.size, OBJ_KV);
     }
@@ -635,8 +637,8 @@ static void test_unknown_namespace(void **state)
             KVD_ERR_NOT_FOUND);
         size_t first_bad;
         assert_int_equal(kvd_store_acquire(s, OWNER_A, bad_ns,
-                                           (const uint8_t(*)[32]) & key, 1, 0, &lease,
-                                           &loc, &first_bad),
+                                           (const uint8_t(*)[KVD_KEY_BYTES]) & key, 1, 0,
+                                           &lease, &loc, &first_bad),
                          KVD_ERR_NOT_FOUND);
         kvd_obj_info_t info;
         assert_int_equal(kvd_store_inspect(s, bad_ns, key, &info), KVD_ERR_NOT_FOUND);
@@ -647,8 +649,8 @@ static void test_unknown_namespace(void **state)
         kvd_ns_info_t ni;
         assert_int_equal(kvd_store_ns_info(s, bad_ns, &ni), KVD_ERR_NOT_FOUND);
         kvd_lookup_pool_t pools[2] = {
-            {.ns = ns, .keys = (const uint8_t(*)[32]) & key, .n_keys = 1},
-            {.ns = bad_ns, .keys = (const uint8_t(*)[32]) & key, .n_keys = 1}};
+            {.ns = ns, .keys = (const uint8_t(*)[KVD_KEY_BYTES]) & key, .n_keys = 1},
+            {.ns = bad_ns, .keys = (const uint8_t(*)[KVD_KEY_BYTES]) & key, .n_keys = 1}};
         uint32_t bnd[1];
         size_t nb;
         assert_int_equal(kvd_store_lookup(s, pools, 2, bnd, &nb), KVD_ERR_NOT_FOUND);

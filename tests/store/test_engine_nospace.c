@@ -40,9 +40,9 @@
 /* ----------------------------------------------------------- helpers */
 
 /* This file's keys: the counter in bytes 0..3, byte 31 0x5a, the rest zero. */
-static void mkkey_tagged(uint8_t key[32], uint32_t n)
+static void mkkey_tagged(uint8_t key[KVD_KEY_BYTES], uint32_t n)
 {
-    memset(key, 0, 32);
+    memset(key, 0, KVD_KEY_BYTES);
     memcpy(key, &n, sizeof(n));
     key[31] = 0x5a;
 }
@@ -97,7 +97,8 @@ static uint64_t pin(kvd_store_t *s, uint32_t ns, const uint32_t *k, size_t n)
         mkkey_tagged(keys[i], k[i]);
     uint64_t lease = 0;
     size_t bad = SIZE_MAX;
-    assert_int_equal(kvd_store_acquire(s, OWNER_B, ns, (const uint8_t(*)[32])keys, n, 0,
+    assert_int_equal(kvd_store_acquire(s, OWNER_B, ns,
+                                       (const uint8_t(*)[KVD_KEY_BYTES])keys, n, 0,
                                        &lease, locs, &bad),
                      KVD_OK);
     check_ok(s);

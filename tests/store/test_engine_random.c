@@ -109,9 +109,9 @@ static uint32_t rnd_below(uint32_t n)
     return (uint32_t)(rnd() % n);
 }
 
-static void mkkey(uint8_t key[32], uint32_t k)
+static void mkkey(uint8_t key[KVD_KEY_BYTES], uint32_t k)
 {
-    memset(key, 0, 32);
+    memset(key, 0, KVD_KEY_BYTES);
     memcpy(key, &k, sizeof(k));
 }
 
@@ -172,7 +172,7 @@ static uint64_t other_owner(uint64_t owner)
 
 static bool store_has(uint32_t n, uint32_t k, kvd_obj_info_t *info)
 {
-    uint8_t key[32];
+    uint8_t key[KVD_KEY_BYTES];
     mkkey(key, k);
     return kvd_store_inspect(M.s, M.ns_id[n], key, info) == KVD_OK;
 }
@@ -278,7 +278,7 @@ static void op_reserve(double evict_high)
     uint64_t owner = 1 + rnd_below(N_OWNERS);
     uint32_t n = rnd_below(M.n_ns), cnt = 1 + rnd_below(MAX_BATCH);
     uint32_t k[MAX_BATCH];
-    uint8_t keys[MAX_BATCH][32], parents[MAX_BATCH][32];
+    uint8_t keys[MAX_BATCH][KVD_KEY_BYTES], parents[MAX_BATCH][KVD_KEY_BYTES];
     kvd_put_t items[MAX_BATCH];
     for (uint32_t i = 0; i < cnt; i++) {
         k[i] = rnd_below(N_KEYS);
@@ -368,8 +368,8 @@ static void op_reserve(double evict_high)
 static void op_finish(bool publish)
 {
     M.op = publish ? "publish" : "revoke";
-    int (*fn)(kvd_store_t *, uint64_t, uint64_t, const uint8_t(*)[32], size_t) =
-        publish ? kvd_store_publish : kvd_store_revoke;
+    int (*fn)(kvd_store_t *, uint64_t, uint64_t, const uint8_t(*)[KVD_KEY_BYTES],
+              size_t) = publish ? kvd_store_publish : kvd_store_revoke;
     uint32_t dice = rnd_below(100);
     mlease_t *l = random_lease(true);
     if (l == NULL || dice < 5) {
@@ -400,7 +400,7 @@ static void op_finish(bool publish)
         return;
     }
     /* some of the live holds, maybe one named twice, maybe a stranger */
-    uint8_t keys[MAX_HOLDS + 2][32];
+    uint8_t keys[MAX_HOLDS + 2][KVD_KEY_BYTES];
     uint32_t kk[MAX_HOLDS + 2], cnt = 0;
     for (uint32_t i = 0; i < l->n; i++)
         if (l->live[i] && rnd_below(2))
@@ -418,7 +418,7 @@ static void op_finish(bool publish)
     }
     for (uint32_t i = 0; i < cnt; i++)
         mkkey(keys[i], kk[i]);
-    int rc = fn(M.s, l->owner, l->id, (const uint8_t(*)[32])keys, cnt);
+    int rc = fn(M.s, l->owner, l->id, (const uint8_t(*)[KVD_KEY_BYTES])keys, cnt);
     if (stranger) {
         REQUIRE(rc == KVD_ERR_STATE); /* and nothing changed: verify() */
         return;
@@ -443,7 +443,7 @@ static void op_acquire(void)
     M.op = "acquire";
     uint64_t owner = 1 + rnd_below(N_OWNERS);
     uint32_t n = rnd_below(M.n_ns), cnt = 1 + rnd_below(5);
-    uint8_t keys[5][32];
+    uint8_t keys[5][KVD_KEY_BYTES];
     uint32_t k[5];
     for (uint32_t i = 0; i < cnt; i++) {
         /* mostly keys that exist, so that acquires succeed often */
@@ -467,8 +467,9 @@ static void op_acquire(void)
     uint64_t lease = 0;
     size_t bad = 999;
     kvd_loc_t locs[5];
-    int rc = kvd_store_acquire(M.s, owner, M.ns_id[n], (const uint8_t(*)[32])keys, cnt,
-                               M.now_ms, &lease, locs, &bad);
+    int rc =
+        kvd_store_acquire(M.s, owner, M.ns_id[n], (const uint8_t(*)[KVD_KEY_BYTES])keys,
+                          cnt, M.now_ms, &lease, locs, &bad);
     REQUIRE(rc == rc_want);
     if (rc != KVD_OK) {
         REQUIRE(bad == bad_want);
@@ -560,7 +561,7 @@ static void op_evict_key(void)
     M.op = "evict_key";
     uint32_t n = rnd_below(M.n_ns), k = rnd_below(N_KEYS);
     mobj_t *o = &M.obj[n][k];
-    uint8_t key[32];
+    uint8_t key[KVD_KEY_BYTES];
     mkkey(key, k);
     int want = o->state == M_ABSENT                         ? KVD_ERR_NOT_FOUND
                : o->state == KVD_OBJ_WRITING || o->pins > 0 ? KVD_ERR_BUSY
@@ -601,7 +602,7 @@ static void op_lookup(void)
     M.op = "lookup";
     uint32_t n_pools = 1 + rnd_below(3);
     kvd_lookup_pool_t pools[3];
-    uint8_t keys[3][8][32];
+    uint8_t keys[3][8][KVD_KEY_BYTES];
     uint32_t k[3][8], pn[3];
     size_t min_n = SIZE_MAX;
     for (uint32_t p = 0; p < n_pools; p++) {
@@ -615,7 +616,7 @@ static void op_lookup(void)
             mkkey(keys[p][i], k[p][i]);
         }
         pools[p] = (kvd_lookup_pool_t){.ns = M.ns_id[pn[p]],
-                                       .keys = (const uint8_t(*)[32])keys[p],
+                                       .keys = (const uint8_t(*)[KVD_KEY_BYTES])keys[p],
                                        .n_keys = cnt,
                                        .trailing_pages = rnd_below(3)};
         min_n = cnt < min_n ? cnt : min_n;
