@@ -7,12 +7,16 @@
  * the chunk's pages (a full host answers ENOSPC here instead of a SIGBUS at
  * first touch), MADV_POPULATE_WRITE maps them into this process (so the OS
  * reports them as RssShmem), then the thread sleeps as long as the rate bound
- * asks. The loop thread reads progress through atomics.
+ * asks. The loop thread reads progress through atomics. A failure of the
+ * thread is kept as a status and a text with the system's reason (written
+ * before the status is stored, so a reader that sees the status sees the
+ * text).
  */
 #include "kvd_store.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +49,7 @@ struct kvd_pool {
     atomic_bool mlocked;
     _Atomic uint64_t populated_bytes;
     atomic_int error;
+    char error_text[256]; /* why, once error is set; "" before */
 };
 
 int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
@@ -107,22 +112,37 @@ close_fd:
     return kvd_status_from_errno(err);
 }
 
-/* Allocates and maps [off, off+len); returns a status. */
+/* The population failed with status rc: logs why (with the system's
+ * reason, in the text) and keeps both for kvd_pool_error and
+ * kvd_pool_error_text. */
+static void __attribute__((format(printf, 3, 4)))
+pool_fail(kvd_pool_t *p, int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->error_text, sizeof(p->error_text), fmt, ap);
+    va_end(ap);
+    KVD_ERROR("pool", "%s", p->error_text);
+    atomic_store(&p->error, rc);
+}
+
+/* Allocates and maps [off, off+len); returns a status (pool_fail said why). */
 static int populate_chunk(kvd_pool_t *p, uint64_t off, uint64_t len)
 {
     if (fallocate(p->fd, 0, (off_t)off, (off_t)len) != 0) {
         int err = errno;
+        int rc = err == ENOSPC || err == ENOMEM ? KVD_ERR_NO_SPACE
+                                                : kvd_status_from_errno(err);
         if (err == ENOSPC && p->opts.hugepages)
-            KVD_ERROR("pool",
+            pool_fail(p, rc,
                       "out of hugepages at %llu of %llu bytes: reserve "
                       "more with sysctl vm.nr_hugepages=%llu",
                       (unsigned long long)off, (unsigned long long)p->size_bytes,
                       (unsigned long long)(p->size_bytes / HUGE_PAGE_BYTES));
         else
-            KVD_ERROR("pool", "fallocate at %llu (+%llu): %s", (unsigned long long)off,
+            pool_fail(p, rc, "fallocate at %llu (+%llu): %s", (unsigned long long)off,
                       (unsigned long long)len, strerror(err));
-        return err == ENOSPC || err == ENOMEM ? KVD_ERR_NO_SPACE
-                                              : kvd_status_from_errno(err);
+        return rc;
     }
     if (madvise(p->base + off, len, MADV_POPULATE_WRITE) != 0) {
         /* older kernels: touch one byte per page; the pages exist already,
@@ -143,11 +163,8 @@ static void *populate_main(void *arg)
 
     for (uint64_t off = 0; off < p->size_bytes && !atomic_load(&p->stop);) {
         uint64_t len = KVD_MIN(POOL_CHUNK_BYTES, p->size_bytes - off);
-        int rc = populate_chunk(p, off, len);
-        if (rc != KVD_OK) {
-            atomic_store(&p->error, rc);
+        if (populate_chunk(p, off, len) != KVD_OK)
             return NULL;
-        }
         off += len;
         atomic_store(&p->populated_bytes, off);
         /* one line per 10% crossed (a big chunk of a small pool may cross
@@ -177,11 +194,10 @@ static void *populate_main(void *arg)
     if (p->opts.mlock) {
         if (mlock(p->base, p->size_bytes) != 0) {
             int err = errno;
-            KVD_ERROR("pool",
+            pool_fail(p, kvd_status_from_errno(err),
                       "mlock of %s failed: %s (raise RLIMIT_MEMLOCK, e.g. "
                       "ulimit -l unlimited, or drop --mlock)",
                       kvd_size_format(p->size_bytes, a, sizeof(a)), strerror(err));
-            atomic_store(&p->error, kvd_status_from_errno(err));
             return NULL;
         }
         atomic_store(&p->mlocked, true);
@@ -195,8 +211,10 @@ int kvd_pool_populate_start(kvd_pool_t *p)
     if (p->thread_started)
         return KVD_ERR_STATE;
     int rc = pthread_create(&p->thread, NULL, populate_main, p);
-    if (rc != 0)
+    if (rc != 0) {
+        KVD_ERROR("pool", "cannot start the population thread: %s", strerror(rc));
         return kvd_status_from_errno(rc);
+    }
     p->thread_started = true;
     return KVD_OK;
 }
@@ -223,6 +241,12 @@ bool kvd_pool_ready(const kvd_pool_t *p)
 int kvd_pool_error(const kvd_pool_t *p)
 {
     return atomic_load(&((kvd_pool_t *)p)->error);
+}
+
+const char *kvd_pool_error_text(const kvd_pool_t *p)
+{
+    /* the text is final before the status is stored */
+    return atomic_load(&((kvd_pool_t *)p)->error) != KVD_OK ? p->error_text : "";
 }
 
 uint64_t kvd_pool_populated_bytes(const kvd_pool_t *p)
