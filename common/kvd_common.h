@@ -1,7 +1,8 @@
 /*
- * kvd_common.h - the one public header of common/: status codes, logging,
- * clocks, size parsing and formatting, memory accounting, and the SGLang
- * compatible page-key chain.
+ * kvd_common.h - the one public header of common/: status codes (the enum
+ * itself in kvd_status.h), logging, clocks, child processes, size parsing
+ * and formatting, memory accounting, and the SGLang compatible page-key
+ * chain.
  *
  * Everything here is thread-safe: the logger serialises whole lines, the
  * memory counters are atomics, the rest is pure.
@@ -15,40 +16,22 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "kvd_status.h"
+
 /* ---------------------------------------------------------------- status */
 
-/*
- * One status type for the whole project: 0 is success, 1 "in progress",
- * negative values are errors. System calls' errno is converted once, at the
- * boundary, by kvd_status_from_errno(). The values travel over the wire in
- * error replies, so they are part of the protocol: never renumber them.
- */
-typedef enum kvd_status {
-    KVD_OK = 0,
-    KVD_INPROGRESS = 1,
-    KVD_ERR_INVALID = -1,         /* bad argument or malformed input */
-    KVD_ERR_NOMEM = -2,           /* an allocation failed */
-    KVD_ERR_IO = -3,              /* a system call failed */
-    KVD_ERR_NOT_FOUND = -4,       /* no such key, namespace, file */
-    KVD_ERR_EXISTS = -5,          /* already there */
-    KVD_ERR_BUSY = -6,            /* held by someone else (in flight) */
-    KVD_ERR_NO_SPACE = -7,        /* the pool or a table is full */
-    KVD_ERR_TIMEOUT = -8,         /* a bounded wait ran out */
-    KVD_ERR_PROTOCOL = -9,        /* a frame or message broke the protocol */
-    KVD_ERR_UNSUPPORTED = -10,    /* not built in or not available here */
-    KVD_ERR_CLOSED = -11,         /* the peer closed the connection */
-    KVD_ERR_TOO_LARGE = -12,      /* over a configured limit */
-    KVD_ERR_STATE = -13,          /* not allowed in the current state */
-    KVD_ERR_PERMISSION = -14,     /* the OS said no */
-    KVD_ERR_UNAVAILABLE = -15,    /* the daemon is not there or not ready */
-    KVD_ERR_UNKNOWN_METHOD = -16, /* an RPC method this daemon does not know */
-    KVD_ERR_DRAINING = -17,       /* the daemon is shutting down */
-} kvd_status_t;
+/* kvd_status_t, the one status type (0 success, 1 in progress, negative
+ * errors), lives in kvd_status.h, so that libkvdock's public header shares
+ * it without the rest of this header. */
 
 /* A short, static description of a status ("no space", ...). */
 const char *kvd_status_str(int status);
 
-/* Converts a positive errno value into a kvd_status_t. */
+/* Converts a positive errno value into a kvd_status_t. The caller logs
+ * strerror(err) first: the status alone loses the system's reason. EAGAIN
+ * is an error here (KVD_ERR_IO, e.g. mlock or fork out of a resource);
+ * a non-blocking call's "would block" is the caller's to handle before it
+ * gets here. */
 kvd_status_t kvd_status_from_errno(int err);
 
 /* --------------------------------------------------------------- logging */

@@ -1,5 +1,9 @@
 /*
- * status.c - names of kvd_status_t values and the errno boundary.
+ * status.c - names of kvd_status_t values (kvd_status.h) and the errno
+ * boundary.
+ *
+ * The name switch has no default label, so that -Wswitch (in -Wall, an
+ * error with -Werror) refuses a code added to the enum without its name.
  */
 #include "kvd_common.h"
 
@@ -7,7 +11,7 @@
 
 const char *kvd_status_str(int status)
 {
-    switch (status) {
+    switch ((kvd_status_t)status) {
     case KVD_OK: return "ok";
     case KVD_INPROGRESS: return "in progress";
     case KVD_ERR_INVALID: return "invalid argument";
@@ -27,16 +31,15 @@ const char *kvd_status_str(int status)
     case KVD_ERR_UNAVAILABLE: return "unavailable";
     case KVD_ERR_UNKNOWN_METHOD: return "unknown method";
     case KVD_ERR_DRAINING: return "draining";
-    default: return "unknown status";
     }
+    return "unknown status";
 }
 
 kvd_status_t kvd_status_from_errno(int err)
 {
     switch (err) {
     case 0: return KVD_OK;
-    case EINPROGRESS:
-    case EAGAIN: return KVD_INPROGRESS;
+    case EINPROGRESS: return KVD_INPROGRESS;
     case EINVAL: return KVD_ERR_INVALID;
     case ENOMEM: return KVD_ERR_NOMEM;
     case ENOENT: return KVD_ERR_NOT_FOUND;
@@ -55,6 +58,8 @@ kvd_status_t kvd_status_from_errno(int err)
     case EPERM:
     case EACCES: return KVD_ERR_PERMISSION;
     case ECONNREFUSED: return KVD_ERR_UNAVAILABLE;
+    /* EAGAIN too: mlock, fork or pthread_create out of a resource is a
+     * failed call, not work under way (the caller logged why) */
     default: return KVD_ERR_IO;
     }
 }

@@ -3,11 +3,21 @@
  * worker links to offload KV and mamba state to its node's kvdockd and to
  * load it back (DESIGN.md section 6).
  *
- * Conventions: every function returns 0 (KVD_OK) or a negative kvd status
- * (kvd_strerror() names it); handles are opaque and owned by the caller
- * until the matching close; outputs are set only on success. Every call is
+ * Conventions: every function returns KVD_OK (0) or a negative
+ * kvd_status_t (kvd_status.h, installed beside this header; kvd_strerror()
+ * names each); handles are opaque and owned by the caller until the
+ * matching close; outputs are set only on success. Every call is
  * thread-safe: engine threads call in while the linker's load thread
  * copies layer group by layer group and its offload thread stores.
+ *
+ * Every call may fail with KVD_ERR_INVALID (a NULL handle or output, a bad
+ * argument) and KVD_ERR_NOMEM. A call that asks the daemon may also fail
+ * with the connection's errors: KVD_ERR_UNAVAILABLE (no daemon listens, or
+ * it is not ready yet), KVD_ERR_DRAINING (it is shutting down),
+ * KVD_ERR_TIMEOUT (no answer within timeout_ms), KVD_ERR_CLOSED (the
+ * connection dropped; the next call reconnects) and KVD_ERR_PROTOCOL (an
+ * answer that breaks the protocol). Each function's comment names the
+ * codes particular to it.
  *
  * The flow for one request `rid`, in the engine's order:
  *   kvd_lookup        -> every restorable boundary (in pages)
@@ -26,6 +36,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvd_status.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -89,15 +101,18 @@ typedef enum kvd_linker_health {
     KVD_LINKER_HEALTH_DRAINING = 3,
 } kvd_linker_health_t;
 
-/* Connects to the daemon and says Hello. Errors: -15 (unavailable) when no
- * daemon listens, -10 (unsupported) for a protocol version mismatch. */
+/* Connects to the daemon and says Hello. Errors: KVD_ERR_UNAVAILABLE when
+ * no daemon listens, KVD_ERR_UNSUPPORTED for a protocol version mismatch,
+ * KVD_ERR_INVALID for an unknown transport or ucx_mode (or shm to a daemon
+ * over TCP), the connection's errors. */
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out);
 
 /* Stops the transfer threads (pending loads and offloads complete as
  * failed), closes the connection and frees the handle. NULL is fine. */
 KVD_API void kvd_linker_close(kvd_linker_t *linker);
 
-/* The daemon's health and its pool size in bytes (either may be NULL). */
+/* The daemon's health and its pool size in bytes (either may be NULL).
+ * Errors: the connection's. */
 KVD_API int kvd_linker_health(kvd_linker_t *linker, kvd_linker_health_t *state,
                               uint64_t *pool_bytes);
 
@@ -160,13 +175,16 @@ typedef struct kvd_pool_desc {
  * of one page (or one slot) holds, layer by layer and buffer by buffer, the
  * page's rows; its size and the namespace (model id, pool name, rank suffix)
  * follow from the description and are registered with the daemon.
- * Errors: -1 (invalid) for a bad description, -10 for an unsupported memory
- * kind, the daemon's error (e.g. the namespace exists with another size).
+ * Errors: KVD_ERR_INVALID for a bad description, KVD_ERR_UNSUPPORTED for a
+ * memory kind not built in, KVD_ERR_NO_SPACE past KVD_MAX_POOLS pools, the
+ * daemon's refusal (e.g. KVD_ERR_EXISTS: the namespace exists with another
+ * object size), the connection's errors.
  */
 KVD_API int kvd_register_pool(kvd_linker_t *linker, const kvd_pool_desc_t *desc,
                               uint32_t *pool_id);
 
-/* The object size and namespace of a registered pool. */
+/* The object size and namespace of a registered pool (either may be
+ * NULL). Errors: KVD_ERR_INVALID for an unknown pool_id. */
 KVD_API int kvd_pool_info(kvd_linker_t *linker, uint32_t pool_id, uint64_t *object_bytes,
                           char *ns_name, size_t ns_name_len);
 
@@ -177,6 +195,7 @@ KVD_API int kvd_pool_info(kvd_linker_t *linker, uint32_t pool_id, uint64_t *obje
  * `page_size` tokens, key[i] = SHA256(key[i-1] || page i's tokens as uint32
  * little-endian), key[-1] = prior (32 bytes) or nothing when prior is NULL.
  * `keys` must hold n_tokens / page_size keys; *n_keys says how many.
+ * Errors: KVD_ERR_INVALID (page_size 0, tokens NULL with n_tokens > 0).
  */
 KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_size,
                           const uint8_t *prior, uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
@@ -216,6 +235,8 @@ typedef struct kvd_transfer {
  * pages from keys[0] (the engine adds its cached prefix). `boundaries`
  * holds at least the smallest n_keys entries; *n_boundaries is output only.
  * Each pool's lookup_hit_pages grows by the longest boundary found.
+ * Errors: KVD_ERR_INVALID (no transfer, more pools than a lookup takes, an
+ * unknown pool_id), the connection's errors.
  */
 KVD_API int kvd_lookup(kvd_linker_t *linker, uint64_t rid,
                        const kvd_transfer_t *transfers, size_t n_transfers,
@@ -226,11 +247,16 @@ KVD_API int kvd_lookup(kvd_linker_t *linker, uint64_t rid,
  * records the load of rid. Fails (nothing pinned) when anything is missing
  * now; the load stays recorded so that the engine's ABORT hands its device
  * indices back. The arrays are copied. Invalid arguments record nothing.
+ * Errors: KVD_ERR_NOT_FOUND when an object is missing now (evicted since
+ * the lookup), KVD_ERR_EXISTS when rid has a load recorded already (nothing
+ * recorded), KVD_ERR_INVALID (nothing recorded), the connection's errors.
  */
 KVD_API int kvd_load(kvd_linker_t *linker, uint64_t rid, const kvd_transfer_t *transfers,
                      size_t n_transfers);
 
-/* PREPARE: fix-ups before the insert (host memory needs none). */
+/* PREPARE: fix-ups before the insert (host memory needs none). Errors:
+ * KVD_ERR_NOT_FOUND (no load of rid recorded), KVD_ERR_STATE (its LOAD
+ * failed or is still running, or it was prepared or committed already). */
 KVD_API int kvd_load_prepare(kvd_linker_t *linker, uint64_t rid);
 
 /* What the tree adopted, per transfer of the load (in the same order). */
@@ -249,32 +275,40 @@ typedef struct kvd_commit_pool {
  * transfers given to kvd_load) and queues the copies for the next
  * kvd_start_layer_wise_loading. The device indices of pages not adopted go
  * back through free_indices; their pins end with the batch's.
+ * Errors: KVD_ERR_NOT_FOUND (no load of rid), KVD_ERR_STATE (its LOAD
+ * failed or is still running, or it was committed already: ABORT it),
+ * KVD_ERR_INVALID (n is not the load's number of transfers, or an adopted
+ * range outside the transfer); nothing is freed then.
  */
 KVD_API int kvd_load_commit(kvd_linker_t *linker, uint64_t rid,
                             const kvd_commit_pool_t *pools, size_t n);
 
 /* ABORT: only for a load that never reached the insert: releases the pins
- * and frees every device index of the load through free_indices. */
+ * and frees every device index of the load through free_indices. Errors:
+ * KVD_ERR_NOT_FOUND (no load of rid, or aborted already), KVD_ERR_STATE
+ * (its LOAD is still running, or it was committed); nothing is freed then. */
 KVD_API int kvd_load_abort(kvd_linker_t *linker, uint64_t rid);
 
 /*
  * Starts copying every committed load not started yet, layer group by layer
  * group, on the load thread. *counter names the batch for
  * kvd_wait_layer. With nothing committed the batch is empty (every wait
- * returns at once).
+ * returns at once). Errors: KVD_ERR_INVALID, KVD_ERR_NOMEM only.
  */
 KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *linker, uint32_t *counter);
 
 /*
- * Waits until layer_id's bytes of batch `counter` are in place: 0, or the
- * batch's error (it failed: the remaining layers are failed, never left
- * waiting), or -8 (timed out) past the linker's timeout. A layer no pool of
+ * Waits until layer_id's bytes of batch `counter` are in place: KVD_OK, or
+ * the batch's error (it failed: the remaining layers are failed, never left
+ * waiting; e.g. KVD_ERR_CLOSED when the data path went away), or
+ * KVD_ERR_TIMEOUT past the linker's timeout, or KVD_ERR_NOT_FOUND for a
+ * counter kvd_start_layer_wise_loading never gave. A layer no pool of
  * the batch has returns at once. One load of the batch can fail alone (its
  * pins lapsed, its daemon went away): the wait still says 0 for the others,
  * and that load's completion says failed, so an engine checks a request's
  * completion before it trusts that request's KV. A batch forgotten long
- * ago (64 newer finished ones) answers 0, or an error when a forgotten
- * batch as new as it had failed.
+ * ago (64 newer finished ones) answers KVD_OK, or KVD_ERR_STATE when a
+ * forgotten batch as new as it had failed.
  */
 KVD_API int kvd_wait_layer(kvd_linker_t *linker, uint32_t counter, uint32_t layer_id);
 
@@ -291,7 +325,7 @@ typedef struct kvd_completion {
  * certain without asking (a daemon on this host, its connection quiet and
  * open, the pins younger than half its lease TTL) it is reported at once
  * and its pins are released just after; otherwise the daemon's answer to
- * the release decides.
+ * the release decides. Errors: KVD_ERR_INVALID only.
  */
 KVD_API int kvd_pop_completed_loads(kvd_linker_t *linker, kvd_completion_t *out,
                                     size_t max, size_t *n);
@@ -304,11 +338,15 @@ KVD_API int kvd_pop_completed_loads(kvd_linker_t *linker, kvd_completion_t *out,
  * The arrays are copied: the caller may reuse them at once; the device
  * rows must stay as they are until the ack comes back (loads run beside
  * offloads, so a load may land while an offload still reads its rows:
- * never into those rows).
+ * never into those rows). Errors (nothing queued): KVD_ERR_INVALID for a
+ * bad transfer or an unknown pool_id, KVD_ERR_NOMEM. What fails later
+ * (e.g. KVD_ERR_NO_SPACE in the store) comes back as the ack's failure.
  */
 KVD_API int kvd_offload(kvd_linker_t *linker, const kvd_transfer_t *transfers,
                         size_t n_transfers, uint64_t *ack);
 
+/* Pops up to max finished offloads, each ack exactly once; *n says how
+ * many. Never blocks. Errors: KVD_ERR_INVALID only. */
 KVD_API int kvd_pop_completed_offloads(kvd_linker_t *linker, kvd_completion_t *out,
                                        size_t max, size_t *n);
 
@@ -322,12 +360,14 @@ typedef struct kvd_pool_stats {
     uint64_t offload_failures;
 } kvd_pool_stats_t;
 
-/* Counters of one registered pool. */
+/* Counters of one registered pool. Errors: KVD_ERR_INVALID for an unknown
+ * pool_id. */
 KVD_API int kvd_stats(kvd_linker_t *linker, uint32_t pool_id, kvd_pool_stats_t *out);
 
 /* ------------------------------------------------------------------ misc */
 
-/* A short description of a status code. */
+/* A short, static description of a kvd_status_t ("no space", ...); a code
+ * outside the enum gets "unknown status". Never NULL. */
 KVD_API const char *kvd_strerror(int status);
 
 /* The library's version, "MAJOR.MINOR.PATCH". */

@@ -1,7 +1,6 @@
 /*
  * Description: size and number parsing of common/ (kvd_size_parse,
- * kvd_size_format, kvd_u64_parse, kvd_double_parse) and the status helpers
- * (kvd_status_str, kvd_status_from_errno).
+ * kvd_size_format, kvd_u64_parse, kvd_double_parse).
  *
  * Expected values are the binary multiples the header documents (K = 1024,
  * M = 1024^2, ...), written out as literals; every rejected input must leave
@@ -13,7 +12,6 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -217,51 +215,6 @@ static void test_double_parse_ranges(void **state)
     assert_int_equal(kvd_double_parse(NULL, 0.0, 1.0, &d), KVD_ERR_INVALID);
 }
 
-static void test_status_str_every_code(void **state)
-{
-    (void)state;
-    const char *seen[KVD_INPROGRESS - KVD_ERR_DRAINING + 1];
-    size_t n = 0;
-    for (int s = KVD_ERR_DRAINING; s <= KVD_INPROGRESS; s++) {
-        const char *str = kvd_status_str(s);
-        assert_non_null(str);
-        assert_true(strlen(str) > 0);
-        /* each code has its own text, distinct from the fallback */
-        assert_string_not_equal(str, kvd_status_str(-1000));
-        for (size_t i = 0; i < n; i++)
-            assert_string_not_equal(str, seen[i]);
-        seen[n++] = str;
-    }
-    /* codes outside the enum still get a non-empty text */
-    assert_non_null(kvd_status_str(-1000));
-    assert_true(strlen(kvd_status_str(-1000)) > 0);
-    assert_true(strlen(kvd_status_str(42)) > 0);
-}
-
-static void test_status_from_errno(void **state)
-{
-    (void)state;
-    assert_int_equal(kvd_status_from_errno(0), KVD_OK);
-    assert_int_equal(kvd_status_from_errno(EINVAL), KVD_ERR_INVALID);
-    assert_int_equal(kvd_status_from_errno(ENOMEM), KVD_ERR_NOMEM);
-    assert_int_equal(kvd_status_from_errno(ENOENT), KVD_ERR_NOT_FOUND);
-    assert_int_equal(kvd_status_from_errno(EEXIST), KVD_ERR_EXISTS);
-    assert_int_equal(kvd_status_from_errno(EBUSY), KVD_ERR_BUSY);
-    assert_int_equal(kvd_status_from_errno(ENOSPC), KVD_ERR_NO_SPACE);
-    assert_int_equal(kvd_status_from_errno(ETIMEDOUT), KVD_ERR_TIMEOUT);
-    assert_int_equal(kvd_status_from_errno(EPROTO), KVD_ERR_PROTOCOL);
-    assert_int_equal(kvd_status_from_errno(EOPNOTSUPP), KVD_ERR_UNSUPPORTED);
-    assert_int_equal(kvd_status_from_errno(EPIPE), KVD_ERR_CLOSED);
-    assert_int_equal(kvd_status_from_errno(ECONNRESET), KVD_ERR_CLOSED);
-    assert_int_equal(kvd_status_from_errno(EACCES), KVD_ERR_PERMISSION);
-    assert_int_equal(kvd_status_from_errno(EPERM), KVD_ERR_PERMISSION);
-    assert_int_equal(kvd_status_from_errno(ECONNREFUSED), KVD_ERR_UNAVAILABLE);
-    assert_int_equal(kvd_status_from_errno(EAGAIN), KVD_INPROGRESS);
-    /* anything else is an i/o error, never success */
-    assert_int_equal(kvd_status_from_errno(EIO), KVD_ERR_IO);
-    assert_int_equal(kvd_status_from_errno(EXDEV), KVD_ERR_IO);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -274,8 +227,6 @@ int main(void)
         cmocka_unit_test(test_size_format),
         cmocka_unit_test(test_u64_parse_ranges),
         cmocka_unit_test(test_double_parse_ranges),
-        cmocka_unit_test(test_status_str_every_code),
-        cmocka_unit_test(test_status_from_errno),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,7 @@
  * Description: libkvdock.so, the shared library a serving worker links,
  * against a live kvdockd: kvd_linker_open on the daemon's socket says Hello
  * and kvd_linker_health reports READY with the 64 MiB pool; a missing
- * socket gives -15 (unavailable); kvd_page_keys has the chain's structure
+ * socket gives KVD_ERR_UNAVAILABLE; kvd_page_keys has the chain's structure
  * (n_tokens / page_size keys, the prior changes every key, a shared prefix
  * shares its keys, deterministic); and `nm -D` shows the library exports
  * exactly the functions listed in linker/kvdock.map (no kvd_client_*, no
@@ -22,12 +22,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-/* The public header only promises "negative kvd status"; these values are
- * the protocol's (common/kvd_common.h), restated so that this program sees
- * nothing but kvdock.h. */
-#define STATUS_INVALID     (-1)
-#define STATUS_UNAVAILABLE (-15)
-#define POOL_BYTES         (64ull * 1024 * 1024)
+#define POOL_BYTES (64ull * 1024 * 1024)
 
 static void check_dladdr(void)
 {
@@ -69,11 +64,12 @@ static void check_errors(void)
                                .timeout_ms = 1000};
     kvd_linker_t *l = (kvd_linker_t *)&cfg; /* must stay untouched on failure */
     int rc = kvd_linker_open(&cfg, &l);
-    DT_CHECK(rc == STATUS_UNAVAILABLE, "kvd_linker_open on a missing socket: %d, want %d",
-             rc, STATUS_UNAVAILABLE);
+    DT_CHECK(rc == KVD_ERR_UNAVAILABLE,
+             "kvd_linker_open on a missing socket: %d, want %d", rc, KVD_ERR_UNAVAILABLE);
     DT_CHECK(l == (kvd_linker_t *)&cfg, "kvd_linker_open must not set *out on failure");
-    DT_CHECK(strcmp(kvd_strerror(STATUS_UNAVAILABLE), "unavailable") == 0,
-             "kvd_strerror(-15) = '%s'", kvd_strerror(STATUS_UNAVAILABLE));
+    DT_CHECK(strcmp(kvd_strerror(KVD_ERR_UNAVAILABLE), "unavailable") == 0,
+             "kvd_strerror(KVD_ERR_UNAVAILABLE) = '%s'",
+             kvd_strerror(KVD_ERR_UNAVAILABLE));
     DT_CHECK(kvd_linker_open(NULL, &l) < 0, "kvd_linker_open(NULL config) should fail");
     DT_CHECK(kvd_linker_health(NULL, NULL, NULL) < 0,
              "kvd_linker_health(NULL) should fail");
@@ -127,8 +123,8 @@ static void check_page_keys(void)
                  memcmp(ka2, ka, 2 * KVD_PAGE_KEY_BYTES) == 0,
              "33 tokens should give the same 2 keys as the longer sequence");
     n = 99;
-    DT_CHECK(kvd_page_keys(a, N, 0, NULL, ka2, &n) == STATUS_INVALID && n == 99,
-             "page_size 0 should fail with %d and leave n_keys alone", STATUS_INVALID);
+    DT_CHECK(kvd_page_keys(a, N, 0, NULL, ka2, &n) == KVD_ERR_INVALID && n == 99,
+             "page_size 0 should fail with %d and leave n_keys alone", KVD_ERR_INVALID);
 }
 
 /* Parses the names under "global:" of the version script. */
