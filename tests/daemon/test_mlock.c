@@ -4,16 +4,23 @@
  * as on CI), the daemon becomes ready and Stats, `kvdock stats` and
  * /proc/<pid>/status (VmLck) all say the pool is locked. Where it may not,
  * the daemon refuses to serve: it exits 1 and its log says that mlock
- * failed and how to allow it. Either way the behaviour is checked; neither
- * is a skip. (Under AddressSanitizer mlock is a no-op, so VmLck is not
- * checked in that build.)
+ * failed, the system's reason and how to allow it, in the pool's line and
+ * again in the line it exits with (never "in progress"). As root both are
+ * checked: the refusal after dropping CAP_IPC_LOCK from the capability
+ * bounding set (so the daemon this test execs lacks it) and lowering
+ * RLIMIT_MEMLOCK. Neither is a skip. (Under AddressSanitizer mlock is a
+ * no-op: VmLck is not checked and no refusal can be provoked in that
+ * build.)
  */
 #include "dtest.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 
 #define POOL_BYTES (32ull * 1024 * 1024)
@@ -89,16 +96,50 @@ static void run_refused(void)
     DT_CHECK(kvd_test_file_contains(d.log, "mlock of") &&
                  kvd_test_file_contains(d.log, "RLIMIT_MEMLOCK"),
              "the log should say mlock failed and how to allow it");
+    /* the exit line keeps the reason: the pool's text, not a bare status */
+    char *log = dt_read_file(d.log);
+    const char *line = log != NULL ? strstr(log, "could not be populated") : NULL;
+    const char *end = line != NULL ? strchr(line, '\n') : NULL;
+    size_t len = line == NULL ? 0 : end != NULL ? (size_t)(end - line) : strlen(line);
+    char exit_line[512] = "";
+    snprintf(exit_line, sizeof(exit_line), "%.*s", (int)len, line != NULL ? line : "");
+    DT_CHECK(strstr(exit_line, "mlock of") != NULL &&
+                 strstr(exit_line, "RLIMIT_MEMLOCK") != NULL &&
+                 strstr(exit_line, "in progress") == NULL,
+             "the exit line should say why mlock failed: '%s'", exit_line);
+    free(log);
     if (exited)
         d.pid = 0;
     kvd_test_daemon_stop(&d, SIGKILL, 5000, NULL);
 }
 
+/* As root: takes the right to lock from the daemons started from now on
+ * (CAP_IPC_LOCK out of the bounding set, which an exec keeps, and a small
+ * RLIMIT_MEMLOCK). False when the system does not let it. */
+static bool forbid_locking(void)
+{
+    struct rlimit rl = {.rlim_cur = 64 * 1024, .rlim_max = 64 * 1024};
+    if (prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0 ||
+        setrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
+        fprintf(stderr,
+                "daemon/mlock: cannot take CAP_IPC_LOCK away (%s): the "
+                "refusal is not checked here\n",
+                strerror(errno));
+        return false;
+    }
+    return true;
+}
+
 int main(void)
 {
-    if (may_lock())
-        run_locked();
-    else
+    if (!may_lock()) {
         run_refused();
+        return dt_exit_status("daemon/mlock");
+    }
+    run_locked();
+#ifndef __SANITIZE_ADDRESS__
+    if (geteuid() == 0 && forbid_locking())
+        run_refused();
+#endif
     return dt_exit_status("daemon/mlock");
 }
