@@ -83,11 +83,18 @@ static int sysfs_read_line(const char *path, char *buf, size_t len)
 {
     buf[0] = '\0';
     FILE *f = fopen(path, "re");
-    if (f == NULL)
-        return kvd_status_from_errno(errno);
+    if (f == NULL) {
+        int err = errno;
+        if (err != ENOENT) /* an attribute a device lacks is no news */
+            KVD_DEBUG("nics", "%s: %s", path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
     int rc = KVD_OK;
     if (fgets(buf, (int)len, f) == NULL) {
-        rc = ferror(f) ? kvd_status_from_errno(errno) : KVD_ERR_NOT_FOUND;
+        int err = errno;
+        if (ferror(f))
+            KVD_DEBUG("nics", "reading %s: %s", path, strerror(err));
+        rc = ferror(f) ? kvd_status_from_errno(err) : KVD_ERR_NOT_FOUND;
         buf[0] = '\0';
     }
     fclose(f);

@@ -487,7 +487,10 @@ static bool conn_send_out(kvd_server_t *s, conn_t *c)
             continue;
         if (n < 0 && errno == EAGAIN)
             break;
-        conn_close(s, c, "send failed: peer gone");
+        char why[96];
+        snprintf(why, sizeof(why), "send failed: %s",
+                 n < 0 ? strerror(errno) : "peer gone");
+        conn_close(s, c, why);
         return false;
     }
     kvd_buf_consume(&c->out, off);
@@ -586,7 +589,9 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
                 continue;
             if (errno == EAGAIN)
                 break;
-            conn_close(s, c, "recv failed");
+            char why[96];
+            snprintf(why, sizeof(why), "recv failed: %s", strerror(errno));
+            conn_close(s, c, why);
             return;
         }
         kvd_framer_commit(&c->in, (size_t)n);
@@ -694,8 +699,11 @@ static int listen_unix(kvd_server_t *s)
     }
     unlink(path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return kvd_status_from_errno(errno);
+    if (fd < 0) {
+        int err = errno;
+        KVD_ERROR("server", "socket(AF_UNIX): %s", strerror(err));
+        return kvd_status_from_errno(err);
+    }
     /* 0660 from the start: no window in which the socket is world-open */
     mode_t old = umask(0117);
     int rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
@@ -820,7 +828,9 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
 
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0) {
-        rc = kvd_status_from_errno(errno);
+        int err = errno;
+        KVD_ERROR("server", "epoll_create1: %s", strerror(err));
+        rc = kvd_status_from_errno(err);
         goto fail;
     }
     /* SIGTERM/SIGINT arrive through a signalfd; they were blocked in main()
@@ -830,10 +840,14 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGINT);
     s->sig = (src_t){SRC_SIGNAL, signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)};
+    int err = errno;
     s->timer =
         (src_t){SRC_TIMER, timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC)};
     if (s->sig.fd < 0 || s->timer.fd < 0) {
-        rc = kvd_status_from_errno(errno);
+        err = s->sig.fd < 0 ? err : errno;
+        KVD_ERROR("server", "%s: %s", s->sig.fd < 0 ? "signalfd" : "timerfd_create",
+                  strerror(err));
+        rc = kvd_status_from_errno(err);
         goto fail;
     }
     struct itimerspec its = {.it_interval = {0, TICK_MS * 1000000L},

@@ -94,8 +94,13 @@ static int read_description(kvd_ucxd_t *x, int timeout_ms)
 {
     struct pollfd p = {.fd = x->sock, .events = POLLIN};
     int n = poll(&p, 1, timeout_ms);
-    if (n <= 0)
-        return n == 0 ? KVD_ERR_TIMEOUT : kvd_status_from_errno(errno);
+    if (n < 0) {
+        int err = errno;
+        KVD_ERROR("ucxd", "poll on the UCX server's socket: %s", strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    if (n == 0)
+        return KVD_ERR_TIMEOUT;
     uint8_t *buf = malloc(UCXD_MSG_MAX);
     if (buf == NULL)
         return KVD_ERR_NOMEM;
@@ -119,8 +124,11 @@ static int read_description(kvd_ucxd_t *x, int timeout_ms)
 static int spawn(kvd_ucxd_t *x)
 {
     int sv[2];
-    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
-        return kvd_status_from_errno(errno);
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+        int err = errno;
+        KVD_ERROR("ucxd", "socketpair: %s", strerror(err));
+        return kvd_status_from_errno(err);
+    }
     char bytes[32], pool_fd[8], sock_fd[8];
     snprintf(bytes, sizeof(bytes), "%llu", (unsigned long long)x->pool_bytes);
     snprintf(pool_fd, sizeof(pool_fd), "%d", UCXD_CHILD_POOL);
@@ -129,7 +137,9 @@ static int spawn(kvd_ucxd_t *x)
     x->last_start_ns = kvd_now_ns();
     pid_t pid = fork();
     if (pid < 0) {
-        int rc = kvd_status_from_errno(errno);
+        int err = errno;
+        KVD_ERROR("ucxd", "cannot start the UCX server: fork: %s", strerror(err));
+        int rc = kvd_status_from_errno(err);
         close(sv[0]);
         close(sv[1]);
         return rc;
@@ -305,8 +315,10 @@ static int serve(kvd_ucx_t *u, int sock, uint8_t *pool, uint64_t bytes)
     bool pop_started = false;
     int status = 1;
     int ep = epoll_create1(EPOLL_CLOEXEC);
-    if (ep < 0)
+    if (ep < 0) {
+        KVD_ERROR("ucxd", "epoll_create1: %s", strerror(errno));
         return 1;
+    }
     struct epoll_event ev = {.events = EPOLLIN};
     ev.data.fd = kvd_ucx_efd(u);
     epoll_ctl(ep, EPOLL_CTL_ADD, ev.data.fd, &ev);
@@ -325,8 +337,10 @@ static int serve(kvd_ucx_t *u, int sock, uint8_t *pool, uint64_t bytes)
         kvd_ucx_drive(u);
         struct epoll_event got[4];
         int n = epoll_wait(ep, got, 4, 1000);
-        if (n < 0 && errno != EINTR)
+        if (n < 0 && errno != EINTR) {
+            KVD_ERROR("ucxd", "epoll_wait: %s", strerror(errno));
             break;
+        }
         bool done = false;
         for (int i = 0; i < n; i++) {
             if (got[i].data.fd != sock)

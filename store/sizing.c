@@ -37,8 +37,14 @@ static int read_small(const char *root, const char *path, char *buf, size_t len)
     char full[1024];
     snprintf(full, sizeof(full), "%s%s", root, path);
     FILE *f = fopen(full, "r");
-    if (f == NULL)
-        return kvd_status_from_errno(errno);
+    if (f == NULL) {
+        int err = errno;
+        /* a file that is not there is an answer (no cgroup v1 here, ...);
+         * anything else is worth its reason */
+        if (err != ENOENT)
+            KVD_WARN("sizing", "cannot read %s: %s", full, strerror(err));
+        return kvd_status_from_errno(err);
+    }
     size_t n = fread(buf, 1, len - 1, f);
     fclose(f);
     buf[n] = '\0';
