@@ -18,7 +18,7 @@ RUN_ARGS ?=
 
 # Debian packages the build and the tests need (pkg-config names in meson.build).
 DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
-	libprotobuf-c-dev libssl-dev liburing-dev libucx-dev libibverbs-dev \
+	libprotobuf-c-dev libssl-dev libucx-dev libibverbs-dev \
 	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl
 
 .PHONY: deps build run test bench format format-check clean
