@@ -2,11 +2,11 @@
  * bench_ucx.c - mode `ucx` of kvdock-bench: the UCX transport alone, no
  * linker: against a kvdockd started here, one Hello asks for the UCX
  * server's address and the pool's rkey, then batches of READs or WRITEs of
- * --size bytes each move 512 MiB between a local buffer and scattered
- * places of the pool, --batch transfers per batch (a batch is posted, then
- * waited for), in the mode given. What the linker adds on top (RPCs,
- * layer-by-layer batches, device rows) is the difference to `linker
- * --transport ucx`.
+ * --size bytes each move 512 MiB between a local buffer (one region of the
+ * transport) and scattered places of the pool, --batch transfers per batch
+ * (a batch is posted, then waited for), in the mode given. What the linker
+ * adds on top (RPCs, layer-by-layer batches, device rows) is the
+ * difference to `linker --transport ucx`.
  */
 #include "bench.h"
 #include "kvd_transport.h"
@@ -39,7 +39,7 @@ static double one_pass(kvd_transport_t *t, kvd_xfer_dir_t dir, const kvd_xfer_t 
     for (size_t i = 0; i < n; i += batch) {
         size_t k = KVD_MIN(batch, n - i);
         if (kvd_transport_post(t, dir, x + i, k, i + 1) != KVD_OK ||
-            kvd_transport_wait(t, i + 1, 30000) != KVD_OK)
+            kvd_transport_wait(t, i + 1, 30000, NULL, NULL, 0) != KVD_OK)
             return 0;
     }
     return (double)UCXB_BYTES / ((double)(kvd_now_ns() - t0) / 1e9) / 1e9;
@@ -86,35 +86,35 @@ int bench_mode_ucx(int argc, char **argv)
     int status = BENCH_EXIT_FAIL;
     kvd_client_t *client = NULL;
     kvd_msg_t rep = {0};
-    kvd_ucx_t *u = NULL;
     kvd_transport_t *t = NULL;
-    kvd_ucx_mem_t *lm = NULL;
+    kvd_region_t *region = NULL;
     uint8_t *local = aligned_alloc(4096, UCXB_BYTES);
     size_t n = UCXB_BYTES / size;
     kvd_xfer_t *x = calloc(n, sizeof(*x));
     int rc = local && x ? hello_ucx(env.daemon_socket, &client, &rep) : KVD_ERR_NOMEM;
     const kvd_hello_rep_t *h = &rep.body.hello_rep;
     if (rc == KVD_OK)
-        rc = kvd_ucx_create("kvdock-bench", false, &u);
+        rc = kvd_transport_open_ucx("kvdock-bench", &t);
+    if (rc == KVD_OK)
+        rc = kvd_transport_register(t, local, UCXB_BYTES, kvd_memkind_host(), &region);
     if (rc == KVD_OK) {
-        kvd_ucx_peer_t peer = {.address = h->ucx_address,
-                               .address_len = h->ucx_address_len,
-                               .rkey = h->ucx_rkey,
-                               .rkey_len = h->ucx_rkey_len,
-                               .remote_base = h->ucx_pool_base,
-                               .remote_length = h->pool_bytes,
-                               .mode = strcmp(mode, "am") == 0 ? KVD_UCX_MODE_AM
-                                                               : KVD_UCX_MODE_RMA};
-        rc = kvd_transport_open_ucx(u, &peer, &t);
+        kvd_peer_t peer = {.length = h->pool_bytes,
+                           .ucx = {.address = h->ucx_address,
+                                   .address_len = h->ucx_address_len,
+                                   .rkey = h->ucx_rkey,
+                                   .rkey_len = h->ucx_rkey_len,
+                                   .base = h->ucx_pool_base,
+                                   .mode = strcmp(mode, "am") == 0 ? KVD_UCX_MODE_AM
+                                                                   : KVD_UCX_MODE_RMA}};
+        rc = kvd_transport_connect(t, &peer);
     }
-    if (rc == KVD_OK && kvd_ucx_mem_map(u, local, UCXB_BYTES, &lm) == KVD_OK)
-        kvd_transport_ucx_add_local(t, lm);
     if (rc == KVD_OK) {
         memset(local, 0x5a, UCXB_BYTES);
         /* scattered over the pool: transfer i goes to slot i * 7919 mod slots */
         uint64_t slots = h->pool_bytes / size;
         for (size_t i = 0; i < n; i++)
-            x[i] = (kvd_xfer_t){.local_offset = (uint64_t)(uintptr_t)(local + i * size),
+            x[i] = (kvd_xfer_t){.local = region,
+                                .local_offset = i * size,
                                 .remote_offset = (i * 7919 % slots) * size,
                                 .length = size};
         char s[32];
@@ -134,9 +134,7 @@ int bench_mode_ucx(int argc, char **argv)
     } else {
         fprintf(stderr, "kvdock-bench ucx: cannot set up: %s\n", kvd_status_str(rc));
     }
-    kvd_transport_destroy(t);
-    kvd_ucx_mem_unmap(lm);
-    kvd_ucx_destroy(u);
+    kvd_transport_destroy(t); /* deregisters the region */
     kvd_msg_clear(&rep);
     kvd_client_close(client);
     free(x);
