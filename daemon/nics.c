@@ -12,6 +12,7 @@
  * them used. Threading: none; each call works on its caller's list.
  */
 #include "nics.h"
+#include "daemon_testing.h"
 #include "kvd_config.h"
 
 #if KVD_HAVE_VERBS

@@ -51,15 +51,6 @@ typedef struct kvd_nic_list {
  */
 int kvd_nics_discover(kvd_nic_list_t *out);
 
-/*
- * Fills *out with every port below `root` (a /sys/class/infiniband tree)
- * from sysfs alone: verbs_ok false, MTU unknown, state from ports/<p>/state
- * ("4: ACTIVE" -> "active"). What kvd_nics_discover does for a device verbs
- * cannot open, and what tests run on a hand-made tree. Returns KVD_OK (n = 0
- * when root does not exist) or KVD_ERR_NOMEM. Built with or without verbs.
- */
-int kvd_nics_discover_sysfs(const char *root, kvd_nic_list_t *out);
-
 /* Frees the array and empties the list. Safe on a zeroed list. */
 void kvd_nics_free(kvd_nic_list_t *l);
 

@@ -410,25 +410,3 @@ int kvd_client_health_once(const char *path, int connect_ms, int call_ms)
     kvd_msg_clear(&rep);
     return rc;
 }
-
-int kvd_client_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
-                     int timeout_ms)
-{
-    kvd_msg_t req, r;
-    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
-    kvd_strlcpy(req.body.hello_req.client_name, client_name,
-                sizeof(req.body.hello_req.client_name));
-    req.body.hello_req.pid = (uint32_t)getpid();
-    req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
-    int rc = kvd_client_call(c, &req, &r, timeout_ms);
-    if (rc != KVD_OK)
-        return rc;
-    rc = r.status;
-    if (rc == KVD_OK) {
-        *rep = r.body.hello_rep;
-        rep->n_ns_ids = 0;
-        rep->ns_ids = NULL;
-    }
-    kvd_msg_clear(&r);
-    return rc;
-}

@@ -560,11 +560,6 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
  */
 bool kvd_client_quiet(const kvd_client_t *c);
 
-/* Hello with this process's pid and name; fills *rep on success (its
- * variable parts are not kept: use kvd_client_call for namespaces). */
-int kvd_client_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
-                     int timeout_ms);
-
 /* Connects to the daemon at a Unix socket, asks Health once and
  * disconnects: the daemon's state (kvd_health_state_t, >= 0) or a negative
  * status. For readiness polls (tests, benchmarks). */

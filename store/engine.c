@@ -41,17 +41,6 @@ static void paranoid(const kvd_store_t *s, const char *where)
 #define PARANOID(s, where) ((void)0)
 #endif
 
-const char *kvd_reserve_result_name(kvd_reserve_result_t r)
-{
-    switch (r) {
-    case KVD_RESERVE_ALLOCATED: return "allocated";
-    case KVD_RESERVE_EXISTS: return "exists";
-    case KVD_RESERVE_IN_FLIGHT: return "in_flight";
-    case KVD_RESERVE_NO_SPACE: return "no_space";
-    }
-    return "?";
-}
-
 /* ------------------------------------------------------------ lifecycle */
 
 void kvd_store_config_default(kvd_store_config_t *cfg, uint64_t pool_bytes)

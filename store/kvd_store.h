@@ -113,7 +113,6 @@ uint64_t kvd_pool_size(const kvd_pool_t *p);
 bool kvd_pool_hugepages(const kvd_pool_t *p);
 bool kvd_pool_mlocked(const kvd_pool_t *p);
 int kvd_pool_fd(const kvd_pool_t *p);
-void *kvd_pool_base(const kvd_pool_t *p);
 
 /* ---------------------------------------------------------------- engine */
 
@@ -148,7 +147,6 @@ typedef enum kvd_tier {
 
 /* kvd_reserve_result_t, the per-key answer of kvd_store_reserve, is in
  * kvd_common.h: the RPC carries it too. */
-const char *kvd_reserve_result_name(kvd_reserve_result_t r);
 
 typedef struct kvd_store_config {
     uint64_t pool_bytes;   /* bytes of pool the store manages */

@@ -13,6 +13,7 @@
  * text).
  */
 #include "kvd_store.h"
+#include "store_testing.h"
 
 #include <errno.h>
 #include <pthread.h>

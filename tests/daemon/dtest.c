@@ -119,13 +119,35 @@ kvd_client_t *dt_connect(const char *socket, bool hello)
         return NULL;
     if (hello) {
         kvd_hello_rep_t h;
-        rc = kvd_client_hello(c, "kvdock-test", &h, RPC_TIMEOUT_MS);
+        rc = dt_hello(c, "kvdock-test", &h, RPC_TIMEOUT_MS);
         if (!DT_CHECK(rc == KVD_OK, "hello: %s", kvd_status_str(rc))) {
             kvd_client_close(c);
             return NULL;
         }
     }
     return c;
+}
+
+int dt_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
+             int timeout_ms)
+{
+    kvd_msg_t req, r;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_strlcpy(req.body.hello_req.client_name, client_name,
+                sizeof(req.body.hello_req.client_name));
+    req.body.hello_req.pid = (uint32_t)getpid();
+    req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    int rc = kvd_client_call(c, &req, &r, timeout_ms);
+    if (rc != KVD_OK)
+        return rc;
+    rc = r.status;
+    if (rc == KVD_OK) {
+        *rep = r.body.hello_rep;
+        rep->n_ns_ids = 0;
+        rep->ns_ids = NULL;
+    }
+    kvd_msg_clear(&r);
+    return rc;
 }
 
 int dt_health(kvd_client_t *c, kvd_health_rep_t *out)

@@ -55,6 +55,12 @@ char *dt_read_file(const char *path);
 /* Connects, optionally says Hello; NULL after recording a failure. */
 kvd_client_t *dt_connect(const char *socket, bool hello);
 
+/* Hello on c with this process's pid and client_name, no namespaces;
+ * fills *rep on success (without its variable parts). Returns KVD_OK, the
+ * call's error or the daemon's refusal. */
+int dt_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
+             int timeout_ms);
+
 /* Calls Health on a fresh connection; returns the state or -1 (no
  * failure recorded: callers check). Fills *rep when not NULL. */
 int dt_health_fresh(const char *socket, kvd_health_rep_t *rep);

@@ -38,7 +38,7 @@ static void *worker_main(void *arg)
     char name[32];
     snprintf(name, sizeof(name), "concurrent-%d", w->index);
     kvd_hello_rep_t hello;
-    rc = kvd_client_hello(c, name, &hello, TIMEOUT_MS);
+    rc = dt_hello(c, name, &hello, TIMEOUT_MS);
     if (rc != KVD_OK) {
         snprintf(w->error, sizeof(w->error), "hello: %s", kvd_status_str(rc));
         goto out;

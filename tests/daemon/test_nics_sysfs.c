@@ -21,7 +21,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "nics.h"
+#include "daemon_testing.h"
 
 static char root[64];
 

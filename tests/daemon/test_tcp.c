@@ -21,7 +21,7 @@ static void run(const kvd_test_daemon_t *d, const char *addr)
                   kvd_status_str(rc)))
         return;
     kvd_hello_rep_t h;
-    rc = kvd_client_hello(c, "tcp-test", &h, 5000);
+    rc = dt_hello(c, "tcp-test", &h, 5000);
     if (DT_CHECK(rc == KVD_OK, "hello over TCP: %s", kvd_status_str(rc))) {
         DT_CHECK(h.protocol_version == KVD_PROTOCOL_VERSION,
                  "hello: protocol %u, want %d", h.protocol_version, KVD_PROTOCOL_VERSION);

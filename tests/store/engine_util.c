@@ -40,3 +40,14 @@ uint32_t reg(kvd_store_t *s, const char *name, uint64_t bytes)
     assert_int_equal(kvd_store_ns_register(s, name, bytes, false, &id), KVD_OK);
     return id;
 }
+
+const char *reserve_result_name(kvd_reserve_result_t r)
+{
+    switch (r) {
+    case KVD_RESERVE_ALLOCATED: return "allocated";
+    case KVD_RESERVE_EXISTS: return "exists";
+    case KVD_RESERVE_IN_FLIGHT: return "in_flight";
+    case KVD_RESERVE_NO_SPACE: return "no_space";
+    }
+    return "?";
+}

@@ -1,7 +1,7 @@
 /*
  * Description: helpers shared by the store engine tests
  * (test_engine_*.c): hand-made keys, the engine's self-check, a stats
- * snapshot and namespace registration. They check with cmocka's
+ * snapshot, namespace registration and reserve results' names. They check with cmocka's
  * assertions, so include this after <cmocka.h>.
  */
 #ifndef KVD_TEST_ENGINE_UTIL_H
@@ -24,5 +24,8 @@ kvd_store_stats_t stats(const kvd_store_t *s);
 
 /* Registers namespace name of object size bytes; returns its id. */
 uint32_t reg(kvd_store_t *s, const char *name, uint64_t bytes);
+
+/* A reserve result's name for messages ("no_space"), "?" for others. */
+const char *reserve_result_name(kvd_reserve_result_t r);
 
 #endif

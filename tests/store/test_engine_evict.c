@@ -795,7 +795,7 @@ static void test_exact_fit_of_odd_large_object(void **state)
     uint64_t w = reserve_batch(s, OWNER_A, ns, &k, NULL, NULL, 1, &res, &loc);
     if (res != KVD_RESERVE_ALLOCATED)
         print_error("33-page object in an empty 33-page pool: %s\n",
-                    kvd_reserve_result_name(res));
+                    reserve_result_name(res));
     bool ok1 = res == KVD_RESERVE_ALLOCATED && w != 0 && loc.offset == 0;
     kvd_store_destroy(s);
 

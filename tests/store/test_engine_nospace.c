@@ -124,7 +124,7 @@ static uint64_t reserve_no_space(kvd_store_t *s, uint32_t ns, uint32_t k)
     kvd_loc_t loc;
     uint8_t res = reserve_at(s, OWNER_A, ns, k, 0, &lease, &loc);
     if (res != KVD_RESERVE_NO_SPACE)
-        print_error("reserve answered %s, want no_space\n", kvd_reserve_result_name(res));
+        print_error("reserve answered %s, want no_space\n", reserve_result_name(res));
     assert_int_equal(res, KVD_RESERVE_NO_SPACE);
     assert_int_equal(lease, 0);
     kvd_store_stats_t after = stats(s);

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "kvd_store.h"
+#include "store_testing.h"
 
 #define MiB           (1ull << 20)
 #define WAIT_READY_NS (10ull * 1000000000ull)

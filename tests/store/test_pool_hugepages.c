@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kvd_store.h"
+#include "store_testing.h"
 
 #define MiB        (1ull << 20)
 #define POOL_BYTES (4 * MiB) /* two 2 MiB pages */

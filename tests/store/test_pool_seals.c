@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "kvd_store.h"
+#include "store_testing.h"
 
 #define POOL_BYTES (4ull << 20)
 
