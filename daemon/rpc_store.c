@@ -156,6 +156,10 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t n,
     return KVD_OK;
 }
 
+/* One field of a field list (kvd_proto.h) copied from the store's struct,
+ * whose members have the same names. */
+#define COPY_FIELD(type, name, size, metric, help) o->name = in->name;
+
 int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n)
 {
     uint32_t count = kvd_store_ns_count(store);
@@ -163,21 +167,15 @@ int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, siz
     if (t == NULL)
         return KVD_ERR_NOMEM;
     for (uint32_t i = 0; i < count; i++) {
-        kvd_ns_info_t in;
-        kvd_store_ns_info(store, i, &in);
-        t[i].id = i;
-        kvd_strlcpy(t[i].name, in.name, sizeof(t[i].name));
-        t[i].object_bytes = in.object_bytes;
-        t[i].rank_replicated = in.rank_replicated;
-        t[i].objects_ready = in.objects_ready;
-        t[i].objects_writing = in.objects_writing;
-        t[i].objects_pinned = in.objects_pinned;
-        t[i].lookup_pages = in.lookup_pages;
-        t[i].hit_pages = in.hit_pages;
-        t[i].evictions = in.evictions;
-        t[i].published_bytes = in.published_bytes;
-        t[i].acquired_bytes = in.acquired_bytes;
-        t[i].acquire_failures = in.acquire_failures;
+        kvd_ns_info_t info;
+        kvd_store_ns_info(store, i, &info);
+        const kvd_ns_info_t *in = &info;
+        kvd_ns_msg_t *o = &t[i];
+        o->id = i;
+        kvd_strlcpy(o->name, in->name, sizeof(o->name));
+        o->object_bytes = in->object_bytes;
+        o->rank_replicated = in->rank_replicated;
+        KVD_NS_COUNTER_FIELDS(COPY_FIELD)
     }
     *out = t;
     *n = count;
@@ -186,35 +184,7 @@ int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, siz
 
 void kvd_rpc_store_stats(const kvd_store_stats_t *in, kvd_store_stats_msg_t *o)
 {
-    o->pool_bytes = in->pool_bytes;
-    o->free_bytes = in->free_bytes;
-    o->writing_bytes = in->writing_bytes;
-    o->ready_bytes = in->ready_bytes;
-    o->pinned_bytes = in->pinned_bytes;
-    o->objects_ready = in->objects_ready;
-    o->objects_writing = in->objects_writing;
-    o->objects_pinned = in->objects_pinned;
-    o->pins = in->pins;
-    o->leases = in->leases;
-    o->free_extents = in->free_extents;
-    o->largest_free_bytes = in->largest_free_bytes;
-    o->fragmentation = in->fragmentation;
-    o->index_bytes = in->index_bytes;
-    o->evictions = in->evictions;
-    o->evicted_bytes = in->evicted_bytes;
-    o->reserve_allocated = in->reserve_allocated;
-    o->reserve_exists = in->reserve_exists;
-    o->reserve_in_flight = in->reserve_in_flight;
-    o->reserve_no_space = in->reserve_no_space;
-    o->lookups = in->lookups;
-    o->lookup_pages = in->lookup_pages;
-    o->hit_pages = in->hit_pages;
-    o->acquires = in->acquires;
-    o->acquire_failures = in->acquire_failures;
-    o->leases_expired = in->leases_expired;
-    o->published_bytes = in->published_bytes;
-    o->acquired_bytes = in->acquired_bytes;
-    o->quarantined_bytes = in->quarantined_bytes;
+    KVD_STORE_STATS_FIELDS(COPY_FIELD)
 }
 
 /* --------------------------------------------------------------- methods */

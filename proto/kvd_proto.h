@@ -125,16 +125,111 @@ uint64_t kvd_latency_bound_us(size_t i);
 
 typedef uint8_t kvd_key_t[KVD_KEY_BYTES];
 
+/* ---------------------------------------------------------- field lists */
+
+/*
+ * The flat messages (NamespaceSpec, StoreStats, NamespaceInfo, ObjectInfo,
+ * Nic) are written once each, as a field list: one
+ *   X(TYPE, name, SIZE, METRIC, help)
+ * per field of the kvdock.proto message, in its order (a test checks the
+ * order against the field numbers). The list makes the C struct below, both
+ * conversions in msg.c, and the descriptor tables (kvd_field_list_t) from
+ * which the CLI writes its JSON and its tables and the daemon its metrics.
+ * So a field has one name everywhere: `name` in C, in kvdock.proto, as JSON
+ * key and table row, and kvdock_<group>_<name> as a metric (a counter ends
+ * in _total).
+ *
+ * TYPE: U32, I32, U64, F64, BOOL, STR (char[SIZE], NUL-terminated; SIZE is
+ * 0 for the others) or KEY (kvd_key_t). METRIC: GAUGE, COUNTER or NONE (not
+ * exported as a metric); help is the metric's HELP text.
+ */
+#define KVD_FIELD_DECL(type, name, size, metric, help) KVD_FIELD_DECL_##type(name, size)
+#define KVD_FIELD_DECL_U32(name, size)                 uint32_t name;
+#define KVD_FIELD_DECL_I32(name, size)                 int32_t name;
+#define KVD_FIELD_DECL_U64(name, size)                 uint64_t name;
+#define KVD_FIELD_DECL_F64(name, size)                 double name;
+#define KVD_FIELD_DECL_BOOL(name, size)                bool name;
+#define KVD_FIELD_DECL_STR(name, size)                 char name[size];
+#define KVD_FIELD_DECL_KEY(name, size)                 kvd_key_t name;
+
+/* What a descriptor says of a field's C type. */
+typedef enum kvd_field_type {
+    KVD_FIELD_U32,
+    KVD_FIELD_I32,
+    KVD_FIELD_U64,
+    KVD_FIELD_F64,
+    KVD_FIELD_BOOL,
+    KVD_FIELD_STR,
+    KVD_FIELD_KEY,
+} kvd_field_type_t;
+
+typedef enum kvd_metric_kind {
+    KVD_METRIC_NONE,
+    KVD_METRIC_GAUGE,
+    KVD_METRIC_COUNTER,
+} kvd_metric_kind_t;
+
+/* One field of a flat message, made from its field list. */
+typedef struct kvd_field {
+    const char *name; /* C member, proto field, JSON key */
+    kvd_field_type_t type;
+    size_t offset; /* of the member in the C struct */
+    kvd_metric_kind_t metric;
+    const char *help;
+} kvd_field_t;
+
+/* The fields of one flat message; group names its metrics. */
+typedef struct kvd_field_list {
+    const char *group; /* "store", "ns", ...: kvdock_<group>_<name> */
+    const kvd_field_t *fields;
+    size_t n;
+} kvd_field_list_t;
+
+/* The descriptor tables of the structs below. */
+extern const kvd_field_list_t kvd_ns_spec_fields;     /* kvd_ns_spec_t */
+extern const kvd_field_list_t kvd_store_stats_fields; /* kvd_store_stats_msg_t */
+extern const kvd_field_list_t kvd_ns_fields;          /* kvd_ns_msg_t */
+extern const kvd_field_list_t kvd_obj_fields;         /* kvd_obj_msg_t */
+extern const kvd_field_list_t kvd_nic_fields;         /* kvd_nic_msg_t */
+
+/* An integer field (U32, U64; BOOL as 0 or 1; I32 below 0 as 0) of obj;
+ * 0 for the others. */
+uint64_t kvd_field_u64(const kvd_field_t *f, const void *obj);
+
+/* A numeric field (U32, I32, U64, F64; BOOL as 0 or 1) of obj as a double,
+ * for ratios; exact for every integer a daemon counts in practice. */
+double kvd_field_f64(const kvd_field_t *f, const void *obj);
+
+/*
+ * Writes field f of obj as text into buf: integers in decimal, F64 with
+ * "%.6g", BOOL as true or false (the JSON literals), STR as it is (not
+ * escaped), KEY as 64 hex digits. Returns buf.
+ */
+const char *kvd_field_text(const kvd_field_t *f, const void *obj, char *buf, size_t len);
+
+/* A string (STR) field's value. */
+const char *kvd_field_str(const kvd_field_t *f, const void *obj);
+
+/* The metric name of field f of list l: kvdock_<group>_<name>, plus _total
+ * for a counter. KVD_ERR_INVALID for a field that is no metric,
+ * KVD_ERR_TOO_LARGE when buf is too short. */
+int kvd_field_metric_name(const kvd_field_list_t *l, const kvd_field_t *f, char *buf,
+                          size_t len);
+
 /*
  * Variable-length parts of messages (arrays of keys, items, ids) are
  * pointer + count. In a decoded message they point into the message's own
  * arena and live until kvd_msg_clear(); in a message being built they point
  * wherever the builder likes (kvd_msg_alloc() gives arena memory too).
  */
+/* A namespace to register (Hello, RegisterNamespace). */
+#define KVD_NS_SPEC_FIELDS(X)                                                  \
+    X(STR, name, KVD_NS_NAME_BYTES, NONE, "model identity, pool, rank suffix") \
+    X(U64, object_bytes, 0, NONE, "the size of every object")                  \
+    X(BOOL, rank_replicated, 0, NONE, "one copy for every TP rank")
+
 typedef struct kvd_ns_spec {
-    char name[KVD_NS_NAME_BYTES];
-    uint64_t object_bytes;
-    bool rank_replicated;
+    KVD_NS_SPEC_FIELDS(KVD_FIELD_DECL)
 } kvd_ns_spec_t;
 
 typedef struct kvd_hello_req {
@@ -241,30 +336,50 @@ typedef struct kvd_lookup_rep {
     uint32_t *boundaries;
 } kvd_lookup_rep_t;
 
+/* A namespace and its counters (Stats, ListPrefixes, Inspect): the
+ * identity, then the counters the store keeps per namespace (the same names
+ * as in kvd_ns_info_t of kvd_store.h). */
+#define KVD_NS_COUNTER_FIELDS(X)                                                  \
+    X(U64, objects_ready, 0, GAUGE, "Objects published in the namespace.")        \
+    X(U64, objects_writing, 0, GAUGE, "Objects of the namespace being written.")  \
+    X(U64, objects_pinned, 0, GAUGE, "Objects of the namespace pinned by loads.") \
+    X(U64, lookup_pages, 0, COUNTER, "Pages of the namespace probed by lookups.") \
+    X(U64, hit_pages, 0, COUNTER, "Probed pages of the namespace found.")         \
+    X(U64, evictions, 0, COUNTER, "Objects of the namespace evicted.")            \
+    X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published) into it.")   \
+    X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired) from it.")        \
+    X(U64, acquire_failures, 0, COUNTER, "Loads refused: a key missing or busy.")
+#define KVD_NS_FIELDS(X)                                               \
+    X(U32, id, 0, NONE, "the namespace's id")                          \
+    X(STR, name, KVD_NS_NAME_BYTES, NONE, "the namespace's name")      \
+    X(U64, object_bytes, 0, GAUGE, "Size of the namespace's objects.") \
+    X(BOOL, rank_replicated, 0, NONE, "one copy for every TP rank")    \
+    KVD_NS_COUNTER_FIELDS(X)
+
 typedef struct kvd_ns_msg {
-    uint32_t id;
-    char name[KVD_NS_NAME_BYTES];
-    uint64_t object_bytes;
-    bool rank_replicated;
-    uint64_t objects_ready, objects_writing, objects_pinned;
-    uint64_t lookup_pages, hit_pages, evictions;
-    uint64_t published_bytes, acquired_bytes, acquire_failures;
+    KVD_NS_FIELDS(KVD_FIELD_DECL)
 } kvd_ns_msg_t;
 
+/* One stored object (Inspect, ListPrefixes --tree). Its parent (field 3 of
+ * ObjectInfo) is not in the list: its length says what it is. state is
+ * 1 writing, 2 ready; tier 0 DRAM, 1 SSD. */
+#define KVD_OBJ_FIELDS(X)                                                        \
+    X(U32, ns, 0, NONE, "the namespace's id")                                    \
+    X(KEY, key, 0, NONE, "the page key")                                         \
+    X(U32, depth, 0, NONE, "page index in its chain")                            \
+    X(U32, state, 0, NONE, "1 writing, 2 ready")                                 \
+    X(U32, tier, 0, NONE, "0 DRAM, 1 SSD")                                       \
+    X(U32, pins, 0, NONE, "loads holding it")                                    \
+    X(U32, hits, 0, NONE, "acquires (saturates at 65535)")                       \
+    X(U64, last_access_ms, 0, NONE, "wall clock of the last publish or acquire") \
+    X(U64, offset, 0, NONE, "where it is in the pool")                           \
+    X(U64, size, 0, NONE, "its bytes")
+
 typedef struct kvd_obj_msg {
-    uint32_t ns;
-    kvd_key_t key;
+    KVD_OBJ_FIELDS(KVD_FIELD_DECL)
     uint8_t parent[KVD_KEY_BYTES];
     uint8_t parent_len; /* 0 (none), KVD_KEY_TAG_BYTES (a tag: the parent is not
                          * stored) or KVD_KEY_BYTES */
-    uint32_t depth;
-    uint32_t state; /* 1 writing, 2 ready */
-    uint32_t tier;
-    uint32_t pins;
-    uint32_t hits;
-    uint64_t last_access_ms;
-    uint64_t offset;
-    uint64_t size;
 } kvd_obj_msg_t;
 
 typedef struct kvd_inspect_req {
@@ -329,17 +444,41 @@ typedef struct kvd_stats_req {
     bool check;
 } kvd_stats_req_t;
 
+/* The store's figures (Stats): the same names as kvd_store_stats_t of
+ * kvd_store.h. free + writing + ready + quarantined bytes = pool bytes. */
+#define KVD_STORE_STATS_FIELDS(X)                                                    \
+    X(U64, pool_bytes, 0, GAUGE, "Bytes of pool the store manages.")                 \
+    X(U64, free_bytes, 0, GAUGE, "Pool bytes free.")                                 \
+    X(U64, writing_bytes, 0, GAUGE, "Pool bytes reserved and being written.")        \
+    X(U64, ready_bytes, 0, GAUGE, "Pool bytes of published objects.")                \
+    X(U64, pinned_bytes, 0, GAUGE, "Ready bytes pinned by loads.")                   \
+    X(U64, objects_ready, 0, GAUGE, "Objects published.")                            \
+    X(U64, objects_writing, 0, GAUGE, "Objects reserved, being written.")            \
+    X(U64, objects_pinned, 0, GAUGE, "Objects pinned by loads.")                     \
+    X(U64, pins, 0, GAUGE, "Pins held: the sum of every object's pin count.")        \
+    X(U64, leases, 0, GAUGE, "Leases holding reservations or pins.")                 \
+    X(U64, free_extents, 0, GAUGE, "Free extents of the pool.")                      \
+    X(U64, largest_free_bytes, 0, GAUGE, "Largest free extent.")                     \
+    X(F64, fragmentation, 0, GAUGE, "1 - largest free extent / free bytes.")         \
+    X(U64, index_bytes, 0, GAUGE, "Memory of the index (records, hash, leases).")    \
+    X(U64, evictions, 0, COUNTER, "Objects evicted.")                                \
+    X(U64, evicted_bytes, 0, COUNTER, "Bytes evicted.")                              \
+    X(U64, reserve_allocated, 0, COUNTER, "Reserved keys allocated.")                \
+    X(U64, reserve_exists, 0, COUNTER, "Reserved keys found stored already.")        \
+    X(U64, reserve_in_flight, 0, COUNTER, "Reserved keys another writer held.")      \
+    X(U64, reserve_no_space, 0, COUNTER, "Reserved keys refused: no space.")         \
+    X(U64, lookups, 0, COUNTER, "Lookups served.")                                   \
+    X(U64, lookup_pages, 0, COUNTER, "Pages probed by lookups.")                     \
+    X(U64, hit_pages, 0, COUNTER, "Probed pages found.")                             \
+    X(U64, acquires, 0, COUNTER, "Acquires served.")                                 \
+    X(U64, acquire_failures, 0, COUNTER, "Acquires refused: a key missing or busy.") \
+    X(U64, leases_expired, 0, COUNTER, "Leases undone by their TTL.")                \
+    X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published).")              \
+    X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired).")                   \
+    X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")
+
 typedef struct kvd_store_stats_msg {
-    uint64_t pool_bytes, free_bytes, writing_bytes, ready_bytes, pinned_bytes;
-    uint64_t objects_ready, objects_writing, objects_pinned, pins, leases;
-    uint64_t free_extents, largest_free_bytes;
-    double fragmentation;
-    uint64_t index_bytes, evictions, evicted_bytes;
-    uint64_t reserve_allocated, reserve_exists, reserve_in_flight, reserve_no_space;
-    uint64_t lookups, lookup_pages, hit_pages, acquires, acquire_failures;
-    uint64_t leases_expired;
-    uint64_t published_bytes, acquired_bytes;
-    uint64_t quarantined_bytes;
+    KVD_STORE_STATS_FIELDS(KVD_FIELD_DECL)
 } kvd_store_stats_msg_t;
 
 typedef struct kvd_health_rep {
@@ -375,15 +514,18 @@ typedef struct kvd_mem_stats {
 #define KVD_NIC_LINK_BYTES   16
 #define KVD_NIC_GID_BYTES    48 /* INET6_ADDRSTRLEN */
 #define KVD_NIC_NETDEV_BYTES 32
+#define KVD_NIC_FIELDS(X)                                                         \
+    X(STR, device, KVD_NIC_NAME_BYTES, NONE, "\"mlx5_0\"")                        \
+    X(U32, port, 0, NONE, "1-based")                                              \
+    X(STR, state, KVD_NIC_STATE_BYTES, NONE, "\"active\", \"down\", ...")         \
+    X(STR, link_layer, KVD_NIC_LINK_BYTES, NONE, "InfiniBand, Ethernet, unknown") \
+    X(STR, gid, KVD_NIC_GID_BYTES, NONE, "GID index 0, IPv6 text form")           \
+    X(I32, numa_node, 0, NONE, "-1 when unknown")                                 \
+    X(STR, netdev, KVD_NIC_NETDEV_BYTES, NONE, "the port's network interface")    \
+    X(U32, active_mtu, 0, NONE, "bytes; 0 when unknown")
+
 typedef struct kvd_nic_msg {
-    char device[KVD_NIC_NAME_BYTES];     /* "mlx5_0" */
-    uint32_t port;                       /* 1-based */
-    char state[KVD_NIC_STATE_BYTES];     /* "active", "down", ... */
-    char link_layer[KVD_NIC_LINK_BYTES]; /* "InfiniBand", "Ethernet", "unknown" */
-    char gid[KVD_NIC_GID_BYTES];         /* GID index 0, IPv6 text form */
-    int32_t numa_node;
-    char netdev[KVD_NIC_NETDEV_BYTES];
-    uint32_t active_mtu; /* bytes */
+    KVD_NIC_FIELDS(KVD_FIELD_DECL)
 } kvd_nic_msg_t;
 
 typedef struct kvd_stats_rep {

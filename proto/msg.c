@@ -116,99 +116,99 @@ static ProtobufCBinaryData keys_to_pb(const kvd_key_t *keys, size_t n)
     return (ProtobufCBinaryData){.len = n * KVD_KEY_BYTES, .data = (uint8_t *)keys};
 }
 
-static Kvdock__NamespaceSpec **specs_to_pb(kvd_msg_t *scr, const kvd_ns_spec_t *in,
-                                           size_t n)
+/* One field of a field list (kvd_proto.h) from the kvdock struct s into
+ * its protobuf-c message o; strings and keys point into s. */
+#define FIELD_TO_PB(type, name, size, metric, help) FIELD_TO_PB_##type(name)
+#define FIELD_TO_PB_U32(name)                       o->name = s->name;
+#define FIELD_TO_PB_I32(name)                       o->name = s->name;
+#define FIELD_TO_PB_U64(name)                       o->name = s->name;
+#define FIELD_TO_PB_F64(name)                       o->name = s->name;
+#define FIELD_TO_PB_BOOL(name)                      o->name = s->name;
+#define FIELD_TO_PB_STR(name)                       o->name = (char *)s->name;
+#define FIELD_TO_PB_KEY(name) \
+    o->name = (ProtobufCBinaryData){KVD_KEY_BYTES, (uint8_t *)s->name};
+
+static void ns_spec_to_pb(const void *in, void *pb)
 {
-    Kvdock__NamespaceSpec **ptrs = arena_array(scr, n, sizeof(*ptrs));
-    Kvdock__NamespaceSpec *items = arena_array(scr, n, sizeof(*items));
+    const kvd_ns_spec_t *s = in;
+    Kvdock__NamespaceSpec *o = pb;
+    kvdock__namespace_spec__init(o);
+    KVD_NS_SPEC_FIELDS(FIELD_TO_PB)
+}
+
+static void ns_info_to_pb(const void *in, void *pb)
+{
+    const kvd_ns_msg_t *s = in;
+    Kvdock__NamespaceInfo *o = pb;
+    kvdock__namespace_info__init(o);
+    KVD_NS_FIELDS(FIELD_TO_PB)
+}
+
+static void nic_to_pb(const void *in, void *pb)
+{
+    const kvd_nic_msg_t *s = in;
+    Kvdock__Nic *o = pb;
+    kvdock__nic__init(o);
+    KVD_NIC_FIELDS(FIELD_TO_PB)
+}
+
+static void obj_to_pb(const void *in, void *pb)
+{
+    const kvd_obj_msg_t *s = in;
+    Kvdock__ObjectInfo *o = pb;
+    kvdock__object_info__init(o);
+    KVD_OBJ_FIELDS(FIELD_TO_PB)
+    o->parent = (ProtobufCBinaryData){s->parent_len, (uint8_t *)s->parent};
+}
+
+static void store_stats_to_pb(const kvd_store_stats_msg_t *s, Kvdock__StoreStats *o)
+{
+    kvdock__store_stats__init(o);
+    KVD_STORE_STATS_FIELDS(FIELD_TO_PB)
+}
+
+/* A repeated message field: n messages of pb_size bytes, each made by fn
+ * from one of the n elements (in_size bytes each) at in, and the array of
+ * pointers to them, in scr's arena. NULL when out of memory. */
+static void **array_to_pb(kvd_msg_t *scr, const void *in, size_t n, size_t in_size,
+                          size_t pb_size, void (*fn)(const void *in, void *pb))
+{
+    void **ptrs = arena_array(scr, n, sizeof(*ptrs));
+    char *items = arena_array(scr, n, pb_size);
     if (ptrs == NULL || items == NULL)
         return NULL;
     for (size_t i = 0; i < n; i++) {
-        kvdock__namespace_spec__init(&items[i]);
-        items[i].name = (char *)in[i].name;
-        items[i].object_bytes = in[i].object_bytes;
-        items[i].rank_replicated = in[i].rank_replicated;
-        ptrs[i] = &items[i];
+        ptrs[i] = items + i * pb_size;
+        fn((const char *)in + i * in_size, ptrs[i]);
     }
     return ptrs;
+}
+
+static Kvdock__NamespaceSpec **specs_to_pb(kvd_msg_t *scr, const kvd_ns_spec_t *in,
+                                           size_t n)
+{
+    return (Kvdock__NamespaceSpec **)array_to_pb(
+        scr, in, n, sizeof(*in), sizeof(Kvdock__NamespaceSpec), ns_spec_to_pb);
 }
 
 static Kvdock__NamespaceInfo **nsinfo_to_pb(kvd_msg_t *scr, const kvd_ns_msg_t *in,
                                             size_t n)
 {
-    Kvdock__NamespaceInfo **ptrs = arena_array(scr, n, sizeof(*ptrs));
-    Kvdock__NamespaceInfo *items = arena_array(scr, n, sizeof(*items));
-    if (ptrs == NULL || items == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        Kvdock__NamespaceInfo *o = &items[i];
-        kvdock__namespace_info__init(o);
-        o->id = in[i].id;
-        o->name = (char *)in[i].name;
-        o->object_bytes = in[i].object_bytes;
-        o->rank_replicated = in[i].rank_replicated;
-        o->objects_ready = in[i].objects_ready;
-        o->objects_writing = in[i].objects_writing;
-        o->objects_pinned = in[i].objects_pinned;
-        o->lookup_pages = in[i].lookup_pages;
-        o->hit_pages = in[i].hit_pages;
-        o->evictions = in[i].evictions;
-        o->published_bytes = in[i].published_bytes;
-        o->acquired_bytes = in[i].acquired_bytes;
-        o->acquire_failures = in[i].acquire_failures;
-        ptrs[i] = o;
-    }
-    return ptrs;
+    return (Kvdock__NamespaceInfo **)array_to_pb(
+        scr, in, n, sizeof(*in), sizeof(Kvdock__NamespaceInfo), ns_info_to_pb);
 }
 
 /* The RDMA ports of a Stats reply; strings point into `in`. */
 static Kvdock__Nic **nics_to_pb(kvd_msg_t *scr, const kvd_nic_msg_t *in, size_t n)
 {
-    Kvdock__Nic **ptrs = arena_array(scr, n, sizeof(*ptrs));
-    Kvdock__Nic *items = arena_array(scr, n, sizeof(*items));
-    if (ptrs == NULL || items == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        Kvdock__Nic *o = &items[i];
-        kvdock__nic__init(o);
-        o->device = (char *)in[i].device;
-        o->port = in[i].port;
-        o->state = (char *)in[i].state;
-        o->link_layer = (char *)in[i].link_layer;
-        o->gid = (char *)in[i].gid;
-        o->numa_node = in[i].numa_node;
-        o->netdev = (char *)in[i].netdev;
-        o->active_mtu = in[i].active_mtu;
-        ptrs[i] = o;
-    }
-    return ptrs;
+    return (Kvdock__Nic **)array_to_pb(scr, in, n, sizeof(*in), sizeof(Kvdock__Nic),
+                                       nic_to_pb);
 }
 
 static Kvdock__ObjectInfo **objs_to_pb(kvd_msg_t *scr, const kvd_obj_msg_t *in, size_t n)
 {
-    Kvdock__ObjectInfo **ptrs = arena_array(scr, n, sizeof(*ptrs));
-    Kvdock__ObjectInfo *items = arena_array(scr, n, sizeof(*items));
-    if (ptrs == NULL || items == NULL)
-        return NULL;
-    for (size_t i = 0; i < n; i++) {
-        Kvdock__ObjectInfo *o = &items[i];
-        kvdock__object_info__init(o);
-        o->ns = in[i].ns;
-        o->key.len = KVD_KEY_BYTES;
-        o->key.data = (uint8_t *)in[i].key;
-        o->parent.len = in[i].parent_len;
-        o->parent.data = (uint8_t *)in[i].parent;
-        o->depth = in[i].depth;
-        o->state = in[i].state;
-        o->tier = in[i].tier;
-        o->pins = in[i].pins;
-        o->hits = in[i].hits;
-        o->last_access_ms = in[i].last_access_ms;
-        o->offset = in[i].offset;
-        o->size = in[i].size;
-        ptrs[i] = o;
-    }
-    return ptrs;
+    return (Kvdock__ObjectInfo **)array_to_pb(scr, in, n, sizeof(*in),
+                                              sizeof(Kvdock__ObjectInfo), obj_to_pb);
 }
 
 static Kvdock__PrefixEntry **prefixes_to_pb(kvd_msg_t *scr, const kvd_prefix_msg_t *in,
@@ -244,73 +244,6 @@ static Kvdock__PrefixEntry **prefixes_to_pb(kvd_msg_t *scr, const kvd_prefix_msg
         ptrs[i] = o;
     }
     return ptrs;
-}
-
-static void store_stats_to_pb(const kvd_store_stats_msg_t *s, Kvdock__StoreStats *o)
-{
-    kvdock__store_stats__init(o);
-    o->pool_bytes = s->pool_bytes;
-    o->free_bytes = s->free_bytes;
-    o->writing_bytes = s->writing_bytes;
-    o->ready_bytes = s->ready_bytes;
-    o->pinned_bytes = s->pinned_bytes;
-    o->objects_ready = s->objects_ready;
-    o->objects_writing = s->objects_writing;
-    o->objects_pinned = s->objects_pinned;
-    o->pins = s->pins;
-    o->leases = s->leases;
-    o->free_extents = s->free_extents;
-    o->largest_free_bytes = s->largest_free_bytes;
-    o->fragmentation = s->fragmentation;
-    o->index_bytes = s->index_bytes;
-    o->evictions = s->evictions;
-    o->evicted_bytes = s->evicted_bytes;
-    o->reserve_allocated = s->reserve_allocated;
-    o->reserve_exists = s->reserve_exists;
-    o->reserve_in_flight = s->reserve_in_flight;
-    o->reserve_no_space = s->reserve_no_space;
-    o->lookups = s->lookups;
-    o->lookup_pages = s->lookup_pages;
-    o->hit_pages = s->hit_pages;
-    o->acquires = s->acquires;
-    o->acquire_failures = s->acquire_failures;
-    o->leases_expired = s->leases_expired;
-    o->published_bytes = s->published_bytes;
-    o->acquired_bytes = s->acquired_bytes;
-    o->quarantined_bytes = s->quarantined_bytes;
-}
-
-static void store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg_t *s)
-{
-    s->pool_bytes = o->pool_bytes;
-    s->free_bytes = o->free_bytes;
-    s->writing_bytes = o->writing_bytes;
-    s->ready_bytes = o->ready_bytes;
-    s->pinned_bytes = o->pinned_bytes;
-    s->objects_ready = o->objects_ready;
-    s->objects_writing = o->objects_writing;
-    s->objects_pinned = o->objects_pinned;
-    s->pins = o->pins;
-    s->leases = o->leases;
-    s->free_extents = o->free_extents;
-    s->largest_free_bytes = o->largest_free_bytes;
-    s->fragmentation = o->fragmentation;
-    s->index_bytes = o->index_bytes;
-    s->evictions = o->evictions;
-    s->evicted_bytes = o->evicted_bytes;
-    s->reserve_allocated = o->reserve_allocated;
-    s->reserve_exists = o->reserve_exists;
-    s->reserve_in_flight = o->reserve_in_flight;
-    s->reserve_no_space = o->reserve_no_space;
-    s->lookups = o->lookups;
-    s->lookup_pages = o->lookup_pages;
-    s->hit_pages = o->hit_pages;
-    s->acquires = o->acquires;
-    s->acquire_failures = o->acquire_failures;
-    s->leases_expired = o->leases_expired;
-    s->published_bytes = o->published_bytes;
-    s->acquired_bytes = o->acquired_bytes;
-    s->quarantined_bytes = o->quarantined_bytes;
 }
 
 /* Stats reply: the fixed parts plus the namespaces. */
@@ -822,20 +755,91 @@ static int bytes_from_pb(kvd_msg_t *m, ProtobufCBinaryData pb, const uint8_t **o
     return KVD_OK;
 }
 
+/* One field of a field list (kvd_proto.h) from the protobuf-c message o
+ * into the kvdock struct s: a string longer than its field or a key that is
+ * not KVD_KEY_BYTES long is a protocol error. */
+#define FIELD_FROM_PB(type, name, size, metric, help) FIELD_FROM_PB_##type(name)
+#define FIELD_FROM_PB_U32(name)                       s->name = o->name;
+#define FIELD_FROM_PB_I32(name)                       s->name = o->name;
+#define FIELD_FROM_PB_U64(name)                       s->name = o->name;
+#define FIELD_FROM_PB_F64(name)                       s->name = o->name;
+#define FIELD_FROM_PB_BOOL(name)                      s->name = o->name != 0;
+#define FIELD_FROM_PB_STR(name)                                \
+    if (copy_str(s->name, sizeof(s->name), o->name) != KVD_OK) \
+        return KVD_ERR_PROTOCOL;
+#define FIELD_FROM_PB_KEY(name)               \
+    if (copy_key(s->name, o->name) != KVD_OK) \
+        return KVD_ERR_PROTOCOL;
+
+static int ns_spec_from_pb(const void *pb, void *out)
+{
+    const Kvdock__NamespaceSpec *o = pb;
+    kvd_ns_spec_t *s = out;
+    KVD_NS_SPEC_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+static int ns_info_from_pb(const void *pb, void *out)
+{
+    const Kvdock__NamespaceInfo *o = pb;
+    kvd_ns_msg_t *s = out;
+    KVD_NS_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+static int nic_from_pb(const void *pb, void *out)
+{
+    const Kvdock__Nic *o = pb;
+    kvd_nic_msg_t *s = out;
+    KVD_NIC_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+/* An object; its parent is a full key, a tag or nothing. */
+static int obj_from_pb(const void *pb, void *out)
+{
+    const Kvdock__ObjectInfo *o = pb;
+    kvd_obj_msg_t *s = out;
+    KVD_OBJ_FIELDS(FIELD_FROM_PB)
+    if (o->parent.len != 0 && o->parent.len != KVD_KEY_TAG_BYTES &&
+        o->parent.len != KVD_KEY_BYTES)
+        return KVD_ERR_PROTOCOL;
+    if (o->parent.len > 0)
+        memcpy(s->parent, o->parent.data, o->parent.len);
+    s->parent_len = (uint8_t)o->parent.len;
+    return KVD_OK;
+}
+
+static int store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg_t *s)
+{
+    KVD_STORE_STATS_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+/* A repeated message field: n elements of out_size bytes in m's arena,
+ * each made by fn from pb[i], into *out. KVD_ERR_NOMEM, or fn's error. */
+static int array_from_pb(kvd_msg_t *m, size_t n, void *const *pb, size_t out_size,
+                         int (*fn)(const void *pb, void *out), void **out)
+{
+    char *v = arena_array(m, n, out_size);
+    if (v == NULL)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        int rc = fn(pb[i], v + i * out_size);
+        if (rc != KVD_OK)
+            return rc;
+    }
+    *out = v;
+    return KVD_OK;
+}
+
 static int specs_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceSpec **pb,
                          kvd_ns_spec_t **out)
 {
-    kvd_ns_spec_t *specs = arena_array(m, n, sizeof(*specs));
-    if (specs == NULL)
-        return KVD_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        if (copy_str(specs[i].name, sizeof(specs[i].name), pb[i]->name) != KVD_OK)
-            return KVD_ERR_PROTOCOL;
-        specs[i].object_bytes = pb[i]->object_bytes;
-        specs[i].rank_replicated = pb[i]->rank_replicated;
-    }
-    *out = specs;
-    return KVD_OK;
+    void *v = NULL;
+    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), ns_spec_from_pb, &v);
+    *out = v;
+    return rc;
 }
 
 static int u32s_from_pb(kvd_msg_t *m, size_t n, const uint32_t *pb, uint32_t **out)
@@ -863,79 +867,28 @@ static int u64s_from_pb(kvd_msg_t *m, size_t n, const uint64_t *pb, uint64_t **o
 static int nsinfo_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceInfo **pb,
                           kvd_ns_msg_t **out)
 {
-    kvd_ns_msg_t *v = arena_array(m, n, sizeof(*v));
-    if (v == NULL)
-        return KVD_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        if (copy_str(v[i].name, sizeof(v[i].name), pb[i]->name) != KVD_OK)
-            return KVD_ERR_PROTOCOL;
-        v[i].id = pb[i]->id;
-        v[i].object_bytes = pb[i]->object_bytes;
-        v[i].rank_replicated = pb[i]->rank_replicated;
-        v[i].objects_ready = pb[i]->objects_ready;
-        v[i].objects_writing = pb[i]->objects_writing;
-        v[i].objects_pinned = pb[i]->objects_pinned;
-        v[i].lookup_pages = pb[i]->lookup_pages;
-        v[i].hit_pages = pb[i]->hit_pages;
-        v[i].evictions = pb[i]->evictions;
-        v[i].published_bytes = pb[i]->published_bytes;
-        v[i].acquired_bytes = pb[i]->acquired_bytes;
-        v[i].acquire_failures = pb[i]->acquire_failures;
-    }
+    void *v = NULL;
+    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), ns_info_from_pb, &v);
     *out = v;
-    return KVD_OK;
+    return rc;
 }
 
-/* The RDMA ports of a Stats reply; a string too long for its field is a
- * protocol error, as for namespaces. */
+/* The RDMA ports of a Stats reply. */
 static int nics_from_pb(kvd_msg_t *m, size_t n, Kvdock__Nic **pb, kvd_nic_msg_t **out)
 {
-    kvd_nic_msg_t *v = arena_array(m, n, sizeof(*v));
-    if (v == NULL)
-        return KVD_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        const Kvdock__Nic *o = pb[i];
-        if (copy_str(v[i].device, sizeof(v[i].device), o->device) != KVD_OK ||
-            copy_str(v[i].state, sizeof(v[i].state), o->state) != KVD_OK ||
-            copy_str(v[i].link_layer, sizeof(v[i].link_layer), o->link_layer) != KVD_OK ||
-            copy_str(v[i].gid, sizeof(v[i].gid), o->gid) != KVD_OK ||
-            copy_str(v[i].netdev, sizeof(v[i].netdev), o->netdev) != KVD_OK)
-            return KVD_ERR_PROTOCOL;
-        v[i].port = o->port;
-        v[i].numa_node = o->numa_node;
-        v[i].active_mtu = o->active_mtu;
-    }
+    void *v = NULL;
+    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), nic_from_pb, &v);
     *out = v;
-    return KVD_OK;
+    return rc;
 }
 
 static int objs_from_pb(kvd_msg_t *m, size_t n, Kvdock__ObjectInfo **pb,
                         kvd_obj_msg_t **out)
 {
-    kvd_obj_msg_t *v = arena_array(m, n, sizeof(*v));
-    if (v == NULL)
-        return KVD_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        const Kvdock__ObjectInfo *o = pb[i];
-        if (copy_key(v[i].key, o->key) != KVD_OK ||
-            (o->parent.len != 0 && o->parent.len != KVD_KEY_TAG_BYTES &&
-             o->parent.len != KVD_KEY_BYTES))
-            return KVD_ERR_PROTOCOL;
-        if (o->parent.len > 0)
-            memcpy(v[i].parent, o->parent.data, o->parent.len);
-        v[i].parent_len = (uint8_t)o->parent.len;
-        v[i].ns = o->ns;
-        v[i].depth = o->depth;
-        v[i].state = o->state;
-        v[i].tier = o->tier;
-        v[i].pins = o->pins;
-        v[i].hits = o->hits;
-        v[i].last_access_ms = o->last_access_ms;
-        v[i].offset = o->offset;
-        v[i].size = o->size;
-    }
+    void *v = NULL;
+    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), obj_from_pb, &v);
     *out = v;
-    return KVD_OK;
+    return rc;
 }
 
 static int prefixes_from_pb(kvd_msg_t *m, size_t n, Kvdock__PrefixEntry **pb,
@@ -1014,10 +967,10 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
         if (nb > 0)
             memcpy(d->latency_buckets, ms->latency_buckets, nb * sizeof(uint64_t));
     }
-    if (r->store != NULL)
-        store_stats_from_pb(r->store, &s->store);
     s->n_namespaces = r->n_namespaces;
-    rc = nsinfo_from_pb(m, r->n_namespaces, r->namespaces, &s->namespaces);
+    rc = r->store != NULL ? store_stats_from_pb(r->store, &s->store) : KVD_OK;
+    if (rc == KVD_OK)
+        rc = nsinfo_from_pb(m, r->n_namespaces, r->namespaces, &s->namespaces);
     if (rc == KVD_OK)
         rc = nics_from_pb(m, r->n_nics, r->nics, &s->nics);
     s->n_nics = rc == KVD_OK ? r->n_nics : 0;

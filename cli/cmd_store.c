@@ -1,9 +1,11 @@
 /*
- * cli_store.c - the kvdock commands that look at what is stored: hash,
+ * cmd_store.c - the kvdock commands that look at what is stored: hash,
  * prefixes, show, lookup, evict.
  *
  * Namespaces are named by the operator and resolved to ids through the
- * Stats reply's namespace table. Keys are 64 hex digits.
+ * Stats reply's namespace table. Keys are 64 hex digits. An object in
+ * --json has the fields of its field list (kvd_proto.h), its namespace's
+ * name and its parent.
  */
 #include "cli.h"
 
@@ -11,12 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-void cli_print_hex(const uint8_t *bytes, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        printf("%02x", bytes[i]);
-}
 
 static void print_time(uint64_t ms)
 {
@@ -29,14 +25,6 @@ static void print_time(uint64_t ms)
     gmtime_r(&t, &tm);
     printf("%04d-%02d-%02dT%02d:%02d:%02dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
            tm.tm_hour, tm.tm_min, tm.tm_sec);
-}
-
-static const char *ns_name(const kvd_ns_msg_t *ns, size_t n, uint32_t id)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ns[i].id == id)
-            return ns[i].name;
-    return "?";
 }
 
 static int parse_key(const char *hex, uint8_t key[KVD_KEY_BYTES])
@@ -175,11 +163,27 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
 static void print_pools(const kvd_prefix_msg_t *p, const kvd_ns_msg_t *ns, size_t n_ns)
 {
     for (size_t k = 0; k < p->n_pools; k++) {
-        printf("    %s at boundaries", ns_name(ns, n_ns, p->pools[k].ns));
+        printf("    %s at boundaries", cli_ns_name(ns, n_ns, p->pools[k].ns));
         for (size_t b = 0; b < p->pools[k].n; b++)
             printf("%s%u", b ? "," : " ", p->pools[k].boundaries[b]);
         printf("\n");
     }
+}
+
+/* One object in --json: the fields of its list, then its namespace's name
+ * and its parent (hex when stored, "" otherwise). */
+static void obj_json(const kvd_obj_msg_t *o, const kvd_ns_msg_t *ns, size_t n_ns,
+                     bool first)
+{
+    printf("%s{", first ? "" : ",");
+    cli_json_fields(&kvd_obj_fields, o);
+    printf(",\"namespace\":");
+    cli_json_str(cli_ns_name(ns, n_ns, o->ns));
+    bool stored = o->parent_len == KVD_KEY_BYTES;
+    printf(",\"parent\":\"");
+    if (stored)
+        cli_print_hex(o->parent, o->parent_len);
+    printf("\",\"parent_stored\":%s}", stored ? "true" : "false");
 }
 
 static void prefixes_json(const kvd_list_rep_t *l)
@@ -188,7 +192,7 @@ static void prefixes_json(const kvd_list_rep_t *l)
     for (size_t i = 0; i < l->n_prefixes; i++) {
         const kvd_prefix_msg_t *p = &l->prefixes[i];
         printf("%s{\"namespace\":", i ? "," : "");
-        cli_json_str(ns_name(l->namespaces, l->n_namespaces, p->ns));
+        cli_json_str(cli_ns_name(l->namespaces, l->n_namespaces, p->ns));
         printf(",\"root\":\"");
         cli_print_hex(p->root, KVD_KEY_BYTES);
         printf("\",\"leaf\":\"");
@@ -199,7 +203,7 @@ static void prefixes_json(const kvd_list_rep_t *l)
                (unsigned long long)p->last_access_ms, (unsigned long long)p->hits);
         for (size_t k = 0; k < p->n_pools; k++) {
             printf("%s{\"namespace\":", k ? "," : "");
-            cli_json_str(ns_name(l->namespaces, l->n_namespaces, p->pools[k].ns));
+            cli_json_str(cli_ns_name(l->namespaces, l->n_namespaces, p->pools[k].ns));
             printf(",\"boundaries\":[");
             for (size_t b = 0; b < p->pools[k].n; b++)
                 printf("%s%u", b ? "," : "", p->pools[k].boundaries[b]);
@@ -210,19 +214,8 @@ static void prefixes_json(const kvd_list_rep_t *l)
     printf("]");
     if (l->n_nodes > 0) {
         printf(",\"nodes\":[");
-        for (size_t i = 0; i < l->n_nodes; i++) {
-            const kvd_obj_msg_t *o = &l->nodes[i];
-            printf("%s{\"namespace\":", i ? "," : "");
-            cli_json_str(ns_name(l->namespaces, l->n_namespaces, o->ns));
-            printf(",\"key\":\"");
-            cli_print_hex(o->key, KVD_KEY_BYTES);
-            printf("\",\"parent\":\"");
-            if (o->parent_len == KVD_KEY_BYTES)
-                cli_print_hex(o->parent, o->parent_len);
-            printf("\",\"parent_stored\":%s,\"depth\":%u,\"hits\":%u,\"pins\":%u}",
-                   o->parent_len == KVD_KEY_BYTES ? "true" : "false", o->depth, o->hits,
-                   o->pins);
-        }
+        for (size_t i = 0; i < l->n_nodes; i++)
+            obj_json(&l->nodes[i], l->namespaces, l->n_namespaces, i == 0);
         printf("]");
     }
     printf("}\n");
@@ -298,7 +291,7 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
             const kvd_obj_msg_t *o = &l->nodes[i];
             if (o->parent_len == KVD_KEY_BYTES)
                 continue; /* not a root: printed under its parent */
-            printf("%s\n", ns_name(l->namespaces, l->n_namespaces, o->ns));
+            printf("%s\n", cli_ns_name(l->namespaces, l->n_namespaces, o->ns));
             tree_print(l, i, 2, 64);
         }
     } else {
@@ -307,7 +300,7 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
         for (size_t i = 0; i < l->n_prefixes; i++) {
             const kvd_prefix_msg_t *p = &l->prefixes[i];
             char b[32];
-            printf("%s  root ", ns_name(l->namespaces, l->n_namespaces, p->ns));
+            printf("%s  root ", cli_ns_name(l->namespaces, l->n_namespaces, p->ns));
             cli_print_hex(p->root, 8);
             printf("  leaf ");
             cli_print_hex(p->leaf, 8);
@@ -351,25 +344,11 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
                             : o->pins                   ? "pinned"
                                                         : "ready";
         if (cli->json) {
-            printf("%s{\"namespace\":", i ? "," : "");
-            cli_json_str(ns_name(r->namespaces, r->n_namespaces, o->ns));
-            printf(",\"key\":\"");
-            cli_print_hex(o->key, KVD_KEY_BYTES);
-            printf("\",\"parent\":\"");
-            if (o->parent_len == KVD_KEY_BYTES)
-                cli_print_hex(o->parent, o->parent_len);
-            printf("\",\"parent_stored\":%s,\"depth\":%u,\"state\":\"%s\",\"tier\":\"%"
-                   "s\",\"pins\":%u,"
-                   "\"hits\":%u,"
-                   "\"last_access_ms\":%llu,\"offset\":%llu,\"size\":%llu}",
-                   o->parent_len == KVD_KEY_BYTES ? "true" : "false", o->depth, state,
-                   o->tier ? "ssd" : "dram", o->pins, o->hits,
-                   (unsigned long long)o->last_access_ms, (unsigned long long)o->offset,
-                   (unsigned long long)o->size);
+            obj_json(o, r->namespaces, r->n_namespaces, i == 0);
             continue;
         }
         printf("namespace    %s\nkey          ",
-               ns_name(r->namespaces, r->n_namespaces, o->ns));
+               cli_ns_name(r->namespaces, r->n_namespaces, o->ns));
         cli_print_hex(o->key, KVD_KEY_BYTES);
         printf("\nparent       ");
         if (o->parent_len == 0)
@@ -438,12 +417,12 @@ int cmd_lookup(const cli_t *cli, const cli_args_t *a)
                 "kvdock lookup: --namespace N and at least one KEY are required\n");
         return EXIT_USAGE;
     }
-    uint32_t trailing[16];
+    uint32_t trailing[KVD_LOOKUP_POOLS_MAX];
     if (parse_trailing(a->trailing, trailing, a->n_namespaces) != 0)
         return EXIT_USAGE;
     kvd_msg_t table = {0}, req, rep = {0};
     kvd_key_t *keys = calloc(a->n_args, sizeof(kvd_key_t));
-    kvd_lookup_pool_msg_t pools[16];
+    kvd_lookup_pool_msg_t pools[KVD_LOOKUP_POOLS_MAX];
     int status = 1;
     kvd_ns_msg_t *ns;
     size_t n_ns;

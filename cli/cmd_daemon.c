@@ -1,0 +1,218 @@
+/*
+ * cmd_daemon.c - the kvdock commands about the daemon itself: health and
+ * stats (memory, connections, RPC counters, the store, its namespaces, the
+ * RDMA ports).
+ *
+ * The store's figures, the namespaces and the ports are printed from their
+ * field lists (kvd_proto.h): --json and the table name each field as
+ * kvdock.proto and /metrics do.
+ */
+#include "cli.h"
+
+#include <stdlib.h>
+
+int cmd_health(const cli_t *cli, const cli_args_t *a)
+{
+    if (!cli_no_args("health", a))
+        return EXIT_USAGE;
+    kvd_msg_t rep = {0};
+    if (cli_call_empty(cli, KVD_METHOD_HEALTH, &rep) != KVD_OK) {
+        kvd_msg_clear(&rep);
+        return 1;
+    }
+    const kvd_health_rep_t *h = &rep.body.health_rep;
+    if (cli->json) {
+        printf("{\"state\":\"%s\",\"pool_bytes\":%llu,\"populated_bytes\":%llu,"
+               "\"uptime_ms\":%llu}\n",
+               kvd_health_name(h->state), (unsigned long long)h->pool_bytes,
+               (unsigned long long)h->populated_bytes, (unsigned long long)h->uptime_ms);
+    } else {
+        char a1[32], b1[32];
+        printf("%s (pool %s of %s populated, up %.1f s)\n", kvd_health_name(h->state),
+               kvd_size_format(h->populated_bytes, a1, sizeof(a1)),
+               kvd_size_format(h->pool_bytes, b1, sizeof(b1)),
+               (double)h->uptime_ms / 1000.0);
+    }
+    int status = h->state == KVD_HEALTH_READY ? 0 : EXIT_NOT_READY;
+    kvd_msg_clear(&rep);
+    return status;
+}
+
+/* A JSON array of n objects (size bytes each) of a flat message. */
+static void json_array(const char *key, const kvd_field_list_t *l, const void *objs,
+                       size_t n, size_t size)
+{
+    printf(",\"%s\":[", key);
+    for (size_t i = 0; i < n; i++) {
+        printf("%s{", i ? "," : "");
+        cli_json_fields(l, (const char *)objs + i * size);
+        printf("}");
+    }
+    printf("]");
+}
+
+static void memory_json(const kvd_mem_stats_t *m)
+{
+    printf("\"memory\":{\"pool_bytes\":%llu,\"pool_populated_bytes\":%llu,"
+           "\"rss_bytes\":%llu,\"rss_anon_bytes\":%llu,\"rss_file_bytes\":%llu,"
+           "\"rss_shmem_bytes\":%llu,",
+           (unsigned long long)m->pool_bytes, (unsigned long long)m->pool_populated_bytes,
+           (unsigned long long)m->rss_bytes, (unsigned long long)m->rss_anon_bytes,
+           (unsigned long long)m->rss_file_bytes, (unsigned long long)m->rss_shmem_bytes);
+    for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
+        printf("\"%s_bytes\":%llu,", kvd_mem_cat_name((kvd_mem_cat_t)c),
+               (unsigned long long)m->cat_bytes[c]);
+    printf("\"hugepages\":%s,\"mlocked\":%s},", m->hugepages ? "true" : "false",
+           m->mlocked ? "true" : "false");
+}
+
+static void methods_json(const kvd_stats_rep_t *st)
+{
+    printf("\"methods\":{");
+    for (size_t i = 1; i < KVD_METHOD_COUNT; i++) {
+        const kvd_method_stats_t *ms = &st->methods[i];
+        printf("%s\"%s\":{\"calls\":%llu,\"errors\":%llu,\"latency_us_sum\":%llu,"
+               "\"latency_buckets\":[",
+               i > 1 ? "," : "", kvd_method_name((kvd_method_t)i),
+               (unsigned long long)ms->calls, (unsigned long long)ms->errors,
+               (unsigned long long)ms->latency_us_sum);
+        for (size_t b = 0; b < KVD_LATENCY_BUCKETS; b++)
+            printf("%s%llu", b ? "," : "", (unsigned long long)ms->latency_buckets[b]);
+        printf("]}");
+    }
+    printf("}");
+}
+
+static void stats_json(const kvd_stats_rep_t *st)
+{
+    printf("{\"daemon_version\":");
+    cli_json_str(st->daemon_version);
+    printf(",\"instance\":");
+    cli_json_str(st->instance);
+    printf(",\"state\":\"%s\",\"uptime_ms\":%llu,", kvd_health_name(st->state),
+           (unsigned long long)st->uptime_ms);
+    memory_json(&st->memory);
+    printf("\"connections\":{\"current\":%llu,\"total\":%llu,\"rejected\":%llu},"
+           "\"protocol_errors\":%llu,",
+           (unsigned long long)st->connections_current,
+           (unsigned long long)st->connections_total,
+           (unsigned long long)st->connections_rejected,
+           (unsigned long long)st->protocol_errors);
+    methods_json(st);
+    printf(",\"store\":{");
+    cli_json_fields(&kvd_store_stats_fields, &st->store);
+    printf("}");
+    json_array("namespaces", &kvd_ns_fields, st->namespaces, st->n_namespaces,
+               sizeof(*st->namespaces));
+    json_array("nics", &kvd_nic_fields, st->nics, st->n_nics, sizeof(*st->nics));
+    if (st->checked) {
+        printf(",\"check\":{\"ok\":%s,\"error\":", st->check_error[0] ? "false" : "true");
+        cli_json_str(st->check_error);
+        printf("}");
+    }
+    printf("}\n");
+}
+
+static void memory_table(const kvd_mem_stats_t *m)
+{
+    char a[32], b[32];
+    printf("%-26s %s\n", "pool", kvd_size_format(m->pool_bytes, a, sizeof(a)));
+    printf("%-26s %s (%.0f%%)\n", "pool populated",
+           kvd_size_format(m->pool_populated_bytes, a, sizeof(a)),
+           m->pool_bytes ? 100.0 * (double)m->pool_populated_bytes / (double)m->pool_bytes
+                         : 0.0);
+    printf("%-26s %s%s\n", "pool pages", m->hugepages ? "2 MiB hugepages" : "base pages",
+           m->mlocked ? ", locked" : "");
+    printf("%-26s %s\n", "process rss", kvd_size_format(m->rss_bytes, a, sizeof(a)));
+    printf("%-26s %s shmem, %s anon, ", "  of which",
+           kvd_size_format(m->rss_shmem_bytes, a, sizeof(a)),
+           kvd_size_format(m->rss_anon_bytes, b, sizeof(b)));
+    printf("%s file\n", kvd_size_format(m->rss_file_bytes, a, sizeof(a)));
+    for (int c = 0; c < KVD_MEM_CAT_COUNT; c++) {
+        char label[40];
+        snprintf(label, sizeof(label), "allocated: %s",
+                 kvd_mem_cat_name((kvd_mem_cat_t)c));
+        printf("%-26s %s\n", label, kvd_size_format(m->cat_bytes[c], a, sizeof(a)));
+    }
+}
+
+static void methods_table(const kvd_stats_rep_t *st)
+{
+    printf("%-14s %12s %10s %14s\n", "method", "calls", "errors", "mean latency");
+    for (size_t i = 1; i < KVD_METHOD_COUNT; i++) {
+        const kvd_method_stats_t *ms = &st->methods[i];
+        char mean[32] = "-";
+        if (ms->calls)
+            snprintf(mean, sizeof(mean), "%.1f us",
+                     (double)ms->latency_us_sum / (double)ms->calls);
+        printf("%-14s %12llu %10llu %14s\n", kvd_method_name((kvd_method_t)i),
+               (unsigned long long)ms->calls, (unsigned long long)ms->errors, mean);
+    }
+}
+
+/* The store, each namespace and the RDMA ports, field by field. */
+static void store_table(const kvd_stats_rep_t *st)
+{
+    const kvd_store_stats_msg_t *ss = &st->store;
+    char a[32], b[32];
+    uint64_t used = ss->pool_bytes - ss->free_bytes;
+    printf("\nstore: %s used of %s (%.1f%%), hit rate %.1f%%\n",
+           kvd_size_format(used, a, sizeof(a)),
+           kvd_size_format(ss->pool_bytes, b, sizeof(b)),
+           ss->pool_bytes ? 100.0 * (double)used / (double)ss->pool_bytes : 0.0,
+           ss->lookup_pages ? 100.0 * (double)ss->hit_pages / (double)ss->lookup_pages
+                            : 0.0);
+    cli_table_fields(&kvd_store_stats_fields, ss, 2);
+    for (size_t i = 0; i < st->n_namespaces; i++) {
+        printf("\nnamespace %s:\n", st->namespaces[i].name);
+        cli_table_fields(&kvd_ns_fields, &st->namespaces[i], 2);
+    }
+    if (st->n_nics == 0) {
+        printf("\nnics: no RDMA devices\n");
+        return;
+    }
+    printf("\nnics:\n");
+    cli_table_rows(&kvd_nic_fields, st->nics, st->n_nics, sizeof(*st->nics), 2);
+}
+
+static void stats_table(const kvd_stats_rep_t *st)
+{
+    printf("kvdockd %s, instance %s: %s, up %.1f s\n\n", st->daemon_version, st->instance,
+           kvd_health_name(st->state), (double)st->uptime_ms / 1000.0);
+    memory_table(&st->memory);
+    printf("%-26s %llu open, %llu accepted, %llu rejected\n", "connections",
+           (unsigned long long)st->connections_current,
+           (unsigned long long)st->connections_total,
+           (unsigned long long)st->connections_rejected);
+    printf("%-26s %llu\n\n", "protocol errors", (unsigned long long)st->protocol_errors);
+    methods_table(st);
+    store_table(st);
+}
+
+int cmd_stats(const cli_t *cli, const cli_args_t *a)
+{
+    if (!cli_no_args("stats", a))
+        return EXIT_USAGE;
+    kvd_msg_t *req = calloc(2, sizeof(kvd_msg_t));
+    if (req == NULL)
+        return 1;
+    kvd_msg_t *rep = req + 1;
+    kvd_msg_request(req, 0, KVD_METHOD_STATS);
+    req->body.stats_req.check = a->check;
+    int rc = cli_call(cli, req, rep);
+    bool broken = false;
+    if (rc == KVD_OK) {
+        const kvd_stats_rep_t *st = &rep->body.stats_rep;
+        if (cli->json)
+            stats_json(st);
+        else
+            stats_table(st);
+        broken = a->check && (!st->checked || st->check_error[0] != '\0');
+        if (a->check && !cli->json)
+            printf("\ninvariant check: %s%s\n", broken ? "FAILED: " : "ok",
+                   broken ? st->check_error : "");
+    }
+    kvd_msg_clear(rep);
+    free(req);
+    return rc == KVD_OK && !broken ? 0 : 1;
+}
