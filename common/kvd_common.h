@@ -5,7 +5,7 @@
  * chain.
  *
  * Everything here is thread-safe: the logger serialises whole lines, the
- * memory counters are atomics, the rest is pure.
+ * memory counters are atomics, the rest keeps no state of its own.
  */
 #ifndef KVD_COMMON_H
 #define KVD_COMMON_H

@@ -1,6 +1,8 @@
 /*
  * util.c - clocks, size and number parsing, string helpers, memory
- * accounting and the /proc/self/status reader.
+ * accounting, the /proc/self/status reader, and the process helpers of
+ * tools and tests (reaping a child within a timeout, dumping a log, the RDMA
+ * device check).
  */
 #include "kvd_common.h"
 

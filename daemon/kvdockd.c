@@ -1,6 +1,7 @@
 /*
  * kvdockd.c - the daemon's entry point: options, the sizing decision, the
- * pool, then the event loop until SIGTERM/SIGINT.
+ * pool, then the event loop until SIGTERM/SIGINT. The same binary, started
+ * with --ucx-serve, is the UCX server process (ucxd.h).
  *
  * Exit status: 0 after a clean drain; 1 when a runtime failure stops it (the
  * pool cannot be populated, the loop fails); 2 for bad options or a pool

@@ -1,7 +1,9 @@
 /*
  * ucxd.h - the daemon's UCX server: a child process of kvdockd that maps
- * the pool's shared-memory file and serves it to UCX workers (RMA over
- * RDMA, TCP or shared memory). Private to daemon/.
+ * the pool's shared-memory file and serves it to UCX workers: one-sided
+ * RMA into the registered pool (RDMA, or UCX's emulation over TCP or shared
+ * memory), and the active messages of the message mode, which it checks
+ * against the pool before it copies. Private to daemon/.
  *
  * Why a process of its own: UCX handles a peer that dies in the middle of
  * its connection set-up with an assertion in some versions (1.13 here: a

@@ -1,13 +1,17 @@
 /*
- * kvd_store.h - the one public header of store/.
- *
- * This issue's part of the store: how big the pool is (the sizing rule of
- * DESIGN.md section 9, a pure function of the host's memory figures so that
- * it can be tested on fixtures) and the pool itself, a shared-memory file the
- * daemon maps and populates at a bounded rate.
+ * kvd_store.h - the one public header of store/, in three parts:
+ *   sizing  how big the pool is: the rule of DESIGN.md section 9, a pure
+ *           function of the host's memory figures (so that tests drive it
+ *           with fixture directories), and the reader of those figures;
+ *   pool    the pool itself, a shared-memory file the daemon maps and
+ *           populates at a bounded rate on a thread of its own;
+ *   engine  the store engine (DESIGN.md sections 3 to 5): namespaces, the
+ *           allocator, the index, the objects' lifecycle, leases, eviction,
+ *           lookups and inspection; bookkeeping only, never the pool's bytes.
  *
  * Threading: kvd_pool_* may be called from the daemon's loop thread while the
- * population thread runs; the progress counters are atomics.
+ * population thread runs; the progress counters are atomics. The engine has
+ * no lock of its own (see its section).
  */
 #ifndef KVD_STORE_H
 #define KVD_STORE_H
