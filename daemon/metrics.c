@@ -2,15 +2,19 @@
  * metrics.c - the Prometheus endpoint: GET /metrics (text exposition format
  * 0.0.4) and GET /healthz (200 "ready", 503 "starting"/"draining").
  *
- * libmicrohttpd serves on a pool of two threads. /healthz reads an atomic;
- * /metrics comes from kvd_server_stats(), which reads atomics, /proc, and
- * the store under the server's store lock (held by the loop per request).
+ * libmicrohttpd serves on a pool of two threads. Both paths read the latest
+ * snapshot the server handed over (kvd_metrics_publish), under a mutex that
+ * guards only the pointer to it: a scrape never waits for the server's loop.
+ * The store's figures and the namespaces' come from their field lists
+ * (kvd_proto.h): kvdock_store_<field> and kvdock_ns_<field>{ns="..."}, a
+ * counter with _total, the same names as in Stats and the CLI.
  */
-#include "server.h"
+#include "metrics.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -23,7 +27,8 @@ typedef enum MHD_Result kvd_mhd_result;
 
 struct kvd_metrics {
     struct MHD_Daemon *mhd;
-    kvd_server_t *server;
+    pthread_mutex_t lock; /* guards snap */
+    kvd_msg_t *snap;      /* the latest Stats snapshot; NULL before the first */
 };
 
 static int appendf(kvd_buf_t *b, const char *fmt, ...)
@@ -60,92 +65,56 @@ static void counter(kvd_buf_t *b, const char *name, const char *help, uint64_t v
             (unsigned long long)v);
 }
 
-/* One series with a sample per namespace: the uint64_t field at `field`. */
-static void ns_series(kvd_buf_t *b, const char *name, const char *help, const char *type,
-                      const kvd_ns_msg_t *ns, size_t n_ns, size_t field)
+static const char *kind_name(kvd_metric_kind_t k)
 {
-    appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-    for (size_t i = 0; i < n_ns; i++) {
-        uint64_t v;
-        memcpy(&v, (const char *)&ns[i] + field, sizeof(v));
-        /* label values escape backslash and double quote */
-        char label[2 * KVD_NS_NAME_BYTES];
-        size_t o = 0;
-        for (const char *c = ns[i].name; *c && o + 2 < sizeof(label); c++) {
-            if (*c == '\\' || *c == '"')
-                label[o++] = '\\';
-            label[o++] = *c;
-        }
-        label[o] = '\0';
-        appendf(b, "%s{ns=\"%s\"} %llu\n", name, label, (unsigned long long)v);
+    return k == KVD_METRIC_COUNTER ? "counter" : "gauge";
+}
+
+/* A namespace's name as a label value: backslash and double quote escaped. */
+static void ns_label(const char *name, char *label, size_t len)
+{
+    size_t o = 0;
+    for (const char *c = name; *c && o + 2 < len; c++) {
+        if (*c == '\\' || *c == '"')
+            label[o++] = '\\';
+        label[o++] = *c;
+    }
+    label[o] = '\0';
+}
+
+/* Every metric of a flat message's field list: the store's figures. */
+static void render_fields(kvd_buf_t *b, const kvd_field_list_t *l, const void *obj)
+{
+    char name[96], value[64];
+    for (size_t i = 0; i < l->n; i++) {
+        const kvd_field_t *f = &l->fields[i];
+        if (kvd_field_metric_name(l, f, name, sizeof(name)) != KVD_OK)
+            continue;
+        appendf(b, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", name, f->help, name,
+                kind_name(f->metric), name, kvd_field_text(f, obj, value, sizeof(value)));
     }
 }
 
-/* The store's figures, global and per namespace. */
-static void render_store(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,
-                         kvd_buf_t *b)
+/* Every metric of the namespace list, one sample per namespace. */
+static void render_namespaces(kvd_buf_t *b, const kvd_ns_msg_t *ns, size_t n_ns)
 {
-    const kvd_store_stats_msg_t *s = &st->store;
-    appendf(b,
-            "# HELP kvdock_store_bytes Pool bytes by state (they add up to the pool).\n"
-            "# TYPE kvdock_store_bytes gauge\n"
-            "kvdock_store_bytes{state=\"free\"} %llu\n"
-            "kvdock_store_bytes{state=\"writing\"} %llu\n"
-            "kvdock_store_bytes{state=\"ready\"} %llu\n"
-            "kvdock_store_bytes{state=\"quarantined\"} %llu\n",
-            (unsigned long long)s->free_bytes, (unsigned long long)s->writing_bytes,
-            (unsigned long long)s->ready_bytes, (unsigned long long)s->quarantined_bytes);
-    gauge(b, "kvdock_store_pinned_bytes", "Ready bytes pinned by loads.",
-          s->pinned_bytes);
-    gauge(b, "kvdock_store_objects", "Objects stored (ready).", s->objects_ready);
-    gauge(b, "kvdock_store_objects_writing", "Objects reserved, being written.",
-          s->objects_writing);
-    gauge(b, "kvdock_store_leases", "Leases holding reservations or pins.", s->leases);
-    gauge(b, "kvdock_store_free_extents", "Free extents of the pool.", s->free_extents);
-    gauge(b, "kvdock_store_largest_free_bytes", "Largest free extent.",
-          s->largest_free_bytes);
-    appendf(b,
-            "# HELP kvdock_store_fragmentation 1 - largest free extent / free bytes.\n"
-            "# TYPE kvdock_store_fragmentation gauge\nkvdock_store_fragmentation %.4f\n",
-            s->fragmentation);
-    gauge(b, "kvdock_store_index_bytes", "Memory of the index (records, hash, leases).",
-          s->index_bytes);
-    counter(b, "kvdock_store_evictions_total", "Objects evicted.", s->evictions);
-    counter(b, "kvdock_store_evicted_bytes_total", "Bytes evicted.", s->evicted_bytes);
-    counter(b, "kvdock_store_published_bytes_total", "Bytes offloaded (published).",
-            s->published_bytes);
-    counter(b, "kvdock_store_acquired_bytes_total", "Bytes loaded (acquired).",
-            s->acquired_bytes);
-    counter(b, "kvdock_store_leases_expired_total", "Leases undone by their TTL.",
-            s->leases_expired);
-    appendf(b,
-            "# HELP kvdock_store_reserve_total Reserve results by kind.\n"
-            "# TYPE kvdock_store_reserve_total counter\n"
-            "kvdock_store_reserve_total{result=\"allocated\"} %llu\n"
-            "kvdock_store_reserve_total{result=\"exists\"} %llu\n"
-            "kvdock_store_reserve_total{result=\"in_flight\"} %llu\n"
-            "kvdock_store_reserve_total{result=\"no_space\"} %llu\n",
-            (unsigned long long)s->reserve_allocated,
-            (unsigned long long)s->reserve_exists,
-            (unsigned long long)s->reserve_in_flight,
-            (unsigned long long)s->reserve_no_space);
-    ns_series(b, "kvdock_ns_objects", "Ready objects per namespace.", "gauge", ns, n_ns,
-              offsetof(kvd_ns_msg_t, objects_ready));
-    ns_series(b, "kvdock_ns_lookup_pages_total", "Pages probed by lookups per namespace.",
-              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, lookup_pages));
-    ns_series(b, "kvdock_ns_hit_pages_total", "Probed pages found per namespace.",
-              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, hit_pages));
-    ns_series(b, "kvdock_ns_offload_bytes_total", "Bytes published per namespace.",
-              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, published_bytes));
-    ns_series(b, "kvdock_ns_load_bytes_total", "Bytes acquired for loads per namespace.",
-              "counter", ns, n_ns, offsetof(kvd_ns_msg_t, acquired_bytes));
-    ns_series(b, "kvdock_ns_load_failures_total",
-              "Acquires refused per namespace (a key missing or busy).", "counter", ns,
-              n_ns, offsetof(kvd_ns_msg_t, acquire_failures));
+    const kvd_field_list_t *l = &kvd_ns_fields;
+    char name[96], value[64], label[2 * KVD_NS_NAME_BYTES];
+    for (size_t i = 0; i < l->n; i++) {
+        const kvd_field_t *f = &l->fields[i];
+        if (kvd_field_metric_name(l, f, name, sizeof(name)) != KVD_OK)
+            continue;
+        appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, f->help, name,
+                kind_name(f->metric));
+        for (size_t k = 0; k < n_ns; k++) {
+            ns_label(ns[k].name, label, sizeof(label));
+            appendf(b, "%s{ns=\"%s\"} %s\n", name, label,
+                    kvd_field_text(f, &ns[k], value, sizeof(value)));
+        }
+    }
 }
 
-int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,
-                       kvd_buf_t *b)
+int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
 {
     const kvd_mem_stats_t *m = &st->memory;
     appendf(b,
@@ -227,7 +196,8 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t
         appendf(b, "kvdock_rpc_latency_seconds_count{method=\"%s\"} %llu\n", name,
                 (unsigned long long)ms->calls);
     }
-    render_store(st, ns, n_ns, b);
+    render_fields(b, &kvd_store_stats_fields, &st->store);
+    render_namespaces(b, st->namespaces, st->n_namespaces);
     return b->data != NULL ? KVD_OK : KVD_ERR_NOMEM;
 }
 
@@ -257,39 +227,60 @@ static kvd_mhd_result handle(void *cls, struct MHD_Connection *conn, const char 
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0)
         return respond(conn, 405, "text/plain", "method not allowed\n", 19,
                        MHD_RESPMEM_PERSISTENT);
-    if (strcmp(url, "/healthz") == 0) {
-        kvd_health_t h = kvd_server_health(m->server);
+    bool healthz = strcmp(url, "/healthz") == 0;
+    if (!healthz && strcmp(url, "/metrics") != 0)
+        return respond(conn, 404, "text/plain", "not found: try /metrics or /healthz\n",
+                       36, MHD_RESPMEM_PERSISTENT);
+    kvd_buf_t b;
+    kvd_buf_init(&b, KVD_MEM_OTHER);
+    int rc = KVD_OK;
+    kvd_health_t h = KVD_HEALTH_STARTING;
+    pthread_mutex_lock(&m->lock);
+    if (m->snap != NULL) {
+        h = m->snap->body.stats_rep.state;
+        if (!healthz)
+            rc = kvd_metrics_render(&m->snap->body.stats_rep, &b);
+    }
+    bool have = m->snap != NULL;
+    pthread_mutex_unlock(&m->lock);
+    kvd_mhd_result r;
+    if (healthz) {
         char body[32];
         int n = snprintf(body, sizeof(body), "%s\n", kvd_health_name(h));
-        return respond(conn, h == KVD_HEALTH_READY ? 200 : 503, "text/plain", body,
-                       (size_t)n, MHD_RESPMEM_MUST_COPY);
+        r = respond(conn, h == KVD_HEALTH_READY ? 200 : 503, "text/plain", body,
+                    (size_t)n, MHD_RESPMEM_MUST_COPY);
+    } else if (!have) {
+        r = respond(conn, 503, "text/plain", "starting\n", 9, MHD_RESPMEM_PERSISTENT);
+    } else if (rc != KVD_OK) {
+        r = respond(conn, 500, "text/plain", "out of memory\n", 14,
+                    MHD_RESPMEM_PERSISTENT);
+    } else {
+        r = respond(conn, 200, "text/plain; version=0.0.4", b.data, b.len,
+                    MHD_RESPMEM_MUST_COPY);
     }
-    if (strcmp(url, "/metrics") == 0) {
-        kvd_stats_rep_t st;
-        kvd_server_stats(m->server, &st);
-        kvd_msg_t tmp = {0};
-        kvd_ns_msg_t *ns = NULL;
-        size_t n_ns = 0;
-        kvd_server_ns_table(m->server, &tmp, &ns, &n_ns);
-        kvd_buf_t b;
-        kvd_buf_init(&b, KVD_MEM_OTHER);
-        int rc = kvd_metrics_render(&st, ns, n_ns, &b);
-        kvd_msg_clear(&tmp);
-        if (rc != KVD_OK) {
-            kvd_buf_free(&b);
-            return respond(conn, 500, "text/plain", "out of memory\n", 14,
-                           MHD_RESPMEM_PERSISTENT);
-        }
-        kvd_mhd_result r = respond(conn, 200, "text/plain; version=0.0.4", b.data, b.len,
-                                   MHD_RESPMEM_MUST_COPY);
-        kvd_buf_free(&b);
-        return r;
-    }
-    return respond(conn, 404, "text/plain", "not found: try /metrics or /healthz\n", 36,
-                   MHD_RESPMEM_PERSISTENT);
+    kvd_buf_free(&b);
+    return r;
 }
 
-int kvd_metrics_start(kvd_server_t *s, const char *host_port, kvd_metrics_t **out)
+/* Frees a snapshot handed over by kvd_metrics_publish. */
+static void snap_free(kvd_msg_t *snap)
+{
+    if (snap == NULL)
+        return;
+    kvd_msg_clear(snap);
+    kvd_mem_free(KVD_MEM_OTHER, snap, sizeof(*snap));
+}
+
+void kvd_metrics_publish(kvd_metrics_t *m, kvd_msg_t *snap)
+{
+    pthread_mutex_lock(&m->lock);
+    kvd_msg_t *old = m->snap;
+    m->snap = snap;
+    pthread_mutex_unlock(&m->lock);
+    snap_free(old);
+}
+
+int kvd_metrics_start(const char *host_port, kvd_metrics_t **out)
 {
     char host[128], port_s[8];
     uint16_t port;
@@ -308,12 +299,11 @@ int kvd_metrics_start(kvd_server_t *s, const char *host_port, kvd_metrics_t **ou
         freeaddrinfo(res);
         return KVD_ERR_NOMEM;
     }
-    m->server = s;
+    pthread_mutex_init(&m->lock, NULL);
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG;
     if (res->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    /* two threads: /healthz answers from atomics while a /metrics scrape
-     * waits for the store's lock */
+    /* two threads: /healthz answers while a /metrics scrape renders */
     m->mhd = MHD_start_daemon(flags, port, NULL, NULL, handle, m, MHD_OPTION_SOCK_ADDR,
                               res->ai_addr, MHD_OPTION_CONNECTION_LIMIT, 64u,
                               MHD_OPTION_CONNECTION_TIMEOUT, 10u,
@@ -321,6 +311,7 @@ int kvd_metrics_start(kvd_server_t *s, const char *host_port, kvd_metrics_t **ou
     freeaddrinfo(res);
     if (m->mhd == NULL) {
         KVD_ERROR("metrics", "cannot serve metrics on %s (port in use?)", host_port);
+        pthread_mutex_destroy(&m->lock);
         kvd_mem_free(KVD_MEM_OTHER, m, sizeof(*m));
         return KVD_ERR_IO;
     }
@@ -334,5 +325,7 @@ void kvd_metrics_stop(kvd_metrics_t *m)
     if (m == NULL)
         return;
     MHD_stop_daemon(m->mhd);
+    snap_free(m->snap);
+    pthread_mutex_destroy(&m->lock);
     kvd_mem_free(KVD_MEM_OTHER, m, sizeof(*m));
 }

@@ -17,12 +17,12 @@
  * carry on.
  */
 #include "server.h"
+#include "metrics.h"
 #include "rpc_store.h"
 #include "nics.h"
 #include "ucxd.h"
 
 #include <errno.h>
-#include <pthread.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -76,9 +76,6 @@ struct kvd_server {
     kvd_opts_t opts;
     kvd_pool_t *pool;
     kvd_store_t *store;
-    /* the loop thread mutates the store; the metrics thread reads its
-     * statistics: this lock is all they share */
-    pthread_mutex_t store_lock;
     int epfd;
     src_t unix_listen, tcp_listen, sig, timer;
     /* UCX workers reach the pool through the UCX server process (see
@@ -123,17 +120,19 @@ void kvd_counters_record(kvd_counters_t *c, kvd_method_t m, bool error,
     atomic_fetch_add(&mc->buckets[b], 1);
 }
 
-kvd_health_t kvd_server_health(kvd_server_t *s)
+static kvd_health_t server_health(kvd_server_t *s)
 {
     return (kvd_health_t)atomic_load(&s->health);
 }
 
-void kvd_server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
+/* The daemon's figures for Stats, the usage line and /metrics; without
+ * the namespace table and the NICs. */
+static void server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
 {
     memset(out, 0, sizeof(*out));
     kvd_strlcpy(out->daemon_version, KVD_VERSION, sizeof(out->daemon_version));
     kvd_strlcpy(out->instance, s->opts.instance, sizeof(out->instance));
-    out->state = kvd_server_health(s);
+    out->state = server_health(s);
     out->uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
 
     kvd_mem_stats_t *m = &out->memory;
@@ -157,9 +156,7 @@ void kvd_server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
     out->connections_rejected = atomic_load(&k->connections_rejected);
     out->protocol_errors = atomic_load(&k->protocol_errors);
     kvd_store_stats_t ss;
-    pthread_mutex_lock(&s->store_lock);
     kvd_store_stats(s->store, &ss);
-    pthread_mutex_unlock(&s->store_lock);
     kvd_rpc_store_stats(&ss, &out->store);
     for (size_t i = 0; i < KVD_METHOD_COUNT; i++) {
         kvd_method_counters_t *mc = &k->methods[i];
@@ -187,9 +184,7 @@ static int watch(kvd_server_t *s, src_t *src, uint32_t events, int op)
 static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
 {
     KVD_DEBUG("server", "connection %llu closed: %s", (unsigned long long)c->id, why);
-    pthread_mutex_lock(&s->store_lock);
     size_t undone = kvd_store_owner_gone(s->store, c->id);
-    pthread_mutex_unlock(&s->store_lock);
     if (undone > 0)
         KVD_INFO("server",
                  "connection %llu closed (%s) holding %zu leases: their "
@@ -312,9 +307,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
         return;
     }
-    pthread_mutex_lock(&s->store_lock);
     int rc = kvd_rpc_register(s->store, h->namespaces, h->n_namespaces, ids, req, rep);
-    pthread_mutex_unlock(&s->store_lock);
     if (rc != KVD_OK)
         return;
     KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s, %zu namespaces",
@@ -339,25 +332,35 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
                       &r->ucx_rkey_len, &r->ucx_pool_base);
 }
 
-int kvd_server_ns_table(kvd_server_t *s, kvd_msg_t *m, kvd_ns_msg_t **out, size_t *n)
+/* Hands the metrics endpoint a snapshot of Stats and the namespace table:
+ * on every tick and when the health changes. Out of memory, it keeps
+ * serving the previous one. */
+static void metrics_publish(kvd_server_t *s)
 {
-    pthread_mutex_lock(&s->store_lock);
-    int rc = kvd_rpc_ns_table(s->store, m, out, n);
-    pthread_mutex_unlock(&s->store_lock);
-    return rc;
+    if (s->metrics == NULL)
+        return;
+    kvd_msg_t *snap = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*snap));
+    if (snap == NULL)
+        return;
+    kvd_stats_rep_t *st = &snap->body.stats_rep;
+    server_stats(s, st);
+    if (kvd_rpc_ns_table(s->store, snap, &st->namespaces, &st->n_namespaces) != KVD_OK) {
+        kvd_msg_clear(snap);
+        kvd_mem_free(KVD_MEM_OTHER, snap, sizeof(*snap));
+        return;
+    }
+    kvd_metrics_publish(s->metrics, snap);
 }
 
 static void serve_stats(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     kvd_stats_rep_t *st = &rep->body.stats_rep;
-    kvd_server_stats(s, st);
-    pthread_mutex_lock(&s->store_lock);
+    server_stats(s, st);
     int rc = kvd_rpc_ns_table(s->store, rep, &st->namespaces, &st->n_namespaces);
     if (req->body.stats_req.check) {
         st->checked = true;
         kvd_store_check(s->store, st->check_error, sizeof(st->check_error));
     }
-    pthread_mutex_unlock(&s->store_lock);
     if (rc == KVD_OK)
         rc = kvd_nics_to_msg(&s->nics, rep, &st->nics, &st->n_nics);
     if (rc != KVD_OK)
@@ -404,7 +407,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     switch (req->method) {
     case KVD_METHOD_HELLO: serve_hello(s, c, req, rep); break;
     case KVD_METHOD_HEALTH:
-        rep->body.health_rep.state = kvd_server_health(s);
+        rep->body.health_rep.state = server_health(s);
         rep->body.health_rep.pool_bytes = kvd_pool_size(s->pool);
         rep->body.health_rep.populated_bytes = kvd_pool_populated_bytes(s->pool);
         rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
@@ -412,11 +415,11 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     case KVD_METHOD_STATS: serve_stats(s, req, rep); break;
     case KVD_METHOD_RESERVE:
     case KVD_METHOD_ACQUIRE:
-        if (kvd_server_health(s) != KVD_HEALTH_READY) {
+        if (server_health(s) != KVD_HEALTH_READY) {
             kvd_msg_error(rep, req->id, req->method,
                           s->draining ? KVD_ERR_DRAINING : KVD_ERR_UNAVAILABLE,
                           "the daemon is %s; retry when it is ready",
-                          kvd_health_name(kvd_server_health(s)));
+                          kvd_health_name(server_health(s)));
             break;
         }
         /* fall through */
@@ -428,9 +431,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     case KVD_METHOD_LIST_PREFIXES:
     case KVD_METHOD_INSPECT:
     case KVD_METHOD_EVICT:
-        pthread_mutex_lock(&s->store_lock);
         kvd_rpc_store_serve(s->store, &s->opts, c->id, req, rep);
-        pthread_mutex_unlock(&s->store_lock);
         break;
     default:
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNKNOWN_METHOD,
@@ -813,7 +814,6 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     s->usage_prev_ns = s->start_ns;
     s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = s->ucx_src.fd = -1;
     atomic_store(&s->health, KVD_HEALTH_STARTING);
-    pthread_mutex_init(&s->store_lock, NULL);
     kvd_nics_discover(&s->nics); /* empty when none, or without libibverbs */
     kvd_store_config_t scfg;
     kvd_store_config_default(&scfg, kvd_pool_size(pool));
@@ -865,8 +865,9 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     if (opts->listen[0] && (rc = listen_tcp(s)) != KVD_OK)
         goto fail;
     if (opts->metrics_listen[0] &&
-        (rc = kvd_metrics_start(s, opts->metrics_listen, &s->metrics)) != KVD_OK)
+        (rc = kvd_metrics_start(opts->metrics_listen, &s->metrics)) != KVD_OK)
         goto fail;
+    metrics_publish(s);
     s->next_usage_ns = s->start_ns + opts->usage_interval_s * 1000000000ull;
     *out = s;
     return KVD_OK;
@@ -894,14 +895,13 @@ void kvd_server_destroy(kvd_server_t *s)
     kvd_ucxd_stop(s->ucxd);
     kvd_store_destroy(s->store);
     kvd_nics_free(&s->nics);
-    pthread_mutex_destroy(&s->store_lock);
     kvd_mem_free(KVD_MEM_OTHER, s, sizeof(*s));
 }
 
 static void log_usage(kvd_server_t *s, uint64_t now)
 {
     kvd_stats_rep_t st;
-    kvd_server_stats(s, &st);
+    server_stats(s, &st);
     uint64_t calls = 0, errors = 0;
     for (size_t i = 0; i < KVD_METHOD_COUNT; i++) {
         calls += st.methods[i].calls;
@@ -965,6 +965,7 @@ static void start_drain(kvd_server_t *s, int signo)
     }
     s->draining = true;
     atomic_store(&s->health, KVD_HEALTH_DRAINING);
+    metrics_publish(s);
     s->drain_deadline_ns = kvd_now_ns() + s->opts.drain_timeout_ms * 1000000ull;
     close_listeners(s);
     KVD_INFO("server",
@@ -1000,15 +1001,13 @@ static int on_tick(kvd_server_t *s)
     } else if (ticked < 0) {
         s->ucx_src.fd = -1; /* closed: epoll forgot it */
     }
-    pthread_mutex_lock(&s->store_lock);
     size_t expired = kvd_store_expire(s->store, now / 1000000);
-    pthread_mutex_unlock(&s->store_lock);
     if (expired > 0)
         KVD_WARN("server",
                  "%zu leases passed their TTL of %llu ms: reservations "
                  "revoked, pins released",
                  expired, (unsigned long long)s->opts.lease_ttl_ms);
-    if (!s->draining && kvd_server_health(s) == KVD_HEALTH_STARTING &&
+    if (!s->draining && server_health(s) == KVD_HEALTH_STARTING &&
         kvd_pool_ready(s->pool)) {
         atomic_store(&s->health, KVD_HEALTH_READY);
         kvd_ucxd_pool_ready(s->ucxd);
@@ -1021,6 +1020,7 @@ static int on_tick(kvd_server_t *s)
         log_usage(s, now);
         s->next_usage_ns = now + s->opts.usage_interval_s * 1000000000ull;
     }
+    metrics_publish(s);
     return 0;
 }
 

@@ -1,11 +1,10 @@
 /*
- * server.h - kvdockd's internals shared by its files: the server, its
- * counters, the metrics endpoint. Private to daemon/.
+ * server.h - kvdockd's server: the event loop, its connections and
+ * counters. Private to daemon/.
  *
- * Threading: the event loop owns the server and every connection. The
- * metrics endpoint runs on libmicrohttpd's threads and reads atomics
- * (counters, health, pool progress) and, under the store lock the loop
- * holds while it serves a store request, the store's statistics.
+ * Threading: the event loop owns the server, the store and every
+ * connection; nothing else touches them. The metrics endpoint (metrics.h)
+ * runs on threads of its own and reads only the snapshots the loop hands it.
  */
 #ifndef KVD_DAEMON_SERVER_H
 #define KVD_DAEMON_SERVER_H
@@ -33,7 +32,6 @@ typedef struct kvd_counters {
 } kvd_counters_t;
 
 typedef struct kvd_server kvd_server_t;
-typedef struct kvd_metrics kvd_metrics_t;
 
 /* Creates the server: listeners bound, signals blocked, nothing served yet.
  * The pool stays owned by the caller and must outlive the server. */
@@ -42,22 +40,8 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
 int kvd_server_run(kvd_server_t *s);
 void kvd_server_destroy(kvd_server_t *s);
 
-/* A consistent-enough snapshot for Stats and /metrics (any thread). */
-void kvd_server_stats(kvd_server_t *s, kvd_stats_rep_t *out);
-kvd_health_t kvd_server_health(kvd_server_t *s);
-
-/* The namespace table (in m's arena), under the store's lock (any thread). */
-int kvd_server_ns_table(kvd_server_t *s, kvd_msg_t *m, kvd_ns_msg_t **out, size_t *n);
-
 /* Records one served call in the counters. */
 void kvd_counters_record(kvd_counters_t *c, kvd_method_t m, bool error,
                          uint64_t latency_ns);
-
-/* The HTTP endpoint: /metrics (Prometheus text) and /healthz. */
-int kvd_metrics_start(kvd_server_t *s, const char *host_port, kvd_metrics_t **out);
-void kvd_metrics_stop(kvd_metrics_t *m);
-/* Renders the Prometheus text of a stats snapshot into buf. */
-int kvd_metrics_render(const kvd_stats_rep_t *st, const kvd_ns_msg_t *ns, size_t n_ns,
-                       kvd_buf_t *buf);
 
 #endif
