@@ -1,7 +1,8 @@
 /*
  * sim.c - the engine simulator (see sim.h): pools and allocators, the
- * page-aligned radix tree, deterministic bytes, prefill, offload and the
- * load flow against libkvdock.
+ * page-aligned radix tree, deterministic bytes, prefill, offload, the
+ * load flow against libkvdock, the scenario programs' fixture (their
+ * daemon, tokens and simulator) and their calls of the kvdock CLI.
  *
  * Everything is bounded: waits poll with a deadline, arrays are sized by
  * SIM_MAX_PAGES. The tree is a plain first-child/next-sibling tree; a node
@@ -13,6 +14,7 @@
 #include "dtest.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1539,4 +1541,71 @@ uint64_t sim_wait_pins_zero(const char *socket, int timeout_ms)
            now_ms() < deadline)
         sim_sleep_ms(5);
     return pins;
+}
+
+/* -------------------------------------------------------------- fixture */
+
+int sim_fixture_start(sim_fixture_t *f, const char *name, const sim_config_t *cfg,
+                      uint32_t seed, size_t n_tokens)
+{
+    memset(f, 0, sizeof(*f));
+    f->name = name;
+    f->cfg = *cfg;
+    f->n_tokens = n_tokens;
+    if (dt_start(&f->d, NULL) != 0)
+        return -1;
+    f->daemon_up = true;
+    f->tokens = malloc(n_tokens * sizeof(uint32_t));
+    if (!DT_CHECK(f->tokens != NULL, "%s: no memory for %zu tokens", name, n_tokens))
+        return -1;
+    sim_tokens(seed, f->tokens, n_tokens);
+    return sim_open(&f->s, &f->cfg, f->d.socket);
+}
+
+int sim_fixture_reopen(sim_fixture_t *f)
+{
+    sim_close(&f->s);
+    if (!f->daemon_up)
+        return -1;
+    return sim_open(&f->s, &f->cfg, f->d.socket);
+}
+
+int sim_fixture_end(sim_fixture_t *f)
+{
+    sim_close(&f->s);
+    free(f->tokens);
+    f->tokens = NULL;
+    if (f->daemon_up)
+        dt_stop(&f->d, SIGTERM, 10000);
+    f->daemon_up = false;
+    return dt_exit_status(f->name);
+}
+
+/* ------------------------------------------------------- the daemon's CLI */
+
+void sim_key_hex(const uint8_t *key, char *hex)
+{
+    for (int i = 0; i < KVD_PAGE_KEY_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", key[i]);
+}
+
+uint64_t sim_evict(const char *socket, const char *const *args)
+{
+    const char *argv[16] = {"--socket", socket, "evict"};
+    size_t n = 3;
+    char shown[256] = "";
+    for (size_t i = 0; args[i] != NULL && n < KVD_ARRAY_SIZE(argv) - 2; i++) {
+        argv[n++] = args[i];
+        size_t at = strlen(shown);
+        snprintf(shown + at, sizeof(shown) - at, "%s%s", at ? " " : "", args[i]);
+    }
+    argv[n++] = "--json";
+    argv[n] = NULL;
+    char out[256] = "";
+    int rc = dt_cli(out, sizeof(out), argv);
+    uint64_t evicted = UINT64_MAX;
+    if (!DT_CHECK(rc == 0 && dt_json_u64(out, NULL, "evicted", &evicted),
+                  "kvdock evict %s: exit %d, output %s", shown, rc, out))
+        return UINT64_MAX;
+    return evicted;
 }

@@ -37,6 +37,7 @@
 #ifndef KVD_TEST_SIM_H
 #define KVD_TEST_SIM_H
 
+#include "harness.h"
 #include "kvdock.h"
 
 #include <pthread.h>
@@ -127,6 +128,51 @@ void sim_close(sim_t *s);
 
 /* Deterministic tokens: n ids from seed (distinct seeds diverge at once). */
 void sim_tokens(uint32_t seed, uint32_t *out, size_t n);
+
+/* ------------------------------------------------------------- fixture */
+
+/*
+ * What a scenario program sets up: a kvdockd of its own (dt_start's
+ * defaults), the tokens of its prompt and the simulator opened on that
+ * daemon with the scenario's model.
+ */
+typedef struct sim_fixture {
+    const char *name; /* the test's name: "sim/abort" */
+    kvd_test_daemon_t d;
+    bool daemon_up; /* d started */
+    sim_config_t cfg;
+    sim_t s;          /* sim_close is safe on it whatever happened */
+    uint32_t *tokens; /* n_tokens ids from the seed (sim_tokens) */
+    size_t n_tokens;
+} sim_fixture_t;
+
+/*
+ * Starts the daemon, makes the tokens and opens the simulator with cfg (kept
+ * by value). Returns 0 when all of it is ready, -1 after recording a
+ * failure; sim_fixture_end is due either way.
+ */
+int sim_fixture_start(sim_fixture_t *f, const char *name, const sim_config_t *cfg,
+                      uint32_t seed, size_t n_tokens);
+
+/* Closes the simulator and opens a fresh one (a new linker, new device
+ * pools) on the same daemon with the same config. Returns 0, or -1 (the
+ * failure recorded, or no daemon to open on). */
+int sim_fixture_reopen(sim_fixture_t *f);
+
+/* Closes the simulator, frees the tokens, stops the daemon with SIGTERM
+ * (dt_stop's checks: exit 0, a clean log) and returns the program's exit
+ * status (dt_exit_status). */
+int sim_fixture_end(sim_fixture_t *f);
+
+/* ------------------------------------------------------ the daemon's CLI */
+
+/* Lower-case hex of a page key into hex (2 * KVD_PAGE_KEY_BYTES + 1). */
+void sim_key_hex(const uint8_t *key, char *hex);
+
+/* Runs `kvdock --socket SOCKET evict ARGS... --json` (args NULL-terminated)
+ * and returns how many objects it evicted; UINT64_MAX after recording the
+ * failure (a non-zero exit, no "evicted" in its output). */
+uint64_t sim_evict(const char *socket, const char *const *args);
 
 /* --------------------------------------------------------- allocators */
 

@@ -84,72 +84,67 @@ static void load_then_abort(sim_t *s, const kvd_test_daemon_t *d, const uint32_t
 
 int main(void)
 {
-    kvd_test_daemon_t d = {0};
-    if (dt_start(&d, NULL) != 0)
-        return dt_exit_status("sim/abort");
-    sim_config_t cfg = {.model_id = "sim-abort",
-                        .layers = "AMAMA",
-                        .page_size = 64,
-                        .mamba_chunk = 64,
-                        .kv_pages = 64,
-                        .mamba_slots = 8,
-                        .pad = 16};
-    sim_t s;
-    uint32_t *t = malloc(N_TOKENS * sizeof(uint32_t));
-    sim_tokens(31, t, N_TOKENS);
-    if (sim_open(&s, &cfg, d.socket) == 0) {
-        sim_prefill(&s, t, 1000);
-        sim_offload_tree(&s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
-        sim_drop_device(&s);
+    const sim_config_t cfg = {.model_id = "sim-abort",
+                              .layers = "AMAMA",
+                              .page_size = 64,
+                              .mamba_chunk = 64,
+                              .kv_pages = 64,
+                              .mamba_slots = 8,
+                              .pad = 16};
+    sim_fixture_t f;
+    if (sim_fixture_start(&f, "sim/abort", &cfg, 31, N_TOKENS) == 0) {
+        sim_t *s = &f.s;
+        const kvd_test_daemon_t *d = &f.d;
+        const uint32_t *t = f.tokens;
+        sim_prefill(s, t, 1000);
+        sim_offload_tree(s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
+        sim_drop_device(s);
 
         uint64_t aborted[2];
-        load_then_abort(&s, &d, t, false, &aborted[0]);
-        load_then_abort(&s, &d, t, true, &aborted[1]);
+        load_then_abort(s, d, t, false, &aborted[0]);
+        load_then_abort(s, d, t, true, &aborted[1]);
 
-        uint64_t before = freed_total(&s);
-        DT_CHECK(kvd_load_abort(s.linker, 987654321) < 0, "abort of an unknown rid");
-        DT_CHECK(freed_total(&s) == before, "abort of an unknown rid freed indices");
+        uint64_t before = freed_total(s);
+        DT_CHECK(kvd_load_abort(s->linker, 987654321) < 0, "abort of an unknown rid");
+        DT_CHECK(freed_total(s) == before, "abort of an unknown rid freed indices");
 
         /* an empty batch */
-        sim_run_batch(&s, NULL, 0);
+        sim_run_batch(s, NULL, 0);
 
         /* abort after commit: refused; the load completes */
         sim_req_t *r = calloc(1, sizeof(*r));
-        sim_req_init(&s, r, t, N_TOKENS);
-        if (DT_CHECK(sim_req_lookup(&s, r) == 0 && r->b == 15, "commit: lookup") &&
-            DT_CHECK(sim_req_load(&s, r) == 0, "commit: kvd_load %d", r->load_rc)) {
-            sim_req_prepare(&s, r);
-            sim_req_insert(&s, r);
-            sim_req_commit(&s, r);
-            before = freed_total(&s);
-            int rc = kvd_load_abort(s.linker, r->rid);
+        sim_req_init(s, r, t, N_TOKENS);
+        if (DT_CHECK(sim_req_lookup(s, r) == 0 && r->b == 15, "commit: lookup") &&
+            DT_CHECK(sim_req_load(s, r) == 0, "commit: kvd_load %d", r->load_rc)) {
+            sim_req_prepare(s, r);
+            sim_req_insert(s, r);
+            sim_req_commit(s, r);
+            before = freed_total(s);
+            int rc = kvd_load_abort(s->linker, r->rid);
             DT_CHECK(rc < 0, "abort after commit returned %d", rc);
-            DT_CHECK(freed_total(&s) == before, "abort after commit freed indices");
+            DT_CHECK(freed_total(s) == before, "abort after commit freed indices");
             sim_req_t *batch[1] = {r};
-            sim_run_batch(&s, batch, 1);
+            sim_run_batch(s, batch, 1);
             DT_CHECK(r->state == SIM_REQ_DONE, "the committed load did not come back");
-            sim_verify_tree(&s, "after abort-after-commit");
-            sim_check_invariants(&s, true, "after abort-after-commit");
+            sim_verify_tree(s, "after abort-after-commit");
+            sim_check_invariants(s, true, "after abort-after-commit");
         }
         sim_req_fini(r);
         free(r);
 
-        DT_CHECK(sim_drain_loads(&s, 50) == 0, "an aborted load came back");
-        sim_check_poison(&s, "after the aborts");
-        sim_drop_device(&s);
+        DT_CHECK(sim_drain_loads(s, 50) == 0, "an aborted load came back");
+        sim_check_poison(s, "after the aborts");
+        sim_drop_device(s);
 
         /* the store is intact: a fresh load restores it */
-        int restored = sim_load(&s, t, N_TOKENS);
+        int restored = sim_load(s, t, N_TOKENS);
         DT_CHECK(restored == 960, "fresh load after aborts restored %d tokens, want 960",
                  restored);
-        sim_verify_tree(&s, "fresh load after aborts");
-        sim_check_poison(&s, "fresh load after aborts");
-        sim_check_invariants(&s, true, "fresh load after aborts");
-        DT_CHECK(sim_wait_pins_zero(d.socket, 5000) == 0, "pins stay at the end");
+        sim_verify_tree(s, "fresh load after aborts");
+        sim_check_poison(s, "fresh load after aborts");
+        sim_check_invariants(s, true, "fresh load after aborts");
+        DT_CHECK(sim_wait_pins_zero(d->socket, 5000) == 0, "pins stay at the end");
         (void)aborted;
     }
-    sim_close(&s);
-    free(t);
-    dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("sim/abort");
+    return sim_fixture_end(&f);
 }

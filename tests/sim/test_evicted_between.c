@@ -26,34 +26,6 @@
 
 #define N_TOKENS 1300
 
-/* Runs kvdock evict with args; returns the evicted count (UINT64_MAX on
- * failure, recorded). */
-static uint64_t evict(const kvd_test_daemon_t *d, const char *a1, const char *a2,
-                      const char *a3, const char *a4)
-{
-    char out[256] = "";
-    const char *args[] = {"--socket", d->socket, "evict", a1, a2, a3, a4, NULL};
-    /* a2.. may be NULL: the list ends there */
-    const char *list[10];
-    size_t n = 0;
-    for (size_t i = 0; i < 7 && args[i] != NULL; i++)
-        list[n++] = args[i];
-    list[n++] = "--json";
-    list[n] = NULL;
-    int rc = dt_cli(out, sizeof(out), list);
-    uint64_t evicted = UINT64_MAX;
-    if (!DT_CHECK(rc == 0 && dt_json_u64(out, NULL, "evicted", &evicted),
-                  "kvdock evict %s: exit %d, output %s", a1, rc, out))
-        return UINT64_MAX;
-    return evicted;
-}
-
-static void hex_of(const uint8_t *key, char *hex)
-{
-    for (int i = 0; i < KVD_PAGE_KEY_BYTES; i++)
-        snprintf(hex + 2 * i, 3, "%02x", key[i]);
-}
-
 /* lookup; evict_fn; kvd_load must fail; abort returns everything; the
  * engine recomputes */
 static void load_fails(sim_t *s, const kvd_test_daemon_t *d, const uint32_t *t,
@@ -66,11 +38,13 @@ static void load_fails(sim_t *s, const kvd_test_daemon_t *d, const uint32_t *t,
         goto out;
     if (only_state) {
         char hex[2 * KVD_PAGE_KEY_BYTES + 1];
-        hex_of(r->keys[r->b - 1], hex);
-        uint64_t n = evict(d, "--key", hex, "--namespace", s->pools[SIM_MAMBA].ns_name);
+        sim_key_hex(r->keys[r->b - 1], hex);
+        uint64_t n =
+            sim_evict(d->socket, (const char *[]){"--key", hex, "--namespace",
+                                                  s->pools[SIM_MAMBA].ns_name, NULL});
         DT_CHECK(n == 1, "%s: evicted %" PRIu64 " objects, want the state", where, n);
     } else {
-        uint64_t n = evict(d, "--all", NULL, NULL, NULL);
+        uint64_t n = sim_evict(d->socket, (const char *[]){"--all", NULL});
         DT_CHECK(n != UINT64_MAX && n >= want_b + 1, "%s: evict --all evicted %" PRIu64,
                  where, n);
     }
@@ -106,7 +80,7 @@ static void evict_while_pinned(sim_t *s, const kvd_test_daemon_t *d, const uint3
     if (DT_CHECK(sim_req_lookup(s, r) == 0 && r->b == want_b, "%s: lookup (b %u)", where,
                  r->b) &&
         DT_CHECK(sim_req_load(s, r) == 0, "%s: kvd_load %d", where, r->load_rc)) {
-        uint64_t n = evict(d, "--all", NULL, NULL, NULL);
+        uint64_t n = sim_evict(d->socket, (const char *[]){"--all", NULL});
         DT_CHECK(n == 0, "%s: evicted %" PRIu64 " objects pinned by a load", where, n);
         sim_req_prepare(s, r);
         sim_req_insert(s, r);
@@ -118,7 +92,7 @@ static void evict_while_pinned(sim_t *s, const kvd_test_daemon_t *d, const uint3
         sim_check_poison(s, where);
         sim_check_invariants(s, true, where);
         DT_CHECK(sim_wait_pins_zero(d->socket, 5000) == 0, "%s: pins stay", where);
-        n = evict(d, "--all", NULL, NULL, NULL);
+        n = sim_evict(d->socket, (const char *[]){"--all", NULL});
         DT_CHECK(n == want_b + 1,
                  "%s: after the load, evict --all removed %" PRIu64 ", want %u", where, n,
                  want_b + 1);
@@ -129,44 +103,39 @@ static void evict_while_pinned(sim_t *s, const kvd_test_daemon_t *d, const uint3
 
 int main(void)
 {
-    kvd_test_daemon_t d = {0};
-    if (dt_start(&d, NULL) != 0)
-        return dt_exit_status("sim/evicted_between");
-    sim_config_t cfg = {.model_id = "sim-evicted",
-                        .layers = "AMAMA",
-                        .page_size = 64,
-                        .mamba_chunk = 64,
-                        .kv_pages = 96,
-                        .mamba_slots = 8,
-                        .pad = 16};
-    sim_t s;
-    uint32_t *t = malloc(N_TOKENS * sizeof(uint32_t));
-    sim_tokens(81, t, N_TOKENS);
-    if (sim_open(&s, &cfg, d.socket) == 0) {
+    const sim_config_t cfg = {.model_id = "sim-evicted",
+                              .layers = "AMAMA",
+                              .page_size = 64,
+                              .mamba_chunk = 64,
+                              .kv_pages = 96,
+                              .mamba_slots = 8,
+                              .pad = 16};
+    sim_fixture_t f;
+    if (sim_fixture_start(&f, "sim/evicted_between", &cfg, 81, N_TOKENS) == 0) {
+        sim_t *s = &f.s;
+        const kvd_test_daemon_t *d = &f.d;
+        const uint32_t *t = f.tokens;
         /* a: 15 pages + the state at 15 stored, all evicted after lookup */
-        sim_prefill(&s, t, 1000);
-        sim_offload_tree(&s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
-        sim_drop_device(&s);
-        load_fails(&s, &d, t, 1100, 15, false, "a (evict --all)");
+        sim_prefill(s, t, 1000);
+        sim_offload_tree(s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
+        sim_drop_device(s);
+        load_fails(s, d, t, 1100, 15, false, "a (evict --all)");
 
         /* b: the recompute stored 17 pages + the state at 17; only the
          * state goes */
-        sim_offload_tree(&s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
-        sim_drop_device(&s);
-        load_fails(&s, &d, t, 1200, 17, true, "b (the state evicted)");
+        sim_offload_tree(s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
+        sim_drop_device(s);
+        load_fails(s, d, t, 1200, 17, true, "b (the state evicted)");
 
         /* c: the recompute of 1200 tokens holds 18 pages and the state at
          * 18; stored again */
-        sim_offload_tree(&s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
-        sim_drop_device(&s);
-        evict_while_pinned(&s, &d, t, 1200, 18);
+        sim_offload_tree(s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
+        sim_drop_device(s);
+        evict_while_pinned(s, d, t, 1200, 18);
 
-        sim_drop_device(&s);
-        sim_check_invariants(&s, true, "at the end");
-        DT_CHECK(sim_wait_pins_zero(d.socket, 5000) == 0, "pins stay at the end");
+        sim_drop_device(s);
+        sim_check_invariants(s, true, "at the end");
+        DT_CHECK(sim_wait_pins_zero(d->socket, 5000) == 0, "pins stay at the end");
     }
-    sim_close(&s);
-    free(t);
-    dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("sim/evicted_between");
+    return sim_fixture_end(&f);
 }

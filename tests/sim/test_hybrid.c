@@ -29,12 +29,6 @@
 #define PROMPT 1000
 #define LONGER 1100
 
-static void hex_of(const uint8_t *key, char *hex)
-{
-    for (int i = 0; i < KVD_PAGE_KEY_BYTES; i++)
-        snprintf(hex + 2 * i, 3, "%02x", key[i]);
-}
-
 /* `kvdock show KEY --namespace NS`: the stored object's depth, size and
  * (when parent is not NULL) its parent key, as the offload recorded them. */
 static void check_stored(const kvd_test_daemon_t *d, const sim_pool_t *p,
@@ -42,7 +36,7 @@ static void check_stored(const kvd_test_daemon_t *d, const sim_pool_t *p,
 {
     char hex[2 * KVD_PAGE_KEY_BYTES + 1], phex[2 * KVD_PAGE_KEY_BYTES + 1],
         want[2 * KVD_PAGE_KEY_BYTES + 16], out[2048] = "";
-    hex_of(key, hex);
+    sim_key_hex(key, hex);
     const char *args[] = {"--socket",    d->socket,  "show",   hex,
                           "--namespace", p->ns_name, "--json", NULL};
     int rc = dt_cli(out, sizeof(out), args);
@@ -56,7 +50,7 @@ static void check_stored(const kvd_test_daemon_t *d, const sim_pool_t *p,
              ")",
              p->name, got_depth, depth, size, p->object_bytes);
     if (parent != NULL) {
-        hex_of(parent, phex);
+        sim_key_hex(parent, phex);
         snprintf(want, sizeof(want), "\"parent\":\"%s\"", phex);
         DT_CHECK(strstr(out, want) != NULL && strstr(out, "\"parent_stored\":true"),
                  "%s object at depth %u: its parent is not the previous page: %s",

@@ -202,38 +202,33 @@ static void case_nested(sim_t *s, const kvd_test_daemon_t *d, const uint32_t *t,
 
 int main(void)
 {
-    kvd_test_daemon_t d = {0};
-    if (dt_start(&d, NULL) != 0)
-        return dt_exit_status("sim/mamba_exist");
-    sim_config_t cfg = {.model_id = "sim-mamba-exist",
-                        .layers = "AMAMA",
-                        .page_size = 64,
-                        .mamba_chunk = 64,
-                        .kv_pages = 128,
-                        .mamba_slots = 16,
-                        .pad = 16};
-    sim_t s;
-    uint32_t *t = malloc(N_TOKENS * sizeof(uint32_t));
+    const sim_config_t cfg = {.model_id = "sim-mamba-exist",
+                              .layers = "AMAMA",
+                              .page_size = 64,
+                              .mamba_chunk = 64,
+                              .kv_pages = 128,
+                              .mamba_slots = 16,
+                              .pad = 16};
+    sim_fixture_t f;
     uint32_t *other = malloc(N_TOKENS * sizeof(uint32_t));
-    sim_tokens(21, t, N_TOKENS);
     sim_tokens(22, other, N_TOKENS);
-    if (sim_open(&s, &cfg, d.socket) == 0) {
+    if (sim_fixture_start(&f, "sim/mamba_exist", &cfg, 21, N_TOKENS) == 0) {
+        sim_t *s = &f.s;
+        const kvd_test_daemon_t *d = &f.d;
+        const uint32_t *t = f.tokens;
         /* states stored at pages 8 and 15 */
-        sim_prefill(&s, t, 512);
-        sim_prefill(&s, t, 1000);
-        DT_CHECK(sim_tree_units(&s, SIM_MAMBA) == 2, "setup: %u states",
-                 sim_tree_units(&s, SIM_MAMBA));
-        sim_offload_tree(&s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
-        sim_drop_device(&s);
-        case_same_prompt(&s, &d, t);
-        case_prefill_races(&s, &d, t, other);
-        case_nested(&s, &d, t, true);
-        case_nested(&s, &d, t, false);
-        sim_check_invariants(&s, true, "at the end");
+        sim_prefill(s, t, 512);
+        sim_prefill(s, t, 1000);
+        DT_CHECK(sim_tree_units(s, SIM_MAMBA) == 2, "setup: %u states",
+                 sim_tree_units(s, SIM_MAMBA));
+        sim_offload_tree(s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
+        sim_drop_device(s);
+        case_same_prompt(s, d, t);
+        case_prefill_races(s, d, t, other);
+        case_nested(s, d, t, true);
+        case_nested(s, d, t, false);
+        sim_check_invariants(s, true, "at the end");
     }
-    sim_close(&s);
-    free(t);
     free(other);
-    dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("sim/mamba_exist");
+    return sim_fixture_end(&f);
 }

@@ -124,30 +124,24 @@ static void part_c(sim_t *s, const uint32_t *p, uint32_t shared, uint32_t want,
 
 int main(void)
 {
-    kvd_test_daemon_t d = {0};
-    if (dt_start(&d, NULL) != 0)
-        return dt_exit_status("sim/reachable");
-    sim_config_t cfg = {.model_id = "sim-reachable",
-                        .layers = "AMAMA",
-                        .page_size = 64,
-                        .mamba_chunk = 128,
-                        .kv_pages = 96,
-                        .mamba_slots = 24,
-                        .pad = 0};
-    sim_t s;
-    uint32_t *p = malloc(N_TOKENS * sizeof(uint32_t));
-    sim_tokens(52, p, N_TOKENS);
-    if (sim_open(&s, &cfg, d.socket) == 0) {
-        DT_CHECK(s.grid == 128, "grid %u, want 128", s.grid);
-        part_a(&s);
-        part_b(&s, p);
-        part_c(&s, p, 600, 512, 53);
-        part_c(&s, p, 640, 640, 54);
-        sim_check_poison(&s, "at the end");
-        DT_CHECK(sim_wait_pins_zero(d.socket, 5000) == 0, "pins stay at the end");
+    const sim_config_t cfg = {.model_id = "sim-reachable",
+                              .layers = "AMAMA",
+                              .page_size = 64,
+                              .mamba_chunk = 128,
+                              .kv_pages = 96,
+                              .mamba_slots = 24,
+                              .pad = 0};
+    sim_fixture_t f;
+    if (sim_fixture_start(&f, "sim/reachable", &cfg, 52, N_TOKENS) == 0) {
+        sim_t *s = &f.s;
+        const uint32_t *p = f.tokens;
+        DT_CHECK(s->grid == 128, "grid %u, want 128", s->grid);
+        part_a(s);
+        part_b(s, p);
+        part_c(s, p, 600, 512, 53);
+        part_c(s, p, 640, 640, 54);
+        sim_check_poison(s, "at the end");
+        DT_CHECK(sim_wait_pins_zero(f.d.socket, 5000) == 0, "pins stay at the end");
     }
-    sim_close(&s);
-    free(p);
-    dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("sim/reachable");
+    return sim_fixture_end(&f);
 }

@@ -64,55 +64,48 @@ static void load_with_slot_entry(sim_t *s, const kvd_test_daemon_t *d, const uin
 
 int main(void)
 {
-    kvd_test_daemon_t d = {0};
-    if (dt_start(&d, NULL) != 0)
-        return dt_exit_status("sim/slot_not_sliced");
-    sim_config_t cfg = {.model_id = "sim-slot",
-                        .layers = "AMAMA",
-                        .page_size = 64,
-                        .mamba_chunk = 64,
-                        .kv_pages = 96,
-                        .mamba_slots = 8,
-                        .pad = 16};
-    sim_t s;
-    uint32_t *t = malloc(N_TOKENS * sizeof(uint32_t));
-    sim_tokens(41, t, N_TOKENS);
+    const sim_config_t cfg = {.model_id = "sim-slot",
+                              .layers = "AMAMA",
+                              .page_size = 64,
+                              .mamba_chunk = 64,
+                              .kv_pages = 96,
+                              .mamba_slots = 8,
+                              .pad = 16};
+    sim_fixture_t f;
+    sim_t *s = &f.s;
+    const kvd_test_daemon_t *d = &f.d;
     /* each case on its own linker (same model: the stored objects are
      * shared), so that a load one case leaves stuck cannot pin for the next */
-    if (sim_open(&s, &cfg, d.socket) == 0) {
-        sim_prefill(&s, t, 512);
-        sim_prefill(&s, t, 1000);
-        sim_offload_tree(&s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
-        sim_drop_device(&s);
+    if (sim_fixture_start(&f, "sim/slot_not_sliced", &cfg, 41, N_TOKENS) == 0) {
+        sim_prefill(s, f.tokens, 512);
+        sim_prefill(s, f.tokens, 1000);
+        sim_offload_tree(s, (1u << SIM_KV) | (1u << SIM_MAMBA), NULL);
+        sim_drop_device(s);
     }
-    sim_close(&s);
+    const uint32_t *t = f.tokens;
 
     /* i: [0, 8) on the device with its state; [8, 15) loaded */
-    if (sim_open(&s, &cfg, d.socket) == 0) {
-        sim_prefill(&s, t, 512);
-        load_with_slot_entry(&s, &d, t, 8, 1, 7, "i (adopted 1..7 on the SLOT entry)");
-        DT_CHECK(sim_tree_units(&s, SIM_MAMBA) == 2, "i: %u states in the tree, want 2",
-                 sim_tree_units(&s, SIM_MAMBA));
-        sim_drop_device(&s);
+    if (sim_fixture_reopen(&f) == 0) {
+        sim_prefill(s, t, 512);
+        load_with_slot_entry(s, d, t, 8, 1, 7, "i (adopted 1..7 on the SLOT entry)");
+        DT_CHECK(sim_tree_units(s, SIM_MAMBA) == 2, "i: %u states in the tree, want 2",
+                 sim_tree_units(s, SIM_MAMBA));
+        sim_drop_device(s);
     }
-    sim_close(&s);
 
     /* ii: every KV page on the device, no state */
-    if (sim_open(&s, &cfg, d.socket) == 0) {
-        sim_prefill(&s, t, 1000);
-        sim_drop_mamba(&s);
-        uint64_t kv_freed = s.pools[SIM_KV].linker_freed;
-        load_with_slot_entry(&s, &d, t, 0, 0, 0, "ii (no page adopted, state attached)");
-        DT_CHECK(s.pools[SIM_KV].linker_freed - kv_freed == 15,
+    if (sim_fixture_reopen(&f) == 0) {
+        sim_prefill(s, t, 1000);
+        sim_drop_mamba(s);
+        uint64_t kv_freed = s->pools[SIM_KV].linker_freed;
+        load_with_slot_entry(s, d, t, 0, 0, 0, "ii (no page adopted, state attached)");
+        DT_CHECK(s->pools[SIM_KV].linker_freed - kv_freed == 15,
                  "ii: %" PRIu64 " kv pages came back, want 15 (none adopted)",
-                 s.pools[SIM_KV].linker_freed - kv_freed);
-        DT_CHECK(sim_tree_units(&s, SIM_MAMBA) == 1, "ii: %u states in the tree, want 1",
-                 sim_tree_units(&s, SIM_MAMBA));
-        sim_drop_device(&s);
-        sim_check_invariants(&s, true, "at the end");
+                 s->pools[SIM_KV].linker_freed - kv_freed);
+        DT_CHECK(sim_tree_units(s, SIM_MAMBA) == 1, "ii: %u states in the tree, want 1",
+                 sim_tree_units(s, SIM_MAMBA));
+        sim_drop_device(s);
+        sim_check_invariants(s, true, "at the end");
     }
-    sim_close(&s);
-    free(t);
-    dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("sim/slot_not_sliced");
+    return sim_fixture_end(&f);
 }

@@ -26,23 +26,13 @@
 
 static void evict_key(const sim_t *s, const kvd_test_daemon_t *d, const uint8_t *key)
 {
-    char hex[2 * KVD_PAGE_KEY_BYTES + 1], out[256];
-    for (int i = 0; i < KVD_PAGE_KEY_BYTES; i++)
-        snprintf(hex + 2 * i, 3, "%02x", key[i]);
-    const char *args[] = {"--socket",
-                          d->socket,
-                          "evict",
-                          "--key",
-                          hex,
-                          "--namespace",
-                          s->pools[SIM_SWA].ns_name,
-                          "--json",
-                          NULL};
-    int rc = dt_cli(out, sizeof(out), args);
-    uint64_t evicted = 0;
-    DT_CHECK(rc == 0 && dt_json_u64(out, NULL, "evicted", &evicted) && evicted == 1,
-             "kvdock evict --key %s --namespace %s: exit %d, output %s", hex,
-             s->pools[SIM_SWA].ns_name, rc, out);
+    char hex[2 * KVD_PAGE_KEY_BYTES + 1];
+    sim_key_hex(key, hex);
+    uint64_t evicted =
+        sim_evict(d->socket, (const char *[]){"--key", hex, "--namespace",
+                                              s->pools[SIM_SWA].ns_name, NULL});
+    DT_CHECK(evicted == 1, "kvdock evict --key %s --namespace %s evicted %" PRIu64, hex,
+             s->pools[SIM_SWA].ns_name, evicted);
 }
 
 static void check_load(sim_t *s, const kvd_test_daemon_t *d, const uint32_t *t,
@@ -79,50 +69,45 @@ static void check_load(sim_t *s, const kvd_test_daemon_t *d, const uint32_t *t,
 
 int main(void)
 {
-    kvd_test_daemon_t d = {0};
-    if (dt_start(&d, NULL) != 0)
-        return dt_exit_status("sim/swa");
-    sim_config_t cfg = {.model_id = "sim-swa",
-                        .layers = "ASAS",
-                        .page_size = 64,
-                        .swa_window = 2,
-                        .kv_pages = 48,
-                        .pad = 8};
-    sim_t s;
-    uint32_t *t = malloc(N_TOKENS * sizeof(uint32_t));
-    sim_tokens(61, t, N_TOKENS);
-    if (sim_open(&s, &cfg, d.socket) == 0) {
-        sim_pool_t *kv = &s.pools[SIM_KV], *swa = &s.pools[SIM_SWA];
-        DT_CHECK(sim_prefill(&s, t, 640) == 10, "prefill: not 10 pages");
+    const sim_config_t cfg = {.model_id = "sim-swa",
+                              .layers = "ASAS",
+                              .page_size = 64,
+                              .swa_window = 2,
+                              .kv_pages = 48,
+                              .pad = 8};
+    sim_fixture_t f;
+    if (sim_fixture_start(&f, "sim/swa", &cfg, 61, N_TOKENS) == 0) {
+        sim_t *s = &f.s;
+        const kvd_test_daemon_t *d = &f.d;
+        const uint32_t *t = f.tokens;
+        sim_pool_t *kv = &s->pools[SIM_KV], *swa = &s->pools[SIM_SWA];
+        DT_CHECK(sim_prefill(s, t, 640) == 10, "prefill: not 10 pages");
         uint64_t units[SIM_N_KINDS] = {0};
-        sim_offload_tree(&s, (1u << SIM_KV) | (1u << SIM_SWA), units);
+        sim_offload_tree(s, (1u << SIM_KV) | (1u << SIM_SWA), units);
         DT_CHECK(units[SIM_KV] == 10 && units[SIM_SWA] == 10,
                  "offloaded %" PRIu64 " kv and %" PRIu64 " swa pages", units[SIM_KV],
                  units[SIM_SWA]);
-        sim_drop_device(&s);
+        sim_drop_device(s);
 
         uint8_t keys[10][KVD_PAGE_KEY_BYTES];
         size_t nk = 0;
         DT_CHECK(kvd_page_keys(t, 640, 64, NULL, keys, &nk) == 0 && nk == 10,
                  "page keys");
         for (int q = 0; q < 6; q++)
-            evict_key(&s, &d, keys[q]);
+            evict_key(s, d, keys[q]);
 
         static const uint32_t first[] = {8, 9, 10}, second[] = {8};
-        check_load(&s, &d, t, first, 3, "SWA pages 0..5 evicted");
-        evict_key(&s, &d, keys[8]);
-        check_load(&s, &d, t, second, 1, "SWA pages 0..5 and 8 evicted");
+        check_load(s, d, t, first, 3, "SWA pages 0..5 evicted");
+        evict_key(s, d, keys[8]);
+        check_load(s, d, t, second, 1, "SWA pages 0..5 and 8 evicted");
 
-        kvd_pool_stats_t kst = sim_stats(&s, SIM_KV), sst = sim_stats(&s, SIM_SWA);
+        kvd_pool_stats_t kst = sim_stats(s, SIM_KV), sst = sim_stats(s, SIM_SWA);
         DT_CHECK(kst.load_bytes == 18 * kv->object_bytes,
                  "kv load_bytes %" PRIu64 ", want 18 pages (10 + 8)", kst.load_bytes);
         DT_CHECK(sst.load_bytes == 4 * swa->object_bytes,
                  "swa load_bytes %" PRIu64 ", want 4 pages (2 + 2)", sst.load_bytes);
         DT_CHECK(sst.lookup_hit_pages > 0, "swa lookup_hit_pages 0");
-        sim_check_invariants(&s, true, "at the end");
+        sim_check_invariants(s, true, "at the end");
     }
-    sim_close(&s);
-    free(t);
-    dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("sim/swa");
+    return sim_fixture_end(&f);
 }
