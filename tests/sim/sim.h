@@ -31,8 +31,9 @@
  *
  * Threading: the tree and the requests belong to the test's thread; the
  * allocators are locked, because free_indices may come from the linker's
- * transfer thread. Failures of unexpected calls are recorded with DT_CHECK
- * (tests/daemon/dtest.h).
+ * load thread. Failures of unexpected calls are recorded with DT_CHECK
+ * (tests/daemon/dtest.h). sim_fixture_t below is what each scenario program
+ * sets up: its daemon, its tokens and the simulator.
  */
 #ifndef KVD_TEST_SIM_H
 #define KVD_TEST_SIM_H
