@@ -30,10 +30,11 @@
  * available + cached (tree) + in use (requests) = total.
  *
  * Threading: the tree and the requests belong to the test's thread; the
- * allocators are locked, because free_indices may come from the linker's
- * load thread. Failures of unexpected calls are recorded with DT_CHECK
- * (tests/daemon/dtest.h). sim_fixture_t below is what each scenario program
- * sets up: its daemon, its tokens and the simulator.
+ * allocators are locked, because the linker calls free_indices on the
+ * thread that commits or aborts, which need not be the tree's. Failures
+ * of unexpected calls are recorded with DT_CHECK (tests/daemon/dtest.h).
+ * sim_fixture_t below is what each scenario program sets up: its daemon,
+ * its tokens and the simulator.
  */
 #ifndef KVD_TEST_SIM_H
 #define KVD_TEST_SIM_H
