@@ -13,7 +13,12 @@
 
 /* One row of a table: FIELD_STRUCT is the C struct of the list at hand. */
 #define FIELD_ROW(type, name, size, metric, help) \
-    {#name, KVD_FIELD_##type, offsetof(FIELD_STRUCT, name), KVD_METRIC_##metric, help},
+    {#name,                                       \
+     KVD_FIELD_##type,                            \
+     offsetof(FIELD_STRUCT, name),                \
+     sizeof(((FIELD_STRUCT *)0)->name),           \
+     KVD_METRIC_##metric,                         \
+     help},
 
 #define FIELD_STRUCT kvd_ns_spec_t
 static const kvd_field_t ns_spec_rows[] = {KVD_NS_SPEC_FIELDS(FIELD_ROW)};

@@ -174,6 +174,7 @@ typedef struct kvd_field {
     const char *name; /* C member, proto field, JSON key */
     kvd_field_type_t type;
     size_t offset; /* of the member in the C struct */
+    size_t size;   /* of the member: a string's room with its NUL */
     kvd_metric_kind_t metric;
     const char *help;
 } kvd_field_t;

@@ -23,6 +23,10 @@
  *     --namespace m/mamba/tp0 evicts 2; --all evicts the remaining 5;
  *     `stats --json` then shows store.objects_ready 0; no selector, or two,
  *     exit 2.
+ *   stats: --json has every field of the store's and the namespaces' field
+ *     lists (kvd_proto.h) under its list name, each number equal to that
+ *     field in a Stats reply taken beside it; the table has a row named
+ *     after each field.
  */
 #include "ref_sha256.h"
 #include "test_store_util.h"
@@ -389,6 +393,57 @@ static void check_evict(const char *socket)
              "kvdock prefixes after evicting everything: exit %d, '%s'", rc, out);
 }
 
+/* Every field of list l as a key after `after` in json, a number equal to
+ * obj's field (strings and flags only present); and as a row of table. */
+static void expect_list(const char *json, const char *table, const char *after,
+                        const kvd_field_list_t *l, const void *obj, const char *what)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        const kvd_field_t *f = &l->fields[i];
+        char key[96], row[96];
+        snprintf(key, sizeof(key), "\"%s\":", f->name);
+        snprintf(row, sizeof(row), "  %s ", f->name);
+        const char *from = strstr(json, after);
+        DT_CHECK(from != NULL && strstr(from, key) != NULL, "stats --json: %s lacks %s",
+                 what, key);
+        DT_CHECK(strstr(table, row) != NULL, "stats table: no row '%s' for %s", f->name,
+                 what);
+        uint64_t v = 0;
+        if (f->type == KVD_FIELD_U64 || f->type == KVD_FIELD_U32)
+            DT_CHECK(dt_json_u64(json, after, f->name, &v) && v == kvd_field_u64(f, obj),
+                     "stats --json: %s.%s is %llu, Stats says %llu", what, f->name,
+                     (unsigned long long)v, (unsigned long long)kvd_field_u64(f, obj));
+    }
+}
+
+static void check_stats(const char *socket)
+{
+    ts_stats_t st;
+    if (!DT_CHECK(ts_stats_fresh(socket, false, &st) == KVD_OK, "stats failed"))
+        return;
+    static char json[1 << 16];
+    int rc = cli_s(socket, (const char *[]){"stats", "--json", NULL});
+    DT_CHECK(rc == 0 && dt_json_valid(out), "kvdock stats --json: exit %d", rc);
+    kvd_strlcpy(json, out, sizeof(json));
+    rc = cli_s(socket, (const char *[]){"stats", NULL});
+    DT_CHECK(rc == 0, "kvdock stats: exit %d", rc);
+    expect_list(json, out, "\"store\":{", &kvd_store_stats_fields, &st.store, "store");
+    for (size_t i = 0; i < st.n_ns; i++) {
+        char after[KVD_NS_NAME_BYTES + 16];
+        snprintf(after, sizeof(after), "\"name\":\"%s\"", st.ns[i].name);
+        /* id and name come first in a namespace's object: look from its id */
+        char from[64];
+        snprintf(from, sizeof(from), "{\"id\":%u,", st.ns[i].id);
+        expect_list(json, out, from, &kvd_ns_fields, &st.ns[i], st.ns[i].name);
+        DT_CHECK(strstr(json, after) != NULL, "stats --json: no namespace %s",
+                 st.ns[i].name);
+    }
+    const kvd_ns_msg_t *kv = ts_stats_ns(&st, TS_KV_NS);
+    DT_CHECK(kv != NULL && kv->published_bytes == N_PAGES * (uint64_t)TS_KV_BYTES,
+             "Stats: %s published_bytes %llu, want %d pages", TS_KV_NS,
+             kv ? (unsigned long long)kv->published_bytes : 0ull, N_PAGES);
+}
+
 static void run(const kvd_test_daemon_t *d)
 {
     if (ts_make_keys(0, N_PAGES, PAGE_SIZE, keys) != 0)
@@ -404,6 +459,7 @@ static void run(const kvd_test_daemon_t *d)
     ts_close(&t);
     if (!stored)
         return;
+    check_stats(d->socket);
     check_prefixes(d->socket);
     check_show(d->socket);
     check_lookups(d->socket);
