@@ -116,7 +116,7 @@ static void run_refused(void)
 /* As root: takes the right to lock from the daemons started from now on
  * (CAP_IPC_LOCK out of the bounding set, which an exec keeps, and a small
  * RLIMIT_MEMLOCK). False when the system does not let it. */
-static bool forbid_locking(void)
+static __attribute__((unused)) bool forbid_locking(void)
 {
     struct rlimit rl = {.rlim_cur = 64 * 1024, .rlim_max = 64 * 1024};
     if (prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0 ||
