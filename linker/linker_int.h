@@ -1,21 +1,49 @@
 /*
- * linker_int.h - libkvdock's internals shared by its files. Private to
- * linker/.
+ * linker_int.h - libkvdock's internals. Private to linker/.
  *
- * Threading: engine threads call the public functions; a load thread runs
- * committed load batches layer by layer, and an offload thread runs
- * offload jobs, so that no load waits behind an offload. `lock` guards
- * every list and counter below it; `rpc` serialises calls on the one
- * daemon connection; `map` (a rwlock) keeps the pool mapping and the UCX
- * endpoint alive while copies use them (a reconnect replaces both under
- * the write lock); `xport_lock` lets one of the two threads at a time post
- * and wait on the endpoint (UCX's worker is serialised), a batch at a
- * time. Completions wake waiters through `cond`.
+ * The parts, each a file with one owner of its state, calling only down
+ * this list (no two files call each other):
+ *   linker.c   the front: open and close, pools, lookups, counters
+ *   load.c     LOAD / PREPARE / COMMIT / ABORT, layer-wise batches and
+ *              the load thread that copies them
+ *   offload.c  offload jobs and the offload thread
+ *   datapath.c one thread's data path: its transport (kvd_transport), the
+ *              pools' regions on it, gathering copies into batches
+ *   conn.c     the daemon connection: Hello, RPCs, reconnection, epochs,
+ *              the peer region of each connection (the pool mapping or
+ *              the daemon's UCX worker) and its population
+ *   xfer.c     a transfer's owned copy, and one key's rows through a
+ *              data path (what loads and offloads share)
+ *   queue.c    the completion queues
+ *   lock.c     the lock-order check
+ *
+ * Threads: engine threads call the public functions; the load thread runs
+ * committed load batches layer group by layer group; the offload thread
+ * runs offload jobs; after a reconnection a populating thread write-faults
+ * the new pool mapping. The load and offload threads have a data path
+ * each (their own transport, their own UCX worker), so neither ever waits
+ * for the other's bytes.
+ *
+ * Locks, in the only order they may be taken (a thread holding one takes
+ * only locks further down; debug builds assert it, lock.c):
+ *   1. conn.rpc    one RPC at a time on the connection, and (re)connecting
+ *   2. dp->mutex   one call on a data path's transport: its thread's
+ *                  connect, post, poll, disconnect, and pool registration
+ *                  adding regions. Never two at once, never across a wait.
+ *   3. conn.state  the view of the connection other threads read without
+ *                  waiting for an RPC: epoch, whether it is up, its peer
+ *   4. lock        pools, loads, batches, jobs, queues, counters
+ * Condition variables wait on `lock` only. No thread spins or sleeps while
+ * it holds a lock: the waits that poll (the load thread for a start,
+ * kvd_wait_layer for its layer, a data path for its batch) take a lock
+ * for one look at a time.
+ * A reconnection takes rpc and, for a moment, state; the transfer threads
+ * never hold either while they copy, so it cannot be starved by them, and
+ * they pick the new peer up at their next step.
  */
 #ifndef KVD_LINKER_INT_H
 #define KVD_LINKER_INT_H
 
-#include "devmem.h"
 #include "kvd_common.h"
 #include "kvd_proto.h"
 #include "kvd_transport.h"
@@ -23,28 +51,109 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <time.h>
 
-/* Half of the staging buffer of offloads in the UCX message mode (see
- * transfer.c): 16 MiB per linker, made on the first such offload. */
-#define KVD_LINKER_STAGE_HALF (8u << 20)
-/* Pools one Lookup may name: the daemon's limit (a protocol constant). */
-#define KVD_LOOKUP_POOLS_MAX 16
+/* ------------------------------------------------------------ locks */
 
-/* A registered device pool. */
+enum lk_rank { LK_RANK_RPC = 1, LK_RANK_DP = 2, LK_RANK_STATE = 3, LK_RANK_LOCK = 4 };
+
+typedef struct lk_mutex {
+    pthread_mutex_t m;
+    enum lk_rank rank;
+} lk_mutex_t;
+
+void lk_mutex_init(lk_mutex_t *m, enum lk_rank rank);
+void lk_mutex_destroy(lk_mutex_t *m);
+/* Takes m; in debug builds asserts that this thread holds no lock of m's
+ * rank or a later one. */
+void lk_lock(lk_mutex_t *m);
+void lk_unlock(lk_mutex_t *m);
+void lk_cond_wait(pthread_cond_t *c, lk_mutex_t *m);
+/* false when `until` (CLOCK_REALTIME) passed */
+bool lk_cond_timedwait(pthread_cond_t *c, lk_mutex_t *m, const struct timespec *until);
+
+/* ------------------------------------------------------------ pools */
+
+enum { LK_DP_LOAD = 0, LK_DP_OFFLOAD = 1, LK_DP_COUNT = 2 };
+
+/* A registered device pool. Entries never move once added; what is set
+ * before it is listed (everything but the counters) never changes. */
 typedef struct lpool {
-    kvd_pool_desc_t desc;     /* layers point at `layers` below */
+    kvd_pool_desc_t desc;     /* layers and name point at the copies below */
     kvd_pool_layer_t *layers; /* owned copy */
     char name[64];
     char ns_name[KVD_NS_NAME_BYTES];
-    uint32_t ns_id; /* in the daemon we are connected to */
+    uint32_t ns_id; /* in the daemon we are connected to (under lock) */
     uint64_t object_bytes;
-    uint32_t rows;               /* rows of one object: page_size or 1 */
-    const kvd_devmem_ops_t *dev; /* how its buffers are copied */
-    kvd_ucx_mem_t **mems;        /* ucx: each buffer mapped, for its handle */
-    uint32_t n_mems;
+    uint32_t rows;             /* rows of one object: page_size or 1 */
+    const kvd_memkind_t *kind; /* of its buffers */
+    uint64_t *layer_off;       /* where each layer starts inside an object */
+    uint32_t n_buffers;        /* over all layers */
+    uint32_t *buffer0;         /* layer i's buffers are regions buffer0[i]... */
+    /* each buffer as a region of each data path's transport */
+    kvd_region_t **regions[LK_DP_COUNT];
     _Atomic uint64_t lookup_hit_pages, load_bytes, offload_bytes;
     _Atomic uint64_t load_failures, offload_failures;
 } lpool_t;
+
+/* ------------------------------------------------------- connection */
+
+/* What one connection's bytes move to: the pool mapped here (shm), or the
+ * daemon's UCX worker and pool. Counted: the connection holds a reference
+ * while it is current, each data path while connected to it, the
+ * populating thread while it works; the last one unmaps. */
+typedef struct lpeer {
+    _Atomic int refs;
+    uint64_t epoch;
+    kvd_peer_t desc;
+    void *map;          /* shm: the mapping, desc.mapping */
+    uint8_t *ucx_bytes; /* ucx: the address and the rkey, copied */
+} lpeer_t;
+
+typedef struct lconn {
+    lk_mutex_t rpc;
+    kvd_client_t *client;  /* under rpc; replaced under rpc and state */
+    uint64_t lease_ttl_ms; /* the connected daemon's (written under rpc and state) */
+    lk_mutex_t state;
+    /* bumped at every (re)connection, under state with the peer: a lease
+     * or an offset belongs to one epoch */
+    _Atomic uint64_t epoch;
+    bool up;       /* a connection is open (client != NULL), under state */
+    lpeer_t *peer; /* the current connection's, under state; NULL none */
+    /* a data path failed on this epoch: the next call reconnects */
+    _Atomic uint64_t failed_epoch;
+    pthread_t pop_thread; /* populates a new mapping; pop_* under lock */
+    bool pop_started, pop_running;
+} lconn_t;
+
+/* -------------------------------------------------------- data path */
+
+/* Batches in flight on one data path, and the bytes gathered into one. */
+#define LK_DP_WINDOW      2
+#define LK_DP_BATCH_BYTES (8ull << 20)
+
+typedef struct ldp_flight {
+    uint64_t cookie, bytes;
+} ldp_flight_t;
+
+typedef struct ldp {
+    int index; /* LK_DP_LOAD or LK_DP_OFFLOAD: which pool regions are its */
+    kvd_xfer_dir_t dir;
+    lk_mutex_t mutex;
+    kvd_transport_t *t;
+    lpeer_t *peer; /* what t is connected to (a reference); NULL none */
+    uint64_t next_cookie;
+    kvd_xfer_t *v; /* gathered, not posted yet */
+    size_t n, cap;
+    uint64_t gathered_bytes;
+    ldp_flight_t flight[LK_DP_WINDOW]; /* posted, oldest first */
+    size_t n_flight;
+    kvd_xfer_done_t kept[LK_DP_WINDOW];
+    size_t n_kept;
+    int error; /* the step's first failure */
+} ldp_t;
+
+/* -------------------------------------------------- loads, offloads */
 
 /* One transfer of a load or an offload, with its own copies of the arrays. */
 typedef struct lxfer {
@@ -65,8 +174,8 @@ typedef struct lxfer {
     bool dropped;        /* COMMIT dropped it (mamba_exist) */
 } lxfer_t;
 
-/* LOAD_FAILED: kvd_load could not pin; kept (without pins) for ABORT. */
-/* PINNING: recorded (so a second LOAD of the rid is refused) while its
+/* LOAD_FAILED: kvd_load could not pin; kept (without pins) for ABORT.
+ * PINNING: recorded (so a second LOAD of the rid is refused) while its
  * pins are taken; nothing but that LOAD may touch it then. */
 enum load_state {
     LOAD_PINNING = 1,
@@ -111,45 +220,19 @@ typedef struct lqueue {
     size_t reserved; /* completions promised room (n + reserved <= cap) */
 } lqueue_t;
 
+/* ----------------------------------------------------------- linker */
+
 struct kvd_linker {
-    kvd_linker_config_t cfg;
+    kvd_linker_config_t cfg; /* its strings point at the copies below */
     char socket_path[108], connect[128], client_name[64], model_id[128];
     int timeout_ms;
-
-    pthread_mutex_t rpc; /* the connection */
-    kvd_client_t *client;
-    uint64_t lease_ttl_ms; /* the connected daemon's (under rpc) */
-    /* bumped at every (re)connection, under the map write lock together
-     * with the mapping: a lease or an offset belongs to one epoch */
-    _Atomic uint64_t epoch;
-
-    pthread_rwlock_t map;
-    uint8_t *pool_map; /* shm: the pool, mapped here */
-    uint64_t pool_bytes;
-    /* ucx: the worker lives as long as the linker; the endpoint (xport)
-     * belongs to one connection and is replaced with the mapping. Only
-     * the load and offload threads post on it, under the map read lock and
-     * xport_lock; after it failed (xport_failed = its epoch) the next call
-     * reconnects. */
     bool use_ucx;
     kvd_ucx_mode_t ucx_mode;
-    kvd_ucx_t *ucx;
-    pthread_mutex_t xport_lock; /* xport's use and failure, next_cookie, kept */
-    kvd_transport_t *xport;
-    _Atomic uint64_t xport_failed;
-    uint64_t next_cookie;
-    /* batches of one thread that finished while the other waited (one
-     * thread has at most two outstanding: a staged half and its next) */
-    kvd_xfer_done_t kept[8];
-    size_t n_kept;
-    /* the load thread wants xport_lock: the offload thread lets it in
-     * before its next batch (a mutex hands itself back to its releaser),
-     * unless loads had it loads_in_a_row times; offload_waiting: the
-     * offload thread is queued for it (see transfer.c, xport_lock) */
-    _Atomic int load_waiting, offload_waiting, loads_in_a_row;
-    uint8_t *stage; /* offload staging, 2 x KVD_LINKER_STAGE_HALF; offload thread */
 
-    pthread_mutex_t lock;
+    lconn_t conn;
+    ldp_t dp[LK_DP_COUNT];
+
+    lk_mutex_t lock;
     pthread_cond_t cond;      /* progress, completions, starts */
     pthread_cond_t jobs_cond; /* an offload job queued, or stop */
     lpool_t pools[KVD_MAX_POOLS];
@@ -173,27 +256,33 @@ struct kvd_linker {
     bool stop;
     pthread_t thread, off_thread; /* loads, offloads */
     bool thread_started, off_thread_started;
-    /* after a reconnection the new mapping is populated by this thread,
-     * not under `rpc` (which would stall every call for as long as the
-     * pool takes); pop_running under lock */
-    pthread_t pop_thread;
-    bool pop_started, pop_running;
-    _Atomic int remapping; /* a shm reconnection wants the map write lock */
 };
 
-/* linker.c: one RPC. on_epoch 0: on the connection, (re)connecting first
- * when there is none; otherwise only on the connection of that epoch, and
- * KVD_ERR_CLOSED without sending when it is gone (a lease or reservation
- * id of a dead daemon can name one of ours on a restarted one). *epoch
- * (may be NULL) says which connection served it. */
+/* ------------------------------------------------------------ conn.c */
+
+/* Sets up the connection's locks; no I/O. */
+void lk_conn_init(kvd_linker_t *l);
+/* Connects (Hello with every registered pool's namespace). */
+int lk_conn_open(kvd_linker_t *l);
+/* Closes the connection, drops the peer, joins the populating thread. */
+void lk_conn_close(kvd_linker_t *l);
+
+/* n requests in one round trip. on_epoch 0: on the connection,
+ * (re)connecting first when there is none; otherwise only on the
+ * connection of that epoch, and KVD_ERR_CLOSED at once without sending
+ * when it is gone (a lease or reservation id of a dead daemon can name
+ * one of ours on a restarted one). KVD_OK when every reply came, each
+ * reps[i].status its own; else nothing was sent, or the connection failed
+ * and is dropped. *epoch (may be NULL) says which connection served it. */
+int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                 uint64_t on_epoch, uint64_t *epoch);
+/* One request: the transport's failure or the reply's status. */
 int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
                uint64_t *epoch);
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep);
-/* n requests in one round trip (kvd_client_call_many), on_epoch as for
- * lk_call_ex: KVD_OK when every reply came, each reps[i].status its own;
- * else nothing was sent, or the connection failed and is dropped. */
-int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
-                 uint64_t on_epoch, uint64_t *epoch);
+/* Connects when there is no connection; its epoch, 0 when that failed. */
+uint64_t lk_conn_ensure(kvd_linker_t *l, int *rc);
+
 /* Whether the read leases of x[0..n) provably still stand: each of the
  * current connection, a Unix socket, asked for less than half the
  * daemon's lease TTL ago, and the connection still open and quiet (a
@@ -201,18 +290,77 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
  * once). When true, the bytes copied under them are the objects' and
  * their Release may come after. */
 bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n);
+
+/* The current peer with a reference (NULL: none); lk_peer_put drops it. */
+lpeer_t *lk_peer_get(kvd_linker_t *l);
+void lk_peer_put(lpeer_t *p);
+/* The bytes of the pool of the connection of `epoch`; 0 when that is not
+ * the current connection. */
+uint64_t lk_conn_pool_bytes(kvd_linker_t *l, uint64_t epoch);
+/* Lists p as *pool_id if the connection of `epoch` (whose namespace id p
+ * carries) is still current, so that every later Hello lists it too:
+ * KVD_ERR_CLOSED when it is not, KVD_ERR_NO_SPACE when the table is full. */
+int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p,
+                     uint32_t *pool_id);
+/* A data path failed on epoch's peer: that connection is void (its pins
+ * and offsets with it) and the next call reconnects. */
+void lk_conn_fail(kvd_linker_t *l, uint64_t epoch);
+
+/* --------------------------------------------------------- datapath.c */
+
+int lk_dp_open(kvd_linker_t *l, ldp_t *dp, int index);
+/* Destroys the transport (its regions with it); the thread has ended. */
+void lk_dp_close(ldp_t *dp);
+/* Registers every buffer of p on dp's transport (p->regions[dp->index]). */
+int lk_dp_register(ldp_t *dp, lpool_t *p);
+/* Frees p's region table of dp after the transport is gone, or
+ * deregisters them when it is still open. */
+void lk_dp_unregister(ldp_t *dp, lpool_t *p);
+/* Starts a step of copies: connects to the current peer if needed. Returns the peer's
+ * epoch, 0 when there is none (the step's copies then fail with KVD_ERR_CLOSED). */
+uint64_t lk_dp_begin(kvd_linker_t *l, ldp_t *dp);
+/* Adds `bytes` from offset `off` of region r and `pool_off` of the peer's
+ * region; adjacent ones merge, a full batch is posted (at most
+ * LK_DP_WINDOW in flight). */
+int lk_dp_add(kvd_linker_t *l, ldp_t *dp, kvd_region_t *r, uint64_t off,
+              uint64_t pool_off, uint64_t bytes);
+/* Posts what is gathered and waits for every batch of the step. */
+int lk_dp_flush(kvd_linker_t *l, ldp_t *dp);
+/* Ends the step: what is gathered and not flushed is dropped, what is in
+ * flight ends first. */
+void lk_dp_end(kvd_linker_t *l, ldp_t *dp);
+
+/* ----------------------------------------------------------- queue.c */
+
 /* Promises room for `more` completions, so that pushing them cannot fail;
- * each push uses up one promise. */
+ * each push uses up one promise. Caller holds lock. */
 int lk_queue_reserve(lqueue_t *q, size_t more);
-void lk_xfer_free(lxfer_t *x, size_t n);
 void lk_queue_push(lqueue_t *q, uint64_t id, bool success);
+/* Takes up to max completions, oldest first. Caller holds lock. */
+size_t lk_queue_pop(lqueue_t *q, kvd_completion_t *out, size_t max);
+void lk_queue_free(lqueue_t *q);
 
-/* load.c: ends read leases; false when one was already gone */
-bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n);
+/* ------------------------------------------------------------ xfer.c */
 
-/* transfer.c */
+void lk_xfer_free(lxfer_t *x, size_t n);
+/* Copies the caller's transfers into owned arrays after checking their
+ * shape against the pools; takes lock. */
+int lk_xfers_copy(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, lxfer_t **out);
+/* Moves key i's layers [l0, l1) of transfer x of pool p through dp; adds
+ * the bytes to *moved. Inside a data-path step. */
+int lk_copy_key(kvd_linker_t *l, ldp_t *dp, const lpool_t *p, const lxfer_t *x,
+                uint32_t i, uint32_t l0, uint32_t l1, uint64_t *moved);
+
+/* ------------------------------------------------------------ load.c */
+
 void *lk_load_thread_main(void *arg);
+/* Closing: batches never run complete as failed, uncommitted loads end. */
+void lk_loads_fail_pending(kvd_linker_t *l);
+
+/* --------------------------------------------------------- offload.c */
+
 void *lk_offload_thread_main(void *arg);
-void lk_fail_pending(kvd_linker_t *l);
+/* Closing: jobs never run complete as failed. */
+void lk_offloads_fail_pending(kvd_linker_t *l);
 
 #endif

@@ -1,9 +1,15 @@
 /*
  * load.c - the load protocol (DESIGN.md section 6): LOAD pins and records,
  * PREPARE, COMMIT cuts the transfers to what the tree adopted, ABORT undoes
- * a load that never reached the insert; layer-wise batches and the
- * completion queues; offload jobs. The copies themselves run on the
- * load and offload threads (transfer.c).
+ * a load that never reached the insert; layer-wise batches, and the load
+ * thread that copies them layer group by layer group through its data
+ * path (datapath.c), marks each group in place so that the forward pass
+ * can start on it, then ends the batch's leases and publishes (rid,
+ * success) on the completed-loads queue.
+ *
+ * Threading: engine threads call the kvd_load* functions; the load thread
+ * owns a batch from its start to its end. Lists and states are under
+ * `lock`; RPCs go through conn.c with no lock held.
  */
 #include "linker_int.h"
 
@@ -13,79 +19,13 @@
 #include <string.h>
 #include <time.h>
 
-/* Copies the caller's transfer into owned arrays; checks its shape. */
-static int xfer_copy(const kvd_linker_t *l, const kvd_transfer_t *t, lxfer_t *x)
-{
-    memset(x, 0, sizeof(*x));
-    /* key positions are 32-bit (begin, end) */
-    if (t->pool_id >= l->n_pools || t->n_keys == 0 || t->n_keys > UINT32_MAX ||
-        t->keys == NULL)
-        return KVD_ERR_INVALID;
-    const lpool_t *p = &l->pools[t->pool_id];
-    size_t want =
-        p->desc.addressing == KVD_ADDR_PAGED ? t->n_keys * p->desc.page_size : t->n_keys;
-    if (t->device_indices == NULL || t->n_indices != want)
-        return KVD_ERR_INVALID;
-    for (size_t i = 0; i < want; i++) {
-        int64_t v = t->device_indices[i];
-        if (v < 0 || (uint64_t)v >= p->desc.n_rows)
-            return KVD_ERR_INVALID;
-        /* a page's slots are consecutive from a multiple of page_size */
-        if (p->desc.addressing == KVD_ADDR_PAGED &&
-            (i % p->desc.page_size == 0 ? v % p->desc.page_size != 0
-                                        : v != t->device_indices[i - 1] + 1))
-            return KVD_ERR_INVALID;
-    }
-    x->pool = t->pool_id;
-    x->n_keys = t->n_keys;
-    x->n_idx = want;
-    x->first_depth = t->first_depth;
-    x->keys = malloc(t->n_keys * sizeof(kvd_key_t));
-    x->idx = malloc(want * sizeof(int64_t));
-    x->offsets = calloc(t->n_keys, sizeof(uint64_t));
-    if (t->depths)
-        x->depths = malloc(t->n_keys * sizeof(uint32_t));
-    if (!x->keys || !x->idx || !x->offsets || (t->depths && !x->depths))
-        return KVD_ERR_NOMEM;
-    memcpy(x->keys, t->keys, t->n_keys * sizeof(kvd_key_t));
-    memcpy(x->idx, t->device_indices, want * sizeof(int64_t));
-    if (t->depths)
-        memcpy(x->depths, t->depths, t->n_keys * sizeof(uint32_t));
-    if (t->prior_key) {
-        x->has_prior = true;
-        memcpy(x->prior, t->prior_key, sizeof(kvd_key_t));
-    }
-    x->begin = 0;
-    x->end = (uint32_t)t->n_keys;
-    return KVD_OK;
-}
-
-static int copy_transfers(kvd_linker_t *l, const kvd_transfer_t *t, size_t n,
-                          lxfer_t **out)
-{
-    lxfer_t *x = calloc(n, sizeof(*x));
-    if (x == NULL)
-        return KVD_ERR_NOMEM;
-    pthread_mutex_lock(&l->lock);
-    int rc = KVD_OK;
-    for (size_t i = 0; i < n && rc == KVD_OK; i++)
-        rc = xfer_copy(l, &t[i], &x[i]);
-    pthread_mutex_unlock(&l->lock);
-    if (rc != KVD_OK) {
-        lk_xfer_free(x, n);
-        return rc;
-    }
-    *out = x;
-    return KVD_OK;
-}
-
 /* Releases the read lease of each transfer, all in one round trip (best
  * effort: a lost connection or an expired lease has released it already).
  * Returns false when a lease was gone: its pins may have lapsed while the
  * bytes were read. A lease goes only to the connection that granted it
  * (after a restart its id can name one of our new leases); releasing never
  * reconnects. */
-bool lk_release(kvd_linker_t *l, lxfer_t *x, size_t n)
+static bool release(kvd_linker_t *l, lxfer_t *x, size_t n)
 {
     size_t k = 0;
     uint64_t epoch = 0; /* a load's leases come from one Acquire round trip */
@@ -136,7 +76,7 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
         free(object_bytes);
         return KVD_ERR_NOMEM;
     }
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     for (size_t i = 0; i < n; i++) {
         const lpool_t *p = &l->pools[x[i].pool];
         object_bytes[i] = p->object_bytes;
@@ -146,12 +86,12 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
                                                       .n = x[i].n_keys,
                                                       .keys = x[i].keys};
     }
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     uint64_t epoch = 0, asked = kvd_now_ns();
     int call = lk_call_many(l, req, rep, n, 0, &epoch), rc = call;
-    pthread_rwlock_rdlock(&l->map);
-    /* offsets are into the mapping of the connection that gave them */
-    bool current = epoch == atomic_load(&l->epoch);
+    /* offsets are into the pool of the connection that gave them */
+    uint64_t pool_bytes = call == KVD_OK ? lk_conn_pool_bytes(l, epoch) : 0;
+    bool current = pool_bytes != 0;
     for (size_t i = 0; i < n; i++) {
         int one = call != KVD_OK                             ? call
                   : rep[i].status != KVD_OK                  ? rep[i].status
@@ -167,7 +107,7 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
         for (size_t k = 0; k < x[i].n_keys && one == KVD_OK; k++) {
             uint64_t off = rep[i].body.acquire_rep.offsets[k];
             /* the daemon's offsets are checked against the pool here too */
-            if (off > l->pool_bytes || object_bytes[i] > l->pool_bytes - off)
+            if (off > pool_bytes || object_bytes[i] > pool_bytes - off)
                 one = KVD_ERR_PROTOCOL;
             x[i].offsets[k] = off;
         }
@@ -175,7 +115,6 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
             rc = one; /* the first failure; later leases are still recorded */
         kvd_msg_clear(&rep[i]);
     }
-    pthread_rwlock_unlock(&l->map);
     free(req);
     free(object_bytes);
     return rc;
@@ -196,11 +135,11 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
     lload_t *ld = calloc(1, sizeof(*ld));
     if (ld == NULL)
         return KVD_ERR_NOMEM;
-    int rc = copy_transfers(l, t, n, &ld->x);
+    int rc = lk_xfers_copy(l, t, n, &ld->x);
     ld->n = n;
     ld->rid = rid;
     /* recorded before pinning: a second LOAD of the rid meanwhile is refused */
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     if (rc == KVD_OK && *find_load(l, rid) != NULL)
         rc = KVD_ERR_EXISTS; /* one load per request at a time */
     if (rc == KVD_OK) {
@@ -214,7 +153,7 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
             pthread_cond_broadcast(&l->cond);
         }
     }
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     if (rc != KVD_OK) { /* bad arguments: nothing recorded, nothing to abort */
         lk_xfer_free(ld->x, n);
         free(ld);
@@ -224,13 +163,13 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
     if (rc != KVD_OK) {
         /* all or nothing: no pins stay; the record does, so that the
          * engine's ABORT can hand every device index back */
-        lk_release(l, ld->x, n);
+        release(l, ld->x, n);
         for (size_t i = 0; i < n; i++)
             atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
     }
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     ld->state = rc == KVD_OK ? LOAD_PINNED : LOAD_FAILED;
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     return rc;
 }
 
@@ -238,14 +177,14 @@ KVD_API int kvd_load_prepare(kvd_linker_t *l, uint64_t rid)
 {
     if (l == NULL)
         return KVD_ERR_INVALID;
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     lload_t *ld = *find_load(l, rid);
     int rc = ld == NULL                 ? KVD_ERR_NOT_FOUND
              : ld->state != LOAD_PINNED ? KVD_ERR_STATE
                                         : KVD_OK;
     if (rc == KVD_OK)
         ld->state = LOAD_PREPARED; /* host memory needs no fix-up */
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     return rc;
 }
 
@@ -287,7 +226,7 @@ KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool
     if (f == NULL)
         return KVD_ERR_NOMEM;
     size_t k = 0;
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     lload_t *ld = *find_load(l, rid);
     int rc = ld == NULL ? KVD_ERR_NOT_FOUND
              : ld->state == LOAD_PINNING || ld->state == LOAD_COMMITTED ||
@@ -330,7 +269,7 @@ KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool
     }
     if (rc == KVD_OK)
         ld->state = LOAD_COMMITTED;
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     /* pages the tree did not adopt: their slots go back (outside the lock) */
     for (size_t i = 0; i < k; i++) {
         if (rc == KVD_OK)
@@ -345,7 +284,7 @@ KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
 {
     if (l == NULL)
         return KVD_ERR_INVALID;
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     lload_t **pp = find_load(l, rid);
     lload_t *ld = *pp;
     int rc = ld == NULL                    ? KVD_ERR_NOT_FOUND
@@ -354,10 +293,10 @@ KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
                                            : KVD_OK;
     if (rc == KVD_OK)
         *pp = ld->next;
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     if (rc != KVD_OK)
         return rc;
-    lk_release(l, ld->x, ld->n);
+    release(l, ld->x, ld->n);
     /* outside the lock: the engine's callback may call into the linker */
     for (size_t i = 0; i < ld->n; i++)
         free_indices(&l->pools[ld->x[i].pool], ld->x[i].idx, ld->x[i].n_idx);
@@ -379,7 +318,7 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
     lbatch_t *b = calloc(1, sizeof(*b));
     if (b == NULL)
         return KVD_ERR_NOMEM;
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     /* take every committed load; the union of their layers, sorted */
     size_t cap = 0;
     for (lload_t *ld = l->loads; ld; ld = ld->next)
@@ -388,7 +327,7 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
                 cap += l->pools[ld->x[i].pool].desc.n_layers;
     b->layer_ids = malloc((cap ? cap : 1) * sizeof(uint32_t));
     if (b->layer_ids == NULL) {
-        pthread_mutex_unlock(&l->lock);
+        lk_unlock(&l->lock);
         free(b);
         return KVD_ERR_NOMEM;
     }
@@ -423,7 +362,7 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
     *counter = b->counter;
     atomic_fetch_add(&l->kick, 1); /* a load thread awake sees it at once */
     pthread_cond_broadcast(&l->cond);
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     return KVD_OK;
 }
 
@@ -447,7 +386,7 @@ KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
         return KVD_ERR_INVALID;
     struct timespec until = deadline_of(l);
     uint64_t spin_until = kvd_now_ns() + l->spin_ns;
-    pthread_mutex_lock(&l->lock);
+    lk_lock(&l->lock);
     int rc = KVD_OK;
     for (;;) {
         lbatch_t *b = l->batches;
@@ -476,78 +415,177 @@ KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
             /* poll a while: a sleeping waiter costs the copying thread a
              * wake-up per layer */
             uint64_t seen = atomic_load(&l->progress);
-            pthread_mutex_unlock(&l->lock);
+            lk_unlock(&l->lock);
             while (atomic_load(&l->progress) == seen && kvd_now_ns() < spin_until)
                 sched_yield();
-            pthread_mutex_lock(&l->lock);
+            lk_lock(&l->lock);
             continue;
         }
-        if (pthread_cond_timedwait(&l->cond, &l->lock, &until) == ETIMEDOUT) {
+        if (!lk_cond_timedwait(&l->cond, &l->lock, &until)) {
             rc = KVD_ERR_TIMEOUT;
             break;
         }
     }
-    pthread_mutex_unlock(&l->lock);
+    lk_unlock(&l->lock);
     return rc;
 }
 
-static int pop(kvd_linker_t *l, lqueue_t *q, kvd_completion_t *out, size_t max, size_t *n)
+#define KEEP_FINISHED_BATCHES 64
+
+/* Copies layers [pos, end) of the batch, every load of it that has them,
+ * in one data-path step. A load whose pins belong to an earlier
+ * connection (the daemon went away, and the pool with it) is marked
+ * failed and not copied: its offsets mean nothing in the current pool. */
+static int copy_group(kvd_linker_t *l, lbatch_t *b, uint32_t pos, uint32_t end)
 {
-    if (l == NULL || (out == NULL && max > 0) || n == NULL)
-        return KVD_ERR_INVALID;
-    pthread_mutex_lock(&l->lock);
-    size_t k = KVD_MIN(max, q->n);
-    if (k > 0) {
-        memcpy(out, q->items, k * sizeof(*out));
-        memmove(q->items, q->items + k, (q->n - k) * sizeof(*out));
-        q->n -= k;
+    ldp_t *dp = &l->dp[LK_DP_LOAD];
+    uint64_t epoch = lk_dp_begin(l, dp);
+    int rc = epoch != 0 ? KVD_OK : KVD_ERR_CLOSED;
+    for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next)
+        for (size_t i = 0; i < ld->n; i++)
+            ld->failed |= ld->x[i].lease != 0 && ld->x[i].epoch != epoch;
+    for (uint32_t k = pos; rc == KVD_OK && k < end; k++) {
+        uint32_t layer_id = b->layer_ids[k];
+        for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next) {
+            for (size_t i = 0; rc == KVD_OK && !ld->failed && i < ld->n; i++) {
+                lxfer_t *x = &ld->x[i];
+                lpool_t *p = &l->pools[x->pool];
+                for (uint32_t li = 0;
+                     rc == KVD_OK && !x->dropped && li < p->desc.n_layers; li++) {
+                    if (p->layers[li].layer_id != layer_id)
+                        continue;
+                    uint64_t moved = 0;
+                    for (uint32_t key = x->begin; rc == KVD_OK && key < x->end; key++)
+                        rc = lk_copy_key(l, dp, p, x, key, li, li + 1, &moved);
+                    atomic_fetch_add(&p->load_bytes, moved);
+                }
+            }
+        }
     }
-    pthread_mutex_unlock(&l->lock);
-    *n = k;
-    return KVD_OK;
+    if (rc == KVD_OK)
+        rc = lk_dp_flush(l, dp); /* in place once every batch of the group landed */
+    lk_dp_end(l, dp);
+    return rc;
 }
 
-KVD_API int kvd_pop_completed_loads(kvd_linker_t *l, kvd_completion_t *out, size_t max,
-                                    size_t *n)
+/* Ends a finished batch: leases, completions, counters. */
+static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
 {
-    return pop(l, &l->done_loads, out, max, n);
+    for (lload_t *ld = b->loads; ld; ld = ld->next) {
+        bool ok = !ld->failed && err == KVD_OK;
+        /* A lease that lapsed while we copied: the bytes may be another
+         * object's by now, so the load failed. When the leases provably
+         * still stand, the load is done now and the Release (a round trip
+         * to a daemon idle through the copy) follows; otherwise its reply
+         * decides. */
+        bool early = ok && lk_leases_standing(l, ld->x, ld->n);
+        if (!early)
+            ok = release(l, ld->x, ld->n) && ok;
+        lk_lock(&l->lock);
+        if (!ok)
+            for (size_t i = 0; i < ld->n; i++)
+                atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
+        lk_queue_push(&l->done_loads, ld->rid, ok);
+        if (early)
+            pthread_cond_broadcast(&l->cond);
+        lk_unlock(&l->lock);
+        if (early)
+            release(l, ld->x, ld->n); /* what it says changes nothing now */
+    }
+    lk_lock(&l->lock);
+    for (lload_t *ld = b->loads, *next; ld; ld = next) {
+        next = ld->next;
+        lk_xfer_free(ld->x, ld->n);
+        free(ld);
+    }
+    b->loads = NULL;
+    if (err != KVD_OK && b->error == KVD_OK)
+        b->error = err;
+    b->finished = true;
+    atomic_fetch_add(&l->progress, 1);
+    /* keep the last few finished batches for late waiters */
+    size_t n = 0;
+    for (lbatch_t *x = l->batches; x; x = x->next)
+        n += x->finished;
+    while (n > KEEP_FINISHED_BATCHES && l->batches && l->batches->finished) {
+        lbatch_t *old = l->batches;
+        l->batches = old->next;
+        if (old->error != KVD_OK && old->counter > l->forgot_failed_max)
+            l->forgot_failed_max = old->counter;
+        free(old->layer_ids);
+        free(old);
+        n--;
+    }
+    pthread_cond_broadcast(&l->cond);
+    lk_unlock(&l->lock);
 }
 
-KVD_API int kvd_pop_completed_offloads(kvd_linker_t *l, kvd_completion_t *out, size_t max,
-                                       size_t *n)
+static void run_batch(kvd_linker_t *l, lbatch_t *b)
 {
-    return pop(l, &l->done_offloads, out, max, n);
+    int err = KVD_OK;
+    uint32_t group = (uint32_t)l->cfg.layer_group_size;
+    for (uint32_t pos = 0; err == KVD_OK && pos < b->n_layers; pos += group) {
+        uint32_t end = KVD_MIN(pos + group, b->n_layers);
+        err = copy_group(l, b, pos, end);
+        lk_lock(&l->lock);
+        if (err == KVD_OK)
+            b->layers_done = end;
+        else
+            b->error = err; /* the remaining layers fail now, nobody waits */
+        atomic_fetch_add(&l->progress, 1);
+        pthread_cond_broadcast(&l->cond);
+        lk_unlock(&l->lock);
+    }
+    finish_batch(l, b, err);
 }
 
-KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint64_t *ack)
+void *lk_load_thread_main(void *arg)
 {
-    if (l == NULL || t == NULL || n == 0 || ack == NULL)
-        return KVD_ERR_INVALID;
-    ljob_t *j = calloc(1, sizeof(*j));
-    if (j == NULL)
-        return KVD_ERR_NOMEM;
-    int rc = copy_transfers(l, t, n, &j->x);
-    if (rc != KVD_OK) {
-        free(j);
-        return rc;
+    kvd_linker_t *l = arg;
+    lk_lock(&l->lock);
+    for (;;) {
+        if (l->stop)
+            break; /* closing: what is left fails in lk_loads_fail_pending */
+        lbatch_t *b = l->batches;
+        while (b != NULL && (b->finished || b->layers_done > 0 || b->error != KVD_OK))
+            b = b->next;
+        if (b != NULL && b->loads != NULL) {
+            lk_unlock(&l->lock);
+            run_batch(l, b);
+            lk_lock(&l->lock);
+            continue;
+        }
+        if (kvd_now_ns() < l->spin_until_ns) {
+            /* a load is on its way (kvd_load): poll for its start rather
+             * than sleep, yielding the CPU to whoever needs it */
+            uint32_t seen = atomic_load(&l->kick);
+            uint64_t until = l->spin_until_ns;
+            lk_unlock(&l->lock);
+            while (atomic_load(&l->kick) == seen && kvd_now_ns() < until)
+                sched_yield();
+            lk_lock(&l->lock);
+            if (atomic_load(&l->kick) == seen)
+                l->spin_until_ns = 0; /* it did not come: sleep next time */
+            continue;
+        }
+        lk_cond_wait(&l->cond, &l->lock);
     }
-    j->n = n;
-    pthread_mutex_lock(&l->lock);
-    rc = lk_queue_reserve(&l->done_offloads, 1); /* its completion has room */
-    if (rc != KVD_OK) {
-        pthread_mutex_unlock(&l->lock);
-        lk_xfer_free(j->x, n);
-        free(j);
-        return rc;
+    lk_unlock(&l->lock);
+    return NULL;
+}
+
+void lk_loads_fail_pending(kvd_linker_t *l)
+{
+    /* batches the thread never ran: failed, each load comes back once */
+    for (lbatch_t *b = l->batches; b; b = b->next)
+        if (!b->finished)
+            finish_batch(l, b, KVD_ERR_CLOSED);
+    /* loads never committed: their pins end, no completion (not queued) */
+    for (lload_t *ld = l->loads, *next; ld; ld = next) {
+        next = ld->next;
+        release(l, ld->x, ld->n);
+        lk_xfer_free(ld->x, ld->n);
+        free(ld);
     }
-    j->ack = l->next_ack++;
-    if (l->jobs_tail)
-        l->jobs_tail->next = j;
-    else
-        l->jobs = j;
-    l->jobs_tail = j;
-    *ack = j->ack;
-    pthread_cond_signal(&l->jobs_cond);
-    pthread_mutex_unlock(&l->lock);
-    return KVD_OK;
+    l->loads = NULL;
 }

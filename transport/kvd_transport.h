@@ -1,17 +1,33 @@
 /*
  * kvd_transport.h - the one public header of transport/: moving bytes
- * between a local region and a peer's registered region (DESIGN.md section 7).
+ * between regions of this process and a peer's region (DESIGN.md section 7).
+ * Every byte the linker moves goes through it.
  *
- * A backend is an ops table; the public calls dispatch through it. Slots a
- * backend does not fill come from typed stubs that answer
- * KVD_ERR_UNSUPPORTED, so callers never test for NULL.
+ * The model:
+ *   - A transport is opened once per backend and lives as long as its
+ *     user; it is an ops table, and the public calls dispatch through it.
+ *     Slots a backend does not fill come from the typed stubs at the end
+ *     of this header, so callers never test for NULL.
+ *   - Local memory is registered with the transport as regions
+ *     (kvd_transport_register). A region has a memory kind (host now; CUDA
+ *     and HIP plug in as kinds), and the kind brings the copy and sync
+ *     hooks that memory needs: the caller never branches on the kind.
+ *   - The transport is connected to one peer region at a time
+ *     (kvd_transport_connect). Connecting again replaces the peer; what
+ *     was outstanding on the old one is reported failed first.
+ *   - A batch of (local region + offset, remote offset, length) transfers
+ *     is posted in one direction with a cookie, and reported once by poll.
+ *     A READ batch is reported when its bytes are in the local regions; a
+ *     WRITE batch when they are in the peer's region, so that what the
+ *     peer publishes then is whole.
  *
- * Backends: `shm` (same host: the peer's region is a mapping of its
- * shared-memory file; a transfer is a memcpy) and `ucx` (UCP RMA get/put
- * on the peer's registered region, whatever UCX runs underneath: RDMA
- * verbs, TCP, shared memory). `verbs` follows.
+ * Backends: `shm` (same host: the peer's region is mapped in this process,
+ * a copy is the kind's copy), `ucx` (UCP RMA, or active messages the
+ * peer's worker serves where UCX only emulates RMA). `verbs` follows.
  *
- * Threading: one transport is driven by one thread at a time.
+ * Threading: one transport, its regions and its batches are driven by one
+ * thread at a time (the caller serialises). Two threads that move bytes at
+ * once open a transport each.
  */
 #ifndef KVD_TRANSPORT_H
 #define KVD_TRANSPORT_H
@@ -26,9 +42,35 @@ typedef enum kvd_xfer_dir {
     KVD_XFER_WRITE = 1, /* local -> remote */
 } kvd_xfer_dir_t;
 
-/* One contiguous copy. Offsets are relative to the two regions. */
+/* ------------------------------------------------------- memory kinds */
+
+/*
+ * How memory of one kind is copied to and from host memory. A copy may be
+ * asynchronous; sync returns once every copy issued through the kind so
+ * far is complete, and, before a copy out of the kind's memory, once the
+ * writes that memory's owner issued before it are final.
+ */
+typedef struct kvd_memkind {
+    const char *name;
+    /* dst <- src, n bytes; into_region: dst is memory of this kind (a
+     * READ), else src is (a WRITE) */
+    int (*copy)(void *dst, const void *src, size_t n, bool into_region);
+    int (*sync)(void);
+} kvd_memkind_t;
+
+/* Ordinary host memory: memcpy, nothing to wait for. */
+const kvd_memkind_t *kvd_memkind_host(void);
+
+/* ---------------------------------------------------------- transfers */
+
+typedef struct kvd_transport kvd_transport_t;
+/* Local memory registered with one transport (kvd_transport_register). */
+typedef struct kvd_region kvd_region_t;
+
+/* One contiguous copy between a local region and the peer's region. */
 typedef struct kvd_xfer {
-    uint64_t local_offset;
+    kvd_region_t *local;
+    uint64_t local_offset; /* in local */
     uint64_t remote_offset;
     uint64_t length;
 } kvd_xfer_t;
@@ -39,8 +81,67 @@ typedef struct kvd_xfer_done {
     int status;
 } kvd_xfer_done_t;
 
-typedef struct kvd_transport kvd_transport_t;
+/* ------------------------------------------------------------- peers */
 
+/* How a ucx transport moves bytes to its peer. */
+typedef enum kvd_ucx_mode {
+    /* one-sided get/put on the peer's region: the peer's CPU is not
+     * involved where the NIC does RMA (RDMA verbs) */
+    KVD_UCX_MODE_RMA = 0,
+    /* active messages the peer's worker serves (kvd_ucx_serve_messages):
+     * for transports where UCX emulates RMA in software (TCP), which move
+     * several times more this way */
+    KVD_UCX_MODE_AM = 1,
+} kvd_ucx_mode_t;
+
+/*
+ * The peer region a transport connects to. Each backend reads its part:
+ * shm the mapping (which must stay mapped until the transport is
+ * disconnected, connected elsewhere or destroyed), ucx the worker address,
+ * rkey and base. The pointed-to bytes are copied by connect.
+ */
+typedef struct kvd_peer {
+    uint64_t length; /* bytes of the peer's region */
+    void *mapping;   /* shm: the region, mapped in this process */
+    struct {
+        const void *address;
+        size_t address_len;
+        const void *rkey;
+        size_t rkey_len;
+        uint64_t base; /* the region's address in the peer */
+        kvd_ucx_mode_t mode;
+    } ucx;
+} kvd_peer_t;
+
+/* ------------------------------------------------------------ backends */
+
+/* Opens a shm transport (no peer yet). KVD_OK, KVD_ERR_NOMEM. */
+int kvd_transport_open_shm(kvd_transport_t **out);
+
+/*
+ * Opens a ucx transport with a UCP context and worker of its own (`name`
+ * shows in UCX's logs), no peer yet. UCX reads UCX_TLS, UCX_NET_DEVICES
+ * etc. from the environment. KVD_ERR_UNAVAILABLE when UCX cannot start.
+ * Connected, a READ batch is reported once every byte landed; a WRITE
+ * batch once every byte is at the peer (RMA: an endpoint flush; messages:
+ * the peer's acknowledgement). A peer that goes away fails the outstanding
+ * batches and every later post (KVD_ERR_CLOSED). In the message mode, the
+ * ranges of a WRITE batch that follow each other in the peer's region are
+ * gathered into one message through a staging buffer of the transport's
+ * (at most KVD_UCX_STAGE_BYTES in all), since many small messages cost
+ * more than one copy on TCP.
+ */
+int kvd_transport_open_ucx(const char *name, kvd_transport_t **out);
+
+#define KVD_UCX_STAGE_CHUNK (4ull << 20) /* bytes of one staged message at most */
+#define KVD_UCX_STAGE_BYTES (8 * KVD_UCX_STAGE_CHUNK)
+
+/* ------------------------------------------------------------ the calls */
+
+typedef int (*kvd_transport_reg_fn)(kvd_transport_t *t, kvd_region_t *r);
+typedef void (*kvd_transport_dereg_fn)(kvd_transport_t *t, kvd_region_t *r);
+typedef int (*kvd_transport_connect_fn)(kvd_transport_t *t, const kvd_peer_t *peer);
+typedef void (*kvd_transport_disconnect_fn)(kvd_transport_t *t);
 typedef int (*kvd_transport_post_fn)(kvd_transport_t *t, kvd_xfer_dir_t dir,
                                      const kvd_xfer_t *xfers, size_t n, uint64_t cookie);
 typedef int (*kvd_transport_poll_fn)(kvd_transport_t *t, kvd_xfer_done_t *done,
@@ -50,41 +151,64 @@ typedef void (*kvd_transport_destroy_fn)(kvd_transport_t *t);
 
 typedef struct kvd_transport_ops {
     const char *name;
+    /* makes r (base, length, kind set) usable by the backend */
+    kvd_transport_reg_fn reg;
+    kvd_transport_dereg_fn dereg;
+    /* replaces the peer; disconnect reports what was outstanding failed
+     * and returns once the backend no longer touches local memory */
+    kvd_transport_connect_fn connect;
+    kvd_transport_disconnect_fn disconnect;
+    /* called with a batch already checked against the regions */
     kvd_transport_post_fn post;
     kvd_transport_poll_fn poll;
     /* drives outstanding work; returns how many events it handled */
     kvd_transport_progress_fn progress;
+    /* frees the backend's object; disconnected and with no region left */
     kvd_transport_destroy_fn destroy;
 } kvd_transport_ops_t;
 
 /* Every backend's object starts with this header. */
 struct kvd_transport {
     const kvd_transport_ops_t *ops;
+    uint64_t remote_length; /* the connected peer's region; 0: none */
+    kvd_region_t *regions;  /* registered, for destroy */
 };
 
-/* A memory region: where it is mapped here and how long it is. */
-typedef struct kvd_region {
-    void *base;
-    uint64_t length;
-} kvd_region_t;
+/*
+ * Registers [base, base+length) of memory of `kind` for transfers on t.
+ * KVD_ERR_INVALID (NULL base, zero length, a range that wraps),
+ * KVD_ERR_NOMEM, KVD_ERR_IO (the backend refused it: the log says why).
+ */
+int kvd_transport_register(kvd_transport_t *t, void *base, uint64_t length,
+                           const kvd_memkind_t *kind, kvd_region_t **out);
+
+/* Deregisters r; no batch of t may still use it. NULL is fine. */
+void kvd_transport_deregister(kvd_transport_t *t, kvd_region_t *r);
+
+/* The region's base and length as registered. */
+void *kvd_region_base(const kvd_region_t *r);
+uint64_t kvd_region_length(const kvd_region_t *r);
 
 /*
- * Opens a shm transport between `local` and `remote`, both mapped in this
- * process. Every transfer is checked against both regions before any byte
- * moves. Returns KVD_OK, KVD_ERR_INVALID, KVD_ERR_NOMEM.
+ * Connects t to `peer`, replacing the peer it had (its outstanding batches
+ * are reported failed first). KVD_ERR_INVALID for a peer description the
+ * backend cannot use, KVD_ERR_UNAVAILABLE when the peer cannot be reached.
+ * After a failure t is disconnected.
  */
-int kvd_transport_open_shm(const kvd_region_t *local, const kvd_region_t *remote,
-                           kvd_transport_t **out);
+int kvd_transport_connect(kvd_transport_t *t, const kvd_peer_t *peer);
+
+/* Reports what is outstanding failed (KVD_ERR_CLOSED) and drops the peer;
+ * returns once the backend no longer touches local memory for it. */
+void kvd_transport_disconnect(kvd_transport_t *t);
 
 /*
  * Posts a batch; its completion is reported once by poll with `cookie`.
- * KVD_ERR_INVALID when any transfer leaves a region (nothing is copied then).
+ * KVD_ERR_INVALID when a transfer names a region of another transport or
+ * leaves its region or the peer's (nothing moves then), KVD_ERR_CLOSED
+ * when t has no peer (or it failed), KVD_ERR_NOMEM.
  */
-static inline int kvd_transport_post(kvd_transport_t *t, kvd_xfer_dir_t dir,
-                                     const kvd_xfer_t *xfers, size_t n, uint64_t cookie)
-{
-    return t->ops->post(t, dir, xfers, n, cookie);
-}
+int kvd_transport_post(kvd_transport_t *t, kvd_xfer_dir_t dir, const kvd_xfer_t *xfers,
+                       size_t n, uint64_t cookie);
 
 /* Collects up to `max` finished batches into done; *n_done says how many. */
 static inline int kvd_transport_poll(kvd_transport_t *t, kvd_xfer_done_t *done,
@@ -100,31 +224,28 @@ static inline unsigned kvd_transport_progress(kvd_transport_t *t)
 }
 
 /*
- * Waits until the batch `cookie` is reported (other batches reported on the
- * way are dropped: callers wait for one batch at a time) and returns its
- * status; KVD_ERR_TIMEOUT after timeout_ms (the batch may still be running
- * then: destroy the transport before its memory is reused).
+ * Waits until the batch `cookie` is reported and returns its status;
+ * KVD_ERR_TIMEOUT after timeout_ms (the batch may still be running then:
+ * disconnect before its memory is reused). Other batches reported on the
+ * way are appended to kept[*n_kept..cap) (beyond cap they are lost: size
+ * it for the batches outstanding); kept may be NULL to drop them.
  */
-int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms);
-
-/*
- * kvd_transport_wait for callers that share t between batches they wait on
- * one at a time: the other batches that finish meanwhile are appended to
- * kept[*n_kept..cap) instead of being dropped (beyond cap they are lost:
- * size it for the batches outstanding).
- */
-int kvd_transport_wait_keep(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
-                            kvd_xfer_done_t *kept, size_t *n_kept, size_t cap);
+int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
+                       kvd_xfer_done_t *kept, size_t *n_kept, size_t cap);
 
 static inline const char *kvd_transport_name(const kvd_transport_t *t)
 {
     return t->ops->name;
 }
 
-/* Destroys t; NULL is fine. */
+/* Disconnects, deregisters every region left and destroys t; NULL is fine. */
 void kvd_transport_destroy(kvd_transport_t *t);
 
-/* Typed stubs for slots a backend does not support. */
+/* Typed stubs for slots a backend does not support or need. */
+int kvd_transport_reg_none(kvd_transport_t *t, kvd_region_t *r);
+void kvd_transport_dereg_none(kvd_transport_t *t, kvd_region_t *r);
+int kvd_transport_connect_unsupported(kvd_transport_t *t, const kvd_peer_t *peer);
+void kvd_transport_disconnect_none(kvd_transport_t *t);
 int kvd_transport_post_unsupported(kvd_transport_t *t, kvd_xfer_dir_t dir,
                                    const kvd_xfer_t *xfers, size_t n, uint64_t cookie);
 int kvd_transport_poll_unsupported(kvd_transport_t *t, kvd_xfer_done_t *done, size_t max,
@@ -133,21 +254,19 @@ unsigned kvd_transport_progress_none(kvd_transport_t *t);
 
 /* ------------------------------------------------------------------ UCX
  *
- * One kvd_ucx_t is a UCP context and worker: the daemon has one for its
- * pool, a linker one for its connection. Memory a peer reaches is mapped
- * with kvd_ucx_mem_map and described to it by a packed rkey and the base
- * address; the peer connects to this worker's address.
+ * The serving side: one kvd_ucx_t is a UCP context and worker whose
+ * memory peers reach. The daemon's UCX server maps its pool with
+ * kvd_ucx_mem_map, describes it to peers by a packed rkey and the base
+ * address, and serves the message mode from its progress.
  *
- * Threading: a kvd_ucx_t and every transport opened on it are driven by
- * one thread at a time (the caller serialises).
+ * Threading: a kvd_ucx_t is driven by one thread at a time.
  */
 typedef struct kvd_ucx kvd_ucx_t;
 typedef struct kvd_ucx_mem kvd_ucx_mem_t;
 
 /*
  * Creates the context and worker. `wakeup` asks for an event fd (the
- * daemon's epoll). UCX reads UCX_TLS, UCX_NET_DEVICES etc. from the
- * environment. KVD_ERR_UNAVAILABLE when UCX cannot start.
+ * daemon's epoll). KVD_ERR_UNAVAILABLE when UCX cannot start.
  */
 int kvd_ucx_create(const char *name, bool wakeup, kvd_ucx_t **out);
 void kvd_ucx_destroy(kvd_ucx_t *u);
@@ -171,48 +290,10 @@ int kvd_ucx_mem_map(kvd_ucx_t *u, void *base, uint64_t len, kvd_ucx_mem_t **out)
 void kvd_ucx_mem_rkey(const kvd_ucx_mem_t *m, const void **rkey, size_t *len);
 void kvd_ucx_mem_unmap(kvd_ucx_mem_t *m);
 
-/* How a ucx transport moves bytes. */
-typedef enum kvd_ucx_mode {
-    /* one-sided get/put on the peer's region: the peer's CPU is not
-     * involved where the NIC does RMA (RDMA verbs) */
-    KVD_UCX_MODE_RMA = 0,
-    /* active messages the peer's worker serves (kvd_ucx_serve_messages):
-     * for transports where UCX emulates RMA in software (TCP), which move
-     * several times more this way */
-    KVD_UCX_MODE_AM = 1,
-} kvd_ucx_mode_t;
-
-/* The peer a ucx transport talks to: its worker, and its region. */
-typedef struct kvd_ucx_peer {
-    const void *address;
-    size_t address_len;
-    const void *rkey;
-    size_t rkey_len;
-    uint64_t remote_base; /* the region's address in the peer */
-    uint64_t remote_length;
-    kvd_ucx_mode_t mode;
-} kvd_ucx_peer_t;
-
-/*
- * Opens a ucx transport to `peer` on u's worker. A transfer's local_offset
- * is an address in this process; memory mapped with kvd_ucx_add_local is
- * used with its handle, other memory as UCX sees fit. A READ batch is
- * reported once every get landed; a WRITE batch once every put is
- * complete at the peer (an endpoint flush), so what the peer publishes
- * then is whole. A peer that goes away fails the outstanding batches and
- * every later post (KVD_ERR_CLOSED). Destroy cancels what is still
- * outstanding and returns only when UCX no longer touches local memory.
- */
-int kvd_transport_open_ucx(kvd_ucx_t *u, const kvd_ucx_peer_t *peer,
-                           kvd_transport_t **out);
-
 /* Serves message-mode requests (KVD_UCX_MODE_AM) for the region m on u's
  * worker, from its progress. Ranges outside m are refused (the requester
  * is told). KVD_ERR_INVALID, KVD_ERR_IO. */
 int kvd_ucx_serve_messages(kvd_ucx_t *u, const kvd_ucx_mem_t *m);
-
-/* Lets batches of t use m's handle for local memory inside m. */
-int kvd_transport_ucx_add_local(kvd_transport_t *t, const kvd_ucx_mem_t *m);
 
 /* True when [offset, offset+length) lies inside a region of region_len. */
 static inline int kvd_range_ok(uint64_t offset, uint64_t length, uint64_t region_len)

@@ -77,8 +77,9 @@ typedef struct am_msg {
     int refs;      /* the send's completion and the answer */
     size_t n;
     uint64_t total;
-    ucp_dt_iov_t *local; /* n local ranges */
-    am_req_hdr_t *hdr;   /* header + n segments, sent with the request */
+    ucp_dt_iov_t *local;       /* n local ranges */
+    am_req_hdr_t *hdr;         /* header + n segments, sent with the request */
+    struct stage_chunk *stage; /* a staged WRITE: the chunk its bytes are in */
     struct am_msg *prev, *next;
 } am_msg_t;
 
@@ -149,23 +150,24 @@ struct kvd_ucx_mem {
     uint64_t base, len;
 };
 
-typedef struct ucx_local {
-    uint64_t base, len;
-    ucp_mem_h memh;
-} ucx_local_t;
+/* A staging chunk of the message mode (KVD_UCX_STAGE_CHUNK bytes). */
+typedef struct stage_chunk {
+    struct stage_chunk *next;
+    uint8_t *bytes;
+} stage_chunk_t;
 
 struct ucx_transport {
     kvd_transport_t base;
-    kvd_ucx_t *u;
+    kvd_ucx_t *u; /* this transport's own context and worker */
     kvd_ucx_mode_t mode;
     ucp_ep_h ep;
     ucp_rkey_h rkey;
-    uint64_t remote_base, remote_length;
+    uint64_t remote_base;
     ucs_status_t failed; /* the endpoint's error; UCS_OK while fine */
     size_t outstanding;  /* batches not reported yet */
-    ucx_local_t *locals; /* sorted by base */
-    size_t n_locals;
     kvd_done_ring_t done;
+    stage_chunk_t *stage_free; /* chunks not in a message */
+    size_t stage_chunks;       /* made so far, at most STAGE_CHUNKS_MAX */
 };
 
 struct ucx_batch {
@@ -260,6 +262,10 @@ static void msg_release(am_msg_t *m, int status)
         b->status = status;
     if (--m->refs > 0)
         return;
+    if (m->stage != NULL) { /* back to its transport's free chunks */
+        m->stage->next = b->t->stage_free;
+        b->t->stage_free = m->stage;
+    }
     free(m->local);
     free(m->hdr);
     free(m);
@@ -378,6 +384,7 @@ static ucs_status_t on_data(void *arg, const void *header, size_t header_length,
 typedef struct serve_op {
     inflight_t link; /* first */
     kvd_ucx_t *u;
+    int refs; /* the posting call and the callback (see on_put) */
     ucp_dt_iov_t *iov;
     size_t n;
     uint64_t token;
@@ -416,18 +423,26 @@ static int parse_request(const kvd_ucx_t *u, const void *header, size_t header_l
 typedef struct sent_answer {
     inflight_t link; /* first */
     kvd_ucx_t *u;
+    int refs; /* the posting call and the callback (see answer) */
     ucp_dt_iov_t *bytes;
     am_rep_hdr_t hdr; /* UCX 1.13 reads it when it packs, maybe later */
 } sent_answer_t;
 
-static void freed_on_send(void *request, ucs_status_t st, void *user_data)
+/* Drops one reference; the last takes it off the in-flight list. */
+static void answer_unref(sent_answer_t *a)
 {
-    (void)st;
-    sent_answer_t *a = user_data;
+    if (--a->refs > 0)
+        return;
     inflight_del(a->u, &a->link);
     free(a->bytes);
     free(a);
+}
+
+static void freed_on_send(void *request, ucs_status_t st, void *user_data)
+{
+    (void)st;
     ucp_request_free(request);
+    answer_unref(user_data);
 }
 
 /* Sends an answer; `bytes` (an iov of n ranges, freed once sent) may be
@@ -453,27 +468,37 @@ static void answer(kvd_ucx_t *u, ucp_ep_h ep, unsigned id, uint64_t token, int s
     /* the header lives with the request: a queued send packs it later
      * (a header on this stack was garbage in 18441 of 20000 answers of a
      * busy endpoint, measured) */
+    /* listed before the call and counted: UCX may run the callback inside
+     * it (a request purged on a failed endpoint) and still return the
+     * request, so nothing may touch `a` after the call but its count */
+    a->refs = 2;
+    inflight_add(u, &a->link, ep);
     ucs_status_ptr_t sp =
         ucp_am_send_nbx(ep, id, &a->hdr, sizeof(a->hdr), buf, count, &prm);
-    if (UCS_PTR_IS_PTR(sp)) {
-        inflight_add(u, &a->link, ep);
-    } else {
-        free(bytes); /* done at once, or failed */
-        free(a);
-    }
+    if (!UCS_PTR_IS_PTR(sp))
+        answer_unref(a); /* done at once, or failed: no callback comes */
+    answer_unref(a);
+}
+
+/* Drops one reference; the last takes it off the in-flight list. */
+static void serve_op_unref(serve_op_t *op)
+{
+    if (--op->refs > 0)
+        return;
+    inflight_del(op->u, &op->link);
+    free(op->iov);
+    free(op);
 }
 
 static void put_landed(void *request, ucs_status_t st, size_t length, void *user_data)
 {
     (void)length;
     serve_op_t *op = user_data;
-    inflight_del(op->u, &op->link);
     if (st != UCS_ERR_CANCELED && st != UCS_ERR_CONNECTION_RESET)
         answer(op->u, op->reply_ep, AM_ACK, op->token,
                st == UCS_OK ? KVD_OK : status_from_ucs(st), NULL, 0);
-    free(op->iov);
-    free(op);
     ucp_request_free(request);
+    serve_op_unref(op);
 }
 
 /* Serving side: AM_PUT, bytes for the region. */
@@ -506,17 +531,19 @@ static ucs_status_t on_put(void *arg, const void *header, size_t header_length,
         }
         op.reply_ep = param->reply_ep;
         op.u = u;
+        op.refs = 2;
         *heap = op;
+        /* listed and counted before the call, as in answer(): put_landed
+         * may run inside it */
+        inflight_add(u, &heap->link, param->reply_ep);
         ucs_status_ptr_t sp = recv_rndv(u, data, heap->iov, heap->n, put_landed, heap);
-        if (UCS_PTR_IS_PTR(sp)) {
-            inflight_add(u, &heap->link, param->reply_ep);
-        } else {
+        if (!UCS_PTR_IS_PTR(sp)) { /* landed at once, or failed: no callback */
             answer(u, param->reply_ep, AM_ACK, op.token,
                    UCS_PTR_IS_ERR(sp) ? status_from_ucs(UCS_PTR_STATUS(sp)) : KVD_OK,
                    NULL, 0);
-            free(heap->iov);
-            free(heap);
+            serve_op_unref(heap);
         }
+        serve_op_unref(heap);
         return UCS_OK;
     }
     scatter(op.iov, op.n, data);
@@ -728,6 +755,8 @@ void kvd_ucx_mem_unmap(kvd_ucx_mem_t *m)
 
 /* ------------------------------------------------------------ transport */
 
+#define STAGE_CHUNKS_MAX (KVD_UCX_STAGE_BYTES / KVD_UCX_STAGE_CHUNK)
+
 static void batch_put(ucx_batch_t *b)
 {
     if (--b->pending > 0)
@@ -748,114 +777,219 @@ static void op_done(void *request, ucs_status_t st, void *user_data)
     batch_put(b);
 }
 
-/* Accounts one nbx call's result to the batch. */
+/* Accounts one nbx call's result to the batch. The call was counted in
+ * b->pending before it was made (op_done may run inside it, on a request
+ * purged from a failed endpoint): a call that completed or failed at
+ * once, with no callback to come, gives its count back here. */
 static void batch_track(ucx_batch_t *b, ucs_status_ptr_t sp)
 {
-    if (UCS_PTR_IS_ERR(sp)) {
-        if (b->status == KVD_OK)
-            b->status = status_from_ucs(UCS_PTR_STATUS(sp));
-    } else if (sp != NULL) {
-        b->pending++; /* op_done takes it off */
-    }
+    if (UCS_PTR_IS_PTR(sp))
+        return; /* op_done takes it off */
+    if (UCS_PTR_IS_ERR(sp) && b->status == KVD_OK)
+        b->status = status_from_ucs(UCS_PTR_STATUS(sp));
+    b->pending--; /* never the last: the posting reference is held */
 }
 
-static ucp_mem_h local_memh(const ucx_transport_t *t, uint64_t addr, uint64_t len)
+/* A free staging chunk, made on first use up to STAGE_CHUNKS_MAX; NULL
+ * when all are in messages (the caller sends unstaged then). */
+static stage_chunk_t *stage_take(ucx_transport_t *t)
 {
-    size_t lo = 0, hi = t->n_locals;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (t->locals[mid].base <= addr)
-            lo = mid + 1;
-        else
-            hi = mid;
+    stage_chunk_t *c = t->stage_free;
+    if (c != NULL) {
+        t->stage_free = c->next;
+        return c;
     }
-    if (lo == 0)
+    if (t->stage_chunks == STAGE_CHUNKS_MAX)
         return NULL;
-    const ucx_local_t *r = &t->locals[lo - 1];
-    return kvd_range_ok(addr - r->base, len, r->len) ? r->memh : NULL;
+    c = calloc(1, sizeof(*c));
+    if (c != NULL)
+        c->bytes = kvd_mem_calloc(KVD_MEM_STAGING, 1, KVD_UCX_STAGE_CHUNK);
+    if (c == NULL || c->bytes == NULL) {
+        free(c);
+        return NULL;
+    }
+    t->stage_chunks++;
+    return c;
 }
 
-/* Message mode: the batch as AM_PUT / AM_GET messages of up to
- * AM_SEGS_MAX ranges and AM_MSG_MAX bytes (a longer transfer is split). */
-static void post_messages(ucx_transport_t *t, ucx_batch_t *b, kvd_xfer_dir_t dir,
-                          const kvd_xfer_t *xfers, size_t n)
+static void stage_free_all(ucx_transport_t *t)
+{
+    for (stage_chunk_t *c = t->stage_free, *next; c; c = next) {
+        next = c->next;
+        kvd_mem_free(KVD_MEM_STAGING, c->bytes, KVD_UCX_STAGE_CHUNK);
+        free(c);
+        t->stage_chunks--;
+    }
+    t->stage_free = NULL;
+}
+
+/* Sends one message of batch b: k local ranges and their k segments of
+ * the peer's region (total bytes), from `stage` when staged. */
+static void send_message(ucx_transport_t *t, ucx_batch_t *b, kvd_xfer_dir_t dir,
+                         ucp_dt_iov_t *local, am_req_hdr_t *hdr, size_t k, uint64_t total,
+                         stage_chunk_t *stage)
 {
     kvd_ucx_t *u = t->u;
-    size_t i = 0;
-    uint64_t done_in_i = 0; /* bytes of xfers[i] already in a message */
-    while (i < n && b->status == KVD_OK) {
-        am_msg_t *m = calloc(1, sizeof(*m));
-        ucp_dt_iov_t *local = calloc(AM_SEGS_MAX, sizeof(*local));
-        am_req_hdr_t *hdr = malloc(sizeof(*hdr) + AM_SEGS_MAX * sizeof(am_seg_t));
-        if (m == NULL || local == NULL || hdr == NULL) {
-            free(m);
+    *hdr = (am_req_hdr_t){.magic = AM_MAGIC, .n = (uint32_t)k, .token = ++u->next_token};
+    am_msg_t *m = calloc(1, sizeof(*m));
+    if (m == NULL) {
+        free(local);
+        free(hdr);
+        if (stage != NULL) {
+            stage->next = t->stage_free;
+            t->stage_free = stage;
+        }
+        b->status = KVD_ERR_NOMEM;
+        return;
+    }
+    *m = (am_msg_t){.b = b,
+                    .read = dir == KVD_XFER_READ,
+                    .token = hdr->token,
+                    .refs = 2,
+                    .n = k,
+                    .total = total,
+                    .local = local,
+                    .hdr = hdr,
+                    .stage = stage};
+    m->prev = u->waiting_tail;
+    if (u->waiting_tail)
+        u->waiting_tail->next = m;
+    else
+        u->waiting = m;
+    u->waiting_tail = m;
+    b->pending++; /* released when both references are gone */
+    ucp_request_param_t prm = {
+        .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_FLAGS,
+        .cb.send = msg_sent,
+        .user_data = m,
+        .flags = UCP_AM_SEND_FLAG_REPLY,
+    };
+    bool write = dir == KVD_XFER_WRITE;
+    size_t count = 0;
+    void *buf = write ? ranges_arg(&prm, local, k, &count) : NULL;
+    ucs_status_ptr_t sp =
+        ucp_am_send_nbx(t->ep, write ? AM_PUT : AM_GET, hdr,
+                        sizeof(*hdr) + k * sizeof(am_seg_t), buf, count, &prm);
+    if (UCS_PTR_IS_ERR(sp)) {
+        int err = status_from_ucs(UCS_PTR_STATUS(sp));
+        msg_answered(b, m, err); /* no answer will come */
+        msg_release(m, err);
+    } else if (sp == NULL) {
+        msg_release(m, KVD_OK); /* sent at once */
+    }
+}
+
+/* How many transfers from xfers[i] on follow each other in the peer's
+ * region within one staging chunk (at least 1). */
+static size_t adjacent_run(const kvd_xfer_t *xfers, size_t i, size_t n)
+{
+    uint64_t total = xfers[i].length;
+    size_t j = i + 1;
+    while (j < n &&
+           xfers[j].remote_offset == xfers[j - 1].remote_offset + xfers[j - 1].length &&
+           total + xfers[j].length <= KVD_UCX_STAGE_CHUNK) {
+        total += xfers[j].length;
+        j++;
+    }
+    return j - i;
+}
+
+/* Gathers xfers[i..i+k) (adjacent in the peer's region) into a staging
+ * chunk and sends them as one message. False when no chunk is free or a
+ * copy failed before anything was sent (b->status says which). */
+static bool send_staged(ucx_transport_t *t, ucx_batch_t *b, const kvd_xfer_t *xfers,
+                        size_t i, size_t k)
+{
+    stage_chunk_t *c = stage_take(t);
+    if (c == NULL)
+        return false;
+    ucp_dt_iov_t *local = calloc(1, sizeof(*local));
+    am_req_hdr_t *hdr = malloc(sizeof(*hdr) + sizeof(am_seg_t));
+    uint64_t total = 0;
+    kvd_kind_set_t kinds = {0};
+    int rc = local != NULL && hdr != NULL ? KVD_OK : KVD_ERR_NOMEM;
+    for (size_t j = i; rc == KVD_OK && j < i + k; j++) {
+        const kvd_xfer_t *x = &xfers[j];
+        if (!kvd_kind_set_add(&kinds, x->local->kind))
+            rc = kvd_kind_set_sync(&kinds);
+        if (rc == KVD_OK && !kvd_kind_set_add(&kinds, x->local->kind))
+            rc = KVD_ERR_STATE; /* cannot happen: the set was just emptied */
+        if (rc == KVD_OK)
+            rc = x->local->kind->copy(c->bytes + total, x->local->base + x->local_offset,
+                                      x->length, false);
+        total += x->length;
+    }
+    if (rc == KVD_OK)
+        rc = kvd_kind_set_sync(&kinds); /* the stage holds the bytes now */
+    if (rc != KVD_OK) {
+        free(local);
+        free(hdr);
+        c->next = t->stage_free;
+        t->stage_free = c;
+        b->status = rc;
+        return false;
+    }
+    local[0] = (ucp_dt_iov_t){c->bytes, total};
+    am_seg_t *segs = (am_seg_t *)(hdr + 1);
+    segs[0] = (am_seg_t){xfers[i].remote_offset, total};
+    send_message(t, b, KVD_XFER_WRITE, local, hdr, 1, total, c);
+    return true;
+}
+
+/* Sends xfers[i] as messages of up to AM_MSG_MAX bytes, straight from
+ * its local region. */
+static void send_direct(ucx_transport_t *t, ucx_batch_t *b, kvd_xfer_dir_t dir,
+                        const kvd_xfer_t *x)
+{
+    for (uint64_t done = 0; done < x->length && b->status == KVD_OK;) {
+        uint64_t len = KVD_MIN(x->length - done, AM_MSG_MAX);
+        ucp_dt_iov_t *local = calloc(1, sizeof(*local));
+        am_req_hdr_t *hdr = malloc(sizeof(*hdr) + sizeof(am_seg_t));
+        if (local == NULL || hdr == NULL) {
             free(local);
             free(hdr);
             b->status = KVD_ERR_NOMEM;
-            break;
+            return;
         }
+        local[0] = (ucp_dt_iov_t){x->local->base + x->local_offset + done, len};
         am_seg_t *segs = (am_seg_t *)(hdr + 1);
-        size_t k = 0;
-        uint64_t total = 0;
-        while (i < n && k < AM_SEGS_MAX && total < AM_MSG_MAX) {
-            const kvd_xfer_t *x = &xfers[i];
-            uint64_t len = KVD_MIN(x->length - done_in_i, AM_MSG_MAX - total);
-            if (len > 0) {
-                local[k] =
-                    (ucp_dt_iov_t){(void *)(uintptr_t)(x->local_offset + done_in_i), len};
-                segs[k] = (am_seg_t){x->remote_offset + done_in_i, len};
-                k++;
-                total += len;
-            }
-            done_in_i += len;
-            if (done_in_i == x->length) {
-                i++;
-                done_in_i = 0;
-            }
+        segs[0] = (am_seg_t){x->remote_offset + done, len};
+        send_message(t, b, dir, local, hdr, 1, len, NULL);
+        done += len;
+    }
+}
+
+/* Message mode: a READ transfer is one AM_GET (split at AM_MSG_MAX); the
+ * transfers of a WRITE batch that follow each other in the peer's region
+ * go as one staged AM_PUT each run (one range per message, see
+ * AM_SEGS_MAX), a lone one straight from its region. */
+static void post_messages(ucx_transport_t *t, ucx_batch_t *b, kvd_xfer_dir_t dir,
+                          const kvd_xfer_t *xfers, size_t n)
+{
+    if (dir == KVD_XFER_WRITE) {
+        /* the regions' own writes are final before they are read */
+        kvd_kind_set_t kinds = {0};
+        for (size_t i = 0; b->status == KVD_OK && i < n; i++)
+            if (!kvd_kind_set_add(&kinds, xfers[i].local->kind))
+                b->status = kvd_kind_set_sync(&kinds);
+        if (b->status == KVD_OK)
+            b->status = kvd_kind_set_sync(&kinds);
+    }
+    for (size_t i = 0; i < n && b->status == KVD_OK;) {
+        if (xfers[i].length == 0) {
+            i++;
+            continue;
         }
-        if (k == 0) {
-            free(m);
-            free(local);
-            free(hdr);
-            continue; /* only empty transfers were left */
+        size_t k = dir == KVD_XFER_WRITE ? adjacent_run(xfers, i, n) : 1;
+        if (k > 1 && send_staged(t, b, xfers, i, k)) {
+            i += k;
+            continue;
         }
-        *hdr =
-            (am_req_hdr_t){.magic = AM_MAGIC, .n = (uint32_t)k, .token = ++u->next_token};
-        *m = (am_msg_t){.b = b,
-                        .read = dir == KVD_XFER_READ,
-                        .token = hdr->token,
-                        .refs = 2,
-                        .n = k,
-                        .total = total,
-                        .local = local,
-                        .hdr = hdr};
-        m->prev = u->waiting_tail;
-        if (u->waiting_tail)
-            u->waiting_tail->next = m;
-        else
-            u->waiting = m;
-        u->waiting_tail = m;
-        b->pending++; /* released when both references are gone */
-        ucp_request_param_t prm = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                            UCP_OP_ATTR_FIELD_FLAGS,
-            .cb.send = msg_sent,
-            .user_data = m,
-            .flags = UCP_AM_SEND_FLAG_REPLY,
-        };
-        bool write = dir == KVD_XFER_WRITE;
-        size_t count = 0;
-        void *buf = write ? ranges_arg(&prm, local, k, &count) : NULL;
-        ucs_status_ptr_t sp =
-            ucp_am_send_nbx(t->ep, write ? AM_PUT : AM_GET, hdr,
-                            sizeof(*hdr) + k * sizeof(am_seg_t), buf, count, &prm);
-        if (UCS_PTR_IS_ERR(sp)) {
-            int err = status_from_ucs(UCS_PTR_STATUS(sp));
-            msg_answered(b, m, err); /* no answer will come */
-            msg_release(m, err);
-        } else if (sp == NULL) {
-            msg_release(m, KVD_OK); /* sent at once */
-        }
+        if (b->status != KVD_OK)
+            break;
+        send_direct(t, b, dir, &xfers[i]);
+        i++;
     }
 }
 
@@ -863,14 +997,8 @@ static int ucx_post(kvd_transport_t *tt, kvd_xfer_dir_t dir, const kvd_xfer_t *x
                     size_t n, uint64_t cookie)
 {
     ucx_transport_t *t = (ucx_transport_t *)tt;
-    if (t->failed != UCS_OK)
+    if (t->ep == NULL || t->failed != UCS_OK)
         return KVD_ERR_CLOSED;
-    for (size_t i = 0; i < n; i++)
-        if (!kvd_range_ok(xfers[i].remote_offset, xfers[i].length, t->remote_length) ||
-            (xfers[i].length > 0 &&
-             (xfers[i].local_offset == 0 ||
-              xfers[i].length > UINT64_MAX - xfers[i].local_offset)))
-            return KVD_ERR_INVALID;
     ucx_batch_t *b = calloc(1, sizeof(*b));
     if (b == NULL ||
         kvd_done_ring_reserve(&t->done, t->done.len + t->outstanding + 1) != KVD_OK) {
@@ -889,17 +1017,15 @@ static int ucx_post(kvd_transport_t *tt, kvd_xfer_dir_t dir, const kvd_xfer_t *x
         if (x->length == 0)
             continue;
         ucp_request_param_t prm = {
-            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA,
+            .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                            UCP_OP_ATTR_FIELD_MEMH,
             .cb.send = op_done,
             .user_data = b,
+            .memh = x->local->backend,
         };
-        ucp_mem_h memh = local_memh(t, x->local_offset, x->length);
-        if (memh != NULL) {
-            prm.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
-            prm.memh = memh;
-        }
-        void *local = (void *)(uintptr_t)x->local_offset;
+        void *local = x->local->base + x->local_offset;
         uint64_t raddr = t->remote_base + x->remote_offset;
+        b->pending++;
         batch_track(b, dir == KVD_XFER_READ
                            ? ucp_get_nbx(t->ep, local, x->length, raddr, t->rkey, &prm)
                            : ucp_put_nbx(t->ep, local, x->length, raddr, t->rkey, &prm));
@@ -910,6 +1036,7 @@ static int ucx_post(kvd_transport_t *tt, kvd_xfer_dir_t dir, const kvd_xfer_t *x
             .cb.send = op_done,
             .user_data = b,
         };
+        b->pending++;
         batch_track(b, ucp_ep_flush_nbx(t->ep, &prm));
     }
     batch_put(b); /* the posting reference */
@@ -944,8 +1071,9 @@ static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t st)
 
 /* Closes the endpoint, cancelling what is outstanding, and waits until
  * every batch is reported: only then is local memory UCX's no more. */
-static void ucx_close_ep(ucx_transport_t *t)
+static void ucx_disconnect(kvd_transport_t *tt)
 {
+    ucx_transport_t *t = (ucx_transport_t *)tt;
     if (t->rkey != NULL)
         ucp_rkey_destroy(t->rkey);
     t->rkey = NULL;
@@ -963,52 +1091,32 @@ static void ucx_close_ep(ucx_transport_t *t)
     if (t->outstanding > 0)
         KVD_ERROR("ucx", "%zu batches still outstanding after the endpoint closed",
                   t->outstanding);
+    t->failed = UCS_OK;
 }
 
-static void ucx_destroy(kvd_transport_t *tt)
+static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
 {
     ucx_transport_t *t = (ucx_transport_t *)tt;
-    ucx_close_ep(t);
-    if (t->outstanding > 0)
-        return; /* see ucx_close_ep: leaked on purpose */
-    kvd_done_ring_free(&t->done);
-    free(t->locals);
-    free(t);
-}
-
-static const kvd_transport_ops_t ucx_ops = {
-    .name = "ucx",
-    .post = ucx_post,
-    .poll = ucx_poll,
-    .progress = ucx_progress,
-    .destroy = ucx_destroy,
-};
-
-int kvd_transport_open_ucx(kvd_ucx_t *u, const kvd_ucx_peer_t *peer,
-                           kvd_transport_t **out)
-{
-    if (u == NULL || peer == NULL || peer->address == NULL || peer->address_len == 0 ||
-        peer->rkey == NULL || peer->rkey_len == 0)
+    if (peer->ucx.address == NULL || peer->ucx.address_len == 0 ||
+        peer->ucx.rkey == NULL || peer->ucx.rkey_len == 0 ||
+        (peer->ucx.mode != KVD_UCX_MODE_RMA && peer->ucx.mode != KVD_UCX_MODE_AM))
         return KVD_ERR_INVALID;
-    ucx_transport_t *t = calloc(1, sizeof(*t));
-    if (t == NULL)
-        return KVD_ERR_NOMEM;
-    t->base.ops = &ucx_ops;
-    t->u = u;
-    t->mode = peer->mode;
-    t->remote_base = peer->remote_base;
-    t->remote_length = peer->remote_length;
+    if (t->outstanding > 0)
+        return KVD_ERR_STATE; /* a disconnect that could not finish: see above */
+    t->mode = peer->ucx.mode;
+    t->remote_base = peer->ucx.base;
+    t->failed = UCS_OK;
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                       UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER,
-        .address = peer->address,
+        .address = peer->ucx.address,
         .err_mode = UCP_ERR_HANDLING_MODE_PEER,
         .err_handler = {.cb = ep_failed, .arg = t},
     };
-    ucs_status_t st = ucp_ep_create(u->worker, &ep, &t->ep);
+    ucs_status_t st = ucp_ep_create(t->u->worker, &ep, &t->ep);
     if (st == UCS_OK)
-        st = ucp_ep_rkey_unpack(t->ep, peer->rkey, &t->rkey);
+        st = ucp_ep_rkey_unpack(t->ep, peer->ucx.rkey, &t->rkey);
     if (st != UCS_OK) {
         /* UCX_TLS naming only transports that cannot report a dead peer
          * (1.13's posix and sysv) ends here: a UCX endpoint must, so that a
@@ -1018,27 +1126,77 @@ int kvd_transport_open_ucx(kvd_ucx_t *u, const kvd_ucx_peer_t *peer,
                  "none of these transports reaches it and reports a dead peer; "
                  "on the daemon's own host, the shm transport is the way)",
                  ucs_status_string(st), getenv("UCX_TLS") ? getenv("UCX_TLS") : "unset");
-        ucx_destroy(&t->base);
+        ucx_disconnect(tt);
         return st == UCS_ERR_NO_MEMORY ? KVD_ERR_NOMEM : KVD_ERR_UNAVAILABLE;
     }
-    *out = &t->base;
     return KVD_OK;
 }
 
-int kvd_transport_ucx_add_local(kvd_transport_t *tt, const kvd_ucx_mem_t *m)
+/* Maps a local region with UCX, so that its transfers use the handle
+ * instead of registering on the fly. */
+static int ucx_reg(kvd_transport_t *tt, kvd_region_t *r)
 {
-    if (tt == NULL || tt->ops != &ucx_ops || m == NULL)
-        return KVD_ERR_INVALID;
     ucx_transport_t *t = (ucx_transport_t *)tt;
-    ucx_local_t *v = realloc(t->locals, (t->n_locals + 1) * sizeof(*v));
-    if (v == NULL)
+    ucp_mem_map_params_t mp = {
+        .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+        .address = r->base,
+        .length = r->length,
+    };
+    ucp_mem_h memh = NULL;
+    ucs_status_t st = ucp_mem_map(t->u->ctx, &mp, &memh);
+    if (st != UCS_OK) {
+        KVD_WARN("ucx", "cannot map a local region of %llu bytes: %s",
+                 (unsigned long long)r->length, ucs_status_string(st));
+        return st == UCS_ERR_NO_MEMORY ? KVD_ERR_NOMEM : KVD_ERR_IO;
+    }
+    r->backend = memh;
+    return KVD_OK;
+}
+
+static void ucx_dereg(kvd_transport_t *tt, kvd_region_t *r)
+{
+    ucx_transport_t *t = (ucx_transport_t *)tt;
+    if (r->backend != NULL)
+        ucp_mem_unmap(t->u->ctx, r->backend);
+    r->backend = NULL;
+}
+
+static void ucx_destroy(kvd_transport_t *tt)
+{
+    ucx_transport_t *t = (ucx_transport_t *)tt;
+    if (t->outstanding > 0)
+        return; /* see ucx_disconnect: leaked on purpose */
+    stage_free_all(t);
+    kvd_done_ring_free(&t->done);
+    kvd_ucx_destroy(t->u);
+    free(t);
+}
+
+static const kvd_transport_ops_t ucx_ops = {
+    .name = "ucx",
+    .reg = ucx_reg,
+    .dereg = ucx_dereg,
+    .connect = ucx_connect,
+    .disconnect = ucx_disconnect,
+    .post = ucx_post,
+    .poll = ucx_poll,
+    .progress = ucx_progress,
+    .destroy = ucx_destroy,
+};
+
+int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
+{
+    if (out == NULL)
+        return KVD_ERR_INVALID;
+    ucx_transport_t *t = calloc(1, sizeof(*t));
+    if (t == NULL)
         return KVD_ERR_NOMEM;
-    t->locals = v;
-    size_t at = 0;
-    while (at < t->n_locals && v[at].base < m->base)
-        at++;
-    memmove(&v[at + 1], &v[at], (t->n_locals - at) * sizeof(*v));
-    v[at] = (ucx_local_t){.base = m->base, .len = m->len, .memh = m->memh};
-    t->n_locals++;
+    int rc = kvd_ucx_create(name != NULL ? name : "kvdock", false, &t->u);
+    if (rc != KVD_OK) {
+        free(t);
+        return rc;
+    }
+    t->base.ops = &ucx_ops;
+    *out = &t->base;
     return KVD_OK;
 }

@@ -1,0 +1,419 @@
+/*
+ * conn.c - the linker's connection to its daemon: Hello with every
+ * registered pool's namespace, the RPCs, reconnection after the daemon
+ * went away, and the epochs that tie leases and offsets to one connection.
+ *
+ * Each connection brings a peer (lpeer_t): the daemon's pool mapped here
+ * (shm) or its UCX worker and pool (ucx). The data paths connect their
+ * transports to the current peer at their next step; a peer is counted,
+ * so a reconnection swaps it without waiting for them, and the old
+ * mapping goes when the last of them has moved on.
+ *
+ * Threading: any thread calls in. `rpc` serialises the calls on the one
+ * connection and (re)connecting; `state` guards what other threads read
+ * without waiting for an RPC (the epoch, whether a connection is up, its
+ * peer and socket). Lock order: linker_int.h.
+ */
+#include "linker_int.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ---------------------------------------------------------------- peers */
+
+lpeer_t *lk_peer_get(kvd_linker_t *l)
+{
+    lk_lock(&l->conn.state);
+    lpeer_t *p = l->conn.peer;
+    if (p != NULL)
+        atomic_fetch_add(&p->refs, 1);
+    lk_unlock(&l->conn.state);
+    return p;
+}
+
+void lk_peer_put(lpeer_t *p)
+{
+    if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1)
+        return;
+    if (p->map != NULL)
+        munmap(p->map, p->desc.length);
+    free(p->ucx_bytes);
+    free(p);
+}
+
+/* The peer of a shm connection: the pool fd mapped here. */
+static int peer_of_fd(int fd, uint64_t bytes, lpeer_t **out)
+{
+    lpeer_t *p = calloc(1, sizeof(*p));
+    if (p == NULL)
+        return KVD_ERR_NOMEM;
+    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        int rc = kvd_status_from_errno(errno);
+        KVD_WARN("linker", "cannot map the daemon's pool (%llu bytes): %s",
+                 (unsigned long long)bytes, strerror(errno));
+        free(p);
+        return rc;
+    }
+    p->map = map;
+    p->desc = (kvd_peer_t){.length = bytes, .mapping = map};
+    atomic_init(&p->refs, 1);
+    *out = p;
+    return KVD_OK;
+}
+
+/* The peer of a ucx connection: the daemon's worker and pool. */
+static int peer_of_ucx(const kvd_hello_rep_t *h, kvd_ucx_mode_t mode, lpeer_t **out)
+{
+    if (h->ucx_address_len == 0 || h->ucx_rkey_len == 0)
+        return KVD_ERR_PROTOCOL;
+    lpeer_t *p = calloc(1, sizeof(*p));
+    uint8_t *bytes = malloc(h->ucx_address_len + h->ucx_rkey_len);
+    if (p == NULL || bytes == NULL) {
+        free(p);
+        free(bytes);
+        return KVD_ERR_NOMEM;
+    }
+    memcpy(bytes, h->ucx_address, h->ucx_address_len);
+    memcpy(bytes + h->ucx_address_len, h->ucx_rkey, h->ucx_rkey_len);
+    p->ucx_bytes = bytes;
+    p->desc.length = h->pool_bytes;
+    p->desc.ucx.address = bytes;
+    p->desc.ucx.address_len = h->ucx_address_len;
+    p->desc.ucx.rkey = bytes + h->ucx_address_len;
+    p->desc.ucx.rkey_len = h->ucx_rkey_len;
+    p->desc.ucx.base = h->ucx_pool_base;
+    p->desc.ucx.mode = mode;
+    atomic_init(&p->refs, 1);
+    *out = p;
+    return KVD_OK;
+}
+
+/* ------------------------------------------------------- populating */
+
+#define POPULATE_CHUNK (16ull << 20)
+
+/* Write-populates the current mapping a chunk at a time (a MAP_SHARED
+ * mapping read-faults its pages; each first write would fault again),
+ * starting over when a reconnection replaces it, until the current one is
+ * done. It holds a reference, not a lock: copies and reconnections go on. */
+static void *populate_main(void *arg)
+{
+    kvd_linker_t *l = arg;
+    for (;;) {
+        lpeer_t *p = lk_peer_get(l);
+        uint64_t epoch = p != NULL ? p->epoch : atomic_load(&l->conn.epoch);
+        for (uint64_t off = 0; p != NULL && p->map != NULL && off < p->desc.length;
+             off += POPULATE_CHUNK) {
+            if (atomic_load(&l->conn.epoch) != epoch)
+                break; /* replaced: start over on the new one */
+            madvise((uint8_t *)p->map + off,
+                    KVD_MIN(POPULATE_CHUNK, p->desc.length - off), MADV_POPULATE_WRITE);
+            lk_lock(&l->lock);
+            bool stop = l->stop;
+            lk_unlock(&l->lock);
+            if (stop)
+                break;
+        }
+        lk_peer_put(p);
+        lk_lock(&l->lock);
+        bool done = l->stop || atomic_load(&l->conn.epoch) == epoch;
+        if (done)
+            l->conn.pop_running = false;
+        lk_unlock(&l->lock);
+        if (done)
+            return NULL;
+    }
+}
+
+/* Has the populating thread (re)start on the current mapping; best effort:
+ * without it, pages map in on first use. */
+static void populate_in_background(kvd_linker_t *l)
+{
+    lk_lock(&l->lock);
+    if (!l->conn.pop_running && !l->stop) {
+        if (l->conn.pop_started)
+            pthread_join(l->conn.pop_thread, NULL); /* it has ended */
+        l->conn.pop_running =
+            pthread_create(&l->conn.pop_thread, NULL, populate_main, l) == 0;
+        l->conn.pop_started = l->conn.pop_running;
+    }
+    lk_unlock(&l->lock);
+}
+
+/* ---------------------------------------------------------- connecting */
+
+/* The Hello of this linker: every registered pool's namespace. */
+static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *specs)
+{
+    lk_lock(&l->lock);
+    uint32_t n = l->n_pools;
+    for (uint32_t i = 0; i < n; i++) {
+        specs[i] = (kvd_ns_spec_t){.object_bytes = l->pools[i].object_bytes,
+                                   .rank_replicated = l->pools[i].desc.rank_replicated};
+        kvd_strlcpy(specs[i].name, l->pools[i].ns_name, sizeof(specs[i].name));
+    }
+    lk_unlock(&l->lock);
+    kvd_msg_request(req, 0, KVD_METHOD_HELLO);
+    kvd_hello_req_t *h = &req->body.hello_req;
+    kvd_strlcpy(h->client_name, l->client_name, KVD_NAME_MAX);
+    h->pid = (uint32_t)getpid();
+    h->protocol_version = KVD_PROTOCOL_VERSION;
+    h->want_pool_fd = !l->use_ucx && l->connect[0] == '\0';
+    h->want_ucx = l->use_ucx;
+    h->n_namespaces = n;
+    h->namespaces = specs;
+    return n;
+}
+
+/* Says Hello and makes the connection and its peer current. Caller holds
+ * rpc. */
+static int connect_once(kvd_linker_t *l)
+{
+    kvd_client_t *c = NULL;
+    int rc = l->connect[0] ? kvd_client_connect_tcp(l->connect, l->timeout_ms, &c)
+                           : kvd_client_connect_unix(l->socket_path, l->timeout_ms, &c);
+    if (rc != KVD_OK)
+        return rc;
+    kvd_ns_spec_t specs[KVD_MAX_POOLS];
+    kvd_msg_t req, rep;
+    uint32_t n = hello_request(l, &req, specs);
+    rc = kvd_client_call(c, &req, &rep, l->timeout_ms);
+    if (rc == KVD_OK && rep.status != KVD_OK)
+        rc = rep.status;
+    if (rc == KVD_OK && rep.body.hello_rep.n_ns_ids != n)
+        rc = KVD_ERR_PROTOCOL;
+    int fd = kvd_client_take_fd(c);
+    lpeer_t *peer = NULL;
+    if (rc == KVD_OK && fd >= 0)
+        rc = peer_of_fd(fd, rep.body.hello_rep.pool_bytes, &peer);
+    else if (rc == KVD_OK && l->use_ucx)
+        rc = peer_of_ucx(&rep.body.hello_rep, l->ucx_mode, &peer);
+    if (fd >= 0)
+        close(fd);
+    bool reconnect = atomic_load(&l->conn.epoch) != 0;
+    /* the first mapping is populated before kvd_linker_open returns, so
+     * that no copy takes a fault per page (measured: writes into an
+     * unpopulated shared mapping ran at 0.3 GB/s); a new one after a
+     * reconnection in the background, as calls wait on us here */
+    if (rc == KVD_OK && peer != NULL && peer->map != NULL && !l->cfg.lazy_pool_mapping &&
+        !reconnect)
+        madvise(peer->map, peer->desc.length, MADV_POPULATE_WRITE);
+    if (rc != KVD_OK) {
+        lk_peer_put(peer);
+        kvd_client_close(c);
+        kvd_msg_clear(&rep);
+        return rc;
+    }
+    lk_lock(&l->conn.state);
+    lpeer_t *old = l->conn.peer;
+    uint64_t epoch = atomic_fetch_add(&l->conn.epoch, 1) + 1; /* old leases end here */
+    if (peer != NULL)
+        peer->epoch = epoch;
+    l->conn.peer = peer;
+    l->conn.client = c;
+    l->conn.lease_ttl_ms = rep.body.hello_rep.lease_ttl_ms;
+    l->conn.up = true;
+    lk_lock(&l->lock);
+    for (uint32_t i = 0; i < n; i++)
+        l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
+    lk_unlock(&l->lock);
+    lk_unlock(&l->conn.state);
+    lk_peer_put(old);
+    kvd_msg_clear(&rep);
+    if (reconnect && peer != NULL && peer->map != NULL && !l->cfg.lazy_pool_mapping)
+        populate_in_background(l);
+    return KVD_OK;
+}
+
+/* connect_once, again while the daemon says busy (its UCX server is
+ * restarting: a second at most), within the timeout. Caller holds rpc. */
+static int connect_locked(kvd_linker_t *l)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)l->timeout_ms * 1000000ull;
+    for (;;) {
+        int rc = connect_once(l);
+        if (rc != KVD_ERR_BUSY || kvd_now_ns() >= deadline)
+            return rc;
+        kvd_sleep_ns(100 * 1000000ull);
+    }
+}
+
+/* Drops the connection: its pins and reservations are gone with it. The
+ * peer stays current until the next connection replaces it (copies of
+ * this epoch in progress land in memory that is still mapped, and fail
+ * at their release). Caller holds rpc. */
+static void disconnect_locked(kvd_linker_t *l)
+{
+    lk_lock(&l->conn.state);
+    kvd_client_t *c = l->conn.client;
+    l->conn.client = NULL;
+    l->conn.up = false;
+    lk_unlock(&l->conn.state);
+    kvd_client_close(c);
+}
+
+/* A data path that failed on this connection's peer voids it. Caller
+ * holds rpc. */
+static void drop_if_failed(kvd_linker_t *l)
+{
+    if (l->conn.client != NULL &&
+        atomic_load(&l->conn.failed_epoch) == atomic_load(&l->conn.epoch))
+        disconnect_locked(l);
+}
+
+void lk_conn_init(kvd_linker_t *l)
+{
+    lk_mutex_init(&l->conn.rpc, LK_RANK_RPC);
+    lk_mutex_init(&l->conn.state, LK_RANK_STATE);
+}
+
+int lk_conn_open(kvd_linker_t *l)
+{
+    lk_lock(&l->conn.rpc);
+    int rc = connect_locked(l);
+    lk_unlock(&l->conn.rpc);
+    return rc;
+}
+
+void lk_conn_close(kvd_linker_t *l)
+{
+    /* the populating thread stops within a chunk once l->stop is set */
+    if (l->conn.pop_started)
+        pthread_join(l->conn.pop_thread, NULL);
+    lk_lock(&l->conn.rpc);
+    if (l->conn.client != NULL)
+        disconnect_locked(l);
+    lk_unlock(&l->conn.rpc);
+    lk_lock(&l->conn.state);
+    lpeer_t *p = l->conn.peer;
+    l->conn.peer = NULL;
+    lk_unlock(&l->conn.state);
+    lk_peer_put(p);
+    lk_mutex_destroy(&l->conn.rpc);
+    lk_mutex_destroy(&l->conn.state);
+}
+
+/* Whether the connection of on_epoch is gone (read without rpc, so that a
+ * call bound to a dead connection never queues behind a reconnect). */
+static bool epoch_gone(kvd_linker_t *l, uint64_t on_epoch)
+{
+    lk_lock(&l->conn.state);
+    bool gone = !l->conn.up || atomic_load(&l->conn.epoch) != on_epoch ||
+                atomic_load(&l->conn.failed_epoch) == on_epoch;
+    lk_unlock(&l->conn.state);
+    return gone;
+}
+
+int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                 uint64_t on_epoch, uint64_t *epoch)
+{
+    memset(reps, 0, n * sizeof(*reps));
+    if (on_epoch != 0 && epoch_gone(l, on_epoch))
+        return KVD_ERR_CLOSED;
+    lk_lock(&l->conn.rpc);
+    drop_if_failed(l);
+    uint64_t now = atomic_load(&l->conn.epoch); /* cannot change while rpc is held */
+    int rc = l->conn.client != NULL && (on_epoch == 0 || on_epoch == now) ? KVD_OK
+             : on_epoch == 0 ? connect_locked(l)
+                             : KVD_ERR_CLOSED;
+    if (epoch)
+        *epoch = atomic_load(&l->conn.epoch);
+    if (rc == KVD_OK) {
+        rc = kvd_client_call_many(l->conn.client, reqs, reps, n, l->timeout_ms);
+        if (rc != KVD_OK)
+            disconnect_locked(l); /* closed, timed out or garbled: start over */
+    }
+    lk_unlock(&l->conn.rpc);
+    return rc;
+}
+
+int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
+               uint64_t *epoch)
+{
+    int rc = lk_call_many(l, req, rep, 1, on_epoch, epoch);
+    return rc == KVD_OK ? rep->status : rc;
+}
+
+int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
+{
+    return lk_call_ex(l, req, rep, 0, NULL);
+}
+
+uint64_t lk_conn_ensure(kvd_linker_t *l, int *rc)
+{
+    lk_lock(&l->conn.rpc);
+    drop_if_failed(l);
+    *rc = l->conn.client ? KVD_OK : connect_locked(l);
+    uint64_t epoch = atomic_load(&l->conn.epoch);
+    lk_unlock(&l->conn.rpc);
+    return *rc == KVD_OK ? epoch : 0;
+}
+
+bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
+{
+    lk_lock(&l->conn.state);
+    uint64_t epoch = atomic_load(&l->conn.epoch), now = kvd_now_ns();
+    /* half the TTL: the daemon started it after we asked, on a clock that
+     * runs at the rate of ours; the margin covers any difference. The TTL
+     * is written under rpc at connection time, before `up` is set under
+     * state: read under state it is this connection's. */
+    uint64_t ttl_ns = l->conn.lease_ttl_ms * 1000000ull / 2;
+    /* over a Unix socket only: the daemon's close is then seen here at
+     * once, while a TCP FIN may still be on its way when the daemon has
+     * already dropped the pins (and a remote clock is not ours) */
+    bool ok = l->connect[0] == '\0' && l->conn.up &&
+              atomic_load(&l->conn.failed_epoch) != epoch;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = x[i].lease == 0 || (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
+    /* checked last: the leases stood until now only if the daemon has not
+     * ended the connection by now. The socket is polled, not read (an
+     * engine thread may be inside a call on it): the daemon ends leases by
+     * closing it, which shows as a hang-up whatever is unread. The socket
+     * cannot close meanwhile: that takes state. */
+    if (ok) {
+        struct pollfd p = {.fd = kvd_client_fd(l->conn.client), .events = POLLRDHUP};
+        ok = poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
+    }
+    lk_unlock(&l->conn.state);
+    return ok;
+}
+
+uint64_t lk_conn_pool_bytes(kvd_linker_t *l, uint64_t epoch)
+{
+    lk_lock(&l->conn.state);
+    lpeer_t *p = l->conn.peer;
+    uint64_t bytes = p != NULL && p->epoch == epoch ? p->desc.length : 0;
+    lk_unlock(&l->conn.state);
+    return bytes;
+}
+
+void lk_conn_fail(kvd_linker_t *l, uint64_t epoch)
+{
+    atomic_store(&l->conn.failed_epoch, epoch);
+}
+
+int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t *pool_id)
+{
+    int rc = KVD_ERR_CLOSED;
+    lk_lock(&l->conn.rpc); /* no Hello in between: every later one lists it */
+    lk_lock(&l->lock);
+    if (epoch == atomic_load(&l->conn.epoch)) {
+        if (l->n_pools == KVD_MAX_POOLS) {
+            rc = KVD_ERR_NO_SPACE;
+        } else {
+            lpool_t *e = &l->pools[l->n_pools];
+            *e = *p;
+            e->desc.name = e->name;
+            *pool_id = l->n_pools++;
+            rc = KVD_OK;
+        }
+    }
+    lk_unlock(&l->lock);
+    lk_unlock(&l->conn.rpc);
+    return rc;
+}

@@ -1,0 +1,289 @@
+/*
+ * datapath.c - one transfer thread's data path: its own transport
+ * (kvd_transport: shm or ucx, the only place bytes move), the pools'
+ * buffers registered on it as regions, and the gathering of one step's
+ * copies into batches.
+ *
+ * A step (lk_dp_begin .. lk_dp_end) connects the transport to the
+ * connection's current peer if that changed, gathers
+ * (local region + offset, pool offset, length) copies, merging adjacent
+ * ones, posts a batch each LK_DP_BATCH_BYTES with at most LK_DP_WINDOW in
+ * flight, and waits for them all at the flush. A batch that fails (other
+ * than a refused one) disconnects the transport, which cancels what is
+ * still outstanding before anything is reported, and voids the
+ * connection's epoch so that the next call reconnects.
+ *
+ * Threading: each data path belongs to its thread. dp->mutex serialises
+ * the calls on its transport between that thread and pool registration
+ * (engine threads adding regions); it is held for one call at a time,
+ * never while a wait polls or yields.
+ */
+#include "linker_int.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+int lk_dp_open(kvd_linker_t *l, ldp_t *dp, int index)
+{
+    *dp = (ldp_t){.index = index,
+                  .dir = index == LK_DP_LOAD ? KVD_XFER_READ : KVD_XFER_WRITE};
+    lk_mutex_init(&dp->mutex, LK_RANK_DP);
+    char name[96];
+    snprintf(name, sizeof(name), "%s-%s", l->client_name,
+             index == LK_DP_LOAD ? "load" : "offload");
+    return l->use_ucx ? kvd_transport_open_ucx(name, &dp->t)
+                      : kvd_transport_open_shm(&dp->t);
+}
+
+void lk_dp_close(ldp_t *dp)
+{
+    kvd_transport_destroy(dp->t); /* disconnects: then the mapping may go */
+    dp->t = NULL;
+    lk_peer_put(dp->peer);
+    dp->peer = NULL;
+    free(dp->v);
+    dp->v = NULL;
+    lk_mutex_destroy(&dp->mutex);
+}
+
+/* The extent of one buffer: every row, from the first to the last byte. */
+static uint64_t buffer_extent(const kvd_pool_desc_t *d, const kvd_pool_buffer_t *b)
+{
+    return (d->n_rows - 1) * b->row_stride + b->bytes_per_row;
+}
+
+int lk_dp_register(ldp_t *dp, lpool_t *p)
+{
+    kvd_region_t **r = calloc(p->n_buffers, sizeof(*r));
+    if (r == NULL)
+        return KVD_ERR_NOMEM;
+    int rc = KVD_OK;
+    lk_lock(&dp->mutex);
+    for (uint32_t i = 0; rc == KVD_OK && i < p->desc.n_layers; i++)
+        for (uint32_t b = 0; rc == KVD_OK && b < p->layers[i].n_buffers; b++) {
+            const kvd_pool_buffer_t *buf = &p->layers[i].buffers[b];
+            rc = kvd_transport_register(dp->t, buf->base, buffer_extent(&p->desc, buf),
+                                        p->kind, &r[p->buffer0[i] + b]);
+        }
+    if (rc != KVD_OK)
+        for (uint32_t k = 0; k < p->n_buffers; k++)
+            kvd_transport_deregister(dp->t, r[k]);
+    lk_unlock(&dp->mutex);
+    if (rc != KVD_OK) {
+        free(r);
+        return rc;
+    }
+    p->regions[dp->index] = r;
+    return KVD_OK;
+}
+
+void lk_dp_unregister(ldp_t *dp, lpool_t *p)
+{
+    kvd_region_t **r = p->regions[dp->index];
+    if (r != NULL && dp->t != NULL) {
+        lk_lock(&dp->mutex);
+        for (uint32_t k = 0; k < p->n_buffers; k++)
+            kvd_transport_deregister(dp->t, r[k]);
+        lk_unlock(&dp->mutex);
+    }
+    free(r);
+    p->regions[dp->index] = NULL;
+}
+
+/* Ends the data path's use of its peer after a failure: the transport
+ * disconnects (what is outstanding is cancelled before the rows it wrote
+ * are reported) and the connection of that epoch is void. */
+static void dp_fail(kvd_linker_t *l, ldp_t *dp, int rc)
+{
+    if (dp->error == KVD_OK)
+        dp->error = rc;
+    if (rc == KVD_ERR_INVALID || dp->peer == NULL)
+        return; /* refused whole: nothing moved, the peer is fine */
+    KVD_WARN("linker", "%s over %s failed: %s; reconnecting",
+             dp->dir == KVD_XFER_READ ? "load" : "offload", kvd_transport_name(dp->t),
+             kvd_status_str(rc));
+    lk_lock(&dp->mutex);
+    kvd_transport_disconnect(dp->t);
+    lk_unlock(&dp->mutex);
+    dp->n_flight = 0;
+    dp->n_kept = 0;
+    lk_conn_fail(l, dp->peer->epoch);
+    lk_peer_put(dp->peer);
+    dp->peer = NULL;
+}
+
+uint64_t lk_dp_begin(kvd_linker_t *l, ldp_t *dp)
+{
+    dp->error = KVD_OK;
+    dp->n = 0;
+    dp->gathered_bytes = 0;
+    lpeer_t *cur = lk_peer_get(l);
+    if (cur != NULL && cur == dp->peer) {
+        lk_peer_put(cur); /* connected already: one reference is enough */
+    } else {
+        lk_lock(&dp->mutex);
+        kvd_transport_disconnect(dp->t);
+        int rc = cur != NULL ? kvd_transport_connect(dp->t, &cur->desc) : KVD_ERR_CLOSED;
+        lk_unlock(&dp->mutex);
+        lk_peer_put(dp->peer); /* after the disconnect: the mapping may go */
+        dp->peer = NULL;
+        if (rc != KVD_OK && cur != NULL) {
+            KVD_WARN("linker", "%s data path cannot reach the daemon over %s: %s",
+                     dp->dir == KVD_XFER_READ ? "load" : "offload",
+                     kvd_transport_name(dp->t), kvd_status_str(rc));
+            lk_conn_fail(l, cur->epoch);
+            lk_peer_put(cur);
+            cur = NULL;
+        }
+        dp->peer = cur;
+    }
+    if (dp->peer == NULL || atomic_load(&l->conn.failed_epoch) == dp->peer->epoch) {
+        dp->error = KVD_ERR_CLOSED;
+        return 0;
+    }
+    return dp->peer->epoch;
+}
+
+/* Polls the transport once for `cookie` (others reported meanwhile are
+ * kept); true when it came, with its status in *status. */
+static bool poll_once(ldp_t *dp, uint64_t cookie, int *status, bool *busy)
+{
+    kvd_xfer_done_t done[8];
+    size_t n = 0;
+    bool found = false;
+    lk_lock(&dp->mutex);
+    int rc = kvd_transport_poll(dp->t, done, KVD_ARRAY_SIZE(done), &n);
+    if (rc == KVD_OK && n == 0)
+        *busy = kvd_transport_progress(dp->t) > 0;
+    lk_unlock(&dp->mutex);
+    if (rc != KVD_OK) {
+        *status = rc;
+        return true;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (done[i].cookie == cookie) {
+            found = true;
+            *status = done[i].status;
+        } else if (dp->n_kept < KVD_ARRAY_SIZE(dp->kept)) {
+            dp->kept[dp->n_kept++] = done[i]; /* a later batch of this step */
+        }
+    }
+    *busy |= n > 0;
+    return found;
+}
+
+/* Waits for the oldest batch in flight: timeout_ms, plus its bytes at
+ * 50 MB/s (a large batch over a slow link is not a dead daemon). The
+ * mutex is taken per poll, so registration never waits behind a wait. */
+static void wait_oldest(kvd_linker_t *l, ldp_t *dp)
+{
+    uint64_t cookie = dp->flight[0].cookie, bytes = dp->flight[0].bytes;
+    dp->n_flight--;
+    for (size_t i = 0; i < dp->n_flight; i++)
+        dp->flight[i] = dp->flight[i + 1];
+    int rc = KVD_ERR_TIMEOUT;
+    bool found = false;
+    for (size_t i = 0; i < dp->n_kept && !found; i++)
+        if (dp->kept[i].cookie == cookie) {
+            rc = dp->kept[i].status;
+            dp->kept[i] = dp->kept[--dp->n_kept];
+            found = true;
+        }
+    uint64_t ms = (uint64_t)l->timeout_ms + bytes / 50000u;
+    uint64_t deadline = kvd_now_ns() + ms * 1000000ull;
+    unsigned idle = 0;
+    for (unsigned pass = 0; !found; pass++) {
+        bool busy = false;
+        found = poll_once(dp, cookie, &rc, &busy);
+        if (found)
+            break;
+        /* the clock is read every 64 passes, busy or not, so that a peer
+         * that keeps the worker busy cannot stretch the wait */
+        if ((pass & 63) == 63 && kvd_now_ns() >= deadline) {
+            rc = KVD_ERR_TIMEOUT;
+            break;
+        }
+        idle = busy ? 0 : idle + 1;
+        if (idle >= 64) {
+            idle = 0;
+            sched_yield();
+        }
+    }
+    if (rc != KVD_OK)
+        dp_fail(l, dp, rc);
+}
+
+/* Posts what is gathered as one batch, after the oldest in flight when
+ * the window is full. */
+static int post_gathered(kvd_linker_t *l, ldp_t *dp)
+{
+    if (dp->n == 0 || dp->error != KVD_OK) {
+        dp->n = 0;
+        dp->gathered_bytes = 0;
+        return dp->error;
+    }
+    if (dp->n_flight == LK_DP_WINDOW)
+        wait_oldest(l, dp);
+    if (dp->error != KVD_OK)
+        return dp->error;
+    uint64_t cookie = ++dp->next_cookie;
+    lk_lock(&dp->mutex);
+    int rc = kvd_transport_post(dp->t, dp->dir, dp->v, dp->n, cookie);
+    lk_unlock(&dp->mutex);
+    if (rc == KVD_OK)
+        dp->flight[dp->n_flight++] = (ldp_flight_t){cookie, dp->gathered_bytes};
+    else
+        dp_fail(l, dp, rc);
+    dp->n = 0;
+    dp->gathered_bytes = 0;
+    return dp->error;
+}
+
+int lk_dp_add(kvd_linker_t *l, ldp_t *dp, kvd_region_t *r, uint64_t off,
+              uint64_t pool_off, uint64_t bytes)
+{
+    if (dp->error != KVD_OK)
+        return dp->error;
+    if (dp->n > 0) {
+        kvd_xfer_t *last = &dp->v[dp->n - 1];
+        if (last->local == r && last->local_offset + last->length == off &&
+            last->remote_offset + last->length == pool_off) {
+            last->length += bytes;
+            goto added;
+        }
+    }
+    if (dp->n == dp->cap) {
+        size_t cap = dp->cap ? dp->cap * 2 : 64;
+        kvd_xfer_t *v = realloc(dp->v, cap * sizeof(*v));
+        if (v == NULL) {
+            dp->error = KVD_ERR_NOMEM;
+            return dp->error;
+        }
+        dp->v = v;
+        dp->cap = cap;
+    }
+    dp->v[dp->n++] = (kvd_xfer_t){
+        .local = r, .local_offset = off, .remote_offset = pool_off, .length = bytes};
+added:
+    dp->gathered_bytes += bytes;
+    if (dp->gathered_bytes >= LK_DP_BATCH_BYTES)
+        return post_gathered(l, dp);
+    return KVD_OK;
+}
+
+int lk_dp_flush(kvd_linker_t *l, ldp_t *dp)
+{
+    post_gathered(l, dp);
+    while (dp->n_flight > 0)
+        wait_oldest(l, dp);
+    return dp->error;
+}
+
+void lk_dp_end(kvd_linker_t *l, ldp_t *dp)
+{
+    dp->n = 0; /* not sent: nothing more goes out */
+    dp->gathered_bytes = 0;
+    while (dp->n_flight > 0) /* what is on the wire ends before its rows are reused */
+        wait_oldest(l, dp);
+}

@@ -1,0 +1,198 @@
+/*
+ * offload.c - offloads (DESIGN.md section 6): kvd_offload queues a job of
+ * finished nodes' transfers; the offload thread runs each job through its
+ * own data path (datapath.c): reserve, copy the device rows into the
+ * reserved objects (the transport first waits for the rows to be final),
+ * publish, and publishes (ack, success) on the completed-offloads queue.
+ *
+ * Threading: engine threads queue jobs under `lock`; the offload thread
+ * owns a job from its dequeue to its completion, and calls the daemon
+ * with no lock held.
+ */
+#include "linker_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* The reservation's items: each key with its depth and parent. */
+static kvd_put_item_t *put_items(const lpool_t *p, const lxfer_t *x)
+{
+    kvd_put_item_t *items = calloc(x->n_keys, sizeof(*items));
+    if (items == NULL)
+        return NULL;
+    bool paged = p->desc.addressing == KVD_ADDR_PAGED;
+    for (size_t i = 0; i < x->n_keys; i++) {
+        memcpy(items[i].key, x->keys[i], KVD_KEY_BYTES);
+        items[i].depth = x->depths ? x->depths[i] : x->first_depth + (uint32_t)i;
+        /* a paged transfer is a run of a chain; slot keys (node ends) are
+         * not each other's parents */
+        const uint8_t *parent =
+            i == 0 ? (x->has_prior ? x->prior : NULL) : (paged ? x->keys[i - 1] : NULL);
+        if (parent) {
+            memcpy(items[i].parent, parent, KVD_KEY_BYTES);
+            items[i].has_parent = true;
+        }
+    }
+    return items;
+}
+
+/* Copies the reserved objects of x (allocated[i]) in one data-path step,
+ * object by object: an object's rows are adjacent in the pool, so they
+ * leave together. The offsets must be of the pool of `epoch`. */
+static int copy_reserved(kvd_linker_t *l, lpool_t *p, lxfer_t *x,
+                         const uint8_t *allocated, uint64_t epoch)
+{
+    ldp_t *dp = &l->dp[LK_DP_OFFLOAD];
+    int rc = lk_dp_begin(l, dp) == epoch ? KVD_OK : KVD_ERR_CLOSED;
+    uint64_t pool_bytes = rc == KVD_OK ? dp->peer->desc.length : 0;
+    for (uint32_t i = x->begin; rc == KVD_OK && i < x->end; i++)
+        if (allocated[i] &&
+            (x->offsets[i] > pool_bytes || p->object_bytes > pool_bytes - x->offsets[i]))
+            rc = KVD_ERR_PROTOCOL; /* the daemon's offsets are checked here too */
+    for (uint32_t i = x->begin; rc == KVD_OK && i < x->end; i++) {
+        uint64_t moved = 0; /* counted as it goes: the counter shows progress */
+        if (allocated[i])
+            rc = lk_copy_key(l, dp, p, x, i, 0, p->desc.n_layers, &moved);
+        atomic_fetch_add(&p->offload_bytes, moved);
+    }
+    if (rc == KVD_OK)
+        rc = lk_dp_flush(l, dp); /* complete at the daemon before Publish */
+    lk_dp_end(l, dp);
+    return rc;
+}
+
+/* Reserves, writes and publishes one offload transfer. */
+static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
+{
+    lk_lock(&l->lock);
+    lpool_t *p = &l->pools[x->pool];
+    uint32_t ns = p->ns_id;
+    lk_unlock(&l->lock);
+    kvd_put_item_t *items = put_items(p, x);
+    uint8_t *allocated = calloc(x->n_keys, 1);
+    if (items == NULL || allocated == NULL) {
+        free(items);
+        free(allocated);
+        return KVD_ERR_NOMEM;
+    }
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_RESERVE);
+    req.body.reserve_req = (kvd_reserve_req_t){
+        .ns = ns, .object_bytes = p->object_bytes, .n = x->n_keys, .items = items};
+    uint64_t epoch = 0;
+    int rc = lk_call_ex(l, &req, &rep, 0, &epoch);
+    uint64_t lease = rc == KVD_OK ? rep.body.reserve_rep.lease_id : 0;
+    bool no_space = false, any = false;
+    if (rc == KVD_OK && rep.body.reserve_rep.n != x->n_keys)
+        rc = KVD_ERR_PROTOCOL;
+    for (size_t i = 0; rc == KVD_OK && i < x->n_keys; i++) {
+        uint8_t r = rep.body.reserve_rep.results[i];
+        no_space |= r == KVD_RESERVE_NO_SPACE;
+        if (r != KVD_RESERVE_ALLOCATED)
+            continue; /* exists or in flight: stored by someone: success */
+        x->offsets[i] = rep.body.reserve_rep.offsets[i];
+        allocated[i] = 1;
+        any = true;
+    }
+    kvd_msg_clear(&rep);
+    if (rc == KVD_OK && any)
+        rc = copy_reserved(l, p, x, allocated, epoch);
+    if (lease != 0) {
+        /* copied: now the bytes may be seen; failed: the reservation goes
+         * back rather than waiting out its lease (only to the connection
+         * that granted it; a lost one took its reservations along) */
+        kvd_msg_request(&req, 0, rc == KVD_OK ? KVD_METHOD_PUBLISH : KVD_METHOD_REVOKE);
+        req.body.finish_req.lease_id = lease;
+        int prc = lk_call_ex(l, &req, &rep, epoch, NULL);
+        if (rc == KVD_OK)
+            rc = prc;
+        kvd_msg_clear(&rep);
+    }
+    free(items);
+    free(allocated);
+    return rc != KVD_OK ? rc : no_space ? KVD_ERR_NO_SPACE : KVD_OK;
+}
+
+static void run_job(kvd_linker_t *l, ljob_t *j)
+{
+    bool ok = true;
+    for (size_t i = 0; i < j->n; i++) {
+        if (run_offload_xfer(l, &j->x[i]) != KVD_OK) {
+            ok = false;
+            atomic_fetch_add(&l->pools[j->x[i].pool].offload_failures, 1);
+        }
+    }
+    lk_lock(&l->lock);
+    lk_queue_push(&l->done_offloads, j->ack, ok);
+    pthread_cond_broadcast(&l->cond);
+    lk_unlock(&l->lock);
+    lk_xfer_free(j->x, j->n);
+    free(j);
+}
+
+void *lk_offload_thread_main(void *arg)
+{
+    kvd_linker_t *l = arg;
+    lk_lock(&l->lock);
+    for (;;) {
+        if (l->stop)
+            break; /* closing: what is left fails in lk_offloads_fail_pending */
+        if (l->jobs != NULL) {
+            ljob_t *j = l->jobs;
+            l->jobs = j->next;
+            if (l->jobs == NULL)
+                l->jobs_tail = NULL;
+            lk_unlock(&l->lock);
+            run_job(l, j);
+            lk_lock(&l->lock);
+            continue;
+        }
+        lk_cond_wait(&l->jobs_cond, &l->lock);
+    }
+    lk_unlock(&l->lock);
+    return NULL;
+}
+
+void lk_offloads_fail_pending(kvd_linker_t *l)
+{
+    for (ljob_t *j = l->jobs, *next; j; j = next) {
+        next = j->next;
+        lk_queue_push(&l->done_offloads, j->ack, false);
+        lk_xfer_free(j->x, j->n);
+        free(j);
+    }
+    l->jobs = l->jobs_tail = NULL;
+}
+
+KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint64_t *ack)
+{
+    if (l == NULL || t == NULL || n == 0 || ack == NULL)
+        return KVD_ERR_INVALID;
+    ljob_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return KVD_ERR_NOMEM;
+    int rc = lk_xfers_copy(l, t, n, &j->x);
+    if (rc != KVD_OK) {
+        free(j);
+        return rc;
+    }
+    j->n = n;
+    lk_lock(&l->lock);
+    rc = lk_queue_reserve(&l->done_offloads, 1); /* its completion has room */
+    if (rc != KVD_OK) {
+        lk_unlock(&l->lock);
+        lk_xfer_free(j->x, n);
+        free(j);
+        return rc;
+    }
+    j->ack = l->next_ack++;
+    if (l->jobs_tail)
+        l->jobs_tail->next = j;
+    else
+        l->jobs = j;
+    l->jobs_tail = j;
+    *ack = j->ack;
+    pthread_cond_signal(&l->jobs_cond);
+    lk_unlock(&l->lock);
+    return KVD_OK;
+}
