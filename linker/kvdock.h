@@ -275,8 +275,8 @@ typedef struct kvd_commit_pool {
  * transfers given to kvd_load) and queues the copies for the next
  * kvd_start_layer_wise_loading. The device indices of pages not adopted go
  * back through free_indices; their pins end with the batch's.
- * Errors: KVD_ERR_NOT_FOUND (no load of rid), KVD_ERR_STATE (its LOAD
- * failed or is still running, or it was committed already: ABORT it),
+ * Errors: KVD_ERR_NOT_FOUND (no load of rid), KVD_ERR_STATE (its LOAD is
+ * still running, or failed: ABORT a failed load; or it was committed),
  * KVD_ERR_INVALID (n is not the load's number of transfers, or an adopted
  * range outside the transfer); nothing is freed then.
  */
@@ -304,11 +304,11 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *linker, uint32_t *counter
  * KVD_ERR_TIMEOUT past the linker's timeout, or KVD_ERR_NOT_FOUND for a
  * counter kvd_start_layer_wise_loading never gave. A layer no pool of
  * the batch has returns at once. One load of the batch can fail alone (its
- * pins lapsed, its daemon went away): the wait still says 0 for the others,
- * and that load's completion says failed, so an engine checks a request's
- * completion before it trusts that request's KV. A batch forgotten long
- * ago (64 newer finished ones) answers KVD_OK, or KVD_ERR_STATE when a
- * forgotten batch as new as it had failed.
+ * pins lapsed, its daemon went away): the wait still says KVD_OK for the
+ * others, and that load's completion says failed, so an engine checks a
+ * request's completion before it trusts that request's KV. A batch
+ * forgotten long ago (64 newer finished ones) answers KVD_OK, or
+ * KVD_ERR_STATE when a forgotten batch as new as it had failed.
  */
 KVD_API int kvd_wait_layer(kvd_linker_t *linker, uint32_t counter, uint32_t layer_id);
 
