@@ -59,7 +59,7 @@ static int collect(kvd_linker_t *l, bool loads, uint64_t id, bool *ok)
     return seen;
 }
 
-static void make_keys(uint32_t base, uint8_t keys[PAGES][32])
+static void make_keys(uint32_t base, uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES])
 {
     uint32_t tokens[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
@@ -68,13 +68,14 @@ static void make_keys(uint32_t base, uint8_t keys[PAGES][32])
     kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &n);
 }
 
-static int offload(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32], uint64_t *ack)
+static int offload(kvd_linker_t *l, uint32_t pool,
+                   uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES], uint64_t *ack)
 {
     int64_t idx[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
         idx[i] = i;
     kvd_transfer_t t = {.pool_id = pool,
-                        .keys = (const uint8_t(*)[32])keys,
+                        .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
                         .n_keys = PAGES,
                         .device_indices = idx,
                         .n_indices = PAGES * PS};
@@ -82,14 +83,14 @@ static int offload(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32], uint
 }
 
 /* LOAD and PREPARE into rows 32.. (no COMMIT). */
-static int pin_prepare(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32],
-                       uint64_t rid)
+static int pin_prepare(kvd_linker_t *l, uint32_t pool,
+                       uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES], uint64_t rid)
 {
     int64_t idx[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
         idx[i] = 32 + i;
     kvd_transfer_t t = {.pool_id = pool,
-                        .keys = (const uint8_t(*)[32])keys,
+                        .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
                         .n_keys = PAGES,
                         .device_indices = idx,
                         .n_indices = PAGES * PS};
@@ -103,7 +104,8 @@ static int commit(kvd_linker_t *l, uint64_t rid)
     return kvd_load_commit(l, rid, &c, 1);
 }
 
-static int load(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32], uint64_t rid)
+static int load(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES],
+                uint64_t rid)
 {
     int rc = pin_prepare(l, pool, keys, rid);
     return rc != 0 ? rc : commit(l, rid);
@@ -121,7 +123,7 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     uint32_t pool = 0;
     DT_CHECK(lt_register_kv(l, "kv", kbuf, vbuf, BPR, PS, ROWS, NULL, &pool) == 0,
              "register");
-    uint8_t keys[PAGES][32], keys2[PAGES][32];
+    uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES], keys2[PAGES][KVD_PAGE_KEY_BYTES];
     make_keys(100, keys);
     make_keys(900, keys2);
     for (size_t i = 0; i < sizeof(kbuf); i++) {

@@ -88,7 +88,7 @@ static int wait_rid(kvd_linker_t *l, uint64_t rid)
     return seen;
 }
 
-static void keys_of(uint32_t base, uint8_t keys[PAGES][32])
+static void keys_of(uint32_t base, uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES])
 {
     uint32_t tokens[ROWS];
     for (int i = 0; i < ROWS; i++)
@@ -98,18 +98,18 @@ static void keys_of(uint32_t base, uint8_t keys[PAGES][32])
 }
 
 static int64_t kv_idx[ROWS], state_idx[1] = {1};
-static uint8_t keys[PAGES][32], other[PAGES][32];
+static uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES], other[PAGES][KVD_PAGE_KEY_BYTES];
 
 static void make_transfers(kvd_transfer_t t[2], uint32_t kv, uint32_t st,
-                           uint8_t (*state_key)[32])
+                           uint8_t (*state_key)[KVD_PAGE_KEY_BYTES])
 {
     t[0] = (kvd_transfer_t){.pool_id = kv,
-                            .keys = (const uint8_t(*)[32])keys,
+                            .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
                             .n_keys = PAGES,
                             .device_indices = kv_idx,
                             .n_indices = ROWS};
     t[1] = (kvd_transfer_t){.pool_id = st,
-                            .keys = (const uint8_t(*)[32])state_key,
+                            .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])state_key,
                             .n_keys = 1,
                             .device_indices = state_idx,
                             .n_indices = 1,
@@ -192,9 +192,9 @@ static void run(const char *socket)
     memcpy(vbuf, vwant, sizeof(vbuf));
     memcpy(sbuf, swant, sizeof(sbuf));
     /* the state of the node at the fourth page: the last page's key */
-    uint8_t state_key[1][32], missing[1][32];
-    memcpy(state_key[0], keys[PAGES - 1], 32);
-    memcpy(missing[0], other[PAGES - 1], 32);
+    uint8_t state_key[1][KVD_PAGE_KEY_BYTES], missing[1][KVD_PAGE_KEY_BYTES];
+    memcpy(state_key[0], keys[PAGES - 1], KVD_PAGE_KEY_BYTES);
+    memcpy(missing[0], other[PAGES - 1], KVD_PAGE_KEY_BYTES);
     kvd_transfer_t t[2];
     make_transfers(t, kv_id, st_id, state_key);
     uint64_t ack = 0;

@@ -36,7 +36,7 @@
 
 static uint8_t small_k[SMALL_ROWS * SMALL_BPR], small_v[SMALL_ROWS * SMALL_BPR];
 
-static void keys_of(uint32_t base, size_t pages, uint8_t (*keys)[32])
+static void keys_of(uint32_t base, size_t pages, uint8_t (*keys)[KVD_PAGE_KEY_BYTES])
 {
     uint32_t *tokens = malloc(pages * PS * sizeof(uint32_t));
     for (size_t i = 0; tokens && i < pages * PS; i++)
@@ -51,7 +51,7 @@ static void run(const char *socket)
 {
     uint8_t *big_k = malloc((size_t)BIG_ROWS * BIG_BPR);
     uint8_t *big_v = malloc((size_t)BIG_ROWS * BIG_BPR);
-    uint8_t(*big_keys)[32] = malloc(BIG_PAGES * 32);
+    uint8_t(*big_keys)[KVD_PAGE_KEY_BYTES] = malloc(BIG_PAGES * 32);
     int64_t *big_idx = malloc(BIG_ROWS * sizeof(int64_t));
     if (!DT_CHECK(big_k && big_v && big_keys && big_idx, "out of memory")) {
         free(big_k);
@@ -82,7 +82,7 @@ static void run(const char *socket)
         small_k[i] = (uint8_t)(i * 13 + 1);
         small_v[i] = (uint8_t)(i * 29 + 7);
     }
-    uint8_t small_key[1][32];
+    uint8_t small_key[1][KVD_PAGE_KEY_BYTES];
     keys_of(1, 1, small_key);
     int64_t store_idx[PS], load_idx[PS];
     for (int i = 0; i < PS; i++) {
@@ -90,7 +90,7 @@ static void run(const char *socket)
         load_idx[i] = PS + i;
     }
     kvd_transfer_t st = {.pool_id = small,
-                         .keys = (const uint8_t(*)[32])small_key,
+                         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])small_key,
                          .n_keys = 1,
                          .device_indices = store_idx,
                          .n_indices = PS};
@@ -102,7 +102,7 @@ static void run(const char *socket)
     /* the large offload, then at once the small load */
     keys_of(1000, BIG_PAGES, big_keys);
     kvd_transfer_t bt = {.pool_id = big,
-                         .keys = (const uint8_t(*)[32])big_keys,
+                         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])big_keys,
                          .n_keys = BIG_PAGES,
                          .device_indices = big_idx,
                          .n_indices = BIG_ROWS};

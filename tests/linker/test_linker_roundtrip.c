@@ -111,7 +111,7 @@ static void run(const char *socket)
     uint32_t tokens[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
         tokens[i] = 1000 + (uint32_t)i;
-    uint8_t keys[PAGES][32];
+    uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES];
     size_t nk = 0;
     DT_CHECK(kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &nk) == 0 && nk == PAGES,
              "keys");
@@ -136,12 +136,12 @@ static void run(const char *socket)
         kv_idx[i] = 8 + i;
     kvd_transfer_t off[2] = {
         {.pool_id = kv_id,
-         .keys = (const uint8_t(*)[32])keys,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
          .n_keys = PAGES,
          .device_indices = kv_idx,
          .n_indices = PAGES * PS},
         {.pool_id = st_id,
-         .keys = (const uint8_t(*)[32]) & keys[PAGES - 1],
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES]) & keys[PAGES - 1],
          .n_keys = 1,
          .device_indices = st_idx,
          .n_indices = 1,
@@ -170,8 +170,12 @@ static void run(const char *socket)
     uint32_t bounds[PAGES];
     size_t nb = 0;
     kvd_transfer_t look[2] = {
-        {.pool_id = kv_id, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
-        {.pool_id = st_id, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
+        {.pool_id = kv_id,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+         .n_keys = PAGES},
+        {.pool_id = st_id,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+         .n_keys = PAGES},
     };
     DT_CHECK(kvd_lookup(l, 7, look, 2, bounds, &nb) == 0 && nb == 1 && bounds[0] == PAGES,
              "lookup: %zu boundaries, last %u", nb, nb ? bounds[nb - 1] : 0);
@@ -180,12 +184,12 @@ static void run(const char *socket)
         kv_new[i] = 32 + i;
     kvd_transfer_t ld[2] = {
         {.pool_id = kv_id,
-         .keys = (const uint8_t(*)[32])keys,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
          .n_keys = PAGES,
          .device_indices = kv_new,
          .n_indices = PAGES * PS},
         {.pool_id = st_id,
-         .keys = (const uint8_t(*)[32]) & keys[PAGES - 1],
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES]) & keys[PAGES - 1],
          .n_keys = 1,
          .device_indices = st_new,
          .n_indices = 1},
@@ -236,10 +240,10 @@ static void run(const char *socket)
              (unsigned long long)s.lookup_hit_pages);
 
     /* a key that is not stored: the load fails, nothing stays pinned */
-    uint8_t absent[1][32];
+    uint8_t absent[1][KVD_PAGE_KEY_BYTES];
     memset(absent, 0x5a, sizeof(absent));
     kvd_transfer_t bad = {.pool_id = kv_id,
-                          .keys = (const uint8_t(*)[32])absent,
+                          .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])absent,
                           .n_keys = 1,
                           .device_indices = kv_new,
                           .n_indices = PS};

@@ -36,24 +36,26 @@ static void nap(void)
     nanosleep(&ts, NULL);
 }
 
-static kvd_transfer_t transfer(uint32_t pool, uint8_t keys[PAGES][32], int64_t *idx)
+static kvd_transfer_t transfer(uint32_t pool, uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES],
+                               int64_t *idx)
 {
     return (kvd_transfer_t){.pool_id = pool,
-                            .keys = (const uint8_t(*)[32])keys,
+                            .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
                             .n_keys = PAGES,
                             .device_indices = idx,
                             .n_indices = PAGES * PS};
 }
 
-static bool offload(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32])
+static bool offload(kvd_linker_t *l, uint32_t pool,
+                    uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES])
 {
     kvd_transfer_t t = transfer(pool, keys, store_idx);
     uint64_t ack = 0;
     return kvd_offload(l, &t, 1, &ack) == 0 && lt_wait_done(l, false, ack, 10000);
 }
 
-static int load_prepare(kvd_linker_t *l, uint32_t pool, uint8_t keys[PAGES][32],
-                        uint64_t rid)
+static int load_prepare(kvd_linker_t *l, uint32_t pool,
+                        uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES], uint64_t rid)
 {
     kvd_transfer_t t = transfer(pool, keys, load_idx);
     int rc = kvd_load(l, rid, &t, 1);
@@ -111,7 +113,7 @@ int main(void)
     uint32_t tokens[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
         tokens[i] = 500 + (uint32_t)i;
-    uint8_t keys[PAGES][32];
+    uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES];
     size_t nk = 0;
     kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &nk);
 

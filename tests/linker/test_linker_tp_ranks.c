@@ -117,7 +117,7 @@ static int rank_main(const char *socket, int rank, int start_fd)
     uint32_t tokens[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
         tokens[i] = 7000 + (uint32_t)i;
-    uint8_t keys[PAGES][32];
+    uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES];
     size_t nk = 0;
     kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &nk);
     int64_t idx[PAGES * PS], slot[1] = {2};
@@ -125,12 +125,12 @@ static int rank_main(const char *socket, int rank, int start_fd)
         idx[i] = i;
     kvd_transfer_t off[2] = {
         {.pool_id = kid,
-         .keys = (const uint8_t(*)[32])keys,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
          .n_keys = PAGES,
          .device_indices = idx,
          .n_indices = PAGES * PS},
         {.pool_id = sid,
-         .keys = (const uint8_t(*)[32]) & keys[PAGES - 1],
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES]) & keys[PAGES - 1],
          .n_keys = 1,
          .device_indices = slot,
          .n_indices = 1,
@@ -147,8 +147,12 @@ static int rank_main(const char *socket, int rank, int start_fd)
     uint32_t b[PAGES];
     size_t nb = 0;
     kvd_transfer_t look[2] = {
-        {.pool_id = kid, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
-        {.pool_id = sid, .keys = (const uint8_t(*)[32])keys, .n_keys = PAGES},
+        {.pool_id = kid,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+         .n_keys = PAGES},
+        {.pool_id = sid,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+         .n_keys = PAGES},
     };
     for (int i = 0; i < 2000; i++) {
         if (kvd_lookup(l, 1, look, 2, b, &nb) == 0 && nb == 1 && b[0] == PAGES)
@@ -163,12 +167,12 @@ static int rank_main(const char *socket, int rank, int start_fd)
         idx2[i] = 32 + i;
     kvd_transfer_t ld[2] = {
         {.pool_id = kid,
-         .keys = (const uint8_t(*)[32])keys,
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
          .n_keys = PAGES,
          .device_indices = idx2,
          .n_indices = PAGES * PS},
         {.pool_id = sid,
-         .keys = (const uint8_t(*)[32]) & keys[PAGES - 1],
+         .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES]) & keys[PAGES - 1],
          .n_keys = 1,
          .device_indices = slot2,
          .n_indices = 1},

@@ -111,14 +111,14 @@ static int worker_main(const char *addr)
         uint32_t tokens[ROWS];
         for (int i = 0; i < ROWS; i++)
             tokens[i] = 7 + (uint32_t)i;
-        uint8_t keys[PAGES][32];
+        uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES];
         size_t n_keys = 0;
         kvd_page_keys(tokens, ROWS, PS, NULL, keys, &n_keys);
         int64_t idx[ROWS];
         for (int i = 0; i < ROWS; i++)
             idx[i] = i;
         kvd_transfer_t t = {.pool_id = pool,
-                            .keys = (const uint8_t(*)[32])keys,
+                            .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
                             .n_keys = PAGES,
                             .device_indices = idx,
                             .n_indices = ROWS};

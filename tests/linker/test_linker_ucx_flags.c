@@ -54,12 +54,12 @@ static void round_trip(kvd_linker_t *l)
     for (size_t i = 0; i < sizeof(kbuf); i++)
         kbuf[i] = (uint8_t)(i * 11 + 5);
     uint32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 8};
-    uint8_t keys[2][32];
+    uint8_t keys[2][KVD_PAGE_KEY_BYTES];
     size_t nk = 0;
     kvd_page_keys(tokens, 8, 4, NULL, keys, &nk);
     int64_t src[8] = {0, 1, 2, 3, 4, 5, 6, 7}, dst[8] = {8, 9, 10, 11, 12, 13, 14, 15};
     kvd_transfer_t t = {.pool_id = pool,
-                        .keys = (const uint8_t(*)[32])keys,
+                        .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
                         .n_keys = 2,
                         .device_indices = src,
                         .n_indices = 8};

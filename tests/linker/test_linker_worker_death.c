@@ -40,7 +40,7 @@ static int open_worker(const char *socket, uint8_t *k, uint8_t *v, kvd_linker_t 
     return lt_register_kv(*l, "kv", k, v, BPR, PS, ROWS, NULL, pool);
 }
 
-static void keys_of(uint32_t base, uint8_t keys[PAGES][32])
+static void keys_of(uint32_t base, uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES])
 {
     uint32_t tokens[PAGES * PS];
     for (int i = 0; i < PAGES * PS; i++)
@@ -49,12 +49,13 @@ static void keys_of(uint32_t base, uint8_t keys[PAGES][32])
     kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &n);
 }
 
-static kvd_transfer_t transfer(uint32_t pool, uint8_t keys[PAGES][32], int64_t *idx)
+static kvd_transfer_t transfer(uint32_t pool, uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES],
+                               int64_t *idx)
 {
     for (int i = 0; i < ROWS; i++)
         idx[i] = i;
     return (kvd_transfer_t){.pool_id = pool,
-                            .keys = (const uint8_t(*)[32])keys,
+                            .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
                             .n_keys = PAGES,
                             .device_indices = idx,
                             .n_indices = ROWS};
@@ -72,7 +73,7 @@ static void worker(const char *socket, int ready_fd)
     memset(k, 0x5A, (size_t)ROWS * BPR);
     memset(v, 0xA5, (size_t)ROWS * BPR);
     for (uint32_t round = 0; round < 100000; round++) {
-        uint8_t keys[PAGES][32];
+        uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES];
         int64_t idx[ROWS];
         keys_of(1000000 + round * ROWS, keys);
         kvd_transfer_t t = transfer(pool, keys, idx);
@@ -145,7 +146,7 @@ static void check_fresh_worker(const char *socket)
         k[i] = (uint8_t)(i * 31 + 7);
         v[i] = (uint8_t)(i * 17 + 3);
     }
-    uint8_t keys[PAGES][32];
+    uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES];
     int64_t idx[ROWS];
     keys_of(7, keys);
     kvd_transfer_t t = transfer(pool, keys, idx);
