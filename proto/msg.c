@@ -8,8 +8,13 @@
  * bounded by a multiple of the payload's size), checks the request limits,
  * copies into kvd_msg_t (variable parts into the message's arena) and frees
  * the unpacked tree. Anything that does not fit the C side (a key that is
- * not KVD_KEY_BYTES long, a string longer than its field) is a protocol error, never a
- * silent truncation.
+ * not KVD_KEY_BYTES long, a string longer than its field) is a protocol
+ * error, never a silent truncation.
+ *
+ * The flat messages (NamespaceSpec, StoreStats, NamespaceInfo, ObjectInfo,
+ * Nic) are converted from their field lists (kvd_proto.h), never field by
+ * field by hand: adding a field to a list and to kvdock.proto is all it
+ * takes.
  */
 #include "kvd_proto.h"
 #include "kvdock.pb-c.h"
@@ -108,12 +113,31 @@ static void *arena_array(kvd_msg_t *m, size_t n, size_t size)
     return kvd_msg_alloc(m, n * size);
 }
 
-/* ------------------------------------------------------ packing helpers */
+/* -------------------------------------------------------- flat messages */
 
-/* A batch of keys as one packed bytes field: the C array already is. */
-static ProtobufCBinaryData keys_to_pb(const kvd_key_t *keys, size_t n)
+/* The messages of the field lists (kvd_proto.h), made field by field from
+ * their lists: one function each way, and arrays of them. */
+
+/* Copies a protobuf string into a fixed field; longer is a protocol error. */
+static int copy_str(char *dst, size_t dst_len, const char *src)
 {
-    return (ProtobufCBinaryData){.len = n * KVD_KEY_BYTES, .data = (uint8_t *)keys};
+    if (src == NULL) {
+        dst[0] = '\0';
+        return KVD_OK;
+    }
+    size_t n = strlen(src);
+    if (n >= dst_len)
+        return KVD_ERR_PROTOCOL;
+    memcpy(dst, src, n + 1);
+    return KVD_OK;
+}
+
+static int copy_key(uint8_t *dst, ProtobufCBinaryData b)
+{
+    if (b.len != KVD_KEY_BYTES)
+        return KVD_ERR_PROTOCOL;
+    memcpy(dst, b.data, KVD_KEY_BYTES);
+    return KVD_OK;
 }
 
 /* One field of a field list (kvd_proto.h) from the kvdock struct s into
@@ -167,48 +191,119 @@ static void store_stats_to_pb(const kvd_store_stats_msg_t *s, Kvdock__StoreStats
     KVD_STORE_STATS_FIELDS(FIELD_TO_PB)
 }
 
-/* A repeated message field: n messages of pb_size bytes, each made by fn
- * from one of the n elements (in_size bytes each) at in, and the array of
- * pointers to them, in scr's arena. NULL when out of memory. */
-static void **array_to_pb(kvd_msg_t *scr, const void *in, size_t n, size_t in_size,
-                          size_t pb_size, void (*fn)(const void *in, void *pb))
+/* One field of a field list (kvd_proto.h) from the protobuf-c message o
+ * into the kvdock struct s: a string longer than its field or a key that is
+ * not KVD_KEY_BYTES long is a protocol error. */
+#define FIELD_FROM_PB(type, name, size, metric, help) FIELD_FROM_PB_##type(name)
+#define FIELD_FROM_PB_U32(name)                       s->name = o->name;
+#define FIELD_FROM_PB_I32(name)                       s->name = o->name;
+#define FIELD_FROM_PB_U64(name)                       s->name = o->name;
+#define FIELD_FROM_PB_F64(name)                       s->name = o->name;
+#define FIELD_FROM_PB_BOOL(name)                      s->name = o->name != 0;
+#define FIELD_FROM_PB_STR(name)                                \
+    if (copy_str(s->name, sizeof(s->name), o->name) != KVD_OK) \
+        return KVD_ERR_PROTOCOL;
+#define FIELD_FROM_PB_KEY(name)               \
+    if (copy_key(s->name, o->name) != KVD_OK) \
+        return KVD_ERR_PROTOCOL;
+
+static int ns_spec_from_pb(const void *pb, void *out)
+{
+    const Kvdock__NamespaceSpec *o = pb;
+    kvd_ns_spec_t *s = out;
+    KVD_NS_SPEC_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+static int ns_info_from_pb(const void *pb, void *out)
+{
+    const Kvdock__NamespaceInfo *o = pb;
+    kvd_ns_msg_t *s = out;
+    KVD_NS_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+static int nic_from_pb(const void *pb, void *out)
+{
+    const Kvdock__Nic *o = pb;
+    kvd_nic_msg_t *s = out;
+    KVD_NIC_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+/* An object; its parent is a full key, a tag or nothing. */
+static int obj_from_pb(const void *pb, void *out)
+{
+    const Kvdock__ObjectInfo *o = pb;
+    kvd_obj_msg_t *s = out;
+    KVD_OBJ_FIELDS(FIELD_FROM_PB)
+    if (o->parent.len != 0 && o->parent.len != KVD_KEY_TAG_BYTES &&
+        o->parent.len != KVD_KEY_BYTES)
+        return KVD_ERR_PROTOCOL;
+    if (o->parent.len > 0)
+        memcpy(s->parent, o->parent.data, o->parent.len);
+    s->parent_len = (uint8_t)o->parent.len;
+    return KVD_OK;
+}
+
+static int store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg_t *s)
+{
+    KVD_STORE_STATS_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
+/* How a flat message converts, for the repeated fields that hold it. */
+typedef struct flat_msg {
+    size_t c_size;  /* the kvdock struct */
+    size_t pb_size; /* the protobuf-c message */
+    void (*to_pb)(const void *c, void *pb);
+    int (*from_pb)(const void *pb, void *c);
+} flat_msg_t;
+
+static const flat_msg_t ns_spec_msg = {
+    sizeof(kvd_ns_spec_t), sizeof(Kvdock__NamespaceSpec), ns_spec_to_pb, ns_spec_from_pb};
+static const flat_msg_t ns_info_msg = {
+    sizeof(kvd_ns_msg_t), sizeof(Kvdock__NamespaceInfo), ns_info_to_pb, ns_info_from_pb};
+static const flat_msg_t nic_msg = {sizeof(kvd_nic_msg_t), sizeof(Kvdock__Nic), nic_to_pb,
+                                   nic_from_pb};
+static const flat_msg_t obj_msg = {sizeof(kvd_obj_msg_t), sizeof(Kvdock__ObjectInfo),
+                                   obj_to_pb, obj_from_pb};
+
+/* A repeated field of n messages t made from the n structs at in: the
+ * messages and the array of pointers to them in scr's arena (strings and
+ * keys point into in). NULL when out of memory. */
+static void **array_to_pb(kvd_msg_t *scr, const flat_msg_t *t, const void *in, size_t n)
 {
     void **ptrs = arena_array(scr, n, sizeof(*ptrs));
-    char *items = arena_array(scr, n, pb_size);
+    char *items = arena_array(scr, n, t->pb_size);
     if (ptrs == NULL || items == NULL)
         return NULL;
     for (size_t i = 0; i < n; i++) {
-        ptrs[i] = items + i * pb_size;
-        fn((const char *)in + i * in_size, ptrs[i]);
+        ptrs[i] = items + i * t->pb_size;
+        t->to_pb((const char *)in + i * t->c_size, ptrs[i]);
     }
     return ptrs;
 }
 
-static Kvdock__NamespaceSpec **specs_to_pb(kvd_msg_t *scr, const kvd_ns_spec_t *in,
-                                           size_t n)
+/* The n structs, in m's arena, of a repeated field of messages t. Sets *rc
+ * to KVD_OK, KVD_ERR_NOMEM or a message's KVD_ERR_PROTOCOL (then returns
+ * NULL). */
+static void *array_from_pb(kvd_msg_t *m, const flat_msg_t *t, size_t n, void *const *pb,
+                           int *rc)
 {
-    return (Kvdock__NamespaceSpec **)array_to_pb(
-        scr, in, n, sizeof(*in), sizeof(Kvdock__NamespaceSpec), ns_spec_to_pb);
+    char *v = arena_array(m, n, t->c_size);
+    *rc = v != NULL ? KVD_OK : KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n && *rc == KVD_OK; i++)
+        *rc = t->from_pb(pb[i], v + i * t->c_size);
+    return *rc == KVD_OK ? v : NULL;
 }
 
-static Kvdock__NamespaceInfo **nsinfo_to_pb(kvd_msg_t *scr, const kvd_ns_msg_t *in,
-                                            size_t n)
-{
-    return (Kvdock__NamespaceInfo **)array_to_pb(
-        scr, in, n, sizeof(*in), sizeof(Kvdock__NamespaceInfo), ns_info_to_pb);
-}
+/* ------------------------------------------------------ packing helpers */
 
-/* The RDMA ports of a Stats reply; strings point into `in`. */
-static Kvdock__Nic **nics_to_pb(kvd_msg_t *scr, const kvd_nic_msg_t *in, size_t n)
+/* A batch of keys as one packed bytes field: the C array already is. */
+static ProtobufCBinaryData keys_to_pb(const kvd_key_t *keys, size_t n)
 {
-    return (Kvdock__Nic **)array_to_pb(scr, in, n, sizeof(*in), sizeof(Kvdock__Nic),
-                                       nic_to_pb);
-}
-
-static Kvdock__ObjectInfo **objs_to_pb(kvd_msg_t *scr, const kvd_obj_msg_t *in, size_t n)
-{
-    return (Kvdock__ObjectInfo **)array_to_pb(scr, in, n, sizeof(*in),
-                                              sizeof(Kvdock__ObjectInfo), obj_to_pb);
+    return (ProtobufCBinaryData){.len = n * KVD_KEY_BYTES, .data = (uint8_t *)keys};
 }
 
 static Kvdock__PrefixEntry **prefixes_to_pb(kvd_msg_t *scr, const kvd_prefix_msg_t *in,
@@ -296,11 +391,12 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     store_stats_to_pb(&s->store, store);
     r->store = store;
     r->n_namespaces = s->n_namespaces;
-    r->namespaces = nsinfo_to_pb(scr, s->namespaces, s->n_namespaces);
+    r->namespaces = (Kvdock__NamespaceInfo **)array_to_pb(scr, &ns_info_msg,
+                                                          s->namespaces, s->n_namespaces);
     r->checked = s->checked;
     r->check_error = (char *)s->check_error;
     r->n_nics = s->n_nics;
-    r->nics = nics_to_pb(scr, s->nics, s->n_nics);
+    r->nics = (Kvdock__Nic **)array_to_pb(scr, &nic_msg, s->nics, s->n_nics);
     if ((s->n_namespaces && r->namespaces == NULL) || (s->n_nics && r->nics == NULL))
         return NULL;
     return r;
@@ -323,7 +419,8 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         h->want_pool_fd = in->want_pool_fd;
         h->want_ucx = in->want_ucx;
         h->n_namespaces = in->n_namespaces;
-        h->namespaces = specs_to_pb(scr, in->namespaces, in->n_namespaces);
+        h->namespaces = (Kvdock__NamespaceSpec **)array_to_pb(
+            scr, &ns_spec_msg, in->namespaces, in->n_namespaces);
         env->body_case = KVDOCK__ENVELOPE__BODY_HELLO_REQUEST;
         env->hello_request = h;
         return !in->n_namespaces || h->namespaces;
@@ -353,8 +450,8 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
             return false;
         kvdock__register_namespace_request__init(r);
         r->n_namespaces = m->body.register_req.n;
-        r->namespaces =
-            specs_to_pb(scr, m->body.register_req.namespaces, r->n_namespaces);
+        r->namespaces = (Kvdock__NamespaceSpec **)array_to_pb(
+            scr, &ns_spec_msg, m->body.register_req.namespaces, r->n_namespaces);
         env->body_case = KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST;
         env->register_request = r;
         return !r->n_namespaces || r->namespaces;
@@ -619,9 +716,11 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         r->n_prefixes = in->n_prefixes;
         r->prefixes = prefixes_to_pb(scr, in->prefixes, in->n_prefixes);
         r->n_nodes = in->n_nodes;
-        r->nodes = objs_to_pb(scr, in->nodes, in->n_nodes);
+        r->nodes =
+            (Kvdock__ObjectInfo **)array_to_pb(scr, &obj_msg, in->nodes, in->n_nodes);
         r->n_namespaces = in->n_namespaces;
-        r->namespaces = nsinfo_to_pb(scr, in->namespaces, in->n_namespaces);
+        r->namespaces = (Kvdock__NamespaceInfo **)array_to_pb(
+            scr, &ns_info_msg, in->namespaces, in->n_namespaces);
         r->truncated = in->truncated;
         env->body_case = KVDOCK__ENVELOPE__BODY_LIST_REPLY;
         env->list_reply = r;
@@ -634,9 +733,11 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
             return false;
         kvdock__inspect_reply__init(r);
         r->n_objects = in->n_objects;
-        r->objects = objs_to_pb(scr, in->objects, in->n_objects);
+        r->objects =
+            (Kvdock__ObjectInfo **)array_to_pb(scr, &obj_msg, in->objects, in->n_objects);
         r->n_namespaces = in->n_namespaces;
-        r->namespaces = nsinfo_to_pb(scr, in->namespaces, in->n_namespaces);
+        r->namespaces = (Kvdock__NamespaceInfo **)array_to_pb(
+            scr, &ns_info_msg, in->namespaces, in->n_namespaces);
         env->body_case = KVDOCK__ENVELOPE__BODY_INSPECT_REPLY;
         env->inspect_reply = r;
         return r->objects && r->namespaces;
@@ -700,28 +801,6 @@ done:
 
 /* ------------------------------------------------------------ decoding */
 
-/* Copies a protobuf string into a fixed field; longer is a protocol error. */
-static int copy_str(char *dst, size_t dst_len, const char *src)
-{
-    if (src == NULL) {
-        dst[0] = '\0';
-        return KVD_OK;
-    }
-    size_t n = strlen(src);
-    if (n >= dst_len)
-        return KVD_ERR_PROTOCOL;
-    memcpy(dst, src, n + 1);
-    return KVD_OK;
-}
-
-static int copy_key(uint8_t *dst, ProtobufCBinaryData b)
-{
-    if (b.len != KVD_KEY_BYTES)
-        return KVD_ERR_PROTOCOL;
-    memcpy(dst, b.data, KVD_KEY_BYTES);
-    return KVD_OK;
-}
-
 /* A packed batch of keys: a multiple of KVD_KEY_BYTES, copied in one go. */
 static int keys_from_pb(kvd_msg_t *m, ProtobufCBinaryData pb, kvd_key_t **out, size_t *n)
 {
@@ -755,93 +834,6 @@ static int bytes_from_pb(kvd_msg_t *m, ProtobufCBinaryData pb, const uint8_t **o
     return KVD_OK;
 }
 
-/* One field of a field list (kvd_proto.h) from the protobuf-c message o
- * into the kvdock struct s: a string longer than its field or a key that is
- * not KVD_KEY_BYTES long is a protocol error. */
-#define FIELD_FROM_PB(type, name, size, metric, help) FIELD_FROM_PB_##type(name)
-#define FIELD_FROM_PB_U32(name)                       s->name = o->name;
-#define FIELD_FROM_PB_I32(name)                       s->name = o->name;
-#define FIELD_FROM_PB_U64(name)                       s->name = o->name;
-#define FIELD_FROM_PB_F64(name)                       s->name = o->name;
-#define FIELD_FROM_PB_BOOL(name)                      s->name = o->name != 0;
-#define FIELD_FROM_PB_STR(name)                                \
-    if (copy_str(s->name, sizeof(s->name), o->name) != KVD_OK) \
-        return KVD_ERR_PROTOCOL;
-#define FIELD_FROM_PB_KEY(name)               \
-    if (copy_key(s->name, o->name) != KVD_OK) \
-        return KVD_ERR_PROTOCOL;
-
-static int ns_spec_from_pb(const void *pb, void *out)
-{
-    const Kvdock__NamespaceSpec *o = pb;
-    kvd_ns_spec_t *s = out;
-    KVD_NS_SPEC_FIELDS(FIELD_FROM_PB)
-    return KVD_OK;
-}
-
-static int ns_info_from_pb(const void *pb, void *out)
-{
-    const Kvdock__NamespaceInfo *o = pb;
-    kvd_ns_msg_t *s = out;
-    KVD_NS_FIELDS(FIELD_FROM_PB)
-    return KVD_OK;
-}
-
-static int nic_from_pb(const void *pb, void *out)
-{
-    const Kvdock__Nic *o = pb;
-    kvd_nic_msg_t *s = out;
-    KVD_NIC_FIELDS(FIELD_FROM_PB)
-    return KVD_OK;
-}
-
-/* An object; its parent is a full key, a tag or nothing. */
-static int obj_from_pb(const void *pb, void *out)
-{
-    const Kvdock__ObjectInfo *o = pb;
-    kvd_obj_msg_t *s = out;
-    KVD_OBJ_FIELDS(FIELD_FROM_PB)
-    if (o->parent.len != 0 && o->parent.len != KVD_KEY_TAG_BYTES &&
-        o->parent.len != KVD_KEY_BYTES)
-        return KVD_ERR_PROTOCOL;
-    if (o->parent.len > 0)
-        memcpy(s->parent, o->parent.data, o->parent.len);
-    s->parent_len = (uint8_t)o->parent.len;
-    return KVD_OK;
-}
-
-static int store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg_t *s)
-{
-    KVD_STORE_STATS_FIELDS(FIELD_FROM_PB)
-    return KVD_OK;
-}
-
-/* A repeated message field: n elements of out_size bytes in m's arena,
- * each made by fn from pb[i], into *out. KVD_ERR_NOMEM, or fn's error. */
-static int array_from_pb(kvd_msg_t *m, size_t n, void *const *pb, size_t out_size,
-                         int (*fn)(const void *pb, void *out), void **out)
-{
-    char *v = arena_array(m, n, out_size);
-    if (v == NULL)
-        return KVD_ERR_NOMEM;
-    for (size_t i = 0; i < n; i++) {
-        int rc = fn(pb[i], v + i * out_size);
-        if (rc != KVD_OK)
-            return rc;
-    }
-    *out = v;
-    return KVD_OK;
-}
-
-static int specs_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceSpec **pb,
-                         kvd_ns_spec_t **out)
-{
-    void *v = NULL;
-    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), ns_spec_from_pb, &v);
-    *out = v;
-    return rc;
-}
-
 static int u32s_from_pb(kvd_msg_t *m, size_t n, const uint32_t *pb, uint32_t **out)
 {
     uint32_t *v = arena_array(m, n, sizeof(uint32_t));
@@ -862,33 +854,6 @@ static int u64s_from_pb(kvd_msg_t *m, size_t n, const uint64_t *pb, uint64_t **o
         memcpy(v, pb, n * sizeof(uint64_t));
     *out = v;
     return KVD_OK;
-}
-
-static int nsinfo_from_pb(kvd_msg_t *m, size_t n, Kvdock__NamespaceInfo **pb,
-                          kvd_ns_msg_t **out)
-{
-    void *v = NULL;
-    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), ns_info_from_pb, &v);
-    *out = v;
-    return rc;
-}
-
-/* The RDMA ports of a Stats reply. */
-static int nics_from_pb(kvd_msg_t *m, size_t n, Kvdock__Nic **pb, kvd_nic_msg_t **out)
-{
-    void *v = NULL;
-    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), nic_from_pb, &v);
-    *out = v;
-    return rc;
-}
-
-static int objs_from_pb(kvd_msg_t *m, size_t n, Kvdock__ObjectInfo **pb,
-                        kvd_obj_msg_t **out)
-{
-    void *v = NULL;
-    int rc = array_from_pb(m, n, (void *const *)pb, sizeof(**out), obj_from_pb, &v);
-    *out = v;
-    return rc;
 }
 
 static int prefixes_from_pb(kvd_msg_t *m, size_t n, Kvdock__PrefixEntry **pb,
@@ -970,9 +935,10 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     s->n_namespaces = r->n_namespaces;
     rc = r->store != NULL ? store_stats_from_pb(r->store, &s->store) : KVD_OK;
     if (rc == KVD_OK)
-        rc = nsinfo_from_pb(m, r->n_namespaces, r->namespaces, &s->namespaces);
+        s->namespaces = array_from_pb(m, &ns_info_msg, r->n_namespaces,
+                                      (void *const *)r->namespaces, &rc);
     if (rc == KVD_OK)
-        rc = nics_from_pb(m, r->n_nics, r->nics, &s->nics);
+        s->nics = array_from_pb(m, &nic_msg, r->n_nics, (void *const *)r->nics, &rc);
     s->n_nics = rc == KVD_OK ? r->n_nics : 0;
     s->checked = r->checked;
     kvd_strlcpy(s->check_error, r->check_error ? r->check_error : "",
@@ -1028,17 +994,21 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->want_ucx = r->want_ucx;
         h->n_namespaces = r->n_namespaces;
         int rc = copy_str(h->client_name, sizeof(h->client_name), r->client_name);
-        return rc ? rc
-                  : specs_from_pb(out, r->n_namespaces, r->namespaces, &h->namespaces);
+        if (rc == KVD_OK)
+            h->namespaces = array_from_pb(out, &ns_spec_msg, r->n_namespaces,
+                                          (void *const *)r->namespaces, &rc);
+        return rc;
     }
     case KVDOCK__ENVELOPE__BODY_STATS_REQUEST:
         out->body.stats_req.check = env->stats_request->check;
         return KVD_OK;
     case KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST: {
         const Kvdock__RegisterNamespaceRequest *r = env->register_request;
+        int rc;
         out->body.register_req.n = r->n_namespaces;
-        return specs_from_pb(out, r->n_namespaces, r->namespaces,
-                             &out->body.register_req.namespaces);
+        out->body.register_req.namespaces = array_from_pb(
+            out, &ns_spec_msg, r->n_namespaces, (void *const *)r->namespaces, &rc);
+        return rc;
     }
     case KVDOCK__ENVELOPE__BODY_LOOKUP_REQUEST: {
         const Kvdock__LookupRequest *r = env->lookup_request;
@@ -1205,18 +1175,25 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         l->n_namespaces = r->n_namespaces;
         int rc = prefixes_from_pb(out, r->n_prefixes, r->prefixes, &l->prefixes);
         if (rc == KVD_OK)
-            rc = objs_from_pb(out, r->n_nodes, r->nodes, &l->nodes);
-        return rc ? rc
-                  : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
+            l->nodes =
+                array_from_pb(out, &obj_msg, r->n_nodes, (void *const *)r->nodes, &rc);
+        if (rc == KVD_OK)
+            l->namespaces = array_from_pb(out, &ns_info_msg, r->n_namespaces,
+                                          (void *const *)r->namespaces, &rc);
+        return rc;
     }
     case KVDOCK__ENVELOPE__BODY_INSPECT_REPLY: {
         const Kvdock__InspectReply *r = env->inspect_reply;
         kvd_inspect_rep_t *l = &out->body.inspect_rep;
         l->n_objects = r->n_objects;
         l->n_namespaces = r->n_namespaces;
-        int rc = objs_from_pb(out, r->n_objects, r->objects, &l->objects);
-        return rc ? rc
-                  : nsinfo_from_pb(out, r->n_namespaces, r->namespaces, &l->namespaces);
+        int rc;
+        l->objects =
+            array_from_pb(out, &obj_msg, r->n_objects, (void *const *)r->objects, &rc);
+        if (rc == KVD_OK)
+            l->namespaces = array_from_pb(out, &ns_info_msg, r->n_namespaces,
+                                          (void *const *)r->namespaces, &rc);
+        return rc;
     }
     case KVDOCK__ENVELOPE__BODY_EVICT_REPLY:
         out->body.evict_rep.evicted = env->evict_reply->evicted;
