@@ -53,21 +53,20 @@ static int appendf(kvd_buf_t *b, const char *fmt, ...)
     }
 }
 
-static void gauge(kvd_buf_t *b, const char *name, const char *help, uint64_t v)
+/* The HELP and TYPE lines of a metric. */
+static void header(kvd_buf_t *b, kvd_metric_kind_t kind, const char *name,
+                   const char *help)
 {
-    appendf(b, "# HELP %s %s\n# TYPE %s gauge\n%s %llu\n", name, help, name, name,
-            (unsigned long long)v);
+    appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name,
+            kind == KVD_METRIC_COUNTER ? "counter" : "gauge");
 }
 
-static void counter(kvd_buf_t *b, const char *name, const char *help, uint64_t v)
+/* A metric with one sample. */
+static void single(kvd_buf_t *b, kvd_metric_kind_t kind, const char *name,
+                   const char *help, uint64_t v)
 {
-    appendf(b, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", name, help, name, name,
-            (unsigned long long)v);
-}
-
-static const char *kind_name(kvd_metric_kind_t k)
-{
-    return k == KVD_METRIC_COUNTER ? "counter" : "gauge";
+    header(b, kind, name, help);
+    appendf(b, "%s %llu\n", name, (unsigned long long)v);
 }
 
 /* A namespace's name as a label value: backslash and double quote escaped. */
@@ -90,8 +89,8 @@ static void render_fields(kvd_buf_t *b, const kvd_field_list_t *l, const void *o
         const kvd_field_t *f = &l->fields[i];
         if (kvd_field_metric_name(l, f, name, sizeof(name)) != KVD_OK)
             continue;
-        appendf(b, "# HELP %s %s\n# TYPE %s %s\n%s %s\n", name, f->help, name,
-                kind_name(f->metric), name, kvd_field_text(f, obj, value, sizeof(value)));
+        header(b, f->metric, name, f->help);
+        appendf(b, "%s %s\n", name, kvd_field_text(f, obj, value, sizeof(value)));
     }
 }
 
@@ -104,8 +103,7 @@ static void render_namespaces(kvd_buf_t *b, const kvd_ns_msg_t *ns, size_t n_ns)
         const kvd_field_t *f = &l->fields[i];
         if (kvd_field_metric_name(l, f, name, sizeof(name)) != KVD_OK)
             continue;
-        appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, f->help, name,
-                kind_name(f->metric));
+        header(b, f->metric, name, f->help);
         for (size_t k = 0; k < n_ns; k++) {
             ns_label(ns[k].name, label, sizeof(label));
             appendf(b, "%s{ns=\"%s\"} %s\n", name, label,
@@ -130,34 +128,36 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
             "# HELP kvdock_uptime_seconds Seconds since the daemon started.\n"
             "# TYPE kvdock_uptime_seconds gauge\nkvdock_uptime_seconds %.3f\n",
             (double)st->uptime_ms / 1000.0);
-    gauge(b, "kvdock_pool_bytes", "Size of the shared-memory pool.", m->pool_bytes);
-    gauge(b, "kvdock_pool_populated_bytes", "Bytes of the pool populated so far.",
-          m->pool_populated_bytes);
-    gauge(b, "kvdock_pool_hugepages", "1 when the pool uses 2 MiB hugepages.",
-          m->hugepages);
-    gauge(b, "kvdock_pool_mlocked", "1 when the pool is locked in memory.", m->mlocked);
-    gauge(b, "kvdock_process_rss_bytes", "Resident set of the daemon (VmRSS).",
-          m->rss_bytes);
-    gauge(b, "kvdock_process_rss_anon_bytes", "Anonymous resident memory (RssAnon).",
-          m->rss_anon_bytes);
-    gauge(b, "kvdock_process_rss_file_bytes", "File-backed resident memory (RssFile).",
-          m->rss_file_bytes);
-    gauge(b, "kvdock_process_rss_shmem_bytes",
-          "Shared-memory resident memory (RssShmem): the mapped pool.",
-          m->rss_shmem_bytes);
+    single(b, KVD_METRIC_GAUGE, "kvdock_pool_bytes", "Size of the shared-memory pool.",
+           m->pool_bytes);
+    single(b, KVD_METRIC_GAUGE, "kvdock_pool_populated_bytes",
+           "Bytes of the pool populated so far.", m->pool_populated_bytes);
+    single(b, KVD_METRIC_GAUGE, "kvdock_pool_hugepages",
+           "1 when the pool uses 2 MiB hugepages.", m->hugepages);
+    single(b, KVD_METRIC_GAUGE, "kvdock_pool_mlocked",
+           "1 when the pool is locked in memory.", m->mlocked);
+    single(b, KVD_METRIC_GAUGE, "kvdock_process_rss_bytes",
+           "Resident set of the daemon (VmRSS).", m->rss_bytes);
+    single(b, KVD_METRIC_GAUGE, "kvdock_process_rss_anon_bytes",
+           "Anonymous resident memory (RssAnon).", m->rss_anon_bytes);
+    single(b, KVD_METRIC_GAUGE, "kvdock_process_rss_file_bytes",
+           "File-backed resident memory (RssFile).", m->rss_file_bytes);
+    single(b, KVD_METRIC_GAUGE, "kvdock_process_rss_shmem_bytes",
+           "Shared-memory resident memory (RssShmem): the mapped pool.",
+           m->rss_shmem_bytes);
     appendf(b, "# HELP kvdock_memory_bytes Heap bytes kvdock allocated, by purpose.\n"
                "# TYPE kvdock_memory_bytes gauge\n");
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
         appendf(b, "kvdock_memory_bytes{category=\"%s\"} %llu\n",
                 kvd_mem_cat_name((kvd_mem_cat_t)c), (unsigned long long)m->cat_bytes[c]);
-    gauge(b, "kvdock_connections", "Client connections open now.",
-          st->connections_current);
-    counter(b, "kvdock_connections_total", "Client connections accepted.",
-            st->connections_total);
-    counter(b, "kvdock_connections_rejected_total",
-            "Connections refused over --max-connections.", st->connections_rejected);
-    counter(b, "kvdock_protocol_errors_total",
-            "Connections closed for breaking the protocol.", st->protocol_errors);
+    single(b, KVD_METRIC_GAUGE, "kvdock_connections", "Client connections open now.",
+           st->connections_current);
+    single(b, KVD_METRIC_COUNTER, "kvdock_connections_total",
+           "Client connections accepted.", st->connections_total);
+    single(b, KVD_METRIC_COUNTER, "kvdock_connections_rejected_total",
+           "Connections refused over --max-connections.", st->connections_rejected);
+    single(b, KVD_METRIC_COUNTER, "kvdock_protocol_errors_total",
+           "Connections closed for breaking the protocol.", st->protocol_errors);
 
     appendf(b, "# HELP kvdock_rpc_requests_total RPC requests served, by method.\n"
                "# TYPE kvdock_rpc_requests_total counter\n");
