@@ -154,5 +154,5 @@ int main(void)
     }
     check_absent_daemon();
     dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("daemon/cli");
+    return dt_exit_status("cli/daemon_cmds");
 }

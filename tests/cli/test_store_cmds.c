@@ -474,5 +474,5 @@ int main(void)
     if (dt_start(&d, NULL) == 0)
         run(&d);
     dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("daemon/store_cli");
+    return dt_exit_status("cli/store_cmds");
 }
