@@ -9,10 +9,16 @@
  * so a reconnection swaps it without waiting for them, and the old
  * mapping goes when the last of them has moved on.
  *
- * Threading: any thread calls in. `rpc` serialises the calls on the one
- * connection and (re)connecting; `state` guards what other threads read
- * without waiting for an RPC (the epoch, whether a connection is up, its
- * peer and socket). Lock order: linker_int.h.
+ * A connection is a counted session (its client and epoch): calls from
+ * any number of threads run on it at once (the client hands each call its
+ * own replies), each holding a reference, so none waits for another's
+ * round trip. A failed call drops the session (shutting its socket down
+ * wakes the other calls on it, which fail) and the next call without an
+ * epoch reconnects.
+ *
+ * Threading: any thread calls in. `connect` serialises (re)connecting and
+ * Hello; `state` guards the current session, the epoch and the peer, what
+ * every call reads first. Lock order: linker_int.h.
  */
 #include "linker_int.h"
 
@@ -21,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- peers */
@@ -91,6 +98,44 @@ static int peer_of_ucx(const kvd_hello_rep_t *h, kvd_ucx_mode_t mode, lpeer_t **
     atomic_init(&p->refs, 1);
     *out = p;
     return KVD_OK;
+}
+
+/* ------------------------------------------------------------ sessions */
+
+static lsession_t *session_get(kvd_linker_t *l)
+{
+    lk_lock(&l->conn.state);
+    lsession_t *s = l->conn.session;
+    if (s != NULL)
+        atomic_fetch_add(&s->refs, 1);
+    lk_unlock(&l->conn.state);
+    return s;
+}
+
+static void session_put(lsession_t *s)
+{
+    if (s == NULL || atomic_fetch_sub(&s->refs, 1) != 1)
+        return;
+    kvd_client_close(s->client);
+    free(s);
+}
+
+/* Ends s as the current session, if it still is: its pins and
+ * reservations are gone with it. Calls still on it fail (the socket is
+ * shut down under them); the peer stays current until the next
+ * connection replaces it (copies of this epoch in progress land in memory
+ * that is still mapped, and fail at their release). */
+static void session_drop(kvd_linker_t *l, lsession_t *s)
+{
+    lk_lock(&l->conn.state);
+    bool current = l->conn.session == s;
+    if (current)
+        l->conn.session = NULL;
+    lk_unlock(&l->conn.state);
+    if (!current)
+        return;
+    shutdown(kvd_client_fd(s->client), SHUT_RDWR);
+    session_put(s); /* the connection's reference */
 }
 
 /* ------------------------------------------------------- populating */
@@ -171,7 +216,7 @@ static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *sp
 }
 
 /* Says Hello and makes the connection and its peer current. Caller holds
- * rpc. */
+ * connect. */
 static int connect_once(kvd_linker_t *l)
 {
     kvd_client_t *c = NULL;
@@ -203,6 +248,9 @@ static int connect_once(kvd_linker_t *l)
     if (rc == KVD_OK && peer != NULL && peer->map != NULL && !l->cfg.lazy_pool_mapping &&
         !reconnect)
         madvise(peer->map, peer->desc.length, MADV_POPULATE_WRITE);
+    lsession_t *sess = rc == KVD_OK ? calloc(1, sizeof(*sess)) : NULL;
+    if (rc == KVD_OK && sess == NULL)
+        rc = KVD_ERR_NOMEM;
     if (rc != KVD_OK) {
         lk_peer_put(peer);
         kvd_client_close(c);
@@ -211,19 +259,22 @@ static int connect_once(kvd_linker_t *l)
     }
     lk_lock(&l->conn.state);
     lpeer_t *old = l->conn.peer;
+    lsession_t *old_sess = l->conn.session; /* none: a failed call dropped it */
     uint64_t epoch = atomic_fetch_add(&l->conn.epoch, 1) + 1; /* old leases end here */
     if (peer != NULL)
         peer->epoch = epoch;
     l->conn.peer = peer;
-    l->conn.client = c;
+    *sess = (lsession_t){.client = c, .epoch = epoch};
+    atomic_init(&sess->refs, 1);
+    l->conn.session = sess;
     l->conn.lease_ttl_ms = rep.body.hello_rep.lease_ttl_ms;
-    l->conn.up = true;
     lk_lock(&l->lock);
     for (uint32_t i = 0; i < n; i++)
         l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
     lk_unlock(&l->lock);
     lk_unlock(&l->conn.state);
     lk_peer_put(old);
+    session_put(old_sess);
     kvd_msg_clear(&rep);
     if (reconnect && peer != NULL && peer->map != NULL && !l->cfg.lazy_pool_mapping)
         populate_in_background(l);
@@ -231,7 +282,8 @@ static int connect_once(kvd_linker_t *l)
 }
 
 /* connect_once, again while the daemon says busy (its UCX server is
- * restarting: a second at most), within the timeout. Caller holds rpc. */
+ * restarting: a second at most), within the timeout. Caller holds
+ * connect. */
 static int connect_locked(kvd_linker_t *l)
 {
     uint64_t deadline = kvd_now_ns() + (uint64_t)l->timeout_ms * 1000000ull;
@@ -243,40 +295,17 @@ static int connect_locked(kvd_linker_t *l)
     }
 }
 
-/* Drops the connection: its pins and reservations are gone with it. The
- * peer stays current until the next connection replaces it (copies of
- * this epoch in progress land in memory that is still mapped, and fail
- * at their release). Caller holds rpc. */
-static void disconnect_locked(kvd_linker_t *l)
-{
-    lk_lock(&l->conn.state);
-    kvd_client_t *c = l->conn.client;
-    l->conn.client = NULL;
-    l->conn.up = false;
-    lk_unlock(&l->conn.state);
-    kvd_client_close(c);
-}
-
-/* A data path that failed on this connection's peer voids it. Caller
- * holds rpc. */
-static void drop_if_failed(kvd_linker_t *l)
-{
-    if (l->conn.client != NULL &&
-        atomic_load(&l->conn.failed_epoch) == atomic_load(&l->conn.epoch))
-        disconnect_locked(l);
-}
-
 void lk_conn_init(kvd_linker_t *l)
 {
-    lk_mutex_init(&l->conn.rpc, LK_RANK_RPC);
+    lk_mutex_init(&l->conn.connect, LK_RANK_CONNECT);
     lk_mutex_init(&l->conn.state, LK_RANK_STATE);
 }
 
 int lk_conn_open(kvd_linker_t *l)
 {
-    lk_lock(&l->conn.rpc);
+    lk_lock(&l->conn.connect);
     int rc = connect_locked(l);
-    lk_unlock(&l->conn.rpc);
+    lk_unlock(&l->conn.connect);
     return rc;
 }
 
@@ -285,28 +314,54 @@ void lk_conn_close(kvd_linker_t *l)
     /* the populating thread stops within a chunk once l->stop is set */
     if (l->conn.pop_started)
         pthread_join(l->conn.pop_thread, NULL);
-    lk_lock(&l->conn.rpc);
-    if (l->conn.client != NULL)
-        disconnect_locked(l);
-    lk_unlock(&l->conn.rpc);
+    lsession_t *s = session_get(l);
+    if (s != NULL)
+        session_drop(l, s);
+    session_put(s);
     lk_lock(&l->conn.state);
     lpeer_t *p = l->conn.peer;
     l->conn.peer = NULL;
     lk_unlock(&l->conn.state);
     lk_peer_put(p);
-    lk_mutex_destroy(&l->conn.rpc);
+    lk_mutex_destroy(&l->conn.connect);
     lk_mutex_destroy(&l->conn.state);
 }
 
-/* Whether the connection of on_epoch is gone (read without rpc, so that a
- * call bound to a dead connection never queues behind a reconnect). */
+/* Whether the connection of on_epoch is gone (a call bound to a dead
+ * connection fails at once, never waiting for a reconnect). */
 static bool epoch_gone(kvd_linker_t *l, uint64_t on_epoch)
 {
     lk_lock(&l->conn.state);
-    bool gone = !l->conn.up || atomic_load(&l->conn.epoch) != on_epoch ||
+    bool gone = l->conn.session == NULL || atomic_load(&l->conn.epoch) != on_epoch ||
                 atomic_load(&l->conn.failed_epoch) == on_epoch;
     lk_unlock(&l->conn.state);
     return gone;
+}
+
+/* The session a call runs on, with a reference: the current one, or (for
+ * on_epoch 0) a new one when there is none or a data path failed on it. */
+static lsession_t *session_for_call(kvd_linker_t *l, uint64_t on_epoch, int *rc)
+{
+    lsession_t *s = session_get(l);
+    if (s != NULL && atomic_load(&l->conn.failed_epoch) == s->epoch) {
+        session_drop(l, s); /* its pins and offsets are void: start over */
+        session_put(s);
+        s = NULL;
+    }
+    if (s == NULL && on_epoch == 0) {
+        lk_lock(&l->conn.connect);
+        s = session_get(l); /* another thread may have reconnected meanwhile */
+        if (s == NULL && connect_locked(l) == KVD_OK)
+            s = session_get(l);
+        lk_unlock(&l->conn.connect);
+    }
+    *rc = KVD_OK;
+    if (s == NULL || (on_epoch != 0 && s->epoch != on_epoch)) {
+        *rc = s == NULL && on_epoch == 0 ? KVD_ERR_UNAVAILABLE : KVD_ERR_CLOSED;
+        session_put(s);
+        return NULL;
+    }
+    return s;
 }
 
 int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
@@ -315,20 +370,16 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
     memset(reps, 0, n * sizeof(*reps));
     if (on_epoch != 0 && epoch_gone(l, on_epoch))
         return KVD_ERR_CLOSED;
-    lk_lock(&l->conn.rpc);
-    drop_if_failed(l);
-    uint64_t now = atomic_load(&l->conn.epoch); /* cannot change while rpc is held */
-    int rc = l->conn.client != NULL && (on_epoch == 0 || on_epoch == now) ? KVD_OK
-             : on_epoch == 0 ? connect_locked(l)
-                             : KVD_ERR_CLOSED;
+    int rc;
+    lsession_t *s = session_for_call(l, on_epoch, &rc);
+    if (s == NULL)
+        return rc;
     if (epoch)
-        *epoch = atomic_load(&l->conn.epoch);
-    if (rc == KVD_OK) {
-        rc = kvd_client_call_many(l->conn.client, reqs, reps, n, l->timeout_ms);
-        if (rc != KVD_OK)
-            disconnect_locked(l); /* closed, timed out or garbled: start over */
-    }
-    lk_unlock(&l->conn.rpc);
+        *epoch = s->epoch;
+    rc = kvd_client_call_many(s->client, reqs, reps, n, l->timeout_ms);
+    if (rc != KVD_OK)
+        session_drop(l, s); /* closed, timed out or garbled: start over */
+    session_put(s);
     return rc;
 }
 
@@ -346,12 +397,10 @@ int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
 
 uint64_t lk_conn_ensure(kvd_linker_t *l, int *rc)
 {
-    lk_lock(&l->conn.rpc);
-    drop_if_failed(l);
-    *rc = l->conn.client ? KVD_OK : connect_locked(l);
-    uint64_t epoch = atomic_load(&l->conn.epoch);
-    lk_unlock(&l->conn.rpc);
-    return *rc == KVD_OK ? epoch : 0;
+    lsession_t *s = session_for_call(l, 0, rc);
+    uint64_t epoch = s != NULL ? s->epoch : 0;
+    session_put(s);
+    return epoch;
 }
 
 bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
@@ -360,13 +409,14 @@ bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
     uint64_t epoch = atomic_load(&l->conn.epoch), now = kvd_now_ns();
     /* half the TTL: the daemon started it after we asked, on a clock that
      * runs at the rate of ours; the margin covers any difference. The TTL
-     * is written under rpc at connection time, before `up` is set under
-     * state: read under state it is this connection's. */
+     * is set with the session, under state: read under state it is the
+     * current session's. */
     uint64_t ttl_ns = l->conn.lease_ttl_ms * 1000000ull / 2;
     /* over a Unix socket only: the daemon's close is then seen here at
      * once, while a TCP FIN may still be on its way when the daemon has
      * already dropped the pins (and a remote clock is not ours) */
-    bool ok = l->connect[0] == '\0' && l->conn.up &&
+    lsession_t *s = l->conn.session;
+    bool ok = l->connect[0] == '\0' && s != NULL && s->epoch == epoch &&
               atomic_load(&l->conn.failed_epoch) != epoch;
     for (size_t i = 0; ok && i < n; i++)
         ok = x[i].lease == 0 || (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
@@ -374,9 +424,10 @@ bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
      * ended the connection by now. The socket is polled, not read (an
      * engine thread may be inside a call on it): the daemon ends leases by
      * closing it, which shows as a hang-up whatever is unread. The socket
-     * cannot close meanwhile: that takes state. */
+     * cannot close meanwhile: the session is current, and ending that
+     * takes state. */
     if (ok) {
-        struct pollfd p = {.fd = kvd_client_fd(l->conn.client), .events = POLLRDHUP};
+        struct pollfd p = {.fd = kvd_client_fd(s->client), .events = POLLRDHUP};
         ok = poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
     }
     lk_unlock(&l->conn.state);
@@ -400,7 +451,7 @@ void lk_conn_fail(kvd_linker_t *l, uint64_t epoch)
 int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t *pool_id)
 {
     int rc = KVD_ERR_CLOSED;
-    lk_lock(&l->conn.rpc); /* no Hello in between: every later one lists it */
+    lk_lock(&l->conn.connect); /* no Hello in between: every later one lists it */
     lk_lock(&l->lock);
     if (epoch == atomic_load(&l->conn.epoch)) {
         if (l->n_pools == KVD_MAX_POOLS) {
@@ -414,6 +465,6 @@ int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t
         }
     }
     lk_unlock(&l->lock);
-    lk_unlock(&l->conn.rpc);
+    lk_unlock(&l->conn.connect);
     return rc;
 }

@@ -26,7 +26,7 @@
  *
  * Locks, in the only order they may be taken (a thread holding one takes
  * only locks further down; debug builds assert it, lock.c):
- *   1. conn.rpc    one RPC at a time on the connection, and (re)connecting
+ *   1. conn.connect  (re)connecting: Hello, and listing a new pool
  *   2. dp->mutex   one call on a data path's transport: its thread's
  *                  connect, post, poll, disconnect, and pool registration
  *                  adding regions. Never two at once, never across a wait.
@@ -37,9 +37,12 @@
  * it holds a lock: the waits that poll (the load thread for a start,
  * kvd_wait_layer for its layer, a data path for its batch) take a lock
  * for one look at a time.
- * A reconnection takes rpc and, for a moment, state; the transfer threads
- * never hold either while they copy, so it cannot be starved by them, and
- * they pick the new peer up at their next step.
+ * RPCs hold no linker lock: any number run at once on the connection's
+ * session (conn.c), so a load's Release never queues behind an engine's
+ * call. A reconnection takes connect and, for a moment, state; the
+ * transfer threads never hold either while they copy, so it cannot be
+ * starved by them, and they pick the new peer up at their next step; a
+ * call bound to the old connection fails at once instead of waiting.
  */
 #ifndef KVD_LINKER_INT_H
 #define KVD_LINKER_INT_H
@@ -55,7 +58,7 @@
 
 /* ------------------------------------------------------------ locks */
 
-enum lk_rank { LK_RANK_RPC = 1, LK_RANK_DP = 2, LK_RANK_STATE = 3, LK_RANK_LOCK = 4 };
+enum lk_rank { LK_RANK_CONNECT = 1, LK_RANK_DP = 2, LK_RANK_STATE = 3, LK_RANK_LOCK = 4 };
 
 typedef struct lk_mutex {
     pthread_mutex_t m;
@@ -110,16 +113,23 @@ typedef struct lpeer {
     uint8_t *ucx_bytes; /* ucx: the address and the rkey, copied */
 } lpeer_t;
 
+/* One connection: its client, shared by every call on it, each holding a
+ * reference; the last closes it. */
+typedef struct lsession {
+    _Atomic int refs;
+    kvd_client_t *client;
+    uint64_t epoch;
+} lsession_t;
+
 typedef struct lconn {
-    lk_mutex_t rpc;
-    kvd_client_t *client;  /* under rpc; replaced under rpc and state */
-    uint64_t lease_ttl_ms; /* the connected daemon's (written under rpc and state) */
+    lk_mutex_t connect;
+    uint64_t lease_ttl_ms; /* the connected daemon's (written under connect and state) */
     lk_mutex_t state;
     /* bumped at every (re)connection, under state with the peer: a lease
      * or an offset belongs to one epoch */
     _Atomic uint64_t epoch;
-    bool up;       /* a connection is open (client != NULL), under state */
-    lpeer_t *peer; /* the current connection's, under state; NULL none */
+    lsession_t *session; /* the current connection, under state; NULL none */
+    lpeer_t *peer;       /* its peer, under state; NULL none */
     /* a data path failed on this epoch: the next call reconnects */
     _Atomic uint64_t failed_epoch;
     pthread_t pop_thread; /* populates a new mapping; pop_* under lock */

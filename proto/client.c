@@ -1,15 +1,27 @@
 /*
  * client.c - a blocking RPC client over a Unix or TCP stream socket.
  *
- * One call at a time: kvd_client_call() writes a request frame and reads
- * frames until the reply with the same id arrives, all bounded by one
- * deadline. Ids grow by one per call. A call that timed out leaves its
- * request behind: the rest of a half-written frame is sent before the next
- * request (the daemon must see whole frames), and its late reply, which has
- * a smaller id than the call now waiting, is read and dropped. An error reply
- * with id 0 is the daemon refusing the connection or a frame and ends the
- * call; any other id (a larger one, or 0 without an error) is a protocol
- * error. Owned by one thread.
+ * A call writes its request frames and waits until the replies with the
+ * same ids arrive, all bounded by one deadline. Ids grow by one per
+ * request. Several threads may call at once: each registers its ids
+ * before it sends (under `mu`), frames go out whole one call after the
+ * other (`send_mu`), and one waiting thread at a time reads the socket
+ * (the reader) and hands each reply to the call that asked, waking it; a
+ * reader whose deadline passes hands the socket to the next waiter. So a
+ * short call never waits for another caller to be scheduled, only for the
+ * daemon's replies to what was sent before it.
+ *
+ * A call that timed out leaves its request behind: the rest of a
+ * half-written frame is sent before the next request (the daemon must see
+ * whole frames), and its late reply, whose id no call waits for, is read
+ * and dropped. An error reply with id 0 is the daemon refusing the
+ * connection or a frame: it ends every call waiting.
+ * Any other unexpected id (one never sent, or 0 without an error) is a
+ * protocol error that fails the connection.
+ *
+ * Lock order: send_mu, then mu. Neither is held while a thread waits for
+ * the socket to become readable; send_mu is held while a call's frames are
+ * written (bounded by its deadline).
  */
 #include "kvd_proto.h"
 
@@ -19,6 +31,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,13 +39,29 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* One call waiting for its replies: ids [first, first + n). */
+typedef struct waiter {
+    uint64_t first;
+    size_t n, got;
+    kvd_msg_t *reps;
+    bool done;
+    struct waiter *next;
+} waiter_t;
+
 struct kvd_client {
     int fd;
-    int received_fd; /* from SCM_RIGHTS, until taken */
+    pthread_mutex_t send_mu; /* out, out_sent: one call's frames at a time */
+    kvd_buf_t out;           /* frames to send */
+    size_t out_sent;         /* bytes of out already sent */
+    pthread_mutex_t mu;      /* what follows */
+    pthread_cond_t cv;       /* a reply was handed over, or the reader left */
     uint64_t next_id;
+    waiter_t *waiters;
+    bool reading; /* a thread is the reader: it alone touches framer and
+                   * received_fd */
+    int dead;     /* the connection's failure; KVD_OK while it works */
     kvd_framer_t framer;
-    kvd_buf_t out;   /* frames to send */
-    size_t out_sent; /* bytes of out already sent */
+    int received_fd; /* from SCM_RIGHTS, until taken */
 };
 
 static int client_new(int fd, kvd_client_t **out)
@@ -45,6 +74,13 @@ static int client_new(int fd, kvd_client_t **out)
     c->fd = fd;
     c->received_fd = -1;
     c->next_id = 1;
+    pthread_mutex_init(&c->send_mu, NULL);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* deadlines are kvd_now_ns */
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
     /* a reply may be as large as the biggest frame a daemon may send */
     kvd_framer_init(&c->framer, KVD_FRAME_LIMIT_MAX, KVD_MEM_OTHER);
     kvd_buf_init(&c->out, KVD_MEM_OTHER);
@@ -189,6 +225,9 @@ void kvd_client_close(kvd_client_t *c)
         close(c->received_fd);
     kvd_framer_free(&c->framer);
     kvd_buf_free(&c->out);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->send_mu);
     free(c);
 }
 
@@ -259,17 +298,10 @@ int kvd_client_take_fd(kvd_client_t *c)
     return fd;
 }
 
-/* Whether m is the late reply to a call abandoned before the one waiting
- * for id: those got smaller ids. Id 0 is not: it is the daemon's. */
-static bool is_stale_reply(const kvd_msg_t *m, uint64_t id)
-{
-    return m->reply && m->id != 0 && m->id < id;
-}
-
-/* Reads frames until one that is not a stale reply (see is_stale_reply)
- * arrives; decodes it into rep. KVD_OK, KVD_ERR_PROTOCOL for a frame that
- * does not decode, KVD_ERR_TIMEOUT, KVD_ERR_CLOSED. */
-static int read_reply(kvd_client_t *c, uint64_t id, kvd_msg_t *rep, uint64_t deadline)
+/* Reads frames until one decodes into m (the reader's). KVD_OK,
+ * KVD_ERR_PROTOCOL for a frame that does not decode, KVD_ERR_TIMEOUT,
+ * KVD_ERR_CLOSED. */
+static int read_frame(kvd_client_t *c, kvd_msg_t *m, uint64_t deadline)
 {
     /* a reply to a request just sent is not there yet: wait first rather
      * than pay a recv() that would say EAGAIN */
@@ -287,15 +319,12 @@ static int read_reply(kvd_client_t *c, uint64_t id, kvd_msg_t *rep, uint64_t dea
         if (got < 0)
             return KVD_ERR_PROTOCOL;
         if (got == 1) {
-            int rc = kvd_msg_decode(payload, len, rep);
+            int rc = kvd_msg_decode(payload, len, m);
             if (rc != KVD_OK) {
-                kvd_msg_clear(rep);
+                kvd_msg_clear(m);
                 return KVD_ERR_PROTOCOL;
             }
-            if (!is_stale_reply(rep, id))
-                return KVD_OK;
-            kvd_msg_clear(rep);
-            continue;
+            return KVD_OK;
         }
         uint8_t *space;
         size_t avail;
@@ -319,6 +348,105 @@ static int read_reply(kvd_client_t *c, uint64_t id, kvd_msg_t *rep, uint64_t dea
     }
 }
 
+/* The daemon refused the connection or a frame (an error reply with id
+ * 0): the first request still without a reply gets it, every other one
+ * its status, and every waiting call ends (a daemon that ends the
+ * connection too closes it, which the next call sees). */
+static void hand_refusal(kvd_client_t *c, kvd_msg_t *m)
+{
+    bool placed = false;
+    for (waiter_t *w = c->waiters; w; w = w->next) {
+        for (size_t k = 0; k < w->n; k++) {
+            if (w->reps[k].reply)
+                continue;
+            if (!placed)
+                w->reps[k] = *m;
+            else
+                w->reps[k].status = m->status;
+            placed = true;
+        }
+        w->done = true;
+    }
+    if (!placed)
+        kvd_msg_clear(m);
+}
+
+/* Hands m to the call whose id it carries. Caller holds mu. KVD_OK, or
+ * KVD_ERR_PROTOCOL for an id nobody asked for (m is cleared then). */
+static int hand_over(kvd_client_t *c, kvd_msg_t *m)
+{
+    if (m->id == 0 && m->status < 0) {
+        hand_refusal(c, m);
+        return KVD_OK;
+    }
+    for (waiter_t *w = c->waiters; m->reply && w; w = w->next) {
+        if (m->id < w->first || m->id - w->first >= w->n)
+            continue;
+        kvd_msg_t *slot = &w->reps[m->id - w->first];
+        if (slot->reply)
+            break; /* a second reply to one request */
+        *slot = *m;
+        w->done = ++w->got == w->n;
+        return KVD_OK;
+    }
+    bool late = m->reply && m->id != 0 && m->id < c->next_id;
+    kvd_msg_clear(m);
+    /* the late reply to a call that gave up: dropped */
+    return late ? KVD_OK : KVD_ERR_PROTOCOL;
+}
+
+static struct timespec monotonic_ts(uint64_t ns)
+{
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000ull),
+                             .tv_nsec = (long)(ns % 1000000000ull)};
+}
+
+/* Waits until w's replies are in: as the reader when nobody reads, else
+ * asleep until the reader hands something over. */
+static int wait_replies(kvd_client_t *c, waiter_t *w, uint64_t deadline)
+{
+    int rc = KVD_OK;
+    pthread_mutex_lock(&c->mu);
+    while (!w->done) {
+        if (c->dead != KVD_OK) {
+            rc = c->dead;
+            break;
+        }
+        if (!c->reading) {
+            c->reading = true;
+            pthread_mutex_unlock(&c->mu);
+            kvd_msg_t m;
+            int got = read_frame(c, &m, deadline);
+            pthread_mutex_lock(&c->mu);
+            c->reading = false;
+            if (got == KVD_OK)
+                got = hand_over(c, &m);
+            pthread_cond_broadcast(&c->cv); /* a reply, or the socket is free */
+            if (got == KVD_ERR_TIMEOUT) {
+                rc = got; /* this call's deadline; the connection is fine */
+                break;
+            }
+            if (got != KVD_OK)
+                c->dead = got;
+            continue;
+        }
+        struct timespec ts = monotonic_ts(deadline);
+        if (pthread_cond_timedwait(&c->cv, &c->mu, &ts) == ETIMEDOUT && !w->done) {
+            rc = KVD_ERR_TIMEOUT;
+            break;
+        }
+    }
+    if (w->done)
+        rc = KVD_OK;
+    for (waiter_t **pp = &c->waiters; *pp; pp = &(*pp)->next)
+        if (*pp == w) {
+            *pp = w->next;
+            break;
+        }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
 int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
                          int timeout_ms)
 {
@@ -327,55 +455,38 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
         memset(&reps[i], 0, sizeof(reps[i])); /* kvd_msg_clear is safe whatever happens */
     if (n == 0)
         return KVD_OK;
+    waiter_t w = {.n = n, .reps = reps};
+    pthread_mutex_lock(&c->send_mu);
     /* what is left of a request abandoned mid-write goes out first */
     kvd_buf_consume(&c->out, c->out_sent);
     c->out_sent = 0;
     size_t before = c->out.len;
-    uint64_t first = c->next_id;
-    int rc = KVD_OK;
+    pthread_mutex_lock(&c->mu);
+    int rc = c->dead;
+    w.first = c->next_id;
     for (size_t i = 0; i < n && rc == KVD_OK; i++) {
         reqs[i].id = c->next_id++;
         reqs[i].reply = false;
         rc = kvd_msg_pack(&reqs[i], KVD_FRAME_LIMIT_MAX, &c->out);
     }
+    if (rc == KVD_OK) { /* listed before a byte goes: its replies find it */
+        w.next = c->waiters;
+        c->waiters = &w;
+    }
+    pthread_mutex_unlock(&c->mu);
     if (rc != KVD_OK) {
         c->out.len = before; /* none of them goes out later either */
+        pthread_mutex_unlock(&c->send_mu);
         return rc;
     }
     rc = flush_out(c, deadline);
+    pthread_mutex_unlock(&c->send_mu);
     /* a daemon that refused the connection (too many clients) closed it after
      * its error reply: read that reply rather than report the broken pipe */
-    if (rc != KVD_OK && rc != KVD_ERR_CLOSED)
-        return rc;
-    /* each reply goes where its id says (replies may come in any order) */
-    for (size_t got = 0; got < n;) {
-        kvd_msg_t m;
-        rc = read_reply(c, first, &m, deadline);
-        if (rc != KVD_OK)
-            break;
-        if (m.id == 0 && m.status < 0) {
-            /* the daemon refusing the connection: the first request without
-             * a reply gets it, the others its status; nothing more comes */
-            bool placed = false;
-            for (size_t k = 0; k < n; k++) {
-                if (reps[k].reply)
-                    continue;
-                if (!placed)
-                    reps[k] = m;
-                else
-                    reps[k].status = m.status;
-                placed = true;
-            }
-            break;
-        }
-        if (!m.reply || m.id < first || m.id - first >= n || reps[m.id - first].reply) {
-            kvd_msg_clear(&m);
-            rc = KVD_ERR_PROTOCOL;
-            break;
-        }
-        reps[m.id - first] = m;
-        got++;
-    }
+    if (rc == KVD_OK || rc == KVD_ERR_CLOSED)
+        rc = wait_replies(c, &w, deadline);
+    else
+        wait_replies(c, &w, kvd_now_ns()); /* takes w off the list */
     if (rc != KVD_OK)
         for (size_t i = 0; i < n; i++)
             kvd_msg_clear(&reps[i]);
@@ -387,9 +498,15 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout
     return kvd_client_call_many(c, req, rep, 1, timeout_ms);
 }
 
-bool kvd_client_quiet(const kvd_client_t *c)
+bool kvd_client_quiet(kvd_client_t *c)
 {
-    if (kvd_framer_pending(&c->framer) != 0 || c->out_sent < c->out.len)
+    pthread_mutex_lock(&c->send_mu);
+    pthread_mutex_lock(&c->mu);
+    bool quiet = c->dead == KVD_OK && c->waiters == NULL && !c->reading &&
+                 kvd_framer_pending(&c->framer) == 0 && c->out_sent == c->out.len;
+    pthread_mutex_unlock(&c->mu);
+    pthread_mutex_unlock(&c->send_mu);
+    if (!quiet)
         return false;
     struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
     return poll(&p, 1, 0) == 0;

@@ -658,8 +658,13 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
 /* --------------------------------------------------------------- client */
 
 /*
- * A blocking RPC client: one connection, one call at a time. Used by the
- * CLI, the linker, tests and benchmarks. Owned by one thread.
+ * A blocking RPC client on one connection. Used by the CLI, the linker,
+ * tests and benchmarks. Calls may come from several threads at once: their
+ * requests go out whole one call after the other and each call's replies
+ * reach it whichever thread reads them, so a call waits for the daemon's
+ * replies to what was sent before it, never for another caller's thread.
+ * Connect, close and kvd_client_take_fd belong to one thread with no call
+ * in flight.
  */
 typedef struct kvd_client kvd_client_t;
 
@@ -696,12 +701,13 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
                          int timeout_ms);
 
 /*
- * Whether the connection is open with nothing unread and nothing half
- * sent: the peer has not closed it and no frame waits. A daemon sends only
- * replies (and the error that refuses or ends a connection), so between
- * calls a quiet connection is one the daemon has not ended.
+ * Whether the connection is open with no call in flight, nothing unread
+ * and nothing half sent: the peer has not closed it and no frame waits. A
+ * daemon sends only replies (and the error that refuses or ends a
+ * connection), so between calls a quiet connection is one the daemon has
+ * not ended.
  */
-bool kvd_client_quiet(const kvd_client_t *c);
+bool kvd_client_quiet(kvd_client_t *c);
 
 /* Connects to the daemon at a Unix socket, asks Health once and
  * disconnects: the daemon's state (kvd_health_state_t, >= 0) or a negative

@@ -10,6 +10,10 @@
  * put each reply where its id says, whatever order they come in; a refusal
  * fails the requests after it too. kvd_client_quiet says false once a
  * frame waits unread, and once the peer has closed.
+ * Calls from several threads share one client: a call whose reply comes
+ * first returns while an earlier call from another thread still waits for
+ * its own (held back by the server until then), each gets its own reply,
+ * and 8 threads x 200 calls answered in scrambled order all match.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -478,6 +482,140 @@ static void test_call_many_refused(void **state)
     kvd_client_close(c);
 }
 
+/* ------------------------------------------------- calls from threads */
+
+/* Set when the server got request 1, and by the test when request 2's
+ * caller has its reply (then request 1 is answered). */
+static _Atomic int got_first, second_done;
+
+static void wait_flag(_Atomic int *flag)
+{
+    for (int i = 0; i < 10000 && atomic_load(flag) == 0; i++)
+        sleep_ms(1);
+}
+
+/* Request 1 is answered only after request 2's caller returned. */
+static void held_back_script(fake_server_t *s, int fd)
+{
+    kvd_msg_t m;
+    if (!expect_request(s, fd, 1, KVD_METHOD_HEALTH, &m))
+        return;
+    atomic_store(&got_first, 1);
+    if (!expect_request(s, fd, 2, KVD_METHOD_HEALTH, &m) || !send_health(s, fd, 2, 222))
+        return;
+    wait_flag(&second_done);
+    if (atomic_load(&second_done) == 0)
+        server_fail(s, "the second call never returned while the first waited");
+    send_health(s, fd, 1, 111);
+}
+
+typedef struct caller {
+    kvd_client_t *c;
+    int rc;
+    kvd_msg_t rep;
+    _Atomic int done;
+} caller_t;
+
+static void *call_main(void *arg)
+{
+    caller_t *k = arg;
+    k->rc = call_health(k->c, &k->rep, PATIENT_MS);
+    atomic_store(&k->done, 1);
+    return NULL;
+}
+
+static void test_threads_do_not_wait_for_each_other(void **state)
+{
+    fake_server_t *s = *state;
+    atomic_store(&got_first, 0);
+    atomic_store(&second_done, 0);
+    server_start(s, held_back_script);
+    kvd_client_t *c = connect_client(s);
+    caller_t first = {.c = c};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, call_main, &first), 0);
+    wait_flag(&got_first);
+    assert_int_equal(atomic_load(&got_first), 1);
+
+    kvd_msg_t rep;
+    assert_int_equal(call_health(c, &rep, PATIENT_MS), KVD_OK);
+    assert_true(rep.id == 2);
+    assert_true(rep.body.health_rep.uptime_ms == 222);
+    kvd_msg_clear(&rep);
+    assert_int_equal(atomic_load(&first.done), 0); /* still waiting for its own */
+    atomic_store(&second_done, 1);
+
+    pthread_join(t, NULL);
+    assert_int_equal(first.rc, KVD_OK);
+    assert_true(first.rep.id == 1);
+    assert_true(first.rep.body.health_rep.uptime_ms == 111);
+    kvd_msg_clear(&first.rep);
+    kvd_client_close(c);
+    server_finish(s);
+}
+
+#define MANY_THREADS 8
+#define MANY_CALLS   200
+
+/* Answers every request, a few at a time in reverse order; each reply's
+ * uptime is its request's id times 3. */
+static void scrambled_script(fake_server_t *s, int fd)
+{
+    kvd_msg_t m;
+    uint64_t ids[4];
+    for (int done = 0; done < MANY_THREADS * MANY_CALLS;) {
+        int k = 0;
+        /* as many as are there, up to 4 (one at least) */
+        do {
+            if (!server_recv(fd, &m)) {
+                server_fail(s, "a request did not arrive whole");
+                return;
+            }
+            ids[k++] = m.id;
+            kvd_msg_clear(&m);
+        } while (k < 4 && done + k < MANY_THREADS * MANY_CALLS &&
+                 recv(fd, &(uint8_t){0}, 1, MSG_PEEK | MSG_DONTWAIT) == 1);
+        for (int i = k - 1; i >= 0; i--)
+            if (!send_health(s, fd, ids[i], ids[i] * 3))
+                return;
+        done += k;
+    }
+}
+
+static void *many_main(void *arg)
+{
+    caller_t *k = arg;
+    for (int i = 0; i < MANY_CALLS && k->rc == KVD_OK; i++) {
+        kvd_msg_t req, rep;
+        kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
+        k->rc = kvd_client_call(k->c, &req, &rep, PATIENT_MS);
+        if (k->rc == KVD_OK &&
+            (rep.id != req.id || rep.body.health_rep.uptime_ms != req.id * 3))
+            k->rc = KVD_ERR_PROTOCOL; /* someone else's reply */
+        kvd_msg_clear(&rep);
+    }
+    return NULL;
+}
+
+static void test_many_threads_get_their_own_replies(void **state)
+{
+    fake_server_t *s = *state;
+    server_start(s, scrambled_script);
+    kvd_client_t *c = connect_client(s);
+    caller_t k[MANY_THREADS];
+    pthread_t t[MANY_THREADS];
+    for (int i = 0; i < MANY_THREADS; i++) {
+        k[i] = (caller_t){.c = c};
+        assert_int_equal(pthread_create(&t[i], NULL, many_main, &k[i]), 0);
+    }
+    for (int i = 0; i < MANY_THREADS; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(k[i].rc, KVD_OK);
+    }
+    kvd_client_close(c);
+    server_finish(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -493,6 +631,10 @@ int main(void)
                                         teardown_server),
         cmocka_unit_test_setup_teardown(test_quiet_sees_close, setup_server,
                                         teardown_server),
+        cmocka_unit_test_setup_teardown(test_threads_do_not_wait_for_each_other,
+                                        setup_server, teardown_server),
+        cmocka_unit_test_setup_teardown(test_many_threads_get_their_own_replies,
+                                        setup_server, teardown_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
