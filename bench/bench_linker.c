@@ -1,6 +1,6 @@
 /*
  * bench_linker.c - mode `linker` of kvdock-bench: offload and load through
- * libkvdock's whole path (RPC + copies on its transfer thread) for three
+ * libkvdock's whole path (RPC + copies on its load and offload threads) for three
  * model layouts, against a kvdockd started here, with host memory standing
  * in for device memory. The reference in the same run is a single-core
  * memcpy of the same bytes from the device buffers, measured in every run

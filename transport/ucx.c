@@ -20,9 +20,12 @@
  *   READ:  AM_GET carries no bytes; the peer answers AM_DATA with the
  *          ranges' bytes, which land in the local ranges.
  * A message is done at its answer, so a WRITE batch reported done is in
- * the peer's memory (no flush needed). Messages waiting for an answer are
- * listed on the worker by token; an answer for a token no longer listed
- * (a destroyed transport) is dropped.
+ * the peer's memory (no flush needed). The ranges of a WRITE batch that
+ * follow each other in the peer's region go as one message: they are
+ * gathered through a staging chunk of the transport's (over TCP, 72 KiB
+ * messages moved 1.2-1.3 GB/s here and 4 MiB ones 2.9-3.0). Messages waiting for an
+ * answer are listed on the worker by token; an answer for a token no longer listed (a
+ * destroyed transport) is dropped.
  */
 #include "transport_int.h"
 
@@ -610,8 +613,8 @@ int kvd_ucx_create(const char *name, bool wakeup, kvd_ucx_t **out)
         ucp_config_release(cfg);
     }
     if (st == UCS_OK) {
-        /* the caller serialises: the linker's transfer thread and a
-         * reconnecting engine thread never drive it at once */
+        /* serialised by the caller: one thread drives a kvd_ucx_t at a
+         * time (a linker's load and offload threads have one each) */
         ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
                                   .thread_mode = UCS_THREAD_MODE_SERIALIZED};
         st = ucp_worker_create(u->ctx, &wp, &u->worker);
