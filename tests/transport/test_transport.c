@@ -459,7 +459,21 @@ static int fixture_open(fixture_t *f, const char **what)
         return rc;
     *what = "connecting to the peer";
     kvd_peer_t d = g_be->describe(&f->peer);
-    return kvd_transport_connect(f->t, &d);
+    rc = kvd_transport_connect(f->t, &d);
+    if (rc != KVD_OK)
+        return rc;
+    /* one READ, so that the endpoint is wired up both ways before a case
+     * runs (test_connect_then_destroy_without_traffic is the case without
+     * it); its bytes are put back */
+    *what = "a first READ from the peer";
+    uint8_t keep[64];
+    memcpy(keep, f->a, sizeof(keep));
+    const kvd_xfer_t x = {.local = f->ra, .length = sizeof(keep)};
+    rc = kvd_transport_post(f->t, KVD_XFER_READ, &x, 1, UINT64_MAX - 1);
+    if (rc == KVD_OK)
+        rc = kvd_transport_wait(f->t, UINT64_MAX - 1, WAIT_MS, NULL, NULL, 0);
+    memcpy(f->a, keep, sizeof(keep));
+    return rc;
 }
 
 static void fixture_close(fixture_t *f)
@@ -1847,6 +1861,20 @@ static void test_peer_refuses_ranges_it_does_not_serve(void **state)
 
 /* ------------------------------------------------- the cases: destroy */
 
+/* Whether UCX emulates RMA in software here (TCP): the peer's worker then
+ * serves each get and put itself. */
+static bool rma_emulated(void)
+{
+    const char *tls = getenv("UCX_TLS");
+    return g_be->remote && g_be->mode == KVD_UCX_MODE_RMA &&
+           (tls == NULL || strstr(tls, "tcp") != NULL);
+}
+
+#define RMA_EMULATED_WHY                                                             \
+    "UCX 1.13 aborts the serving worker (ucp_request.inl: \"Fatal: unexpected "      \
+    "error: Endpoint timeout\" in ucp_get_req_handler) when it answers an emulated " \
+    "get for a client whose worker is gone"
+
 /* Destroy with batches still outstanding (and regions registered, reports
  * unpolled) returns, bounded; the local memory is the caller's again. */
 static void test_destroy_with_outstanding_batches(void **state)
@@ -1858,6 +1886,11 @@ static void test_destroy_with_outstanding_batches(void **state)
                            .local_offset = 0,
                            .remote_offset = PEER_BYTES - A_BYTES,
                            .length = A_BYTES};
+    if (rma_emulated()) {
+        /* the peer must not be answering when the client goes: */
+        print_message("the peer is stalled first: " RMA_EMULATED_WHY "\n");
+        g_be->peer_pause(&f->peer);
+    }
     for (uint64_t i = 0; i < 4; i++) {
         post_ok(f, KVD_XFER_READ, &rd, 1, 10 + i);
         post_ok(f, KVD_XFER_WRITE, &wr, 1, 20 + i);
@@ -1875,20 +1908,6 @@ static void test_destroy_with_outstanding_batches(void **state)
         if (f->a[i] != 0x5a)
             fail_msg("local byte %zu written after destroy returned", i);
 }
-
-/* Whether UCX emulates RMA in software here (TCP): the peer's worker then
- * serves each get and put itself. */
-static bool rma_emulated(void)
-{
-    const char *tls = getenv("UCX_TLS");
-    return g_be->remote && g_be->mode == KVD_UCX_MODE_RMA &&
-           (tls == NULL || strstr(tls, "tcp") != NULL);
-}
-
-#define RMA_EMULATED_WHY                                                             \
-    "UCX 1.13 aborts the serving worker (ucp_request.inl: \"Fatal: unexpected "      \
-    "error: Endpoint timeout\" in ucp_get_req_handler) when it answers an emulated " \
-    "get for a client whose worker is gone"
 
 /* The peer stalls with a READ outstanding; the caller gives up and
  * destroys the transport (bounded), then reuses the buffer; when the peer
@@ -1962,6 +1981,86 @@ static void test_peer_survives_client_gone(void **state)
     run_and_check(f, KVD_XFER_WRITE, &y, 1, 4);
     fill(f->peer.bytes + 500000, 100000, 44);
     run_and_check(f, KVD_XFER_READ, &y, 1, 5);
+}
+
+/* A transport connected and destroyed (or disconnected) before any batch
+ * moved, many times, after driving it 0-19 ms: returns, and the peer keeps
+ * serving. (A linker that connects and exits at once; the endpoint may
+ * still be wiring up.) */
+static void test_connect_then_destroy_without_traffic(void **state)
+{
+    fixture_t *f = *state;
+    kvd_peer_t d = g_be->describe(&f->peer);
+    for (int i = 0; i < 20; i++) {
+        kvd_transport_t *t = NULL;
+        kvd_region_t *r = NULL;
+        assert_int_equal(g_be->open(&t), KVD_OK);
+        assert_int_equal(kvd_transport_register(t, f->a, 4096, kvd_memkind_host(), &r),
+                         KVD_OK);
+        uint64_t t0 = kvd_now_ns();
+        assert_int_equal(kvd_transport_connect(t, &d), KVD_OK);
+        /* drive it 0-19 ms first: the endpoint's wireup is then at
+         * different steps */
+        uint64_t until = kvd_now_ns() + (uint64_t)i * 1000000ull;
+        while (kvd_now_ns() < until)
+            kvd_transport_progress(t);
+        if (i % 2)
+            kvd_transport_disconnect(t);
+        kvd_transport_destroy(t);
+        assert_true(ms_since(t0) < HANG_MS);
+    }
+    usleep(100000); /* the peer handles what the endpoints left */
+    const kvd_xfer_t x = {
+        .local = f->ra, .local_offset = 0, .remote_offset = 1000, .length = 5000};
+    run_and_check(f, KVD_XFER_WRITE, &x, 1, 1);
+    run_and_check(f, KVD_XFER_READ, &x, 1, 2);
+}
+
+/* Connecting to a peer that went away: connect says KVD_ERR_UNAVAILABLE,
+ * or it succeeds and the first batch fails, bounded, never with KVD_OK;
+ * then disconnect returns and the transport connects to a live peer. */
+static void test_connect_to_gone_peer(void **state)
+{
+    fixture_t *f = *state;
+    SKIP_UNLESS(g_be->remote, "the peer's region is mapped here: it cannot go away");
+    peer_t p = {.stop_fd = -1};
+    assert_int_equal(g_be->peer_start(&p, PEER2_BYTES, PEER2_BYTES, 5), KVD_OK);
+    kvd_peer_t d = g_be->describe(&p);
+    /* connect copies the description: keep copies past the peer's end */
+    uint8_t *addr = dup_bytes(d.ucx.address, d.ucx.address_len);
+    uint8_t *rkey = dup_bytes(d.ucx.rkey, d.ucx.rkey_len);
+    d.ucx.address = addr;
+    d.ucx.rkey = rkey;
+    g_be->peer_kill(&p);
+    uint64_t t0 = kvd_now_ns();
+    int rc = kvd_transport_connect(f->t, &d);
+    print_message("connect to a peer that went away: %s after %llu ms\n",
+                  kvd_status_str(rc), (unsigned long long)ms_since(t0));
+    assert_true(ms_since(t0) < HANG_MS);
+    if (rc == KVD_OK) {
+        const kvd_xfer_t x = {
+            .local = f->ra, .local_offset = 0, .remote_offset = 0, .length = 4096};
+        t0 = kvd_now_ns();
+        rc = kvd_transport_post(f->t, KVD_XFER_READ, &x, 1, 1);
+        if (rc == KVD_OK)
+            rc = wait_keep(f, 1, PEER_GONE_WAIT_MS);
+        print_message("the first READ from it: %s after %llu ms\n", kvd_status_str(rc),
+                      (unsigned long long)ms_since(t0));
+        assert_int_not_equal(rc, KVD_OK);
+    } else {
+        assert_int_equal(rc, KVD_ERR_UNAVAILABLE);
+    }
+    t0 = kvd_now_ns();
+    kvd_transport_disconnect(f->t);
+    assert_true(ms_since(t0) < HANG_MS);
+    g_be->peer_free(&p);
+    free(addr);
+    free(rkey);
+    kvd_peer_t live = g_be->describe(&f->peer);
+    assert_int_equal(kvd_transport_connect(f->t, &live), KVD_OK);
+    const kvd_xfer_t y = {
+        .local = f->rb, .local_offset = 0, .remote_offset = 0, .length = B_BYTES};
+    run_and_check(f, KVD_XFER_READ, &y, 1, 2);
 }
 
 /* ------------------------------------------- the cases: the ucx serving side */
@@ -2074,12 +2173,17 @@ int main(int argc, char **argv)
         CASE(test_destroy_with_outstanding_batches),
         CASE(test_destroy_while_peer_stalled),
         CASE(test_ucx_serving_side_arguments),
+        CASE(test_connect_to_gone_peer),
         /* last: where the serving side breaks, it may take the program down */
         CASE(test_peer_survives_client_gone),
+        CASE(test_connect_then_destroy_without_traffic),
     };
-    /* KVD_TEST_FILTER: run only the cases matching it (cmocka's pattern) */
+    /* KVD_TEST_FILTER: run only the cases matching it; KVD_TEST_SKIP: not
+     * those matching it (cmocka's patterns) */
     if (getenv("KVD_TEST_FILTER") != NULL)
         cmocka_set_test_filter(getenv("KVD_TEST_FILTER"));
+    if (getenv("KVD_TEST_SKIP") != NULL)
+        cmocka_set_skip_filter(getenv("KVD_TEST_SKIP"));
     char group[64];
     snprintf(group, sizeof(group), "transport contract: %s", g_be->label);
     return cmocka_run_group_tests_name(group, tests, NULL, NULL);
