@@ -127,8 +127,8 @@ int kvd_pool_fd(const kvd_pool_t *p);
  * lookups. It does bookkeeping only: it never touches the pool's bytes, so
  * it can be driven in-process by tests and benchmarks at any pool size.
  *
- * Threading: none inside: callers serialise every call (the daemon: one
- * lock, held by its loop for a request, by its metrics thread for stats).
+ * Threading: none inside: callers serialise every call (the daemon calls
+ * it from its event loop only; its metrics endpoint reads snapshots).
  *
  * Ownership of holds: every reservation and pin belongs to a lease; a lease
  * belongs to an owner (the daemon uses the connection id). Ending a lease
