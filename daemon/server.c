@@ -1,8 +1,9 @@
 /*
  * server.c - kvdockd's event loop: listeners, connections, RPC dispatch
  * (Hello, Health and Stats here, the store's methods in rpc_store.c),
- * signals, the UCX server process (ucxd.h) it starts and restarts, and the
- * periodic tick (pool readiness, usage line, drain deadline).
+ * signals, the UCX server process (ucxd.h) it starts and restarts, the
+ * metrics endpoint's snapshots (metrics.h) and the periodic tick (pool
+ * readiness, usage line, a fresh snapshot, drain deadline).
  *
  * One thread runs the loop (level-triggered epoll). Each connection owns a
  * framer for its input and a buffer for its output; requests are served in
