@@ -23,7 +23,6 @@
 #include "linker_int.h"
 
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -426,10 +425,7 @@ bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
      * closing it, which shows as a hang-up whatever is unread. The socket
      * cannot close meanwhile: the session is current, and ending that
      * takes state. */
-    if (ok) {
-        struct pollfd p = {.fd = kvd_client_fd(s->client), .events = POLLRDHUP};
-        ok = poll(&p, 1, 0) == 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0;
-    }
+    ok = ok && !kvd_client_ended(s->client);
     lk_unlock(&l->conn.state);
     return ok;
 }

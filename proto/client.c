@@ -498,18 +498,10 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout
     return kvd_client_call_many(c, req, rep, 1, timeout_ms);
 }
 
-bool kvd_client_quiet(kvd_client_t *c)
+bool kvd_client_ended(const kvd_client_t *c)
 {
-    pthread_mutex_lock(&c->send_mu);
-    pthread_mutex_lock(&c->mu);
-    bool quiet = c->dead == KVD_OK && c->waiters == NULL && !c->reading &&
-                 kvd_framer_pending(&c->framer) == 0 && c->out_sent == c->out.len;
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->send_mu);
-    if (!quiet)
-        return false;
-    struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
-    return poll(&p, 1, 0) == 0;
+    struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) != 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 int kvd_client_health_once(const char *path, int connect_ms, int call_ms)

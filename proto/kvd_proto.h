@@ -701,13 +701,13 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
                          int timeout_ms);
 
 /*
- * Whether the connection is open with no call in flight, nothing unread
- * and nothing half sent: the peer has not closed it and no frame waits. A
- * daemon sends only replies (and the error that refuses or ends a
- * connection), so between calls a quiet connection is one the daemon has
- * not ended.
+ * Whether the daemon has ended the connection: its socket shows a hang-up
+ * (whatever is still unread). Reads nothing, so it may be called while
+ * other threads call on c. A daemon ends leases by ending the connection
+ * (or by their TTL), so a connection not ended is one whose leases the
+ * daemon has not dropped for that reason.
  */
-bool kvd_client_quiet(kvd_client_t *c);
+bool kvd_client_ended(const kvd_client_t *c);
 
 /* Connects to the daemon at a Unix socket, asks Health once and
  * disconnects: the daemon's state (kvd_health_state_t, >= 0) or a negative

@@ -8,8 +8,8 @@
  * with an id the client never sent is a protocol error. Pipelined calls
  * (kvd_client_call_many) send every request before reading a reply and
  * put each reply where its id says, whatever order they come in; a refusal
- * fails the requests after it too. kvd_client_quiet says false once a
- * frame waits unread, and once the peer has closed.
+ * fails the requests after it too. kvd_client_ended says true once the
+ * peer has closed, and not for a frame that waits unread.
  * Calls from several threads share one client: a call whose reply comes
  * first returns while an earlier call from another thread still waits for
  * its own (held back by the server until then), each gets its own reply,
@@ -395,17 +395,13 @@ static void pipelined_script(fake_server_t *s, int fd)
     for (int i = 0; i < 3; i++)
         if (!send_health(s, fd, order[i], order[i] * 1000))
             return;
-    sleep_ms(SERVER_DELAY_MS); /* the client checks it is quiet meanwhile */
-    send_health(s, fd, 0, 7);
-    sleep_ms(SERVER_DELAY_MS);
 }
 
-static void test_call_many_pipelines_and_quiet(void **state)
+static void test_call_many_pipelines(void **state)
 {
     fake_server_t *s = *state;
     server_start(s, pipelined_script);
     kvd_client_t *c = connect_client(s);
-    assert_true(kvd_client_quiet(c));
     kvd_msg_t req[3], rep[3];
     for (int i = 0; i < 3; i++)
         kvd_msg_request(&req[i], 0, KVD_METHOD_HEALTH);
@@ -417,13 +413,6 @@ static void test_call_many_pipelines_and_quiet(void **state)
         assert_true(rep[i].body.health_rep.uptime_ms == (uint64_t)(i + 1) * 1000);
         kvd_msg_clear(&rep[i]);
     }
-    assert_true(kvd_client_quiet(c)); /* every reply read, the server waits */
-    bool quiet = true;                /* until the frame nobody asked for arrives */
-    for (int waited = 0; quiet && waited < PATIENT_MS; waited += 10) {
-        sleep_ms(10);
-        quiet = kvd_client_quiet(c);
-    }
-    assert_false(quiet);
     server_finish(s);
     kvd_client_close(c);
 }
@@ -436,18 +425,42 @@ static void close_script(fake_server_t *s, int fd)
     sleep_ms(SERVER_DELAY_MS);
 }
 
-static void test_quiet_sees_close(void **state)
+/* A frame waiting unread is not an end; the close is. */
+static void unread_then_close_script(fake_server_t *s, int fd)
+{
+    send_health(s, fd, 0, 7);
+    sleep_ms(SERVER_DELAY_MS);
+}
+
+static void test_ended_sees_close(void **state)
 {
     fake_server_t *s = *state;
     server_start(s, close_script);
     kvd_client_t *c = connect_client(s);
-    assert_true(kvd_client_quiet(c)); /* open, nothing sent yet */
-    bool quiet = true;
-    for (int waited = 0; quiet && waited < PATIENT_MS; waited += 10) {
+    assert_false(kvd_client_ended(c)); /* open, nothing sent yet */
+    bool ended = false;
+    for (int waited = 0; !ended && waited < PATIENT_MS; waited += 10) {
         sleep_ms(10);
-        quiet = kvd_client_quiet(c);
+        ended = kvd_client_ended(c);
     }
-    assert_false(quiet); /* the peer closed: no frame, just the end */
+    assert_true(ended); /* the peer closed: no frame, just the end */
+    server_finish(s);
+    kvd_client_close(c);
+}
+
+static void test_unread_frame_is_no_end(void **state)
+{
+    fake_server_t *s = *state;
+    server_start(s, unread_then_close_script);
+    kvd_client_t *c = connect_client(s);
+    sleep_ms(SERVER_DELAY_MS / 3); /* the frame is there, the close is not */
+    assert_false(kvd_client_ended(c));
+    bool ended = false;
+    for (int waited = 0; !ended && waited < PATIENT_MS; waited += 10) {
+        sleep_ms(10);
+        ended = kvd_client_ended(c);
+    }
+    assert_true(ended); /* unread, and closed after it */
     server_finish(s);
     kvd_client_close(c);
 }
@@ -625,11 +638,13 @@ int main(void)
                                         setup_server, teardown_server),
         cmocka_unit_test_setup_teardown(test_id_zero_error_and_unknown_ids, setup_server,
                                         teardown_server),
-        cmocka_unit_test_setup_teardown(test_call_many_pipelines_and_quiet, setup_server,
+        cmocka_unit_test_setup_teardown(test_call_many_pipelines, setup_server,
                                         teardown_server),
         cmocka_unit_test_setup_teardown(test_call_many_refused, setup_server,
                                         teardown_server),
-        cmocka_unit_test_setup_teardown(test_quiet_sees_close, setup_server,
+        cmocka_unit_test_setup_teardown(test_ended_sees_close, setup_server,
+                                        teardown_server),
+        cmocka_unit_test_setup_teardown(test_unread_frame_is_no_end, setup_server,
                                         teardown_server),
         cmocka_unit_test_setup_teardown(test_threads_do_not_wait_for_each_other,
                                         setup_server, teardown_server),
