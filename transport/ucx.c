@@ -1097,6 +1097,34 @@ static void ucx_disconnect(kvd_transport_t *tt)
     t->failed = UCS_OK;
 }
 
+#define WIREUP_MS 5000
+
+/* Flushes the new endpoint, which completes its wire-up with the peer,
+ * within WIREUP_MS. Connect returns only then: UCX 1.13's serving side
+ * aborts when a client's worker goes away while their endpoints are still
+ * wiring up (seen: a client that connected and was destroyed at once),
+ * and a connected transport is one the peer has fully accepted. */
+static ucs_status_t wire_up(ucx_transport_t *t)
+{
+    ucp_request_param_t prm = {0};
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(t->ep, &prm);
+    if (!UCS_PTR_IS_PTR(sp))
+        return UCS_PTR_STATUS(sp);
+    uint64_t deadline = kvd_now_ns() + WIREUP_MS * 1000000ull;
+    ucs_status_t st;
+    while ((st = ucp_request_check_status(sp)) == UCS_INPROGRESS &&
+           kvd_now_ns() < deadline)
+        ucp_worker_progress(t->u->worker);
+    if (st == UCS_INPROGRESS) {
+        ucp_request_cancel(t->u->worker, sp);
+        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
+            ucp_worker_progress(t->u->worker);
+        st = UCS_ERR_TIMED_OUT;
+    }
+    ucp_request_free(sp);
+    return st;
+}
+
 static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
 {
     ucx_transport_t *t = (ucx_transport_t *)tt;
@@ -1131,6 +1159,12 @@ static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
                  ucs_status_string(st), getenv("UCX_TLS") ? getenv("UCX_TLS") : "unset");
         ucx_disconnect(tt);
         return st == UCS_ERR_NO_MEMORY ? KVD_ERR_NOMEM : KVD_ERR_UNAVAILABLE;
+    }
+    st = wire_up(t);
+    if (st != UCS_OK) {
+        KVD_WARN("ucx", "the peer's endpoint did not wire up: %s", ucs_status_string(st));
+        ucx_disconnect(tt);
+        return KVD_ERR_UNAVAILABLE;
     }
     return KVD_OK;
 }
