@@ -111,30 +111,36 @@ static lsession_t *session_get(kvd_linker_t *l)
     return s;
 }
 
-static void session_put(lsession_t *s)
+/* Drops n references; the last closes the client. */
+static void session_unref(lsession_t *s, int n)
 {
-    if (s == NULL || atomic_fetch_sub(&s->refs, 1) != 1)
+    if (s == NULL || atomic_fetch_sub(&s->refs, n) != n)
         return;
     kvd_client_close(s->client);
     free(s);
+}
+
+static void session_put(lsession_t *s)
+{
+    session_unref(s, 1);
 }
 
 /* Ends s as the current session, if it still is: its pins and
  * reservations are gone with it. Calls still on it fail (the socket is
  * shut down under them); the peer stays current until the next
  * connection replaces it (copies of this epoch in progress land in memory
- * that is still mapped, and fail at their release). */
-static void session_drop(kvd_linker_t *l, lsession_t *s)
+ * that is still mapped, and fail at their release). Drops the caller's
+ * reference too (and the connection's, when s was current). */
+static void session_drop_put(kvd_linker_t *l, lsession_t *s)
 {
     lk_lock(&l->conn.state);
     bool current = l->conn.session == s;
     if (current)
         l->conn.session = NULL;
     lk_unlock(&l->conn.state);
-    if (!current)
-        return;
-    shutdown(kvd_client_fd(s->client), SHUT_RDWR);
-    session_put(s); /* the connection's reference */
+    if (current)
+        shutdown(kvd_client_fd(s->client), SHUT_RDWR);
+    session_unref(s, current ? 2 : 1);
 }
 
 /* ------------------------------------------------------- populating */
@@ -315,8 +321,7 @@ void lk_conn_close(kvd_linker_t *l)
         pthread_join(l->conn.pop_thread, NULL);
     lsession_t *s = session_get(l);
     if (s != NULL)
-        session_drop(l, s);
-    session_put(s);
+        session_drop_put(l, s);
     lk_lock(&l->conn.state);
     lpeer_t *p = l->conn.peer;
     l->conn.peer = NULL;
@@ -343,8 +348,7 @@ static lsession_t *session_for_call(kvd_linker_t *l, uint64_t on_epoch, int *rc)
 {
     lsession_t *s = session_get(l);
     if (s != NULL && atomic_load(&l->conn.failed_epoch) == s->epoch) {
-        session_drop(l, s); /* its pins and offsets are void: start over */
-        session_put(s);
+        session_drop_put(l, s); /* its pins and offsets are void: start over */
         s = NULL;
     }
     if (s == NULL && on_epoch == 0) {
@@ -377,8 +381,9 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
         *epoch = s->epoch;
     rc = kvd_client_call_many(s->client, reqs, reps, n, l->timeout_ms);
     if (rc != KVD_OK)
-        session_drop(l, s); /* closed, timed out or garbled: start over */
-    session_put(s);
+        session_drop_put(l, s); /* closed, timed out or garbled: start over */
+    else
+        session_put(s);
     return rc;
 }
 

@@ -431,10 +431,11 @@ typedef struct sent_answer {
     am_rep_hdr_t hdr; /* UCX 1.13 reads it when it packs, maybe later */
 } sent_answer_t;
 
-/* Drops one reference; the last takes it off the in-flight list. */
-static void answer_unref(sent_answer_t *a)
+/* Drops n references; the last takes it off the in-flight list. */
+static void answer_unref(sent_answer_t *a, int n)
 {
-    if (--a->refs > 0)
+    a->refs -= n;
+    if (a->refs > 0)
         return;
     inflight_del(a->u, &a->link);
     free(a->bytes);
@@ -445,7 +446,7 @@ static void freed_on_send(void *request, ucs_status_t st, void *user_data)
 {
     (void)st;
     ucp_request_free(request);
-    answer_unref(user_data);
+    answer_unref(user_data, 1);
 }
 
 /* Sends an answer; `bytes` (an iov of n ranges, freed once sent) may be
@@ -478,15 +479,15 @@ static void answer(kvd_ucx_t *u, ucp_ep_h ep, unsigned id, uint64_t token, int s
     inflight_add(u, &a->link, ep);
     ucs_status_ptr_t sp =
         ucp_am_send_nbx(ep, id, &a->hdr, sizeof(a->hdr), buf, count, &prm);
-    if (!UCS_PTR_IS_PTR(sp))
-        answer_unref(a); /* done at once, or failed: no callback comes */
-    answer_unref(a);
+    /* done at once, or failed: no callback comes, so both go now */
+    answer_unref(a, UCS_PTR_IS_PTR(sp) ? 1 : 2);
 }
 
-/* Drops one reference; the last takes it off the in-flight list. */
-static void serve_op_unref(serve_op_t *op)
+/* Drops n references; the last takes it off the in-flight list. */
+static void serve_op_unref(serve_op_t *op, int n)
 {
-    if (--op->refs > 0)
+    op->refs -= n;
+    if (op->refs > 0)
         return;
     inflight_del(op->u, &op->link);
     free(op->iov);
@@ -501,7 +502,7 @@ static void put_landed(void *request, ucs_status_t st, size_t length, void *user
         answer(op->u, op->reply_ep, AM_ACK, op->token,
                st == UCS_OK ? KVD_OK : status_from_ucs(st), NULL, 0);
     ucp_request_free(request);
-    serve_op_unref(op);
+    serve_op_unref(op, 1);
 }
 
 /* Serving side: AM_PUT, bytes for the region. */
@@ -540,13 +541,11 @@ static ucs_status_t on_put(void *arg, const void *header, size_t header_length,
          * may run inside it */
         inflight_add(u, &heap->link, param->reply_ep);
         ucs_status_ptr_t sp = recv_rndv(u, data, heap->iov, heap->n, put_landed, heap);
-        if (!UCS_PTR_IS_PTR(sp)) { /* landed at once, or failed: no callback */
+        if (!UCS_PTR_IS_PTR(sp)) /* landed at once, or failed: no callback */
             answer(u, param->reply_ep, AM_ACK, op.token,
                    UCS_PTR_IS_ERR(sp) ? status_from_ucs(UCS_PTR_STATUS(sp)) : KVD_OK,
                    NULL, 0);
-            serve_op_unref(heap);
-        }
-        serve_op_unref(heap);
+        serve_op_unref(heap, UCS_PTR_IS_PTR(sp) ? 1 : 2);
         return UCS_OK;
     }
     scatter(op.iov, op.n, data);
