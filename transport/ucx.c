@@ -431,15 +431,20 @@ typedef struct sent_answer {
     am_rep_hdr_t hdr; /* UCX 1.13 reads it when it packs, maybe later */
 } sent_answer_t;
 
+/* Unlists an object whose first member is f and frees it with the
+ * buffer it owns. */
+static void inflight_free(kvd_ucx_t *u, inflight_t *f, void *owned)
+{
+    inflight_del(u, f);
+    free(owned);
+    free(f);
+}
+
 /* Drops n references; the last takes it off the in-flight list. */
 static void answer_unref(sent_answer_t *a, int n)
 {
-    a->refs -= n;
-    if (a->refs > 0)
-        return;
-    inflight_del(a->u, &a->link);
-    free(a->bytes);
-    free(a);
+    if ((a->refs -= n) <= 0)
+        inflight_free(a->u, &a->link, a->bytes);
 }
 
 static void freed_on_send(void *request, ucs_status_t st, void *user_data)
@@ -486,12 +491,8 @@ static void answer(kvd_ucx_t *u, ucp_ep_h ep, unsigned id, uint64_t token, int s
 /* Drops n references; the last takes it off the in-flight list. */
 static void serve_op_unref(serve_op_t *op, int n)
 {
-    op->refs -= n;
-    if (op->refs > 0)
-        return;
-    inflight_del(op->u, &op->link);
-    free(op->iov);
-    free(op);
+    if ((op->refs -= n) <= 0)
+        inflight_free(op->u, &op->link, op->iov);
 }
 
 static void put_landed(void *request, ucs_status_t st, size_t length, void *user_data)
