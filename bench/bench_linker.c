@@ -20,6 +20,11 @@
  *
  * --spin-us sets the linker's spin_us (-1: its threads sleep at once).
  *
+ * --beside-offload queues, right before each load, an offload of as many
+ * fresh pages from other device rows (the attention pool's), so that the
+ * load and its first layer are measured with an offload running beside
+ * them.
+ *
  * --pool SIZE sizes the daemon's pool (default 3G: every run lands on pool
  * memory nobody has written through the writer's mapping yet, which on
  * this VM is the slow case; a pool smaller than the runs' bytes, e.g.
@@ -79,15 +84,19 @@ static uint64_t mix(uint64_t *s)
     return z ^ (z >> 27);
 }
 
-static int dev_alloc(const layout_t *lo, uint32_t pages, dev_t_ *d)
+/* `halves` 2: each attention buffer holds the rows of twice the pages, the
+ * second half for the offload beside the load. */
+static int dev_alloc(const layout_t *lo, uint32_t pages, uint32_t halves, dev_t_ *d)
 {
     memset(d, 0, sizeof(*d));
     d->attn_bytes = (uint64_t)pages * PAGE * lo->attn_row;
     uint32_t nodes = lo->pages_per_node ? pages / lo->pages_per_node : 0;
     for (uint32_t l = 0; l < lo->attn_layers; l++)
-        for (uint32_t b = 0; b < lo->attn_buffers; b++)
-            if ((d->attn[l][b] = malloc(d->attn_bytes)) == NULL)
+        for (uint32_t b = 0; b < lo->attn_buffers; b++) {
+            if ((d->attn[l][b] = malloc(d->attn_bytes * halves)) == NULL)
                 return -1;
+            memset(d->attn[l][b], 3, d->attn_bytes * halves);
+        }
     for (uint32_t l = 0; l < lo->mamba_layers; l++) {
         d->mamba[l][0] = malloc((uint64_t)nodes * lo->mamba_a);
         d->mamba[l][1] = malloc((uint64_t)nodes * lo->mamba_b);
@@ -129,8 +138,9 @@ static void dev_free(const layout_t *lo, dev_t_ *d)
 }
 
 /* Registers the layout's pools; attention layers get even ids, mamba odd. */
-static int register_pools(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ *d,
-                          uint32_t *attn_id, uint32_t *mamba_id)
+static int register_pools(kvd_linker_t *lk, const layout_t *lo, uint32_t pages,
+                          uint32_t halves, dev_t_ *d, uint32_t *attn_id,
+                          uint32_t *mamba_id)
 {
     kvd_pool_layer_t layers[MAX_LAYERS];
     memset(layers, 0, sizeof(layers));
@@ -144,7 +154,7 @@ static int register_pools(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, 
     kvd_pool_desc_t kv = {.name = "kv",
                           .addressing = KVD_ADDR_PAGED,
                           .page_size = PAGE,
-                          .n_rows = (uint64_t)pages * PAGE,
+                          .n_rows = (uint64_t)pages * PAGE * halves,
                           .rank_replicated = lo->replicated,
                           .memory = KVD_MEM_HOST,
                           .n_layers = lo->attn_layers,
@@ -201,12 +211,43 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* Queues the offload that runs beside a load: `pages` fresh pages from
+ * the second half of the attention rows. *ack names it. */
+static int offload_beside(kvd_linker_t *lk, uint32_t pages, uint32_t attn_id,
+                          uint64_t seed, uint64_t *ack)
+{
+    size_t rows = (size_t)pages * PAGE, nk = 0;
+    uint32_t *tokens = malloc(rows * sizeof(uint32_t));
+    kvd_key_t *keys = malloc(pages * sizeof(kvd_key_t));
+    int64_t *idx = malloc(rows * sizeof(int64_t));
+    int rc = tokens && keys && idx ? 0 : -1;
+    for (size_t i = 0; rc == 0 && i < rows; i++) {
+        tokens[i] = (uint32_t)mix(&seed);
+        idx[i] = (int64_t)(rows + i);
+    }
+    if (rc == 0)
+        rc = kvd_page_keys(tokens, rows, PAGE, NULL, (uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+                           &nk);
+    kvd_transfer_t t = {.pool_id = attn_id,
+                        .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+                        .n_keys = pages,
+                        .device_indices = idx,
+                        .n_indices = rows};
+    if (rc == 0)
+        rc = kvd_offload(lk, &t, 1, ack); /* the arrays are copied */
+    free(tokens);
+    free(keys);
+    free(idx);
+    return rc;
+}
+
 /* One offload and load of a fresh prompt. With `ref`, the memcpy reference
  * is measured in between (after the offload, before the load), so that the
- * two see the same state of the machine. */
+ * two see the same state of the machine. With `beside`, an offload of as
+ * many other pages is queued right before the load. */
 static int one_run(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ *d,
                    uint32_t attn_id, uint32_t mamba_id, uint64_t seed, bool ref,
-                   lk_result_t *r)
+                   bool beside, lk_result_t *r)
 {
     uint32_t *tokens = malloc((size_t)pages * PAGE * sizeof(uint32_t));
     kvd_key_t *keys = malloc(pages * sizeof(kvd_key_t));
@@ -252,8 +293,10 @@ static int one_run(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ 
     double off_s = (double)(kvd_now_ns() - t0) / 1e9;
     r->memcpy_gbs = ref && rc == 0 ? memcpy_gbs(lo, pages, d) : 0;
     dev_fill(lo, pages, d, 0);
-    uint64_t rid = seed;
+    uint64_t rid = seed, beside_ack = 0;
     uint32_t counter = 0;
+    if (rc == 0 && beside)
+        rc = offload_beside(lk, pages, attn_id, seed ^ 0x5bd1e995u, &beside_ack);
     t0 = kvd_now_ns();
     if (rc == 0)
         rc = kvd_load(lk, rid, t, nt);
@@ -273,6 +316,8 @@ static int one_run(kvd_linker_t *lk, const layout_t *lo, uint32_t pages, dev_t_ 
     if (rc == 0)
         rc = wait_done(lk, true, rid);
     double load_s = (double)(kvd_now_ns() - t0) / 1e9;
+    if (rc == 0 && beside)
+        rc = wait_done(lk, false, beside_ack);
     uint64_t bytes =
         (uint64_t)lo->attn_layers * lo->attn_buffers * pages * PAGE * lo->attn_row +
         (uint64_t)lo->mamba_layers * nodes * (lo->mamba_a + lo->mamba_b);
@@ -379,12 +424,14 @@ int bench_mode_linker(int argc, char **argv)
     const char *transport = "shm", *pool_size = "3G";
     uint64_t pages = 32, runs = 3;
     int spin_us = 0; /* the linker's default */
+    bool beside = false;
     static const struct option longopts[] = {{"kvdockd", required_argument, NULL, 'k'},
                                              {"pages", required_argument, NULL, 'p'},
                                              {"runs", required_argument, NULL, 'r'},
                                              {"transport", required_argument, NULL, 't'},
                                              {"pool", required_argument, NULL, 'P'},
                                              {"spin-us", required_argument, NULL, 's'},
+                                             {"beside-offload", no_argument, NULL, 'B'},
                                              {NULL, 0, NULL, 0}};
     int c;
     uint64_t sp = 0;
@@ -392,6 +439,8 @@ int bench_mode_linker(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         if (c == 'k')
             kvdockd = optarg;
+        else if (c == 'B')
+            beside = true;
         else if (c == 't' && (strcmp(optarg, "shm") == 0 || strcmp(optarg, "ucx") == 0))
             transport = optarg;
         else if (c == 'P')
@@ -410,7 +459,8 @@ int bench_mode_linker(int argc, char **argv)
     if (kvdockd == NULL) {
         fprintf(stderr,
                 "Usage: kvdock-bench linker --kvdockd PATH [--pages N] [--runs R] "
-                "[--transport shm|ucx] [--pool SIZE] [--spin-us US|-1]\n");
+                "[--transport shm|ucx] [--pool SIZE] [--spin-us US|-1] "
+                "[--beside-offload]\n");
         return BENCH_EXIT_USAGE;
     }
     bench_env_t env;
@@ -420,8 +470,9 @@ int bench_mode_linker(int argc, char **argv)
         return BENCH_EXIT_FAIL;
     }
     bool ucx = strcmp(transport, "ucx") == 0;
-    printf("transport %s%s%s\n", transport, ucx ? ", UCX_TLS=" : "",
-           ucx ? (getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)") : "");
+    printf("transport %s%s%s%s\n", transport, ucx ? ", UCX_TLS=" : "",
+           ucx ? (getenv("UCX_TLS") ? getenv("UCX_TLS") : "(unset)") : "",
+           beside ? ", an offload of as many pages beside each load" : "");
     if (ucx)
         printf("%-7s %10s %8s %12s %12s %14s %9s %9s %9s %8s %8s\n", "layout", "bytes",
                "op", "offload GB/s", "load GB/s", "first layer ms", "get GB/s",
@@ -441,8 +492,11 @@ int bench_mode_linker(int argc, char **argv)
         kvd_linker_t *lk = NULL;
         dev_t_ d;
         uint32_t attn_id = 0, mamba_id = 0;
-        if (dev_alloc(lo, (uint32_t)pages, &d) != 0 || kvd_linker_open(&cfg, &lk) != 0 ||
-            register_pools(lk, lo, (uint32_t)pages, &d, &attn_id, &mamba_id) != 0) {
+        uint32_t halves = beside ? 2 : 1;
+        if (dev_alloc(lo, (uint32_t)pages, halves, &d) != 0 ||
+            kvd_linker_open(&cfg, &lk) != 0 ||
+            register_pools(lk, lo, (uint32_t)pages, halves, &d, &attn_id, &mamba_id) !=
+                0) {
             fprintf(stderr, "kvdock-bench linker: cannot set up %s\n", lo->name);
             status = BENCH_EXIT_FAIL;
         }
@@ -452,7 +506,7 @@ int bench_mode_linker(int argc, char **argv)
         for (uint64_t r = 0; status == BENCH_EXIT_OK && r < runs; r++) {
             lk_result_t one;
             if (one_run(lk, lo, (uint32_t)pages, &d, attn_id, mamba_id,
-                        1000 * (i + 1) + r, !ucx, &one) != 0) {
+                        1000 * (i + 1) + r, !ucx, beside, &one) != 0) {
                 fprintf(stderr, "kvdock-bench linker: run %llu of %s failed\n",
                         (unsigned long long)r, lo->name);
                 status = BENCH_EXIT_FAIL;

@@ -7,7 +7,7 @@
  * A step (lk_dp_begin .. lk_dp_end) connects the transport to the
  * connection's current peer if that changed, gathers
  * (local region + offset, pool offset, length) copies, merging adjacent
- * ones, posts a batch each LK_DP_BATCH_BYTES with at most LK_DP_WINDOW in
+ * ones, posts a batch each dp->batch_bytes with at most LK_DP_WINDOW in
  * flight, and waits for them all at the flush. A batch that fails (other
  * than a refused one) disconnects the transport, which cancels what is
  * still outstanding before anything is reported, and voids the
@@ -214,6 +214,23 @@ static void wait_oldest(kvd_linker_t *l, ldp_t *dp)
         dp_fail(l, dp, rc);
 }
 
+/* An offload's batch lets the loads being copied go first, for up to
+ * LK_DP_YIELD_NS: on a host with few cores the two threads' copies
+ * compete for the same CPUs and memory, and a load's first layer is what
+ * the forward pass waits for. Sleeps, holding no lock. */
+static void yield_to_loads(kvd_linker_t *l, const ldp_t *dp)
+{
+    if (dp->index != LK_DP_OFFLOAD)
+        return;
+    uint64_t now = kvd_now_ns(), until = now + LK_DP_YIELD_NS;
+    while ((atomic_load(&l->loads_copying) > 0 ||
+            now < atomic_load(&l->load_coming_until_ns)) &&
+           now < until) {
+        kvd_sleep_ns(20000);
+        now = kvd_now_ns();
+    }
+}
+
 /* Posts what is gathered as one batch, after the oldest in flight when
  * the window is full. */
 static int post_gathered(kvd_linker_t *l, ldp_t *dp)
@@ -223,6 +240,7 @@ static int post_gathered(kvd_linker_t *l, ldp_t *dp)
         dp->gathered_bytes = 0;
         return dp->error;
     }
+    yield_to_loads(l, dp);
     if (dp->n_flight == LK_DP_WINDOW)
         wait_oldest(l, dp);
     if (dp->error != KVD_OK)
@@ -267,7 +285,7 @@ int lk_dp_add(kvd_linker_t *l, ldp_t *dp, kvd_region_t *r, uint64_t off,
         .local = r, .local_offset = off, .remote_offset = pool_off, .length = bytes};
 added:
     dp->gathered_bytes += bytes;
-    if (dp->gathered_bytes >= LK_DP_BATCH_BYTES)
+    if (dp->gathered_bytes >= dp->batch_bytes)
         return post_gathered(l, dp);
     return KVD_OK;
 }

@@ -141,6 +141,12 @@ typedef struct lconn {
 /* Batches in flight on one data path, and the bytes gathered into one. */
 #define LK_DP_WINDOW      2
 #define LK_DP_BATCH_BYTES (8ull << 20)
+/* An offload's batches over shm: a copy at post time, so a load that
+ * starts meanwhile waits for at most this much of it */
+#define LK_DP_SHM_OFFLOAD_BATCH_BYTES (2ull << 20)
+/* How long an offload batch waits at most for the loads being copied
+ * (then it goes anyway, so that a stream of loads cannot starve it). */
+#define LK_DP_YIELD_NS (2ull * 1000000)
 
 typedef struct ldp_flight {
     uint64_t cookie, bytes;
@@ -149,6 +155,7 @@ typedef struct ldp_flight {
 typedef struct ldp {
     int index; /* LK_DP_LOAD or LK_DP_OFFLOAD: which pool regions are its */
     kvd_xfer_dir_t dir;
+    uint64_t batch_bytes; /* gathered bytes that make a batch */
     lk_mutex_t mutex;
     kvd_transport_t *t;
     lpeer_t *peer; /* what t is connected to (a reference); NULL none */
@@ -263,6 +270,11 @@ struct kvd_linker {
     uint64_t spin_ns, spin_until_ns;
     _Atomic uint32_t kick;
     _Atomic uint64_t progress;
+    /* load batches started and not finished, and until when a load is
+     * expected (set by kvd_load): the offload thread yields to them
+     * between its batches (datapath.c) */
+    _Atomic int loads_copying;
+    _Atomic uint64_t load_coming_until_ns;
     bool stop;
     pthread_t thread, off_thread; /* loads, offloads */
     bool thread_started, off_thread_started;

@@ -146,6 +146,8 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
         ld->state = LOAD_PINNING;
         ld->next = l->loads;
         l->loads = ld;
+        /* offloads let it go first from here (datapath.c) */
+        atomic_store(&l->load_coming_until_ns, kvd_now_ns() + LK_DP_YIELD_NS);
         /* wake the load thread now, while the pins are asked for: it
          * waits awake for the start (lk_load_thread_main) */
         if (l->spin_ns > 0) {
@@ -522,6 +524,7 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
 
 static void run_batch(kvd_linker_t *l, lbatch_t *b)
 {
+    atomic_fetch_add(&l->loads_copying, 1);
     int err = KVD_OK;
     uint32_t group = (uint32_t)l->cfg.layer_group_size;
     for (uint32_t pos = 0; err == KVD_OK && pos < b->n_layers; pos += group) {
@@ -536,6 +539,7 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
         pthread_cond_broadcast(&l->cond);
         lk_unlock(&l->lock);
     }
+    atomic_fetch_sub(&l->loads_copying, 1); /* the bytes are in: offloads go on */
     finish_batch(l, b, err);
 }
 
