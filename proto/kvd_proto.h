@@ -117,9 +117,6 @@ const char *kvd_health_name(kvd_health_t h);
 uint64_t kvd_latency_bound_us(size_t i);
 
 #define KVD_NS_NAME_BYTES 256 /* with the NUL: names are at most 255 bytes */
-/* The old name of KVD_KEY_BYTES (kvd_common.h): remains until linker/ stops
- * using it. */
-#define KVD_KEY_LEN KVD_KEY_BYTES
 /* Most pools one Lookup names (the daemon refuses more before decoding). */
 #define KVD_LOOKUP_POOLS_MAX 16
 

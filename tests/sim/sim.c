@@ -1052,14 +1052,14 @@ static void offload_node(sim_t *s, sim_node_t *x, const uint32_t *path,
     size_t n_tr = 0;
     if (o->mask & (1u << SIM_KV)) {
         job.slots[0] = token_slots(s->ps, x->units[0], x->n);
-        tr[n_tr++] =
-            (kvd_transfer_t){.pool_id = s->pools[SIM_KV].pool_id,
-                             .keys = (const uint8_t(*)[32])(job.keys + x->start),
-                             .n_keys = x->n,
-                             .device_indices = job.slots[0],
-                             .n_indices = (size_t)x->n * s->ps,
-                             .first_depth = x->start,
-                             .prior_key = x->start ? job.keys[x->start - 1] : NULL};
+        tr[n_tr++] = (kvd_transfer_t){
+            .pool_id = s->pools[SIM_KV].pool_id,
+            .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])(job.keys + x->start),
+            .n_keys = x->n,
+            .device_indices = job.slots[0],
+            .n_indices = (size_t)x->n * s->ps,
+            .first_depth = x->start,
+            .prior_key = x->start ? job.keys[x->start - 1] : NULL};
         o->units[SIM_KV] += x->n;
     }
     if (has_swa(s) && (o->mask & (1u << SIM_SWA))) {
@@ -1074,13 +1074,13 @@ static void offload_node(sim_t *s, sim_node_t *x, const uint32_t *path,
                 j++;
             if (j == i)
                 break;
-            kvd_transfer_t t = {.pool_id = s->pools[SIM_SWA].pool_id,
-                                .keys = (const uint8_t(*)[32])(job.keys + x->start + i),
-                                .n_keys = j - i,
-                                .n_indices = (size_t)(j - i) * s->ps,
-                                .first_depth = x->start + i,
-                                .prior_key =
-                                    x->start + i ? job.keys[x->start + i - 1] : NULL};
+            kvd_transfer_t t = {
+                .pool_id = s->pools[SIM_SWA].pool_id,
+                .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])(job.keys + x->start + i),
+                .n_keys = j - i,
+                .n_indices = (size_t)(j - i) * s->ps,
+                .first_depth = x->start + i,
+                .prior_key = x->start + i ? job.keys[x->start + i - 1] : NULL};
             o->units[SIM_SWA] += j - i;
             if (job.slots[1] == NULL) {
                 job.slots[1] = token_slots(s->ps, x->units[1] + i, j - i);
@@ -1091,7 +1091,8 @@ static void offload_node(sim_t *s, sim_node_t *x, const uint32_t *path,
                 extra.slots[0] = token_slots(s->ps, x->units[1] + i, j - i);
                 extra.keys = malloc((size_t)end * KVD_PAGE_KEY_BYTES);
                 memcpy(extra.keys, job.keys, (size_t)end * KVD_PAGE_KEY_BYTES);
-                t.keys = (const uint8_t(*)[32])(extra.keys + x->start + i);
+                t.keys =
+                    (const uint8_t(*)[KVD_PAGE_KEY_BYTES])(extra.keys + x->start + i);
                 t.prior_key = x->start + i ? extra.keys[x->start + i - 1] : NULL;
                 t.device_indices = extra.slots[0];
                 offload_submit(s, o, &extra, &t, 1);
@@ -1102,13 +1103,14 @@ static void offload_node(sim_t *s, sim_node_t *x, const uint32_t *path,
     if (x->mamba >= 0 && (o->mask & (1u << SIM_MAMBA))) {
         job.slots[2] = malloc(sizeof(int64_t));
         job.slots[2][0] = x->mamba;
-        tr[n_tr++] = (kvd_transfer_t){.pool_id = s->pools[SIM_MAMBA].pool_id,
-                                      .keys = (const uint8_t(*)[32])(job.keys + end - 1),
-                                      .n_keys = 1,
-                                      .device_indices = job.slots[2],
-                                      .n_indices = 1,
-                                      .first_depth = end - 1,
-                                      .prior_key = end >= 2 ? job.keys[end - 2] : NULL};
+        tr[n_tr++] = (kvd_transfer_t){
+            .pool_id = s->pools[SIM_MAMBA].pool_id,
+            .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])(job.keys + end - 1),
+            .n_keys = 1,
+            .device_indices = job.slots[2],
+            .n_indices = 1,
+            .first_depth = end - 1,
+            .prior_key = end >= 2 ? job.keys[end - 2] : NULL};
         o->units[SIM_MAMBA]++;
     }
     offload_submit(s, o, &job, tr, n_tr);
