@@ -276,6 +276,7 @@ static int connect_once(kvd_linker_t *l)
     lk_lock(&l->lock);
     for (uint32_t i = 0; i < n; i++)
         l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
+    l->ns_epoch = epoch;
     lk_unlock(&l->lock);
     lk_unlock(&l->conn.state);
     lk_peer_put(old);
@@ -387,6 +388,25 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
     return rc;
 }
 
+int lk_call_ns(kvd_linker_t *l, lk_ns_fill_fn fill, void *ctx, kvd_msg_t *reqs,
+               kvd_msg_t *reps, size_t n, uint64_t *epoch)
+{
+    for (int attempt = 0;; attempt++) {
+        int rc;
+        if (lk_conn_ensure(l, &rc) == 0) {
+            memset(reps, 0, n * sizeof(*reps));
+            return rc;
+        }
+        lk_lock(&l->lock);
+        fill(l, ctx, reqs, n);
+        uint64_t ns_epoch = l->ns_epoch;
+        lk_unlock(&l->lock);
+        rc = lk_call_many(l, reqs, reps, n, ns_epoch, epoch);
+        if (rc != KVD_ERR_CLOSED || attempt == 1)
+            return rc;
+    }
+}
+
 int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
                uint64_t *epoch)
 {
@@ -446,7 +466,19 @@ uint64_t lk_conn_pool_bytes(kvd_linker_t *l, uint64_t epoch)
 
 void lk_conn_fail(kvd_linker_t *l, uint64_t epoch)
 {
-    atomic_store(&l->conn.failed_epoch, epoch);
+    /* only ever raised: a path failing late on an older peer must not
+     * make the current epoch look sound again */
+    uint64_t seen = atomic_load(&l->conn.failed_epoch);
+    while (seen < epoch && !atomic_compare_exchange_weak(&l->conn.failed_epoch, &seen, epoch)) {
+    }
+    /* the connection goes now, not at the next call: its pins and
+     * reservations end at the daemon at once (nobody else publishes a
+     * key we hold in flight) */
+    lsession_t *s = session_get(l);
+    if (s != NULL && s->epoch == epoch)
+        session_drop_put(l, s);
+    else
+        session_put(s);
 }
 
 int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t *pool_id)

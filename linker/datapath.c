@@ -91,6 +91,17 @@ void lk_dp_unregister(ldp_t *dp, lpool_t *p)
     p->regions[dp->index] = NULL;
 }
 
+/* Drops every report the transport still holds (caller holds dp->mutex,
+ * nothing in flight). */
+static void drain_reports(ldp_t *dp)
+{
+    kvd_xfer_done_t done[16];
+    size_t n = 0;
+    do
+        kvd_transport_poll(dp->t, done, KVD_ARRAY_SIZE(done), &n);
+    while (n > 0);
+}
+
 /* Ends the data path's use of its peer after a failure: the transport
  * disconnects (what is outstanding is cancelled before the rows it wrote
  * are reported) and the connection of that epoch is void. */
@@ -105,6 +116,7 @@ static void dp_fail(kvd_linker_t *l, ldp_t *dp, int rc)
              kvd_status_str(rc));
     lk_lock(&dp->mutex);
     kvd_transport_disconnect(dp->t);
+    drain_reports(dp); /* the cancelled batches' reports: nobody waits */
     lk_unlock(&dp->mutex);
     dp->n_flight = 0;
     dp->n_kept = 0;
@@ -119,12 +131,21 @@ uint64_t lk_dp_begin(kvd_linker_t *l, ldp_t *dp)
     dp->n = 0;
     dp->gathered_bytes = 0;
     lpeer_t *cur = lk_peer_get(l);
+    if (cur != NULL && atomic_load(&l->conn.failed_epoch) >= cur->epoch) {
+        lk_peer_put(cur); /* void already: not worth a connect */
+        cur = NULL;
+    }
     if (cur != NULL && cur == dp->peer) {
         lk_peer_put(cur); /* connected already: one reference is enough */
     } else {
+        /* connect replaces the old peer (disconnecting first) */
         lk_lock(&dp->mutex);
-        kvd_transport_disconnect(dp->t);
-        int rc = cur != NULL ? kvd_transport_connect(dp->t, &cur->desc) : KVD_ERR_CLOSED;
+        int rc = KVD_ERR_CLOSED;
+        if (cur != NULL)
+            rc = kvd_transport_connect(dp->t, &cur->desc);
+        else
+            kvd_transport_disconnect(dp->t);
+        drain_reports(dp);
         lk_unlock(&dp->mutex);
         lk_peer_put(dp->peer); /* after the disconnect: the mapping may go */
         dp->peer = NULL;
@@ -135,14 +156,25 @@ uint64_t lk_dp_begin(kvd_linker_t *l, ldp_t *dp)
             lk_conn_fail(l, cur->epoch);
             lk_peer_put(cur);
             cur = NULL;
+            dp->error = rc; /* the reason, for the caller */
         }
         dp->peer = cur;
     }
-    if (dp->peer == NULL || atomic_load(&l->conn.failed_epoch) == dp->peer->epoch) {
-        dp->error = KVD_ERR_CLOSED;
+    if (dp->peer == NULL || atomic_load(&l->conn.failed_epoch) >= dp->peer->epoch) {
+        if (dp->error == KVD_OK)
+            dp->error = KVD_ERR_CLOSED;
         return 0;
     }
     return dp->peer->epoch;
+}
+
+/* Whether cookie names a batch of this step still waited for. */
+static bool in_flight(const ldp_t *dp, uint64_t cookie)
+{
+    for (size_t i = 0; i < dp->n_flight; i++)
+        if (dp->flight[i].cookie == cookie)
+            return true;
+    return false;
 }
 
 /* Polls the transport once for `cookie` (others reported meanwhile are
@@ -165,9 +197,10 @@ static bool poll_once(ldp_t *dp, uint64_t cookie, int *status, bool *busy)
         if (done[i].cookie == cookie) {
             found = true;
             *status = done[i].status;
-        } else if (dp->n_kept < KVD_ARRAY_SIZE(dp->kept)) {
+        } else if (in_flight(dp, done[i].cookie) &&
+                   dp->n_kept < KVD_ARRAY_SIZE(dp->kept)) {
             dp->kept[dp->n_kept++] = done[i]; /* a later batch of this step */
-        }
+        } /* else a report of a batch given up on: dropped */
     }
     *busy |= n > 0;
     return found;

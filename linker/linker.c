@@ -118,6 +118,14 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
         rc = lk_dp_open(l, &l->dp[d], d);
     if (rc == KVD_OK)
         rc = lk_conn_open(l);
+    /* both data paths reach the daemon now, so that one that cannot (a
+     * UCX transport that fails to wire up) fails the open with its reason
+     * instead of every later load and offload */
+    for (int d = 0; rc == KVD_OK && d < LK_DP_COUNT; d++) {
+        if (lk_dp_begin(l, &l->dp[d]) == 0)
+            rc = l->dp[d].error;
+        lk_dp_end(l, &l->dp[d]);
+    }
     if (rc == KVD_OK) {
         l->thread_started = pthread_create(&l->thread, NULL, lk_load_thread_main, l) == 0;
         l->off_thread_started =
@@ -361,6 +369,20 @@ KVD_API int kvd_stats(kvd_linker_t *l, uint32_t pool_id, kvd_pool_stats_t *out)
 
 /* ---------------------------------------------------------------- lookup */
 
+typedef struct lookup_ctx {
+    const kvd_transfer_t *t;
+    kvd_lookup_pool_msg_t *pools;
+} lookup_ctx_t;
+
+/* The namespace of each transfer's pool into the Lookup (lk_call_ns). */
+static void fill_lookup_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
+{
+    const lookup_ctx_t *c = ctx;
+    (void)n;
+    for (size_t i = 0; i < reqs[0].body.lookup_req.n_pools; i++)
+        c->pools[i].ns = l->pools[c->t[i].pool_id].ns_id;
+}
+
 KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, size_t n,
                        uint32_t *boundaries, size_t *n_boundaries)
 {
@@ -368,10 +390,7 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
     if (l == NULL || t == NULL || n == 0 || n > KVD_LOOKUP_POOLS_MAX ||
         boundaries == NULL || n_boundaries == NULL)
         return KVD_ERR_INVALID;
-    int rc;
-    lk_conn_ensure(l, &rc);
-    if (rc != KVD_OK)
-        return rc;
+    int rc = KVD_OK;
     kvd_lookup_pool_msg_t pools[KVD_LOOKUP_POOLS_MAX];
     lk_lock(&l->lock);
     for (size_t i = 0; i < n && rc == KVD_OK; i++) {
@@ -380,8 +399,7 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
             break;
         }
         const lpool_t *p = &l->pools[t[i].pool_id];
-        pools[i] = (kvd_lookup_pool_msg_t){.ns = p->ns_id,
-                                           .trailing_pages = p->desc.trailing_pages,
+        pools[i] = (kvd_lookup_pool_msg_t){.trailing_pages = p->desc.trailing_pages,
                                            .n_keys = t[i].n_keys,
                                            .keys = (kvd_key_t *)t[i].keys};
     }
@@ -392,7 +410,9 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
     kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
     req.body.lookup_req.n_pools = n;
     req.body.lookup_req.pools = pools;
-    rc = lk_call(l, &req, &rep);
+    lookup_ctx_t ctx = {.t = t, .pools = pools};
+    rc = lk_call_ns(l, fill_lookup_ns, &ctx, &req, &rep, 1, NULL);
+    rc = rc == KVD_OK ? rep.status : rc;
     if (rc == KVD_OK) {
         const kvd_lookup_rep_t *r = &rep.body.lookup_rep;
         size_t cap = SIZE_MAX;

@@ -254,6 +254,8 @@ struct kvd_linker {
     pthread_cond_t jobs_cond; /* an offload job queued, or stop */
     lpool_t pools[KVD_MAX_POOLS];
     uint32_t n_pools;
+    /* the connection whose namespace ids the pools hold (set with them) */
+    uint64_t ns_epoch;
     lload_t *loads;    /* pinned, prepared, committed-not-started */
     lbatch_t *batches; /* started, oldest first, finished ones kept a while */
     ljob_t *jobs, *jobs_tail;
@@ -298,6 +300,15 @@ void lk_conn_close(kvd_linker_t *l);
  * and is dropped. *epoch (may be NULL) says which connection served it. */
 int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
                  uint64_t on_epoch, uint64_t *epoch);
+/* Writes the namespace ids of the pools into reqs[0..n) (called with lock
+ * held, the ids those of connection l->ns_epoch). */
+typedef void (*lk_ns_fill_fn)(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n);
+/* n requests that name namespaces by id: the ids are filled in for one
+ * connection and the requests go to that one only (ids differ between a
+ * daemon and its successor: another rank's namespace may have ours), once
+ * more when it changed meanwhile. Otherwise as lk_call_many, on_epoch 0. */
+int lk_call_ns(kvd_linker_t *l, lk_ns_fill_fn fill, void *ctx, kvd_msg_t *reqs,
+               kvd_msg_t *reps, size_t n, uint64_t *epoch);
 /* One request: the transport's failure or the reply's status. */
 int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
                uint64_t *epoch);

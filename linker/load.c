@@ -64,6 +64,14 @@ static bool release(kvd_linker_t *l, lxfer_t *x, size_t n)
     return all && rc == KVD_OK;
 }
 
+/* The namespace of each transfer's pool into its Acquire (lk_call_ns). */
+static void fill_acquire_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
+{
+    const lxfer_t *x = ctx;
+    for (size_t i = 0; i < n; i++)
+        reqs[i].body.acquire_req.ns = l->pools[x[i].pool].ns_id;
+}
+
 /* Pins every transfer's keys, all in one round trip; records each lease
  * and the objects' offsets. All or nothing is the caller's: on failure
  * the leases that were granted are recorded, for lk_release. */
@@ -81,14 +89,12 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
         const lpool_t *p = &l->pools[x[i].pool];
         object_bytes[i] = p->object_bytes;
         kvd_msg_request(&req[i], 0, KVD_METHOD_ACQUIRE);
-        req[i].body.acquire_req = (kvd_acquire_req_t){.ns = p->ns_id,
-                                                      .object_bytes = p->object_bytes,
-                                                      .n = x[i].n_keys,
-                                                      .keys = x[i].keys};
+        req[i].body.acquire_req = (kvd_acquire_req_t){
+            .object_bytes = p->object_bytes, .n = x[i].n_keys, .keys = x[i].keys};
     }
     lk_unlock(&l->lock);
     uint64_t epoch = 0, asked = kvd_now_ns();
-    int call = lk_call_many(l, req, rep, n, 0, &epoch), rc = call;
+    int call = lk_call_ns(l, fill_acquire_ns, x, req, rep, n, &epoch), rc = call;
     /* offsets are into the pool of the connection that gave them */
     uint64_t pool_bytes = call == KVD_OK ? lk_conn_pool_bytes(l, epoch) : 0;
     bool current = pool_bytes != 0;

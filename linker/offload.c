@@ -61,12 +61,18 @@ static int copy_reserved(kvd_linker_t *l, lpool_t *p, lxfer_t *x,
     return rc;
 }
 
+/* The namespace of the transfer's pool into its Reserve (lk_call_ns). */
+static void fill_reserve_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
+{
+    (void)n;
+    reqs[0].body.reserve_req.ns = l->pools[((const lxfer_t *)ctx)->pool].ns_id;
+}
+
 /* Reserves, writes and publishes one offload transfer. */
 static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
 {
     lk_lock(&l->lock);
     lpool_t *p = &l->pools[x->pool];
-    uint32_t ns = p->ns_id;
     lk_unlock(&l->lock);
     kvd_put_item_t *items = put_items(p, x);
     uint8_t *allocated = calloc(x->n_keys, 1);
@@ -78,9 +84,10 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_RESERVE);
     req.body.reserve_req = (kvd_reserve_req_t){
-        .ns = ns, .object_bytes = p->object_bytes, .n = x->n_keys, .items = items};
+        .object_bytes = p->object_bytes, .n = x->n_keys, .items = items};
     uint64_t epoch = 0;
-    int rc = lk_call_ex(l, &req, &rep, 0, &epoch);
+    int rc = lk_call_ns(l, fill_reserve_ns, x, &req, &rep, 1, &epoch);
+    rc = rc == KVD_OK ? rep.status : rc;
     uint64_t lease = rc == KVD_OK ? rep.body.reserve_rep.lease_id : 0;
     bool no_space = false, any = false;
     if (rc == KVD_OK && rep.body.reserve_rep.n != x->n_keys)

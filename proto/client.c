@@ -383,8 +383,10 @@ static int hand_over(kvd_client_t *c, kvd_msg_t *m)
         if (m->id < w->first || m->id - w->first >= w->n)
             continue;
         kvd_msg_t *slot = &w->reps[m->id - w->first];
-        if (slot->reply)
-            break; /* a second reply to one request */
+        if (slot->reply) { /* a second reply to one request */
+            kvd_msg_clear(m);
+            return KVD_ERR_PROTOCOL;
+        }
         *slot = *m;
         w->done = ++w->got == w->n;
         return KVD_OK;
