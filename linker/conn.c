@@ -469,7 +469,8 @@ void lk_conn_fail(kvd_linker_t *l, uint64_t epoch)
     /* only ever raised: a path failing late on an older peer must not
      * make the current epoch look sound again */
     uint64_t seen = atomic_load(&l->conn.failed_epoch);
-    while (seen < epoch && !atomic_compare_exchange_weak(&l->conn.failed_epoch, &seen, epoch)) {
+    while (seen < epoch &&
+           !atomic_compare_exchange_weak(&l->conn.failed_epoch, &seen, epoch)) {
     }
     /* the connection goes now, not at the next call: its pins and
      * reservations end at the daemon at once (nobody else publishes a
