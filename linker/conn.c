@@ -72,8 +72,10 @@ static int peer_of_fd(int fd, uint64_t bytes, lpeer_t **out)
     return KVD_OK;
 }
 
-/* The peer of a ucx connection: the daemon's worker and pool. */
-static int peer_of_ucx(const kvd_hello_rep_t *h, kvd_ucx_mode_t mode, lpeer_t **out)
+/* The peer of a ucx connection: the daemon's worker and pool; reaching it
+ * is bounded by timeout_ms. */
+static int peer_of_ucx(const kvd_hello_rep_t *h, kvd_ucx_mode_t mode, int timeout_ms,
+                       lpeer_t **out)
 {
     if (h->ucx_address_len == 0 || h->ucx_rkey_len == 0)
         return KVD_ERR_PROTOCOL;
@@ -94,6 +96,7 @@ static int peer_of_ucx(const kvd_hello_rep_t *h, kvd_ucx_mode_t mode, lpeer_t **
     p->desc.ucx.rkey_len = h->ucx_rkey_len;
     p->desc.ucx.base = h->ucx_pool_base;
     p->desc.ucx.mode = mode;
+    p->desc.connect_timeout_ms = timeout_ms;
     atomic_init(&p->refs, 1);
     *out = p;
     return KVD_OK;
@@ -242,7 +245,7 @@ static int connect_once(kvd_linker_t *l)
     if (rc == KVD_OK && fd >= 0)
         rc = peer_of_fd(fd, rep.body.hello_rep.pool_bytes, &peer);
     else if (rc == KVD_OK && l->use_ucx)
-        rc = peer_of_ucx(&rep.body.hello_rep, l->ucx_mode, &peer);
+        rc = peer_of_ucx(&rep.body.hello_rep, l->ucx_mode, l->timeout_ms, &peer);
     if (fd >= 0)
         close(fd);
     bool reconnect = atomic_load(&l->conn.epoch) != 0;

@@ -29,7 +29,9 @@
  *   1. conn.connect  (re)connecting: Hello, and listing a new pool
  *   2. dp->mutex   one call on a data path's transport: its thread's
  *                  connect, post, poll, disconnect, and pool registration
- *                  adding regions. Never two at once, never across a wait.
+ *                  adding regions. Never two at once, never across a
+ *                  batch's wait (a UCX connect waits for its wire-up under
+ *                  it, within the linker's timeout).
  *   3. conn.state  the view of the connection other threads read without
  *                  waiting for an RPC: epoch, whether it is up, its peer
  *   4. lock        pools, loads, batches, jobs, queues, counters

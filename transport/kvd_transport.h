@@ -102,7 +102,9 @@ typedef enum kvd_ucx_mode {
  */
 typedef struct kvd_peer {
     uint64_t length; /* bytes of the peer's region */
-    void *mapping;   /* shm: the region, mapped in this process */
+    /* bound on reaching the peer (ucx: the endpoint's wire-up); 0: 5000 */
+    int connect_timeout_ms;
+    void *mapping; /* shm: the region, mapped in this process */
     struct {
         const void *address;
         size_t address_len;

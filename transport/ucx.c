@@ -113,18 +113,32 @@ struct kvd_ucx {
     inflight_t *inflight; /* ... listed, to cancel them at destroy */
 };
 
+#define CANCEL_NS (10ull * 1000000000ull) /* a cancelled request's end */
+
+/* Progresses until sp is no longer in progress, CANCEL_NS at most; false
+ * when UCX did not finish it (it is left then rather than freed). */
+static bool finish_request(kvd_ucx_t *u, ucs_status_ptr_t sp)
+{
+    uint64_t deadline = kvd_now_ns() + CANCEL_NS;
+    while (ucp_request_check_status(sp) == UCS_INPROGRESS) {
+        if (kvd_now_ns() >= deadline) {
+            KVD_ERROR("ucx", "a cancelled request did not end: left to UCX");
+            return false;
+        }
+        ucp_worker_progress(u->worker);
+    }
+    return true;
+}
+
 /* Closes ep without the peer's consent, which cancels its requests, and
- * waits for the close to finish. */
+ * waits for the close to finish (CANCEL_NS at most). */
 static void close_ep_force(kvd_ucx_t *u, ucp_ep_h ep)
 {
     ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
                                .flags = UCP_EP_CLOSE_FLAG_FORCE};
     ucs_status_ptr_t sp = ucp_ep_close_nbx(ep, &prm);
-    if (UCS_PTR_IS_PTR(sp)) {
-        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
-            ucp_worker_progress(u->worker);
+    if (UCS_PTR_IS_PTR(sp) && finish_request(u, sp))
         ucp_request_free(sp);
-    }
 }
 
 static void inflight_add(kvd_ucx_t *u, inflight_t *f, ucp_ep_h ep)
@@ -1097,28 +1111,28 @@ static void ucx_disconnect(kvd_transport_t *tt)
     t->failed = UCS_OK;
 }
 
-#define WIREUP_MS 5000
-
+#define WIREUP_MS_DEFAULT 5000
 /* Flushes the new endpoint, which completes its wire-up with the peer,
- * within WIREUP_MS. Connect returns only then: UCX 1.13's serving side
+ * within timeout_ms. Connect returns only then: UCX 1.13's serving side
  * aborts when a client's worker goes away while their endpoints are still
  * wiring up (seen: a client that connected and was destroyed at once),
  * and a connected transport is one the peer has fully accepted. */
-static ucs_status_t wire_up(ucx_transport_t *t)
+static ucs_status_t wire_up(ucx_transport_t *t, int timeout_ms)
 {
     ucp_request_param_t prm = {0};
     ucs_status_ptr_t sp = ucp_ep_flush_nbx(t->ep, &prm);
     if (!UCS_PTR_IS_PTR(sp))
         return UCS_PTR_STATUS(sp);
-    uint64_t deadline = kvd_now_ns() + WIREUP_MS * 1000000ull;
+    uint64_t ms = timeout_ms > 0 ? (uint64_t)timeout_ms : WIREUP_MS_DEFAULT;
+    uint64_t deadline = kvd_now_ns() + ms * 1000000ull;
     ucs_status_t st;
     while ((st = ucp_request_check_status(sp)) == UCS_INPROGRESS &&
            kvd_now_ns() < deadline)
         ucp_worker_progress(t->u->worker);
     if (st == UCS_INPROGRESS) {
         ucp_request_cancel(t->u->worker, sp);
-        while (ucp_request_check_status(sp) == UCS_INPROGRESS)
-            ucp_worker_progress(t->u->worker);
+        if (!finish_request(t->u, sp))
+            return UCS_ERR_TIMED_OUT;
         st = UCS_ERR_TIMED_OUT;
     }
     ucp_request_free(sp);
@@ -1160,7 +1174,7 @@ static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
         ucx_disconnect(tt);
         return st == UCS_ERR_NO_MEMORY ? KVD_ERR_NOMEM : KVD_ERR_UNAVAILABLE;
     }
-    st = wire_up(t);
+    st = wire_up(t, peer->connect_timeout_ms);
     if (st != UCS_OK) {
         KVD_WARN("ucx", "the peer's endpoint did not wire up: %s", ucs_status_string(st));
         ucx_disconnect(tt);
