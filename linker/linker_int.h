@@ -141,7 +141,7 @@ typedef struct lconn {
 /* -------------------------------------------------------- data path */
 
 /* Batches in flight on one data path, and the bytes gathered into one. */
-#define LK_DP_WINDOW      2
+#define LK_DP_WINDOW      4
 #define LK_DP_BATCH_BYTES (8ull << 20)
 /* An offload's batches over shm: a copy at post time, so a load that
  * starts meanwhile waits for at most this much of it */

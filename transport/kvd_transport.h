@@ -135,8 +135,8 @@ int kvd_transport_open_shm(kvd_transport_t **out);
  */
 int kvd_transport_open_ucx(const char *name, kvd_transport_t **out);
 
-#define KVD_UCX_STAGE_CHUNK (4ull << 20) /* bytes of one staged message at most */
-#define KVD_UCX_STAGE_BYTES (8 * KVD_UCX_STAGE_CHUNK)
+#define KVD_UCX_STAGE_CHUNK (8ull << 20) /* bytes of one staged message at most */
+#define KVD_UCX_STAGE_BYTES (4 * KVD_UCX_STAGE_CHUNK)
 
 /* ------------------------------------------------------------ the calls */
 
