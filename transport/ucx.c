@@ -935,6 +935,10 @@ static bool send_staged(ucx_transport_t *t, ucx_batch_t *b, const kvd_xfer_t *xf
         if (rc == KVD_OK)
             rc = x->local->kind->copy(c->bytes + total, x->local->base + x->local_offset,
                                       x->length, false);
+        /* the messages already on the wire move only when the worker is
+         * driven: drive it each MiB staged */
+        if ((total + x->length) >> 20 != total >> 20)
+            ucp_worker_progress(t->u->worker);
         total += x->length;
     }
     if (rc == KVD_OK)
