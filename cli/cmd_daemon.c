@@ -53,17 +53,9 @@ static void json_array(const char *key, const kvd_field_list_t *l, const void *o
 
 static void memory_json(const kvd_mem_stats_t *m)
 {
-    printf("\"memory\":{\"pool_bytes\":%llu,\"pool_populated_bytes\":%llu,"
-           "\"rss_bytes\":%llu,\"rss_anon_bytes\":%llu,\"rss_file_bytes\":%llu,"
-           "\"rss_shmem_bytes\":%llu,",
-           (unsigned long long)m->pool_bytes, (unsigned long long)m->pool_populated_bytes,
-           (unsigned long long)m->rss_bytes, (unsigned long long)m->rss_anon_bytes,
-           (unsigned long long)m->rss_file_bytes, (unsigned long long)m->rss_shmem_bytes);
-    for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
-        printf("\"%s_bytes\":%llu,", kvd_mem_cat_name((kvd_mem_cat_t)c),
-               (unsigned long long)m->cat_bytes[c]);
-    printf("\"hugepages\":%s,\"mlocked\":%s},", m->hugepages ? "true" : "false",
-           m->mlocked ? "true" : "false");
+    printf("\"memory\":{");
+    cli_json_fields(&kvd_mem_stats_fields, m);
+    printf("},");
 }
 
 static void methods_json(const kvd_stats_rep_t *st)
@@ -128,11 +120,13 @@ static void memory_table(const kvd_mem_stats_t *m)
            kvd_size_format(m->rss_shmem_bytes, a, sizeof(a)),
            kvd_size_format(m->rss_anon_bytes, b, sizeof(b)));
     printf("%s file\n", kvd_size_format(m->rss_file_bytes, a, sizeof(a)));
+    const uint64_t own[KVD_MEM_CAT_COUNT] = {m->conn_bytes, m->index_bytes,
+                                             m->staging_bytes, m->other_bytes};
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++) {
         char label[40];
         snprintf(label, sizeof(label), "allocated: %s",
                  kvd_mem_cat_name((kvd_mem_cat_t)c));
-        printf("%-26s %s\n", label, kvd_size_format(m->cat_bytes[c], a, sizeof(a)));
+        printf("%-26s %s\n", label, kvd_size_format(own[c], a, sizeof(a)));
     }
 }
 

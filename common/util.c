@@ -200,8 +200,8 @@ uint64_t kvd_mem_bytes(kvd_mem_cat_t cat)
 
 const char *kvd_mem_cat_name(kvd_mem_cat_t cat)
 {
-    static const char *const names[KVD_MEM_CAT_COUNT] = {"connections", "index",
-                                                         "staging", "other"};
+    static const char *const names[KVD_MEM_CAT_COUNT] = {"conn", "index", "staging",
+                                                         "other"};
     return (unsigned)cat < KVD_MEM_CAT_COUNT ? names[cat] : "?";
 }
 

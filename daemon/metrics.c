@@ -147,9 +147,11 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
            m->rss_shmem_bytes);
     appendf(b, "# HELP kvdock_memory_bytes Heap bytes kvdock allocated, by purpose.\n"
                "# TYPE kvdock_memory_bytes gauge\n");
+    const uint64_t own[KVD_MEM_CAT_COUNT] = {m->conn_bytes, m->index_bytes,
+                                             m->staging_bytes, m->other_bytes};
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
         appendf(b, "kvdock_memory_bytes{category=\"%s\"} %llu\n",
-                kvd_mem_cat_name((kvd_mem_cat_t)c), (unsigned long long)m->cat_bytes[c]);
+                kvd_mem_cat_name((kvd_mem_cat_t)c), (unsigned long long)own[c]);
     single(b, KVD_METRIC_GAUGE, "kvdock_connections", "Client connections open now.",
            st->connections_current);
     single(b, KVD_METRIC_COUNTER, "kvdock_connections_total",

@@ -148,8 +148,10 @@ static void server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
         m->rss_file_bytes = pm.rss_file_bytes;
         m->rss_shmem_bytes = pm.rss_shmem_bytes;
     }
-    for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
-        m->cat_bytes[c] = kvd_mem_bytes((kvd_mem_cat_t)c);
+    m->conn_bytes = kvd_mem_bytes(KVD_MEM_CONN);
+    m->index_bytes = kvd_mem_bytes(KVD_MEM_INDEX);
+    m->staging_bytes = kvd_mem_bytes(KVD_MEM_STAGING);
+    m->other_bytes = kvd_mem_bytes(KVD_MEM_OTHER);
 
     kvd_counters_t *k = &s->counters;
     out->connections_current = atomic_load(&k->connections_current);
@@ -936,9 +938,8 @@ static void log_usage(kvd_server_t *s, uint64_t now)
         (unsigned long long)ss->hit_pages, (unsigned long long)ss->lookup_pages, load_gbs,
         offload_gbs, (unsigned long long)ss->leases, (unsigned long long)ss->evictions,
         ss->fragmentation);
-    uint64_t ours = 0;
-    for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
-        ours += st.memory.cat_bytes[c];
+    uint64_t ours = st.memory.conn_bytes + st.memory.index_bytes +
+                    st.memory.staging_bytes + st.memory.other_bytes;
     char pool[32], pop[32], rss[32], shm[32], anon[32], own[32];
     KVD_INFO("usage",
              "%s: pool %s populated of %s (%.0f%%), connections %llu, rpc %llu "

@@ -29,6 +29,9 @@ static const kvd_field_t store_stats_rows[] = {KVD_STORE_STATS_FIELDS(FIELD_ROW)
 #define FIELD_STRUCT kvd_ns_msg_t
 static const kvd_field_t ns_rows[] = {KVD_NS_FIELDS(FIELD_ROW)};
 #undef FIELD_STRUCT
+#define FIELD_STRUCT kvd_mem_stats_t
+static const kvd_field_t mem_stats_rows[] = {KVD_MEM_STATS_FIELDS(FIELD_ROW)};
+#undef FIELD_STRUCT
 #define FIELD_STRUCT kvd_obj_msg_t
 static const kvd_field_t obj_rows[] = {KVD_OBJ_FIELDS(FIELD_ROW)};
 #undef FIELD_STRUCT
@@ -41,6 +44,8 @@ const kvd_field_list_t kvd_ns_spec_fields = {"ns_spec", ns_spec_rows,
 const kvd_field_list_t kvd_store_stats_fields = {"store", store_stats_rows,
                                                  KVD_ARRAY_SIZE(store_stats_rows)};
 const kvd_field_list_t kvd_ns_fields = {"ns", ns_rows, KVD_ARRAY_SIZE(ns_rows)};
+const kvd_field_list_t kvd_mem_stats_fields = {"memory", mem_stats_rows,
+                                               KVD_ARRAY_SIZE(mem_stats_rows)};
 const kvd_field_list_t kvd_obj_fields = {"object", obj_rows, KVD_ARRAY_SIZE(obj_rows)};
 const kvd_field_list_t kvd_nic_fields = {"nic", nic_rows, KVD_ARRAY_SIZE(nic_rows)};
 

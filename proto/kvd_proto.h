@@ -186,6 +186,7 @@ typedef struct kvd_field_list {
 /* The descriptor tables of the structs below. */
 extern const kvd_field_list_t kvd_ns_spec_fields;     /* kvd_ns_spec_t */
 extern const kvd_field_list_t kvd_store_stats_fields; /* kvd_store_stats_msg_t */
+extern const kvd_field_list_t kvd_mem_stats_fields;   /* kvd_mem_stats_t */
 extern const kvd_field_list_t kvd_ns_fields;          /* kvd_ns_msg_t */
 extern const kvd_field_list_t kvd_obj_fields;         /* kvd_obj_msg_t */
 extern const kvd_field_list_t kvd_nic_fields;         /* kvd_nic_msg_t */
@@ -493,16 +494,28 @@ typedef struct kvd_method_stats {
     uint64_t latency_buckets[KVD_LATENCY_BUCKETS];
 } kvd_method_stats_t;
 
+/* The daemon's memory (Stats): the pool, what the OS says is resident,
+ * and kvdock's own allocations by category (kvd_mem_cat_t, in its order).
+ * The list gives the struct, the conversions and the JSON keys; its
+ * metrics keep the names operators know (kvdock_pool_*,
+ * kvdock_process_rss_*, kvdock_memory_bytes{category}), written in
+ * daemon/metrics.c, whose category label is kvd_mem_cat_name's. */
+#define KVD_MEM_STATS_FIELDS(X)                                                   \
+    X(U64, pool_bytes, 0, NONE, "Size of the shared-memory pool.")                \
+    X(U64, pool_populated_bytes, 0, NONE, "Bytes of the pool populated so far.")  \
+    X(U64, rss_bytes, 0, NONE, "Resident set of the daemon (VmRSS).")             \
+    X(U64, rss_anon_bytes, 0, NONE, "Anonymous resident memory (RssAnon).")       \
+    X(U64, rss_file_bytes, 0, NONE, "File-backed resident memory (RssFile).")     \
+    X(U64, rss_shmem_bytes, 0, NONE, "Shared-memory resident memory: the pool.")  \
+    X(U64, conn_bytes, 0, NONE, "Heap bytes of connection buffers.")              \
+    X(U64, index_bytes, 0, NONE, "Heap bytes of the store index.")                \
+    X(U64, staging_bytes, 0, NONE, "Heap bytes of staging and bounce buffers.")   \
+    X(U64, other_bytes, 0, NONE, "Other heap bytes kvdock allocated on purpose.") \
+    X(BOOL, hugepages, 0, NONE, "1 when the pool uses 2 MiB hugepages.")          \
+    X(BOOL, mlocked, 0, NONE, "1 when the pool is locked in memory.")
+
 typedef struct kvd_mem_stats {
-    uint64_t pool_bytes;
-    uint64_t pool_populated_bytes;
-    uint64_t rss_bytes;
-    uint64_t rss_anon_bytes;
-    uint64_t rss_file_bytes;
-    uint64_t rss_shmem_bytes;
-    uint64_t cat_bytes[KVD_MEM_CAT_COUNT]; /* by kvd_mem_cat_t */
-    bool hugepages;
-    bool mlocked;
+    KVD_MEM_STATS_FIELDS(KVD_FIELD_DECL)
 } kvd_mem_stats_t;
 
 /* One RDMA port the daemon found at start (Stats). Text is "" when

@@ -191,6 +191,12 @@ static void store_stats_to_pb(const kvd_store_stats_msg_t *s, Kvdock__StoreStats
     KVD_STORE_STATS_FIELDS(FIELD_TO_PB)
 }
 
+static void mem_stats_to_pb(const kvd_mem_stats_t *s, Kvdock__MemoryStats *o)
+{
+    kvdock__memory_stats__init(o);
+    KVD_MEM_STATS_FIELDS(FIELD_TO_PB)
+}
+
 /* One field of a field list (kvd_proto.h) from the protobuf-c message o
  * into the kvdock struct s: a string longer than its field or a key that is
  * not KVD_KEY_BYTES long is a protocol error. */
@@ -250,6 +256,11 @@ static int store_stats_from_pb(const Kvdock__StoreStats *o, kvd_store_stats_msg_
 {
     KVD_STORE_STATS_FIELDS(FIELD_FROM_PB)
     return KVD_OK;
+}
+
+static void mem_stats_from_pb(const Kvdock__MemoryStats *o, kvd_mem_stats_t *s)
+{
+    KVD_MEM_STATS_FIELDS(FIELD_FROM_PB)
 }
 
 /* How a flat message converts, for the repeated fields that hold it. */
@@ -361,19 +372,7 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->connections_total = s->connections_total;
     r->connections_rejected = s->connections_rejected;
     r->protocol_errors = s->protocol_errors;
-    const kvd_mem_stats_t *m = &s->memory;
-    mem->pool_bytes = m->pool_bytes;
-    mem->pool_populated_bytes = m->pool_populated_bytes;
-    mem->rss_bytes = m->rss_bytes;
-    mem->rss_anon_bytes = m->rss_anon_bytes;
-    mem->rss_file_bytes = m->rss_file_bytes;
-    mem->rss_shmem_bytes = m->rss_shmem_bytes;
-    mem->conn_bytes = m->cat_bytes[KVD_MEM_CONN];
-    mem->index_bytes = m->cat_bytes[KVD_MEM_INDEX];
-    mem->staging_bytes = m->cat_bytes[KVD_MEM_STAGING];
-    mem->other_bytes = m->cat_bytes[KVD_MEM_OTHER];
-    mem->hugepages = m->hugepages;
-    mem->mlocked = m->mlocked;
+    mem_stats_to_pb(&s->memory, mem);
     r->memory = mem;
     size_t n = 0;
     for (size_t i = 1; i < KVD_METHOD_COUNT; i++, n++) {
@@ -902,22 +901,8 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     s->connections_total = r->connections_total;
     s->connections_rejected = r->connections_rejected;
     s->protocol_errors = r->protocol_errors;
-    if (r->memory != NULL) {
-        const Kvdock__MemoryStats *pm = r->memory;
-        kvd_mem_stats_t *mm = &s->memory;
-        mm->pool_bytes = pm->pool_bytes;
-        mm->pool_populated_bytes = pm->pool_populated_bytes;
-        mm->rss_bytes = pm->rss_bytes;
-        mm->rss_anon_bytes = pm->rss_anon_bytes;
-        mm->rss_file_bytes = pm->rss_file_bytes;
-        mm->rss_shmem_bytes = pm->rss_shmem_bytes;
-        mm->cat_bytes[KVD_MEM_CONN] = pm->conn_bytes;
-        mm->cat_bytes[KVD_MEM_INDEX] = pm->index_bytes;
-        mm->cat_bytes[KVD_MEM_STAGING] = pm->staging_bytes;
-        mm->cat_bytes[KVD_MEM_OTHER] = pm->other_bytes;
-        mm->hugepages = pm->hugepages;
-        mm->mlocked = pm->mlocked;
-    }
+    if (r->memory != NULL)
+        mem_stats_from_pb(r->memory, &s->memory);
     for (size_t i = 0; i < r->n_methods; i++) {
         const Kvdock__MethodStats *ms = r->methods[i];
         /* methods this build does not know are skipped, not an error:

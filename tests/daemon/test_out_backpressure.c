@@ -8,7 +8,7 @@
  * byte for 2 s, and reads no reply meanwhile. While it runs and stalls:
  *   - the daemon's VmRSS (/proc/<pid>/status) grows by less than 200 MB
  *     (the output high-water mark is 8 MiB) and its connection buffers
- *     (Stats memory.cat_bytes[conn]) stay under 32 MiB: an output buffer
+ *     (Stats memory.conn_bytes) stay under 32 MiB: an output buffer
  *     that crossed the mark once (16 MiB of capacity) and the input. A
  *     daemon that serves every frame of a 64 KiB read before looking at its
  *     output queues ~7000 replies (~100 MB) per read; one that reads on
@@ -172,7 +172,7 @@ static uint64_t rss_of(pid_t pid)
     return kb * 1024;
 }
 
-/* The daemon's connection-buffer bytes (Stats memory.cat_bytes[conn]), or
+/* The daemon's connection-buffer bytes (Stats memory.conn_bytes), or
  * UINT64_MAX when Stats failed. */
 static uint64_t conn_bytes(const char *socket)
 {
@@ -180,7 +180,7 @@ static uint64_t conn_bytes(const char *socket)
     int rc = dt_stats_fresh(socket, &st);
     if (!DT_CHECK(rc == KVD_OK, "Stats on a fresh connection: %s", kvd_status_str(rc)))
         return UINT64_MAX;
-    return st.memory.cat_bytes[KVD_MEM_CONN];
+    return st.memory.conn_bytes;
 }
 
 static bool register_namespaces(const char *socket)

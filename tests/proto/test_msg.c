@@ -143,8 +143,10 @@ static void fill_stats(kvd_stats_rep_t *s, bool hugepages, bool mlocked)
     s->memory.rss_anon_bytes = v++;
     s->memory.rss_file_bytes = v++;
     s->memory.rss_shmem_bytes = v++;
-    for (size_t c = 0; c < KVD_MEM_CAT_COUNT; c++)
-        s->memory.cat_bytes[c] = v++;
+    s->memory.conn_bytes = v++;
+    s->memory.index_bytes = v++;
+    s->memory.staging_bytes = v++;
+    s->memory.other_bytes = v++;
     s->memory.hugepages = hugepages;
     s->memory.mlocked = mlocked;
     s->connections_current = v++;
@@ -173,12 +175,10 @@ static void assert_stats_equal(const kvd_stats_rep_t *a, const kvd_stats_rep_t *
     assert_true(a->memory.rss_anon_bytes == b->memory.rss_anon_bytes);
     assert_true(a->memory.rss_file_bytes == b->memory.rss_file_bytes);
     assert_true(a->memory.rss_shmem_bytes == b->memory.rss_shmem_bytes);
-    for (size_t c = 0; c < KVD_MEM_CAT_COUNT; c++) {
-        if (a->memory.cat_bytes[c] != b->memory.cat_bytes[c])
-            print_error("memory category %zu (%s) differs\n", c,
-                        kvd_mem_cat_name((kvd_mem_cat_t)c));
-        assert_true(a->memory.cat_bytes[c] == b->memory.cat_bytes[c]);
-    }
+    assert_true(a->memory.conn_bytes == b->memory.conn_bytes);
+    assert_true(a->memory.index_bytes == b->memory.index_bytes);
+    assert_true(a->memory.staging_bytes == b->memory.staging_bytes);
+    assert_true(a->memory.other_bytes == b->memory.other_bytes);
     assert_int_equal(a->memory.hugepages, b->memory.hugepages);
     assert_int_equal(a->memory.mlocked, b->memory.mlocked);
     assert_true(a->connections_current == b->connections_current);

@@ -27,8 +27,8 @@
 #include "msg_util.h"
 
 static const kvd_field_list_t *const lists[] = {
-    &kvd_ns_spec_fields, &kvd_store_stats_fields, &kvd_ns_fields,
-    &kvd_obj_fields,     &kvd_nic_fields,
+    &kvd_ns_spec_fields, &kvd_store_stats_fields, &kvd_mem_stats_fields,
+    &kvd_ns_fields,      &kvd_obj_fields,         &kvd_nic_fields,
 };
 
 /* Gives field i of obj a value of its own (seed tells objects apart). */
@@ -122,6 +122,7 @@ static void test_stats_round_trip(void **state)
     m.reply = true;
     kvd_stats_rep_t *st = &m.body.stats_rep;
     fill(&kvd_store_stats_fields, &st->store, 1, sizeof(st->store));
+    fill(&kvd_mem_stats_fields, &st->memory, 4, sizeof(st->memory));
     fill(&kvd_ns_fields, ns, 2, sizeof(ns[0]));
     fill(&kvd_nic_fields, nics, 3, sizeof(nics[0]));
     st->namespaces = ns;
@@ -131,6 +132,8 @@ static void test_stats_round_trip(void **state)
     pack_decode(&m, &out);
     const kvd_stats_rep_t *got = &out.body.stats_rep;
     expect_fields(&kvd_store_stats_fields, &st->store, &got->store, 1, sizeof(st->store));
+    expect_fields(&kvd_mem_stats_fields, &st->memory, &got->memory, 1,
+                  sizeof(st->memory));
     assert_int_equal(got->n_namespaces, 2);
     expect_fields(&kvd_ns_fields, ns, got->namespaces, 2, sizeof(ns[0]));
     assert_int_equal(got->n_nics, 3);

@@ -27,8 +27,10 @@ static void fill_stats(kvd_stats_rep_t *s)
     s->uptime_ms = v++;
     s->memory.pool_bytes = v++;
     s->memory.rss_bytes = v++;
-    for (size_t c = 0; c < KVD_MEM_CAT_COUNT; c++)
-        s->memory.cat_bytes[c] = v++;
+    s->memory.conn_bytes = v++;
+    s->memory.index_bytes = v++;
+    s->memory.staging_bytes = v++;
+    s->memory.other_bytes = v++;
     s->memory.hugepages = true;
     s->connections_total = v++;
     for (size_t i = 1; i < KVD_METHOD_COUNT; i++) {
