@@ -20,7 +20,6 @@
  */
 #include "linker_int.h"
 
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -168,81 +167,30 @@ uint64_t lk_dp_begin(kvd_linker_t *l, ldp_t *dp)
     return dp->peer->epoch;
 }
 
-/* Whether cookie names a batch of this step still waited for. */
-static bool in_flight(const ldp_t *dp, uint64_t cookie)
+static void dp_lock(void *m)
 {
-    for (size_t i = 0; i < dp->n_flight; i++)
-        if (dp->flight[i].cookie == cookie)
-            return true;
-    return false;
+    lk_lock(m);
 }
 
-/* Polls the transport once for `cookie` (others reported meanwhile are
- * kept); true when it came, with its status in *status. */
-static bool poll_once(ldp_t *dp, uint64_t cookie, int *status, bool *busy)
+static void dp_unlock(void *m)
 {
-    kvd_xfer_done_t done[8];
-    size_t n = 0;
-    bool found = false;
-    lk_lock(&dp->mutex);
-    int rc = kvd_transport_poll(dp->t, done, KVD_ARRAY_SIZE(done), &n);
-    if (rc == KVD_OK && n == 0)
-        *busy = kvd_transport_progress(dp->t) > 0;
-    lk_unlock(&dp->mutex);
-    if (rc != KVD_OK) {
-        *status = rc;
-        return true;
-    }
-    for (size_t i = 0; i < n; i++) {
-        if (done[i].cookie == cookie) {
-            found = true;
-            *status = done[i].status;
-        } else if (in_flight(dp, done[i].cookie) &&
-                   dp->n_kept < KVD_ARRAY_SIZE(dp->kept)) {
-            dp->kept[dp->n_kept++] = done[i]; /* a later batch of this step */
-        } /* else a report of a batch given up on: dropped */
-    }
-    *busy |= n > 0;
-    return found;
+    lk_unlock(m);
 }
 
 /* Waits for the oldest batch in flight: timeout_ms, plus its bytes at
  * 50 MB/s (a large batch over a slow link is not a dead daemon). The
- * mutex is taken per poll, so registration never waits behind a wait. */
+ * mutex is taken per look, so registration never waits behind a wait. */
 static void wait_oldest(kvd_linker_t *l, ldp_t *dp)
 {
     uint64_t cookie = dp->flight[0].cookie, bytes = dp->flight[0].bytes;
     dp->n_flight--;
     for (size_t i = 0; i < dp->n_flight; i++)
         dp->flight[i] = dp->flight[i + 1];
-    int rc = KVD_ERR_TIMEOUT;
-    bool found = false;
-    for (size_t i = 0; i < dp->n_kept && !found; i++)
-        if (dp->kept[i].cookie == cookie) {
-            rc = dp->kept[i].status;
-            dp->kept[i] = dp->kept[--dp->n_kept];
-            found = true;
-        }
     uint64_t ms = (uint64_t)l->timeout_ms + bytes / 50000u;
-    uint64_t deadline = kvd_now_ns() + ms * 1000000ull;
-    unsigned idle = 0;
-    for (unsigned pass = 0; !found; pass++) {
-        bool busy = false;
-        found = poll_once(dp, cookie, &rc, &busy);
-        if (found)
-            break;
-        /* the clock is read every 64 passes, busy or not, so that a peer
-         * that keeps the worker busy cannot stretch the wait */
-        if ((pass & 63) == 63 && kvd_now_ns() >= deadline) {
-            rc = KVD_ERR_TIMEOUT;
-            break;
-        }
-        idle = busy ? 0 : idle + 1;
-        if (idle >= 64) {
-            idle = 0;
-            sched_yield();
-        }
-    }
+    const kvd_wait_lock_t lk = {dp_lock, dp_unlock, &dp->mutex};
+    int rc =
+        kvd_transport_wait_locked(dp->t, cookie, (int)KVD_MIN(ms, (uint64_t)INT32_MAX),
+                                  dp->kept, &dp->n_kept, KVD_ARRAY_SIZE(dp->kept), &lk);
     if (rc != KVD_OK)
         dp_fail(l, dp, rc);
 }

@@ -228,12 +228,27 @@ static inline unsigned kvd_transport_progress(kvd_transport_t *t)
 /*
  * Waits until the batch `cookie` is reported and returns its status;
  * KVD_ERR_TIMEOUT after timeout_ms (the batch may still be running then:
- * disconnect before its memory is reused). Other batches reported on the
- * way are appended to kept[*n_kept..cap) (beyond cap they are lost: size
- * it for the batches outstanding); kept may be NULL to drop them.
+ * disconnect before its memory is reused). A report already in kept is
+ * taken from there. Other batches reported on the way are appended to
+ * kept[*n_kept..cap) (beyond cap they are lost: size it for the batches
+ * outstanding); kept may be NULL to drop them.
  */
 int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
                        kvd_xfer_done_t *kept, size_t *n_kept, size_t cap);
+
+/* A lock a waiter takes around each look at the transport, for callers
+ * that share it with another thread's occasional calls. */
+typedef struct kvd_wait_lock {
+    void (*lock)(void *ctx);
+    void (*unlock)(void *ctx);
+    void *ctx;
+} kvd_wait_lock_t;
+
+/* kvd_transport_wait taking `lk` (NULL: none) around each poll and
+ * progress, never while it yields. */
+int kvd_transport_wait_locked(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
+                              kvd_xfer_done_t *kept, size_t *n_kept, size_t cap,
+                              const kvd_wait_lock_t *lk);
 
 static inline const char *kvd_transport_name(const kvd_transport_t *t)
 {

@@ -111,19 +111,39 @@ void kvd_transport_destroy(kvd_transport_t *t)
     t->ops->destroy(t);
 }
 
-int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
-                       kvd_xfer_done_t *kept, size_t *n_kept, size_t cap)
+/* Takes cookie's report out of kept, if it is there. */
+static bool take_kept(uint64_t cookie, kvd_xfer_done_t *kept, size_t *n_kept, int *status)
 {
+    for (size_t i = 0; kept != NULL && n_kept != NULL && i < *n_kept; i++)
+        if (kept[i].cookie == cookie) {
+            *status = kept[i].status;
+            kept[i] = kept[--*n_kept];
+            return true;
+        }
+    return false;
+}
+
+int kvd_transport_wait_locked(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
+                              kvd_xfer_done_t *kept, size_t *n_kept, size_t cap,
+                              const kvd_wait_lock_t *lk)
+{
+    int status = KVD_OK;
+    if (take_kept(cookie, kept, n_kept, &status))
+        return status;
     uint64_t deadline = kvd_now_ns() + (uint64_t)KVD_MAX(timeout_ms, 0) * 1000000ull;
     unsigned idle = 0;
     for (unsigned pass = 0;; pass++) {
         kvd_xfer_done_t done[16];
         size_t n = 0;
+        if (lk != NULL)
+            lk->lock(lk->ctx);
         int rc = kvd_transport_poll(t, done, KVD_ARRAY_SIZE(done), &n);
+        bool busy = rc == KVD_OK && n == 0 && kvd_transport_progress(t) > 0;
+        if (lk != NULL)
+            lk->unlock(lk->ctx);
         if (rc != KVD_OK)
             return rc;
         bool found = false;
-        int status = KVD_OK;
         for (size_t i = 0; i < n; i++) {
             if (done[i].cookie == cookie) {
                 found = true;
@@ -134,8 +154,7 @@ int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
         }
         if (found)
             return status;
-        bool busy = kvd_transport_progress(t) > 0 || n > 0;
-        idle = busy ? 0 : idle + 1;
+        idle = busy || n > 0 ? 0 : idle + 1;
         /* the clock is read every 64 passes (a pass is ~100 ns), busy or
          * not, so that a peer that keeps the worker busy cannot stretch it */
         if ((pass & 63) == 63 && kvd_now_ns() >= deadline)
@@ -145,6 +164,12 @@ int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
             sched_yield();
         }
     }
+}
+
+int kvd_transport_wait(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
+                       kvd_xfer_done_t *kept, size_t *n_kept, size_t cap)
+{
+    return kvd_transport_wait_locked(t, cookie, timeout_ms, kept, n_kept, cap, NULL);
 }
 
 /* --------------------------------------------------------------- stubs */
