@@ -97,14 +97,7 @@ static int cli(const char *const *args)
 /* Runs kvdock --socket S args...; returns the exit status. */
 static int cli_s(const char *socket, const char *const *args)
 {
-    const char *argv[30];
-    size_t n = 0;
-    argv[n++] = "--socket";
-    argv[n++] = socket;
-    for (size_t i = 0; args[i] && n < KVD_ARRAY_SIZE(argv) - 1; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    return dt_cli(out, sizeof(out), argv);
+    return dt_cli_at(out, sizeof(out), socket, args);
 }
 
 static int count_lines(const char *s)

@@ -431,6 +431,18 @@ int dt_cli(char *out, size_t out_len, const char *const *args)
     return kvd_test_run(argv, out, out_len, 20000);
 }
 
+int dt_cli_at(char *out, size_t out_len, const char *socket, const char *const *args)
+{
+    const char *argv[30];
+    size_t n = 0;
+    argv[n++] = "--socket";
+    argv[n++] = socket;
+    for (size_t i = 0; args[i] && n < KVD_ARRAY_SIZE(argv) - 1; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    return dt_cli(out, out_len, argv);
+}
+
 int dt_sh(char *out, size_t out_len, const char *script)
 {
     char *argv[] = {"/bin/sh", "-c", (char *)script, NULL};

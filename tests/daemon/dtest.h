@@ -120,6 +120,9 @@ int dt_wire_parse(const uint8_t *p, size_t len, dt_wire_env_t *out);
  * exit status, -1 when it did not exit in time. */
 int dt_cli(char *out, size_t out_len, const char *const *args);
 
+/* dt_cli with `--socket socket` before args. */
+int dt_cli_at(char *out, size_t out_len, const char *socket, const char *const *args);
+
 /* Runs `/bin/sh -c script`, stdout into out; exit status or -1. The
  * variables KVDOCK and KVDOCKD are in its environment. */
 int dt_sh(char *out, size_t out_len, const char *script);

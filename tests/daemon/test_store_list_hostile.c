@@ -155,14 +155,7 @@ done:
 /* Runs kvdock --socket S args...; returns the exit status. */
 static int cli_s(const char *socket, const char *const *args)
 {
-    const char *argv[16];
-    size_t n = 0;
-    argv[n++] = "--socket";
-    argv[n++] = socket;
-    for (size_t i = 0; args[i] && n < KVD_ARRAY_SIZE(argv) - 1; i++)
-        argv[n++] = args[i];
-    argv[n] = NULL;
-    return dt_cli(out, sizeof(out), argv);
+    return dt_cli_at(out, sizeof(out), socket, args);
 }
 
 /* Every "pages": N in the JSON is at most N_OBJECTS; returns how many. */
