@@ -29,6 +29,9 @@
 #define KVD_FRAME_LIMIT_MAX (256u * 1024u * 1024u)
 #define KVD_NAME_MAX        128
 #define KVD_VERSION_MAX     32
+#define KVD_TOKEN_MAX       256 /* HelloRequest.auth_token */
+#define KVD_UCX_TOKEN_MAX   32  /* HelloReply.ucx_token */
+#define KVD_CURSOR_MAX      128 /* ListPrefixes cursors */
 #define KVD_ERROR_MAX       256
 
 /* --------------------------------------------------------------- buffer */
@@ -239,6 +242,9 @@ typedef struct kvd_hello_req {
     kvd_ns_spec_t *namespaces;
     bool want_pool_fd;
     bool want_ucx;
+    uint8_t auth_token[KVD_TOKEN_MAX];
+    size_t auth_token_len;
+    bool read_only;
 } kvd_hello_req_t;
 
 typedef struct kvd_hello_rep {
@@ -259,6 +265,10 @@ typedef struct kvd_hello_rep {
     const uint8_t *ucx_rkey;
     size_t ucx_rkey_len;
     uint64_t ucx_pool_base;
+    uint8_t ucx_token[KVD_UCX_TOKEN_MAX];
+    size_t ucx_token_len;
+    char tenant[KVD_NAME_MAX];
+    bool read_only;
 } kvd_hello_rep_t;
 
 typedef struct kvd_register_req {
@@ -427,6 +437,8 @@ typedef struct kvd_list_req {
     char ns_name[KVD_NS_NAME_BYTES];
     bool nodes;
     uint32_t limit;
+    uint8_t cursor[KVD_CURSOR_MAX];
+    size_t cursor_len;
 } kvd_list_req_t;
 
 typedef struct kvd_list_rep {
@@ -437,6 +449,8 @@ typedef struct kvd_list_rep {
     size_t n_namespaces;
     kvd_ns_msg_t *namespaces;
     bool truncated;
+    uint8_t next_cursor[KVD_CURSOR_MAX];
+    size_t next_cursor_len;
 } kvd_list_rep_t;
 
 typedef struct kvd_stats_req {

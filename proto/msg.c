@@ -132,6 +132,18 @@ static int copy_str(char *dst, size_t dst_len, const char *src)
     return KVD_OK;
 }
 
+/* Copies a protobuf bytes field into a fixed buffer; longer is a protocol
+ * error. */
+static int copy_bytes(uint8_t *dst, size_t dst_len, size_t *len, ProtobufCBinaryData b)
+{
+    if (b.len > dst_len)
+        return KVD_ERR_PROTOCOL;
+    if (b.len > 0)
+        memcpy(dst, b.data, b.len);
+    *len = b.len;
+    return KVD_OK;
+}
+
 static int copy_key(uint8_t *dst, ProtobufCBinaryData b)
 {
     if (b.len != KVD_KEY_BYTES)
@@ -417,6 +429,9 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         h->protocol_version = in->protocol_version;
         h->want_pool_fd = in->want_pool_fd;
         h->want_ucx = in->want_ucx;
+        h->auth_token =
+            (ProtobufCBinaryData){in->auth_token_len, (uint8_t *)in->auth_token};
+        h->read_only = in->read_only;
         h->n_namespaces = in->n_namespaces;
         h->namespaces = (Kvdock__NamespaceSpec **)array_to_pb(
             scr, &ns_spec_msg, in->namespaces, in->n_namespaces);
@@ -552,6 +567,8 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         r->ns_name = (char *)m->body.list_req.ns_name;
         r->nodes = m->body.list_req.nodes;
         r->limit = m->body.list_req.limit;
+        r->cursor = (ProtobufCBinaryData){m->body.list_req.cursor_len,
+                                          (uint8_t *)m->body.list_req.cursor};
         env->body_case = KVDOCK__ENVELOPE__BODY_LIST_REQUEST;
         env->list_request = r;
         return true;
@@ -610,6 +627,9 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
             (ProtobufCBinaryData){in->ucx_address_len, (uint8_t *)in->ucx_address};
         h->ucx_rkey = (ProtobufCBinaryData){in->ucx_rkey_len, (uint8_t *)in->ucx_rkey};
         h->ucx_pool_base = in->ucx_pool_base;
+        h->ucx_token = (ProtobufCBinaryData){in->ucx_token_len, (uint8_t *)in->ucx_token};
+        h->tenant = (char *)in->tenant;
+        h->read_only = in->read_only;
         env->body_case = KVDOCK__ENVELOPE__BODY_HELLO_REPLY;
         env->hello_reply = h;
         return true;
@@ -721,6 +741,8 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         r->namespaces = (Kvdock__NamespaceInfo **)array_to_pb(
             scr, &ns_info_msg, in->namespaces, in->n_namespaces);
         r->truncated = in->truncated;
+        r->next_cursor =
+            (ProtobufCBinaryData){in->next_cursor_len, (uint8_t *)in->next_cursor};
         env->body_case = KVDOCK__ENVELOPE__BODY_LIST_REPLY;
         env->list_reply = r;
         return r->prefixes && r->nodes && r->namespaces;
@@ -977,8 +999,12 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->protocol_version = r->protocol_version;
         h->want_pool_fd = r->want_pool_fd;
         h->want_ucx = r->want_ucx;
+        h->read_only = r->read_only;
         h->n_namespaces = r->n_namespaces;
         int rc = copy_str(h->client_name, sizeof(h->client_name), r->client_name);
+        if (rc == KVD_OK)
+            rc = copy_bytes(h->auth_token, sizeof(h->auth_token), &h->auth_token_len,
+                            r->auth_token);
         if (rc == KVD_OK)
             h->namespaces = array_from_pb(out, &ns_spec_msg, r->n_namespaces,
                                           (void *const *)r->namespaces, &rc);
@@ -1058,6 +1084,10 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         const Kvdock__ListPrefixesRequest *r = env->list_request;
         out->body.list_req.nodes = r->nodes;
         out->body.list_req.limit = r->limit;
+        int rc = copy_bytes(out->body.list_req.cursor, sizeof(out->body.list_req.cursor),
+                            &out->body.list_req.cursor_len, r->cursor);
+        if (rc != KVD_OK)
+            return rc;
         return copy_str(out->body.list_req.ns_name, sizeof(out->body.list_req.ns_name),
                         r->ns_name);
     }
@@ -1096,8 +1126,14 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->lease_ttl_ms = r->lease_ttl_ms;
         h->n_ns_ids = r->n_ns_ids;
         h->ucx_pool_base = r->ucx_pool_base;
+        h->read_only = r->read_only;
         int rc =
             copy_str(h->daemon_version, sizeof(h->daemon_version), r->daemon_version);
+        if (rc == KVD_OK)
+            rc = copy_str(h->tenant, sizeof(h->tenant), r->tenant);
+        if (rc == KVD_OK)
+            rc = copy_bytes(h->ucx_token, sizeof(h->ucx_token), &h->ucx_token_len,
+                            r->ucx_token);
         if (rc == KVD_OK)
             rc = bytes_from_pb(out, r->ucx_address, &h->ucx_address, &h->ucx_address_len);
         if (rc == KVD_OK)
@@ -1155,6 +1191,10 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         const Kvdock__ListPrefixesReply *r = env->list_reply;
         kvd_list_rep_t *l = &out->body.list_rep;
         l->truncated = r->truncated;
+        int rc0 = copy_bytes(l->next_cursor, sizeof(l->next_cursor), &l->next_cursor_len,
+                             r->next_cursor);
+        if (rc0 != KVD_OK)
+            return rc0;
         l->n_prefixes = r->n_prefixes;
         l->n_nodes = r->n_nodes;
         l->n_namespaces = r->n_namespaces;
