@@ -125,9 +125,11 @@ static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t 
     return false;
 }
 
-int kvd_rpc_register(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t n,
-                     uint32_t *ids, const kvd_msg_t *req, kvd_msg_t *rep)
+int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
+                     const kvd_ns_spec_t *specs, size_t n, uint32_t *ids,
+                     const kvd_msg_t *req, kvd_msg_t *rep)
 {
+    (void)ctx; /* tenants: the namespaces will be ctx->tenant's */
     /* all checked before any is registered: a refused batch changes nothing */
     size_t fresh = 0;
     for (size_t i = 0; i < n; i++) {
@@ -190,7 +192,7 @@ void kvd_rpc_store_stats(const kvd_store_stats_t *in, kvd_store_stats_msg_t *o)
 /* --------------------------------------------------------------- methods */
 
 static void serve_register(kvd_store_t *store, const kvd_opts_t *opts,
-                           const kvd_msg_t *req, kvd_msg_t *rep)
+                           const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_register_req_t *r = &req->body.register_req;
     if (!check_batch(opts, r->n, req, rep))
@@ -200,7 +202,7 @@ static void serve_register(kvd_store_t *store, const kvd_opts_t *opts,
         set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
         return;
     }
-    if (kvd_rpc_register(store, r->namespaces, r->n, ids, req, rep) != KVD_OK)
+    if (kvd_rpc_register(store, ctx, r->namespaces, r->n, ids, req, rep) != KVD_OK)
         return;
     rep->body.register_rep.n = r->n;
     rep->body.register_rep.ids = ids;
@@ -708,11 +710,12 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
         set_error(req, rep, rc, 0, "list prefixes failed: %s", kvd_status_str(rc));
 }
 
-void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
-                         const kvd_msg_t *req, kvd_msg_t *rep)
+void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts,
+                         const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
+    uint64_t owner = ctx->conn_id;
     switch (req->method) {
-    case KVD_METHOD_REGISTER_NAMESPACE: serve_register(store, opts, req, rep); break;
+    case KVD_METHOD_REGISTER_NAMESPACE: serve_register(store, opts, ctx, req, rep); break;
     case KVD_METHOD_LOOKUP: serve_lookup(store, opts, req, rep); break;
     case KVD_METHOD_RESERVE: serve_reserve(store, opts, owner, req, rep); break;
     case KVD_METHOD_PUBLISH:

@@ -9,15 +9,26 @@
 #include "kvd_store.h"
 #include "options.h"
 
-/* Serves one store request of connection `owner`; fills rep (an error reply
- * on failure). rep's variable parts live in rep's arena. */
-void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
-                         const kvd_msg_t *req, kvd_msg_t *rep);
+/* Who a request comes from: its connection, and the principal its
+ * credential maps to (set at Hello; see auth.h). */
+typedef struct kvd_rpc_ctx {
+    uint64_t conn_id; /* the owner of every lease taken on its behalf */
+    uint32_t tenant;  /* the store's tenant id; 0 is the default tenant */
+    bool is_operator; /* may act across tenants (evict --all, list all) */
+    bool read_only;   /* may look up and load, not write or evict */
+} kvd_rpc_ctx_t;
 
-/* Registers the namespaces of a Hello or RegisterNamespace request; fills
- * ids (n entries). Returns KVD_OK or an error with rep set to it. */
-int kvd_rpc_register(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t n,
-                     uint32_t *ids, const kvd_msg_t *req, kvd_msg_t *rep);
+/* Serves one store request of the connection ctx describes; fills rep (an
+ * error reply on failure). rep's variable parts live in rep's arena. */
+void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts,
+                         const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep);
+
+/* Registers the namespaces of a Hello or RegisterNamespace request for
+ * ctx's tenant; fills ids (n entries). Returns KVD_OK or an error with rep
+ * set to it. */
+int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
+                     const kvd_ns_spec_t *specs, size_t n, uint32_t *ids,
+                     const kvd_msg_t *req, kvd_msg_t *rep);
 
 /* The namespaces table of Stats and the inspection replies. */
 int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n);

@@ -64,10 +64,11 @@ typedef struct conn {
     src_t src;
     uint64_t id;
     bool tcp;
-    bool closing;    /* close once the output is flushed */
-    bool dead;       /* closed; freed after the current epoll batch */
-    uint32_t events; /* what epoll watches now */
-    size_t fd_at;    /* offset in out where the pool fd rides; SIZE_MAX none */
+    bool closing;      /* close once the output is flushed */
+    bool dead;         /* closed; freed after the current epoll batch */
+    uint32_t events;   /* what epoll watches now */
+    size_t fd_at;      /* offset in out where the pool fd rides; SIZE_MAX none */
+    kvd_rpc_ctx_t ctx; /* who it is: its id, and the tenant of its credential */
     kvd_framer_t in;
     kvd_buf_t out;
     struct conn *prev, *next;
@@ -310,7 +311,8 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
         return;
     }
-    int rc = kvd_rpc_register(s->store, h->namespaces, h->n_namespaces, ids, req, rep);
+    int rc = kvd_rpc_register(s->store, &c->ctx, h->namespaces, h->n_namespaces, ids, req,
+                              rep);
     if (rc != KVD_OK)
         return;
     KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s, %zu namespaces",
@@ -434,7 +436,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     case KVD_METHOD_LIST_PREFIXES:
     case KVD_METHOD_INSPECT:
     case KVD_METHOD_EVICT:
-        kvd_rpc_store_serve(s->store, &s->opts, c->id, req, rep);
+        kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, req, rep);
         break;
     default:
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNKNOWN_METHOD,
@@ -657,6 +659,7 @@ static void accept_all(kvd_server_t *s, src_t *listener)
         c->src.kind = SRC_CONN;
         c->src.fd = fd;
         c->id = ++s->next_conn_id;
+        c->ctx = (kvd_rpc_ctx_t){.conn_id = c->id};
         c->tcp = listener->kind == SRC_TCP_LISTEN;
         if (c->tcp) {
             int one = 1;
