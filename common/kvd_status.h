@@ -35,6 +35,8 @@ typedef enum kvd_status {
     KVD_ERR_UNAVAILABLE = -15,    /* the daemon is not there or not ready */
     KVD_ERR_UNKNOWN_METHOD = -16, /* an RPC method this daemon does not know */
     KVD_ERR_DRAINING = -17,       /* the daemon is shutting down */
+    KVD_ERR_AUTH = -18,           /* no credential, or one the daemon refuses */
+    KVD_ERR_QUOTA = -19,          /* over the tenant's quota */
 } kvd_status_t;
 
 #endif /* KVD_STATUS_H */

@@ -31,6 +31,8 @@ const char *kvd_status_str(int status)
     case KVD_ERR_UNAVAILABLE: return "unavailable";
     case KVD_ERR_UNKNOWN_METHOD: return "unknown method";
     case KVD_ERR_DRAINING: return "draining";
+    case KVD_ERR_AUTH: return "not authenticated";
+    case KVD_ERR_QUOTA: return "over quota";
     }
     return "unknown status";
 }

@@ -80,6 +80,7 @@ int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out)
     }
     s->secret[5] |= 1; /* an odd multiplier keeps the last fold from losing bits */
     s->next_lease_id = 1;
+    tenant_init(s);
     uint64_t nb = 1024;
     while (nb < cfg->index_hint && nb < (1ull << 32))
         nb <<= 1;

@@ -213,6 +213,33 @@ typedef struct kvd_ns_info {
 uint32_t kvd_store_ns_count(const kvd_store_t *s);
 int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out);
 
+/* --- tenants
+ *
+ * A tenant owns namespaces; the connections of its credential (the daemon's
+ * auth config) see and touch only those, within its limits. Tenant 0,
+ * KVD_TENANT_DEFAULT ("default"), exists from creation without limits: a
+ * daemon with no tenants configured is one tenant. A limit of 0 means none.
+ */
+#define KVD_TENANTS_MAX     256
+#define KVD_TENANT_NAME_MAX 64
+#define KVD_TENANT_DEFAULT  0u
+
+typedef struct kvd_tenant_limits {
+    uint64_t max_bytes;      /* pool bytes of its objects, writing or ready */
+    uint64_t max_pins;       /* objects its read leases pin at once */
+    uint64_t max_leases;     /* leases open at once */
+    uint64_t max_namespaces; /* namespaces registered at once */
+} kvd_tenant_limits_t;
+
+/* Adds a tenant: KVD_ERR_EXISTS when the name is taken, KVD_ERR_NO_SPACE
+ * past KVD_TENANTS_MAX, KVD_ERR_INVALID for an empty or long name. */
+int kvd_store_tenant_add(kvd_store_t *s, const char *name, const kvd_tenant_limits_t *lim,
+                         uint32_t *id);
+int kvd_store_tenant_find(const kvd_store_t *s, const char *name, uint32_t *id);
+/* The tenant's name; NULL for an id never added. */
+const char *kvd_store_tenant_name(const kvd_store_t *s, uint32_t id);
+uint32_t kvd_store_tenant_count(const kvd_store_t *s);
+
 /* --- lifecycle */
 
 /*

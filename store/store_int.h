@@ -80,6 +80,11 @@ typedef struct ns_entry {
     uint32_t pages;     /* object size in pages */
 } ns_entry_t;
 
+typedef struct tenant {
+    char name[KVD_TENANT_NAME_MAX];
+    kvd_tenant_limits_t lim;
+} tenant_t;
+
 struct kvd_store {
     kvd_store_config_t cfg;
     uint64_t total_pages;
@@ -118,6 +123,10 @@ struct kvd_store {
     uint64_t pins;   /* sum of pin counts */
     uint64_t lease_bytes;
 
+    /* tenants (tenant.c); 0 is the default one */
+    tenant_t tenants[KVD_TENANTS_MAX];
+    uint32_t n_tenants;
+
     /* namespaces */
     ns_entry_t *ns;
     uint32_t n_ns, ns_cap;
@@ -136,6 +145,9 @@ static inline rec_t *R(const kvd_store_t *s, uint32_t i)
 {
     return &s->chunks[i >> REC_CHUNK_SHIFT][i & (REC_CHUNK - 1)];
 }
+
+/* tenant.c */
+void tenant_init(kvd_store_t *s);
 
 /* extent.c: records and the TLSF allocator */
 int rec_init(kvd_store_t *s);

@@ -46,6 +46,8 @@ static const kvd_status_t codes[] = {
     KVD_ERR_UNAVAILABLE,
     KVD_ERR_UNKNOWN_METHOD,
     KVD_ERR_DRAINING,
+    KVD_ERR_AUTH,
+    KVD_ERR_QUOTA,
 };
 #define N_CODES (sizeof(codes) / sizeof(codes[0]))
 
