@@ -1235,3 +1235,45 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
              (unsigned long long)held_writes);
     return KVD_OK;
 }
+
+/* --------------------------------------------------- resumable iteration */
+
+/*
+ * A position is a record index: records never move, so an object keeps its
+ * place for its whole life, and walking indices upwards visits each live
+ * object once however the store changes around the walk (an object created
+ * behind the position is not seen; one gone is simply absent).
+ */
+int kvd_store_foreach_from(const kvd_store_t *s, uint32_t ns, uint64_t *pos,
+                           uint64_t max_visits, kvd_obj_fn fn, void *arg)
+{
+    uint64_t i = *pos == 0 ? 1 : *pos;
+    kvd_obj_info_t info;
+    for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
+        if (n == max_visits) {
+            *pos = i;
+            return 0;
+        }
+        const rec_t *r = R(s, (uint32_t)i);
+        if ((r->state != REC_READY && r->state != REC_WRITING) || r->quarantined ||
+            (ns != UINT32_MAX && r->ns != ns))
+            continue;
+        info_of(s, (uint32_t)i, &info);
+        int rc = fn(&info, arg);
+        if (rc != 0) {
+            *pos = i;
+            return rc;
+        }
+    }
+    *pos = KVD_STORE_POS_END;
+    return 0;
+}
+
+uint64_t kvd_store_pos_check(const kvd_store_t *s, uint64_t pos, uint64_t salt)
+{
+    /* the index hash's keyed mixing, with the secret's words in another
+     * order: a client knowing neither cannot make a value that passes */
+    const uint64_t *k = s->secret;
+    uint64_t h = mum(pos ^ k[3], salt ^ k[0]) ^ mum(pos ^ k[1], k[2]);
+    return mum(h ^ k[4], k[5]);
+}
