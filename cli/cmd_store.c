@@ -581,6 +581,10 @@ out:
 
 /* ----------------------------------------------------------------- evict */
 
+/* Calls one `kvdock evict` makes at most: each evicts a slice of the
+ * store's records (thousands), so this covers any pool. */
+#define EVICT_CALLS_MAX 1000000u
+
 int cmd_evict(const cli_t *cli, const cli_args_t *a)
 {
     bool by_key = a->key != NULL, by_ns = a->n_namespaces == 1 && !by_key;
@@ -599,18 +603,35 @@ int cmd_evict(const cli_t *cli, const cli_args_t *a)
     e->all = a->all;
     if (a->n_namespaces)
         kvd_strlcpy(e->ns_name, a->namespaces[0], sizeof(e->ns_name));
-    if (cli_call(cli, &req, &rep) != KVD_OK) {
+    /* the daemon evicts a namespace in bounded slices: go on with each
+     * reply's cursor until there is none (at most EVICT_CALLS_MAX calls) */
+    uint64_t evicted = 0, skipped = 0;
+    bool more = false;
+    for (uint32_t calls = 0; calls < EVICT_CALLS_MAX; calls++) {
+        if (cli_call(cli, &req, &rep) != KVD_OK) {
+            kvd_msg_clear(&rep);
+            return 1;
+        }
+        const kvd_evict_rep_t *r = &rep.body.evict_rep;
+        evicted += r->evicted;
+        skipped = r->skipped;
+        more = r->next_cursor_len > 0 && r->next_cursor_len <= sizeof(e->cursor);
+        if (more) {
+            memcpy(e->cursor, r->next_cursor, r->next_cursor_len);
+            e->cursor_len = r->next_cursor_len;
+        }
         kvd_msg_clear(&rep);
-        return 1;
+        if (!more)
+            break;
     }
     if (cli->json)
-        printf("{\"evicted\":%llu,\"skipped\":%llu}\n",
-               (unsigned long long)rep.body.evict_rep.evicted,
-               (unsigned long long)rep.body.evict_rep.skipped);
+        printf("{\"evicted\":%llu,\"skipped\":%llu,\"complete\":%s}\n",
+               (unsigned long long)evicted, (unsigned long long)skipped,
+               more ? "false" : "true");
     else
-        printf("evicted %llu objects; %llu stayed (pinned or being written)\n",
-               (unsigned long long)rep.body.evict_rep.evicted,
-               (unsigned long long)rep.body.evict_rep.skipped);
+        printf("evicted %llu objects; %llu stayed (pinned or being written%s)\n",
+               (unsigned long long)evicted, (unsigned long long)skipped,
+               more ? ", or not reached: stopped after too many calls" : "");
     kvd_msg_clear(&rep);
     return 0;
 }

@@ -73,10 +73,103 @@ static bool name_ok(const char *name)
     return true;
 }
 
+/* Names of one request, hashed once, so that a batch of 4,096 specs beside
+ * 4,096 namespaces costs a few thousand probes rather than millions of
+ * string comparisons. Slot values: spec index + 1 (batch) or id + 1
+ * (existing namespaces); 0 is empty. */
+typedef struct name_set {
+    uint32_t *slots;
+    size_t mask;
+} name_set_t;
+
+static uint64_t name_hash(const char *s)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a: names are not secret */
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static int name_set_init(name_set_t *t, size_t n)
+{
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    t->slots = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(uint32_t));
+    t->mask = cap - 1;
+    return t->slots ? KVD_OK : KVD_ERR_NOMEM;
+}
+
+static void name_set_fini(name_set_t *t)
+{
+    kvd_mem_free(KVD_MEM_STAGING, t->slots, (t->mask + 1) * sizeof(uint32_t));
+}
+
+/* The slot for name: holding its value, or the empty one where it goes;
+ * name_of(value) gives a stored value's name. */
+static uint32_t *name_set_slot(name_set_t *t, const char *name,
+                               const char *(*name_of)(const void *, uint32_t),
+                               const void *arg)
+{
+    for (size_t i = name_hash(name) & t->mask;; i = (i + 1) & t->mask)
+        if (t->slots[i] == 0 || strcmp(name_of(arg, t->slots[i] - 1), name) == 0)
+            return &t->slots[i];
+}
+
+static const char *spec_name(const void *arg, uint32_t i)
+{
+    return ((const kvd_ns_spec_t *)arg)[i].name;
+}
+
+/* The store's namespaces by name: a copy of their infos, hashed. */
+typedef struct ns_names {
+    name_set_t set;
+    kvd_ns_info_t *info;
+    uint32_t n;
+} ns_names_t;
+
+static const char *info_name(const void *arg, uint32_t i)
+{
+    return ((const kvd_ns_info_t *)arg)[i].name;
+}
+
+static int ns_names_init(ns_names_t *t, kvd_store_t *store)
+{
+    t->n = kvd_store_ns_count(store);
+    t->info = kvd_mem_calloc(KVD_MEM_STAGING, (size_t)t->n + 1, sizeof(*t->info));
+    if (t->info == NULL || name_set_init(&t->set, t->n) != KVD_OK) {
+        kvd_mem_free(KVD_MEM_STAGING, t->info, ((size_t)t->n + 1) * sizeof(*t->info));
+        t->info = NULL;
+        return KVD_ERR_NOMEM;
+    }
+    for (uint32_t i = 0; i < t->n; i++) {
+        kvd_store_ns_info(store, i, &t->info[i]);
+        *name_set_slot(&t->set, t->info[i].name, info_name, t->info) = i + 1;
+    }
+    return KVD_OK;
+}
+
+static void ns_names_fini(ns_names_t *t)
+{
+    if (t->info == NULL)
+        return;
+    name_set_fini(&t->set);
+    kvd_mem_free(KVD_MEM_STAGING, t->info, ((size_t)t->n + 1) * sizeof(*t->info));
+}
+
+/* The info of the namespace of that name, or NULL. */
+static const kvd_ns_info_t *ns_names_find(ns_names_t *t, const char *name)
+{
+    uint32_t v = *name_set_slot(&t->set, name, info_name, t->info);
+    return v ? &t->info[v - 1] : NULL;
+}
+
 /* Why spec i cannot be registered beside the existing namespaces and the
- * earlier specs of its batch; false when it can. */
-static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t i,
-                         const kvd_msg_t *req, kvd_msg_t *rep)
+ * earlier specs of its batch (first: the first spec of its name); false
+ * when it can. */
+static bool spec_refused(ns_names_t *names, const kvd_ns_spec_t *specs, size_t i,
+                         size_t first, uint64_t pool_bytes, const kvd_msg_t *req,
+                         kvd_msg_t *rep)
 {
     const kvd_ns_spec_t *sp = &specs[i];
     uint32_t idx = (uint32_t)i + 1;
@@ -86,15 +179,12 @@ static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t 
         return true;
     }
     kvd_ns_info_t have = {0};
-    uint32_t id;
-    if (kvd_store_ns_find(store, sp->name, &id) == KVD_OK) {
-        kvd_store_ns_info(store, id, &have);
-    } else {
-        for (size_t k = 0; k < i; k++)
-            if (strcmp(specs[k].name, sp->name) == 0)
-                have = (kvd_ns_info_t){.object_bytes = specs[k].object_bytes,
-                                       .rank_replicated = specs[k].rank_replicated};
-    }
+    const kvd_ns_info_t *known = ns_names_find(names, sp->name);
+    if (known != NULL)
+        have = *known;
+    else if (first < i)
+        have = (kvd_ns_info_t){.object_bytes = specs[first].object_bytes,
+                               .rank_replicated = specs[first].rank_replicated};
     if (have.object_bytes != 0 && (have.object_bytes != sp->object_bytes ||
                                    have.rank_replicated != sp->rank_replicated)) {
         set_error(req, rep, KVD_ERR_INVALID, idx,
@@ -106,14 +196,12 @@ static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t 
                   sp->rank_replicated ? " (rank-replicated)" : "");
         return true;
     }
-    kvd_store_stats_t st;
-    kvd_store_stats(store, &st);
-    if (sp->object_bytes == 0 || sp->object_bytes > st.pool_bytes) {
+    if (sp->object_bytes == 0 || sp->object_bytes > pool_bytes) {
         set_error(req, rep, KVD_ERR_INVALID, idx,
                   "namespace %s: objects of %llu bytes; they must be 1 byte to the pool "
                   "size (%llu)",
                   sp->name, (unsigned long long)sp->object_bytes,
-                  (unsigned long long)st.pool_bytes);
+                  (unsigned long long)pool_bytes);
         return true;
     }
     return false;
@@ -124,25 +212,47 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
                      const kvd_msg_t *req, kvd_msg_t *rep)
 {
     (void)ctx; /* tenants: the namespaces will be ctx->tenant's */
+    kvd_store_stats_t st;
+    kvd_store_stats(store, &st);
+    /* first[i]: the first spec of the batch with spec i's name */
+    name_set_t batch = {0};
+    ns_names_t names = {0};
+    uint32_t *first = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, sizeof(uint32_t));
+    if (first == NULL || name_set_init(&batch, n) != KVD_OK ||
+        ns_names_init(&names, store) != KVD_OK) {
+        if (batch.slots != NULL)
+            name_set_fini(&batch);
+        kvd_mem_free(KVD_MEM_STAGING, first, (n + 1) * sizeof(uint32_t));
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return KVD_ERR_NOMEM;
+    }
+    int rc = KVD_OK;
     /* all checked before any is registered: a refused batch changes nothing */
     size_t fresh = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (spec_refused(store, specs, i, req, rep))
-            return rep->status;
-        uint32_t id;
-        bool seen = kvd_store_ns_find(store, specs[i].name, &id) == KVD_OK;
-        for (size_t k = 0; k < i && !seen; k++)
-            seen = strcmp(specs[k].name, specs[i].name) == 0;
-        fresh += !seen;
+    for (size_t i = 0; i < n && rc == KVD_OK; i++) {
+        uint32_t *slot = name_set_slot(&batch, specs[i].name, spec_name, specs);
+        if (*slot == 0)
+            *slot = (uint32_t)i + 1;
+        first[i] = *slot - 1;
+        if (spec_refused(&names, specs, i, first[i], st.pool_bytes, req, rep)) {
+            rc = rep->status;
+            break;
+        }
+        fresh += first[i] == i && ns_names_find(&names, specs[i].name) == NULL;
     }
+    name_set_fini(&batch);
+    ns_names_fini(&names);
+    kvd_mem_free(KVD_MEM_STAGING, first, (n + 1) * sizeof(uint32_t));
+    if (rc != KVD_OK)
+        return rc;
     if (kvd_store_ns_count(store) + fresh > KVD_STORE_MAX_NAMESPACES) {
         set_error(req, rep, KVD_ERR_NO_SPACE, 0, "too many namespaces (at most %d)",
                   KVD_STORE_MAX_NAMESPACES);
         return KVD_ERR_NO_SPACE;
     }
     for (size_t i = 0; i < n; i++) {
-        int rc = kvd_store_ns_register(store, specs[i].name, specs[i].object_bytes,
-                                       specs[i].rank_replicated, &ids[i]);
+        rc = kvd_store_ns_register(store, specs[i].name, specs[i].object_bytes,
+                                   specs[i].rank_replicated, &ids[i]);
         if (rc != KVD_OK) { /* only out of memory is left */
             set_error(req, rep, rc, (uint32_t)i + 1, "namespace %s: %s", specs[i].name,
                       kvd_status_str(rc));
@@ -384,7 +494,7 @@ static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *r
  * two entries: about 2 ms on the 2-vCPU reference machine (bench
  * list-stall). One entry, once begun, is finished, so a page costs at most
  * this plus one entry (LIST_CHAIN_MAX + LIST_POOL_PROBES_MAX). */
-#define LIST_BUDGET (64u * 1024u)
+#define LIST_BUDGET (32u * 1024u)
 /* Parent links one entry follows: a longer chain is listed by its last
  * LIST_CHAIN_MAX pages (the root shown is where the walk stopped). 16 Ki
  * pages is a 256k-token prompt at 16 tokens a page. */
@@ -392,13 +502,19 @@ static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *r
 /* Probes one entry spends on other namespaces' boundaries; past it, the
  * namespaces left are not shown for that entry (kvdock lookup answers for
  * any one of them). */
-#define LIST_POOL_PROBES_MAX (64u * 1024u)
+#define LIST_POOL_PROBES_MAX (32u * 1024u)
 /* Index operations an Inspect may spend looking for parents in other
  * namespaces, after one probe per namespace for the key itself. */
 #define INSPECT_BUDGET (64u * 1024u)
 
-/* A ListPrefixes cursor: "LP", version, flags (bit 0: nodes), the
- * namespace filter, the engine position, and the position's check value. */
+/* Records one Evict of a namespace (or all) visits: a slice of a few
+ * milliseconds however many objects go; the reply carries next_cursor when
+ * there is more, and kvdock evict goes on with it. */
+#define EVICT_VISITS (8u * 1024u)
+
+/* A cursor (ListPrefixes, Evict): two letters naming the method, version,
+ * flags (ListPrefixes: bit 0 nodes), the namespace filter, the engine
+ * position, and the position's check value. */
 #define CURSOR_BYTES   24
 #define CURSOR_VERSION 1
 
@@ -616,38 +732,6 @@ static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *r
     kvd_mem_free(KVD_MEM_STAGING, w, sizeof(*w));
 }
 
-static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
-{
-    const kvd_evict_req_t *r = &req->body.evict_req;
-    uint32_t ns;
-    if (r->all + r->has_key + (r->ns_name[0] != '\0' && !r->has_key) != 1) {
-        set_error(
-            req, rep, KVD_ERR_INVALID, 0,
-            "evict takes one of: a key (with or without a namespace), a namespace, all");
-        return;
-    }
-    if (!ns_by_name(store, r->all ? "" : r->ns_name, &ns, req, rep))
-        return;
-    kvd_evict_rep_t *o = &rep->body.evict_rep;
-    if (!r->has_key) {
-        kvd_store_evict_ns(store, ns, &o->evicted, &o->skipped);
-        return;
-    }
-    uint32_t count = kvd_store_ns_count(store);
-    bool found = false;
-    for (uint32_t n = 0; n < count; n++) {
-        if (ns != UINT32_MAX && n != ns)
-            continue;
-        int rc = kvd_store_evict_key(store, n, r->key);
-        found |= rc != KVD_ERR_NOT_FOUND;
-        o->evicted += rc == KVD_OK;
-        o->skipped += rc == KVD_ERR_BUSY;
-    }
-    if (!found)
-        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "the key is not stored%s%s",
-                  r->ns_name[0] ? " in " : "", r->ns_name);
-}
-
 /* ------------------------------------------------------------ prefixes */
 
 /*
@@ -817,9 +901,10 @@ static int list_one(const kvd_obj_info_t *obj, void *arg)
     return 0;
 }
 
-static uint64_t cursor_salt(uint32_t only, uint8_t flags)
+static uint64_t cursor_salt(const char *magic, uint32_t only, uint8_t flags)
 {
-    return ((uint64_t)only << 8 | flags) ^ 0x4c50000000000000ull; /* "LP" */
+    return ((uint64_t)only << 8 | flags) ^ (uint64_t)(uint8_t)magic[0] << 56 ^
+           (uint64_t)(uint8_t)magic[1] << 48;
 }
 
 static void put_le(uint8_t *p, uint64_t v, int n)
@@ -836,35 +921,34 @@ static uint64_t get_le(const uint8_t *p, int n)
     return v;
 }
 
-static void cursor_make(kvd_store_t *store, uint32_t only, uint8_t flags, uint64_t pos,
-                        kvd_list_rep_t *o)
+static void cursor_make(kvd_store_t *store, const char *magic, uint32_t only,
+                        uint8_t flags, uint64_t pos, uint8_t *c, size_t *len)
 {
-    uint8_t *c = o->next_cursor;
-    c[0] = 'L';
-    c[1] = 'P';
+    c[0] = (uint8_t)magic[0];
+    c[1] = (uint8_t)magic[1];
     c[2] = CURSOR_VERSION;
     c[3] = flags;
     put_le(c + 4, only, 4);
     put_le(c + 8, pos, 8);
-    put_le(c + 16, kvd_store_pos_check(store, pos, cursor_salt(only, flags)), 8);
-    o->next_cursor_len = CURSOR_BYTES;
+    put_le(c + 16, kvd_store_pos_check(store, pos, cursor_salt(magic, only, flags)), 8);
+    *len = CURSOR_BYTES;
 }
 
-/* The position a request's cursor names: KVD_ERR_INVALID for one this
- * daemon did not make, or made for another listing. */
-static int cursor_read(kvd_store_t *store, const kvd_list_req_t *r, uint32_t only,
-                       uint8_t flags, uint64_t *pos)
+/* The position a request's cursor names (0 without one): KVD_ERR_INVALID
+ * for one this daemon did not make, or made for another method, namespace
+ * or flags. */
+static int cursor_read(kvd_store_t *store, const char *magic, const uint8_t *c,
+                       size_t len, uint32_t only, uint8_t flags, uint64_t *pos)
 {
-    const uint8_t *c = r->cursor;
-    if (r->cursor_len == 0) {
+    if (len == 0) {
         *pos = 0;
         return KVD_OK;
     }
-    if (r->cursor_len != CURSOR_BYTES || c[0] != 'L' || c[1] != 'P' ||
+    if (len != CURSOR_BYTES || c[0] != (uint8_t)magic[0] || c[1] != (uint8_t)magic[1] ||
         c[2] != CURSOR_VERSION)
         return KVD_ERR_INVALID;
     uint64_t p = get_le(c + 8, 8);
-    uint64_t salt = cursor_salt((uint32_t)get_le(c + 4, 4), c[3]);
+    uint64_t salt = cursor_salt(magic, (uint32_t)get_le(c + 4, 4), c[3]);
     if (get_le(c + 16, 8) != kvd_store_pos_check(store, p, salt) ||
         get_le(c + 4, 4) != only || c[3] != flags || p == 0 || p == KVD_STORE_POS_END)
         return KVD_ERR_INVALID;
@@ -881,7 +965,7 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
         return;
     uint8_t flags = r->nodes ? 1 : 0;
     uint64_t pos;
-    if (cursor_read(store, r, only, flags, &pos) != KVD_OK) {
+    if (cursor_read(store, "LP", r->cursor, r->cursor_len, only, flags, &pos) != KVD_OK) {
         set_error(req, rep, KVD_ERR_INVALID, 0,
                   "list prefixes: the cursor is not one this daemon gave for this "
                   "listing (same namespace and nodes); start again without one");
@@ -920,7 +1004,7 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
     }
     if (rc == KVD_OK && pos != KVD_STORE_POS_END) {
         o->truncated = true;
-        cursor_make(store, only, flags, pos, o);
+        cursor_make(store, "LP", only, flags, pos, o->next_cursor, &o->next_cursor_len);
     }
     if (rc == KVD_OK)
         rc = ns_table_used(w, rep, &o->namespaces, &o->n_namespaces);
@@ -930,6 +1014,62 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
     kvd_mem_free(KVD_MEM_STAGING, chain, LIST_CHAIN_MAX * sizeof(kvd_key_t));
     if (rc != KVD_OK)
         set_error(req, rep, rc, 0, "list prefixes failed: %s", kvd_status_str(rc));
+}
+
+/* Evict of a namespace (or all) goes in slices of EVICT_VISITS records;
+ * skipped counts what stayed: pinned or being written objects, and while
+ * next_cursor is set, those not reached yet. A key is looked for in each
+ * namespace (at most 4,096 probes). */
+static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_evict_req_t *r = &req->body.evict_req;
+    uint32_t ns;
+    if (r->all + r->has_key + (r->ns_name[0] != '\0' && !r->has_key) != 1 ||
+        (r->has_key && r->cursor_len > 0)) {
+        set_error(req, rep, KVD_ERR_INVALID, 0,
+                  "evict takes one of: a key (with or without a namespace), a namespace, "
+                  "all (a cursor only with the last two)");
+        return;
+    }
+    if (!ns_by_name(store, r->all ? "" : r->ns_name, &ns, req, rep))
+        return;
+    kvd_evict_rep_t *o = &rep->body.evict_rep;
+    if (!r->has_key) {
+        uint64_t pos;
+        if (cursor_read(store, "EV", r->cursor, r->cursor_len, ns, 0, &pos) != KVD_OK) {
+            set_error(req, rep, KVD_ERR_INVALID, 0,
+                      "evict: the cursor is not one this daemon gave for this namespace "
+                      "(or all); start again without one");
+            return;
+        }
+        kvd_store_evict_from(store, ns, &pos, EVICT_VISITS, &o->evicted);
+        uint32_t count = kvd_store_ns_count(store);
+        for (uint32_t n = 0; n < count; n++) {
+            kvd_ns_info_t info;
+            if ((ns != UINT32_MAX && n != ns) ||
+                kvd_store_ns_info(store, n, &info) != KVD_OK)
+                continue;
+            o->skipped += pos == KVD_STORE_POS_END
+                              ? info.objects_writing + info.objects_pinned
+                              : info.objects_writing + info.objects_ready;
+        }
+        if (pos != KVD_STORE_POS_END)
+            cursor_make(store, "EV", ns, 0, pos, o->next_cursor, &o->next_cursor_len);
+        return;
+    }
+    uint32_t count = kvd_store_ns_count(store);
+    bool found = false;
+    for (uint32_t n = 0; n < count; n++) {
+        if (ns != UINT32_MAX && n != ns)
+            continue;
+        int rc = kvd_store_evict_key(store, n, r->key);
+        found |= rc != KVD_ERR_NOT_FOUND;
+        o->evicted += rc == KVD_OK;
+        o->skipped += rc == KVD_ERR_BUSY;
+    }
+    if (!found)
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "the key is not stored%s%s",
+                  r->ns_name[0] ? " in " : "", r->ns_name);
 }
 
 void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts,

@@ -1277,3 +1277,29 @@ uint64_t kvd_store_pos_check(const kvd_store_t *s, uint64_t pos, uint64_t salt)
     uint64_t h = mum(pos ^ k[3], salt ^ k[0]) ^ mum(pos ^ k[1], k[2]);
     return mum(h ^ k[4], k[5]);
 }
+
+/* Evicting a namespace in slices walks records the same way: an eviction
+ * frees its record's extent and may retire its free neighbours' records,
+ * none of which the walk needs again; it makes no record. */
+int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
+                         uint64_t *evicted)
+{
+    if (ns != UINT32_MAX && ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    uint64_t i = *pos == 0 ? 1 : *pos, e = 0;
+    for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
+        if (n == max_visits) {
+            *pos = i;
+            *evicted = e;
+            return KVD_OK;
+        }
+        const rec_t *r = R(s, (uint32_t)i);
+        if (r->state != REC_READY || r->pins > 0 || r->quarantined ||
+            (ns != UINT32_MAX && r->ns != ns))
+            continue;
+        e += kvd_store_evict_key(s, r->ns, r->key) == KVD_OK;
+    }
+    *pos = KVD_STORE_POS_END;
+    *evicted = e;
+    return KVD_OK;
+}

@@ -378,6 +378,14 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
  * went and what had to stay (pinned or being written). */
 int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped);
 
+/* Evicts the READY, unpinned objects of ns (UINT32_MAX: all) met while
+ * visiting at most max_visits records from position *pos (0: the start; see
+ * kvd_store_foreach_from), so that a huge namespace goes in bounded
+ * slices; *pos is where to go on, KVD_STORE_POS_END once the walk ended.
+ * *evicted counts this slice's evictions. */
+int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
+                         uint64_t *evicted);
+
 typedef struct kvd_store_stats {
     uint64_t pool_bytes;
     uint64_t free_bytes;
