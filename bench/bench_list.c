@@ -12,7 +12,12 @@
  * page, and the Health round trips during the listing (count, p50, worst).
  * Then the other methods on the same state, each timed once: Stats (the
  * namespace table), Inspect of a chain key in every namespace, and the
- * RegisterNamespace of the empty namespaces (from the setup).
+ * RegisterNamespace of the empty namespaces (from the setup). With
+ * --evict-objects N, a second namespace gets N objects (the pool grows to
+ * hold them) and is evicted, following the Evict cursor where the daemon
+ * gives one: the calls and the slowest one are reported. Last, from the
+ * daemon's own Stats, each of those methods' mean and slowest latency
+ * bucket (the time the daemon spent on one call, from its clock).
  *
  * The daemon is started here (see bench.h) unless --socket names one.
  */
@@ -33,6 +38,7 @@ typedef struct ls_opts {
     const char *kvdockd_path;
     const char *socket_path;
     uint32_t empty, chain, leaves;
+    uint64_t evict_objects;
     bool json;
 } ls_opts_t;
 
@@ -40,7 +46,7 @@ static void ls_usage(FILE *f)
 {
     fprintf(f,
             "Usage: kvdock-bench list-stall (--kvdockd PATH | --socket S) [--empty N]\n"
-            "         [--chain N] [--leaves N] [--json]\n"
+            "         [--chain N] [--leaves N] [--evict-objects N] [--json]\n"
             "Health round trips while one client lists a hostile store; defaults\n"
             "4095 empty namespaces, a 1000-page chain, 600 leaves.\n");
 }
@@ -48,14 +54,16 @@ static void ls_usage(FILE *f)
 static int ls_parse(int argc, char **argv, ls_opts_t *o)
 {
     *o = (ls_opts_t){.empty = 4095, .chain = 1000, .leaves = 600};
-    static const struct option longopts[] = {{"kvdockd", required_argument, NULL, 'k'},
-                                             {"socket", required_argument, NULL, 's'},
-                                             {"empty", required_argument, NULL, 'e'},
-                                             {"chain", required_argument, NULL, 'c'},
-                                             {"leaves", required_argument, NULL, 'l'},
-                                             {"json", no_argument, NULL, 'j'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {NULL, 0, NULL, 0}};
+    static const struct option longopts[] = {
+        {"kvdockd", required_argument, NULL, 'k'},
+        {"socket", required_argument, NULL, 's'},
+        {"empty", required_argument, NULL, 'e'},
+        {"chain", required_argument, NULL, 'c'},
+        {"leaves", required_argument, NULL, 'l'},
+        {"json", no_argument, NULL, 'j'},
+        {"evict-objects", required_argument, NULL, 'x'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     optind = 1;
     int ch;
     uint64_t v;
@@ -65,6 +73,10 @@ static int ls_parse(int argc, char **argv, ls_opts_t *o)
         case 's': o->socket_path = optarg; break;
         case 'j': o->json = true; break;
         case 'h': ls_usage(stdout); return -1;
+        case 'x':
+            if (kvd_u64_parse(optarg, 0, 4u << 20, &o->evict_objects) != KVD_OK)
+                return 1;
+            break;
         case 'e':
         case 'c':
         case 'l':
@@ -76,6 +88,8 @@ static int ls_parse(int argc, char **argv, ls_opts_t *o)
         default: return 1;
         }
     }
+    if (o->evict_objects > 0 && o->empty > 4094)
+        o->empty = 4094; /* room for the namespace to evict */
     if ((o->kvdockd_path == NULL) == (o->socket_path == NULL) || o->leaves >= o->chain)
         return 1;
     return 0;
@@ -213,8 +227,9 @@ static void *health_main(void *arg)
 }
 
 typedef struct ls_result {
-    uint32_t pages, prefixes;
-    double list_ms, worst_page_ms, register_ms, stats_ms, inspect_ms;
+    uint32_t pages, prefixes, evict_calls;
+    uint64_t evicted;
+    double list_ms, worst_page_ms, register_ms, stats_ms, inspect_ms, evict_worst_ms;
     bench_hist_t health;
 } ls_result_t;
 
@@ -271,6 +286,96 @@ static int others(kvd_client_t *c, ls_result_t *r)
     return rc;
 }
 
+/* Fills namespace bench/big/tp0 with n objects (batches of 4,096), then
+ * evicts it, following the cursor when there is one. */
+static int evict_big(kvd_client_t *c, uint64_t n, ls_result_t *r)
+{
+    kvd_ns_spec_t spec = {.object_bytes = OBJ_BYTES};
+    kvd_strlcpy(spec.name, "bench/big/tp0", sizeof(spec.name));
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_REGISTER_NAMESPACE);
+    req.body.register_req = (kvd_register_req_t){.n = 1, .namespaces = &spec};
+    int rc = call(c, &req, &rep);
+    uint32_t ns = rc == KVD_OK ? rep.body.register_rep.ids[0] : 0;
+    kvd_msg_clear(&rep);
+    kvd_put_item_t *items = calloc(4096, sizeof(*items));
+    if (items == NULL)
+        rc = KVD_ERR_NOMEM;
+    for (uint64_t done = 0; rc == KVD_OK && done < n;) {
+        size_t k = (size_t)KVD_MIN(n - done, (uint64_t)4096);
+        for (size_t i = 0; i < k; i++) {
+            memset(&items[i], 0, sizeof(items[i]));
+            key_of(0x20000000u + (uint32_t)(done + i), items[i].key);
+        }
+        rc = put(c, ns, items, k);
+        done += k;
+    }
+    free(items);
+    uint8_t cursor[KVD_CURSOR_MAX];
+    size_t cursor_len = 0;
+    while (rc == KVD_OK && r->evict_calls < 10000000u) {
+        kvd_msg_request(&req, 0, KVD_METHOD_EVICT);
+        kvd_strlcpy(req.body.evict_req.ns_name, spec.name, KVD_NS_NAME_BYTES);
+        memcpy(req.body.evict_req.cursor, cursor, cursor_len);
+        req.body.evict_req.cursor_len = cursor_len;
+        uint64_t t0 = kvd_now_ns();
+        rc = call(c, &req, &rep);
+        double ms = (double)(kvd_now_ns() - t0) / 1e6;
+        r->evict_worst_ms = ms > r->evict_worst_ms ? ms : r->evict_worst_ms;
+        r->evict_calls++;
+        r->evicted += rep.body.evict_rep.evicted;
+        cursor_len = rep.body.evict_rep.next_cursor_len;
+        if (cursor_len > sizeof(cursor))
+            cursor_len = 0;
+        memcpy(cursor, rep.body.evict_rep.next_cursor, cursor_len);
+        kvd_msg_clear(&rep);
+        if (cursor_len == 0)
+            break;
+    }
+    return rc;
+}
+
+/* The daemon's own figures of a method: mean and the slowest bucket. */
+static void method_line(const kvd_stats_rep_t *st, kvd_method_t m, bool json, bool first)
+{
+    const kvd_method_stats_t *ms = &st->methods[m];
+    size_t top = 0;
+    for (size_t b = 0; b < KVD_LATENCY_BUCKETS; b++)
+        if (ms->latency_buckets[b] > 0)
+            top = b;
+    double mean = ms->calls ? (double)ms->latency_us_sum / (double)ms->calls / 1e3 : 0;
+    uint64_t bound = kvd_latency_bound_us(top);
+    if (json)
+        printf("%s\"%s\":{\"calls\":%llu,\"mean_ms\":%.3f,\"slowest_under_ms\":%.3f}",
+               first ? "" : ",", kvd_method_name(m), (unsigned long long)ms->calls, mean,
+               bound == UINT64_MAX ? -1.0 : (double)bound / 1e3);
+    else if (ms->calls > 0)
+        printf("  %-14s %8llu calls, mean %8.3f ms, every call under %s%.3f ms\n",
+               kvd_method_name(m), (unsigned long long)ms->calls, mean,
+               bound == UINT64_MAX ? "(beyond the last bucket) " : "",
+               bound == UINT64_MAX ? (double)kvd_latency_bound_us(top - 1) / 1e3
+                                   : (double)bound / 1e3);
+}
+
+static void daemon_lines(kvd_client_t *c, bool json)
+{
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_STATS);
+    if (call(c, &req, &rep) != KVD_OK) {
+        kvd_msg_clear(&rep);
+        return;
+    }
+    static const kvd_method_t ms[] = {
+        KVD_METHOD_LIST_PREFIXES, KVD_METHOD_HEALTH, KVD_METHOD_REGISTER_NAMESPACE,
+        KVD_METHOD_INSPECT,       KVD_METHOD_STATS,  KVD_METHOD_EVICT};
+    printf(json ? "{\"mode\":\"list-stall-daemon\"," : "the daemon's own clock:\n");
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(ms); i++)
+        method_line(&rep.body.stats_rep, ms[i], json, i == 0);
+    if (json)
+        printf("}\n");
+    kvd_msg_clear(&rep);
+}
+
 int bench_mode_list_stall(int argc, char **argv)
 {
     ls_opts_t o;
@@ -285,7 +390,10 @@ int bench_mode_list_stall(int argc, char **argv)
     if (bench_env_init(&env) != KVD_OK)
         return BENCH_EXIT_FAIL;
     const char *socket = o.socket_path ? o.socket_path : env.daemon_socket;
-    rc = o.kvdockd_path ? bench_daemon_start(&env, o.kvdockd_path, "64M") : KVD_OK;
+    char pool[32];
+    snprintf(pool, sizeof(pool), "%lluM",
+             (unsigned long long)(64 + (o.evict_objects * OBJ_BYTES >> 20) * 11 / 10));
+    rc = o.kvdockd_path ? bench_daemon_start(&env, o.kvdockd_path, pool) : KVD_OK;
     kvd_client_t *c = NULL;
     if (rc == KVD_OK)
         rc = kvd_client_connect_unix(socket, 5000, &c);
@@ -308,9 +416,11 @@ int bench_mode_list_stall(int argc, char **argv)
     }
     if (rc == KVD_OK)
         rc = others(c, &r);
-    kvd_client_close(c);
-    bench_env_cleanup(&env);
+    if (rc == KVD_OK && o.evict_objects > 0)
+        rc = evict_big(c, o.evict_objects, &r);
     if (rc != KVD_OK) {
+        kvd_client_close(c);
+        bench_env_cleanup(&env);
         fprintf(stderr, "kvdock-bench list-stall: failed: %s\n", kvd_status_str(rc));
         return BENCH_EXIT_FAIL;
     }
@@ -320,10 +430,14 @@ int bench_mode_list_stall(int argc, char **argv)
         printf("{\"mode\":\"list-stall\",\"empty\":%u,\"chain\":%u,\"leaves\":%u,"
                "\"pages\":%u,\"prefixes\":%u,\"list_ms\":%.2f,\"worst_page_ms\":%.2f,"
                "\"health_calls\":%llu,\"health_p50_ms\":%.3f,\"health_worst_ms\":%.2f,"
-               "\"register_ms\":%.2f,\"stats_ms\":%.2f,\"inspect_ms\":%.2f}\n",
+               "\"register_ms\":%.2f,\"stats_ms\":%.2f,\"inspect_ms\":%.2f,"
+               "\"evict_objects\":%llu,\"evicted\":%llu,\"evict_calls\":%u,"
+               "\"evict_worst_ms\":%.2f}\n",
                o.empty, o.chain, o.leaves, r.pages, r.prefixes, r.list_ms,
                r.worst_page_ms, (unsigned long long)h.hist.count, p50, worst,
-               r.register_ms, r.stats_ms, r.inspect_ms);
+               r.register_ms, r.stats_ms, r.inspect_ms,
+               (unsigned long long)o.evict_objects, (unsigned long long)r.evicted,
+               r.evict_calls, r.evict_worst_ms);
     } else {
         printf("state: %u empty namespaces, a %u-page chain, %u leaves\n", o.empty,
                o.chain, o.leaves);
@@ -336,6 +450,14 @@ int bench_mode_list_stall(int argc, char **argv)
         printf("RegisterNamespace of %u: %.1f ms; Stats: %.2f ms; Inspect in every "
                "namespace: %.2f ms\n",
                o.empty, r.register_ms, r.stats_ms, r.inspect_ms);
+        if (o.evict_objects > 0)
+            printf("Evict of a namespace of %llu objects: %llu evicted in %u calls, the "
+                   "slowest %.2f ms\n",
+                   (unsigned long long)o.evict_objects, (unsigned long long)r.evicted,
+                   r.evict_calls, r.evict_worst_ms);
     }
+    daemon_lines(c, o.json);
+    kvd_client_close(c);
+    bench_env_cleanup(&env);
     return BENCH_EXIT_OK;
 }

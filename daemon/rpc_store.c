@@ -73,25 +73,31 @@ static bool name_ok(const char *name)
     return true;
 }
 
-/* Names of one request, hashed once, so that a batch of 4,096 specs beside
- * 4,096 namespaces costs a few thousand probes rather than millions of
- * string comparisons. Slot values: spec index + 1 (batch) or id + 1
- * (existing namespaces); 0 is empty. */
+/* The names of one batch, hashed once, so that finding a name's first
+ * spec costs a probe rather than a comparison with every earlier spec (a
+ * batch of 4,096 would compare millions of names while the loop waits).
+ * Slot values: spec index + 1; 0 is empty. The hash is keyed with a value
+ * only this store knows, so that clients cannot choose names that pile up
+ * in one place. */
 typedef struct name_set {
     uint32_t *slots;
     size_t mask;
+    uint64_t key;
 } name_set_t;
 
-static uint64_t name_hash(const char *s)
+static uint64_t name_hash(const name_set_t *t, const char *s)
 {
-    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a: names are not secret */
-    for (; *s; s++)
+    uint64_t h = t->key;
+    for (; *s; s++) {
         h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
-    return h;
+        h ^= h >> 31;
+    }
+    return h * 0x9e3779b97f4a7c15ull ^ (h >> 29);
 }
 
-static int name_set_init(name_set_t *t, size_t n)
+static int name_set_init(name_set_t *t, size_t n, uint64_t key)
 {
+    t->key = key;
     size_t cap = 16;
     while (cap < 2 * n)
         cap *= 2;
@@ -111,7 +117,7 @@ static uint32_t *name_set_slot(name_set_t *t, const char *name,
                                const char *(*name_of)(const void *, uint32_t),
                                const void *arg)
 {
-    for (size_t i = name_hash(name) & t->mask;; i = (i + 1) & t->mask)
+    for (size_t i = name_hash(t, name) & t->mask;; i = (i + 1) & t->mask)
         if (t->slots[i] == 0 || strcmp(name_of(arg, t->slots[i] - 1), name) == 0)
             return &t->slots[i];
 }
@@ -121,53 +127,10 @@ static const char *spec_name(const void *arg, uint32_t i)
     return ((const kvd_ns_spec_t *)arg)[i].name;
 }
 
-/* The store's namespaces by name: a copy of their infos, hashed. */
-typedef struct ns_names {
-    name_set_t set;
-    kvd_ns_info_t *info;
-    uint32_t n;
-} ns_names_t;
-
-static const char *info_name(const void *arg, uint32_t i)
-{
-    return ((const kvd_ns_info_t *)arg)[i].name;
-}
-
-static int ns_names_init(ns_names_t *t, kvd_store_t *store)
-{
-    t->n = kvd_store_ns_count(store);
-    t->info = kvd_mem_calloc(KVD_MEM_STAGING, (size_t)t->n + 1, sizeof(*t->info));
-    if (t->info == NULL || name_set_init(&t->set, t->n) != KVD_OK) {
-        kvd_mem_free(KVD_MEM_STAGING, t->info, ((size_t)t->n + 1) * sizeof(*t->info));
-        t->info = NULL;
-        return KVD_ERR_NOMEM;
-    }
-    for (uint32_t i = 0; i < t->n; i++) {
-        kvd_store_ns_info(store, i, &t->info[i]);
-        *name_set_slot(&t->set, t->info[i].name, info_name, t->info) = i + 1;
-    }
-    return KVD_OK;
-}
-
-static void ns_names_fini(ns_names_t *t)
-{
-    if (t->info == NULL)
-        return;
-    name_set_fini(&t->set);
-    kvd_mem_free(KVD_MEM_STAGING, t->info, ((size_t)t->n + 1) * sizeof(*t->info));
-}
-
-/* The info of the namespace of that name, or NULL. */
-static const kvd_ns_info_t *ns_names_find(ns_names_t *t, const char *name)
-{
-    uint32_t v = *name_set_slot(&t->set, name, info_name, t->info);
-    return v ? &t->info[v - 1] : NULL;
-}
-
 /* Why spec i cannot be registered beside the existing namespaces and the
  * earlier specs of its batch (first: the first spec of its name); false
  * when it can. */
-static bool spec_refused(ns_names_t *names, const kvd_ns_spec_t *specs, size_t i,
+static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t i,
                          size_t first, uint64_t pool_bytes, const kvd_msg_t *req,
                          kvd_msg_t *rep)
 {
@@ -179,9 +142,9 @@ static bool spec_refused(ns_names_t *names, const kvd_ns_spec_t *specs, size_t i
         return true;
     }
     kvd_ns_info_t have = {0};
-    const kvd_ns_info_t *known = ns_names_find(names, sp->name);
-    if (known != NULL)
-        have = *known;
+    uint32_t id;
+    if (kvd_store_ns_find(store, sp->name, &id) == KVD_OK)
+        kvd_store_ns_info(store, id, &have);
     else if (first < i)
         have = (kvd_ns_info_t){.object_bytes = specs[first].object_bytes,
                                .rank_replicated = specs[first].rank_replicated};
@@ -216,12 +179,9 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
     kvd_store_stats(store, &st);
     /* first[i]: the first spec of the batch with spec i's name */
     name_set_t batch = {0};
-    ns_names_t names = {0};
     uint32_t *first = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, sizeof(uint32_t));
-    if (first == NULL || name_set_init(&batch, n) != KVD_OK ||
-        ns_names_init(&names, store) != KVD_OK) {
-        if (batch.slots != NULL)
-            name_set_fini(&batch);
+    uint64_t key = kvd_store_pos_check(store, 0x6e616d6573ull /* "names" */, 0);
+    if (first == NULL || name_set_init(&batch, n, key) != KVD_OK) {
         kvd_mem_free(KVD_MEM_STAGING, first, (n + 1) * sizeof(uint32_t));
         set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
         return KVD_ERR_NOMEM;
@@ -234,14 +194,14 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
         if (*slot == 0)
             *slot = (uint32_t)i + 1;
         first[i] = *slot - 1;
-        if (spec_refused(&names, specs, i, first[i], st.pool_bytes, req, rep)) {
+        if (spec_refused(store, specs, i, first[i], st.pool_bytes, req, rep)) {
             rc = rep->status;
             break;
         }
-        fresh += first[i] == i && ns_names_find(&names, specs[i].name) == NULL;
+        uint32_t id;
+        fresh += first[i] == i && kvd_store_ns_find(store, specs[i].name, &id) != KVD_OK;
     }
     name_set_fini(&batch);
-    ns_names_fini(&names);
     kvd_mem_free(KVD_MEM_STAGING, first, (n + 1) * sizeof(uint32_t));
     if (rc != KVD_OK)
         return rc;
