@@ -24,6 +24,9 @@
  * are evicted, an old cursor still continues (OK) and the rest of the
  * listing still ends.
  *
+ * `kvdock prefixes` (and --json) shows all 601 entries, following the
+ * cursor; with --limit 100 it shows 100 and says truncated.
+ *
  * Then Health is ready, the invariant check (Stats) passes, the daemon exits 0 on
  * SIGTERM with a clean log.
  *
@@ -330,6 +333,39 @@ static void check_cursors(kvd_client_t *c, const listing_t *L)
     free(rep);
 }
 
+static char cli_out[1 << 20];
+
+/* Occurrences of needle in text. */
+static size_t count_of(const char *text, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = strstr(text, needle); p; p = strstr(p + 1, needle))
+        n++;
+    return n;
+}
+
+/* kvdock prefixes follows the cursor: all 601 entries; --limit 100 gives
+ * 100 and says truncated. */
+static void check_cli(const char *socket)
+{
+    int rc = dt_cli_at(cli_out, sizeof(cli_out), socket,
+                       (const char *[]){"prefixes", "--json", NULL});
+    DT_CHECK(rc == 0 && dt_json_valid(cli_out), "kvdock prefixes --json: exit %d", rc);
+    size_t n = count_of(cli_out, "\"leaf\":");
+    DT_CHECK(n == N_PREFIXES && strstr(cli_out, "\"truncated\":false") != NULL,
+             "kvdock prefixes --json: %zu entries (want %u), %s", n, N_PREFIXES,
+             strstr(cli_out, "\"truncated\":false") ? "complete" : "truncated");
+    rc = dt_cli_at(cli_out, sizeof(cli_out), socket,
+                   (const char *[]){"prefixes", "--json", "--limit", "100", NULL});
+    n = count_of(cli_out, "\"leaf\":");
+    DT_CHECK(rc == 0 && n == 100 && strstr(cli_out, "\"truncated\":true") != NULL,
+             "kvdock prefixes --json --limit 100: exit %d, %zu entries, %s", rc, n,
+             strstr(cli_out, "\"truncated\":true") ? "truncated" : "not truncated");
+    rc = dt_cli_at(cli_out, sizeof(cli_out), socket, (const char *[]){"prefixes", NULL});
+    n = count_of(cli_out, " pages ");
+    DT_CHECK(rc == 0 && n == N_PREFIXES, "kvdock prefixes: exit %d, %zu entries", rc, n);
+}
+
 /* Evicts C0..C99 (READY, unpinned), then continues an old cursor: the store
  * changed under it; it still continues and the listing still ends. */
 static void check_stale(kvd_client_t *c, const listing_t *L)
@@ -364,6 +400,7 @@ static void run(kvd_test_daemon_t *d)
         check_listing(d->socket, t.c, &L);
         if (L.ended && L.first_cursor_len > 0) { /* else the daemon is stuck */
             check_cursors(t.c, &L);
+            check_cli(d->socket);
             check_stale(t.c, &L);
         }
     }
