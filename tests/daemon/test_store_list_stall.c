@@ -27,6 +27,9 @@
  * `kvdock prefixes` (and --json) shows all 601 entries, following the
  * cursor; with --limit 100 it shows 100 and says truncated.
  *
+ * Pipelining: 1,000 Inspects in one write, each probing 4,096 namespaces;
+ * a second client's Stats is served between them (see check_pipeline).
+ *
  * Then Health is ready, the invariant check (Stats) passes, the daemon exits 0 on
  * SIGTERM with a clean log.
  *
@@ -366,6 +369,88 @@ static void check_cli(const char *socket)
     DT_CHECK(rc == 0 && n == N_PREFIXES, "kvdock prefixes: exit %d, %zu entries", rc, n);
 }
 
+/* ------------------------------------------------------- pipelining */
+
+#define PIPELINE 1000u /* Inspects in one write: about 60 KiB, one read */
+
+typedef struct watcher {
+    const char *socket;
+    atomic_bool stop;
+    uint64_t base;               /* Inspect calls before the pipeline */
+    atomic_uint_fast64_t inside; /* Stats replies seeing base < calls < base+N */
+    atomic_uint_fast64_t replies;
+} watcher_t;
+
+static void *watch_main(void *arg)
+{
+    watcher_t *w = arg;
+    kvd_client_t *c = dt_connect(w->socket, true);
+    if (c == NULL)
+        return NULL;
+    static ts_stats_t st;
+    for (uint32_t i = 0; i < 100000 && !atomic_load(&w->stop); i++) {
+        if (ts_stats(c, false, &st) != KVD_OK)
+            break;
+        uint64_t calls = st.methods[KVD_METHOD_INSPECT].calls;
+        atomic_fetch_add(&w->replies, 1);
+        if (calls > w->base && calls < w->base + PIPELINE)
+            atomic_fetch_add(&w->inside, 1);
+    }
+    kvd_client_close(c);
+    return NULL;
+}
+
+/*
+ * A client pipelines 1,000 Inspects (each probes 4,096 namespaces, so the
+ * lot is far more than one turn of the loop) in one write. Each is bounded,
+ * but together they would hold the loop; the daemon serves a connection's
+ * frames a turn at a time, so a second client's Stats is served between
+ * them: some Stats reply counts more Inspects than before the pipeline and
+ * fewer than after. (Served in one go, every Stats sees all or none.)
+ */
+static void check_pipeline(const char *socket, kvd_client_t *c)
+{
+    static ts_stats_t st;
+    if (!DT_CHECK(ts_stats(c, false, &st) == KVD_OK, "Stats"))
+        return;
+    watcher_t w = {.socket = socket, .base = st.methods[KVD_METHOD_INSPECT].calls};
+    kvd_msg_t *reqs = calloc(PIPELINE, sizeof(*reqs)),
+              *reps = calloc(PIPELINE, sizeof(*reps));
+    pthread_t th;
+    if (!DT_CHECK(reqs && reps, "out of memory") ||
+        !DT_CHECK(pthread_create(&th, NULL, watch_main, &w) == 0, "pthread_create")) {
+        free(reqs);
+        free(reps);
+        return;
+    }
+    for (int i = 0; i < 500 && atomic_load(&w.replies) == 0; i++)
+        kvd_sleep_ns(10 * 1000 * 1000);
+    for (uint32_t i = 0; i < PIPELINE; i++) {
+        kvd_msg_request(&reqs[i], 0, KVD_METHOD_INSPECT);
+        memset(reqs[i].body.inspect_req.key, 0xee, KVD_KEY_BYTES); /* not stored */
+    }
+    int rc = kvd_client_call_many(c, reqs, reps, PIPELINE, 60000);
+    atomic_store(&w.stop, true);
+    pthread_join(th, NULL);
+    uint32_t not_found = 0;
+    for (uint32_t i = 0; rc == KVD_OK && i < PIPELINE; i++) {
+        not_found += reps[i].status == KVD_ERR_NOT_FOUND;
+        kvd_msg_clear(&reps[i]);
+    }
+    DT_CHECK(rc == KVD_OK && not_found == PIPELINE,
+             "%u pipelined Inspects: %s, %u answered not found", PIPELINE,
+             kvd_status_str(rc), not_found);
+    DT_CHECK(atomic_load(&w.inside) > 0,
+             "none of %llu Stats replies came while the %u pipelined Inspects were "
+             "served: one connection's frames held the loop",
+             (unsigned long long)atomic_load(&w.replies), PIPELINE);
+    printf("pipeline: %llu Stats replies, %llu of them between the Inspects\n",
+           (unsigned long long)atomic_load(&w.replies),
+           (unsigned long long)atomic_load(&w.inside));
+    free(reqs);
+    free(reps);
+}
+
 /* Evicts C0..C99 (READY, unpinned), then continues an old cursor: the store
  * changed under it; it still continues and the listing still ends. */
 static void check_stale(kvd_client_t *c, const listing_t *L)
@@ -401,6 +486,7 @@ static void run(kvd_test_daemon_t *d)
         if (L.ended && L.first_cursor_len > 0) { /* else the daemon is stuck */
             check_cursors(t.c, &L);
             check_cli(d->socket);
+            check_pipeline(d->socket, t.c);
             check_stale(t.c, &L);
         }
     }
