@@ -1298,16 +1298,24 @@ int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t ma
         if (n == max_visits) {
             *pos = i;
             *evicted = e;
+            PARANOID(s, "evict_from");
             return KVD_OK;
         }
-        const rec_t *r = R(s, (uint32_t)i);
+        rec_t *r = R(s, (uint32_t)i);
         if (r->state != REC_READY || r->pins > 0 || r->quarantined ||
             (ns != UINT32_MAX && r->ns != ns))
             continue;
-        e += kvd_store_evict_key(s, r->ns, r->key) == KVD_OK;
+        /* kvd_store_evict_key's steps, checked once per slice */
+        s->ns[r->ns].info.evictions++;
+        s->st.evictions++;
+        s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
+        lru_remove(s, (uint32_t)i);
+        drop_object(s, (uint32_t)i);
+        e++;
     }
     *pos = KVD_STORE_POS_END;
     *evicted = e;
+    PARANOID(s, "evict_from");
     return KVD_OK;
 }
 
