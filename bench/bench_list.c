@@ -11,7 +11,8 @@
  * one reply). Reported: the pages, the whole listing's time, the slowest
  * page, and the Health round trips during the listing (count, p50, worst).
  * Then the other methods on the same state, each timed once: Stats (the
- * namespace table), Inspect of a chain key in every namespace, and the
+ * namespace table), Inspect of a chain key in every namespace, Lookup of
+ * 4,096 keys in 8 pools, and the
  * RegisterNamespace of the empty namespaces (from the setup). With
  * --evict-objects N, a second namespace gets N objects (the pool grows to
  * hold them) and is evicted, following the Evict cursor where the daemon
@@ -31,7 +32,7 @@
 #include <unistd.h>
 
 #define OBJ_BYTES 4096u
-#define CALL_MS   300000 /* a daemon that does not page takes about a minute */
+#define CALL_MS   900000 /* a daemon that does not page: a minute, more when busy */
 #define PAGES_MAX 100000u
 
 typedef struct ls_opts {
@@ -230,6 +231,7 @@ typedef struct ls_result {
     uint32_t pages, prefixes, evict_calls;
     uint64_t evicted;
     double list_ms, worst_page_ms, register_ms, stats_ms, inspect_ms, evict_worst_ms;
+    double lookup_ms, list_cpu_ms; /* the daemon's CPU time while listing */
     bench_hist_t health;
 } ls_result_t;
 
@@ -283,6 +285,24 @@ static int others(kvd_client_t *c, ls_result_t *r)
         rc = call(c, &req, &rep);
     r->inspect_ms = (double)(kvd_now_ns() - t0) / 1e6;
     kvd_msg_clear(&rep);
+    /* Lookup of 4,096 keys in 8 pools (ids 0..7): 32,768 probes */
+    kvd_key_t *keys = calloc(4096, sizeof(kvd_key_t));
+    if (keys == NULL)
+        return KVD_ERR_NOMEM;
+    for (uint32_t i = 0; i < 4096; i++)
+        key_of(i, keys[i]);
+    kvd_lookup_pool_msg_t pools[8];
+    for (uint32_t p = 0; p < 8; p++)
+        pools[p] = (kvd_lookup_pool_msg_t){.ns = p, .n_keys = 4096, .keys = keys};
+    kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
+    req.body.lookup_req.n_pools = 8;
+    req.body.lookup_req.pools = pools;
+    t0 = kvd_now_ns();
+    if (rc == KVD_OK)
+        rc = call(c, &req, &rep);
+    r->lookup_ms = (double)(kvd_now_ns() - t0) / 1e6;
+    kvd_msg_clear(&rep);
+    free(keys);
     return rc;
 }
 
@@ -366,8 +386,10 @@ static void daemon_lines(kvd_client_t *c, bool json)
         return;
     }
     static const kvd_method_t ms[] = {
-        KVD_METHOD_LIST_PREFIXES, KVD_METHOD_HEALTH, KVD_METHOD_REGISTER_NAMESPACE,
-        KVD_METHOD_INSPECT,       KVD_METHOD_STATS,  KVD_METHOD_EVICT};
+        KVD_METHOD_LIST_PREFIXES, KVD_METHOD_HEALTH,
+        KVD_METHOD_LOOKUP,        KVD_METHOD_REGISTER_NAMESPACE,
+        KVD_METHOD_INSPECT,       KVD_METHOD_STATS,
+        KVD_METHOD_EVICT};
     printf(json ? "{\"mode\":\"list-stall-daemon\"," : "the daemon's own clock:\n");
     for (size_t i = 0; i < KVD_ARRAY_SIZE(ms); i++)
         method_line(&rep.body.stats_rep, ms[i], json, i == 0);
@@ -407,7 +429,12 @@ int bench_mode_list_stall(int argc, char **argv)
     if (started) {
         usleep(100 * 1000); /* the Health client connected and going */
         atomic_store(&h.measuring, true);
+        uint64_t cpu0 = env.daemon_pid ? bench_proc_cpu_ns(env.daemon_pid) : UINT64_MAX;
         rc = list_all(c, &r);
+        uint64_t cpu1 = env.daemon_pid ? bench_proc_cpu_ns(env.daemon_pid) : UINT64_MAX;
+        r.list_cpu_ms = cpu0 != UINT64_MAX && cpu1 != UINT64_MAX && cpu1 >= cpu0
+                            ? (double)(cpu1 - cpu0) / 1e6
+                            : -1.0;
         atomic_store(&h.measuring, false);
         atomic_store(&h.stop, true);
         pthread_join(th, NULL);
@@ -443,13 +470,13 @@ int bench_mode_list_stall(int argc, char **argv)
                o.chain, o.leaves);
         printf(
             "ListPrefixes(\"\"): %u prefixes in %u pages, %.1f ms in all, slowest page "
-            "%.2f ms\n",
-            r.prefixes, r.pages, r.list_ms, r.worst_page_ms);
+            "%.2f ms; the daemon's CPU meanwhile %.1f ms\n",
+            r.prefixes, r.pages, r.list_ms, r.worst_page_ms, r.list_cpu_ms);
         printf("Health meanwhile: %llu round trips, p50 %.3f ms, worst %.2f ms\n",
                (unsigned long long)h.hist.count, p50, worst);
         printf("RegisterNamespace of %u: %.1f ms; Stats: %.2f ms; Inspect in every "
-               "namespace: %.2f ms\n",
-               o.empty, r.register_ms, r.stats_ms, r.inspect_ms);
+               "namespace: %.2f ms; Lookup of 4096 keys x 8 pools: %.2f ms\n",
+               o.empty, r.register_ms, r.stats_ms, r.inspect_ms, r.lookup_ms);
         if (o.evict_objects > 0)
             printf("Evict of a namespace of %llu objects: %llu evicted in %u calls, the "
                    "slowest %.2f ms\n",

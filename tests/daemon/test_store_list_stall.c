@@ -203,7 +203,8 @@ static void list_all(kvd_client_t *c, const uint8_t *cursor0, size_t len0, bool 
 {
     uint8_t cursor[KVD_CURSOR_MAX];
     size_t cursor_len = len0;
-    memcpy(cursor, cursor0, len0);
+    if (len0 > 0)
+        memcpy(cursor, cursor0, len0);
     kvd_msg_t *rep = calloc(1, sizeof(*rep));
     if (!DT_CHECK(rep != NULL, "out of memory"))
         return;
