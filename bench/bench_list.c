@@ -282,8 +282,9 @@ static int list_all(kvd_client_t *c, ls_result_t *r)
     return rc;
 }
 
-/* Stats and Inspect("", a chain key) once each on the hostile state. */
-static int others(kvd_client_t *c, ls_result_t *r)
+/* Stats, Inspect("", a chain key) and a Lookup in n_pools (up to 8) pools,
+ * once each, on the hostile state. */
+static int others(kvd_client_t *c, uint32_t n_pools, ls_result_t *r)
 {
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_STATS);
@@ -305,10 +306,10 @@ static int others(kvd_client_t *c, ls_result_t *r)
     for (uint32_t i = 0; i < 4096; i++)
         key_of(i, keys[i]);
     kvd_lookup_pool_msg_t pools[8];
-    for (uint32_t p = 0; p < 8; p++)
+    for (uint32_t p = 0; p < n_pools; p++)
         pools[p] = (kvd_lookup_pool_msg_t){.ns = p, .n_keys = 4096, .keys = keys};
     kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
-    req.body.lookup_req.n_pools = 8;
+    req.body.lookup_req.n_pools = n_pools;
     req.body.lookup_req.pools = pools;
     t0 = kvd_now_ns();
     if (rc == KVD_OK)
@@ -452,7 +453,7 @@ int bench_mode_list_stall(int argc, char **argv)
             rc = h.rc;
     }
     if (rc == KVD_OK)
-        rc = others(c, &r);
+        rc = others(c, KVD_MIN(8u, o.empty + 1), &r);
     if (rc == KVD_OK && o.evict_objects > 0)
         rc = evict_big(c, o.evict_objects, &r);
     if (rc != KVD_OK) {
