@@ -851,6 +851,8 @@ static const bench_mode_t bench_modes[] = {
      "offload and load through libkvdock for MHA, MLA and hybrid layouts vs memcpy"},
     {"store-rpc", bench_mode_store_rpc,
      "Lookup of 256 keys over the socket; the 8 MiB object cycle vs. memcpy"},
+    {"list-stall", bench_mode_list_stall,
+     "Health round trips while one client lists a hostile store (pages, worst wait)"},
     {"ucx", bench_mode_ucx,
      "the UCX transport alone against kvdockd's UCX server: GB/s by mode and size"},
 };

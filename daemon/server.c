@@ -43,7 +43,9 @@
 #define OUT_HIGH_WATER (8u * 1024u * 1024u)
 #define BUF_KEEP_BYTES (1u * 1024u * 1024u) /* buffers larger are freed when empty */
 #define READ_CHUNK     (64u * 1024u)
-#define TICK_MS        100
+/* Time one connection's pipelined frames may hold the loop in one turn. */
+#define CONN_TURN_NS (2u * 1000u * 1000u)
+#define TICK_MS      100
 
 typedef enum src_kind {
     SRC_UNIX_LISTEN,
@@ -68,6 +70,7 @@ typedef struct conn {
     bool dead;         /* closed; freed after the current epoll batch */
     uint32_t events;   /* what epoll watches now */
     size_t fd_at;      /* offset in out where the pool fd rides; SIZE_MAX none */
+    bool backlog;      /* whole frames left unserved when its turn ended */
     kvd_rpc_ctx_t ctx; /* who it is: its id, and the tenant of its credential */
     kvd_framer_t in;
     kvd_buf_t out;
@@ -86,6 +89,7 @@ struct kvd_server {
     src_t ucx_src;
     conn_t *conns;
     conn_t *dead; /* closed during this batch, freed after it */
+    bool backlog; /* some connection has frames waiting for its next turn */
     uint64_t next_conn_id;
     kvd_counters_t counters;
     _Atomic int health;
@@ -522,12 +526,14 @@ static void conn_flush(kvd_server_t *s, conn_t *c)
             conn_close(s, c, "closed after error reply");
             return;
         }
-        if (c->out.len > 0 || c->closing || kvd_framer_pending(&c->in) == 0)
+        if (c->out.len > 0 || c->closing || kvd_framer_pending(&c->in) == 0 || c->backlog)
             break;
         size_t before = kvd_framer_pending(&c->in);
         conn_serve_buffered(s, c);
         if (kvd_framer_pending(&c->in) == before && c->out.len == 0)
             break; /* only a partial frame is left: wait for its bytes */
+        if (c->backlog)
+            break; /* its turn is over */
     }
     if (c->out.len == 0) {
         /* a burst can leave megabytes of buffer behind: give them back */
@@ -547,7 +553,16 @@ static void conn_flush(kvd_server_t *s, conn_t *c)
  */
 static void conn_serve_buffered(kvd_server_t *s, conn_t *c)
 {
-    while (!c->closing && c->out.len < OUT_HIGH_WATER) {
+    /* a turn: a client that pipelines many requests, each bounded, still
+     * gets at most CONN_TURN_NS of the loop before the others' turns; what
+     * is left waits in the framer for the next pass of the loop */
+    uint64_t t0 = kvd_now_ns();
+    for (bool first = true; !c->closing && c->out.len < OUT_HIGH_WATER; first = false) {
+        if (!first && kvd_framer_pending(&c->in) > 0 &&
+            kvd_now_ns() - t0 >= CONN_TURN_NS) {
+            c->backlog = s->backlog = true;
+            return;
+        }
         const uint8_t *payload;
         size_t len;
         int got = kvd_framer_next(&c->in, &payload, &len);
@@ -572,7 +587,7 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
 {
     for (;;) {
         conn_serve_buffered(s, c);
-        if (c->closing || c->out.len >= OUT_HIGH_WATER)
+        if (c->closing || c->out.len >= OUT_HIGH_WATER || c->backlog)
             break;
         uint8_t *space;
         size_t avail;
@@ -1029,6 +1044,20 @@ static int on_tick(kvd_server_t *s)
     return 0;
 }
 
+/* One more turn for each connection whose frames outlasted its turn. */
+static void serve_backlog(kvd_server_t *s)
+{
+    s->backlog = false;
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (!c->backlog || c->dead)
+            continue;
+        c->backlog = false;
+        conn_serve_buffered(s, c);
+        conn_flush(s, c); /* may close c */
+    }
+}
+
 int kvd_server_run(kvd_server_t *s)
 {
     KVD_INFO("server", "serving %s (socket mode 0660, max %llu connections)",
@@ -1037,7 +1066,8 @@ int kvd_server_run(kvd_server_t *s)
     for (;;) {
         if (s->draining && (s->conns == NULL || kvd_now_ns() >= s->drain_deadline_ns))
             break;
-        int n = epoll_wait(s->epfd, events, (int)KVD_ARRAY_SIZE(events), TICK_MS);
+        int n = epoll_wait(s->epfd, events, (int)KVD_ARRAY_SIZE(events),
+                           s->backlog ? 0 : TICK_MS);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -1085,6 +1115,8 @@ int kvd_server_run(kvd_server_t *s)
             }
             }
         }
+        if (s->backlog)
+            serve_backlog(s);
         free_dead(s);
     }
     KVD_INFO("server", "drained: %s",

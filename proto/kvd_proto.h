@@ -408,11 +408,15 @@ typedef struct kvd_evict_req {
     bool has_key;
     kvd_key_t key;
     bool all;
+    uint8_t cursor[KVD_CURSOR_MAX]; /* a namespace or all, continued */
+    size_t cursor_len;
 } kvd_evict_req_t;
 
 typedef struct kvd_evict_rep {
     uint64_t evicted;
     uint64_t skipped;
+    uint8_t next_cursor[KVD_CURSOR_MAX]; /* set when there is more to evict */
+    size_t next_cursor_len;
 } kvd_evict_rep_t;
 
 typedef struct kvd_pool_bounds {
