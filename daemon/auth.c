@@ -245,7 +245,7 @@ static int parse_tenant(kvd_auth_t *a, char **w, size_t n, const char *where, ch
 }
 
 /* token|uid|gid TENANT WHAT [operator] [read-only] */
-static int parse_mapping(kvd_auth_t *a, char **w, size_t n, const char *dir,
+static int parse_mapping(kvd_auth_t *a, char **w, size_t n, const char *dir, int line,
                          const char *where, char *why, size_t why_len)
 {
     const char *kind = w[0];
@@ -254,7 +254,7 @@ static int parse_mapping(kvd_auth_t *a, char **w, size_t n, const char *dir,
                                                   : "GID|GROUP";
     if (n < 3)
         return fail(why, why_len, "%s'%s' needs a TENANT and a %s", where, kind, what);
-    auth_rule_t r = {.line = 0};
+    auth_rule_t r = {.line = line};
     if (tenant_index(a, w[1], &r.tenant_ix) != 0)
         return fail(why, why_len,
                     "%stenant '%s' is not defined (a 'tenant %s' line must come first)",
@@ -339,7 +339,7 @@ static int read_config(kvd_auth_t *a, const char *path, char *why, size_t why_le
             rc = parse_tenant(a, w, n, where, why, why_len);
         else if (strcmp(w[0], "token") == 0 || strcmp(w[0], "uid") == 0 ||
                  strcmp(w[0], "gid") == 0)
-            rc = parse_mapping(a, w, n, dir, where, why, why_len);
+            rc = parse_mapping(a, w, n, dir, lineno, where, why, why_len);
         else
             rc = fail(why, why_len,
                       "%sunknown rule '%s': expected tenant, token, uid or gid", where,
