@@ -373,7 +373,7 @@ static bool hello_auth(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg
     kvd_auth_grant_t g;
     const char *why = NULL;
     int rc = kvd_auth_check(s->auth, &peer, h->auth_token, h->auth_token_len, &g, &why);
-    if (groups != groups_small)
+    if (groups != NULL && groups != groups_small)
         kvd_mem_free(KVD_MEM_CONN, groups, groups_bytes);
     if (rc != KVD_OK) {
         auth_refuse(s, c, req, rep, why);
