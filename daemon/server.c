@@ -432,9 +432,12 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         return;
     c->ctx = ctx;
     c->authed = true;
-    KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s, %zu namespaces",
+    const char *tenant = kvd_store_tenant_name(s->store, ctx.tenant);
+    KVD_INFO("server",
+             "connection %llu: hello from '%s' pid %u%s, %zu namespaces, tenant %s%s%s",
              (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "",
-             h->n_namespaces);
+             h->n_namespaces, tenant ? tenant : "?", ctx.is_operator ? " (operator)" : "",
+             ctx.read_only ? " read-only" : "");
     kvd_hello_rep_t *r = &rep->body.hello_rep;
     r->n_ns_ids = h->n_namespaces;
     r->ns_ids = ids;
@@ -444,7 +447,6 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     r->pool_fd_attached = h->want_pool_fd && !c->tcp && c->fd_at == SIZE_MAX;
     kvd_strlcpy(r->daemon_version, KVD_VERSION, sizeof(r->daemon_version));
     kvd_strlcpy(r->instance, s->opts.instance, sizeof(r->instance));
-    const char *tenant = kvd_store_tenant_name(s->store, ctx.tenant);
     kvd_strlcpy(r->tenant, tenant ? tenant : "", sizeof(r->tenant));
     r->read_only = ctx.read_only;
     r->protocol_version = KVD_PROTOCOL_VERSION;
