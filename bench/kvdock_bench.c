@@ -291,8 +291,12 @@ static int kvdock_connect(const char *socket_path, const uint8_t *frame,
     (void)frame_bytes;
     kvd_client_t *c = NULL;
     int rc = kvd_client_connect_unix(socket_path, BENCH_CALL_TIMEOUT_MS, &c);
+    if (rc == KVD_OK) /* nothing is served before a Hello */
+        rc = kvd_client_hello(c, "kvdock-bench", NULL, 0, BENCH_CALL_TIMEOUT_MS, NULL);
     if (rc == KVD_OK)
         *conn = c;
+    else
+        kvd_client_close(c);
     return rc;
 }
 

@@ -384,6 +384,7 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->connections_total = s->connections_total;
     r->connections_rejected = s->connections_rejected;
     r->protocol_errors = s->protocol_errors;
+    r->auth_failures = s->auth_failures;
     mem_stats_to_pb(&s->memory, mem);
     r->memory = mem;
     size_t n = 0;
@@ -926,6 +927,7 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     s->connections_total = r->connections_total;
     s->connections_rejected = r->connections_rejected;
     s->protocol_errors = r->protocol_errors;
+    s->auth_failures = r->auth_failures;
     if (r->memory != NULL)
         mem_stats_from_pb(r->memory, &s->memory);
     for (size_t i = 0; i < r->n_methods; i++) {
