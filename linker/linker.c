@@ -272,7 +272,7 @@ static int pool_layout(lpool_t *p)
  * belongs to the connection that gave it: if another thread reconnected
  * in between (its Hello did not list this pool yet), the new connection
  * is asked again. */
-static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id)
+static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id, uint64_t deadline)
 {
     kvd_ns_spec_t spec = {.object_bytes = p->object_bytes,
                           .rank_replicated = p->desc.rank_replicated};
@@ -284,7 +284,7 @@ static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id)
         req.body.register_req.n = 1;
         req.body.register_req.namespaces = &spec;
         uint64_t epoch = 0;
-        rc = lk_call_ex(l, &req, &rep, 0, &epoch);
+        rc = lk_call_ex(l, &req, &rep, 0, &epoch, deadline);
         if (rc == KVD_OK && rep.body.register_rep.n != 1)
             rc = KVD_ERR_PROTOCOL;
         if (rc == KVD_OK)
@@ -292,7 +292,7 @@ static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id)
         kvd_msg_clear(&rep);
         if (rc != KVD_OK)
             return rc; /* a conflicting size is refused there */
-        rc = lk_conn_add_pool(l, epoch, p, pool_id);
+        rc = lk_conn_add_pool(l, epoch, p, pool_id, deadline);
         if (rc != KVD_ERR_CLOSED)
             return rc;
     }
@@ -304,6 +304,7 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
 {
     if (l == NULL || pool_id == NULL)
         return KVD_ERR_INVALID;
+    uint64_t deadline = lk_deadline(l); /* the whole call, its round trips included */
     int rc = check_desc(desc);
     if (rc != KVD_OK)
         return rc;
@@ -326,7 +327,7 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
     for (int d = 0; rc == KVD_OK && d < LK_DP_COUNT; d++)
         rc = lk_dp_register(&l->dp[d], &p);
     if (rc == KVD_OK)
-        rc = pool_add(l, &p, pool_id);
+        rc = pool_add(l, &p, pool_id, deadline);
     if (rc != KVD_OK)
         pool_free(l, &p);
     return rc;
@@ -411,7 +412,7 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
     req.body.lookup_req.n_pools = n;
     req.body.lookup_req.pools = pools;
     lookup_ctx_t ctx = {.t = t, .pools = pools};
-    rc = lk_call_ns(l, fill_lookup_ns, &ctx, &req, &rep, 1, NULL);
+    rc = lk_call_ns(l, fill_lookup_ns, &ctx, &req, &rep, 1, NULL, lk_deadline(l));
     rc = rc == KVD_OK ? rep.status : rc;
     if (rc == KVD_OK) {
         const kvd_lookup_rep_t *r = &rep.body.lookup_rep;

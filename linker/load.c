@@ -25,7 +25,7 @@
  * bytes were read. A lease goes only to the connection that granted it
  * (after a restart its id can name one of our new leases); releasing never
  * reconnects. */
-static bool release(kvd_linker_t *l, lxfer_t *x, size_t n)
+static bool release(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
 {
     size_t k = 0;
     uint64_t epoch = 0; /* a load's leases come from one Acquire round trip */
@@ -51,7 +51,7 @@ static bool release(kvd_linker_t *l, lxfer_t *x, size_t n)
         req[k++].body.release_req.lease_id = x[i].lease;
     }
     if (rc == KVD_OK)
-        rc = lk_call_many(l, req, rep, k, epoch, NULL);
+        rc = lk_call_many(l, req, rep, k, epoch, NULL, deadline);
     for (size_t j = 0; j < k; j++) {
         if (rc == KVD_OK && rep[j].status != KVD_OK)
             rc = rep[j].status;
@@ -75,7 +75,7 @@ static void fill_acquire_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t 
 /* Pins every transfer's keys, all in one round trip; records each lease
  * and the objects' offsets. All or nothing is the caller's: on failure
  * the leases that were granted are recorded, for lk_release. */
-static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
+static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
 {
     kvd_msg_t *req = calloc(2 * n, sizeof(*req)), *rep = req + n;
     uint64_t *object_bytes = calloc(n, sizeof(*object_bytes));
@@ -94,7 +94,8 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
     }
     lk_unlock(&l->lock);
     uint64_t epoch = 0, asked = kvd_now_ns();
-    int call = lk_call_ns(l, fill_acquire_ns, x, req, rep, n, &epoch), rc = call;
+    int call = lk_call_ns(l, fill_acquire_ns, x, req, rep, n, &epoch, deadline),
+        rc = call;
     /* offsets are into the pool of the connection that gave them */
     uint64_t pool_bytes = call == KVD_OK ? lk_conn_pool_bytes(l, epoch) : 0;
     bool current = pool_bytes != 0;
@@ -138,6 +139,7 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
 {
     if (l == NULL || t == NULL || n == 0)
         return KVD_ERR_INVALID;
+    uint64_t deadline = lk_deadline(l); /* pins, and their release on failure */
     lload_t *ld = calloc(1, sizeof(*ld));
     if (ld == NULL)
         return KVD_ERR_NOMEM;
@@ -167,11 +169,11 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
         free(ld);
         return rc;
     }
-    rc = pin_all(l, ld->x, n);
+    rc = pin_all(l, ld->x, n, deadline);
     if (rc != KVD_OK) {
         /* all or nothing: no pins stay; the record does, so that the
          * engine's ABORT can hand every device index back */
-        release(l, ld->x, n);
+        release(l, ld->x, n, deadline);
         for (size_t i = 0; i < n; i++)
             atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
     }
@@ -304,7 +306,7 @@ KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
     lk_unlock(&l->lock);
     if (rc != KVD_OK)
         return rc;
-    release(l, ld->x, ld->n);
+    release(l, ld->x, ld->n, lk_deadline(l));
     /* outside the lock: the engine's callback may call into the linker */
     for (size_t i = 0; i < ld->n; i++)
         free_indices(&l->pools[ld->x[i].pool], ld->x[i].idx, ld->x[i].n_idx);
@@ -488,7 +490,7 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
          * decides. */
         bool early = ok && lk_leases_standing(l, ld->x, ld->n);
         if (!early)
-            ok = release(l, ld->x, ld->n) && ok;
+            ok = release(l, ld->x, ld->n, lk_deadline(l)) && ok;
         lk_lock(&l->lock);
         if (!ok)
             for (size_t i = 0; i < ld->n; i++)
@@ -498,7 +500,8 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
             pthread_cond_broadcast(&l->cond);
         lk_unlock(&l->lock);
         if (early)
-            release(l, ld->x, ld->n); /* what it says changes nothing now */
+            release(l, ld->x, ld->n,
+                    lk_deadline(l)); /* what it says changes nothing now */
     }
     lk_lock(&l->lock);
     for (lload_t *ld = b->loads, *next; ld; ld = next) {
@@ -593,7 +596,7 @@ void lk_loads_fail_pending(kvd_linker_t *l)
     /* loads never committed: their pins end, no completion (not queued) */
     for (lload_t *ld = l->loads, *next; ld; ld = next) {
         next = ld->next;
-        release(l, ld->x, ld->n);
+        release(l, ld->x, ld->n, lk_deadline(l));
         lk_xfer_free(ld->x, ld->n);
         free(ld);
     }

@@ -86,7 +86,7 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     req.body.reserve_req = (kvd_reserve_req_t){
         .object_bytes = p->object_bytes, .n = x->n_keys, .items = items};
     uint64_t epoch = 0;
-    int rc = lk_call_ns(l, fill_reserve_ns, x, &req, &rep, 1, &epoch);
+    int rc = lk_call_ns(l, fill_reserve_ns, x, &req, &rep, 1, &epoch, lk_deadline(l));
     rc = rc == KVD_OK ? rep.status : rc;
     uint64_t lease = rc == KVD_OK ? rep.body.reserve_rep.lease_id : 0;
     bool no_space = false, any = false;
@@ -110,7 +110,7 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
          * that granted it; a lost one took its reservations along) */
         kvd_msg_request(&req, 0, rc == KVD_OK ? KVD_METHOD_PUBLISH : KVD_METHOD_REVOKE);
         req.body.finish_req.lease_id = lease;
-        int prc = lk_call_ex(l, &req, &rep, epoch, NULL);
+        int prc = lk_call_ex(l, &req, &rep, epoch, NULL, lk_deadline(l));
         if (rc == KVD_OK)
             rc = prc;
         kvd_msg_clear(&rep);

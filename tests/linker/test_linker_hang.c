@@ -3,7 +3,8 @@
  * hangs. A linker with timeout_ms = 1000 stores a page, pins and commits a
  * load of it, queues 8 one-page offloads, and then its daemon is stopped
  * (SIGSTOP) and stays stopped until every check below is done:
- *  - two engine threads call kvd_lookup in a loop, and the main thread
+ *  - two engine threads call kvd_lookup in a loop (one of them with chains
+ *    of 4,000 pages, which fill the socket), and the main thread
  *    kvd_linker_health, kvd_load and kvd_register_pool: every call returns,
  *    with KVD_ERR_TIMEOUT (a call that waited for the daemon would never
  *    return: the test would hang);
@@ -96,7 +97,8 @@ static void *watchdog(void *arg)
     bool fired = !wd_done;
     pthread_mutex_unlock(&wd_mu);
     if (fired) {
-        dt_fail(__FILE__, __LINE__, "a call or a completion waited for the stopped daemon");
+        dt_fail(__FILE__, __LINE__,
+                "a call or a completion waited for the stopped daemon");
         kill(wd_pid, SIGKILL); /* the blocked calls return: the test ends */
     }
     return NULL;
@@ -107,65 +109,81 @@ static void *watchdog(void *arg)
 typedef struct engine {
     kvd_linker_t *l;
     uint32_t pool;
-    int index;
+    size_t n_keys; /* of each lookup */
     int rcs[N_LOOKUPS];
     double ms[N_LOOKUPS];
 } engine_t;
 
+/* Lookups a quarter of the timeout apart, so that they span several
+ * timeouts: calls while the daemon counts as hung, and the calls that try
+ * it again (and the calls that wait for those). */
 static void *engine_main(void *arg)
 {
     engine_t *e = arg;
-    uint8_t key[1][KVD_PAGE_KEY_BYTES];
-    key_of(100, key);
-    kvd_transfer_t t = page(e->pool, key, NULL);
+    uint8_t(*keys)[KVD_PAGE_KEY_BYTES] = calloc(e->n_keys, KVD_PAGE_KEY_BYTES);
+    uint32_t *b = calloc(e->n_keys, sizeof(uint32_t));
+    if (!DT_CHECK(keys && b, "out of memory")) {
+        free(keys);
+        free(b);
+        return NULL;
+    }
+    for (size_t i = 0; i < e->n_keys; i++) {
+        keys[i][0] = (uint8_t)i;
+        keys[i][1] = (uint8_t)(i >> 8);
+        keys[i][2] = 0xab;
+    }
+    kvd_transfer_t t = {.pool_id = e->pool,
+                        .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+                        .n_keys = e->n_keys};
     for (int i = 0; i < N_LOOKUPS; i++) {
-        uint32_t b[1];
         size_t nb = 0;
         double t0 = now_ms();
         e->rcs[i] = kvd_lookup(e->l, 1, &t, 1, b, &nb);
         e->ms[i] = now_ms() - t0;
+        struct timespec ts = {0, TIMEOUT_MS * 250000L};
+        nanosleep(&ts, NULL);
     }
+    free(keys);
+    free(b);
     return NULL;
 }
 
-/* Pops offload completions until every one of acks[0..n) came back (or
- * the watchdog fires); counts the failed ones. */
-static int offloads_back(kvd_linker_t *l, const uint64_t *acks, size_t n, size_t *failed)
+/* What came back while the daemon was stopped, and when (ms into the
+ * stop). */
+typedef struct back {
+    int offloads, offloads_failed;
+    double offload_ms[N_OFFLOADS];
+    int load; /* 1 success, 0 failure, -1 not back */
+    double load_ms;
+} back_t;
+
+/* Pops completions until every one of acks[0..N_OFFLOADS) and load rid
+ * came back (or the watchdog fires). */
+static void completions(kvd_linker_t *l, const uint64_t *acks, uint64_t rid,
+                        double stop_at, back_t *b)
 {
     bool seen[N_OFFLOADS] = {0};
-    size_t got = 0;
-    *failed = 0;
-    for (int i = 0; i < 2 * WATCHDOG_MS / 10 && got < n; i++) {
+    *b = (back_t){.load = -1};
+    for (int i = 0; i < 2 * WATCHDOG_MS / 10 && (b->offloads < N_OFFLOADS || b->load < 0);
+         i++) {
         kvd_completion_t c[8];
         size_t k = 0;
         kvd_pop_completed_offloads(l, c, 8, &k);
         for (size_t j = 0; j < k; j++)
-            for (size_t a = 0; a < n; a++)
+            for (int a = 0; a < N_OFFLOADS; a++)
                 if (c[j].id == acks[a] && !seen[a]) {
                     seen[a] = true;
-                    got++;
-                    *failed += !c[j].success;
+                    b->offload_ms[b->offloads++] = now_ms() - stop_at;
+                    b->offloads_failed += !c[j].success;
                 }
-        if (got < n)
-            nap();
-    }
-    return (int)got;
-}
-
-/* Pops load completions until rid comes back: 1 success, 0 failure, -1
- * none. */
-static int load_back(kvd_linker_t *l, uint64_t rid)
-{
-    for (int i = 0; i < 2 * WATCHDOG_MS / 10; i++) {
-        kvd_completion_t c[4];
-        size_t k = 0;
-        kvd_pop_completed_loads(l, c, 4, &k);
+        kvd_pop_completed_loads(l, c, 8, &k);
         for (size_t j = 0; j < k; j++)
-            if (c[j].id == rid)
-                return c[j].success;
+            if (c[j].id == rid && b->load < 0) {
+                b->load = c[j].success;
+                b->load_ms = now_ms() - stop_at;
+            }
         nap();
     }
-    return -1;
 }
 
 static int n_freed;
@@ -225,12 +243,13 @@ static void run(kvd_test_daemon_t *d)
     kill(d->pid, SIGSTOP);
     double stop_at = now_ms();
 
-    engine_t e[2];
+    /* engine 1's lookups (4,000 keys, 128 KiB each) fill the socket the
+     * daemon no longer reads: a call then waits behind another's frames */
+    engine_t e[2] = {{.l = l, .pool = pool, .n_keys = 1},
+                     {.l = l, .pool = pool, .n_keys = 4000}};
     pthread_t th[2];
-    for (int i = 0; i < 2; i++) {
-        e[i] = (engine_t){.l = l, .pool = pool, .index = i};
+    for (int i = 0; i < 2; i++)
         pthread_create(&th[i], NULL, engine_main, &e[i]);
-    }
     /* a call of this thread while the engine threads' are on their way */
     double t0 = now_ms();
     rc = kvd_linker_health(l, NULL, NULL);
@@ -258,18 +277,15 @@ static void run(kvd_test_daemon_t *d)
     rc = lt_register_kv(l, "kv2", k2buf, v2buf, BPR, PS, ROWS, NULL, &pool2);
     double reg_ms = now_ms() - t0;
     DT_CHECK(rc == KVD_ERR_TIMEOUT, "register during the stop: %s", kvd_strerror(rc));
+    /* the completions, while the engine threads still call */
+    back_t b;
+    completions(l, acks, 11, stop_at, &b);
     for (int i = 0; i < 2; i++)
         pthread_join(th[i], NULL);
-
-    size_t failed = 0;
-    int got = offloads_back(l, acks, N_OFFLOADS, &failed);
-    double offloads_ms = now_ms() - stop_at;
-    DT_CHECK(got == N_OFFLOADS && failed == N_OFFLOADS,
-             "every queued offload comes back failed during the stop: %d back, %zu failed",
-             got, failed);
-    int loaded = load_back(l, 11);
-    double load11_ms = now_ms() - stop_at;
-    DT_CHECK(loaded == 0, "load 11 comes back failed during the stop (%d)", loaded);
+    DT_CHECK(b.offloads == N_OFFLOADS && b.offloads_failed == N_OFFLOADS,
+             "every queued offload comes back failed during the stop: %d back, %d failed",
+             b.offloads, b.offloads_failed);
+    DT_CHECK(b.load == 0, "load 11 comes back failed during the stop (%d)", b.load);
 
     printf("during the stop (timeout_ms %d):\n", TIMEOUT_MS);
     for (int i = 0; i < 2; i++) {
@@ -283,8 +299,10 @@ static void run(kvd_test_daemon_t *d)
     }
     printf("  kvd_linker_health %.0f ms, kvd_load %.0f ms, kvd_register_pool %.0f ms\n",
            health_ms, load_ms, reg_ms);
-    printf("  every offload back %.0f ms into the stop, load 11 back %.0f ms into it\n",
-           offloads_ms, load11_ms);
+    printf("  offloads back (ms into the stop):");
+    for (int i = 0; i < b.offloads; i++)
+        printf(" %.0f", b.offload_ms[i]);
+    printf("; load 11 back %.0f ms into it\n", b.load_ms);
     fflush(stdout);
 
     /* the checks are done: the daemon goes on */
@@ -305,12 +323,12 @@ static void run(kvd_test_daemon_t *d)
     kvd_transfer_t o = page(pool, k3, rows0);
     DT_CHECK(kvd_offload(l, &o, 1, &ack) == 0 && lt_wait_done(l, false, ack, 10000),
              "an offload after the stop succeeds");
-    uint32_t b[1];
+    uint32_t bounds[1];
     size_t nb = 0;
     o.device_indices = NULL;
     o.n_indices = 0;
-    rc = kvd_lookup(l, 2, &o, 1, b, &nb);
-    DT_CHECK(rc == 0 && nb == 1 && b[0] == 1, "a lookup after the stop finds it: %s",
+    rc = kvd_lookup(l, 2, &o, 1, bounds, &nb);
+    DT_CHECK(rc == 0 && nb == 1 && bounds[0] == 1, "a lookup after the stop finds it: %s",
              kvd_strerror(rc));
     kvd_linker_close(l);
     kvd_stats_rep_t s = {0};
