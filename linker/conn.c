@@ -312,6 +312,8 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
     atomic_init(&sess->dropped, KVD_OK);
     l->conn.session = sess;
     l->conn.lease_ttl_ms = rep.body.hello_rep.lease_ttl_ms;
+    l->conn.max_batch = rep.body.hello_rep.max_batch;
+    l->conn.max_frame_bytes = rep.body.hello_rep.max_frame_bytes;
     lk_lock(&l->lock);
     for (uint32_t i = 0; i < n; i++)
         l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
@@ -496,6 +498,24 @@ uint64_t lk_conn_ensure(kvd_linker_t *l, uint64_t deadline, int *rc)
     return epoch;
 }
 
+/* Room kept in a frame for the envelope and a request's fixed fields. */
+#define FRAME_SLACK_BYTES 1024
+
+size_t lk_batch_limit(kvd_linker_t *l, size_t item_bytes)
+{
+    lk_lock(&l->conn.state);
+    uint64_t batch = l->conn.max_batch, frame = l->conn.max_frame_bytes;
+    lk_unlock(&l->conn.state);
+    /* a daemon that does not say: its defaults */
+    if (batch == 0)
+        batch = 4096;
+    if (frame == 0)
+        frame = KVD_FRAME_DEFAULT_MAX;
+    uint64_t fit =
+        frame > FRAME_SLACK_BYTES ? (frame - FRAME_SLACK_BYTES) / item_bytes : 1;
+    return (size_t)KVD_MAX(1ull, KVD_MIN(KVD_MIN(batch, fit), (uint64_t)SIZE_MAX));
+}
+
 bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
 {
     lk_lock(&l->conn.state);
@@ -512,7 +532,8 @@ bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
     bool ok = l->connect[0] == '\0' && s != NULL && s->epoch == epoch &&
               atomic_load(&l->conn.failed_epoch) != epoch;
     for (size_t i = 0; ok && i < n; i++)
-        ok = x[i].lease == 0 || (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
+        ok = !lk_xfer_pinned(&x[i]) ||
+             (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
     /* checked last: the leases stood until now only if the daemon has not
      * ended the connection by now. The socket is polled, not read (an
      * engine thread may be inside a call on it): the daemon ends leases by

@@ -135,6 +135,9 @@ typedef struct lsession {
 typedef struct lconn {
     lk_mutex_t connect;
     uint64_t lease_ttl_ms; /* the connected daemon's (written under connect and state) */
+    /* its limits on one request, from its Hello (likewise): items of a
+     * batch (--max-batch) and bytes of a frame (--max-frame) */
+    uint64_t max_batch, max_frame_bytes;
     lk_mutex_t state;
     /* bumped at every (re)connection, under state with the peer: a lease
      * or an offset belongs to one epoch */
@@ -201,9 +204,12 @@ typedef struct lxfer {
     uint32_t *depths; /* NULL: first_depth + i */
     bool has_prior;
     kvd_key_t prior;
-    uint64_t lease;      /* read lease of a load's pins; 0 none */
-    uint64_t asked_ns;   /* when the lease was asked for (its TTL began later) */
-    uint64_t epoch;      /* of the connection that granted lease or offsets */
+    /* read leases of a load's pins: one per Acquire its keys went in (a
+     * daemon's batch limit splits them), each 0 when none */
+    uint64_t *leases;
+    uint32_t n_leases;
+    uint64_t asked_ns;   /* when the leases were asked for (their TTL began later) */
+    uint64_t epoch;      /* of the connection that granted leases or offsets */
     uint64_t *offsets;   /* where each key's object is (loads) */
     uint32_t begin, end; /* keys to copy, after COMMIT */
     bool dropped;        /* COMMIT dropped it (mamba_exist) */
@@ -341,6 +347,12 @@ int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep);
 /* Connects when there is no connection; its epoch, 0 when that failed. */
 uint64_t lk_conn_ensure(kvd_linker_t *l, uint64_t deadline, int *rc);
 
+/* The most items (of at most item_bytes each on the wire) one request
+ * may carry to the current daemon: its batch limit, and what fits in its
+ * frame limit. Requests above it are split (nothing valid is refused for
+ * its size); at least 1. */
+size_t lk_batch_limit(kvd_linker_t *l, size_t item_bytes);
+
 /* Whether the read leases of x[0..n) provably still stand: each of the
  * current connection, a Unix socket, asked for less than half the
  * daemon's lease TTL ago, and the connection still open and quiet (a
@@ -401,6 +413,8 @@ void lk_queue_free(lqueue_t *q);
 /* ------------------------------------------------------------ xfer.c */
 
 void lk_xfer_free(lxfer_t *x, size_t n);
+/* Whether x holds a read lease. */
+bool lk_xfer_pinned(const lxfer_t *x);
 /* Copies the caller's transfers into owned arrays after checking their
  * shape against the pools; takes lock. */
 int lk_xfers_copy(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, lxfer_t **out);
