@@ -83,6 +83,14 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     l->cfg.tp_size = config->tp_size > 0 ? config->tp_size : 1;
     l->cfg.pp_size = config->pp_size > 0 ? config->pp_size : 1;
     l->cfg.cp_size = config->cp_size > 0 ? config->cp_size : 1;
+    /* a rank names one of size ranks: another would share (or invent) a
+     * namespace of another rank's KV */
+    if (l->cfg.tp_rank < 0 || l->cfg.tp_rank >= l->cfg.tp_size || l->cfg.pp_rank < 0 ||
+        l->cfg.pp_rank >= l->cfg.pp_size || l->cfg.cp_rank < 0 ||
+        l->cfg.cp_rank >= l->cfg.cp_size) {
+        free(l);
+        return KVD_ERR_INVALID;
+    }
     l->cfg.layer_group_size = config->layer_group_size > 0 ? config->layer_group_size : 1;
     l->timeout_ms = config->timeout_ms > 0 ? config->timeout_ms : 5000;
     l->spin_ns = config->spin_us == 0  ? 1000000u
@@ -232,6 +240,12 @@ static int check_desc(const kvd_pool_desc_t *d)
         for (uint32_t b = 0; b < ly->n_buffers; b++)
             if (ly->buffers[b].base == NULL || ly->buffers[b].bytes_per_row == 0 ||
                 ly->buffers[b].row_stride < ly->buffers[b].bytes_per_row)
+                return KVD_ERR_INVALID;
+        /* a layer once per pool: a layer's wait and its place in the
+         * object must name one layer (two pools may share one: a layer's
+         * KV and its indexer) */
+        for (uint32_t k = 0; k < i; k++)
+            if (d->layers[k].layer_id == ly->layer_id)
                 return KVD_ERR_INVALID;
     }
     return KVD_OK;
@@ -529,6 +543,8 @@ KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_s
                           const uint8_t *prior, uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
                           size_t *n_keys)
 {
+    if (keys == NULL || n_keys == NULL)
+        return KVD_ERR_INVALID;
     return kvd_key_chain(tokens, n_tokens, page_size, prior, keys, n_keys);
 }
 

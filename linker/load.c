@@ -162,6 +162,53 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
     return rc;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* What a load writes must be written once: each pool in one transfer,
+ * and each page (or slot) of a transfer on device rows of its own. Two
+ * writers of one row would land in any order, and an ABORT would hand
+ * the engine's allocator the same indices twice. KVD_ERR_INVALID, named
+ * in the log, otherwise. */
+static int check_load_rows(kvd_linker_t *l, uint64_t rid, const lxfer_t *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            if (x[i].pool == x[j].pool) {
+                KVD_WARN("linker", "load %llu: transfers %zu and %zu name one pool (%u)",
+                         (unsigned long long)rid, j, i, x[i].pool);
+                return KVD_ERR_INVALID;
+            }
+    int rc = KVD_OK;
+    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
+        lk_lock(&l->lock);
+        const lpool_t *p = &l->pools[x[i].pool];
+        uint32_t ps = p->desc.addressing == KVD_ADDR_PAGED ? p->desc.page_size : 1;
+        lk_unlock(&l->lock);
+        /* a page's rows start at a multiple of page_size (lk_xfers_copy):
+         * two pages share rows exactly when they start at one row */
+        int64_t *first = malloc(x[i].n_keys * sizeof(*first));
+        if (first == NULL)
+            return KVD_ERR_NOMEM;
+        for (size_t k = 0; k < x[i].n_keys; k++)
+            first[k] = x[i].idx[k * ps];
+        qsort(first, x[i].n_keys, sizeof(*first), cmp_i64);
+        for (size_t k = 1; rc == KVD_OK && k < x[i].n_keys; k++)
+            if (first[k] == first[k - 1]) {
+                KVD_WARN(
+                    "linker",
+                    "load %llu: transfer %zu puts two pages on device rows from %lld",
+                    (unsigned long long)rid, i, (long long)first[k]);
+                rc = KVD_ERR_INVALID;
+            }
+        free(first);
+    }
+    return rc;
+}
+
 static lload_t **find_load(kvd_linker_t *l, uint64_t rid)
 {
     lload_t **pp = &l->loads;
@@ -179,6 +226,8 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
     if (ld == NULL)
         return KVD_ERR_NOMEM;
     int rc = lk_xfers_copy(l, t, n, &ld->x);
+    if (rc == KVD_OK)
+        rc = check_load_rows(l, rid, ld->x, n);
     ld->n = n;
     ld->rid = rid;
     /* recorded before pinning: a second LOAD of the rid meanwhile is refused */
