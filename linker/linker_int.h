@@ -296,9 +296,10 @@ struct kvd_linker {
     uint64_t spin_ns, spin_until_ns;
     _Atomic uint32_t kick;
     _Atomic uint64_t progress;
-    /* load batches started and not finished, and until when a load is
-     * expected (set by kvd_load): the offload thread yields to them
-     * between its batches (datapath.c) */
+    /* load batches started and not copied yet (from their start, the load
+     * thread's pickup included), and until when a load is expected (set
+     * by kvd_load): the offload thread yields to them between its batches
+     * (datapath.c) */
     _Atomic int loads_copying;
     _Atomic uint64_t load_coming_until_ns;
     bool stop;

@@ -449,6 +449,11 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
     b->counter = l->next_counter++;
     if (b->loads == NULL)
         b->finished = true; /* nothing to copy: every wait returns at once */
+    else /* offloads let it go first from its start, not only once the load
+          * thread has it (datapath.c): a load thread asleep takes a while
+          * to wake on a busy CPU, and meanwhile an offload that did not
+          * yield copied on at full speed */
+        atomic_fetch_add(&l->loads_copying, 1);
     lbatch_t **tail = &l->batches;
     while (*tail)
         tail = &(*tail)->next;
@@ -615,9 +620,9 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
     lk_unlock(&l->lock);
 }
 
+/* Copies a started batch (counted in loads_copying since its start). */
 static void run_batch(kvd_linker_t *l, lbatch_t *b)
 {
-    atomic_fetch_add(&l->loads_copying, 1);
     int err = KVD_OK;
     uint32_t group = (uint32_t)l->cfg.layer_group_size;
     for (uint32_t pos = 0; err == KVD_OK && pos < b->n_layers; pos += group) {
@@ -675,8 +680,10 @@ void lk_loads_fail_pending(kvd_linker_t *l)
 {
     /* batches the thread never ran: failed, each load comes back once */
     for (lbatch_t *b = l->batches; b; b = b->next)
-        if (!b->finished)
+        if (!b->finished) {
+            atomic_fetch_sub(&l->loads_copying, 1); /* counted at its start */
             finish_batch(l, b, KVD_ERR_CLOSED);
+        }
     /* loads never committed: their pins end, no completion (not queued) */
     for (lload_t *ld = l->loads, *next; ld; ld = next) {
         next = ld->next;
