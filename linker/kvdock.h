@@ -19,6 +19,16 @@
  * answer that breaks the protocol). Each function's comment names the
  * codes particular to it.
  *
+ * timeout_ms bounds each call from its start, every round trip and wait
+ * it makes included, whichever thread calls and whatever the daemon does
+ * (a daemon that hangs still has its connections accepted by its kernel).
+ * Once the daemon did not answer within it, it counts as hung for the
+ * next timeout_ms: calls that would have to reconnect fail at once with
+ * KVD_ERR_TIMEOUT, offloads queued fail (their device rows are the
+ * engine's again), then the next call tries again. Requests longer than
+ * the daemon's batch or frame limit (learnt at Hello) are split; the
+ * results are those of one call.
+ *
  * The flow for one request `rid`, in the engine's order:
  *   kvd_lookup        -> every restorable boundary (in pages)
  *   kvd_load          LOAD: re-validate and pin what the chosen boundary needs
