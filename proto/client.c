@@ -135,8 +135,20 @@ int kvd_client_connect_unix(const char *path, int timeout_ms, kvd_client_t **out
     if (fd < 0)
         return kvd_status_from_errno(errno);
     uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    int rc =
-        finish_connect(fd, connect(fd, (struct sockaddr *)&addr, sizeof(addr)), deadline);
+    /* A Unix socket's connect() says EAGAIN while the listener's backlog
+     * is full (a daemon that stopped accepting): nothing is in progress
+     * then, and the socket would poll writable without being connected,
+     * so connect() is tried again until the deadline. */
+    int st = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+    while (st != 0 && errno == EAGAIN && kvd_now_ns() < deadline) {
+        kvd_sleep_ns(KVD_MIN(5000000ull, deadline - kvd_now_ns()));
+        st = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+    }
+    if (st != 0 && errno == EAGAIN) {
+        close(fd);
+        return KVD_ERR_TIMEOUT;
+    }
+    int rc = finish_connect(fd, st, deadline);
     if (rc != KVD_OK) {
         close(fd);
         return rc;
@@ -449,16 +461,20 @@ static int wait_replies(kvd_client_t *c, waiter_t *w, uint64_t deadline)
     return rc;
 }
 
-int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
-                         int timeout_ms)
+int kvd_client_call_many_until(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps,
+                               size_t n, uint64_t deadline)
 {
-    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (size_t i = 0; i < n; i++)
         memset(&reps[i], 0, sizeof(reps[i])); /* kvd_msg_clear is safe whatever happens */
     if (n == 0)
         return KVD_OK;
     waiter_t w = {.n = n, .reps = reps};
-    pthread_mutex_lock(&c->send_mu);
+    /* the frames of the call before may be stuck in a full socket (a
+     * daemon that stopped reading) until that call's deadline, which may
+     * be later than this one's */
+    struct timespec until = monotonic_ts(deadline);
+    if (pthread_mutex_clocklock(&c->send_mu, CLOCK_MONOTONIC, &until) != 0)
+        return KVD_ERR_TIMEOUT;
     /* what is left of a request abandoned mid-write goes out first */
     kvd_buf_consume(&c->out, c->out_sent);
     c->out_sent = 0;
@@ -493,6 +509,13 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
         for (size_t i = 0; i < n; i++)
             kvd_msg_clear(&reps[i]);
     return rc;
+}
+
+int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                         int timeout_ms)
+{
+    return kvd_client_call_many_until(c, reqs, reps, n,
+                                      kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull);
 }
 
 int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms)

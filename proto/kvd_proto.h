@@ -728,6 +728,11 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout
  */
 int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
                          int timeout_ms);
+/* kvd_client_call_many bounded by a deadline (kvd_now_ns) instead of a
+ * timeout: every wait of the call, for the socket and for the calls
+ * before it, ends by then (KVD_ERR_TIMEOUT). */
+int kvd_client_call_many_until(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps,
+                               size_t n, uint64_t deadline);
 
 /*
  * Whether the daemon has ended the connection: its socket shows a hang-up
