@@ -204,4 +204,28 @@ int kvd_key_from_hex(const char *hex, uint8_t key[KVD_KEY_BYTES]);
 /* Copies at most dst_len-1 bytes and always terminates. */
 void kvd_strlcpy(char *dst, const char *src, size_t dst_len);
 
+/* ---------------------------------------------------------------- text */
+
+/* Whether s[0..n) is valid UTF-8 (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF). */
+bool kvd_utf8_valid(const char *s, size_t n);
+
+/*
+ * kvd_strlcpy that writes valid UTF-8: cuts only between characters (a
+ * character that does not fit whole, or is cut short at the end of src, is
+ * dropped) and writes '?' for each byte that is not part of a valid one.
+ */
+void kvd_utf8_copy(char *dst, const char *src, size_t dst_len);
+
+/*
+ * Bytes someone else chose (a client's name, a namespace name), made safe
+ * for a log line or an error text: printable ASCII stays, a backslash
+ * becomes "\\" and every other byte "\xNN", so the result is one line of
+ * printable ASCII (valid UTF-8) that tells the bytes apart. Truncated to
+ * dst_len-1 bytes, never inside an escape; always terminated. Returns dst,
+ * for use as a printf argument. KVD_ESCAPED_MAX(n) bytes hold n escaped.
+ */
+const char *kvd_escape(char *dst, size_t dst_len, const char *src, size_t src_len);
+#define KVD_ESCAPED_MAX(n) (4 * (size_t)(n) + 1)
+
 #endif /* KVD_COMMON_H */

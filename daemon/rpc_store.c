@@ -379,7 +379,10 @@ static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
     }
     if (kvd_store_ns_find(store, name, ns) == KVD_OK)
         return true;
-    set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'", name);
+    /* the client's bytes, escaped: an error text is one line of UTF-8 */
+    char esc[KVD_ESCAPED_MAX(48)];
+    set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'",
+              kvd_escape(esc, sizeof(esc), name, strlen(name)));
     return false;
 }
 

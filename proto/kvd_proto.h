@@ -628,7 +628,10 @@ void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method, int status,
                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /*
- * Encodes m as one frame (header + payload) appended to out. Fails with
+ * Encodes m as one frame (header + payload) appended to out. Every string
+ * field goes out as valid UTF-8 (proto3 requires it): one that is not (a
+ * buffer cut inside a character, a stray byte) is sent cut between
+ * characters, with '?' for a stray byte; m itself is not changed. Fails with
  * KVD_ERR_TOO_LARGE when the payload exceeds max_frame, KVD_ERR_INVALID for
  * a method or body that cannot be encoded, KVD_ERR_NOMEM.
  */
@@ -663,7 +666,9 @@ typedef struct kvd_msg_limits {
  * Decodes one payload into out (initialised here; a previous arena is not
  * freed). The caller calls kvd_msg_clear(out) when done, also after
  * an error. Returns KVD_OK; KVD_ERR_PROTOCOL when the bytes are not an
- * Envelope, the body does not belong to the method, or unpacking would
+ * Envelope, the body does not belong to the method, a string field is not
+ * valid UTF-8 (an error text is taken anyway, made valid the way
+ * kvd_msg_pack does), or unpacking would
  * exceed the decoding memory budget above; KVD_ERR_UNKNOWN_METHOD when the
  * method is outside this build's enum (out->id is set then, so the error
  * reply can name the request). No item limits: see kvd_msg_decode_limited.

@@ -118,7 +118,9 @@ static void *arena_array(kvd_msg_t *m, size_t n, size_t size)
 /* The messages of the field lists (kvd_proto.h), made field by field from
  * their lists: one function each way, and arrays of them. */
 
-/* Copies a protobuf string into a fixed field; longer is a protocol error. */
+/* Copies a protobuf string into a fixed field; longer, or not UTF-8 (proto3
+ * requires it of a string field, so a parser refuses the message), is a
+ * protocol error. */
 static int copy_str(char *dst, size_t dst_len, const char *src)
 {
     if (src == NULL) {
@@ -126,7 +128,7 @@ static int copy_str(char *dst, size_t dst_len, const char *src)
         return KVD_OK;
     }
     size_t n = strlen(src);
-    if (n >= dst_len)
+    if (n >= dst_len || !kvd_utf8_valid(src, n))
         return KVD_ERR_PROTOCOL;
     memcpy(dst, src, n + 1);
     return KVD_OK;
@@ -778,6 +780,62 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
     }
 }
 
+/*
+ * proto3 requires every string field to be valid UTF-8, and a reply may
+ * carry text a client chose or a C buffer cut at its size (an error text
+ * of KVD_ERROR_MAX bytes ends inside a character as easily as not). So the
+ * one place every message passes on its way out checks every string field
+ * of the tree about to be packed, from the descriptors (a field added to
+ * kvdock.proto is covered without a line here), and points an invalid one
+ * at a copy in scr made by kvd_utf8_copy: cut between characters, '?' for a
+ * stray byte. Only the generated structs (ours, in scr or on the stack)
+ * change; the caller's message is const. False when out of memory.
+ */
+static bool strings_to_utf8(ProtobufCMessage *msg, kvd_msg_t *scr)
+{
+    const ProtobufCMessageDescriptor *d = msg->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        char *base = (char *)msg;
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+            continue; /* another member of the oneof is set */
+        size_t n = 1;
+        void **slot = (void **)(base + f->offset);
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            n = *(const size_t *)(base + f->quantifier_offset);
+            slot = *(void ***)slot;
+            if (n == 0 || slot == NULL)
+                continue;
+        }
+        for (size_t k = 0; k < n; k++) {
+            if (slot[k] == NULL)
+                continue;
+            if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                if (!strings_to_utf8(slot[k], scr))
+                    return false;
+                continue;
+            }
+            /* no repeated string in kvdock.proto: a repeated one would
+             * need its array copied too (it may be the caller's) */
+            if (f->label == PROTOBUF_C_LABEL_REPEATED)
+                continue;
+            const char *str = slot[k];
+            size_t len = strlen(str);
+            if (kvd_utf8_valid(str, len))
+                continue;
+            char *copy = kvd_msg_alloc(scr, len + 1);
+            if (copy == NULL)
+                return false;
+            kvd_utf8_copy(copy, str, len + 1);
+            slot[k] = copy;
+        }
+    }
+    return true;
+}
+
 int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
 {
     if ((unsigned)m->method == KVD_METHOD_NONE && !(m->reply && m->status != KVD_OK))
@@ -798,6 +856,10 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
         err.index = m->error_index;
         env.error = &err;
     } else if (!(m->reply ? reply_to_pb(m, &env, &scr) : request_to_pb(m, &env, &scr))) {
+        rc = KVD_ERR_NOMEM;
+        goto done;
+    }
+    if (!strings_to_utf8(&env.base, &scr)) {
         rc = KVD_ERR_NOMEM;
         goto done;
     }
@@ -948,8 +1010,8 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
         s->nics = array_from_pb(m, &nic_msg, r->n_nics, (void *const *)r->nics, &rc);
     s->n_nics = rc == KVD_OK ? r->n_nics : 0;
     s->checked = r->checked;
-    kvd_strlcpy(s->check_error, r->check_error ? r->check_error : "",
-                sizeof(s->check_error));
+    kvd_utf8_copy(s->check_error, r->check_error ? r->check_error : "",
+                  sizeof(s->check_error));
     return rc;
 }
 
@@ -1373,8 +1435,8 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
             out->method = KVD_METHOD_NONE;
             out->status = env->error->code;
             out->error_index = env->error->index;
-            kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
-                        sizeof(out->error));
+            kvd_utf8_copy(out->error, env->error->message ? env->error->message : "",
+                          sizeof(out->error));
             goto free_env;
         }
         out->method = KVD_METHOD_NONE;
@@ -1391,9 +1453,10 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
         }
         out->status = env->error->code;
         out->error_index = env->error->index;
-        /* error texts are for people: truncate rather than refuse */
-        kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
-                    sizeof(out->error));
+        /* error texts are for people: truncate (between characters) rather
+         * than refuse, also one that is not UTF-8 */
+        kvd_utf8_copy(out->error, env->error->message ? env->error->message : "",
+                      sizeof(out->error));
         goto free_env;
     }
     rc = body_from_pb(env, lim, out);
