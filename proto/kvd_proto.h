@@ -644,10 +644,17 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out);
  * that needs more (say, millions of empty submessages) is refused as
  * malformed. Batches of keys need about 1 byte per payload byte, lists of
  * objects about 4, namespaces with names of 20 characters or more about 4 to
- * 7, thousands of namespaces with names of a few characters up to about 11.
+ * 7, thousands of namespaces with names of a few characters up to about 19
+ * (about 170 bytes each). With a limit on items (kvd_msg_decode_limited,
+ * max_items below SIZE_MAX), each item the limit allows (max_items, at most
+ * one per KVD_DECODE_ITEM_MIN_BYTES of payload: a namespace needs a name
+ * and an object size) adds KVD_DECODE_BUDGET_PER_ITEM: so every valid
+ * request within the limits decodes, however short its names.
  */
 #define KVD_DECODE_BUDGET_PER_BYTE    16u
 #define KVD_DECODE_BUDGET_EXTRA_BYTES (64u * 1024u)
+#define KVD_DECODE_BUDGET_PER_ITEM    256u
+#define KVD_DECODE_ITEM_MIN_BYTES     7u
 
 /*
  * Limits on the variable parts of a decoded request, checked after the

@@ -1398,10 +1398,27 @@ static void unpack_free(void *data, void *ptr)
     kvd_mem_free(KVD_MEM_CONN, h, h->bytes);
 }
 
-/* The budget for unpacking a payload of len bytes, saturating. */
-static size_t unpack_budget_bytes(size_t len)
+/*
+ * The budget for unpacking a payload of len bytes under lim, saturating.
+ * Per byte alone is not enough for a valid request: a namespace of a Hello
+ * with a two-character name takes 9 bytes on the wire and about 170 while
+ * unpacked (its struct, its name, its pointer and protobuf-c's scan
+ * records), so a Hello of 2,048 such names, well within --max-batch, ran
+ * out. Each item a request may hold (lim->max_items, and no more than one
+ * per KVD_DECODE_ITEM_MIN_BYTES of payload: the shortest valid namespace)
+ * brings KVD_DECODE_BUDGET_PER_ITEM more; a bomb of empty submessages is
+ * still held to the per-byte budget plus that. Without a limit on items
+ * (none, or SIZE_MAX) there is no such allowance.
+ */
+static size_t unpack_budget_bytes(size_t len, const kvd_msg_limits_t *lim)
 {
     size_t extra = KVD_DECODE_BUDGET_EXTRA_BYTES;
+    if (lim != NULL && lim->max_items != SIZE_MAX) {
+        size_t items = KVD_MIN(lim->max_items, len / KVD_DECODE_ITEM_MIN_BYTES);
+        if (items > (SIZE_MAX - extra) / KVD_DECODE_BUDGET_PER_ITEM)
+            return SIZE_MAX;
+        extra += items * KVD_DECODE_BUDGET_PER_ITEM;
+    }
     if (len > (SIZE_MAX - extra) / KVD_DECODE_BUDGET_PER_BYTE)
         return SIZE_MAX;
     return len * KVD_DECODE_BUDGET_PER_BYTE + extra;
@@ -1416,7 +1433,8 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
                            const kvd_msg_limits_t *lim, kvd_msg_t *out)
 {
     memset(out, 0, sizeof(*out));
-    unpack_budget_t budget = {.live_bytes = 0, .max_bytes = unpack_budget_bytes(len)};
+    unpack_budget_t budget = {.live_bytes = 0,
+                              .max_bytes = unpack_budget_bytes(len, lim)};
     ProtobufCAllocator alloc = {
         .alloc = unpack_alloc, .free = unpack_free, .allocator_data = &budget};
     Kvdock__Envelope *env = kvdock__envelope__unpack(&alloc, len, payload);
