@@ -36,6 +36,10 @@ kvd_status_t kvd_status_from_errno(int err);
 
 /* --------------------------------------------------------------- logging */
 
+/* Every line is one event: a string a client chose (its name, a namespace
+ * name, ...) goes into a log line through kvd_escape (below), and the
+ * logger itself writes any control byte left in a message as \xNN. */
+
 typedef enum kvd_log_level {
     KVD_LOG_ERROR = 0,
     KVD_LOG_WARN = 1,

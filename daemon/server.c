@@ -315,9 +315,11 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
                               rep);
     if (rc != KVD_OK)
         return;
+    char name[KVD_ESCAPED_MAX(KVD_NAME_MAX)];
     KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s, %zu namespaces",
-             (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "",
-             h->n_namespaces);
+             (unsigned long long)c->id,
+             kvd_escape(name, sizeof(name), h->client_name, strlen(h->client_name)),
+             h->pid, c->tcp ? " over tcp" : "", h->n_namespaces);
     kvd_hello_rep_t *r = &rep->body.hello_rep;
     r->n_ns_ids = h->n_namespaces;
     r->ns_ids = ids;
