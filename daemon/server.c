@@ -101,6 +101,10 @@ struct kvd_server {
     kvd_metrics_t *metrics;
     kvd_nic_list_t nics; /* RDMA ports found at start, for Stats */
     kvd_msg_t msgs[2];   /* the request being served and its reply */
+    /* the socket file bound at --socket: only that one is ever removed */
+    bool sock_bound;
+    dev_t sock_dev;
+    ino_t sock_ino;
 };
 
 /* ------------------------------------------------------------ counters */
@@ -688,8 +692,65 @@ static void accept_all(kvd_server_t *s, src_t *listener)
 
 /* ------------------------------------------------------------ listeners */
 
+/*
+ * Whether the path may be cleared for our socket: nothing there, or a
+ * socket of ours nobody serves (a crash left it). Anything else (a
+ * regular file, a directory, a symbolic link, another user's socket) is
+ * never removed: --socket may name a path by mistake, and the daemon must
+ * not delete what it did not make. Logs why not.
+ */
+static int clear_stale_socket(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return KVD_OK;
+        int err = errno;
+        KVD_ERROR("server", "--socket %s: %s", path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) {
+        KVD_ERROR("server",
+                  "--socket %s exists and is %s: refusing to replace it; remove it or "
+                  "pick another --socket",
+                  path,
+                  S_ISREG(st.st_mode)     ? "a regular file"
+                  : S_ISDIR(st.st_mode)   ? "a directory"
+                  : S_ISLNK(st.st_mode)   ? "a symbolic link"
+                  : !S_ISSOCK(st.st_mode) ? "not a socket"
+                                          : "a socket of another user");
+        return KVD_ERR_EXISTS;
+    }
+    if (unlink(path) != 0 && errno != ENOENT) {
+        int err = errno;
+        KVD_ERROR("server", "cannot remove the stale socket %s: %s", path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    return KVD_OK;
+}
+
+/* Removes the socket file at exit, only if it is still the one we bound
+ * (same device and inode): someone may have replaced the path since. */
+static void remove_our_socket(kvd_server_t *s)
+{
+    if (!s->sock_bound)
+        return;
+    s->sock_bound = false;
+    struct stat st;
+    const char *path = s->opts.socket_path;
+    if (lstat(path, &st) != 0)
+        return;
+    if (!S_ISSOCK(st.st_mode) || st.st_dev != s->sock_dev || st.st_ino != s->sock_ino) {
+        KVD_WARN("server", "%s is no longer the socket this daemon made: leaving it",
+                 path);
+        return;
+    }
+    unlink(path);
+}
+
 /* Binds the Unix socket; a live daemon on the path is an error, a stale
- * socket file left by a crash is replaced. */
+ * socket file of ours left by a crash is replaced, anything else at the
+ * path is refused (clear_stale_socket). */
 static int listen_unix(kvd_server_t *s)
 {
     const char *path = s->opts.socket_path;
@@ -708,7 +769,9 @@ static int listen_unix(kvd_server_t *s)
                   path);
         return KVD_ERR_EXISTS;
     }
-    unlink(path);
+    int rc0 = clear_stale_socket(path);
+    if (rc0 != KVD_OK)
+        return rc0;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         int err = errno;
@@ -725,7 +788,13 @@ static int listen_unix(kvd_server_t *s)
         close(fd);
         return kvd_status_from_errno(err);
     }
-    chmod(path, 0660);
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+        s->sock_bound = true;
+        s->sock_dev = st.st_dev;
+        s->sock_ino = st.st_ino;
+        chmod(path, 0660);
+    }
     s->unix_listen = (src_t){SRC_UNIX_LISTEN, fd};
     return watch(s, &s->unix_listen, EPOLLIN, EPOLL_CTL_ADD);
 }
@@ -768,7 +837,7 @@ static void close_listeners(kvd_server_t *s)
     if (s->unix_listen.fd >= 0) {
         epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->unix_listen.fd, NULL);
         close(s->unix_listen.fd);
-        unlink(s->opts.socket_path);
+        remove_our_socket(s);
         s->unix_listen.fd = -1;
     }
     if (s->tcp_listen.fd >= 0) {
