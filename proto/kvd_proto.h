@@ -78,6 +78,12 @@ void kvd_framer_commit(kvd_framer_t *f, size_t n);
 int kvd_framer_next(kvd_framer_t *f, const uint8_t **payload, size_t *len);
 /* Bytes of a started but unfinished frame: non-zero at EOF = truncated. */
 size_t kvd_framer_pending(const kvd_framer_t *f);
+/* Whether the next frame has begun and is not all there yet (whole frames
+ * waiting to be taken are not partial). */
+bool kvd_framer_partial(const kvd_framer_t *f);
+/* The capacity f's buffer would have after kvd_framer_space(f, min): what a
+ * caller that caps memory checks before reading. */
+size_t kvd_framer_space_cap(const kvd_framer_t *f, size_t min);
 
 /* Appends a frame header for a payload of `len` bytes. */
 int kvd_frame_put_header(kvd_buf_t *b, size_t len);
@@ -563,6 +569,8 @@ typedef struct kvd_stats_rep {
     uint64_t connections_total;
     uint64_t connections_rejected;
     uint64_t protocol_errors;
+    uint64_t connections_timed_out;   /* --hello-timeout-ms, --frame-timeout-ms */
+    uint64_t connections_over_buffer; /* --max-conn-buffer */
     kvd_method_stats_t methods[KVD_METHOD_COUNT]; /* index = kvd_method_t */
     kvd_store_stats_msg_t store;
     size_t n_namespaces;

@@ -386,6 +386,8 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->connections_total = s->connections_total;
     r->connections_rejected = s->connections_rejected;
     r->protocol_errors = s->protocol_errors;
+    r->connections_timed_out = s->connections_timed_out;
+    r->connections_over_buffer = s->connections_over_buffer;
     mem_stats_to_pb(&s->memory, mem);
     r->memory = mem;
     size_t n = 0;
@@ -985,6 +987,8 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     s->connections_total = r->connections_total;
     s->connections_rejected = r->connections_rejected;
     s->protocol_errors = r->protocol_errors;
+    s->connections_timed_out = r->connections_timed_out;
+    s->connections_over_buffer = r->connections_over_buffer;
     if (r->memory != NULL)
         mem_stats_from_pb(r->memory, &s->memory);
     for (size_t i = 0; i < r->n_methods; i++) {
