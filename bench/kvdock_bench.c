@@ -291,9 +291,26 @@ static int kvdock_connect(const char *socket_path, const uint8_t *frame,
     (void)frame_bytes;
     kvd_client_t *c = NULL;
     int rc = kvd_client_connect_unix(socket_path, BENCH_CALL_TIMEOUT_MS, &c);
+    if (rc != KVD_OK)
+        return rc;
+    /* Hello first: the daemon closes a connection without one after
+     * --hello-timeout-ms, and a round-trip run lasts longer */
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_strlcpy(req.body.hello_req.client_name, "kvdock-bench",
+                sizeof(req.body.hello_req.client_name));
+    req.body.hello_req.pid = (uint32_t)getpid();
+    req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    rc = kvd_client_call(c, &req, &rep, BENCH_CALL_TIMEOUT_MS);
     if (rc == KVD_OK)
-        *conn = c;
-    return rc;
+        rc = rep.status;
+    kvd_msg_clear(&rep);
+    if (rc != KVD_OK) {
+        kvd_client_close(c);
+        return rc;
+    }
+    *conn = c;
+    return KVD_OK;
 }
 
 /* One Health call; an error reply or another method's reply is a failure. */
