@@ -36,6 +36,10 @@ kvd_status_t kvd_status_from_errno(int err);
 
 /* --------------------------------------------------------------- logging */
 
+/* Every line is one event: a string a client chose (its name, a namespace
+ * name, ...) goes into a log line through kvd_escape (below), and the
+ * logger itself writes any control byte left in a message as \xNN. */
+
 typedef enum kvd_log_level {
     KVD_LOG_ERROR = 0,
     KVD_LOG_WARN = 1,
@@ -219,5 +223,28 @@ int kvd_token_read(const char *path, bool owner_only, uint8_t *buf, size_t cap,
 /* Whether a and b hold the same bytes, in time that depends only on the
  * longer length (no early exit at the first difference). */
 bool kvd_const_time_equal(const void *a, size_t a_len, const void *b, size_t b_len);
+/* ---------------------------------------------------------------- text */
+
+/* Whether s[0..n) is valid UTF-8 (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF). */
+bool kvd_utf8_valid(const char *s, size_t n);
+
+/*
+ * kvd_strlcpy that writes valid UTF-8: cuts only between characters (a
+ * character that does not fit whole, or is cut short at the end of src, is
+ * dropped) and writes '?' for each byte that is not part of a valid one.
+ */
+void kvd_utf8_copy(char *dst, const char *src, size_t dst_len);
+
+/*
+ * Bytes someone else chose (a client's name, a namespace name), made safe
+ * for a log line or an error text: printable ASCII stays, a backslash
+ * becomes "\\" and every other byte "\xNN", so the result is one line of
+ * printable ASCII (valid UTF-8) that tells the bytes apart. Truncated to
+ * dst_len-1 bytes, never inside an escape; always terminated. Returns dst,
+ * for use as a printf argument. KVD_ESCAPED_MAX(n) bytes hold n escaped.
+ */
+const char *kvd_escape(char *dst, size_t dst_len, const char *src, size_t src_len);
+#define KVD_ESCAPED_MAX(n) (4 * (size_t)(n) + 1)
 
 #endif /* KVD_COMMON_H */

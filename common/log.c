@@ -54,13 +54,23 @@ void kvd_log(kvd_log_level_t level, const char *component, const char *fmt, ...)
                      ts.tv_nsec / 1000000, level_names[level], component);
     if (n < 0)
         return;
+    char msg[sizeof(line)];
     va_list ap;
     va_start(ap, fmt);
-    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    int m = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
-    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-    if (len > sizeof(line) - 2)
-        len = sizeof(line) - 2;
+    size_t mlen = m < 0 ? 0 : KVD_MIN((size_t)m, sizeof(msg) - 1);
+    /* one event, one line: a control byte that reached the text (a
+     * client's string someone forgot to pass through kvd_escape) is
+     * written as \xNN, so no newline or terminal escape gets through */
+    size_t len = (size_t)n;
+    for (size_t i = 0; i < mlen && len + 4 < sizeof(line) - 1; i++) {
+        unsigned char c = (unsigned char)msg[i];
+        if (c < 0x20 || c == 0x7f)
+            len += (size_t)snprintf(line + len, 5, "\\x%02x", c);
+        else
+            line[len++] = (char)c;
+    }
     line[len++] = '\n';
     ssize_t w = write(STDERR_FILENO, line, len);
     (void)w; /* nowhere left to report a failed log write */

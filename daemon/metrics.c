@@ -163,6 +163,12 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
     single(b, KVD_METRIC_COUNTER, "kvdock_auth_failures_total",
            "Requests refused for want of a credential (before Hello, or refused).",
            st->auth_failures);
+    single(b, KVD_METRIC_COUNTER, "kvdock_connections_timed_out_total",
+           "Connections closed: no Hello or an unfinished frame in time.",
+           st->connections_timed_out);
+    single(b, KVD_METRIC_COUNTER, "kvdock_connections_over_buffer_total",
+           "Connections closed: their input was over --max-conn-buffer.",
+           st->connections_over_buffer);
 
     appendf(b, "# HELP kvdock_rpc_requests_total RPC requests served, by method.\n"
                "# TYPE kvdock_rpc_requests_total counter\n");

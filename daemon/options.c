@@ -76,6 +76,14 @@ static const opt_def_t opt_defs[] = {
      "most keys in one batched RPC (default 4096)"},
     {"max-connections", OPT_U64, OFF(max_connections), 0, 1, 1u << 20, "N",
      "most concurrent client connections (default 1024)"},
+    {"hello-timeout-ms", OPT_U64, OFF(hello_timeout_ms), 0, 0, 3600000, "MS",
+     "close a connection that has not said Hello within MS; 0 = never (default 10000)"},
+    {"frame-timeout-ms", OPT_U64, OFF(frame_timeout_ms), 0, 0, 3600000, "MS",
+     "close a connection whose frame is not all there MS after it began; 0 = never "
+     "(default 10000)"},
+    {"max-conn-buffer", OPT_SIZE, OFF(max_conn_buffer_bytes), 0, 1, 0, "SIZE",
+     "most bytes the connections' buffers hold together; a connection whose input "
+     "would pass it is closed (default 1G)"},
     {"usage-interval", OPT_U64, OFF(usage_interval_s), 0, 0, 86400, "SECONDS",
      "seconds between usage lines; 0 = none (default 10)"},
     {"drain-timeout", OPT_U64, OFF(drain_timeout_ms), 0, 0, 600000, "MS",
@@ -303,6 +311,9 @@ static void set_defaults(kvd_opts_t *o)
     o->max_frame_bytes = KVD_FRAME_DEFAULT_MAX;
     o->max_batch = 4096;
     o->max_connections = 1024;
+    o->hello_timeout_ms = 10000;
+    o->frame_timeout_ms = 10000;
+    o->max_conn_buffer_bytes = KVD_GiB;
     o->usage_interval_s = 10;
     o->drain_timeout_ms = 1000;
     o->evict_high = 0.95;
@@ -395,6 +406,16 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     if (o->evict_low > o->evict_high) {
         fprintf(stderr, "kvdockd: --evict-low %.3f is above --evict-high %.3f\n",
                 o->evict_low, o->evict_high);
+        return KVD_OPTS_ERROR;
+    }
+    /* a frame of --max-frame needs a buffer of up to twice its size (they
+     * grow by doubling): below that no client could send one */
+    if (o->max_conn_buffer_bytes < 2 * o->max_frame_bytes) {
+        fprintf(stderr,
+                "kvdockd: --max-conn-buffer %llu is below twice --max-frame %llu: no "
+                "connection could receive a whole frame\n",
+                (unsigned long long)o->max_conn_buffer_bytes,
+                (unsigned long long)o->max_frame_bytes);
         return KVD_OPTS_ERROR;
     }
     if (!pool_size_given && o->mem_fraction == 0)

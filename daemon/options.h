@@ -26,7 +26,10 @@ typedef struct kvd_opts {
     uint64_t max_frame_bytes;
     uint64_t max_batch;
     uint64_t max_connections;
-    uint64_t usage_interval_s; /* 0 = no usage line */
+    uint64_t hello_timeout_ms;      /* 0 = none */
+    uint64_t frame_timeout_ms;      /* 0 = none */
+    uint64_t max_conn_buffer_bytes; /* all connections' buffers together */
+    uint64_t usage_interval_s;      /* 0 = no usage line */
     uint64_t drain_timeout_ms;
     double evict_high; /* evict above this fraction of the pool used */
     double evict_low;  /* ... down to this one */

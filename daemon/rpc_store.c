@@ -339,6 +339,11 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
                                                 .offsets = offsets};
 }
 
+/* The one reply for a lease id this connection does not hold: never
+ * granted, ended, expired or another connection's are not told apart, and
+ * the text does not repeat the id. */
+#define NO_SUCH_LEASE "no such lease on this connection (never granted, ended or expired)"
+
 static void serve_finish(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
                          const kvd_msg_t *req, kvd_msg_t *rep)
 {
@@ -354,12 +359,10 @@ static void serve_finish(kvd_store_t *store, const kvd_opts_t *opts, uint64_t ow
     switch (rc) {
     case KVD_OK: return;
     case KVD_ERR_NOT_FOUND:
-        set_error(req, rep, rc, 0, "%s: no lease %llu (never granted, ended or expired)",
-                  what, (unsigned long long)r->lease_id);
-        return;
     case KVD_ERR_PERMISSION:
-        set_error(req, rep, rc, 0, "%s: lease %llu belongs to another connection", what,
-                  (unsigned long long)r->lease_id);
+        /* another connection's lease gets the reply of one that never
+         * existed: the reply must not tell a live id from a dead one */
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "%s: %s", what, NO_SUCH_LEASE);
         return;
     case KVD_ERR_STATE:
         set_error(req, rep, rc, 0,
@@ -416,13 +419,8 @@ static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *r
 {
     uint64_t id = req->body.release_req.lease_id;
     int rc = kvd_store_release(store, owner, id);
-    if (rc == KVD_ERR_NOT_FOUND)
-        set_error(req, rep, rc, 0,
-                  "release: no lease %llu (never granted, released or expired)",
-                  (unsigned long long)id);
-    else if (rc == KVD_ERR_PERMISSION)
-        set_error(req, rep, rc, 0, "release: lease %llu belongs to another connection",
-                  (unsigned long long)id);
+    if (rc == KVD_ERR_NOT_FOUND || rc == KVD_ERR_PERMISSION) /* as in serve_finish */
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "release: %s", NO_SUCH_LEASE);
     else if (rc == KVD_ERR_STATE)
         set_error(req, rep, rc, 0,
                   "release: lease %llu holds reservations; publish or revoke it",
@@ -488,7 +486,10 @@ static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
     }
     if (kvd_store_ns_find(store, name, ns) == KVD_OK)
         return true;
-    set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'", name);
+    /* the client's bytes, escaped: an error text is one line of UTF-8 */
+    char esc[KVD_ESCAPED_MAX(48)];
+    set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'",
+              kvd_escape(esc, sizeof(esc), name, strlen(name)));
     return false;
 }
 

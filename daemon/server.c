@@ -82,6 +82,11 @@ typedef struct conn {
     kvd_rpc_ctx_t ctx; /* who it is: its id, and the tenant of its credential */
     kvd_framer_t in;
     kvd_buf_t out;
+    /* what a client may hold, and for how long (on_tick closes it): */
+    uint64_t accepted_ns;
+    bool hello_done;         /* a Hello was answered: no hello timeout */
+    uint64_t frame_since_ns; /* the unfinished frame at the head began; 0 none */
+    size_t buf_bytes;        /* in + out capacity, as counted in conn_buf_bytes */
     struct conn *prev, *next;
 } conn_t;
 
@@ -99,8 +104,9 @@ struct kvd_server {
     kvd_ucxd_t *ucxd;
     src_t ucx_src;
     conn_t *conns;
-    conn_t *dead; /* closed during this batch, freed after it */
-    bool backlog; /* some connection has frames waiting for its next turn */
+    conn_t *dead;            /* closed during this batch, freed after it */
+    bool backlog;            /* some connection has frames waiting for its next turn */
+    uint64_t conn_buf_bytes; /* every connection's buffers (--max-conn-buffer) */
     uint64_t next_conn_id;
     kvd_counters_t counters;
     _Atomic int health;
@@ -116,6 +122,10 @@ struct kvd_server {
     kvd_metrics_t *metrics;
     kvd_nic_list_t nics; /* RDMA ports found at start, for Stats */
     kvd_msg_t msgs[2];   /* the request being served and its reply */
+    /* the socket file bound at --socket: only that one is ever removed */
+    bool sock_bound;
+    dev_t sock_dev;
+    ino_t sock_ino;
 };
 
 /* ------------------------------------------------------------ counters */
@@ -175,6 +185,8 @@ static void server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
     out->connections_rejected = atomic_load(&k->connections_rejected);
     out->protocol_errors = atomic_load(&k->protocol_errors);
     out->auth_failures = atomic_load(&k->auth_failures);
+    out->connections_timed_out = atomic_load(&k->connections_timed_out);
+    out->connections_over_buffer = atomic_load(&k->connections_over_buffer);
     kvd_store_stats_t ss;
     kvd_store_stats(s->store, &ss);
     kvd_rpc_store_stats(&ss, &out->store);
@@ -201,6 +213,22 @@ static int watch(kvd_server_t *s, src_t *src, uint32_t events, int op)
     return KVD_OK;
 }
 
+/* Brings conn_buf_bytes up to date with c's buffers (after they grew or
+ * were freed). */
+static void conn_account(kvd_server_t *s, conn_t *c)
+{
+    size_t now = c->in.buf.cap + c->out.cap;
+    s->conn_buf_bytes = s->conn_buf_bytes - c->buf_bytes + now;
+    c->buf_bytes = now;
+}
+
+/* Whether the connections' buffers are over --max-conn-buffer: then no
+ * connection's input grows and replies wait (conn_serve_buffered). */
+static bool conn_buffers_full(const kvd_server_t *s)
+{
+    return s->conn_buf_bytes > s->opts.max_conn_buffer_bytes;
+}
+
 static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
 {
     KVD_DEBUG("server", "connection %llu closed: %s", (unsigned long long)c->id, why);
@@ -214,6 +242,7 @@ static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
     close(c->src.fd);
     kvd_framer_free(&c->in);
     kvd_buf_free(&c->out);
+    conn_account(s, c);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -241,10 +270,17 @@ static void free_dead(kvd_server_t *s)
 static void conn_update_events(kvd_server_t *s, conn_t *c)
 {
     uint32_t want = 0;
-    if (!c->closing && c->out.len < OUT_HIGH_WATER)
+    if (!c->closing && c->out.len < OUT_HIGH_WATER &&
+        !(c->out.len > 0 && conn_buffers_full(s)))
         want |= EPOLLIN;
     if (c->out.len > 0)
         want |= EPOLLOUT;
+    /* the frame timeout runs while the client can send: from when a frame
+     * began arriving, or from when reading resumed with one unfinished */
+    if (!kvd_framer_partial(&c->in))
+        c->frame_since_ns = 0;
+    else if (c->frame_since_ns == 0 || ((want & EPOLLIN) && !(c->events & EPOLLIN)))
+        c->frame_since_ns = kvd_now_ns();
     if (want != c->events) {
         c->events = want;
         watch(s, &c->src, want, EPOLL_CTL_MOD);
@@ -282,6 +318,7 @@ static void conn_reply(kvd_server_t *s, conn_t *c, const kvd_msg_t *rep)
             c->closing = true; /* out of memory: nothing sensible left to say */
         }
     }
+    conn_account(s, c);
 }
 
 /* Sends an error reply and marks the connection for closing. */
@@ -437,11 +474,13 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     c->ctx = ctx;
     c->authed = true;
     const char *tenant = kvd_store_tenant_name(s->store, ctx.tenant);
+    char name[KVD_ESCAPED_MAX(KVD_NAME_MAX)];
     KVD_INFO("server",
              "connection %llu: hello from '%s' pid %u%s, %zu namespaces, tenant %s%s%s",
-             (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "",
-             h->n_namespaces, tenant ? tenant : "?", ctx.is_operator ? " (operator)" : "",
-             ctx.read_only ? " read-only" : "");
+             (unsigned long long)c->id,
+             kvd_escape(name, sizeof(name), h->client_name, strlen(h->client_name)),
+             h->pid, c->tcp ? " over tcp" : "", h->n_namespaces, tenant ? tenant : "?",
+             ctx.is_operator ? " (operator)" : "", ctx.read_only ? " read-only" : "");
     kvd_hello_rep_t *r = &rep->body.hello_rep;
     r->n_ns_ids = h->n_namespaces;
     r->ns_ids = ids;
@@ -461,6 +500,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     if (h->want_ucx)
         kvd_ucxd_peer(s->ucxd, &r->ucx_address, &r->ucx_address_len, &r->ucx_rkey,
                       &r->ucx_rkey_len, &r->ucx_pool_base);
+    c->hello_done = true;
 }
 
 /* Hands the metrics endpoint a snapshot of Stats and the namespace table:
@@ -672,6 +712,7 @@ static void conn_flush(kvd_server_t *s, conn_t *c)
             kvd_buf_free(&c->out);
         if (kvd_framer_pending(&c->in) == 0 && c->in.buf.cap > BUF_KEEP_BYTES)
             kvd_framer_free(&c->in);
+        conn_account(s, c);
     }
     conn_update_events(s, c);
 }
@@ -688,7 +729,9 @@ static void conn_serve_buffered(kvd_server_t *s, conn_t *c)
      * gets at most CONN_TURN_NS of the loop before the others' turns; what
      * is left waits in the framer for the next pass of the loop */
     uint64_t t0 = kvd_now_ns();
-    for (bool first = true; !c->closing && c->out.len < OUT_HIGH_WATER; first = false) {
+    for (bool first = true; !c->closing && c->out.len < OUT_HIGH_WATER &&
+                            !(c->out.len > 0 && conn_buffers_full(s));
+         first = false) {
         if (!first && kvd_framer_pending(&c->in) > 0 &&
             kvd_now_ns() - t0 >= CONN_TURN_NS) {
             c->backlog = s->backlog = true;
@@ -699,6 +742,7 @@ static void conn_serve_buffered(kvd_server_t *s, conn_t *c)
         int got = kvd_framer_next(&c->in, &payload, &len);
         if (got == 0)
             return;
+        c->frame_since_ns = 0; /* the next frame's time starts afresh */
         if (got == KVD_ERR_TOO_LARGE) {
             char what[128];
             snprintf(what, sizeof(what), "frame larger than the maximum of %llu bytes",
@@ -714,6 +758,69 @@ static void conn_serve_buffered(kvd_server_t *s, conn_t *c)
     }
 }
 
+/*
+ * Ends a connection the daemon will not wait for or hold more for: says why
+ * in one best-effort error frame when nothing else is queued (a client that
+ * does not read must not keep the connection open by not reading it), logs
+ * it and closes.
+ */
+static void conn_drop(kvd_server_t *s, conn_t *c, int status, const char *why)
+{
+    KVD_WARN("server", "connection %llu: %s; closing it", (unsigned long long)c->id, why);
+    if (c->out.len == 0) {
+        kvd_buf_t b;
+        kvd_buf_init(&b, KVD_MEM_CONN);
+        kvd_msg_t rep;
+        kvd_msg_error(&rep, 0, KVD_METHOD_NONE, status, "%s", why);
+        if (kvd_msg_pack(&rep, KVD_FRAME_LIMIT_MAX, &b) == KVD_OK) {
+            ssize_t w = send(c->src.fd, b.data, b.len, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)w;
+        }
+        kvd_buf_free(&b);
+    }
+    conn_close(s, c, why);
+}
+
+/* The input of c would take the connections' buffers over the cap. */
+static void conn_over_buffer(kvd_server_t *s, conn_t *c, size_t grow)
+{
+    atomic_fetch_add(&s->counters.connections_over_buffer, 1);
+    char why[192], a[32], b[32], m[32];
+    snprintf(why, sizeof(why),
+             "its input needs %s more, and the connections' buffers hold %s of "
+             "--max-conn-buffer %s",
+             kvd_size_format(grow, a, sizeof(a)),
+             kvd_size_format(s->conn_buf_bytes, b, sizeof(b)),
+             kvd_size_format(s->opts.max_conn_buffer_bytes, m, sizeof(m)));
+    conn_drop(s, c, KVD_ERR_NO_SPACE, why);
+}
+
+/* Closes the connections that took too long: no Hello within
+ * --hello-timeout-ms of accept, a frame unfinished --frame-timeout-ms after
+ * it began. Connections that said Hello may stay idle as long as they
+ * like (engines keep theirs open between requests). */
+static void conn_timeouts(kvd_server_t *s, uint64_t now)
+{
+    uint64_t hello_ns = s->opts.hello_timeout_ms * 1000000ull;
+    uint64_t frame_ns = s->opts.frame_timeout_ms * 1000000ull;
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        char why[128];
+        if (hello_ns && !c->hello_done && now - c->accepted_ns > hello_ns)
+            snprintf(why, sizeof(why), "no Hello within %llu ms (--hello-timeout-ms)",
+                     (unsigned long long)s->opts.hello_timeout_ms);
+        else if (frame_ns && c->frame_since_ns && (c->events & EPOLLIN) &&
+                 now - c->frame_since_ns > frame_ns)
+            snprintf(why, sizeof(why),
+                     "a frame not all there %llu ms after it began (--frame-timeout-ms)",
+                     (unsigned long long)s->opts.frame_timeout_ms);
+        else
+            continue;
+        atomic_fetch_add(&s->counters.connections_timed_out, 1);
+        conn_drop(s, c, KVD_ERR_TIMEOUT, why);
+    }
+}
+
 static void conn_on_readable(kvd_server_t *s, conn_t *c)
 {
     for (;;) {
@@ -722,10 +829,16 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
             break;
         uint8_t *space;
         size_t avail;
+        size_t grow = kvd_framer_space_cap(&c->in, READ_CHUNK) - c->in.buf.cap;
+        if (grow > 0 && s->conn_buf_bytes + grow > s->opts.max_conn_buffer_bytes) {
+            conn_over_buffer(s, c, grow);
+            return;
+        }
         if (kvd_framer_space(&c->in, READ_CHUNK, &space, &avail) != KVD_OK) {
             conn_close(s, c, "out of memory for input");
             return;
         }
+        conn_account(s, c);
         ssize_t n = recv(c->src.fd, space, avail, 0);
         if (n == 0) {
             if (kvd_framer_pending(&c->in) > 0) {
@@ -815,6 +928,7 @@ static void accept_all(kvd_server_t *s, src_t *listener)
         kvd_buf_init(&c->out, KVD_MEM_CONN);
         c->events = EPOLLIN;
         c->fd_at = SIZE_MAX;
+        c->accepted_ns = kvd_now_ns();
         if (watch(s, &c->src, c->events, EPOLL_CTL_ADD) != KVD_OK) {
             close(fd);
             kvd_mem_free(KVD_MEM_CONN, c, sizeof(*c));
@@ -832,8 +946,65 @@ static void accept_all(kvd_server_t *s, src_t *listener)
 
 /* ------------------------------------------------------------ listeners */
 
+/*
+ * Whether the path may be cleared for our socket: nothing there, or a
+ * socket of ours nobody serves (a crash left it). Anything else (a
+ * regular file, a directory, a symbolic link, another user's socket) is
+ * never removed: --socket may name a path by mistake, and the daemon must
+ * not delete what it did not make. Logs why not.
+ */
+static int clear_stale_socket(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return KVD_OK;
+        int err = errno;
+        KVD_ERROR("server", "--socket %s: %s", path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) {
+        KVD_ERROR("server",
+                  "--socket %s exists and is %s: refusing to replace it; remove it or "
+                  "pick another --socket",
+                  path,
+                  S_ISREG(st.st_mode)     ? "a regular file"
+                  : S_ISDIR(st.st_mode)   ? "a directory"
+                  : S_ISLNK(st.st_mode)   ? "a symbolic link"
+                  : !S_ISSOCK(st.st_mode) ? "not a socket"
+                                          : "a socket of another user");
+        return KVD_ERR_EXISTS;
+    }
+    if (unlink(path) != 0 && errno != ENOENT) {
+        int err = errno;
+        KVD_ERROR("server", "cannot remove the stale socket %s: %s", path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    return KVD_OK;
+}
+
+/* Removes the socket file at exit, only if it is still the one we bound
+ * (same device and inode): someone may have replaced the path since. */
+static void remove_our_socket(kvd_server_t *s)
+{
+    if (!s->sock_bound)
+        return;
+    s->sock_bound = false;
+    struct stat st;
+    const char *path = s->opts.socket_path;
+    if (lstat(path, &st) != 0)
+        return;
+    if (!S_ISSOCK(st.st_mode) || st.st_dev != s->sock_dev || st.st_ino != s->sock_ino) {
+        KVD_WARN("server", "%s is no longer the socket this daemon made: leaving it",
+                 path);
+        return;
+    }
+    unlink(path);
+}
+
 /* Binds the Unix socket; a live daemon on the path is an error, a stale
- * socket file left by a crash is replaced. */
+ * socket file of ours left by a crash is replaced, anything else at the
+ * path is refused (clear_stale_socket). */
 static int listen_unix(kvd_server_t *s)
 {
     const char *path = s->opts.socket_path;
@@ -852,7 +1023,9 @@ static int listen_unix(kvd_server_t *s)
                   path);
         return KVD_ERR_EXISTS;
     }
-    unlink(path);
+    int rc0 = clear_stale_socket(path);
+    if (rc0 != KVD_OK)
+        return rc0;
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         int err = errno;
@@ -890,6 +1063,13 @@ static int listen_unix(kvd_server_t *s)
         if (strcmp(step, "bind") != 0)
             unlink(path);
         return kvd_status_from_errno(err);
+    }
+    /* remembered, so that only this socket is ever removed (at exit) */
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISSOCK(st.st_mode)) {
+        s->sock_bound = true;
+        s->sock_dev = st.st_dev;
+        s->sock_ino = st.st_ino;
     }
     s->unix_listen = (src_t){SRC_UNIX_LISTEN, fd};
     return watch(s, &s->unix_listen, EPOLLIN, EPOLL_CTL_ADD);
@@ -933,7 +1113,7 @@ static void close_listeners(kvd_server_t *s)
     if (s->unix_listen.fd >= 0) {
         epoll_ctl(s->epfd, EPOLL_CTL_DEL, s->unix_listen.fd, NULL);
         close(s->unix_listen.fd);
-        unlink(s->opts.socket_path);
+        remove_our_socket(s);
         s->unix_listen.fd = -1;
     }
     if (s->tcp_listen.fd >= 0) {
@@ -1184,6 +1364,7 @@ static int on_tick(kvd_server_t *s)
     } else if (ticked < 0) {
         s->ucx_src.fd = -1; /* closed: epoll forgot it */
     }
+    conn_timeouts(s, now);
     size_t expired = kvd_store_expire(s->store, now / 1000000);
     if (expired > 0)
         KVD_WARN("server",

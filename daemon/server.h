@@ -31,6 +31,8 @@ typedef struct kvd_counters {
     _Atomic uint64_t connections_rejected;
     _Atomic uint64_t protocol_errors;
     _Atomic uint64_t auth_failures; /* a method before Hello, or a credential refused */
+    _Atomic uint64_t connections_timed_out;
+    _Atomic uint64_t connections_over_buffer;
 } kvd_counters_t;
 
 typedef struct kvd_server kvd_server_t;

@@ -123,6 +123,32 @@ size_t kvd_framer_pending(const kvd_framer_t *f)
     return f->buf.len - f->start;
 }
 
+bool kvd_framer_partial(const kvd_framer_t *f)
+{
+    size_t have = f->buf.len - f->start;
+    if (have == 0)
+        return false;
+    if (have < KVD_FRAME_HEADER_BYTES)
+        return true;
+    uint32_t n = read_le32(f->buf.data + f->start);
+    return n != 0 && n <= f->max_frame && have - KVD_FRAME_HEADER_BYTES < n;
+}
+
+/* kvd_buf_reserve's growth: doubling from 256. */
+size_t kvd_framer_space_cap(const kvd_framer_t *f, size_t min)
+{
+    size_t keep = f->buf.len - f->start;
+    if (min > SIZE_MAX - keep)
+        return SIZE_MAX;
+    size_t need = keep + min;
+    if (need <= f->buf.cap)
+        return f->buf.cap;
+    size_t cap = f->buf.cap ? f->buf.cap : 256;
+    while (cap < need)
+        cap = cap > SIZE_MAX / 2 ? need : cap * 2;
+    return cap;
+}
+
 int kvd_frame_put_header(kvd_buf_t *b, size_t len)
 {
     if (len == 0 || len > UINT32_MAX)

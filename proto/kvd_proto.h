@@ -78,6 +78,12 @@ void kvd_framer_commit(kvd_framer_t *f, size_t n);
 int kvd_framer_next(kvd_framer_t *f, const uint8_t **payload, size_t *len);
 /* Bytes of a started but unfinished frame: non-zero at EOF = truncated. */
 size_t kvd_framer_pending(const kvd_framer_t *f);
+/* Whether the next frame has begun and is not all there yet (whole frames
+ * waiting to be taken are not partial). */
+bool kvd_framer_partial(const kvd_framer_t *f);
+/* The capacity f's buffer would have after kvd_framer_space(f, min): what a
+ * caller that caps memory checks before reading. */
+size_t kvd_framer_space_cap(const kvd_framer_t *f, size_t min);
 
 /* Appends a frame header for a payload of `len` bytes. */
 int kvd_frame_put_header(kvd_buf_t *b, size_t len);
@@ -567,7 +573,9 @@ typedef struct kvd_stats_rep {
     uint64_t connections_total;
     uint64_t connections_rejected;
     uint64_t protocol_errors;
-    uint64_t auth_failures; /* a method before Hello, or a credential refused */
+    uint64_t auth_failures;           /* a method before Hello, or a credential refused */
+    uint64_t connections_timed_out;   /* --hello-timeout-ms, --frame-timeout-ms */
+    uint64_t connections_over_buffer; /* --max-conn-buffer */
     kvd_method_stats_t methods[KVD_METHOD_COUNT]; /* index = kvd_method_t */
     kvd_store_stats_msg_t store;
     size_t n_namespaces;
@@ -633,7 +641,10 @@ void kvd_msg_error(kvd_msg_t *m, uint64_t id, kvd_method_t method, int status,
                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
 /*
- * Encodes m as one frame (header + payload) appended to out. Fails with
+ * Encodes m as one frame (header + payload) appended to out. Every string
+ * field goes out as valid UTF-8 (proto3 requires it): one that is not (a
+ * buffer cut inside a character, a stray byte) is sent cut between
+ * characters, with '?' for a stray byte; m itself is not changed. Fails with
  * KVD_ERR_TOO_LARGE when the payload exceeds max_frame, KVD_ERR_INVALID for
  * a method or body that cannot be encoded, KVD_ERR_NOMEM.
  */
@@ -646,10 +657,17 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out);
  * that needs more (say, millions of empty submessages) is refused as
  * malformed. Batches of keys need about 1 byte per payload byte, lists of
  * objects about 4, namespaces with names of 20 characters or more about 4 to
- * 7, thousands of namespaces with names of a few characters up to about 11.
+ * 7, thousands of namespaces with names of a few characters up to about 19
+ * (about 170 bytes each). With a limit on items (kvd_msg_decode_limited,
+ * max_items below SIZE_MAX), each item the limit allows (max_items, at most
+ * one per KVD_DECODE_ITEM_MIN_BYTES of payload: a namespace needs a name
+ * and an object size) adds KVD_DECODE_BUDGET_PER_ITEM: so every valid
+ * request within the limits decodes, however short its names.
  */
 #define KVD_DECODE_BUDGET_PER_BYTE    16u
 #define KVD_DECODE_BUDGET_EXTRA_BYTES (64u * 1024u)
+#define KVD_DECODE_BUDGET_PER_ITEM    256u
+#define KVD_DECODE_ITEM_MIN_BYTES     7u
 
 /*
  * Limits on the variable parts of a decoded request, checked after the
@@ -668,7 +686,9 @@ typedef struct kvd_msg_limits {
  * Decodes one payload into out (initialised here; a previous arena is not
  * freed). The caller calls kvd_msg_clear(out) when done, also after
  * an error. Returns KVD_OK; KVD_ERR_PROTOCOL when the bytes are not an
- * Envelope, the body does not belong to the method, or unpacking would
+ * Envelope, the body does not belong to the method, a string field is not
+ * valid UTF-8 (an error text is taken anyway, made valid the way
+ * kvd_msg_pack does), or unpacking would
  * exceed the decoding memory budget above; KVD_ERR_UNKNOWN_METHOD when the
  * method is outside this build's enum (out->id is set then, so the error
  * reply can name the request). No item limits: see kvd_msg_decode_limited.

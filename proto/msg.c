@@ -118,7 +118,9 @@ static void *arena_array(kvd_msg_t *m, size_t n, size_t size)
 /* The messages of the field lists (kvd_proto.h), made field by field from
  * their lists: one function each way, and arrays of them. */
 
-/* Copies a protobuf string into a fixed field; longer is a protocol error. */
+/* Copies a protobuf string into a fixed field; longer, or not UTF-8 (proto3
+ * requires it of a string field, so a parser refuses the message), is a
+ * protocol error. */
 static int copy_str(char *dst, size_t dst_len, const char *src)
 {
     if (src == NULL) {
@@ -126,7 +128,7 @@ static int copy_str(char *dst, size_t dst_len, const char *src)
         return KVD_OK;
     }
     size_t n = strlen(src);
-    if (n >= dst_len)
+    if (n >= dst_len || !kvd_utf8_valid(src, n))
         return KVD_ERR_PROTOCOL;
     memcpy(dst, src, n + 1);
     return KVD_OK;
@@ -385,6 +387,8 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->connections_rejected = s->connections_rejected;
     r->protocol_errors = s->protocol_errors;
     r->auth_failures = s->auth_failures;
+    r->connections_timed_out = s->connections_timed_out;
+    r->connections_over_buffer = s->connections_over_buffer;
     mem_stats_to_pb(&s->memory, mem);
     r->memory = mem;
     size_t n = 0;
@@ -782,6 +786,62 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
     }
 }
 
+/*
+ * proto3 requires every string field to be valid UTF-8, and a reply may
+ * carry text a client chose or a C buffer cut at its size (an error text
+ * of KVD_ERROR_MAX bytes ends inside a character as easily as not). So the
+ * one place every message passes on its way out checks every string field
+ * of the tree about to be packed, from the descriptors (a field added to
+ * kvdock.proto is covered without a line here), and points an invalid one
+ * at a copy in scr made by kvd_utf8_copy: cut between characters, '?' for a
+ * stray byte. Only the generated structs (ours, in scr or on the stack)
+ * change; the caller's message is const. False when out of memory.
+ */
+static bool strings_to_utf8(ProtobufCMessage *msg, kvd_msg_t *scr)
+{
+    const ProtobufCMessageDescriptor *d = msg->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        char *base = (char *)msg;
+        if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + f->quantifier_offset) != f->id)
+            continue; /* another member of the oneof is set */
+        size_t n = 1;
+        void **slot = (void **)(base + f->offset);
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            n = *(const size_t *)(base + f->quantifier_offset);
+            slot = *(void ***)slot;
+            if (n == 0 || slot == NULL)
+                continue;
+        }
+        for (size_t k = 0; k < n; k++) {
+            if (slot[k] == NULL)
+                continue;
+            if (f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                if (!strings_to_utf8(slot[k], scr))
+                    return false;
+                continue;
+            }
+            /* no repeated string in kvdock.proto: a repeated one would
+             * need its array copied too (it may be the caller's) */
+            if (f->label == PROTOBUF_C_LABEL_REPEATED)
+                continue;
+            const char *str = slot[k];
+            size_t len = strlen(str);
+            if (kvd_utf8_valid(str, len))
+                continue;
+            char *copy = kvd_msg_alloc(scr, len + 1);
+            if (copy == NULL)
+                return false;
+            kvd_utf8_copy(copy, str, len + 1);
+            slot[k] = copy;
+        }
+    }
+    return true;
+}
+
 int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
 {
     if ((unsigned)m->method == KVD_METHOD_NONE && !(m->reply && m->status != KVD_OK))
@@ -802,6 +862,10 @@ int kvd_msg_pack(const kvd_msg_t *m, size_t max_frame, kvd_buf_t *out)
         err.index = m->error_index;
         env.error = &err;
     } else if (!(m->reply ? reply_to_pb(m, &env, &scr) : request_to_pb(m, &env, &scr))) {
+        rc = KVD_ERR_NOMEM;
+        goto done;
+    }
+    if (!strings_to_utf8(&env.base, &scr)) {
         rc = KVD_ERR_NOMEM;
         goto done;
     }
@@ -928,6 +992,8 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     s->connections_rejected = r->connections_rejected;
     s->protocol_errors = r->protocol_errors;
     s->auth_failures = r->auth_failures;
+    s->connections_timed_out = r->connections_timed_out;
+    s->connections_over_buffer = r->connections_over_buffer;
     if (r->memory != NULL)
         mem_stats_from_pb(r->memory, &s->memory);
     for (size_t i = 0; i < r->n_methods; i++) {
@@ -953,8 +1019,8 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
         s->nics = array_from_pb(m, &nic_msg, r->n_nics, (void *const *)r->nics, &rc);
     s->n_nics = rc == KVD_OK ? r->n_nics : 0;
     s->checked = r->checked;
-    kvd_strlcpy(s->check_error, r->check_error ? r->check_error : "",
-                sizeof(s->check_error));
+    kvd_utf8_copy(s->check_error, r->check_error ? r->check_error : "",
+                  sizeof(s->check_error));
     return rc;
 }
 
@@ -1345,10 +1411,27 @@ static void unpack_free(void *data, void *ptr)
     kvd_mem_free(KVD_MEM_CONN, h, h->bytes);
 }
 
-/* The budget for unpacking a payload of len bytes, saturating. */
-static size_t unpack_budget_bytes(size_t len)
+/*
+ * The budget for unpacking a payload of len bytes under lim, saturating.
+ * Per byte alone is not enough for a valid request: a namespace of a Hello
+ * with a two-character name takes 9 bytes on the wire and about 170 while
+ * unpacked (its struct, its name, its pointer and protobuf-c's scan
+ * records), so a Hello of 2,048 such names, well within --max-batch, ran
+ * out. Each item a request may hold (lim->max_items, and no more than one
+ * per KVD_DECODE_ITEM_MIN_BYTES of payload: the shortest valid namespace)
+ * brings KVD_DECODE_BUDGET_PER_ITEM more; a bomb of empty submessages is
+ * still held to the per-byte budget plus that. Without a limit on items
+ * (none, or SIZE_MAX) there is no such allowance.
+ */
+static size_t unpack_budget_bytes(size_t len, const kvd_msg_limits_t *lim)
 {
     size_t extra = KVD_DECODE_BUDGET_EXTRA_BYTES;
+    if (lim != NULL && lim->max_items != SIZE_MAX) {
+        size_t items = KVD_MIN(lim->max_items, len / KVD_DECODE_ITEM_MIN_BYTES);
+        if (items > (SIZE_MAX - extra) / KVD_DECODE_BUDGET_PER_ITEM)
+            return SIZE_MAX;
+        extra += items * KVD_DECODE_BUDGET_PER_ITEM;
+    }
     if (len > (SIZE_MAX - extra) / KVD_DECODE_BUDGET_PER_BYTE)
         return SIZE_MAX;
     return len * KVD_DECODE_BUDGET_PER_BYTE + extra;
@@ -1363,7 +1446,8 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
                            const kvd_msg_limits_t *lim, kvd_msg_t *out)
 {
     memset(out, 0, sizeof(*out));
-    unpack_budget_t budget = {.live_bytes = 0, .max_bytes = unpack_budget_bytes(len)};
+    unpack_budget_t budget = {.live_bytes = 0,
+                              .max_bytes = unpack_budget_bytes(len, lim)};
     ProtobufCAllocator alloc = {
         .alloc = unpack_alloc, .free = unpack_free, .allocator_data = &budget};
     Kvdock__Envelope *env = kvdock__envelope__unpack(&alloc, len, payload);
@@ -1382,8 +1466,8 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
             out->method = KVD_METHOD_NONE;
             out->status = env->error->code;
             out->error_index = env->error->index;
-            kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
-                        sizeof(out->error));
+            kvd_utf8_copy(out->error, env->error->message ? env->error->message : "",
+                          sizeof(out->error));
             goto free_env;
         }
         out->method = KVD_METHOD_NONE;
@@ -1400,9 +1484,10 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
         }
         out->status = env->error->code;
         out->error_index = env->error->index;
-        /* error texts are for people: truncate rather than refuse */
-        kvd_strlcpy(out->error, env->error->message ? env->error->message : "",
-                    sizeof(out->error));
+        /* error texts are for people: truncate (between characters) rather
+         * than refuse, also one that is not UTF-8 */
+        kvd_utf8_copy(out->error, env->error->message ? env->error->message : "",
+                      sizeof(out->error));
         goto free_env;
     }
     rc = body_from_pb(env, lim, out);

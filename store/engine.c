@@ -79,7 +79,6 @@ int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out)
         }
     }
     s->secret[5] |= 1; /* an odd multiplier keeps the last fold from losing bits */
-    s->next_lease_id = 1;
     tenant_init(s);
     uint64_t nb = 1024;
     while (nb < cfg->index_hint && nb < (1ull << 32))
@@ -488,6 +487,35 @@ static int lease_add(kvd_store_t *s, lease_t *l, uint32_t rec)
     return KVD_OK;
 }
 
+/*
+ * A fresh lease id: random, non-zero and unused by any live lease, so that
+ * an id tells nothing of the others (they were sequential: a client could
+ * name its neighbours' leases). Drawn from getrandom 64 at a time; should
+ * that fail, from a sequence mixed with the store's secret (a weaker
+ * fallback that never fails).
+ */
+static uint64_t lease_id_new(kvd_store_t *s)
+{
+    for (;;) {
+        if (s->lease_ids_left == 0) {
+            ssize_t got = getrandom(s->lease_ids, sizeof(s->lease_ids), GRND_NONBLOCK);
+            if (got == (ssize_t)sizeof(s->lease_ids)) {
+                s->lease_ids_left = KVD_ARRAY_SIZE(s->lease_ids);
+            } else {
+                uint64_t x =
+                    (s->lease_id_fallback += 0x9e3779b97f4a7c15ull) ^ s->secret[0];
+                x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+                x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+                s->lease_ids[0] = (x ^ (x >> 31)) ^ s->secret[1];
+                s->lease_ids_left = 1;
+            }
+        }
+        uint64_t id = s->lease_ids[--s->lease_ids_left];
+        if (id != 0 && lease_find(s, id) == NULL)
+            return id;
+    }
+}
+
 static lease_t *lease_new(kvd_store_t *s, uint64_t owner, bool write, uint64_t now_ms)
 {
     if (s->n_leases >= s->n_lease_buckets * 2) {
@@ -508,7 +536,7 @@ static lease_t *lease_new(kvd_store_t *s, uint64_t owner, bool write, uint64_t n
     if (l == NULL)
         return NULL;
     s->lease_bytes += sizeof(*l);
-    l->id = s->next_lease_id++;
+    l->id = lease_id_new(s);
     l->owner = owner;
     l->write = write;
     l->expires_ms = now_ms + s->cfg.lease_ttl_ms;

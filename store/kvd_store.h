@@ -261,6 +261,9 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
  * of that lease, else KVD_ERR_STATE and nothing changes. The lease ends when
  * it holds nothing more. KVD_ERR_NOT_FOUND for an unknown (or ended) lease,
  * KVD_ERR_PERMISSION for another owner's, KVD_ERR_STATE for a read lease.
+ * (Lease ids are random, non-zero and unique among live leases; the RPC
+ * answers PERMISSION as it answers NOT_FOUND, so that a client learns
+ * nothing of other connections' leases.)
  */
 int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n);

@@ -141,7 +141,11 @@ struct kvd_store {
     lease_t **lease_buckets;
     uint64_t n_lease_buckets;
     uint64_t n_leases;
-    uint64_t next_lease_id;
+    /* lease ids are random (getrandom, drawn 64 at a time): a client that
+     * sees its own ids learns nothing of another's */
+    uint64_t lease_ids[64];
+    uint32_t lease_ids_left;
+    uint64_t lease_id_fallback; /* without getrandom: a keyed sequence */
     lease_t *oldest, *newest;
 
     kvd_store_stats_t st; /* counters; the byte figures are derived */

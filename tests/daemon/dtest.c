@@ -437,6 +437,8 @@ static void error_field(void *ctx, uint32_t field, uint32_t wire, uint64_t v,
     if (field == 1 && wire == 0) /* sint32: zigzag */
         e->error_code = (int64_t)(v >> 1) ^ -(int64_t)(v & 1);
     if (field == 2 && wire == 2) {
+        e->error_message_len = dlen;
+        e->error_message_utf8 = dt_utf8_valid(data, dlen);
         size_t n = KVD_MIN(dlen, sizeof(e->error_message) - 1);
         memcpy(e->error_message, data, n);
         e->error_message[n] = '\0';
@@ -467,6 +469,32 @@ static void env_field(void *ctx, uint32_t field, uint32_t wire, uint64_t v,
             w->bad = true;
     } else if (field >= 10 && field <= 15)
         e->body_field = (int)field;
+}
+
+bool dt_utf8_valid(const uint8_t *p, size_t n)
+{
+    static const uint32_t min_of_len[5] = {0, 0, 0x80, 0x800, 0x10000};
+    for (size_t i = 0; i < n;) {
+        uint32_t c = p[i];
+        size_t k = c < 0x80             ? 1
+                   : (c & 0xe0) == 0xc0 ? 2
+                   : (c & 0xf0) == 0xe0 ? 3
+                   : (c & 0xf8) == 0xf0 ? 4
+                                        : 0;
+        if (k == 0 || k > n - i)
+            return false;
+        if (k > 1)
+            c &= 0x7fu >> k;
+        for (size_t j = 1; j < k; j++) {
+            if ((p[i + j] & 0xc0) != 0x80)
+                return false;
+            c = c << 6 | (p[i + j] & 0x3fu);
+        }
+        if (c < min_of_len[k] || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return false;
+        i += k;
+    }
+    return true;
 }
 
 int dt_wire_parse(const uint8_t *p, size_t len, dt_wire_env_t *out)

@@ -125,8 +125,14 @@ typedef struct dt_wire_env {
     bool has_error;
     int64_t error_code;
     char error_message[KVD_ERROR_MAX];
-    int body_field; /* field number of the oneof body, 0 = none */
+    size_t error_message_len; /* on the wire (error_message may be cut) */
+    bool error_message_utf8;  /* the whole text on the wire, by dt_utf8_valid */
+    int body_field;           /* field number of the oneof body, 0 = none */
 } dt_wire_env_t;
+
+/* UTF-8 per RFC 3629 (no overlong forms, surrogates or code points above
+ * U+10FFFF), checked here rather than by common/'s helper. */
+bool dt_utf8_valid(const uint8_t *p, size_t n);
 
 /* Returns 0, or -1 when the bytes are not well-formed protobuf. */
 int dt_wire_parse(const uint8_t *p, size_t len, dt_wire_env_t *out);

@@ -3,10 +3,17 @@
  * raw Unix connection: (a) a header announcing 0x10000000 bytes (over the
  * 4 MiB default maximum), (b) a zero-length frame, (c) 16 bytes of 0xff,
  * (d) an unknown method (id 7, method 99), (e) a truncated frame, (f) a
- * reply sent as a request, (g) Hello with a wrong protocol version. Each gets
- * one error reply with the right status (and id where the request had one)
+ * reply sent as a request, (g) Hello with a wrong protocol version, (h) the
+ * frame of issue 11 (ListPrefixes whose ns_name is the byte 0xff: a string
+ * field that is not UTF-8, which proto3 parsers refuse). Each gets one
+ * error reply with the right status (and id where the request had one)
  * and then EOF, except (e) which has no one to answer. The reply is checked
- * twice: as bytes on the wire and through kvd_msg_decode(). After each, a
+ * twice: as bytes on the wire (its error text valid UTF-8, by the test's
+ * own checker) and through kvd_msg_decode(). (i) ListPrefixes of unknown
+ * names the client chose (a newline, 0x7f, 250 bytes of euro signs at
+ * three offsets, so that a 256-byte text would end inside one) gets
+ * NOT_FOUND with an error text of valid UTF-8 without control bytes, and
+ * the connection stays usable. After each, a
  * fresh client's Health answers ready and a client connected throughout
  * still works; at the end Stats counts the protocol errors, the daemon is
  * alive and exits 0 on SIGTERM.
@@ -56,6 +63,7 @@ static void check_error_reply(int fd, const expect_t *e)
                  w.body_field);
         DT_CHECK(w.error_message[0] != '\0', "(%s) wire: the error has no message",
                  e->what);
+        DT_CHECK(w.error_message_utf8, "(%s) wire: the error text is not UTF-8", e->what);
     }
 
     /* what a client built on proto/ gets from it */
@@ -184,9 +192,69 @@ static int run(const kvd_test_daemon_t *d, kvd_client_t *steady)
     violate_msg(d, steady, m,
                 &(expect_t){"g: wrong protocol version", 11, KVD_METHOD_HELLO,
                             KVD_ERR_UNSUPPORTED});
-    free(m);
     /* not counted in protocol_errors by design (server.c counts framing and
      * decoding violations); see the summary check below */
+
+    /* (h) issue 11's frame: id 7, ListPrefixes, list_request {ns_name =
+     * "\xff"}: the daemon echoed the byte into its error text */
+    static const uint8_t not_utf8[] = {0x0a, 0x00, 0x00, 0x00, 0x08, 0x07, 0x10,
+                                       0x0b, 0xe2, 0x01, 0x03, 0x0a, 0x01, 0xff};
+    violate(d, steady, not_utf8, sizeof(not_utf8),
+            &(expect_t){"h: a string that is not UTF-8", 0, KVD_METHOD_NONE,
+                        KVD_ERR_PROTOCOL});
+    violations++;
+
+    /* (i) names the client chose, echoed into NOT_FOUND */
+    fd = dt_raw_connect_unix(d->socket);
+    if (DT_CHECK(fd >= 0, "(i) connect: %s", strerror(errno)) &&
+        DT_CHECK(dt_raw_hello(fd) == 0, "(i) hello refused")) {
+        for (int k = 0; k < 5; k++) {
+            kvd_msg_request(m, 20 + (uint64_t)k, KVD_METHOD_LIST_PREFIXES);
+            char *name = m->body.list_req.ns_name;
+            if (k == 0) {
+                strcpy(name, "m\n2026-01-01T00:00:00.000Z error server: forged");
+            } else if (k == 1) {
+                strcpy(name, "del\x7f");
+            } else {
+                char text[KVD_NS_NAME_BYTES] = "";
+                for (int p = 2; p < k; p++)
+                    strcat(text, "x");
+                while (strlen(text) + 3 < sizeof(text))
+                    strcat(text, "\xe2\x82\xac");
+                memcpy(name, text, sizeof(text));
+            }
+            kvd_buf_t b;
+            size_t len = 0;
+            dt_wire_env_t w;
+            int rc = dt_pack(m, &b);
+            if (rc == KVD_OK)
+                rc = dt_send_all(fd, b.data, b.len) == 0 ? KVD_OK : KVD_ERR_IO;
+            kvd_buf_free(&b);
+            if (!DT_CHECK(rc == KVD_OK, "(i) send %d: %s", k, kvd_status_str(rc)))
+                break;
+            rc = dt_read_frame(fd, frame, sizeof(frame), &len, 5000);
+            if (!DT_CHECK(rc == 1, "(i) %d: no reply: %s", k,
+                          rc == 0 ? "EOF" : strerror(-rc)))
+                break;
+            if (!DT_CHECK(dt_wire_parse(frame, len, &w) == 0, "(i) %d: not protobuf", k))
+                break;
+            DT_CHECK(w.has_error && w.error_code == KVD_ERR_NOT_FOUND,
+                     "(i) %d: error %lld, want not found", k, (long long)w.error_code);
+            DT_CHECK(w.id == 20 + (uint64_t)k, "(i) %d: id %llu", k,
+                     (unsigned long long)w.id);
+            DT_CHECK(w.error_message_utf8, "(i) %d: the error text is not UTF-8: %s", k,
+                     w.error_message);
+            bool control = false;
+            for (size_t i = 0; i < strlen(w.error_message); i++)
+                control |= (unsigned char)w.error_message[i] < 0x20 ||
+                           (unsigned char)w.error_message[i] == 0x7f;
+            DT_CHECK(!control, "(i) %d: a control byte in the error text: %s", k,
+                     w.error_message);
+        }
+        close(fd);
+    }
+    check_alive(d, steady, "i: names echoed");
+    free(m);
     return violations;
 }
 

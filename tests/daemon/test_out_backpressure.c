@@ -4,8 +4,8 @@
  * namespaces of ~200-character names registered (so that one Stats reply
  * is some 14 KiB), a raw Unix connection pipelines up to 60000 Stats
  * requests (hand-encoded: 4-byte LE length + Envelope{1: id, 2: method 3},
- * ids 1..N) from a writer thread that stops once the socket has not taken a
- * byte for 2 s, and reads no reply meanwhile. While it runs and stalls:
+ * ids 1..N, after a Hello) from a writer thread that stops once the socket has not taken
+ * a byte for 2 s, and reads no reply meanwhile. While it runs and stalls:
  *   - the daemon's VmRSS (/proc/<pid>/status) grows by less than 200 MB
  *     (the output high-water mark is 8 MiB) and its connection buffers
  *     (Stats memory.conn_bytes) stay under 32 MiB: an output buffer
@@ -333,6 +333,28 @@ static void run(kvd_test_daemon_t *d)
     int sndbuf = SNDBUF_BYTES;
     DT_CHECK(setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf)) == 0,
              "SO_SNDBUF: %s", strerror(errno));
+    /* Hello first (its reply read here): the run lasts longer than
+     * --hello-timeout-ms, after which a connection without one is closed */
+    {
+        kvd_msg_t hello;
+        kvd_msg_request(&hello, 0, KVD_METHOD_HELLO);
+        kvd_strlcpy(hello.body.hello_req.client_name, "backpressure",
+                    sizeof(hello.body.hello_req.client_name));
+        hello.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+        kvd_buf_t b;
+        static uint8_t reply[1 << 16];
+        size_t len = 0;
+        int rc = dt_pack(&hello, &b);
+        if (rc == KVD_OK)
+            rc = dt_send_all(fd, b.data, b.len);
+        kvd_buf_free(&b);
+        if (!DT_CHECK(rc == 0 &&
+                          dt_read_frame(fd, reply, sizeof(reply), &len, 10000) == 1,
+                      "hello on the raw connection failed")) {
+            close(fd);
+            return;
+        }
+    }
 
     static writer_t w;
     w.fd = fd;

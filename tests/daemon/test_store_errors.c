@@ -8,7 +8,8 @@
  *   Reserve / Acquire stating the wrong object size: INVALID.
  *   An unknown namespace id in Reserve, Acquire, Lookup: NOT_FOUND.
  *   Publish of a lease never granted: NOT_FOUND; of another connection's
- *     lease (Publish, Revoke, Release): PERMISSION; naming a key the lease
+ *     lease (Publish, Revoke, Release): NOT_FOUND too (an id must not tell
+ *     a live lease from a dead one, test_lease_ids); naming a key the lease
  *     does not hold: STATE, and its own key stays unpublished.
  *   Release of a write lease and Publish of a read lease: STATE.
  *   Release twice: NOT_FOUND.
@@ -168,11 +169,11 @@ static void check_leases(ts_client_t *a, ts_client_t *b)
         return;
     before = snap(a->c);
     st = ts_publish(a->c, blease, NULL, 0, &e);
-    EXPECT_ERR(st, e, KVD_ERR_PERMISSION, "Publish of another connection's lease");
+    EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Publish of another connection's lease");
     st = ts_finish(a->c, KVD_METHOD_REVOKE, blease, NULL, 0, &e);
-    EXPECT_ERR(st, e, KVD_ERR_PERMISSION, "Revoke of another connection's lease");
+    EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Revoke of another connection's lease");
     st = ts_release(a->c, blease, &e);
-    EXPECT_ERR(st, e, KVD_ERR_PERMISSION, "Release of another connection's lease");
+    EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Release of another connection's lease");
     /* B names a key its lease does not hold: nothing is published */
     kvd_key_t two[2];
     memcpy(two[0], many[0], KVD_KEY_BYTES);
@@ -219,7 +220,7 @@ static void check_leases(ts_client_t *a, ts_client_t *b)
     st = ts_publish(a->c, rlease, NULL, 0, &e);
     EXPECT_ERR(st, e, KVD_ERR_STATE, "Publish of a read lease");
     st = ts_release(b->c, rlease, &e);
-    EXPECT_ERR(st, e, KVD_ERR_PERMISSION, "Release of another connection's read lease");
+    EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Release of another connection's read lease");
     expect_unchanged(a->c, &before, "the refused read-lease operations");
     st = ts_release(a->c, rlease, &e);
     DT_CHECK(st == KVD_OK, "release: %s (%s)", kvd_status_str(st), e.text);

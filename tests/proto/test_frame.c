@@ -329,6 +329,56 @@ static void test_buf_append_consume(void **state)
     assert_true(kvd_mem_bytes(KVD_MEM_STAGING) == before);
 }
 
+/* kvd_framer_partial: a frame begun and not all there (what the daemon's
+ * frame timeout looks at), never whole frames waiting to be taken. */
+static void test_partial(void **state)
+{
+    (void)state;
+    kvd_framer_t f;
+    kvd_framer_init(&f, 1024, KVD_MEM_OTHER);
+    assert_false(kvd_framer_partial(&f));
+    size_t n1, n2;
+    uint8_t *a = make_frame(10, 1, &n1), *b = make_frame(20, 2, &n2);
+    feed(&f, a, 2); /* half a header */
+    assert_true(kvd_framer_partial(&f));
+    feed(&f, a + 2, n1 - 3); /* all but the last byte */
+    assert_true(kvd_framer_partial(&f));
+    feed(&f, a + n1 - 1, 1);
+    assert_false(kvd_framer_partial(&f)); /* whole, not yet taken */
+    feed(&f, b, 5);
+    const uint8_t *p;
+    size_t len;
+    assert_int_equal(kvd_framer_next(&f, &p, &len), 1);
+    assert_true(kvd_framer_partial(&f)); /* the second has begun */
+    feed(&f, b + 5, n2 - 5);
+    assert_int_equal(kvd_framer_next(&f, &p, &len), 1);
+    assert_false(kvd_framer_partial(&f));
+    free(a);
+    free(b);
+    kvd_framer_free(&f);
+}
+
+/* kvd_framer_space_cap says what kvd_framer_space will make the buffer. */
+static void test_space_cap(void **state)
+{
+    (void)state;
+    kvd_framer_t f;
+    kvd_framer_init(&f, 1u << 20, KVD_MEM_OTHER);
+    const size_t mins[] = {1, 300, 65536, 70000, 1, 200000, 10};
+    for (size_t i = 0; i < sizeof(mins) / sizeof(mins[0]); i++) {
+        size_t want = kvd_framer_space_cap(&f, mins[i]);
+        uint8_t *space;
+        size_t avail;
+        assert_int_equal(kvd_framer_space(&f, mins[i], &space, &avail), KVD_OK);
+        assert_true(f.buf.cap == want);
+        assert_true(avail >= mins[i]);
+        size_t fill = avail / 2; /* leave the buffer part full */
+        memset(space, 0x11, fill);
+        kvd_framer_commit(&f, fill);
+    }
+    kvd_framer_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +392,8 @@ int main(void)
         cmocka_unit_test(test_large_frame_byte_exact),
         cmocka_unit_test(test_put_header_little_endian),
         cmocka_unit_test(test_buf_append_consume),
+        cmocka_unit_test(test_partial),
+        cmocka_unit_test(test_space_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

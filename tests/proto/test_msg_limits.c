@@ -100,6 +100,72 @@ static void test_hello_namespaces(void **state)
     assert_refused(&m);
 }
 
+/* Issue 11: a Hello of 2,048 namespaces with two-character names, within
+ * a max_items of 4,096, ran out of the decoding budget and was refused as
+ * malformed. Every count up to the limit decodes, with the shortest valid
+ * names (one character, objects of 1 byte); one more is TOO_LARGE, not
+ * malformed. */
+static void test_hello_many_short_names(void **state)
+{
+    (void)state;
+    const size_t limit = 4096;
+    const kvd_msg_limits_t lim = {.max_items = limit, .max_pools = MAX_POOLS};
+    kvd_ns_spec_t *specs = calloc(limit + 1, sizeof(*specs));
+    assert_non_null(specs);
+    for (size_t i = 0; i <= limit; i++) {
+        /* two characters of 64 each: 4,096 unique names */
+        specs[i].name[0] = (char)('0' + i % 64);
+        specs[i].name[1] = (char)('0' + (i / 64) % 64);
+        specs[i].object_bytes = 4096;
+    }
+    specs[limit].name[2] = '!'; /* the 4,097th is unique too */
+    const size_t counts[] = {2048, limit};
+    for (int shortest = 0; shortest < 2; shortest++) {
+        for (size_t c = 0; c < KVD_ARRAY_SIZE(counts); c++) {
+            size_t n = counts[c];
+            kvd_ns_spec_t *sp = specs;
+            kvd_ns_spec_t *one = NULL;
+            if (shortest) { /* one-character names, 1-byte objects: 7 bytes */
+                one = calloc(n, sizeof(*one));
+                assert_non_null(one);
+                for (size_t i = 0; i < n; i++) {
+                    one[i].name[0] = 'a';
+                    one[i].object_bytes = 1;
+                }
+                sp = one;
+            }
+            kvd_msg_t m, out;
+            kvd_msg_request(&m, 43, KVD_METHOD_HELLO);
+            m.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+            m.body.hello_req.namespaces = sp;
+            m.body.hello_req.n_namespaces = n;
+            size_t len;
+            uint8_t *payload = pack_payload(&m, &len);
+            uint64_t conn_before = kvd_mem_bytes(KVD_MEM_CONN);
+            assert_int_equal(decode_with(payload, len, &lim, &out), KVD_OK);
+            assert_int_equal(out.body.hello_req.n_namespaces, n);
+            assert_string_equal(out.body.hello_req.namespaces[n - 1].name,
+                                sp[n - 1].name);
+            kvd_msg_clear(&out);
+            assert_true(kvd_mem_bytes(KVD_MEM_CONN) == conn_before);
+            free(payload);
+            free(one);
+        }
+    }
+    kvd_msg_t m, out;
+    kvd_msg_request(&m, 44, KVD_METHOD_HELLO);
+    m.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    m.body.hello_req.namespaces = specs;
+    m.body.hello_req.n_namespaces = limit + 1;
+    size_t len;
+    uint8_t *payload = pack_payload(&m, &len);
+    assert_int_equal(decode_with(payload, len, &lim, &out), KVD_ERR_TOO_LARGE);
+    assert_true(out.id == 44);
+    kvd_msg_clear(&out);
+    free(payload);
+    free(specs);
+}
+
 static void test_register_namespaces(void **state)
 {
     (void)state;
@@ -281,6 +347,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hello_namespaces),
+        cmocka_unit_test(test_hello_many_short_names),
         cmocka_unit_test(test_register_namespaces),
         cmocka_unit_test(test_lookup_pools_and_keys),
         cmocka_unit_test(test_reserve_keys),
