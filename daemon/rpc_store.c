@@ -8,6 +8,15 @@
  * refused request changes nothing and gets a typed error naming the item.
  * The connection id is the owner of every lease taken on its behalf, so the
  * server can undo them all when the connection goes.
+ *
+ * Tenancy: a connection sees and touches only its tenant's namespaces. An
+ * id or name of another tenant's namespace answers exactly as one that does
+ * not exist (same status, same text), so that tenants cannot probe each
+ * other. Lookup, Reserve and Acquire are always scoped to the tenant;
+ * operators see every tenant in the inspection methods (ListPrefixes,
+ * Inspect, Evict, the namespace tables), and only they evict across tenants:
+ * a non-operator's "evict --all" evicts its own tenant's objects. A
+ * read-only connection may not Reserve, Publish, Revoke or Evict.
  */
 #include "rpc_store.h"
 
@@ -50,12 +59,23 @@ static bool check_batch(const kvd_opts_t *opts, size_t n, const kvd_msg_t *req,
     return false;
 }
 
-/* The namespace exists and, when the client states a size, has it. */
-static bool check_ns(kvd_store_t *store, uint32_t ns, uint64_t object_bytes,
-                     const kvd_msg_t *req, kvd_msg_t *rep)
+/* Whether a namespace of `tenant` is within ctx's sight: its own tenant's,
+ * or any for an operator where `operator_sees_all`. NULL ctx: everything
+ * (the daemon's own views, such as /metrics). */
+static bool ns_visible(const kvd_rpc_ctx_t *ctx, uint32_t tenant, bool operator_sees_all)
+{
+    return ctx == NULL || tenant == ctx->tenant ||
+           (operator_sees_all && ctx->is_operator);
+}
+
+/* The namespace exists, is ctx's tenant's and, when the client states a
+ * size, has it. Another tenant's answers as an unknown one. */
+static bool check_ns(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, uint32_t ns,
+                     uint64_t object_bytes, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     kvd_ns_info_t info;
-    if (kvd_store_ns_info(store, ns, &info) != KVD_OK) {
+    if (kvd_store_ns_info(store, ns, &info) != KVD_OK ||
+        !ns_visible(ctx, info.tenant, false)) {
         set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace id %u", ns);
         return false;
     }
@@ -81,8 +101,8 @@ static bool name_ok(const char *name)
 
 /* Why spec i cannot be registered beside the existing namespaces and the
  * earlier specs of its batch; false when it can. */
-static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t i,
-                         const kvd_msg_t *req, kvd_msg_t *rep)
+static bool spec_refused(kvd_store_t *store, uint32_t tenant, const kvd_ns_spec_t *specs,
+                         size_t i, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_ns_spec_t *sp = &specs[i];
     uint32_t idx = (uint32_t)i + 1;
@@ -93,7 +113,7 @@ static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t 
     }
     kvd_ns_info_t have = {0};
     uint32_t id;
-    if (kvd_store_ns_find(store, sp->name, &id) == KVD_OK) {
+    if (kvd_store_ns_find(store, tenant, sp->name, &id) == KVD_OK) {
         kvd_store_ns_info(store, id, &have);
     } else {
         for (size_t k = 0; k < i; k++)
@@ -129,14 +149,13 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
                      const kvd_ns_spec_t *specs, size_t n, uint32_t *ids,
                      const kvd_msg_t *req, kvd_msg_t *rep)
 {
-    (void)ctx; /* tenants: the namespaces will be ctx->tenant's */
     /* all checked before any is registered: a refused batch changes nothing */
     size_t fresh = 0;
     for (size_t i = 0; i < n; i++) {
-        if (spec_refused(store, specs, i, req, rep))
+        if (spec_refused(store, ctx->tenant, specs, i, req, rep))
             return rep->status;
         uint32_t id;
-        bool seen = kvd_store_ns_find(store, specs[i].name, &id) == KVD_OK;
+        bool seen = kvd_store_ns_find(store, ctx->tenant, specs[i].name, &id) == KVD_OK;
         for (size_t k = 0; k < i && !seen; k++)
             seen = strcmp(specs[k].name, specs[i].name) == 0;
         fresh += !seen;
@@ -146,9 +165,24 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
                   KVD_STORE_MAX_NAMESPACES);
         return KVD_ERR_NO_SPACE;
     }
+    kvd_tenant_limits_t lim;
+    kvd_tenant_usage_t use;
+    if (kvd_store_tenant_usage(store, ctx->tenant, &lim, &use) != KVD_OK) {
+        set_error(req, rep, KVD_ERR_AUTH, 0, "this connection's tenant is not known");
+        return KVD_ERR_AUTH;
+    }
+    if (lim.max_namespaces != 0 && use.namespaces + fresh > lim.max_namespaces) {
+        set_error(req, rep, KVD_ERR_QUOTA, 0,
+                  "%zu new namespaces would take tenant %s past its %llu (it has %llu)",
+                  fresh, kvd_store_tenant_name(store, ctx->tenant),
+                  (unsigned long long)lim.max_namespaces,
+                  (unsigned long long)use.namespaces);
+        return KVD_ERR_QUOTA;
+    }
     for (size_t i = 0; i < n; i++) {
-        int rc = kvd_store_ns_register(store, specs[i].name, specs[i].object_bytes,
-                                       specs[i].rank_replicated, &ids[i]);
+        int rc = kvd_store_ns_register(store, ctx->tenant, ctx->conn_id, specs[i].name,
+                                       specs[i].object_bytes, specs[i].rank_replicated,
+                                       &ids[i]);
         if (rc != KVD_OK) { /* only out of memory is left */
             set_error(req, rep, rc, (uint32_t)i + 1, "namespace %s: %s", specs[i].name,
                       kvd_status_str(rc));
@@ -162,25 +196,29 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
  * whose members have the same names. */
 #define COPY_FIELD(type, name, size, metric, help) o->name = in->name;
 
-int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n)
+int kvd_rpc_ns_table(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, kvd_msg_t *rep,
+                     kvd_ns_msg_t **out, size_t *n)
 {
     uint32_t count = kvd_store_ns_count(store);
     kvd_ns_msg_t *t = kvd_msg_alloc(rep, (size_t)count * sizeof(*t) + 1);
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    for (uint32_t i = 0; i < count; i++) {
+    size_t m = 0;
+    for (uint32_t pos = 0, id; m < count && kvd_store_ns_next(store, &pos, &id);) {
         kvd_ns_info_t info;
-        kvd_store_ns_info(store, i, &info);
+        kvd_store_ns_info(store, id, &info);
+        if (!ns_visible(ctx, info.tenant, true))
+            continue;
         const kvd_ns_info_t *in = &info;
-        kvd_ns_msg_t *o = &t[i];
-        o->id = i;
+        kvd_ns_msg_t *o = &t[m++];
+        o->id = id;
         kvd_strlcpy(o->name, in->name, sizeof(o->name));
         o->object_bytes = in->object_bytes;
         o->rank_replicated = in->rank_replicated;
         KVD_NS_COUNTER_FIELDS(COPY_FIELD)
     }
     *out = t;
-    *n = count;
+    *n = m;
     return KVD_OK;
 }
 
@@ -208,8 +246,8 @@ static void serve_register(kvd_store_t *store, const kvd_opts_t *opts,
     rep->body.register_rep.ids = ids;
 }
 
-static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
-                         kvd_msg_t *rep)
+static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts,
+                         const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_lookup_req_t *r = &req->body.lookup_req;
     if (r->n_pools == 0 || r->n_pools > KVD_LOOKUP_POOLS_MAX) {
@@ -221,7 +259,7 @@ static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_m
     size_t n_min = SIZE_MAX;
     for (size_t p = 0; p < r->n_pools; p++) {
         if (!check_batch(opts, r->pools[p].n_keys, req, rep) ||
-            !check_ns(store, r->pools[p].ns, 0, req, rep))
+            !check_ns(store, ctx, r->pools[p].ns, 0, req, rep))
             return;
         pools[p] =
             (kvd_lookup_pool_t){.ns = r->pools[p].ns,
@@ -241,12 +279,13 @@ static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_m
     rep->body.lookup_rep.boundaries = b;
 }
 
-static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
-                          const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts,
+                          const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_reserve_req_t *r = &req->body.reserve_req;
+    uint64_t owner = ctx->conn_id;
     if (!check_batch(opts, r->n, req, rep) ||
-        !check_ns(store, r->ns, r->object_bytes, req, rep))
+        !check_ns(store, ctx, r->ns, r->object_bytes, req, rep))
         return;
     kvd_put_t *puts = kvd_msg_alloc(rep, r->n * sizeof(*puts) + 1);
     kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
@@ -262,8 +301,14 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
                         .parent = r->items[i].has_parent ? r->items[i].parent : NULL,
                         .depth = r->items[i].depth};
     uint64_t lease = 0;
-    kvd_store_reserve(store, owner, r->ns, puts, r->n, kvd_now_ns() / 1000000, &lease,
-                      results, locs);
+    /* keys over the tenant's quota answer NO_SPACE, as a full pool does:
+     * the writer skips them; the tenant's quota_refusals count them */
+    int rc = kvd_store_reserve(store, owner, r->ns, puts, r->n, kvd_now_ns() / 1000000,
+                               &lease, results, locs);
+    if (rc != KVD_OK) {
+        set_error(req, rep, rc, 0, "reserve failed: %s", kvd_status_str(rc));
+        return;
+    }
     kvd_ns_info_t info;
     kvd_store_ns_info(store, r->ns, &info);
     for (size_t i = 0; i < r->n; i++)
@@ -307,12 +352,13 @@ static void serve_finish(kvd_store_t *store, const kvd_opts_t *opts, uint64_t ow
     }
 }
 
-static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
-                          const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts,
+                          const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_acquire_req_t *r = &req->body.acquire_req;
+    uint64_t owner = ctx->conn_id;
     if (!check_batch(opts, r->n, req, rep) ||
-        !check_ns(store, r->ns, r->object_bytes, req, rep))
+        !check_ns(store, ctx, r->ns, r->object_bytes, req, rep))
         return;
     kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
     uint64_t *offsets = kvd_msg_alloc(rep, r->n * sizeof(uint64_t) + 1);
@@ -325,6 +371,13 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
     int rc =
         kvd_store_acquire(store, owner, r->ns, (const uint8_t(*)[KVD_KEY_BYTES])r->keys,
                           r->n, kvd_now_ns() / 1000000, &lease, locs, &bad);
+    if (rc == KVD_ERR_QUOTA) {
+        set_error(req, rep, rc, 1,
+                  "acquire: %zu pins would take tenant %s past its limit of pins or "
+                  "leases; nothing pinned",
+                  r->n, kvd_store_tenant_name(store, ctx->tenant));
+        return;
+    }
     if (rc != KVD_OK) {
         char hex[65] = "";
         if (bad < r->n)
@@ -369,42 +422,95 @@ static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *r
 
 /* ------------------------------------------------------------ inspection */
 
-/* Resolves a namespace name ("" = every namespace: UINT32_MAX). */
-static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
-                       const kvd_msg_t *req, kvd_msg_t *rep)
+/* Resolves a namespace name ("" = every namespace: UINT32_MAX) within
+ * ctx's sight: its own tenant's first; an operator's name may also be the
+ * one namespace of that name of another tenant (several: refused, as
+ * ambiguous). */
+static bool ns_by_name(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, const char *name,
+                       uint32_t *ns, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     if (name[0] == '\0') {
         *ns = UINT32_MAX;
         return true;
     }
-    if (kvd_store_ns_find(store, name, ns) == KVD_OK)
+    if (kvd_store_ns_find(store, ctx->tenant, name, ns) == KVD_OK)
         return true;
-    set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'", name);
+    uint32_t found = 0, n_tenants = ctx->is_operator ? kvd_store_tenant_count(store) : 0;
+    for (uint32_t t = 0; t < n_tenants; t++) {
+        uint32_t id;
+        if (kvd_store_ns_find(store, t, name, &id) == KVD_OK && found++ == 0)
+            *ns = id;
+    }
+    if (found == 1)
+        return true;
+    if (found > 1)
+        set_error(req, rep, KVD_ERR_INVALID, 0,
+                  "namespace '%s' exists in %u tenants; ask by its id's tenant", name,
+                  found);
+    else
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'", name);
     return false;
 }
 
+/* The namespaces one request may look at: ids in slot order, and by slot
+ * whether a namespace is in sight and whose it is. */
+typedef struct ns_scope {
+    uint32_t n;
+    uint32_t ids[KVD_STORE_MAX_NAMESPACES];
+    uint32_t tenant[KVD_STORE_MAX_NAMESPACES]; /* by slot */
+} ns_scope_t;
+
+#define NS_SLOT(id) ((id) & (KVD_STORE_MAX_NAMESPACES - 1))
+
+static ns_scope_t *scope_new(kvd_store_t *store, const kvd_rpc_ctx_t *ctx)
+{
+    ns_scope_t *sc = kvd_mem_calloc(KVD_MEM_STAGING, 1, sizeof(*sc));
+    if (sc == NULL)
+        return NULL;
+    for (uint32_t pos = 0, id; kvd_store_ns_next(store, &pos, &id);) {
+        kvd_ns_info_t info;
+        kvd_store_ns_info(store, id, &info);
+        if (ns_visible(ctx, info.tenant, true)) {
+            sc->ids[sc->n++] = id;
+            sc->tenant[NS_SLOT(id)] = info.tenant;
+        }
+    }
+    return sc;
+}
+
+static void scope_free(ns_scope_t *sc)
+{
+    kvd_mem_free(KVD_MEM_STAGING, sc, sizeof(*sc));
+}
+
 /* The parent of an object by its tag: in its own namespace first, then in
- * any (a mamba slot's parent page lives in the KV namespace). */
-static int find_parent(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_info_t *out)
+ * any other of its tenant's (a mamba slot's parent page lives in the KV
+ * namespace). */
+static int find_parent(kvd_store_t *store, const ns_scope_t *sc, const kvd_obj_info_t *in,
+                       kvd_obj_info_t *out)
 {
     if (kvd_store_find_tag(store, in->ns, in->parent_tag, out) == KVD_OK)
         return KVD_OK;
-    uint32_t count = kvd_store_ns_count(store);
-    for (uint32_t ns = 0; ns < count; ns++)
-        if (ns != in->ns && kvd_store_find_tag(store, ns, in->parent_tag, out) == KVD_OK)
+    uint32_t tenant = sc->tenant[NS_SLOT(in->ns)];
+    for (uint32_t k = 0; k < sc->n; k++) {
+        uint32_t ns = sc->ids[k];
+        if (ns != in->ns && sc->tenant[NS_SLOT(ns)] == tenant &&
+            kvd_store_find_tag(store, ns, in->parent_tag, out) == KVD_OK)
             return KVD_OK;
+    }
     return KVD_ERR_NOT_FOUND;
 }
 
 /* An object's wire form, with the parent's full key where it is stored. */
-static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t *o)
+static void obj_msg(kvd_store_t *store, const ns_scope_t *sc, const kvd_obj_info_t *in,
+                    kvd_obj_msg_t *o)
 {
     memset(o, 0, sizeof(*o));
     o->ns = in->ns;
     memcpy(o->key, in->key, KVD_KEY_BYTES);
     if (in->has_parent) {
         kvd_obj_info_t parent;
-        if (find_parent(store, in, &parent) == KVD_OK) {
+        if (find_parent(store, sc, in, &parent) == KVD_OK) {
             memcpy(o->parent, parent.key, KVD_KEY_BYTES);
             o->parent_len = KVD_KEY_BYTES;
         } else {
@@ -422,25 +528,30 @@ static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t 
     o->size = in->loc.size;
 }
 
-static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_inspect(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
+                          const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_inspect_req_t *r = &req->body.inspect_req;
     uint32_t only;
-    if (!ns_by_name(store, r->ns_name, &only, req, rep))
+    if (!ns_by_name(store, ctx, r->ns_name, &only, req, rep))
         return;
-    uint32_t count = kvd_store_ns_count(store);
-    kvd_obj_msg_t *objs = kvd_msg_alloc(rep, (size_t)count * sizeof(*objs) + 1);
+    ns_scope_t *sc = scope_new(store, ctx);
+    kvd_obj_msg_t *objs =
+        sc ? kvd_msg_alloc(rep, (size_t)sc->n * sizeof(*objs) + 1) : NULL;
     if (objs == NULL) {
+        scope_free(sc);
         set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
         return;
     }
     size_t n = 0;
-    for (uint32_t ns = 0; ns < count; ns++) {
+    for (uint32_t k = 0; k < sc->n; k++) {
+        uint32_t ns = sc->ids[k];
         kvd_obj_info_t info;
         if ((only == UINT32_MAX || ns == only) &&
             kvd_store_inspect(store, ns, r->key, &info) == KVD_OK)
-            obj_msg(store, &info, &objs[n++]);
+            obj_msg(store, sc, &info, &objs[n++]);
     }
+    scope_free(sc);
     if (n == 0) {
         char hex[65];
         kvd_key_to_hex(r->key, hex);
@@ -451,11 +562,15 @@ static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *r
     kvd_inspect_rep_t *o = &rep->body.inspect_rep;
     o->n_objects = n;
     o->objects = objs;
-    if (kvd_rpc_ns_table(store, rep, &o->namespaces, &o->n_namespaces) != KVD_OK)
+    if (kvd_rpc_ns_table(store, ctx, rep, &o->namespaces, &o->n_namespaces) != KVD_OK)
         set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
 }
 
-static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+/* Evict: "all" evicts every tenant's objects for an operator and only its
+ * own tenant's for anyone else (what "all" can mean to somebody who sees
+ * nothing else); a namespace or key of another tenant is not found. */
+static void serve_evict(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
+                        const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_evict_req_t *r = &req->body.evict_req;
     uint32_t ns;
@@ -465,16 +580,24 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
             "evict takes one of: a key (with or without a namespace), a namespace, all");
         return;
     }
-    if (!ns_by_name(store, r->all ? "" : r->ns_name, &ns, req, rep))
+    if (!ns_by_name(store, ctx, r->all ? "" : r->ns_name, &ns, req, rep))
         return;
     kvd_evict_rep_t *o = &rep->body.evict_rep;
     if (!r->has_key) {
-        kvd_store_evict_ns(store, ns, &o->evicted, &o->skipped);
+        if (ns == UINT32_MAX && !ctx->is_operator)
+            kvd_store_evict_tenant(store, ctx->tenant, &o->evicted, &o->skipped);
+        else
+            kvd_store_evict_ns(store, ns, &o->evicted, &o->skipped);
         return;
     }
-    uint32_t count = kvd_store_ns_count(store);
+    ns_scope_t *sc = scope_new(store, ctx);
+    if (sc == NULL) {
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return;
+    }
     bool found = false;
-    for (uint32_t n = 0; n < count; n++) {
+    for (uint32_t k = 0; k < sc->n; k++) {
+        uint32_t n = sc->ids[k];
         if (ns != UINT32_MAX && n != ns)
             continue;
         int rc = kvd_store_evict_key(store, n, r->key);
@@ -482,6 +605,7 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
         o->evicted += rc == KVD_OK;
         o->skipped += rc == KVD_ERR_BUSY;
     }
+    scope_free(sc);
     if (!found)
         set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "the key is not stored%s%s",
                   r->ns_name[0] ? " in " : "", r->ns_name);
@@ -491,6 +615,8 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
 
 typedef struct list_ctx {
     kvd_store_t *store;
+    const ns_scope_t *scope; /* objects of namespaces out of it are skipped */
+    const uint8_t *in_sight; /* by slot */
     kvd_obj_info_t *objs;
     size_t n, cap;
     bool truncated;
@@ -499,8 +625,8 @@ typedef struct list_ctx {
 static int collect(const kvd_obj_info_t *info, void *arg)
 {
     list_ctx_t *c = arg;
-    if (info->state != KVD_OBJ_READY)
-        return 0; /* being written: not a stored prefix yet */
+    if (info->state != KVD_OBJ_READY || !c->in_sight[NS_SLOT(info->ns)])
+        return 0; /* being written: not a stored prefix yet; or not ours */
     if (c->n == c->cap) {
         if (c->cap >= LIST_SCAN_MAX) {
             c->truncated = true;
@@ -534,14 +660,18 @@ static int tag_cmp(const void *a, const void *b)
     return memcmp(x->tag, y->tag, KVD_KEY_TAG_BYTES);
 }
 
-/* True when the key exists in another namespace than ns. */
-static bool key_elsewhere(kvd_store_t *store, uint32_t ns, const uint8_t *key)
+/* True when the key exists in another namespace than ns, of ns's tenant. */
+static bool key_elsewhere(kvd_store_t *store, const ns_scope_t *sc, uint32_t ns,
+                          const uint8_t *key)
 {
-    uint32_t count = kvd_store_ns_count(store);
     kvd_obj_info_t info;
-    for (uint32_t n = 0; n < count; n++)
-        if (n != ns && kvd_store_inspect(store, n, key, &info) == KVD_OK)
+    uint32_t tenant = sc->tenant[NS_SLOT(ns)];
+    for (uint32_t k = 0; k < sc->n; k++) {
+        uint32_t n = sc->ids[k];
+        if (n != ns && sc->tenant[NS_SLOT(n)] == tenant &&
+            kvd_store_inspect(store, n, key, &info) == KVD_OK)
             return true;
+    }
     return false;
 }
 
@@ -560,8 +690,9 @@ typedef struct list_budget {
  * namespaces hold the chain's keys. KVD_ERR_TOO_LARGE when the budget runs
  * out (the entry is not added).
  */
-static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_t *rep,
-                        list_budget_t *budget, kvd_prefix_msg_t *e)
+static int prefix_entry(kvd_store_t *store, const ns_scope_t *sc,
+                        const kvd_obj_info_t *leaf, kvd_msg_t *rep, list_budget_t *budget,
+                        kvd_prefix_msg_t *e)
 {
     size_t cap = 64, len = 0;
     kvd_key_t *chain = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(kvd_key_t));
@@ -598,7 +729,8 @@ static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_
         budget->steps--;
         cur = parent;
     }
-    uint32_t count = kvd_store_ns_count(store);
+    uint32_t count = sc->n;
+    uint32_t tenant = sc->tenant[NS_SLOT(leaf->ns)];
     uint64_t size = 96 + (uint64_t)len * 2; /* the entry, its boundaries */
     if (rc == KVD_OK && size > budget->reply_bytes)
         rc = KVD_ERR_TOO_LARGE;
@@ -612,21 +744,22 @@ static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_
         rc = e->pools ? KVD_OK : KVD_ERR_NOMEM;
     }
     /* chain[] runs leaf to root; boundary b = pages 0..b-1, i.e. index len-b */
-    for (uint32_t ns = 0; rc == KVD_OK && ns < count; ns++) {
-        if (ns == leaf->ns)
+    for (uint32_t k = 0; rc == KVD_OK && k < count; k++) {
+        uint32_t ns = sc->ids[k];
+        if (ns == leaf->ns || sc->tenant[NS_SLOT(ns)] != tenant)
             continue;
         uint32_t *b = NULL;
         size_t nb = 0;
-        for (size_t k = len; k-- > 0;) {
+        for (size_t j = len; j-- > 0;) {
             kvd_obj_info_t info;
-            if (kvd_store_inspect(store, ns, chain[k], &info) != KVD_OK ||
+            if (kvd_store_inspect(store, ns, chain[j], &info) != KVD_OK ||
                 info.state != KVD_OBJ_READY)
                 continue;
             if (b == NULL && (b = kvd_msg_alloc(rep, len * sizeof(uint32_t))) == NULL) {
                 rc = KVD_ERR_NOMEM;
                 break;
             }
-            b[nb++] = (uint32_t)(len - k);
+            b[nb++] = (uint32_t)(len - j);
         }
         if (nb > 0)
             e->pools[e->n_pools++] =
@@ -636,16 +769,26 @@ static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_
     return rc;
 }
 
-static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
-                       kvd_msg_t *rep)
+static void serve_list(kvd_store_t *store, const kvd_opts_t *opts,
+                       const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_list_req_t *r = &req->body.list_req;
     uint32_t only;
-    if (!ns_by_name(store, r->ns_name, &only, req, rep))
+    if (!ns_by_name(store, ctx, r->ns_name, &only, req, rep))
         return;
+    ns_scope_t *sc = scope_new(store, ctx);
+    uint8_t *in_sight = kvd_mem_calloc(KVD_MEM_STAGING, KVD_STORE_MAX_NAMESPACES, 1);
+    if (sc == NULL || in_sight == NULL) {
+        scope_free(sc);
+        kvd_mem_free(KVD_MEM_STAGING, in_sight, KVD_STORE_MAX_NAMESPACES);
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return;
+    }
+    for (uint32_t k = 0; k < sc->n; k++)
+        in_sight[NS_SLOT(sc->ids[k])] = 1;
     size_t limit =
         r->limit ? KVD_MIN((uint64_t)r->limit, opts->max_batch) : opts->max_batch;
-    list_ctx_t c = {.store = store};
+    list_ctx_t c = {.store = store, .scope = sc, .in_sight = in_sight};
     kvd_store_foreach(store, only, collect, &c);
     list_budget_t budget = {.steps = LIST_WALK_MAX,
                             .reply_bytes = opts->max_frame_bytes / 2};
@@ -676,11 +819,11 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
          * slots) is shown as that chain's pool, not as a prefix of its own,
          * unless its namespace is the one asked for */
         if (only == UINT32_MAX && orphan && obj->depth > 0 &&
-            key_elsewhere(store, obj->ns, obj->key))
+            key_elsewhere(store, sc, obj->ns, obj->key))
             continue;
         if (r->nodes) {
             if (o->n_nodes < limit)
-                obj_msg(store, obj, &o->nodes[o->n_nodes++]);
+                obj_msg(store, sc, obj, &o->nodes[o->n_nodes++]);
             else
                 o->truncated = true;
         }
@@ -692,7 +835,7 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
             o->truncated = true;
             continue;
         }
-        rc = prefix_entry(store, obj, rep, &budget, &o->prefixes[o->n_prefixes]);
+        rc = prefix_entry(store, sc, obj, rep, &budget, &o->prefixes[o->n_prefixes]);
         if (rc == KVD_OK)
             o->n_prefixes++;
         if (rc == KVD_ERR_TOO_LARGE) {
@@ -703,8 +846,10 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
     }
     o->truncated |= c.truncated;
     if (rc == KVD_OK)
-        rc = kvd_rpc_ns_table(store, rep, &o->namespaces, &o->n_namespaces);
+        rc = kvd_rpc_ns_table(store, ctx, rep, &o->namespaces, &o->n_namespaces);
     kvd_mem_free(KVD_MEM_STAGING, parents, (c.n + 1) * sizeof(*parents));
+    kvd_mem_free(KVD_MEM_STAGING, in_sight, KVD_STORE_MAX_NAMESPACES);
+    scope_free(sc);
     kvd_mem_free(KVD_MEM_STAGING, c.objs, c.cap * sizeof(*c.objs));
     if (rc != KVD_OK)
         set_error(req, rep, rc, 0, "list prefixes failed: %s", kvd_status_str(rc));
@@ -715,16 +860,30 @@ void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts,
 {
     uint64_t owner = ctx->conn_id;
     switch (req->method) {
+    case KVD_METHOD_RESERVE:
+    case KVD_METHOD_PUBLISH:
+    case KVD_METHOD_REVOKE:
+    case KVD_METHOD_EVICT:
+        if (ctx->read_only) {
+            set_error(req, rep, KVD_ERR_PERMISSION, 0,
+                      "this connection is read-only: it may look up and load, not %s",
+                      kvd_method_name(req->method));
+            return;
+        }
+        break;
+    default: break;
+    }
+    switch (req->method) {
     case KVD_METHOD_REGISTER_NAMESPACE: serve_register(store, opts, ctx, req, rep); break;
-    case KVD_METHOD_LOOKUP: serve_lookup(store, opts, req, rep); break;
-    case KVD_METHOD_RESERVE: serve_reserve(store, opts, owner, req, rep); break;
+    case KVD_METHOD_LOOKUP: serve_lookup(store, opts, ctx, req, rep); break;
+    case KVD_METHOD_RESERVE: serve_reserve(store, opts, ctx, req, rep); break;
     case KVD_METHOD_PUBLISH:
     case KVD_METHOD_REVOKE: serve_finish(store, opts, owner, req, rep); break;
-    case KVD_METHOD_ACQUIRE: serve_acquire(store, opts, owner, req, rep); break;
+    case KVD_METHOD_ACQUIRE: serve_acquire(store, opts, ctx, req, rep); break;
     case KVD_METHOD_RELEASE: serve_release(store, owner, req, rep); break;
-    case KVD_METHOD_LIST_PREFIXES: serve_list(store, opts, req, rep); break;
-    case KVD_METHOD_INSPECT: serve_inspect(store, req, rep); break;
-    case KVD_METHOD_EVICT: serve_evict(store, req, rep); break;
+    case KVD_METHOD_LIST_PREFIXES: serve_list(store, opts, ctx, req, rep); break;
+    case KVD_METHOD_INSPECT: serve_inspect(store, ctx, req, rep); break;
+    case KVD_METHOD_EVICT: serve_evict(store, ctx, req, rep); break;
     default: set_error(req, rep, KVD_ERR_UNKNOWN_METHOD, 0, "not a store method");
     }
 }

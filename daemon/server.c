@@ -103,6 +103,14 @@ struct kvd_server {
     kvd_msg_t msgs[2];   /* the request being served and its reply */
 };
 
+/* Zeroes an extent handed to a tenant whose bytes were another tenant's
+ * (kvd_store_set_scrub): measured in bench/RESULTS.md, it is paid only when
+ * a reservation crosses tenants. */
+static void scrub_pool(void *arg, uint64_t offset, uint64_t bytes)
+{
+    memset((uint8_t *)kvd_pool_base(arg) + offset, 0, bytes);
+}
+
 /* ------------------------------------------------------------ counters */
 
 void kvd_counters_record(kvd_counters_t *c, kvd_method_t m, bool error,
@@ -311,6 +319,10 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
         return;
     }
+    /* a client may always give up writing (never take it back): it then
+     * gets the read-only pool descriptor */
+    if (h->read_only)
+        c->ctx.read_only = true;
     int rc = kvd_rpc_register(s->store, &c->ctx, h->namespaces, h->n_namespaces, ids, req,
                               rep);
     if (rc != KVD_OK)
@@ -322,6 +334,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     r->n_ns_ids = h->n_namespaces;
     r->ns_ids = ids;
     r->lease_ttl_ms = s->opts.lease_ttl_ms;
+    r->read_only = c->ctx.read_only;
     /* the pool's descriptor can only cross a Unix socket, and rides one
      * reply at a time (a second pipelined Hello gets none) */
     r->pool_fd_attached = h->want_pool_fd && !c->tcp && c->fd_at == SIZE_MAX;
@@ -349,7 +362,8 @@ static void metrics_publish(kvd_server_t *s)
         return;
     kvd_stats_rep_t *st = &snap->body.stats_rep;
     server_stats(s, st);
-    if (kvd_rpc_ns_table(s->store, snap, &st->namespaces, &st->n_namespaces) != KVD_OK) {
+    if (kvd_rpc_ns_table(s->store, NULL, snap, &st->namespaces, &st->n_namespaces) !=
+        KVD_OK) {
         kvd_msg_clear(snap);
         kvd_mem_free(KVD_MEM_OTHER, snap, sizeof(*snap));
         return;
@@ -357,11 +371,13 @@ static void metrics_publish(kvd_server_t *s)
     kvd_metrics_publish(s->metrics, snap);
 }
 
-static void serve_stats(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_stats(kvd_server_t *s, const conn_t *c, const kvd_msg_t *req,
+                        kvd_msg_t *rep)
 {
     kvd_stats_rep_t *st = &rep->body.stats_rep;
     server_stats(s, st);
-    int rc = kvd_rpc_ns_table(s->store, rep, &st->namespaces, &st->n_namespaces);
+    /* a tenant's connection sees its own namespaces; an operator all */
+    int rc = kvd_rpc_ns_table(s->store, &c->ctx, rep, &st->namespaces, &st->n_namespaces);
     if (req->body.stats_req.check) {
         st->checked = true;
         kvd_store_check(s->store, st->check_error, sizeof(st->check_error));
@@ -417,7 +433,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         rep->body.health_rep.populated_bytes = kvd_pool_populated_bytes(s->pool);
         rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
         break;
-    case KVD_METHOD_STATS: serve_stats(s, req, rep); break;
+    case KVD_METHOD_STATS: serve_stats(s, c, req, rep); break;
     case KVD_METHOD_RESERVE:
     case KVD_METHOD_ACQUIRE:
         if (server_health(s) != KVD_HEALTH_READY) {
@@ -482,9 +498,12 @@ static bool conn_send_out(kvd_server_t *s, conn_t *c)
     while (off < c->out.len) {
         bool with_fd = c->fd_at == off;
         size_t end = c->fd_at != SIZE_MAX && c->fd_at > off ? c->fd_at : c->out.len;
-        ssize_t n = with_fd ? send_with_fd(c->src.fd, c->out.data + off, end - off,
-                                           kvd_pool_fd(s->pool))
-                            : send(c->src.fd, c->out.data + off, end - off, MSG_NOSIGNAL);
+        /* a read-only connection gets the read-only descriptor: it cannot
+         * map the pool writable nor punch holes in it */
+        int pool_fd = c->ctx.read_only ? kvd_pool_fd_ro(s->pool) : kvd_pool_fd(s->pool);
+        ssize_t n = with_fd
+                        ? send_with_fd(c->src.fd, c->out.data + off, end - off, pool_fd)
+                        : send(c->src.fd, c->out.data + off, end - off, MSG_NOSIGNAL);
         if (n > 0) {
             off += (size_t)n;
             if (with_fd)
@@ -833,6 +852,7 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
         s->epfd = -1;
         goto fail;
     }
+    kvd_store_set_scrub(s->store, scrub_pool, pool);
 
     s->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (s->epfd < 0) {
