@@ -216,6 +216,41 @@ int kvd_rpc_ns_table(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, kvd_msg_t *re
         o->object_bytes = in->object_bytes;
         o->rank_replicated = in->rank_replicated;
         KVD_NS_COUNTER_FIELDS(COPY_FIELD)
+        const char *tn = kvd_store_tenant_name(store, in->tenant);
+        kvd_strlcpy(o->tenant, tn ? tn : "", sizeof(o->tenant));
+    }
+    *out = t;
+    *n = m;
+    return KVD_OK;
+}
+
+int kvd_rpc_tenant_table(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, kvd_msg_t *rep,
+                         kvd_tenant_msg_t **out, size_t *n)
+{
+    uint32_t count = kvd_store_tenant_count(store);
+    kvd_tenant_msg_t *t = kvd_msg_alloc(rep, (size_t)count * sizeof(*t) + 1);
+    if (t == NULL)
+        return KVD_ERR_NOMEM;
+    size_t m = 0;
+    for (uint32_t id = 0; id < count; id++) {
+        kvd_tenant_limits_t lim;
+        kvd_tenant_usage_t use;
+        if (!ns_visible(ctx, id, true) ||
+            kvd_store_tenant_usage(store, id, &lim, &use) != KVD_OK)
+            continue;
+        kvd_tenant_msg_t *o = &t[m++];
+        o->id = id;
+        kvd_strlcpy(o->name, kvd_store_tenant_name(store, id), sizeof(o->name));
+        o->bytes = use.bytes;
+        o->max_bytes = lim.max_bytes;
+        o->pins = use.pins;
+        o->max_pins = lim.max_pins;
+        o->leases = use.leases;
+        o->max_leases = lim.max_leases;
+        o->namespaces = use.namespaces;
+        o->max_namespaces = lim.max_namespaces;
+        o->quota_refusals = use.quota_refusals;
+        o->quota_evictions = use.quota_evictions;
     }
     *out = t;
     *n = m;

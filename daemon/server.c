@@ -363,7 +363,9 @@ static void metrics_publish(kvd_server_t *s)
     kvd_stats_rep_t *st = &snap->body.stats_rep;
     server_stats(s, st);
     if (kvd_rpc_ns_table(s->store, NULL, snap, &st->namespaces, &st->n_namespaces) !=
-        KVD_OK) {
+            KVD_OK ||
+        kvd_rpc_tenant_table(s->store, NULL, snap, &st->tenants, &st->n_tenants) !=
+            KVD_OK) {
         kvd_msg_clear(snap);
         kvd_mem_free(KVD_MEM_OTHER, snap, sizeof(*snap));
         return;
@@ -378,6 +380,8 @@ static void serve_stats(kvd_server_t *s, const conn_t *c, const kvd_msg_t *req,
     server_stats(s, st);
     /* a tenant's connection sees its own namespaces; an operator all */
     int rc = kvd_rpc_ns_table(s->store, &c->ctx, rep, &st->namespaces, &st->n_namespaces);
+    if (rc == KVD_OK)
+        rc = kvd_rpc_tenant_table(s->store, &c->ctx, rep, &st->tenants, &st->n_tenants);
     if (req->body.stats_req.check) {
         st->checked = true;
         kvd_store_check(s->store, st->check_error, sizeof(st->check_error));

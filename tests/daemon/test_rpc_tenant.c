@@ -300,6 +300,17 @@ static void test_list_foreign(void **state)
     assert_int_equal(kvd_rpc_ns_table(store, mallory, &rep, &t, &n), KVD_OK);
     assert_int_equal(n, 1);
     assert_int_not_equal(t[0].id, alice_kv);
+    assert_string_equal(t[0].tenant, "mallory");
+    /* and the tenants table: hers, with her usage; every one for operators */
+    kvd_tenant_msg_t *tt = NULL;
+    assert_int_equal(kvd_rpc_tenant_table(store, mallory, &rep, &tt, &n), KVD_OK);
+    assert_int_equal(n, 1);
+    assert_string_equal(tt[0].name, "mallory");
+    assert_int_equal(tt[0].bytes, PAGE);
+    assert_int_equal(tt[0].max_bytes, 16 * PAGE);
+    assert_int_equal(tt[0].namespaces, 1);
+    assert_int_equal(kvd_rpc_tenant_table(store, op, &rep, &tt, &n), KVD_OK);
+    assert_int_equal(n, 3);
 }
 
 /* Attack: Evict everything. */
