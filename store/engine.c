@@ -55,6 +55,7 @@ void kvd_store_config_default(kvd_store_config_t *cfg, uint64_t pool_bytes)
     cfg->evict_low = 0.90;
     cfg->lease_ttl_ms = 30000;
     cfg->index_hint = 1024;
+    cfg->scrub_budget_bytes = 16ull << 20;
 }
 
 static int buckets_resize(kvd_store_t *s, uint64_t n_buckets);
@@ -875,10 +876,15 @@ static bool tenant_room(kvd_store_t *s, uint32_t t, uint32_t pages, bool *stuck)
     return true;
 }
 
+static uint64_t scrub_budget(const kvd_store_t *s)
+{
+    return s->cfg.scrub_budget_bytes ? s->cfg.scrub_budget_bytes : 16ull << 20;
+}
+
 /* Reserves one key into lease *l (created on first need). */
 static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
                            const kvd_put_t *it, uint64_t now_ms, lease_t **l,
-                           kvd_loc_t *loc, bool *stuck)
+                           kvd_loc_t *loc, bool *stuck, uint64_t *scrubbed)
 {
     uint32_t found = index_find(s, ns, it->key);
     if (found != NIL)
@@ -904,6 +910,13 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     if (i == NIL)
         return KVD_RESERVE_NO_SPACE;
     uint16_t tag = R(s, i)->ns; /* whose bytes the extent held */
+    bool dirty = tag != SCRUB_CLEAN && tag != t + 1;
+    uint64_t size = s->ns[ns].info.object_bytes;
+    if (dirty && *scrubbed > 0 && *scrubbed + size > scrub_budget(s)) {
+        /* the loop has zeroed enough for one call: later */
+        extent_free(s, i, tag);
+        return KVD_RESERVE_NO_SPACE;
+    }
     if (lease_add(s, *l, i) != KVD_OK) {
         extent_free(s, i, tag);
         return KVD_RESERVE_NO_SPACE;
@@ -923,12 +936,13 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     s->ns[ns].info.objects_writing++;
     s->tenants[t].use.bytes += page_bytes_of(s, pages);
     fill_loc(s, i, loc);
-    if (tag != SCRUB_CLEAN && tag != t + 1) {
+    if (dirty) {
         /* another tenant's bytes: a Publish of what was never written must
          * not show them */
         if (s->scrub != NULL)
             s->scrub(s->scrub_arg, loc->offset, loc->size);
         s->st.scrubbed_bytes += loc->size;
+        *scrubbed += loc->size;
     }
     return KVD_RESERVE_ALLOCATED;
 }
@@ -943,11 +957,13 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
     clock_seen(s, now_ms);
     lease_t *l = NULL;
     bool stuck = false;
+    uint64_t scrubbed = 0;
     /* eviction for room may take the namespace's last object: a user for
      * the call's length keeps it from being removed under the batch */
     s->ns[ns].info.users++;
     for (size_t k = 0; k < n; k++) {
-        results[k] = reserve_one(s, owner, ns, &items[k], now_ms, &l, &locs[k], &stuck);
+        results[k] =
+            reserve_one(s, owner, ns, &items[k], now_ms, &l, &locs[k], &stuck, &scrubbed);
         uint64_t *c[] = {&s->st.reserve_allocated, &s->st.reserve_exists,
                          &s->st.reserve_in_flight, &s->st.reserve_no_space};
         (*c[results[k]])++;

@@ -166,6 +166,9 @@ typedef struct kvd_store_config {
     double evict_low;      /* ... down to evict_low * pool (0.90) */
     uint64_t lease_ttl_ms; /* a lease not ended by then is undone (30000) */
     uint64_t index_hint;   /* objects expected: sizes the first hash table */
+    /* bytes one Reserve may scrub (kvd_store_set_scrub) beyond its first
+     * object; 0: 16 MiB */
+    uint64_t scrub_budget_bytes;
 } kvd_store_config_t;
 
 typedef struct kvd_store kvd_store_t;
@@ -304,7 +307,11 @@ int kvd_store_tenant_usage(const kvd_store_t *s, uint32_t id, kvd_tenant_limits_
  * another tenant's data. The engine never touches the pool itself; the
  * daemon installs a memset over its mapping. Extents that were never used
  * (the memfd starts zeroed) or last held T's own objects are not scrubbed.
- * Without a callback nothing is zeroed (only the stats count).
+ * Without a callback nothing is zeroed (only the stats count). The
+ * zeroing runs in the caller's thread (the daemon's loop): one Reserve
+ * scrubs its first such extent and then at most scrub_budget_bytes; a key
+ * past that answers NO_SPACE (the writer tries again later, when the
+ * extents it gets are its tenant's own or scrubbed by earlier calls).
  */
 typedef void (*kvd_scrub_fn)(void *arg, uint64_t offset, uint64_t bytes);
 void kvd_store_set_scrub(kvd_store_t *s, kvd_scrub_fn fn, void *arg);

@@ -408,6 +408,42 @@ static void test_scrub(void **state)
     kvd_store_destroy(s);
 }
 
+/* One Reserve zeroes its first crossing extent and then at most the
+ * budget: the daemon's loop is never held for a whole batch of them. */
+static void test_scrub_budget(void **state)
+{
+    (void)state;
+    kvd_store_config_t cfg;
+    kvd_store_config_default(&cfg, 8 * PAGE);
+    cfg.evict_high = cfg.evict_low = 1.0;
+    cfg.scrub_budget_bytes = 2 * PAGE;
+    kvd_store_t *s = NULL;
+    assert_int_equal(kvd_store_create(&cfg, &s), KVD_OK);
+    scrubs_t sc = {0};
+    kvd_store_set_scrub(s, on_scrub, &sc);
+    kvd_tenant_limits_t none = {0};
+    uint32_t a = tenant(s, "alpha", none), b = tenant(s, "beta", none);
+    uint32_t na = reg_for(s, a, OWN_A, "m/kv"), nb = reg_for(s, b, OWN_B, "m/kv");
+    uint8_t res[8];
+    assert_int_equal(put_chain(s, OWN_A, na, 1, 8, res), 8);
+    uint64_t ev, sk;
+    assert_int_equal(kvd_store_evict_tenant(s, a, &ev, &sk), KVD_OK);
+    assert_int_equal(ev, 8);
+    /* all of the pool held A's bytes: B gets 2 keys scrubbed, then NO_SPACE */
+    assert_int_equal(put_chain(s, OWN_B, nb, 100, 4, res), 2);
+    assert_int_equal(sc.n, 2);
+    assert_int_equal(res[0], KVD_RESERVE_ALLOCATED);
+    assert_int_equal(res[1], KVD_RESERVE_ALLOCATED);
+    assert_int_equal(res[2], KVD_RESERVE_NO_SPACE);
+    assert_int_equal(res[3], KVD_RESERVE_NO_SPACE);
+    /* the next call goes on */
+    assert_int_equal(put_chain(s, OWN_B, nb, 102, 2, res), 2);
+    assert_int_equal(sc.n, 4);
+    assert_int_equal(stats(s).scrubbed_bytes, 4 * PAGE);
+    check_ok(s);
+    kvd_store_destroy(s);
+}
+
 /* A dead writer's quarantined extent counts against its tenant until it
  * is freed, and the tag it keeps survives its namespace's removal. */
 static void test_quarantine_charged(void **state)
@@ -446,6 +482,7 @@ int main(void)
         cmocka_unit_test(test_namespace_removal),
         cmocka_unit_test(test_id_reuse),
         cmocka_unit_test(test_scrub),
+        cmocka_unit_test(test_scrub_budget),
         cmocka_unit_test(test_quarantine_charged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
