@@ -141,7 +141,7 @@ static void compare(const kvd_test_daemon_t *d, int port, uint64_t objects,
              "%s: Stats ready_bytes %llu", when, (unsigned long long)st->ready_bytes);
     expect_fields(&kvd_store_stats_fields, st, NULL, when);
     for (size_t i = 0; i < s.n_ns; i++) {
-        char label[KVD_NS_NAME_BYTES + 16];
+        char label[KVD_NS_NAME_BYTES + 32];
         snprintf(label, sizeof(label), "{tenant=\"default\",ns=\"%s\"}", s.ns[i].name);
         expect_fields(&kvd_ns_fields, &s.ns[i], label, when);
     }
