@@ -335,6 +335,10 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts,
             (kvd_put_t){.key = r->items[i].key,
                         .parent = r->items[i].has_parent ? r->items[i].parent : NULL,
                         .depth = r->items[i].depth};
+    /* taken before: eviction for room may empty (and so remove) a
+     * namespace nobody uses */
+    kvd_ns_info_t info = {0};
+    kvd_store_ns_info(store, r->ns, &info);
     uint64_t lease = 0;
     /* keys over the tenant's quota answer NO_SPACE, as a full pool does:
      * the writer skips them; the tenant's quota_refusals count them */
@@ -344,8 +348,6 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts,
         set_error(req, rep, rc, 0, "reserve failed: %s", kvd_status_str(rc));
         return;
     }
-    kvd_ns_info_t info;
-    kvd_store_ns_info(store, r->ns, &info);
     for (size_t i = 0; i < r->n; i++)
         offsets[i] = results[i] == KVD_RESERVE_ALLOCATED ? locs[i].offset : 0;
     rep->body.reserve_rep = (kvd_reserve_rep_t){.lease_id = lease,
@@ -425,7 +427,7 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts,
                                            : kvd_status_str(rc));
         return;
     }
-    kvd_ns_info_t info;
+    kvd_ns_info_t info = {0};
     kvd_store_ns_info(store, r->ns, &info);
     for (size_t i = 0; i < r->n; i++)
         offsets[i] = locs[i].offset;

@@ -104,7 +104,7 @@ struct kvd_server {
 };
 
 /* Zeroes an extent handed to a tenant whose bytes were another tenant's
- * (kvd_store_set_scrub): measured in bench/RESULTS.md, it is paid only when
+ * (kvd_store_set_scrub): measured in doc/TRUST.md, it is paid only when
  * a reservation crosses tenants. */
 static void scrub_pool(void *arg, uint64_t offset, uint64_t bytes)
 {
