@@ -3,15 +3,17 @@
 #   make run    install missing Debian packages, build, start kvdockd in the
 #               foreground on the embedded default (a 1 GiB pool, the socket
 #               under $XDG_RUNTIME_DIR or /tmp); Ctrl-C drains and exits.
-#   make test   install missing packages, build the normal and the
-#               ASan+UBSan trees, run the whole suite in both; the last line
-#               is "N passed, N failed[, N skipped]".
+#   make test   install missing packages, build the normal, the ASan+UBSan
+#               and the ThreadSanitizer trees, run the whole suite in the
+#               first two and the linker, daemon and simulator suites in
+#               the third; the last line is "N passed, N failed, N skipped".
 #
 # Other targets: build, bench, format, format-check, clean.
 
 SHELL := /bin/bash
 BUILD ?= build
 BUILD_ASAN ?= build-asan
+BUILD_TSAN ?= build-tsan
 BUILD_BENCH ?= build-bench
 POOL_SIZE ?= 1G
 RUN_ARGS ?=
@@ -41,6 +43,9 @@ $(BUILD)/build.ninja: | deps
 $(BUILD_ASAN)/build.ninja: | deps
 	meson setup $(BUILD_ASAN) --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
 
+$(BUILD_TSAN)/build.ninja: | deps
+	meson setup $(BUILD_TSAN) --buildtype=debug -Db_sanitize=thread -Db_lundef=false
+
 $(BUILD_BENCH)/build.ninja: | deps
 	meson setup $(BUILD_BENCH) --buildtype=release -Dtests=disabled
 
@@ -50,10 +55,11 @@ build: deps $(BUILD)/build.ninja
 run: build
 	exec ./$(BUILD)/daemon/kvdockd --pool-size $(POOL_SIZE) $(RUN_ARGS)
 
-test: deps $(BUILD)/build.ninja $(BUILD_ASAN)/build.ninja
+test: deps $(BUILD)/build.ninja $(BUILD_ASAN)/build.ninja $(BUILD_TSAN)/build.ninja
 	ninja -C $(BUILD)
 	ninja -C $(BUILD_ASAN)
-	./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN)
+	ninja -C $(BUILD_TSAN)
+	./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
 
 bench: deps $(BUILD_BENCH)/build.ninja
 	ninja -C $(BUILD_BENCH)
@@ -66,4 +72,4 @@ format-check:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_BENCH)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_BENCH)

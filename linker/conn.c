@@ -225,6 +225,8 @@ static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *sp
     h->want_pool_fd = !l->use_ucx && l->connect[0] == '\0';
     h->want_ucx = l->use_ucx;
     h->read_only = l->cfg.read_only;
+    memcpy(h->auth_token, l->auth_token, l->auth_token_len);
+    h->auth_token_len = l->auth_token_len;
     h->n_namespaces = n;
     h->namespaces = specs;
     return n;
@@ -243,6 +245,7 @@ static int connect_once(kvd_linker_t *l)
     kvd_msg_t req, rep;
     uint32_t n = hello_request(l, &req, specs);
     rc = kvd_client_call(c, &req, &rep, l->timeout_ms);
+    explicit_bzero(req.body.hello_req.auth_token, sizeof(req.body.hello_req.auth_token));
     if (rc == KVD_OK && rep.status != KVD_OK)
         rc = rep.status;
     if (rc == KVD_OK && rep.body.hello_rep.n_ns_ids != n)

@@ -97,6 +97,13 @@ typedef struct kvd_linker_config {
      * has an RDMA device and UCX_TLS does not rule it out, am otherwise).
      * NULL: $KVDOCK_UCX_MODE, else auto. */
     const char *ucx_mode;
+    /* A file holding the token the daemon's --auth-token-file (or a token
+     * line of its --auth-config) names: its content, trailing newline
+     * trimmed, goes in every Hello, on every reconnection too. A daemon
+     * over TCP requires one; over the Unix socket the daemon knows the
+     * process by its uid and the token is optional. Read once, at open.
+     * NULL: $KVDOCK_AUTH_TOKEN_FILE, else none. */
+    const char *auth_token_file;
 } kvd_linker_config_t;
 
 typedef enum kvd_linker_health {
@@ -106,9 +113,11 @@ typedef enum kvd_linker_health {
 } kvd_linker_health_t;
 
 /* Connects to the daemon and says Hello. Errors: KVD_ERR_UNAVAILABLE when
- * no daemon listens, KVD_ERR_UNSUPPORTED for a protocol version mismatch,
- * KVD_ERR_INVALID for an unknown transport or ucx_mode (or shm to a daemon
- * over TCP), the connection's errors. */
+ * no daemon listens, KVD_ERR_AUTH when it refuses the credential (the
+ * token, or this process's uid), the error reading auth_token_file (e.g.
+ * KVD_ERR_NOT_FOUND; KVD_ERR_INVALID when empty), KVD_ERR_UNSUPPORTED for a protocol
+ * version mismatch, KVD_ERR_INVALID for an unknown transport or ucx_mode (or shm to a
+ * daemon over TCP), the connection's errors. */
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out);
 
 /* Stops the transfer threads (pending loads and offloads complete as

@@ -106,7 +106,18 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
         rc = choose_ucx_mode(config->ucx_mode ? config->ucx_mode
                                               : getenv("KVDOCK_UCX_MODE"),
                              &l->ucx_mode);
+    const char *token_file = config->auth_token_file ? config->auth_token_file
+                                                     : getenv("KVDOCK_AUTH_TOKEN_FILE");
+    l->cfg.auth_token_file = NULL; /* the bytes are kept, not the caller's path */
+    if (rc == KVD_OK && token_file != NULL && token_file[0] != '\0') {
+        char why[512];
+        rc = kvd_token_read(token_file, false, l->auth_token, sizeof(l->auth_token),
+                            &l->auth_token_len, why, sizeof(why));
+        if (rc != KVD_OK)
+            KVD_ERROR("linker", "auth_token_file: %s", why);
+    }
     if (rc != KVD_OK) {
+        explicit_bzero(l->auth_token, sizeof(l->auth_token));
         free(l);
         return rc;
     }
@@ -175,6 +186,7 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     pthread_cond_destroy(&l->cond);
     pthread_cond_destroy(&l->jobs_cond);
     lk_mutex_destroy(&l->lock);
+    explicit_bzero(l->auth_token, sizeof(l->auth_token));
     free(l);
 }
 

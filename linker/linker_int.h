@@ -244,6 +244,8 @@ typedef struct lqueue {
 struct kvd_linker {
     kvd_linker_config_t cfg; /* its strings point at the copies below */
     char socket_path[108], connect[128], client_name[64], model_id[128];
+    uint8_t auth_token[KVD_TOKEN_MAX]; /* sent in every Hello; none: len 0 */
+    size_t auth_token_len;
     int timeout_ms;
     bool use_ucx;
     kvd_ucx_mode_t ucx_mode;

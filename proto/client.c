@@ -512,12 +512,48 @@ int kvd_client_health_once(const char *path, int connect_ms, int call_ms)
     int rc = kvd_client_connect_unix(path, connect_ms, &c);
     if (rc != KVD_OK)
         return rc;
+    rc = kvd_client_hello(c, "kvdock-health", NULL, 0, call_ms, NULL);
+    if (rc != KVD_OK) {
+        kvd_client_close(c);
+        return rc;
+    }
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
     rc = kvd_client_call(c, &req, &rep, call_ms);
     kvd_client_close(c);
     if (rc == KVD_OK)
         rc = rep.status != KVD_OK ? rep.status : (int)rep.body.health_rep.state;
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
+int kvd_client_hello(kvd_client_t *c, const char *client_name, const uint8_t *token,
+                     size_t token_len, int timeout_ms, kvd_hello_rep_t *out)
+{
+    if (token_len > KVD_TOKEN_MAX)
+        return KVD_ERR_INVALID;
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_hello_req_t *h = &req.body.hello_req;
+    kvd_strlcpy(h->client_name, client_name ? client_name : "kvdock",
+                sizeof(h->client_name));
+    h->pid = (uint32_t)getpid();
+    h->protocol_version = KVD_PROTOCOL_VERSION;
+    if (token_len > 0)
+        memcpy(h->auth_token, token, token_len);
+    h->auth_token_len = token_len;
+    int rc = kvd_client_call(c, &req, &rep, timeout_ms);
+    explicit_bzero(h->auth_token, sizeof(h->auth_token));
+    if (rc != KVD_OK)
+        return rc;
+    rc = rep.status;
+    if (rc == KVD_OK && out != NULL) {
+        *out = rep.body.hello_rep;
+        out->n_ns_ids = 0;
+        out->ns_ids = NULL;
+        out->ucx_address = out->ucx_rkey = NULL;
+        out->ucx_address_len = out->ucx_rkey_len = 0;
+    }
     kvd_msg_clear(&rep);
     return rc;
 }

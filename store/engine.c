@@ -153,17 +153,22 @@ static bool ns_slot(const kvd_store_t *s, uint32_t id, uint32_t *slot)
     return true;
 }
 
+static void ns_index_rebuild(kvd_store_t *s);
+static void ns_index_add(kvd_store_t *s, uint32_t slot);
+static uint32_t ns_index_find(const kvd_store_t *s, uint32_t tenant, const char *name);
+
 int kvd_store_ns_find(const kvd_store_t *s, uint32_t tenant, const char *name,
                       uint32_t *ns_id)
 {
-    for (uint32_t i = 0; i < s->n_slots; i++) {
-        const ns_entry_t *e = &s->ns[i];
-        if (e->live && e->info.tenant == tenant && strcmp(e->info.name, name) == 0) {
-            *ns_id = ns_id_of(s, i);
-            return KVD_OK;
-        }
-    }
-    return KVD_ERR_NOT_FOUND;
+    /* a name index instead of a scan: registering 4,096 namespaces would
+     * otherwise compare millions of names while the loop waits */
+    if (s->ns_index_n != s->n_ns)
+        ns_index_rebuild((kvd_store_t *)s); /* a cache: the store is not const */
+    uint32_t i = ns_index_find(s, tenant, name);
+    if (i == UINT32_MAX)
+        return KVD_ERR_NOT_FOUND;
+    *ns_id = ns_id_of(s, i);
+    return KVD_OK;
 }
 
 /* A slot for a new namespace: a never used one while any is left, else the
@@ -240,6 +245,7 @@ int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
     e->live = true;
     e->permanent = owner == KVD_OWNER_PERMANENT;
     s->n_ns++;
+    ns_index_add(s, slot);
     t->use.namespaces++;
     if (!e->permanent && !ns_use(s, owner, slot)) {
         ns_maybe_remove(s, slot);
@@ -257,6 +263,7 @@ void ns_maybe_remove(kvd_store_t *s, uint32_t slot)
         return;
     s->tenants[e->info.tenant].use.namespaces--;
     e->live = false;
+    s->ns_index_n = UINT32_MAX; /* the name index is rebuilt at the next find */
     e->gen = (e->gen + 1) & NS_GEN_MASK;
     e->free_next = 0;
     if (s->ns_free_tail != 0)
@@ -1587,4 +1594,167 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
         FAIL("%llu pages being written, leases hold %llu", (unsigned long long)writing,
              (unsigned long long)held_writes);
     return check_tenants(s, why, why_len);
+}
+
+/* --------------------------------------------------- resumable iteration */
+
+/*
+ * A position is a record index: records never move, so an object keeps its
+ * place for its whole life, and walking indices upwards visits each live
+ * object once however the store changes around the walk (an object created
+ * behind the position is not seen; one gone is simply absent).
+ */
+int kvd_store_foreach_from(const kvd_store_t *s, uint32_t ns, uint64_t *pos,
+                           uint64_t max_visits, kvd_obj_fn fn, void *arg)
+{
+    if (ns != UINT32_MAX && !ns_slot(s, ns, &ns)) {
+        *pos = KVD_STORE_POS_END; /* a namespace not there has no objects */
+        return 0;
+    }
+    uint64_t i = *pos == 0 ? 1 : *pos;
+    kvd_obj_info_t info;
+    for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
+        if (n == max_visits) {
+            *pos = i;
+            return 0;
+        }
+        const rec_t *r = R(s, (uint32_t)i);
+        if ((r->state != REC_READY && r->state != REC_WRITING) || r->quarantined ||
+            (ns != UINT32_MAX && r->ns != ns))
+            continue;
+        info_of(s, (uint32_t)i, &info);
+        int rc = fn(&info, arg);
+        if (rc != 0) {
+            *pos = i;
+            return rc;
+        }
+    }
+    *pos = KVD_STORE_POS_END;
+    return 0;
+}
+
+uint64_t kvd_store_pos_check(const kvd_store_t *s, uint64_t pos, uint64_t salt)
+{
+    /* the index hash's keyed mixing, with the secret's words in another
+     * order: a client knowing neither cannot make a value that passes */
+    const uint64_t *k = s->secret;
+    uint64_t h = mum(pos ^ k[3], salt ^ k[0]) ^ mum(pos ^ k[1], k[2]);
+    return mum(h ^ k[4], k[5]);
+}
+
+/* Evicting a namespace in slices walks records the same way: an eviction
+ * frees its record's extent and may retire its free neighbours' records,
+ * none of which the walk needs again; it makes no record. */
+/* Evicts, in a slice, what is evictable of one slot (ns), one tenant, or
+ * all (both UINT32_MAX). */
+static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *pos,
+                        uint64_t max_visits, uint64_t *evicted)
+{
+    uint64_t i = *pos == 0 ? 1 : *pos, e = 0;
+    for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
+        if (n == max_visits) {
+            *pos = i;
+            *evicted = e;
+            PARANOID(s, "evict_from");
+            return;
+        }
+        rec_t *r = R(s, (uint32_t)i);
+        if (r->state != REC_READY || r->pins > 0 || r->quarantined ||
+            (ns != UINT32_MAX && r->ns != ns) ||
+            (tenant != UINT32_MAX && tenant_of(s, r->ns) != tenant))
+            continue;
+        /* kvd_store_evict_key's steps, checked once per slice */
+        s->ns[r->ns].info.evictions++;
+        s->st.evictions++;
+        s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
+        lru_remove(s, (uint32_t)i);
+        drop_object(s, (uint32_t)i);
+        e++;
+    }
+    *pos = KVD_STORE_POS_END;
+    *evicted = e;
+    PARANOID(s, "evict_from");
+}
+
+int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
+                         uint64_t *evicted)
+{
+    if (ns != UINT32_MAX && !ns_slot(s, ns, &ns))
+        return KVD_ERR_NOT_FOUND;
+    evict_slice(s, ns, UINT32_MAX, pos, max_visits, evicted);
+    return KVD_OK;
+}
+
+int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
+                                uint64_t max_visits, uint64_t *evicted)
+{
+    if (tenant >= s->n_tenants)
+        return KVD_ERR_NOT_FOUND;
+    evict_slice(s, UINT32_MAX, tenant, pos, max_visits, evicted);
+    return KVD_OK;
+}
+
+/* ----------------------------------------------------- namespace names */
+
+/* A name's hash keyed with the secret, a word at a time. */
+static uint64_t name_hash(const kvd_store_t *s, const char *name)
+{
+    const uint64_t *k = s->secret;
+    uint64_t h = k[4];
+    size_t len = strlen(name);
+    for (size_t at = 0; at < len; at += 8) {
+        uint64_t w = 0;
+        memcpy(&w, name + at, KVD_MIN((size_t)8, len - at));
+        h = mum(h ^ w ^ k[1], k[3] ^ at);
+    }
+    return mum(h ^ len, k[5]);
+}
+
+#define NS_INDEX_MASK (2u * KVD_STORE_MAX_NAMESPACES - 1u)
+
+/* Where (tenant, name) hashes to: one name in two tenants is two keys. */
+static uint32_t ns_index_home(const kvd_store_t *s, uint32_t tenant, const char *name)
+{
+    return (uint32_t)mum(name_hash(s, name) ^ tenant, s->secret[2] | 1) & NS_INDEX_MASK;
+}
+
+/* The slot of tenant's live namespace `name`, or UINT32_MAX. The index
+ * holds slot + 1 of live namespaces. */
+static uint32_t ns_index_find(const kvd_store_t *s, uint32_t tenant, const char *name)
+{
+    for (uint32_t i = ns_index_home(s, tenant, name), n = 0;
+         s->ns_index[i] != 0 && n <= NS_INDEX_MASK; i = (i + 1) & NS_INDEX_MASK, n++) {
+        uint32_t slot = s->ns_index[i] - 1u;
+        const ns_entry_t *e = &s->ns[slot];
+        if (slot < s->n_slots && e->live && e->info.tenant == tenant &&
+            strcmp(e->info.name, name) == 0)
+            return slot;
+    }
+    return UINT32_MAX;
+}
+
+static void ns_index_put(kvd_store_t *s, uint32_t slot)
+{
+    const ns_entry_t *e = &s->ns[slot];
+    uint32_t i = ns_index_home(s, e->info.tenant, e->info.name);
+    while (s->ns_index[i] != 0)
+        i = (i + 1) & NS_INDEX_MASK;
+    s->ns_index[i] = (uint16_t)(slot + 1);
+}
+
+static void ns_index_add(kvd_store_t *s, uint32_t slot)
+{
+    if (s->ns_index_n + 1 != s->n_ns)
+        return; /* stale already: the next find rebuilds it */
+    ns_index_put(s, slot);
+    s->ns_index_n = s->n_ns;
+}
+
+static void ns_index_rebuild(kvd_store_t *s)
+{
+    memset(s->ns_index, 0, sizeof(s->ns_index));
+    for (uint32_t slot = 0; slot < s->n_slots; slot++)
+        if (s->ns[slot].live)
+            ns_index_put(s, slot);
+    s->ns_index_n = s->n_ns;
 }

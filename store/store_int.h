@@ -160,6 +160,12 @@ struct kvd_store {
     uint32_t ns_free_head, ns_free_tail;
     ns_owner_t *owners[NS_OWNER_BUCKETS];
     uint64_t owners_bytes;
+    /* (tenant, name) to slot (engine.c ns_index_*): open addressing, slot + 1
+     * per entry, a hash keyed with the secret (clients choose names); a
+     * cache, valid while ns_index_n == n_ns: removing a namespace sets
+     * ns_index_n = UINT32_MAX and the next find rebuilds it */
+    uint16_t ns_index[2 * KVD_STORE_MAX_NAMESPACES];
+    uint32_t ns_index_n;
 
     kvd_scrub_fn scrub;
     void *scrub_arg;
