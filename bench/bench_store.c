@@ -130,7 +130,8 @@ static int store_point(const store_opts_t *o, uint64_t n, store_result_t *r)
     uint32_t ns;
     int rc = kvd_store_create(&cfg, &s);
     if (rc == KVD_OK)
-        rc = kvd_store_ns_register(s, "bench/kv/tp0", STORE_OBJECT_BYTES, false, &ns);
+        rc = kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                   "bench/kv/tp0", STORE_OBJECT_BYTES, false, &ns);
     if (rc == KVD_OK)
         rc = store_fill(s, ns, keys, n, o->batch, &r->insert_per_s);
     if (rc == KVD_OK) {

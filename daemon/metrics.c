@@ -105,9 +105,30 @@ static void render_namespaces(kvd_buf_t *b, const kvd_ns_msg_t *ns, size_t n_ns)
             continue;
         header(b, f->metric, name, f->help);
         for (size_t k = 0; k < n_ns; k++) {
+            char tl[2 * KVD_TENANT_NAME_BYTES];
             ns_label(ns[k].name, label, sizeof(label));
-            appendf(b, "%s{ns=\"%s\"} %s\n", name, label,
+            ns_label(ns[k].tenant, tl, sizeof(tl));
+            /* one name may live in several tenants: both label a sample */
+            appendf(b, "%s{tenant=\"%s\",ns=\"%s\"} %s\n", name, tl, label,
                     kvd_field_text(f, &ns[k], value, sizeof(value)));
+        }
+    }
+}
+
+/* Every metric of the tenant list, one sample per tenant. */
+static void render_tenants(kvd_buf_t *b, const kvd_tenant_msg_t *t, size_t n)
+{
+    const kvd_field_list_t *l = &kvd_tenant_fields;
+    char name[96], value[64], label[2 * KVD_TENANT_NAME_BYTES];
+    for (size_t i = 0; i < l->n; i++) {
+        const kvd_field_t *f = &l->fields[i];
+        if (kvd_field_metric_name(l, f, name, sizeof(name)) != KVD_OK)
+            continue;
+        header(b, f->metric, name, f->help);
+        for (size_t k = 0; k < n; k++) {
+            ns_label(t[k].name, label, sizeof(label));
+            appendf(b, "%s{tenant=\"%s\"} %s\n", name, label,
+                    kvd_field_text(f, &t[k], value, sizeof(value)));
         }
     }
 }
@@ -209,6 +230,7 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
     }
     render_fields(b, &kvd_store_stats_fields, &st->store);
     render_namespaces(b, st->namespaces, st->n_namespaces);
+    render_tenants(b, st->tenants, st->n_tenants);
     return b->data != NULL ? KVD_OK : KVD_ERR_NOMEM;
 }
 

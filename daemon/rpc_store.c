@@ -8,6 +8,15 @@
  * refused request changes nothing and gets a typed error naming the item.
  * The connection id is the owner of every lease taken on its behalf, so the
  * server can undo them all when the connection goes.
+ *
+ * Tenancy: a connection sees and touches only its tenant's namespaces. An
+ * id or name of another tenant's namespace answers exactly as one that does
+ * not exist (same status, same text), so that tenants cannot probe each
+ * other. Lookup, Reserve and Acquire are always scoped to the tenant;
+ * operators see every tenant in the inspection methods (ListPrefixes,
+ * Inspect, Evict, the namespace tables), and only they evict across tenants:
+ * a non-operator's "evict --all" evicts its own tenant's objects. A
+ * read-only connection may not Reserve, Publish, Revoke or Evict.
  */
 #include "rpc_store.h"
 
@@ -44,12 +53,23 @@ static bool check_batch(const kvd_opts_t *opts, size_t n, const kvd_msg_t *req,
     return false;
 }
 
-/* The namespace exists and, when the client states a size, has it. */
-static bool check_ns(kvd_store_t *store, uint32_t ns, uint64_t object_bytes,
-                     const kvd_msg_t *req, kvd_msg_t *rep)
+/* Whether a namespace of `tenant` is within ctx's sight: its own tenant's,
+ * or any for an operator where `operator_sees_all`. NULL ctx: everything
+ * (the daemon's own views, such as /metrics). */
+static bool ns_visible(const kvd_rpc_ctx_t *ctx, uint32_t tenant, bool operator_sees_all)
+{
+    return ctx == NULL || tenant == ctx->tenant ||
+           (operator_sees_all && ctx->is_operator);
+}
+
+/* The namespace exists, is ctx's tenant's and, when the client states a
+ * size, has it. Another tenant's answers as an unknown one. */
+static bool check_ns(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, uint32_t ns,
+                     uint64_t object_bytes, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     kvd_ns_info_t info;
-    if (kvd_store_ns_info(store, ns, &info) != KVD_OK) {
+    if (kvd_store_ns_info(store, ns, &info) != KVD_OK ||
+        !ns_visible(ctx, info.tenant, false)) {
         set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace id %u", ns);
         return false;
     }
@@ -130,9 +150,9 @@ static const char *spec_name(const void *arg, uint32_t i)
 /* Why spec i cannot be registered beside the existing namespaces and the
  * earlier specs of its batch (first: the first spec of its name); false
  * when it can. */
-static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t i,
-                         size_t first, uint64_t pool_bytes, const kvd_msg_t *req,
-                         kvd_msg_t *rep)
+static bool spec_refused(kvd_store_t *store, uint32_t tenant, const kvd_ns_spec_t *specs,
+                         size_t i, size_t first, uint64_t pool_bytes,
+                         const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_ns_spec_t *sp = &specs[i];
     uint32_t idx = (uint32_t)i + 1;
@@ -143,7 +163,7 @@ static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t 
     }
     kvd_ns_info_t have = {0};
     uint32_t id;
-    if (kvd_store_ns_find(store, sp->name, &id) == KVD_OK)
+    if (kvd_store_ns_find(store, tenant, sp->name, &id) == KVD_OK)
         kvd_store_ns_info(store, id, &have);
     else if (first < i)
         have = (kvd_ns_info_t){.object_bytes = specs[first].object_bytes,
@@ -174,7 +194,6 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
                      const kvd_ns_spec_t *specs, size_t n, uint32_t *ids,
                      const kvd_msg_t *req, kvd_msg_t *rep)
 {
-    (void)ctx; /* tenants: the namespaces will be ctx->tenant's */
     kvd_store_stats_t st;
     kvd_store_stats(store, &st);
     /* first[i]: the first spec of the batch with spec i's name */
@@ -194,12 +213,14 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
         if (*slot == 0)
             *slot = (uint32_t)i + 1;
         first[i] = *slot - 1;
-        if (spec_refused(store, specs, i, first[i], st.pool_bytes, req, rep)) {
+        if (spec_refused(store, ctx->tenant, specs, i, first[i], st.pool_bytes, req,
+                         rep)) {
             rc = rep->status;
             break;
         }
         uint32_t id;
-        fresh += first[i] == i && kvd_store_ns_find(store, specs[i].name, &id) != KVD_OK;
+        fresh += first[i] == i &&
+                 kvd_store_ns_find(store, ctx->tenant, specs[i].name, &id) != KVD_OK;
     }
     name_set_fini(&batch);
     kvd_mem_free(KVD_MEM_STAGING, first, (n + 1) * sizeof(uint32_t));
@@ -210,9 +231,24 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
                   KVD_STORE_MAX_NAMESPACES);
         return KVD_ERR_NO_SPACE;
     }
+    kvd_tenant_limits_t lim;
+    kvd_tenant_usage_t use;
+    if (kvd_store_tenant_usage(store, ctx->tenant, &lim, &use) != KVD_OK) {
+        set_error(req, rep, KVD_ERR_AUTH, 0, "this connection's tenant is not known");
+        return KVD_ERR_AUTH;
+    }
+    if (lim.max_namespaces != 0 && use.namespaces + fresh > lim.max_namespaces) {
+        set_error(req, rep, KVD_ERR_QUOTA, 0,
+                  "%zu new namespaces would take tenant %s past its %llu (it has %llu)",
+                  fresh, kvd_store_tenant_name(store, ctx->tenant),
+                  (unsigned long long)lim.max_namespaces,
+                  (unsigned long long)use.namespaces);
+        return KVD_ERR_QUOTA;
+    }
     for (size_t i = 0; i < n; i++) {
-        rc = kvd_store_ns_register(store, specs[i].name, specs[i].object_bytes,
-                                   specs[i].rank_replicated, &ids[i]);
+        rc = kvd_store_ns_register(store, ctx->tenant, ctx->conn_id, specs[i].name,
+                                   specs[i].object_bytes, specs[i].rank_replicated,
+                                   &ids[i]);
         if (rc != KVD_OK) { /* only out of memory is left */
             set_error(req, rep, rc, (uint32_t)i + 1, "namespace %s: %s", specs[i].name,
                       kvd_status_str(rc));
@@ -226,25 +262,64 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
  * whose members have the same names. */
 #define COPY_FIELD(type, name, size, metric, help) o->name = in->name;
 
-int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n)
+int kvd_rpc_ns_table(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, kvd_msg_t *rep,
+                     kvd_ns_msg_t **out, size_t *n)
 {
     uint32_t count = kvd_store_ns_count(store);
     kvd_ns_msg_t *t = kvd_msg_alloc(rep, (size_t)count * sizeof(*t) + 1);
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    for (uint32_t i = 0; i < count; i++) {
+    size_t m = 0;
+    for (uint32_t pos = 0, id; m < count && kvd_store_ns_next(store, &pos, &id);) {
         kvd_ns_info_t info;
-        kvd_store_ns_info(store, i, &info);
+        kvd_store_ns_info(store, id, &info);
+        if (!ns_visible(ctx, info.tenant, true))
+            continue;
         const kvd_ns_info_t *in = &info;
-        kvd_ns_msg_t *o = &t[i];
-        o->id = i;
+        kvd_ns_msg_t *o = &t[m++];
+        o->id = id;
         kvd_strlcpy(o->name, in->name, sizeof(o->name));
         o->object_bytes = in->object_bytes;
         o->rank_replicated = in->rank_replicated;
         KVD_NS_COUNTER_FIELDS(COPY_FIELD)
+        const char *tn = kvd_store_tenant_name(store, in->tenant);
+        kvd_strlcpy(o->tenant, tn ? tn : "", sizeof(o->tenant));
     }
     *out = t;
-    *n = count;
+    *n = m;
+    return KVD_OK;
+}
+
+int kvd_rpc_tenant_table(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, kvd_msg_t *rep,
+                         kvd_tenant_msg_t **out, size_t *n)
+{
+    uint32_t count = kvd_store_tenant_count(store);
+    kvd_tenant_msg_t *t = kvd_msg_alloc(rep, (size_t)count * sizeof(*t) + 1);
+    if (t == NULL)
+        return KVD_ERR_NOMEM;
+    size_t m = 0;
+    for (uint32_t id = 0; id < count; id++) {
+        kvd_tenant_limits_t lim;
+        kvd_tenant_usage_t use;
+        if (!ns_visible(ctx, id, true) ||
+            kvd_store_tenant_usage(store, id, &lim, &use) != KVD_OK)
+            continue;
+        kvd_tenant_msg_t *o = &t[m++];
+        o->id = id;
+        kvd_strlcpy(o->name, kvd_store_tenant_name(store, id), sizeof(o->name));
+        o->bytes = use.bytes;
+        o->max_bytes = lim.max_bytes;
+        o->pins = use.pins;
+        o->max_pins = lim.max_pins;
+        o->leases = use.leases;
+        o->max_leases = lim.max_leases;
+        o->namespaces = use.namespaces;
+        o->max_namespaces = lim.max_namespaces;
+        o->quota_refusals = use.quota_refusals;
+        o->quota_evictions = use.quota_evictions;
+    }
+    *out = t;
+    *n = m;
     return KVD_OK;
 }
 
@@ -272,8 +347,8 @@ static void serve_register(kvd_store_t *store, const kvd_opts_t *opts,
     rep->body.register_rep.ids = ids;
 }
 
-static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
-                         kvd_msg_t *rep)
+static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts,
+                         const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_lookup_req_t *r = &req->body.lookup_req;
     if (r->n_pools == 0 || r->n_pools > KVD_LOOKUP_POOLS_MAX) {
@@ -285,7 +360,7 @@ static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_m
     size_t n_min = SIZE_MAX;
     for (size_t p = 0; p < r->n_pools; p++) {
         if (!check_batch(opts, r->pools[p].n_keys, req, rep) ||
-            !check_ns(store, r->pools[p].ns, 0, req, rep))
+            !check_ns(store, ctx, r->pools[p].ns, 0, req, rep))
             return;
         pools[p] =
             (kvd_lookup_pool_t){.ns = r->pools[p].ns,
@@ -305,12 +380,13 @@ static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts, const kvd_m
     rep->body.lookup_rep.boundaries = b;
 }
 
-static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
-                          const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts,
+                          const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_reserve_req_t *r = &req->body.reserve_req;
+    uint64_t owner = ctx->conn_id;
     if (!check_batch(opts, r->n, req, rep) ||
-        !check_ns(store, r->ns, r->object_bytes, req, rep))
+        !check_ns(store, ctx, r->ns, r->object_bytes, req, rep))
         return;
     kvd_put_t *puts = kvd_msg_alloc(rep, r->n * sizeof(*puts) + 1);
     kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
@@ -325,11 +401,19 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
             (kvd_put_t){.key = r->items[i].key,
                         .parent = r->items[i].has_parent ? r->items[i].parent : NULL,
                         .depth = r->items[i].depth};
-    uint64_t lease = 0;
-    kvd_store_reserve(store, owner, r->ns, puts, r->n, kvd_now_ns() / 1000000, &lease,
-                      results, locs);
-    kvd_ns_info_t info;
+    /* taken before: eviction for room may empty (and so remove) a
+     * namespace nobody uses */
+    kvd_ns_info_t info = {0};
     kvd_store_ns_info(store, r->ns, &info);
+    uint64_t lease = 0;
+    /* keys over the tenant's quota answer NO_SPACE, as a full pool does:
+     * the writer skips them; the tenant's quota_refusals count them */
+    int rc = kvd_store_reserve(store, owner, r->ns, puts, r->n, kvd_now_ns() / 1000000,
+                               &lease, results, locs);
+    if (rc != KVD_OK) {
+        set_error(req, rep, rc, 0, "reserve failed: %s", kvd_status_str(rc));
+        return;
+    }
     for (size_t i = 0; i < r->n; i++)
         offsets[i] = results[i] == KVD_RESERVE_ALLOCATED ? locs[i].offset : 0;
     rep->body.reserve_rep = (kvd_reserve_rep_t){.lease_id = lease,
@@ -374,12 +458,13 @@ static void serve_finish(kvd_store_t *store, const kvd_opts_t *opts, uint64_t ow
     }
 }
 
-static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t owner,
-                          const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts,
+                          const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_acquire_req_t *r = &req->body.acquire_req;
+    uint64_t owner = ctx->conn_id;
     if (!check_batch(opts, r->n, req, rep) ||
-        !check_ns(store, r->ns, r->object_bytes, req, rep))
+        !check_ns(store, ctx, r->ns, r->object_bytes, req, rep))
         return;
     kvd_loc_t *locs = kvd_msg_alloc(rep, r->n * sizeof(*locs) + 1);
     uint64_t *offsets = kvd_msg_alloc(rep, r->n * sizeof(uint64_t) + 1);
@@ -392,6 +477,13 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
     int rc =
         kvd_store_acquire(store, owner, r->ns, (const uint8_t(*)[KVD_KEY_BYTES])r->keys,
                           r->n, kvd_now_ns() / 1000000, &lease, locs, &bad);
+    if (rc == KVD_ERR_QUOTA) {
+        set_error(req, rep, rc, 1,
+                  "acquire: %zu pins would take tenant %s past its limit of pins or "
+                  "leases; nothing pinned",
+                  r->n, kvd_store_tenant_name(store, ctx->tenant));
+        return;
+    }
     if (rc != KVD_OK) {
         char hex[65] = "";
         if (bad < r->n)
@@ -404,7 +496,7 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts, uint64_t o
                                            : kvd_status_str(rc));
         return;
     }
-    kvd_ns_info_t info;
+    kvd_ns_info_t info = {0};
     kvd_store_ns_info(store, r->ns, &info);
     for (size_t i = 0; i < r->n; i++)
         offsets[i] = locs[i].offset;
@@ -476,20 +568,36 @@ static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *r
 #define CURSOR_BYTES   24
 #define CURSOR_VERSION 1
 
-/* Resolves a namespace name ("" = every namespace: UINT32_MAX). */
-static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
-                       const kvd_msg_t *req, kvd_msg_t *rep)
+/* Resolves a namespace name ("" = every namespace: UINT32_MAX) within
+ * ctx's sight: its own tenant's first; an operator's name may also be the
+ * one namespace of that name of another tenant (several: refused, as
+ * ambiguous). */
+static bool ns_by_name(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, const char *name,
+                       uint32_t *ns, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     if (name[0] == '\0') {
         *ns = UINT32_MAX;
         return true;
     }
-    if (kvd_store_ns_find(store, name, ns) == KVD_OK)
+    if (kvd_store_ns_find(store, ctx->tenant, name, ns) == KVD_OK)
         return true;
     /* the client's bytes, escaped: an error text is one line of UTF-8 */
     char esc[KVD_ESCAPED_MAX(48)];
-    set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'",
-              kvd_escape(esc, sizeof(esc), name, strlen(name)));
+    uint32_t found = 0, n_tenants = ctx->is_operator ? kvd_store_tenant_count(store) : 0;
+    for (uint32_t t = 0; t < n_tenants; t++) {
+        uint32_t id;
+        if (kvd_store_ns_find(store, t, name, &id) == KVD_OK && found++ == 0)
+            *ns = id;
+    }
+    if (found == 1)
+        return true;
+    if (found > 1)
+        set_error(req, rep, KVD_ERR_INVALID, 0,
+                  "namespace '%s' exists in %u tenants; ask by its id's tenant",
+                  kvd_escape(esc, sizeof(esc), name, strlen(name)), found);
+    else
+        set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "unknown namespace '%s'",
+                  kvd_escape(esc, sizeof(esc), name, strlen(name)));
     return false;
 }
 
@@ -506,28 +614,46 @@ static size_t model_len(const char *name)
     return 0;
 }
 
-/* One call's budget and the namespaces it may look in. */
+#define NS_SLOT(id) ((id) & (KVD_STORE_MAX_NAMESPACES - 1))
+
+/* One call's budget and the namespaces it may look in: those in ctx's
+ * sight (kvd_rpc_ctx_t), and for a page's family only its own tenant's. */
 typedef struct work {
     kvd_store_t *store;
-    uint64_t left;  /* index operations left */
-    uint32_t *live; /* namespaces holding READY objects */
+    const kvd_rpc_ctx_t *ctx;
+    uint8_t sight[KVD_STORE_MAX_NAMESPACES / 8]; /* by slot */
+    uint64_t left;                               /* index operations left */
+    uint32_t *live;                              /* namespaces holding READY objects */
     uint32_t n_live;
     uint32_t *fam; /* those of the model of namespace fam_of */
     uint32_t n_fam;
     uint32_t fam_of;                            /* UINT32_MAX: fam not computed */
     uint32_t cap;                               /* entries of live and fam */
-    uint8_t used[KVD_STORE_MAX_NAMESPACES / 8]; /* namespaces a reply names */
+    uint8_t used[KVD_STORE_MAX_NAMESPACES / 8]; /* by slot: namespaces a reply names */
 } work_t;
+
+static bool bit_of(const uint8_t *bits, uint32_t ns)
+{
+    return (bits[NS_SLOT(ns) / 8] >> (NS_SLOT(ns) % 8)) & 1u;
+}
+
+/* Whether the call may show namespace ns (an id of a live namespace). */
+static bool work_sees(const work_t *w, uint32_t ns)
+{
+    return bit_of(w->sight, ns);
+}
 
 static void work_charge(work_t *w, uint64_t n)
 {
     w->left = w->left > n ? w->left - n : 0;
 }
 
-static int work_init(work_t *w, kvd_store_t *store, uint64_t budget)
+static int work_init(work_t *w, kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
+                     uint64_t budget)
 {
     memset(w, 0, sizeof(*w));
     w->store = store;
+    w->ctx = ctx;
     w->left = budget;
     w->fam_of = UINT32_MAX;
     uint32_t count = kvd_store_ns_count(store);
@@ -536,9 +662,14 @@ static int work_init(work_t *w, kvd_store_t *store, uint64_t budget)
     w->fam = kvd_mem_calloc(KVD_MEM_STAGING, w->cap, sizeof(uint32_t));
     if (w->live == NULL || w->fam == NULL)
         return KVD_ERR_NOMEM;
-    for (uint32_t ns = 0; ns < count; ns++) {
+    for (uint32_t pos = 0, ns;
+         w->n_live < count && kvd_store_ns_next(store, &pos, &ns);) {
         kvd_ns_info_t info;
-        if (kvd_store_ns_info(store, ns, &info) == KVD_OK && info.objects_ready > 0)
+        if (kvd_store_ns_info(store, ns, &info) != KVD_OK ||
+            !ns_visible(ctx, info.tenant, true))
+            continue;
+        w->sight[NS_SLOT(ns) / 8] |= (uint8_t)(1u << (NS_SLOT(ns) % 8));
+        if (info.objects_ready > 0)
             w->live[w->n_live++] = ns;
     }
     work_charge(w, count / 8); /* a look at each counter: cheap */
@@ -553,8 +684,7 @@ static void work_fini(work_t *w)
 
 static void work_use(work_t *w, uint32_t ns)
 {
-    if (ns < KVD_STORE_MAX_NAMESPACES)
-        w->used[ns / 8] |= (uint8_t)(1u << (ns % 8));
+    w->used[NS_SLOT(ns) / 8] |= (uint8_t)(1u << (NS_SLOT(ns) % 8));
 }
 
 /* The namespaces other than ns, of its model, that hold objects; computed
@@ -573,7 +703,8 @@ static void work_family(work_t *w, uint32_t ns)
         kvd_ns_info_t o;
         if (w->live[i] == ns || kvd_store_ns_info(w->store, w->live[i], &o) != KVD_OK)
             continue;
-        if (model_len(o.name) == ml && memcmp(o.name, me.name, ml) == 0)
+        if (o.tenant == me.tenant && model_len(o.name) == ml &&
+            memcmp(o.name, me.name, ml) == 0)
             w->fam[w->n_fam++] = w->live[i];
     }
     work_charge(w, w->n_live);
@@ -627,41 +758,44 @@ static void obj_msg(work_t *w, const kvd_obj_info_t *in, kvd_obj_msg_t *o)
  * 4,096 names in every page would cost more than the page). */
 static int ns_table_used(const work_t *w, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n)
 {
-    uint32_t count = kvd_store_ns_count(w->store), k = 0;
-    for (uint32_t i = 0; i < count && i < KVD_STORE_MAX_NAMESPACES; i++)
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < KVD_STORE_MAX_NAMESPACES; i++)
         k += (w->used[i / 8] >> (i % 8)) & 1u;
     kvd_ns_msg_t *t = kvd_msg_alloc(rep, (size_t)k * sizeof(*t) + 1);
     if (t == NULL)
         return KVD_ERR_NOMEM;
     size_t m = 0;
-    for (uint32_t i = 0; i < count && i < KVD_STORE_MAX_NAMESPACES; i++) {
-        if (!((w->used[i / 8] >> (i % 8)) & 1u))
+    for (uint32_t pos = 0, id; m < k && kvd_store_ns_next(w->store, &pos, &id);) {
+        if (!bit_of(w->used, id))
             continue;
         kvd_ns_info_t info;
-        kvd_store_ns_info(w->store, i, &info);
+        kvd_store_ns_info(w->store, id, &info);
         const kvd_ns_info_t *in = &info;
         kvd_ns_msg_t *o = &t[m++];
-        o->id = i;
+        o->id = id;
         kvd_strlcpy(o->name, in->name, sizeof(o->name));
         o->object_bytes = in->object_bytes;
         o->rank_replicated = in->rank_replicated;
         KVD_NS_COUNTER_FIELDS(COPY_FIELD)
+        const char *tn = kvd_store_tenant_name(w->store, in->tenant);
+        kvd_strlcpy(o->tenant, tn ? tn : "", sizeof(o->tenant));
     }
     *out = t;
     *n = m;
     return KVD_OK;
 }
 
-static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_inspect(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
+                          const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_inspect_req_t *r = &req->body.inspect_req;
     uint32_t only;
-    if (!ns_by_name(store, r->ns_name, &only, req, rep))
+    if (!ns_by_name(store, ctx, r->ns_name, &only, req, rep))
         return;
     uint32_t count = kvd_store_ns_count(store);
     kvd_obj_msg_t *objs = kvd_msg_alloc(rep, (size_t)count * sizeof(*objs) + 1);
     work_t *w = kvd_mem_calloc(KVD_MEM_STAGING, 1, sizeof(*w));
-    if (objs == NULL || w == NULL || work_init(w, store, INSPECT_BUDGET) != KVD_OK) {
+    if (objs == NULL || w == NULL || work_init(w, store, ctx, INSPECT_BUDGET) != KVD_OK) {
         if (w != NULL)
             work_fini(w);
         kvd_mem_free(KVD_MEM_STAGING, w, sizeof(*w));
@@ -671,9 +805,9 @@ static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *r
     /* one probe per namespace (at most 4,096) finds the key; parents in
      * other namespaces are looked for within the budget */
     size_t n = 0;
-    for (uint32_t ns = 0; ns < count; ns++) {
+    for (uint32_t pos = 0, ns; n < count && kvd_store_ns_next(store, &pos, &ns);) {
         kvd_obj_info_t info;
-        if ((only == UINT32_MAX || ns == only) &&
+        if ((only == UINT32_MAX || ns == only) && work_sees(w, ns) &&
             kvd_store_inspect(store, ns, r->key, &info) == KVD_OK)
             obj_msg(w, &info, &objs[n++]);
     }
@@ -818,8 +952,8 @@ static int list_one(const kvd_obj_info_t *obj, void *arg)
     bool empty = o->n_prefixes == 0 && o->n_nodes == 0;
     if (!empty && (w->left == 0 || pg->reply_room < NODE_BYTES + 96))
         return 1;
-    if (obj->state != KVD_OBJ_READY)
-        return 0; /* being written: not a stored prefix yet */
+    if (obj->state != KVD_OBJ_READY || !work_sees(w, obj->ns))
+        return 0; /* being written: not a stored prefix yet; or not in sight */
     bool leaf = obj->children == 0;
     if ((leaf && o->n_prefixes >= pg->limit) || (pg->nodes && o->n_nodes >= pg->limit))
         return 1;
@@ -917,12 +1051,12 @@ static int cursor_read(kvd_store_t *store, const char *magic, const uint8_t *c,
     return KVD_OK;
 }
 
-static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
-                       kvd_msg_t *rep)
+static void serve_list(kvd_store_t *store, const kvd_opts_t *opts,
+                       const kvd_rpc_ctx_t *ctx, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_list_req_t *r = &req->body.list_req;
     uint32_t only;
-    if (!ns_by_name(store, r->ns_name, &only, req, rep))
+    if (!ns_by_name(store, ctx, r->ns_name, &only, req, rep))
         return;
     uint8_t flags = r->nodes ? 1 : 0;
     uint64_t pos;
@@ -943,7 +1077,7 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
     o->nodes = kvd_msg_alloc(rep, (r->nodes ? limit : 0) * sizeof(kvd_obj_msg_t) + 1);
     int rc = w && chain && o->prefixes && o->nodes ? KVD_OK : KVD_ERR_NOMEM;
     if (rc == KVD_OK)
-        rc = work_init(w, store, LIST_BUDGET);
+        rc = work_init(w, store, ctx, LIST_BUDGET);
     list_page_t pg = {.w = w,
                       .opts = opts,
                       .only = only,
@@ -981,7 +1115,8 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg
  * skipped counts what stayed: pinned or being written objects, and while
  * next_cursor is set, those not reached yet. A key is looked for in each
  * namespace (at most 4,096 probes). */
-static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_evict(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
+                        const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_evict_req_t *r = &req->body.evict_req;
     uint32_t ns;
@@ -992,8 +1127,10 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
                   "all (a cursor only with the last two)");
         return;
     }
-    if (!ns_by_name(store, r->all ? "" : r->ns_name, &ns, req, rep))
+    if (!ns_by_name(store, ctx, r->all ? "" : r->ns_name, &ns, req, rep))
         return;
+    /* "all" is every tenant's for an operator, its own tenant's otherwise */
+    uint32_t tenant = ns == UINT32_MAX && !ctx->is_operator ? ctx->tenant : UINT32_MAX;
     kvd_evict_rep_t *o = &rep->body.evict_rep;
     if (!r->has_key) {
         uint64_t pos;
@@ -1003,12 +1140,15 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
                       "(or all); start again without one");
             return;
         }
-        kvd_store_evict_from(store, ns, &pos, EVICT_VISITS, &o->evicted);
-        uint32_t count = kvd_store_ns_count(store);
-        for (uint32_t n = 0; n < count; n++) {
+        if (tenant != UINT32_MAX)
+            kvd_store_evict_tenant_from(store, tenant, &pos, EVICT_VISITS, &o->evicted);
+        else
+            kvd_store_evict_from(store, ns, &pos, EVICT_VISITS, &o->evicted);
+        for (uint32_t at = 0, n; kvd_store_ns_next(store, &at, &n);) {
             kvd_ns_info_t info;
             if ((ns != UINT32_MAX && n != ns) ||
-                kvd_store_ns_info(store, n, &info) != KVD_OK)
+                kvd_store_ns_info(store, n, &info) != KVD_OK ||
+                !ns_visible(ctx, info.tenant, true))
                 continue;
             o->skipped += pos == KVD_STORE_POS_END
                               ? info.objects_writing + info.objects_pinned
@@ -1018,10 +1158,12 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
             cursor_make(store, "EV", ns, 0, pos, o->next_cursor, &o->next_cursor_len);
         return;
     }
-    uint32_t count = kvd_store_ns_count(store);
     bool found = false;
-    for (uint32_t n = 0; n < count; n++) {
-        if (ns != UINT32_MAX && n != ns)
+    for (uint32_t at = 0, n; kvd_store_ns_next(store, &at, &n);) {
+        kvd_ns_info_t info;
+        if ((ns != UINT32_MAX && n != ns) ||
+            kvd_store_ns_info(store, n, &info) != KVD_OK ||
+            !ns_visible(ctx, info.tenant, true))
             continue;
         int rc = kvd_store_evict_key(store, n, r->key);
         found |= rc != KVD_ERR_NOT_FOUND;
@@ -1038,16 +1180,30 @@ void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts,
 {
     uint64_t owner = ctx->conn_id;
     switch (req->method) {
+    case KVD_METHOD_RESERVE:
+    case KVD_METHOD_PUBLISH:
+    case KVD_METHOD_REVOKE:
+    case KVD_METHOD_EVICT:
+        if (ctx->read_only) {
+            set_error(req, rep, KVD_ERR_PERMISSION, 0,
+                      "this connection is read-only: it may look up and load, not %s",
+                      kvd_method_name(req->method));
+            return;
+        }
+        break;
+    default: break;
+    }
+    switch (req->method) {
     case KVD_METHOD_REGISTER_NAMESPACE: serve_register(store, opts, ctx, req, rep); break;
-    case KVD_METHOD_LOOKUP: serve_lookup(store, opts, req, rep); break;
-    case KVD_METHOD_RESERVE: serve_reserve(store, opts, owner, req, rep); break;
+    case KVD_METHOD_LOOKUP: serve_lookup(store, opts, ctx, req, rep); break;
+    case KVD_METHOD_RESERVE: serve_reserve(store, opts, ctx, req, rep); break;
     case KVD_METHOD_PUBLISH:
     case KVD_METHOD_REVOKE: serve_finish(store, opts, owner, req, rep); break;
-    case KVD_METHOD_ACQUIRE: serve_acquire(store, opts, owner, req, rep); break;
+    case KVD_METHOD_ACQUIRE: serve_acquire(store, opts, ctx, req, rep); break;
     case KVD_METHOD_RELEASE: serve_release(store, owner, req, rep); break;
-    case KVD_METHOD_LIST_PREFIXES: serve_list(store, opts, req, rep); break;
-    case KVD_METHOD_INSPECT: serve_inspect(store, req, rep); break;
-    case KVD_METHOD_EVICT: serve_evict(store, req, rep); break;
+    case KVD_METHOD_LIST_PREFIXES: serve_list(store, opts, ctx, req, rep); break;
+    case KVD_METHOD_INSPECT: serve_inspect(store, ctx, req, rep); break;
+    case KVD_METHOD_EVICT: serve_evict(store, ctx, req, rep); break;
     default: set_error(req, rep, KVD_ERR_UNKNOWN_METHOD, 0, "not a store method");
     }
 }

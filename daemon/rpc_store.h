@@ -30,8 +30,16 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
                      const kvd_ns_spec_t *specs, size_t n, uint32_t *ids,
                      const kvd_msg_t *req, kvd_msg_t *rep);
 
-/* The namespaces table of Stats and the inspection replies. */
-int kvd_rpc_ns_table(kvd_store_t *store, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n);
+/* The namespaces table of Stats and the inspection replies: those of ctx's
+ * tenant, every tenant's for an operator or a NULL ctx (the daemon's own
+ * views: /metrics). */
+int kvd_rpc_ns_table(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, kvd_msg_t *rep,
+                     kvd_ns_msg_t **out, size_t *n);
+
+/* The tenants table of Stats: ctx's tenant, every one for an operator or a
+ * NULL ctx. */
+int kvd_rpc_tenant_table(kvd_store_t *store, const kvd_rpc_ctx_t *ctx, kvd_msg_t *rep,
+                         kvd_tenant_msg_t **out, size_t *n);
 
 /* Copies engine statistics into their wire form. */
 void kvd_rpc_store_stats(const kvd_store_stats_t *in, kvd_store_stats_msg_t *out);

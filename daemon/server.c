@@ -128,6 +128,14 @@ struct kvd_server {
     ino_t sock_ino;
 };
 
+/* Zeroes an extent handed to a tenant whose bytes were another tenant's
+ * (kvd_store_set_scrub): measured in doc/TRUST.md, it is paid only when
+ * a reservation crosses tenants. */
+static void scrub_pool(void *arg, uint64_t offset, uint64_t bytes)
+{
+    memset((uint8_t *)kvd_pool_base(arg) + offset, 0, bytes);
+}
+
 /* ------------------------------------------------------------ counters */
 
 void kvd_counters_record(kvd_counters_t *c, kvd_method_t m, bool error,
@@ -515,7 +523,10 @@ static void metrics_publish(kvd_server_t *s)
         return;
     kvd_stats_rep_t *st = &snap->body.stats_rep;
     server_stats(s, st);
-    if (kvd_rpc_ns_table(s->store, snap, &st->namespaces, &st->n_namespaces) != KVD_OK) {
+    if (kvd_rpc_ns_table(s->store, NULL, snap, &st->namespaces, &st->n_namespaces) !=
+            KVD_OK ||
+        kvd_rpc_tenant_table(s->store, NULL, snap, &st->tenants, &st->n_tenants) !=
+            KVD_OK) {
         kvd_msg_clear(snap);
         kvd_mem_free(KVD_MEM_OTHER, snap, sizeof(*snap));
         return;
@@ -523,11 +534,15 @@ static void metrics_publish(kvd_server_t *s)
     kvd_metrics_publish(s->metrics, snap);
 }
 
-static void serve_stats(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
+static void serve_stats(kvd_server_t *s, const conn_t *c, const kvd_msg_t *req,
+                        kvd_msg_t *rep)
 {
     kvd_stats_rep_t *st = &rep->body.stats_rep;
     server_stats(s, st);
-    int rc = kvd_rpc_ns_table(s->store, rep, &st->namespaces, &st->n_namespaces);
+    /* a tenant's connection sees its own namespaces; an operator all */
+    int rc = kvd_rpc_ns_table(s->store, &c->ctx, rep, &st->namespaces, &st->n_namespaces);
+    if (rc == KVD_OK)
+        rc = kvd_rpc_tenant_table(s->store, &c->ctx, rep, &st->tenants, &st->n_tenants);
     if (req->body.stats_req.check) {
         st->checked = true;
         kvd_store_check(s->store, st->check_error, sizeof(st->check_error));
@@ -589,7 +604,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         rep->body.health_rep.populated_bytes = kvd_pool_populated_bytes(s->pool);
         rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
         break;
-    case KVD_METHOD_STATS: serve_stats(s, req, rep); break;
+    case KVD_METHOD_STATS: serve_stats(s, c, req, rep); break;
     case KVD_METHOD_RESERVE:
     case KVD_METHOD_ACQUIRE:
         if (server_health(s) != KVD_HEALTH_READY) {
@@ -657,9 +672,12 @@ static bool conn_send_out(kvd_server_t *s, conn_t *c)
     while (off < c->out.len) {
         bool with_fd = c->fd_at == off;
         size_t end = c->fd_at != SIZE_MAX && c->fd_at > off ? c->fd_at : c->out.len;
-        ssize_t n = with_fd ? send_with_fd(c->src.fd, c->out.data + off, end - off,
-                                           kvd_pool_fd(s->pool))
-                            : send(c->src.fd, c->out.data + off, end - off, MSG_NOSIGNAL);
+        /* a read-only connection gets the read-only descriptor: it cannot
+         * map the pool writable nor punch holes in it */
+        int pool_fd = c->ctx.read_only ? kvd_pool_fd_ro(s->pool) : kvd_pool_fd(s->pool);
+        ssize_t n = with_fd
+                        ? send_with_fd(c->src.fd, c->out.data + off, end - off, pool_fd)
+                        : send(c->src.fd, c->out.data + off, end - off, MSG_NOSIGNAL);
         if (n > 0) {
             off += (size_t)n;
             if (with_fd)
@@ -1184,6 +1202,7 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
         s->epfd = -1;
         goto fail;
     }
+    kvd_store_set_scrub(s->store, scrub_pool, pool);
     char why[256];
     if ((rc = kvd_auth_bind(s->auth, s->store, why, sizeof(why))) != KVD_OK) {
         KVD_ERROR("server", "%s", why);

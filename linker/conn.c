@@ -51,13 +51,15 @@ void lk_peer_put(lpeer_t *p)
     free(p);
 }
 
-/* The peer of a shm connection: the pool fd mapped here. */
-static int peer_of_fd(int fd, uint64_t bytes, lpeer_t **out)
+/* The peer of a shm connection: the pool fd mapped here (read-only where
+ * the daemon gave a read-only descriptor). */
+static int peer_of_fd(int fd, uint64_t bytes, bool read_only, lpeer_t **out)
 {
     lpeer_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return KVD_ERR_NOMEM;
-    void *map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void *map =
+        mmap(NULL, bytes, PROT_READ | (read_only ? 0 : PROT_WRITE), MAP_SHARED, fd, 0);
     if (map == MAP_FAILED) {
         int rc = kvd_status_from_errno(errno);
         KVD_WARN("linker", "cannot map the daemon's pool (%llu bytes): %s",
@@ -152,6 +154,9 @@ static void session_drop_put(kvd_linker_t *l, lsession_t *s, int why)
 /* ------------------------------------------------------- populating */
 
 #define POPULATE_CHUNK (16ull << 20)
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
 
 /* Write-populates the current mapping a chunk at a time (a MAP_SHARED
  * mapping read-faults its pages; each first write would fault again),
@@ -168,7 +173,8 @@ static void *populate_main(void *arg)
             if (atomic_load(&l->conn.epoch) != epoch)
                 break; /* replaced: start over on the new one */
             madvise((uint8_t *)p->map + off,
-                    KVD_MIN(POPULATE_CHUNK, p->desc.length - off), MADV_POPULATE_WRITE);
+                    KVD_MIN(POPULATE_CHUNK, p->desc.length - off),
+                    l->cfg.read_only ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
             lk_lock(&l->lock);
             bool stop = l->stop;
             lk_unlock(&l->lock);
@@ -250,6 +256,7 @@ static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *sp
     h->protocol_version = KVD_PROTOCOL_VERSION;
     h->want_pool_fd = !l->use_ucx && l->connect[0] == '\0';
     h->want_ucx = l->use_ucx;
+    h->read_only = l->cfg.read_only;
     memcpy(h->auth_token, l->auth_token, l->auth_token_len);
     h->auth_token_len = l->auth_token_len;
     h->n_namespaces = n;
@@ -281,7 +288,8 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
     int fd = kvd_client_take_fd(c);
     lpeer_t *peer = NULL;
     if (rc == KVD_OK && fd >= 0)
-        rc = peer_of_fd(fd, rep.body.hello_rep.pool_bytes, &peer);
+        rc = peer_of_fd(fd, rep.body.hello_rep.pool_bytes, rep.body.hello_rep.read_only,
+                        &peer);
     else if (rc == KVD_OK && l->use_ucx)
         rc = peer_of_ucx(&rep.body.hello_rep, l->ucx_mode, l->timeout_ms, &peer);
     if (fd >= 0)
@@ -293,7 +301,8 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
      * reconnection in the background, as calls wait on us here */
     if (rc == KVD_OK && peer != NULL && peer->map != NULL && !l->cfg.lazy_pool_mapping &&
         !reconnect)
-        madvise(peer->map, peer->desc.length, MADV_POPULATE_WRITE);
+        madvise(peer->map, peer->desc.length,
+                rep.body.hello_rep.read_only ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
     lsession_t *sess = rc == KVD_OK ? calloc(1, sizeof(*sess)) : NULL;
     if (rc == KVD_OK && sess == NULL)
         rc = KVD_ERR_NOMEM;

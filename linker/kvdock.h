@@ -92,6 +92,10 @@ typedef struct kvd_linker_config {
      * writing into an unpopulated mapping ran at 0.3 GB/s); true: pages map
      * in on first use (for pools too large to map up front). */
     bool lazy_pool_mapping;
+    /* true: this linker only looks up and loads. It asks the daemon for a
+     * read-only connection: the pool is mapped read-only (no write through
+     * it can corrupt a published object) and offloads are refused. */
+    bool read_only;
     /* How bytes move: "shm" (the daemon's pool mapped here; Unix socket
      * only), "ucx" (UCX RMA into the daemon's pool: RDMA, TCP or shared
      * memory, as UCX_TLS says), "auto" (shm over a Unix socket, ucx over

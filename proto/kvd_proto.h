@@ -26,13 +26,14 @@
 #define KVD_FRAME_DEFAULT_MAX  (4u * 1024u * 1024u)
 /* The hard ceiling for --max-frame: a frame must fit a 32-bit length and
  * one connection must not pin a large part of the daemon's heap. */
-#define KVD_FRAME_LIMIT_MAX (256u * 1024u * 1024u)
-#define KVD_NAME_MAX        128
-#define KVD_VERSION_MAX     32
-#define KVD_TOKEN_MAX       256 /* HelloRequest.auth_token */
-#define KVD_UCX_TOKEN_MAX   32  /* HelloReply.ucx_token */
-#define KVD_CURSOR_MAX      128 /* ListPrefixes cursors */
-#define KVD_ERROR_MAX       256
+#define KVD_FRAME_LIMIT_MAX   (256u * 1024u * 1024u)
+#define KVD_NAME_MAX          128
+#define KVD_TENANT_NAME_BYTES 64 /* = KVD_TENANT_NAME_MAX of the store */
+#define KVD_VERSION_MAX       32
+#define KVD_TOKEN_MAX         256 /* HelloRequest.auth_token */
+#define KVD_UCX_TOKEN_MAX     32  /* HelloReply.ucx_token */
+#define KVD_CURSOR_MAX        128 /* ListPrefixes cursors */
+#define KVD_ERROR_MAX         256
 
 /* --------------------------------------------------------------- buffer */
 
@@ -197,6 +198,7 @@ extern const kvd_field_list_t kvd_ns_spec_fields;     /* kvd_ns_spec_t */
 extern const kvd_field_list_t kvd_store_stats_fields; /* kvd_store_stats_msg_t */
 extern const kvd_field_list_t kvd_mem_stats_fields;   /* kvd_mem_stats_t */
 extern const kvd_field_list_t kvd_ns_fields;          /* kvd_ns_msg_t */
+extern const kvd_field_list_t kvd_tenant_fields;      /* kvd_tenant_msg_t */
 extern const kvd_field_list_t kvd_obj_fields;         /* kvd_obj_msg_t */
 extern const kvd_field_list_t kvd_nic_fields;         /* kvd_nic_msg_t */
 
@@ -369,7 +371,8 @@ typedef struct kvd_lookup_rep {
     X(STR, name, KVD_NS_NAME_BYTES, NONE, "the namespace's name")      \
     X(U64, object_bytes, 0, GAUGE, "Size of the namespace's objects.") \
     X(BOOL, rank_replicated, 0, NONE, "one copy for every TP rank")    \
-    KVD_NS_COUNTER_FIELDS(X)
+    KVD_NS_COUNTER_FIELDS(X)                                           \
+    X(STR, tenant, KVD_TENANT_NAME_BYTES, NONE, "the owning tenant")
 
 typedef struct kvd_ns_msg {
     KVD_NS_FIELDS(KVD_FIELD_DECL)
@@ -469,36 +472,39 @@ typedef struct kvd_stats_req {
 
 /* The store's figures (Stats): the same names as kvd_store_stats_t of
  * kvd_store.h. free + writing + ready + quarantined bytes = pool bytes. */
-#define KVD_STORE_STATS_FIELDS(X)                                                    \
-    X(U64, pool_bytes, 0, GAUGE, "Bytes of pool the store manages.")                 \
-    X(U64, free_bytes, 0, GAUGE, "Pool bytes free.")                                 \
-    X(U64, writing_bytes, 0, GAUGE, "Pool bytes reserved and being written.")        \
-    X(U64, ready_bytes, 0, GAUGE, "Pool bytes of published objects.")                \
-    X(U64, pinned_bytes, 0, GAUGE, "Ready bytes pinned by loads.")                   \
-    X(U64, objects_ready, 0, GAUGE, "Objects published.")                            \
-    X(U64, objects_writing, 0, GAUGE, "Objects reserved, being written.")            \
-    X(U64, objects_pinned, 0, GAUGE, "Objects pinned by loads.")                     \
-    X(U64, pins, 0, GAUGE, "Pins held: the sum of every object's pin count.")        \
-    X(U64, leases, 0, GAUGE, "Leases holding reservations or pins.")                 \
-    X(U64, free_extents, 0, GAUGE, "Free extents of the pool.")                      \
-    X(U64, largest_free_bytes, 0, GAUGE, "Largest free extent.")                     \
-    X(F64, fragmentation, 0, GAUGE, "1 - largest free extent / free bytes.")         \
-    X(U64, index_bytes, 0, GAUGE, "Memory of the index (records, hash, leases).")    \
-    X(U64, evictions, 0, COUNTER, "Objects evicted.")                                \
-    X(U64, evicted_bytes, 0, COUNTER, "Bytes evicted.")                              \
-    X(U64, reserve_allocated, 0, COUNTER, "Reserved keys allocated.")                \
-    X(U64, reserve_exists, 0, COUNTER, "Reserved keys found stored already.")        \
-    X(U64, reserve_in_flight, 0, COUNTER, "Reserved keys another writer held.")      \
-    X(U64, reserve_no_space, 0, COUNTER, "Reserved keys refused: no space.")         \
-    X(U64, lookups, 0, COUNTER, "Lookups served.")                                   \
-    X(U64, lookup_pages, 0, COUNTER, "Pages probed by lookups.")                     \
-    X(U64, hit_pages, 0, COUNTER, "Probed pages found.")                             \
-    X(U64, acquires, 0, COUNTER, "Acquires served.")                                 \
-    X(U64, acquire_failures, 0, COUNTER, "Acquires refused: a key missing or busy.") \
-    X(U64, leases_expired, 0, COUNTER, "Leases undone by their TTL.")                \
-    X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published).")              \
-    X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired).")                   \
-    X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")
+#define KVD_STORE_STATS_FIELDS(X)                                                      \
+    X(U64, pool_bytes, 0, GAUGE, "Bytes of pool the store manages.")                   \
+    X(U64, free_bytes, 0, GAUGE, "Pool bytes free.")                                   \
+    X(U64, writing_bytes, 0, GAUGE, "Pool bytes reserved and being written.")          \
+    X(U64, ready_bytes, 0, GAUGE, "Pool bytes of published objects.")                  \
+    X(U64, pinned_bytes, 0, GAUGE, "Ready bytes pinned by loads.")                     \
+    X(U64, objects_ready, 0, GAUGE, "Objects published.")                              \
+    X(U64, objects_writing, 0, GAUGE, "Objects reserved, being written.")              \
+    X(U64, objects_pinned, 0, GAUGE, "Objects pinned by loads.")                       \
+    X(U64, pins, 0, GAUGE, "Pins held: the sum of every object's pin count.")          \
+    X(U64, leases, 0, GAUGE, "Leases holding reservations or pins.")                   \
+    X(U64, free_extents, 0, GAUGE, "Free extents of the pool.")                        \
+    X(U64, largest_free_bytes, 0, GAUGE, "Largest free extent.")                       \
+    X(F64, fragmentation, 0, GAUGE, "1 - largest free extent / free bytes.")           \
+    X(U64, index_bytes, 0, GAUGE, "Memory of the index (records, hash, leases).")      \
+    X(U64, evictions, 0, COUNTER, "Objects evicted.")                                  \
+    X(U64, evicted_bytes, 0, COUNTER, "Bytes evicted.")                                \
+    X(U64, reserve_allocated, 0, COUNTER, "Reserved keys allocated.")                  \
+    X(U64, reserve_exists, 0, COUNTER, "Reserved keys found stored already.")          \
+    X(U64, reserve_in_flight, 0, COUNTER, "Reserved keys another writer held.")        \
+    X(U64, reserve_no_space, 0, COUNTER, "Reserved keys refused: no space.")           \
+    X(U64, lookups, 0, COUNTER, "Lookups served.")                                     \
+    X(U64, lookup_pages, 0, COUNTER, "Pages probed by lookups.")                       \
+    X(U64, hit_pages, 0, COUNTER, "Probed pages found.")                               \
+    X(U64, acquires, 0, COUNTER, "Acquires served.")                                   \
+    X(U64, acquire_failures, 0, COUNTER, "Acquires refused: a key missing or busy.")   \
+    X(U64, leases_expired, 0, COUNTER, "Leases undone by their TTL.")                  \
+    X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published).")                \
+    X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired).")                     \
+    X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")       \
+    X(U64, reserve_quota, 0, COUNTER, "Reserved keys refused for a tenant's quota.")   \
+    X(U64, scrubbed_bytes, 0, COUNTER, "Bytes zeroed: extents handed across tenants.") \
+    X(U64, namespaces_removed, 0, COUNTER, "Namespaces left without users or objects.")
 
 typedef struct kvd_store_stats_msg {
     KVD_STORE_STATS_FIELDS(KVD_FIELD_DECL)
@@ -563,6 +569,25 @@ typedef struct kvd_nic_msg {
     KVD_NIC_FIELDS(KVD_FIELD_DECL)
 } kvd_nic_msg_t;
 
+/* A tenant's usage against its limits (Stats; 0 = no limit). */
+#define KVD_TENANT_FIELDS(X)                                                    \
+    X(U32, id, 0, NONE, "the tenant's id")                                      \
+    X(STR, name, KVD_TENANT_NAME_BYTES, NONE, "the tenant's name")              \
+    X(U64, bytes, 0, GAUGE, "Pool bytes of the tenant's objects.")              \
+    X(U64, max_bytes, 0, GAUGE, "The tenant's byte quota; 0 = none.")           \
+    X(U64, pins, 0, GAUGE, "Pins the tenant's read leases hold.")               \
+    X(U64, max_pins, 0, GAUGE, "The tenant's pin quota; 0 = none.")             \
+    X(U64, leases, 0, GAUGE, "Leases the tenant holds open.")                   \
+    X(U64, max_leases, 0, GAUGE, "The tenant's lease quota; 0 = none.")         \
+    X(U64, namespaces, 0, GAUGE, "Namespaces of the tenant.")                   \
+    X(U64, max_namespaces, 0, GAUGE, "The tenant's namespace quota; 0 = none.") \
+    X(U64, quota_refusals, 0, COUNTER, "Keys and calls refused for a quota.")   \
+    X(U64, quota_evictions, 0, COUNTER, "Own objects evicted to stay within quota.")
+
+typedef struct kvd_tenant_msg {
+    KVD_TENANT_FIELDS(KVD_FIELD_DECL)
+} kvd_tenant_msg_t;
+
 typedef struct kvd_stats_rep {
     char daemon_version[KVD_VERSION_MAX];
     char instance[KVD_NAME_MAX];
@@ -584,6 +609,8 @@ typedef struct kvd_stats_rep {
     char check_error[KVD_ERROR_MAX];
     size_t n_nics; /* 0: no RDMA devices, or built without libibverbs */
     kvd_nic_msg_t *nics;
+    size_t n_tenants; /* the caller's tenant; every tenant for an operator */
+    kvd_tenant_msg_t *tenants;
 } kvd_stats_rep_t;
 
 /*

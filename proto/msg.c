@@ -190,6 +190,14 @@ static void nic_to_pb(const void *in, void *pb)
     KVD_NIC_FIELDS(FIELD_TO_PB)
 }
 
+static void tenant_to_pb(const void *in, void *pb)
+{
+    const kvd_tenant_msg_t *s = in;
+    Kvdock__TenantInfo *o = pb;
+    kvdock__tenant_info__init(o);
+    KVD_TENANT_FIELDS(FIELD_TO_PB)
+}
+
 static void obj_to_pb(const void *in, void *pb)
 {
     const kvd_obj_msg_t *s = in;
@@ -251,6 +259,14 @@ static int nic_from_pb(const void *pb, void *out)
     return KVD_OK;
 }
 
+static int tenant_from_pb(const void *pb, void *out)
+{
+    const Kvdock__TenantInfo *o = pb;
+    kvd_tenant_msg_t *s = out;
+    KVD_TENANT_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
 /* An object; its parent is a full key, a tag or nothing. */
 static int obj_from_pb(const void *pb, void *out)
 {
@@ -291,6 +307,8 @@ static const flat_msg_t ns_info_msg = {
     sizeof(kvd_ns_msg_t), sizeof(Kvdock__NamespaceInfo), ns_info_to_pb, ns_info_from_pb};
 static const flat_msg_t nic_msg = {sizeof(kvd_nic_msg_t), sizeof(Kvdock__Nic), nic_to_pb,
                                    nic_from_pb};
+static const flat_msg_t tenant_msg = {
+    sizeof(kvd_tenant_msg_t), sizeof(Kvdock__TenantInfo), tenant_to_pb, tenant_from_pb};
 static const flat_msg_t obj_msg = {sizeof(kvd_obj_msg_t), sizeof(Kvdock__ObjectInfo),
                                    obj_to_pb, obj_from_pb};
 
@@ -413,7 +431,11 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->check_error = (char *)s->check_error;
     r->n_nics = s->n_nics;
     r->nics = (Kvdock__Nic **)array_to_pb(scr, &nic_msg, s->nics, s->n_nics);
-    if ((s->n_namespaces && r->namespaces == NULL) || (s->n_nics && r->nics == NULL))
+    r->n_tenants = s->n_tenants;
+    r->tenants =
+        (Kvdock__TenantInfo **)array_to_pb(scr, &tenant_msg, s->tenants, s->n_tenants);
+    if ((s->n_namespaces && r->namespaces == NULL) || (s->n_nics && r->nics == NULL) ||
+        (s->n_tenants && r->tenants == NULL))
         return NULL;
     return r;
 }
@@ -1018,6 +1040,10 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     if (rc == KVD_OK)
         s->nics = array_from_pb(m, &nic_msg, r->n_nics, (void *const *)r->nics, &rc);
     s->n_nics = rc == KVD_OK ? r->n_nics : 0;
+    if (rc == KVD_OK)
+        s->tenants =
+            array_from_pb(m, &tenant_msg, r->n_tenants, (void *const *)r->tenants, &rc);
+    s->n_tenants = rc == KVD_OK ? r->n_tenants : 0;
     s->checked = r->checked;
     kvd_utf8_copy(s->check_error, r->check_error ? r->check_error : "",
                   sizeof(s->check_error));

@@ -26,6 +26,9 @@
 /* How far past the window eviction looks for a leaf before it gives up and
  * takes the deepest page of the window. */
 #define EVICT_SCAN_MAX 256
+/* How many objects of the LRU eviction within one tenant's quota looks at:
+ * bounds its work when the tenant's objects sit at the LRU's hot end. */
+#define EVICT_TENANT_SCAN 4096
 
 #ifdef KVD_STORE_PARANOID
 static void paranoid(const kvd_store_t *s, const char *where)
@@ -52,6 +55,7 @@ void kvd_store_config_default(kvd_store_config_t *cfg, uint64_t pool_bytes)
     cfg->evict_low = 0.90;
     cfg->lease_ttl_ms = 30000;
     cfg->index_hint = 1024;
+    cfg->scrub_budget_bytes = 16ull << 20;
 }
 
 static int buckets_resize(kvd_store_t *s, uint64_t n_buckets);
@@ -102,7 +106,7 @@ int kvd_store_create(const kvd_store_config_t *cfg, kvd_store_t **out)
     }
     R(s, whole)->size_pages = (uint32_t)pages;
     s->phys_head = whole;
-    extent_free(s, whole);
+    extent_free(s, whole, SCRUB_CLEAN);
     *out = s;
     return KVD_OK;
 }
@@ -125,65 +129,149 @@ void kvd_store_destroy(kvd_store_t *s)
     kvd_mem_free(KVD_MEM_INDEX, s->lease_buckets, s->n_lease_buckets * sizeof(lease_t *));
     kvd_mem_free(KVD_MEM_INDEX, s->buckets, s->n_buckets * sizeof(uint32_t));
     kvd_mem_free(KVD_MEM_INDEX, s->ns, (size_t)s->ns_cap * sizeof(ns_entry_t));
+    ns_owners_free(s);
     rec_fini(s);
     kvd_mem_free(KVD_MEM_INDEX, s, sizeof(*s));
 }
 
 /* ----------------------------------------------------------- namespaces */
 
-static void ns_index_rebuild(kvd_store_t *s);
-static void ns_index_add(kvd_store_t *s, uint32_t id);
-static uint32_t ns_index_find(const kvd_store_t *s, const char *name);
+static uint32_t ns_id_of(const kvd_store_t *s, uint32_t slot)
+{
+    return slot | (s->ns[slot].gen & NS_GEN_MASK) << KVD_NS_SLOT_BITS;
+}
 
-int kvd_store_ns_find(const kvd_store_t *s, const char *name, uint32_t *ns_id)
+/* The slot of a live namespace id: false for an id never handed out, of a
+ * removed namespace, or of an older generation of its slot. */
+static bool ns_slot(const kvd_store_t *s, uint32_t id, uint32_t *slot)
+{
+    uint32_t i = id & (KVD_STORE_MAX_NAMESPACES - 1);
+    if (i >= s->n_slots || !s->ns[i].live || ns_id_of(s, i) != id)
+        return false;
+    *slot = i;
+    return true;
+}
+
+static void ns_index_rebuild(kvd_store_t *s);
+static void ns_index_add(kvd_store_t *s, uint32_t slot);
+static uint32_t ns_index_find(const kvd_store_t *s, uint32_t tenant, const char *name);
+
+int kvd_store_ns_find(const kvd_store_t *s, uint32_t tenant, const char *name,
+                      uint32_t *ns_id)
 {
     /* a name index instead of a scan: registering 4,096 namespaces would
      * otherwise compare millions of names while the loop waits */
     if (s->ns_index_n != s->n_ns)
         ns_index_rebuild((kvd_store_t *)s); /* a cache: the store is not const */
-    uint32_t i = ns_index_find(s, name);
+    uint32_t i = ns_index_find(s, tenant, name);
     if (i == UINT32_MAX)
         return KVD_ERR_NOT_FOUND;
-    *ns_id = i;
+    *ns_id = ns_id_of(s, i);
     return KVD_OK;
 }
 
-int kvd_store_ns_register(kvd_store_t *s, const char *name, uint64_t object_bytes,
-                          bool rank_replicated, uint32_t *ns_id)
+/* A slot for a new namespace: a never used one while any is left, else the
+ * one freed longest ago (so that a stale id is as old as can be before its
+ * slot serves again; the generation tells them apart anyway). */
+static int ns_slot_new(kvd_store_t *s, uint32_t *slot)
+{
+    if (s->n_slots < KVD_STORE_MAX_NAMESPACES) {
+        if (s->n_slots == s->ns_cap) {
+            uint32_t cap = s->ns_cap ? s->ns_cap * 2 : 16;
+            ns_entry_t *n = kvd_mem_realloc(KVD_MEM_INDEX, s->ns,
+                                            (size_t)s->ns_cap * sizeof(ns_entry_t),
+                                            (size_t)cap * sizeof(ns_entry_t));
+            if (n == NULL)
+                return KVD_ERR_NOMEM;
+            s->ns = n;
+            s->ns_cap = cap;
+        }
+        memset(&s->ns[s->n_slots], 0, sizeof(ns_entry_t));
+        *slot = s->n_slots++;
+        return KVD_OK;
+    }
+    if (s->ns_free_head == 0)
+        return KVD_ERR_NO_SPACE;
+    uint32_t i = s->ns_free_head - 1;
+    s->ns_free_head = s->ns[i].free_next;
+    if (s->ns_free_head == 0)
+        s->ns_free_tail = 0;
+    *slot = i;
+    return KVD_OK;
+}
+
+int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
+                          const char *name, uint64_t object_bytes, bool rank_replicated,
+                          uint32_t *ns_id)
 {
     size_t len = strlen(name);
     if (len == 0 || len >= KVD_NS_NAME_MAX || object_bytes == 0 ||
-        object_bytes > s->total_pages * s->cfg.page_bytes)
+        object_bytes > s->total_pages * s->cfg.page_bytes || tenant >= s->n_tenants)
         return KVD_ERR_INVALID;
-    uint32_t id;
-    if (kvd_store_ns_find(s, name, &id) == KVD_OK) {
-        const kvd_ns_info_t *in = &s->ns[id].info;
-        if (in->object_bytes != object_bytes || in->rank_replicated != rank_replicated)
+    uint32_t id, slot = 0;
+    if (kvd_store_ns_find(s, tenant, name, &id) == KVD_OK) {
+        ns_slot(s, id, &slot);
+        ns_entry_t *e = &s->ns[slot];
+        if (e->info.object_bytes != object_bytes ||
+            e->info.rank_replicated != rank_replicated)
             return KVD_ERR_INVALID;
+        if (owner == KVD_OWNER_PERMANENT)
+            e->permanent = true;
+        else if (!ns_use(s, owner, slot))
+            return KVD_ERR_NOMEM;
         *ns_id = id;
         return KVD_OK;
     }
     if (s->n_ns >= KVD_STORE_MAX_NAMESPACES)
         return KVD_ERR_NO_SPACE;
-    if (s->n_ns == s->ns_cap) {
-        uint32_t cap = s->ns_cap ? s->ns_cap * 2 : 16;
-        ns_entry_t *n =
-            kvd_mem_realloc(KVD_MEM_INDEX, s->ns, (size_t)s->ns_cap * sizeof(ns_entry_t),
-                            (size_t)cap * sizeof(ns_entry_t));
-        if (n == NULL)
-            return KVD_ERR_NOMEM;
-        s->ns = n;
-        s->ns_cap = cap;
+    tenant_t *t = &s->tenants[tenant];
+    if (t->lim.max_namespaces != 0 && t->use.namespaces >= t->lim.max_namespaces) {
+        t->use.quota_refusals++;
+        return KVD_ERR_QUOTA;
     }
-    ns_entry_t *e = &s->ns[s->n_ns];
+    int rc = ns_slot_new(s, &slot);
+    if (rc != KVD_OK)
+        return rc;
+    ns_entry_t *e = &s->ns[slot];
+    uint32_t gen = e->gen;
     memset(e, 0, sizeof(*e));
+    e->gen = gen;
     memcpy(e->info.name, name, len + 1);
+    e->info.tenant = tenant;
     e->info.object_bytes = object_bytes;
     e->info.rank_replicated = rank_replicated;
     e->pages = (uint32_t)((object_bytes + s->cfg.page_bytes - 1) / s->cfg.page_bytes);
-    *ns_id = s->n_ns++;
-    ns_index_add(s, *ns_id);
+    e->live = true;
+    e->permanent = owner == KVD_OWNER_PERMANENT;
+    s->n_ns++;
+    ns_index_add(s, slot);
+    t->use.namespaces++;
+    if (!e->permanent && !ns_use(s, owner, slot)) {
+        ns_maybe_remove(s, slot);
+        return KVD_ERR_NOMEM;
+    }
+    *ns_id = ns_id_of(s, slot);
     return KVD_OK;
+}
+
+void ns_maybe_remove(kvd_store_t *s, uint32_t slot)
+{
+    ns_entry_t *e = &s->ns[slot];
+    if (!e->live || e->permanent || e->info.users != 0 || e->info.objects_ready != 0 ||
+        e->info.objects_writing != 0)
+        return;
+    s->tenants[e->info.tenant].use.namespaces--;
+    e->live = false;
+    s->ns_index_n = UINT32_MAX; /* the name index is rebuilt at the next find */
+    e->gen = (e->gen + 1) & NS_GEN_MASK;
+    e->free_next = 0;
+    if (s->ns_free_tail != 0)
+        s->ns[s->ns_free_tail - 1].free_next = slot + 1;
+    else
+        s->ns_free_head = slot + 1;
+    s->ns_free_tail = slot + 1;
+    s->n_ns--;
+    s->st.namespaces_removed++;
 }
 
 uint32_t kvd_store_ns_count(const kvd_store_t *s)
@@ -193,10 +281,35 @@ uint32_t kvd_store_ns_count(const kvd_store_t *s)
 
 int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out)
 {
-    if (ns_id >= s->n_ns)
+    uint32_t slot;
+    if (!ns_slot(s, ns_id, &slot))
         return KVD_ERR_NOT_FOUND;
-    *out = s->ns[ns_id].info;
+    *out = s->ns[slot].info;
     return KVD_OK;
+}
+
+bool kvd_store_ns_next(const kvd_store_t *s, uint32_t *pos, uint32_t *ns_id)
+{
+    for (uint32_t i = *pos; i < s->n_slots; i++) {
+        if (s->ns[i].live) {
+            *ns_id = ns_id_of(s, i);
+            *pos = i + 1;
+            return true;
+        }
+    }
+    *pos = s->n_slots;
+    return false;
+}
+
+void kvd_store_set_scrub(kvd_store_t *s, kvd_scrub_fn fn, void *arg)
+{
+    s->scrub = fn;
+    s->scrub_arg = arg;
+}
+
+static uint32_t tenant_of(const kvd_store_t *s, uint32_t slot)
+{
+    return s->ns[slot].info.tenant;
 }
 
 /* ---------------------------------------------------------------- index */
@@ -295,6 +408,7 @@ static void lru_push_head(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
     s->lru_pages += r->size_pages;
+    s->tenants[s->ns[r->ns].info.tenant].lru_pages += r->size_pages;
     r->link_prev = NIL;
     r->link_next = s->lru_head;
     if (s->lru_head != NIL)
@@ -308,6 +422,7 @@ static void lru_remove(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
     s->lru_pages -= r->size_pages;
+    s->tenants[s->ns[r->ns].info.tenant].lru_pages -= r->size_pages;
     if (r->link_prev != NIL)
         R(s, r->link_prev)->link_next = r->link_next;
     else
@@ -365,10 +480,13 @@ static void count_child(kvd_store_t *s, uint32_t i, int delta)
         pr->children--;
 }
 
+/* Frees an object (READY and off the LRU, or WRITING) and, when it was its
+ * namespace's last and nobody uses that namespace, the namespace too. */
 static void drop_object(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
-    ns_entry_t *e = &s->ns[r->ns];
+    uint32_t slot = r->ns;
+    ns_entry_t *e = &s->ns[slot];
     if (r->state == REC_READY) {
         e->info.objects_ready--;
         count_child(s, i, -1);
@@ -376,34 +494,52 @@ static void drop_object(kvd_store_t *s, uint32_t i)
         e->info.objects_writing--;
     }
     index_remove(s, i);
-    extent_free(s, i);
+    uint32_t t = e->info.tenant;
+    s->tenants[t].use.bytes -= page_bytes_of(s, r->size_pages);
+    extent_free(s, i, (uint16_t)(t + 1));
+    ns_maybe_remove(s, slot);
 }
 
-/* Evicts one READY, unpinned object from the LRU's cold end; false when
- * there is none. */
-static bool evict_one(kvd_store_t *s)
+/* Evicts one READY, unpinned object from the LRU's cold end, of any tenant
+ * (tenant == UINT32_MAX) or of one; false when there is none. For one
+ * tenant the window and the leaf search count only its objects, and at
+ * most EVICT_TENANT_SCAN objects of the LRU are looked at, so that a tenant
+ * whose objects are all hot costs bounded work, not a walk of the pool. */
+static bool evict_pick(kvd_store_t *s, uint32_t tenant)
 {
     uint32_t deepest = NIL, leaf = NIL;
     uint32_t i = s->lru_tail;
-    for (int n = 0; n < EVICT_SCAN_MAX && i != NIL; n++, i = R(s, i)->link_prev) {
+    int seen = 0;
+    int scan = tenant == UINT32_MAX ? EVICT_SCAN_MAX : EVICT_TENANT_SCAN;
+    for (int n = 0; n < scan && i != NIL; n++, i = R(s, i)->link_prev) {
         const rec_t *r = R(s, i);
-        if (n < EVICT_WINDOW && (deepest == NIL || r->depth > R(s, deepest)->depth))
+        if (tenant != UINT32_MAX && tenant_of(s, r->ns) != tenant)
+            continue;
+        if (seen < EVICT_WINDOW && (deepest == NIL || r->depth > R(s, deepest)->depth))
             deepest = i;
         if (r->children == 0 && (leaf == NIL || r->depth > R(s, leaf)->depth))
             leaf = i;
-        if (leaf != NIL && n + 1 >= EVICT_WINDOW)
+        seen++;
+        if ((leaf != NIL && seen >= EVICT_WINDOW) || seen >= EVICT_SCAN_MAX)
             break;
     }
     uint32_t best = leaf != NIL ? leaf : deepest;
     if (best == NIL)
         return false;
     rec_t *r = R(s, best);
+    if (tenant != UINT32_MAX)
+        s->tenants[tenant].use.quota_evictions++;
     s->ns[r->ns].info.evictions++;
     s->st.evictions++;
     s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
     lru_remove(s, best);
     drop_object(s, best);
     return true;
+}
+
+static bool evict_one(kvd_store_t *s)
+{
+    return evict_pick(s, UINT32_MAX);
 }
 
 static uint64_t used_pages(const kvd_store_t *s)
@@ -516,7 +652,18 @@ static uint64_t lease_id_new(kvd_store_t *s)
     }
 }
 
-static lease_t *lease_new(kvd_store_t *s, uint64_t owner, bool write, uint64_t now_ms)
+/* Whether tenant t may open one more lease (counting a refusal). */
+static bool lease_quota_ok(kvd_store_t *s, uint32_t t)
+{
+    tenant_t *tn = &s->tenants[t];
+    if (tn->lim.max_leases == 0 || tn->use.leases < tn->lim.max_leases)
+        return true;
+    tn->use.quota_refusals++;
+    return false;
+}
+
+static lease_t *lease_new(kvd_store_t *s, uint64_t owner, bool write, uint64_t now_ms,
+                          uint32_t tenant)
 {
     if (s->n_leases >= s->n_lease_buckets * 2) {
         uint64_t nb = s->n_lease_buckets * 2;
@@ -539,6 +686,8 @@ static lease_t *lease_new(kvd_store_t *s, uint64_t owner, bool write, uint64_t n
     l->id = lease_id_new(s);
     l->owner = owner;
     l->write = write;
+    l->tenant = tenant;
+    s->tenants[tenant].use.leases++;
     l->expires_ms = now_ms + s->cfg.lease_ttl_ms;
     /* every lease has the same TTL: creation order is expiry order */
     l->older = s->newest;
@@ -569,6 +718,7 @@ static void lease_unlink(kvd_store_t *s, lease_t *l)
         b = &(*b)->hnext;
     *b = l->hnext;
     s->n_leases--;
+    s->tenants[l->tenant].use.leases--;
     lease_free(s, l);
 }
 
@@ -611,9 +761,13 @@ static void lru_push_batch(kvd_store_t *s, const uint32_t *recs, size_t n)
 static void quarantine(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
-    s->ns[r->ns].info.objects_writing--;
+    uint32_t slot = r->ns;
+    s->ns[slot].info.objects_writing--;
     index_remove(s, i);
     r->quarantined = 1;
+    /* the namespace may go (and its slot serve another tenant) before the
+     * grace ends: the extent keeps whose bytes it holds itself */
+    r->hits = (uint16_t)(tenant_of(s, slot) + 1);
     uint64_t release_ms = s->now_ms + s->cfg.lease_ttl_ms;
     r->last_access_s = (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
     r->link_prev = NIL;
@@ -624,6 +778,7 @@ static void quarantine(kvd_store_t *s, uint32_t i)
         s->quarantine_head = i;
     s->quarantine_tail = i;
     s->quarantine_pages += r->size_pages;
+    ns_maybe_remove(s, slot);
 }
 
 /* Frees quarantined extents whose grace has passed by now_ms. */
@@ -638,7 +793,9 @@ static void quarantine_release(kvd_store_t *s, uint64_t now_ms)
         if (s->quarantine_head == NIL)
             s->quarantine_tail = NIL;
         s->quarantine_pages -= r->size_pages;
-        extent_free(s, i);
+        uint16_t tag = r->hits;
+        s->tenants[tag - 1].use.bytes -= page_bytes_of(s, r->size_pages);
+        extent_free(s, i, tag);
     }
 }
 
@@ -658,6 +815,7 @@ static void lease_end(kvd_store_t *s, lease_t *l)
         }
         rec_t *r = R(s, i);
         s->pins--;
+        s->tenants[l->tenant].use.pins--;
         if (--r->pins == 0) {
             s->ns[r->ns].info.objects_pinned--;
             l->recs[n_free++] = i; /* reuse the array: k >= n_free */
@@ -675,7 +833,7 @@ static int lease_get(kvd_store_t *s, uint64_t owner, uint64_t id, bool write,
     if (l == NULL)
         return KVD_ERR_NOT_FOUND;
     if (l->owner != owner)
-        return KVD_ERR_PERMISSION;
+        return KVD_ERR_NOT_FOUND; /* as a dead one: ids of others tell nothing */
     if (l->write != write)
         return KVD_ERR_STATE;
     *out = l;
@@ -692,6 +850,8 @@ size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner)
             n++;
         }
     }
+    if (owner != KVD_OWNER_PERMANENT)
+        ns_owner_gone(s, owner);
     PARANOID(s, "owner_gone");
     return n;
 }
@@ -726,25 +886,74 @@ static void fill_loc(const kvd_store_t *s, uint32_t i, kvd_loc_t *loc)
     loc->size = s->ns[r->ns].info.object_bytes;
 }
 
+/* Whether `pages` more fit tenant t's max_bytes, evicting its own cold
+ * objects (within the budget of one allocation) until they do. *stuck is
+ * set once its eviction found nothing, so that the rest of the batch does
+ * not scan again. */
+static bool tenant_room(kvd_store_t *s, uint32_t t, uint32_t pages, bool *stuck)
+{
+    tenant_t *tn = &s->tenants[t];
+    uint64_t max = tn->lim.max_bytes, need = page_bytes_of(s, pages);
+    if (max == 0 || tn->use.bytes + need <= max)
+        return true;
+    /* even evicting every evictable object of it would not do */
+    if (*stuck || need > max ||
+        tn->use.bytes - page_bytes_of(s, tn->lru_pages) + need > max)
+        return false;
+    for (uint64_t budget = evict_budget(pages); tn->use.bytes + need > max; budget--) {
+        if (budget == 0)
+            return false;
+        if (!evict_pick(s, t)) {
+            *stuck = true;
+            return false;
+        }
+    }
+    return true;
+}
+
+static uint64_t scrub_budget(const kvd_store_t *s)
+{
+    return s->cfg.scrub_budget_bytes ? s->cfg.scrub_budget_bytes : 16ull << 20;
+}
+
 /* Reserves one key into lease *l (created on first need). */
 static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
                            const kvd_put_t *it, uint64_t now_ms, lease_t **l,
-                           kvd_loc_t *loc)
+                           kvd_loc_t *loc, bool *stuck, uint64_t *scrubbed)
 {
     uint32_t found = index_find(s, ns, it->key);
     if (found != NIL)
         return R(s, found)->state == REC_READY ? KVD_RESERVE_EXISTS
                                                : KVD_RESERVE_IN_FLIGHT;
+    uint32_t t = tenant_of(s, ns);
+    uint32_t pages = s->ns[ns].pages;
+    if (*l == NULL && !lease_quota_ok(s, t)) {
+        s->st.reserve_quota++;
+        return KVD_RESERVE_NO_SPACE;
+    }
+    if (!tenant_room(s, t, pages, stuck)) {
+        s->tenants[t].use.quota_refusals++;
+        s->st.reserve_quota++;
+        return KVD_RESERVE_NO_SPACE;
+    }
     if (*l == NULL) {
-        if ((*l = lease_new(s, owner, true, now_ms)) == NULL)
+        if ((*l = lease_new(s, owner, true, now_ms, t)) == NULL)
             return KVD_RESERVE_NO_SPACE; /* no memory for a lease: no room either */
         (*l)->ns = ns;
     }
-    uint32_t i = alloc_evicting(s, s->ns[ns].pages);
+    uint32_t i = alloc_evicting(s, pages);
     if (i == NIL)
         return KVD_RESERVE_NO_SPACE;
+    uint16_t tag = R(s, i)->ns; /* whose bytes the extent held */
+    bool dirty = tag != SCRUB_CLEAN && tag != t + 1;
+    uint64_t size = s->ns[ns].info.object_bytes;
+    if (dirty && *scrubbed > 0 && *scrubbed + size > scrub_budget(s)) {
+        /* the loop has zeroed enough for one call: later */
+        extent_free(s, i, tag);
+        return KVD_RESERVE_NO_SPACE;
+    }
     if (lease_add(s, *l, i) != KVD_OK) {
-        extent_free(s, i);
+        extent_free(s, i, tag);
         return KVD_RESERVE_NO_SPACE;
     }
     rec_t *r = R(s, i);
@@ -760,7 +969,16 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     r->state = REC_WRITING;
     index_insert(s, i);
     s->ns[ns].info.objects_writing++;
+    s->tenants[t].use.bytes += page_bytes_of(s, pages);
     fill_loc(s, i, loc);
+    if (dirty) {
+        /* another tenant's bytes: a Publish of what was never written must
+         * not show them */
+        if (s->scrub != NULL)
+            s->scrub(s->scrub_arg, loc->offset, loc->size);
+        s->st.scrubbed_bytes += loc->size;
+        *scrubbed += loc->size;
+    }
     return KVD_RESERVE_ALLOCATED;
 }
 
@@ -768,22 +986,31 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
                       size_t n, uint64_t now_ms, uint64_t *lease_id, uint8_t *results,
                       kvd_loc_t *locs)
 {
-    if (ns >= s->n_ns)
+    uint32_t id = ns;
+    if (!ns_slot(s, id, &ns))
         return KVD_ERR_NOT_FOUND;
     clock_seen(s, now_ms);
     lease_t *l = NULL;
+    bool stuck = false;
+    uint64_t scrubbed = 0;
+    /* eviction for room may take the namespace's last object: a user for
+     * the call's length keeps it from being removed under the batch */
+    s->ns[ns].info.users++;
     for (size_t k = 0; k < n; k++) {
-        results[k] = reserve_one(s, owner, ns, &items[k], now_ms, &l, &locs[k]);
+        results[k] =
+            reserve_one(s, owner, ns, &items[k], now_ms, &l, &locs[k], &stuck, &scrubbed);
         uint64_t *c[] = {&s->st.reserve_allocated, &s->st.reserve_exists,
                          &s->st.reserve_in_flight, &s->st.reserve_no_space};
         (*c[results[k]])++;
     }
+    s->ns[ns].info.users--;
     if (l != NULL && l->n == 0) {
         lease_unlink(s, l);
         l = NULL;
     }
     *lease_id = l ? l->id : 0;
     evict_watermarks(s);
+    ns_maybe_remove(s, ns);
     PARANOID(s, "reserve");
     return KVD_OK;
 }
@@ -875,7 +1102,8 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, uint64_t now_ms,
                       uint64_t *lease_id, kvd_loc_t *locs, size_t *first_bad)
 {
-    if (ns >= s->n_ns)
+    uint32_t id = ns;
+    if (!ns_slot(s, id, &ns))
         return KVD_ERR_NOT_FOUND;
     clock_seen(s, now_ms);
     if (n == 0) {
@@ -898,7 +1126,18 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
         }
         locs[k].offset = i;
     }
-    lease_t *l = lease_new(s, owner, false, now_ms);
+    uint32_t t = tenant_of(s, ns);
+    tenant_t *tn = &s->tenants[t];
+    if ((tn->lim.max_pins != 0 && tn->use.pins + n > tn->lim.max_pins) ||
+        !lease_quota_ok(s, t)) {
+        if (tn->lim.max_pins != 0 && tn->use.pins + n > tn->lim.max_pins)
+            tn->use.quota_refusals++;
+        *first_bad = 0;
+        s->st.acquire_failures++;
+        s->ns[ns].info.acquire_failures++;
+        return KVD_ERR_QUOTA;
+    }
+    lease_t *l = lease_new(s, owner, false, now_ms, t);
     if (l == NULL || lease_reserve(s, l, n) != KVD_OK) {
         if (l != NULL)
             lease_unlink(s, l);
@@ -919,6 +1158,7 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
         }
         lease_add(s, l, i); /* cannot fail: room was reserved */
         s->pins++;
+        tn->use.pins++;
         if (r->pins++ == 0) {
             lru_remove(s, i);
             s->ns[ns].info.objects_pinned++;
@@ -964,7 +1204,8 @@ int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_po
         return KVD_ERR_INVALID;
     size_t n = SIZE_MAX;
     for (size_t p = 0; p < n_pools; p++) {
-        if (pools[p].ns >= s->n_ns)
+        uint32_t slot;
+        if (!ns_slot(s, pools[p].ns, &slot))
             return KVD_ERR_NOT_FOUND;
         n = KVD_MIN(n, pools[p].n_keys);
     }
@@ -979,10 +1220,12 @@ int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_po
     }
     memset(ok, 1, n);
     for (size_t p = 0; p < n_pools; p++) {
-        ns_entry_t *e = &s->ns[pools[p].ns];
+        uint32_t slot = 0;
+        ns_slot(s, pools[p].ns, &slot); /* checked above */
+        ns_entry_t *e = &s->ns[slot];
         uint32_t len = 0;
         for (size_t k = 0; k < n; k++) {
-            uint32_t i = index_find(s, pools[p].ns, pools[p].keys[k]);
+            uint32_t i = index_find(s, slot, pools[p].keys[k]);
             bool present = i != NIL && R(s, i)->state == REC_READY;
             len = present ? len + 1 : 0;
             run[k] = len;
@@ -1013,7 +1256,7 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
     memcpy(out->key, r->key, KVD_KEY_BYTES);
     memcpy(out->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
     out->has_parent = r->has_parent;
-    out->ns = r->ns;
+    out->ns = ns_id_of(s, r->ns);
     out->depth = r->depth;
     out->state = (kvd_obj_state_t)r->state;
     out->tier = (kvd_tier_t)r->tier;
@@ -1028,7 +1271,7 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
 int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES],
                       kvd_obj_info_t *out)
 {
-    if (ns >= s->n_ns)
+    if (!ns_slot(s, ns, &ns))
         return KVD_ERR_NOT_FOUND;
     uint32_t i = index_find(s, ns, key);
     if (i == NIL)
@@ -1040,7 +1283,7 @@ int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_K
 int kvd_store_find_tag(const kvd_store_t *s, uint32_t ns,
                        const uint8_t tag[KVD_KEY_TAG_BYTES], kvd_obj_info_t *out)
 {
-    if (ns >= s->n_ns)
+    if (!ns_slot(s, ns, &ns))
         return KVD_ERR_NOT_FOUND;
     uint32_t i = index_find_tag(s, ns, tag);
     if (i == NIL)
@@ -1058,6 +1301,8 @@ void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[KVD_KEY_BYTES],
 
 int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *arg)
 {
+    if (ns != UINT32_MAX && !ns_slot(s, ns, &ns))
+        return 0; /* a namespace that is not there has no objects */
     kvd_obj_info_t info;
     for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
         const rec_t *r = R(s, i);
@@ -1072,9 +1317,20 @@ int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *ar
     return 0;
 }
 
+/* Evicts READY, unpinned object i. */
+static void evict_rec(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    s->ns[r->ns].info.evictions++;
+    s->st.evictions++;
+    s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
+    lru_remove(s, i);
+    drop_object(s, i);
+}
+
 int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES])
 {
-    if (ns >= s->n_ns)
+    if (!ns_slot(s, ns, &ns))
         return KVD_ERR_NOT_FOUND;
     uint32_t i = index_find(s, ns, key);
     if (i == NIL)
@@ -1082,32 +1338,51 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
     rec_t *r = R(s, i);
     if (r->state != REC_READY || r->pins > 0)
         return KVD_ERR_BUSY;
-    s->ns[ns].info.evictions++;
-    s->st.evictions++;
-    s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
-    lru_remove(s, i);
-    drop_object(s, i);
+    evict_rec(s, i);
     PARANOID(s, "evict_key");
     return KVD_OK;
 }
 
-int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped)
+/* Evicts what is evictable of one slot (ns), one tenant, or all (both
+ * UINT32_MAX); counts what went and what had to stay. */
+static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *evicted,
+                        uint64_t *skipped)
 {
-    if (ns != UINT32_MAX && ns >= s->n_ns)
-        return KVD_ERR_NOT_FOUND;
     uint64_t e = 0, k = 0;
+    /* what stays is counted first: an evicted namespace's last object may
+     * remove it */
+    for (uint32_t n = 0; n < s->n_slots; n++)
+        if (s->ns[n].live && (ns == UINT32_MAX || n == ns) &&
+            (tenant == UINT32_MAX || s->ns[n].info.tenant == tenant))
+            k += s->ns[n].info.objects_writing + s->ns[n].info.objects_pinned;
     for (uint32_t i = s->lru_head, next; i != NIL; i = next) {
         next = R(s, i)->link_next;
-        if (ns == UINT32_MAX || R(s, i)->ns == ns) {
-            kvd_store_evict_key(s, R(s, i)->ns, R(s, i)->key);
+        uint32_t slot = R(s, i)->ns;
+        if ((ns == UINT32_MAX || slot == ns) &&
+            (tenant == UINT32_MAX || tenant_of(s, slot) == tenant)) {
+            evict_rec(s, i);
             e++;
         }
     }
-    for (uint32_t n = 0; n < s->n_ns; n++)
-        if (ns == UINT32_MAX || n == ns)
-            k += s->ns[n].info.objects_writing + s->ns[n].info.objects_pinned;
     *evicted = e;
     *skipped = k;
+    PARANOID(s, "evict");
+}
+
+int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped)
+{
+    if (ns != UINT32_MAX && !ns_slot(s, ns, &ns))
+        return KVD_ERR_NOT_FOUND;
+    evict_where(s, ns, UINT32_MAX, evicted, skipped);
+    return KVD_OK;
+}
+
+int kvd_store_evict_tenant(kvd_store_t *s, uint32_t tenant, uint64_t *evicted,
+                           uint64_t *skipped)
+{
+    if (tenant >= s->n_tenants)
+        return KVD_ERR_NOT_FOUND;
+    evict_where(s, UINT32_MAX, tenant, evicted, skipped);
     return KVD_OK;
 }
 
@@ -1122,8 +1397,10 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
     out->leases = s->n_leases;
     out->objects_ready = out->objects_writing = out->objects_pinned = 0;
     out->ready_bytes = out->writing_bytes = out->pinned_bytes = 0;
-    for (uint32_t n = 0; n < s->n_ns; n++) {
+    for (uint32_t n = 0; n < s->n_slots; n++) {
         const ns_entry_t *e = &s->ns[n];
+        if (!e->live)
+            continue;
         uint64_t bytes = page_bytes_of(s, e->pages);
         out->objects_ready += e->info.objects_ready;
         out->objects_writing += e->info.objects_writing;
@@ -1138,10 +1415,11 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
     out->fragmentation =
         out->free_bytes ? 1.0 - (double)out->largest_free_bytes / (double)out->free_bytes
                         : 0.0;
-    out->index_bytes =
-        (uint64_t)s->n_chunks * REC_CHUNK * sizeof(rec_t) +
-        s->n_buckets * sizeof(uint32_t) + s->n_lease_buckets * sizeof(lease_t *) +
-        (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s) + s->lease_bytes;
+    out->index_bytes = (uint64_t)s->n_chunks * REC_CHUNK * sizeof(rec_t) +
+                       s->n_buckets * sizeof(uint32_t) +
+                       s->n_lease_buckets * sizeof(lease_t *) +
+                       (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s) +
+                       s->lease_bytes + s->owners_bytes;
 }
 
 /* --------------------------------------------------------------- check */
@@ -1152,6 +1430,80 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
             snprintf(why, why_len, __VA_ARGS__); \
         return KVD_ERR_STATE;                    \
     } while (0)
+
+/* Every tenant's usage (and namespace slots) agrees with what the records,
+ * leases and namespaces hold. */
+static int check_tenants(const kvd_store_t *s, char *why, size_t why_len)
+{
+    typedef struct {
+        uint64_t bytes, lru, pins, leases, namespaces;
+    } use_t;
+    use_t *u = calloc(KVD_TENANTS_MAX, sizeof(*u));
+    if (u == NULL)
+        return KVD_OK; /* cannot check without memory; not a violation */
+    int rc = KVD_OK;
+    for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
+        const rec_t *r = R(s, i);
+        if (r->state == REC_FREE)
+            continue;
+        uint32_t t = r->quarantined ? (uint32_t)r->hits - 1 : tenant_of(s, r->ns);
+        if (t >= s->n_tenants) {
+            rc = KVD_ERR_STATE;
+            if (why)
+                snprintf(why, why_len, "record %u belongs to no tenant (%u)", i, t);
+            goto out;
+        }
+        u[t].bytes += page_bytes_of(s, r->size_pages);
+        if (r->state == REC_READY && r->pins == 0)
+            u[t].lru += r->size_pages;
+    }
+    for (const lease_t *l = s->oldest; l != NULL; l = l->newer) {
+        u[l->tenant].leases++;
+        for (uint32_t k = 0; k < l->n && !l->write; k++)
+            u[l->tenant].pins += l->recs[k] != NIL;
+    }
+    uint32_t live = 0, freed = 0;
+    for (uint32_t n = 0; n < s->n_slots; n++) {
+        if (s->ns[n].live) {
+            live++;
+            u[s->ns[n].info.tenant].namespaces++;
+        }
+    }
+    for (uint32_t f = s->ns_free_head; f != 0 && freed <= s->n_slots;
+         f = s->ns[f - 1].free_next)
+        freed += !s->ns[f - 1].live;
+    if (live != s->n_ns || live + freed != s->n_slots) {
+        rc = KVD_ERR_STATE;
+        if (why)
+            snprintf(why, why_len, "%u live and %u free namespace slots of %u (count %u)",
+                     live, freed, s->n_slots, s->n_ns);
+        goto out;
+    }
+    for (uint32_t t = 0; t < s->n_tenants; t++) {
+        const tenant_t *tn = &s->tenants[t];
+        if (u[t].bytes != tn->use.bytes || u[t].lru != tn->lru_pages ||
+            u[t].pins != tn->use.pins || u[t].leases != tn->use.leases ||
+            u[t].namespaces != tn->use.namespaces) {
+            rc = KVD_ERR_STATE;
+            if (why)
+                snprintf(
+                    why, why_len,
+                    "tenant %s holds %llu bytes, %llu evictable pages, %llu pins, "
+                    "%llu leases, %llu namespaces; it counts %llu, %llu, %llu, "
+                    "%llu, %llu",
+                    tn->name, (unsigned long long)u[t].bytes,
+                    (unsigned long long)u[t].lru, (unsigned long long)u[t].pins,
+                    (unsigned long long)u[t].leases, (unsigned long long)u[t].namespaces,
+                    (unsigned long long)tn->use.bytes, (unsigned long long)tn->lru_pages,
+                    (unsigned long long)tn->use.pins, (unsigned long long)tn->use.leases,
+                    (unsigned long long)tn->use.namespaces);
+            goto out;
+        }
+    }
+out:
+    free(u);
+    return rc;
+}
 
 int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
 {
@@ -1178,7 +1530,8 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
                 FAIL("quarantined record %u is still in the index", i);
         } else if (r->state == REC_WRITING || r->state == REC_READY) {
             objects++;
-            if (r->ns >= s->n_ns || r->size_pages != s->ns[r->ns].pages)
+            if (r->ns >= s->n_slots || !s->ns[r->ns].live ||
+                r->size_pages != s->ns[r->ns].pages)
                 FAIL("object %u: bad namespace or size", i);
             if (index_find(s, r->ns, r->key) != i)
                 FAIL("object %u is not found through the index", i);
@@ -1268,7 +1621,7 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
     if (held_writes != writing)
         FAIL("%llu pages being written, leases hold %llu", (unsigned long long)writing,
              (unsigned long long)held_writes);
-    return KVD_OK;
+    return check_tenants(s, why, why_len);
 }
 
 /* --------------------------------------------------- resumable iteration */
@@ -1282,6 +1635,10 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
 int kvd_store_foreach_from(const kvd_store_t *s, uint32_t ns, uint64_t *pos,
                            uint64_t max_visits, kvd_obj_fn fn, void *arg)
 {
+    if (ns != UINT32_MAX && !ns_slot(s, ns, &ns)) {
+        *pos = KVD_STORE_POS_END; /* a namespace not there has no objects */
+        return 0;
+    }
     uint64_t i = *pos == 0 ? 1 : *pos;
     kvd_obj_info_t info;
     for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
@@ -1316,22 +1673,23 @@ uint64_t kvd_store_pos_check(const kvd_store_t *s, uint64_t pos, uint64_t salt)
 /* Evicting a namespace in slices walks records the same way: an eviction
  * frees its record's extent and may retire its free neighbours' records,
  * none of which the walk needs again; it makes no record. */
-int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
-                         uint64_t *evicted)
+/* Evicts, in a slice, what is evictable of one slot (ns), one tenant, or
+ * all (both UINT32_MAX). */
+static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *pos,
+                        uint64_t max_visits, uint64_t *evicted)
 {
-    if (ns != UINT32_MAX && ns >= s->n_ns)
-        return KVD_ERR_NOT_FOUND;
     uint64_t i = *pos == 0 ? 1 : *pos, e = 0;
     for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
         if (n == max_visits) {
             *pos = i;
             *evicted = e;
             PARANOID(s, "evict_from");
-            return KVD_OK;
+            return;
         }
         rec_t *r = R(s, (uint32_t)i);
         if (r->state != REC_READY || r->pins > 0 || r->quarantined ||
-            (ns != UINT32_MAX && r->ns != ns))
+            (ns != UINT32_MAX && r->ns != ns) ||
+            (tenant != UINT32_MAX && tenant_of(s, r->ns) != tenant))
             continue;
         /* kvd_store_evict_key's steps, checked once per slice */
         s->ns[r->ns].info.evictions++;
@@ -1344,6 +1702,23 @@ int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t ma
     *pos = KVD_STORE_POS_END;
     *evicted = e;
     PARANOID(s, "evict_from");
+}
+
+int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
+                         uint64_t *evicted)
+{
+    if (ns != UINT32_MAX && !ns_slot(s, ns, &ns))
+        return KVD_ERR_NOT_FOUND;
+    evict_slice(s, ns, UINT32_MAX, pos, max_visits, evicted);
+    return KVD_OK;
+}
+
+int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
+                                uint64_t max_visits, uint64_t *evicted)
+{
+    if (tenant >= s->n_tenants)
+        return KVD_ERR_NOT_FOUND;
+    evict_slice(s, UINT32_MAX, tenant, pos, max_visits, evicted);
     return KVD_OK;
 }
 
@@ -1365,39 +1740,49 @@ static uint64_t name_hash(const kvd_store_t *s, const char *name)
 
 #define NS_INDEX_MASK (2u * KVD_STORE_MAX_NAMESPACES - 1u)
 
-static uint32_t ns_index_find(const kvd_store_t *s, const char *name)
+/* Where (tenant, name) hashes to: one name in two tenants is two keys. */
+static uint32_t ns_index_home(const kvd_store_t *s, uint32_t tenant, const char *name)
 {
-    for (uint32_t i = (uint32_t)name_hash(s, name) & NS_INDEX_MASK, n = 0;
+    return (uint32_t)mum(name_hash(s, name) ^ tenant, s->secret[2] | 1) & NS_INDEX_MASK;
+}
+
+/* The slot of tenant's live namespace `name`, or UINT32_MAX. The index
+ * holds slot + 1 of live namespaces. */
+static uint32_t ns_index_find(const kvd_store_t *s, uint32_t tenant, const char *name)
+{
+    for (uint32_t i = ns_index_home(s, tenant, name), n = 0;
          s->ns_index[i] != 0 && n <= NS_INDEX_MASK; i = (i + 1) & NS_INDEX_MASK, n++) {
-        uint32_t id = s->ns_index[i] - 1u;
-        if (id < s->n_ns && strcmp(s->ns[id].info.name, name) == 0)
-            return id;
+        uint32_t slot = s->ns_index[i] - 1u;
+        const ns_entry_t *e = &s->ns[slot];
+        if (slot < s->n_slots && e->live && e->info.tenant == tenant &&
+            strcmp(e->info.name, name) == 0)
+            return slot;
     }
     return UINT32_MAX;
 }
 
-/* Adds namespace id (the newest) when the index is current; otherwise the
- * next find rebuilds it anyway. */
-static void ns_index_add(kvd_store_t *s, uint32_t id)
+static void ns_index_put(kvd_store_t *s, uint32_t slot)
 {
-    if (s->ns_index_n + 1 != s->n_ns)
-        return;
-    uint32_t i = (uint32_t)name_hash(s, s->ns[id].info.name) & NS_INDEX_MASK;
+    const ns_entry_t *e = &s->ns[slot];
+    uint32_t i = ns_index_home(s, e->info.tenant, e->info.name);
     while (s->ns_index[i] != 0)
         i = (i + 1) & NS_INDEX_MASK;
-    s->ns_index[i] = (uint16_t)(id + 1);
+    s->ns_index[i] = (uint16_t)(slot + 1);
+}
+
+static void ns_index_add(kvd_store_t *s, uint32_t slot)
+{
+    if (s->ns_index_n + 1 != s->n_ns)
+        return; /* stale already: the next find rebuilds it */
+    ns_index_put(s, slot);
     s->ns_index_n = s->n_ns;
 }
 
 static void ns_index_rebuild(kvd_store_t *s)
 {
     memset(s->ns_index, 0, sizeof(s->ns_index));
-    s->ns_index_n = 0;
-    for (uint32_t id = 0; id < s->n_ns; id++) {
-        uint32_t i = (uint32_t)name_hash(s, s->ns[id].info.name) & NS_INDEX_MASK;
-        while (s->ns_index[i] != 0)
-            i = (i + 1) & NS_INDEX_MASK;
-        s->ns_index[i] = (uint16_t)(id + 1);
-    }
+    for (uint32_t slot = 0; slot < s->n_slots; slot++)
+        if (s->ns[slot].live)
+            ns_index_put(s, slot);
     s->ns_index_n = s->n_ns;
 }

@@ -202,6 +202,7 @@ uint32_t extent_alloc(kvd_store_t *s, uint32_t pages)
         rec_t *rest = R(s, j);
         rest->off_pages = r->off_pages + pages;
         rest->size_pages = r->size_pages - pages;
+        rest->ns = r->ns; /* the scrub tag: the rest held what the whole did */
         rest->phys_prev = i;
         rest->phys_next = r->phys_next;
         if (r->phys_next != NIL)
@@ -214,11 +215,19 @@ uint32_t extent_alloc(kvd_store_t *s, uint32_t pages)
     return i;
 }
 
+/* The scrub tag of two extents merged: clean space takes the other's tag,
+ * two tenants' bytes make it mixed. */
+static uint16_t tag_merge(uint16_t a, uint16_t b)
+{
+    return a == b || b == SCRUB_CLEAN ? a : a == SCRUB_CLEAN ? b : SCRUB_MIXED;
+}
+
 /* Unlinks record b (right after a) from the address order and recycles it,
- * giving its pages to a. */
+ * giving its pages (and its scrub tag) to a. */
 static void absorb_next(kvd_store_t *s, uint32_t a, uint32_t b)
 {
     rec_t *ra = R(s, a), *rb = R(s, b);
+    ra->ns = tag_merge(ra->ns, rb->ns);
     ra->size_pages += rb->size_pages;
     ra->phys_next = rb->phys_next;
     if (rb->phys_next != NIL)
@@ -226,7 +235,7 @@ static void absorb_next(kvd_store_t *s, uint32_t a, uint32_t b)
     rec_put(s, b);
 }
 
-void extent_free(kvd_store_t *s, uint32_t i)
+void extent_free(kvd_store_t *s, uint32_t i, uint16_t tag)
 {
     rec_t *r = R(s, i);
     uint32_t prev = r->phys_prev, next = r->phys_next;
@@ -237,6 +246,7 @@ void extent_free(kvd_store_t *s, uint32_t i)
     r->size_pages = size;
     r->phys_prev = prev;
     r->phys_next = next;
+    r->ns = tag;
     if (next != NIL && R(s, next)->state == REC_FREE) {
         free_list_remove(s, next);
         absorb_next(s, i, next);

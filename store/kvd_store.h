@@ -117,6 +117,13 @@ uint64_t kvd_pool_size(const kvd_pool_t *p);
 bool kvd_pool_hugepages(const kvd_pool_t *p);
 bool kvd_pool_mlocked(const kvd_pool_t *p);
 int kvd_pool_fd(const kvd_pool_t *p);
+/* The same file opened O_RDONLY: what read-only connections get. Mappings
+ * of it cannot be writable; write() and fallocate() through it fail. */
+int kvd_pool_fd_ro(const kvd_pool_t *p);
+/* The pool's mapping in the daemon. The daemon touches it only to zero
+ * extents that cross tenants (kvd_store_set_scrub); tests write through it
+ * and read through a mapping of their own, or the other way round. */
+void *kvd_pool_base(const kvd_pool_t *p);
 
 /* ---------------------------------------------------------------- engine */
 
@@ -159,6 +166,9 @@ typedef struct kvd_store_config {
     double evict_low;      /* ... down to evict_low * pool (0.90) */
     uint64_t lease_ttl_ms; /* a lease not ended by then is undone (30000) */
     uint64_t index_hint;   /* objects expected: sizes the first hash table */
+    /* bytes one Reserve may scrub (kvd_store_set_scrub) beyond its first
+     * object; 0: 16 MiB */
+    uint64_t scrub_budget_bytes;
 } kvd_store_config_t;
 
 typedef struct kvd_store kvd_store_t;
@@ -183,20 +193,49 @@ typedef struct kvd_loc {
     uint64_t size;
 } kvd_loc_t;
 
-/* --- namespaces */
+/* --- namespaces
+ *
+ * A namespace belongs to a tenant: (tenant, name) is unique, so two tenants
+ * may use one name without sharing anything. Its users are the owners
+ * (connections) that registered it; it is removed when it has neither users
+ * nor objects (its last user gone with no objects left, or its last object
+ * gone with no user left), so the table cannot fill for ever with names
+ * nobody uses. Owner KVD_OWNER_PERMANENT (0, in-process users: tests,
+ * benchmarks) is a user that never goes.
+ *
+ * Ids are generation-tagged: the low KVD_NS_SLOT_BITS bits name a slot of
+ * the table, the bits above count how often that slot was reused. A removed
+ * namespace's id is never valid again (until the generation wraps, after
+ * 2^19 reuses of one slot), so a client holding a stale id gets
+ * KVD_ERR_NOT_FOUND, never another namespace. Freed slots are reused only
+ * once every slot has been used, oldest freed first. Ids stay below
+ * UINT32_MAX, which the functions taking an optional id read as "all".
+ */
+#define KVD_OWNER_PERMANENT 0u
+#define KVD_NS_SLOT_BITS    12
+_Static_assert(KVD_STORE_MAX_NAMESPACES == 1u << KVD_NS_SLOT_BITS,
+               "a namespace id's slot bits hold every slot");
 
 /*
- * Registers (or finds) a namespace. The same name with the same object size
- * and flag is idempotent; a different size or flag is KVD_ERR_INVALID.
- * KVD_ERR_NO_SPACE past KVD_STORE_MAX_NAMESPACES; KVD_ERR_INVALID for an
- * empty or over-long name, a zero size, or an object larger than the pool.
+ * Registers (or finds) tenant's namespace `name` and counts owner as one of
+ * its users (once per owner). The same name with the same object size and
+ * flag is idempotent; a different size or flag is KVD_ERR_INVALID.
+ * KVD_ERR_NO_SPACE past KVD_STORE_MAX_NAMESPACES, KVD_ERR_QUOTA past the
+ * tenant's max_namespaces; KVD_ERR_INVALID for an empty or over-long name,
+ * a zero size, an object larger than the pool or an unknown tenant.
  */
-int kvd_store_ns_register(kvd_store_t *s, const char *name, uint64_t object_bytes,
-                          bool rank_replicated, uint32_t *ns_id);
-int kvd_store_ns_find(const kvd_store_t *s, const char *name, uint32_t *ns_id);
+int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
+                          const char *name, uint64_t object_bytes, bool rank_replicated,
+                          uint32_t *ns_id);
+/* The id of tenant's namespace `name`: KVD_ERR_NOT_FOUND when that tenant
+ * has none of that name (another tenant's does not count). */
+int kvd_store_ns_find(const kvd_store_t *s, uint32_t tenant, const char *name,
+                      uint32_t *ns_id);
 
 typedef struct kvd_ns_info {
     char name[KVD_NS_NAME_MAX];
+    uint32_t tenant; /* the owning tenant */
+    uint32_t users;  /* owners that registered it and are not gone */
     uint64_t object_bytes;
     bool rank_replicated;
     uint64_t objects_ready;
@@ -210,8 +249,13 @@ typedef struct kvd_ns_info {
     uint64_t acquire_failures; /* Acquires refused: a key missing or busy */
 } kvd_ns_info_t;
 
+/* Namespaces that exist now. */
 uint32_t kvd_store_ns_count(const kvd_store_t *s);
+/* KVD_ERR_NOT_FOUND for an id that is not (or no longer) a namespace. */
 int kvd_store_ns_info(const kvd_store_t *s, uint32_t ns_id, kvd_ns_info_t *out);
+/* Walks the namespaces in slot order: start with *pos = 0; each call sets
+ * *ns_id to the next one and returns true, false once none is left. */
+bool kvd_store_ns_next(const kvd_store_t *s, uint32_t *pos, uint32_t *ns_id);
 
 /* --- tenants
  *
@@ -231,6 +275,17 @@ typedef struct kvd_tenant_limits {
     uint64_t max_namespaces; /* namespaces registered at once */
 } kvd_tenant_limits_t;
 
+/* What a tenant holds now, against its limits, and what the limits did. */
+typedef struct kvd_tenant_usage {
+    uint64_t bytes;           /* pool bytes of its objects (and dead writers' extents
+                                 still quarantined) */
+    uint64_t pins;            /* pins its read leases hold */
+    uint64_t leases;          /* leases open */
+    uint64_t namespaces;      /* namespaces it owns */
+    uint64_t quota_refusals;  /* keys and calls refused for a limit */
+    uint64_t quota_evictions; /* own objects evicted to stay within max_bytes */
+} kvd_tenant_usage_t;
+
 /* Adds a tenant: KVD_ERR_EXISTS when the name is taken, KVD_ERR_NO_SPACE
  * past KVD_TENANTS_MAX, KVD_ERR_INVALID for an empty or long name. */
 int kvd_store_tenant_add(kvd_store_t *s, const char *name, const kvd_tenant_limits_t *lim,
@@ -239,6 +294,27 @@ int kvd_store_tenant_find(const kvd_store_t *s, const char *name, uint32_t *id);
 /* The tenant's name; NULL for an id never added. */
 const char *kvd_store_tenant_name(const kvd_store_t *s, uint32_t id);
 uint32_t kvd_store_tenant_count(const kvd_store_t *s);
+/* Its limits and usage; KVD_ERR_NOT_FOUND for an id never added. Either
+ * output may be NULL. */
+int kvd_store_tenant_usage(const kvd_store_t *s, uint32_t id, kvd_tenant_limits_t *lim,
+                           kvd_tenant_usage_t *use);
+
+/*
+ * Scrubbing: an extent handed to a Reserve of tenant T whose bytes last
+ * belonged to another tenant (an object of it, or free space merged from
+ * several tenants' objects) is zeroed before the reply leaves, through this
+ * callback, so that a Publish of bytes never written shows zeros, not
+ * another tenant's data. The engine never touches the pool itself; the
+ * daemon installs a memset over its mapping. Extents that were never used
+ * (the memfd starts zeroed) or last held T's own objects are not scrubbed.
+ * Without a callback nothing is zeroed (only the stats count). The
+ * zeroing runs in the caller's thread (the daemon's loop): one Reserve
+ * scrubs its first such extent and then at most scrub_budget_bytes; a key
+ * past that answers NO_SPACE (the writer tries again later, when the
+ * extents it gets are its tenant's own or scrubbed by earlier calls).
+ */
+typedef void (*kvd_scrub_fn)(void *arg, uint64_t offset, uint64_t bytes);
+void kvd_store_set_scrub(kvd_store_t *s, kvd_scrub_fn fn, void *arg);
 
 /* --- lifecycle */
 
@@ -250,6 +326,14 @@ uint32_t kvd_store_tenant_count(const kvd_store_t *s);
  * NO_SPACE without evicting anything when even all evictable objects beside
  * the free space would be too few, and after at most 64 + 4 * (its pages)
  * evictions when fragmentation keeps a hole from forming.
+ *
+ * Tenant limits (of ns's tenant): a key that would take the tenant past
+ * max_bytes first evicts the tenant's own cold objects (leaf-first, as the
+ * global eviction; at most 64 + 4 * its pages of them, looking at most
+ * 4096 objects of the LRU), and answers NO_SPACE when that is
+ * not enough; the tenant's quota_refusals counts it. A tenant at max_leases
+ * gets KVD_ERR_QUOTA for the call, with nothing changed. KVD_ERR_NOT_FOUND
+ * for an unknown namespace.
  */
 int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put_t *items,
                       size_t n, uint64_t now_ms, uint64_t *lease_id, uint8_t *results,
@@ -259,11 +343,10 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
  * Makes the reservations of write lease `lease_id` visible, atomically: all
  * of them (keys == NULL) or the n given keys. Every key must be a reservation
  * of that lease, else KVD_ERR_STATE and nothing changes. The lease ends when
- * it holds nothing more. KVD_ERR_NOT_FOUND for an unknown (or ended) lease,
- * KVD_ERR_PERMISSION for another owner's, KVD_ERR_STATE for a read lease.
- * (Lease ids are random, non-zero and unique among live leases; the RPC
- * answers PERMISSION as it answers NOT_FOUND, so that a client learns
- * nothing of other connections' leases.)
+ * it holds nothing more. KVD_ERR_NOT_FOUND for an unknown (or ended) lease
+ * and for another owner's (the same answer, so that nobody learns which ids
+ * are live; ids are random, non-zero and unique among live leases),
+ * KVD_ERR_STATE for a read lease.
  */
 int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n);
@@ -278,6 +361,8 @@ int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
  * nothing is pinned and *first_bad is the index of the first key that is
  * missing (KVD_ERR_NOT_FOUND), still being written (KVD_ERR_BUSY) or pinned
  * 65535 times already (KVD_ERR_NO_SPACE); KVD_ERR_NOMEM names key 0.
+ * KVD_ERR_QUOTA (key 0) when the pins would take ns's tenant past max_pins
+ * or a lease past max_leases.
  */
 int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, uint64_t now_ms,
@@ -287,7 +372,9 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
 int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id);
 
 /*
- * Ends every lease of owner (its connection closed). Returns how many. Its
+ * Ends every lease of owner (its connection closed) and its uses of
+ * namespaces (removing those left without users or objects). Returns the
+ * leases ended. Its
  * reservations become invisible at once (the keys can be reserved again)
  * but their extents stay quarantined for one lease TTL, so that a writer
  * still copying lands in nothing live; pins are released.
@@ -380,6 +467,9 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
 /* Evicts every READY, unpinned object of ns (UINT32_MAX: all); counts what
  * went and what had to stay (pinned or being written). */
 int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped);
+/* The same for every namespace of one tenant. */
+int kvd_store_evict_tenant(kvd_store_t *s, uint32_t tenant, uint64_t *evicted,
+                           uint64_t *skipped);
 
 /* Evicts the READY, unpinned objects of ns (UINT32_MAX: all) met while
  * visiting at most max_visits records from position *pos (0: the start; see
@@ -388,6 +478,10 @@ int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t 
  * *evicted counts this slice's evictions. */
 int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
                          uint64_t *evicted);
+/* The same for every namespace of one tenant (KVD_ERR_NOT_FOUND for an
+ * unknown tenant). */
+int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
+                                uint64_t max_visits, uint64_t *evicted);
 
 typedef struct kvd_store_stats {
     uint64_t pool_bytes;
@@ -411,8 +505,11 @@ typedef struct kvd_store_stats {
     uint64_t lookups, lookup_pages, hit_pages;
     uint64_t acquires, acquire_failures;
     uint64_t leases_expired;
-    uint64_t published_bytes; /* offloaded: bytes made READY */
-    uint64_t acquired_bytes;  /* loaded: bytes pinned for reading */
+    uint64_t published_bytes;    /* offloaded: bytes made READY */
+    uint64_t acquired_bytes;     /* loaded: bytes pinned for reading */
+    uint64_t reserve_quota;      /* reserved keys refused for a tenant's max_bytes */
+    uint64_t scrubbed_bytes;     /* bytes zeroed: extents crossing tenants */
+    uint64_t namespaces_removed; /* left without users or objects */
 } kvd_store_stats_t;
 
 void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out);

@@ -11,6 +11,15 @@
  * thread is kept as a status and a text with the system's reason (written
  * before the status is stored, so a reader that sees the status sees the
  * text).
+ *
+ * Two descriptors of the one file: the daemon's own (read-write, also the
+ * writers') and a read-only one, opened once at creation through
+ * /proc/self/fd, for connections that only load: a mapping of it with
+ * PROT_WRITE, a write() and fallocate (hole punching) through it all fail.
+ * The file's mode is then 0400, so that a client of another uid cannot
+ * reopen its read-only descriptor read-write through /proc (a client of the
+ * daemon's own uid can chmod it back: it is no boundary, as it could ptrace
+ * the daemon too).
  */
 #include "kvd_store.h"
 #include "store_testing.h"
@@ -23,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <fcntl.h>
 
@@ -40,6 +50,7 @@ struct kvd_pool {
     kvd_pool_opts_t opts;
     char name[160];
     int fd;
+    int ro_fd; /* the same file, O_RDONLY */
     uint8_t *base;
     uint64_t size_bytes;
     uint64_t page_bytes;
@@ -104,6 +115,21 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
                       : "");
         goto close_fd;
     }
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", p->fd);
+    p->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (p->ro_fd < 0) {
+        err = errno;
+        KVD_ERROR("pool", "reopening %s read-only (%s): %s", p->name, path,
+                  strerror(err));
+        munmap(p->base, p->size_bytes);
+        goto close_fd;
+    }
+    if (fchmod(p->fd, 0400) != 0)
+        KVD_WARN("pool",
+                 "chmod 0400 of %s: %s; read-only clients of other uids may "
+                 "reopen it read-write",
+                 p->name, strerror(errno));
     *out = p;
     return KVD_OK;
 
@@ -231,6 +257,7 @@ void kvd_pool_destroy(kvd_pool_t *p)
         munlock(p->base, p->size_bytes);
     munmap(p->base, p->size_bytes);
     close(p->fd);
+    close(p->ro_fd);
     free(p);
 }
 
@@ -268,6 +295,11 @@ bool kvd_pool_hugepages(const kvd_pool_t *p)
 bool kvd_pool_mlocked(const kvd_pool_t *p)
 {
     return atomic_load(&((kvd_pool_t *)p)->mlocked);
+}
+
+int kvd_pool_fd_ro(const kvd_pool_t *p)
+{
+    return p->ro_fd;
 }
 
 int kvd_pool_fd(const kvd_pool_t *p)

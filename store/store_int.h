@@ -10,6 +10,10 @@
  *   - when an object: an index entry (hash chain), an LRU member while READY
  *     and unpinned (link_prev/link_next), and the object's metadata.
  * That keeps the index at 84 bytes per object plus its hash bucket.
+ *
+ * An object's `ns` is its namespace's slot (kvd_store.h: ids add a
+ * generation above it). A free extent's `ns` is its scrub tag instead: whose
+ * bytes it last held (SCRUB_CLEAN, a tenant + 1, or SCRUB_MIXED).
  */
 #ifndef KVD_STORE_INT_H
 #define KVD_STORE_INT_H
@@ -51,11 +55,15 @@ typedef struct rec {
     uint32_t state : 2;  /* enum rec_state */
     uint32_t tier : 1;
     uint32_t has_parent : 1;
-    uint32_t quarantined : 1; /* a dead writer's extent, waiting out its grace */
+    uint32_t quarantined : 1; /* a dead writer's extent, waiting out its grace;
+                                 its tenant + 1 is kept in `hits` then */
     uint32_t spare : 3;
 } rec_t;
 
 #define REC_DEPTH_MAX 0xffffffu
+
+#define SCRUB_CLEAN 0u      /* never held an object: zero since creation */
+#define SCRUB_MIXED 0xffffu /* held objects of several tenants */
 
 _Static_assert(sizeof(rec_t) == 84, "a record is 84 bytes: keep the index small");
 
@@ -67,8 +75,9 @@ typedef struct lease {
     uint64_t id;
     uint64_t owner;
     uint64_t expires_ms;
-    bool write;  /* reservations (true) or pins (false) */
-    uint32_t ns; /* of a write lease */
+    bool write;      /* reservations (true) or pins (false) */
+    uint32_t ns;     /* slot, of a write lease */
+    uint32_t tenant; /* whose quota it counts against */
     uint32_t n, cap;
     uint32_t *recs;
     struct lease *older, *newer; /* by expiry */
@@ -76,13 +85,30 @@ typedef struct lease {
 } lease_t;
 
 typedef struct ns_entry {
-    kvd_ns_info_t info; /* name, size, flags and counters */
+    kvd_ns_info_t info; /* name, tenant, users, size, flags and counters */
     uint32_t pages;     /* object size in pages */
+    uint32_t gen;       /* bumped at each removal; ids carry it */
+    bool live;
+    bool permanent;     /* a KVD_OWNER_PERMANENT user: never removed */
+    uint32_t free_next; /* FIFO of free slots, + 1 (0 ends it) */
 } ns_entry_t;
+
+#define NS_GEN_MASK ((1u << (31 - KVD_NS_SLOT_BITS)) - 1)
+
+/* The namespaces one owner uses: a bit per slot. */
+typedef struct ns_owner {
+    uint64_t owner;
+    uint64_t bits[KVD_STORE_MAX_NAMESPACES / 64];
+    struct ns_owner *next;
+} ns_owner_t;
+
+#define NS_OWNER_BUCKETS 1024u
 
 typedef struct tenant {
     char name[KVD_TENANT_NAME_MAX];
     kvd_tenant_limits_t lim;
+    kvd_tenant_usage_t use;
+    uint64_t lru_pages; /* of its objects on the LRU: what it could evict */
 } tenant_t;
 
 struct kvd_store {
@@ -127,15 +153,22 @@ struct kvd_store {
     tenant_t tenants[KVD_TENANTS_MAX];
     uint32_t n_tenants;
 
-    /* namespaces */
+    /* namespaces: n_slots ever used, n_ns live; freed slots queue in a
+     * FIFO (ns_free_head/tail, slot + 1) */
     ns_entry_t *ns;
-    uint32_t n_ns, ns_cap;
-    /* names to ids (engine.c ns_index_*): open addressing, id + 1 per slot,
-     * a hash keyed with the secret (clients choose names); a cache, valid
-     * while ns_index_n == n_ns: code that removes or renumbers namespaces
-     * sets ns_index_n = UINT32_MAX and the next find rebuilds it */
+    uint32_t n_ns, n_slots, ns_cap;
+    uint32_t ns_free_head, ns_free_tail;
+    ns_owner_t *owners[NS_OWNER_BUCKETS];
+    uint64_t owners_bytes;
+    /* (tenant, name) to slot (engine.c ns_index_*): open addressing, slot + 1
+     * per entry, a hash keyed with the secret (clients choose names); a
+     * cache, valid while ns_index_n == n_ns: removing a namespace sets
+     * ns_index_n = UINT32_MAX and the next find rebuilds it */
     uint16_t ns_index[2 * KVD_STORE_MAX_NAMESPACES];
     uint32_t ns_index_n;
+
+    kvd_scrub_fn scrub;
+    void *scrub_arg;
 
     /* leases */
     lease_t **lease_buckets;
@@ -159,15 +192,27 @@ static inline rec_t *R(const kvd_store_t *s, uint32_t i)
 /* tenant.c */
 void tenant_init(kvd_store_t *s);
 
+/* namespace.c: the users of namespaces */
+/* Counts owner as a user of slot (once); false out of memory. */
+bool ns_use(kvd_store_t *s, uint64_t owner, uint32_t slot);
+/* Drops every use of owner, removing namespaces left unused and empty. */
+void ns_owner_gone(kvd_store_t *s, uint64_t owner);
+/* Removes slot's namespace when it has neither users nor objects. */
+void ns_maybe_remove(kvd_store_t *s, uint32_t slot);
+void ns_owners_free(kvd_store_t *s);
+
 /* extent.c: records and the TLSF allocator */
 int rec_init(kvd_store_t *s);
 void rec_fini(kvd_store_t *s);
 uint32_t rec_new(kvd_store_t *s);
 void rec_put(kvd_store_t *s, uint32_t i);
-/* An extent of `pages` pages (state set to REC_WRITING), or NIL. */
+/* An extent of `pages` pages (state set to REC_WRITING), or NIL. Its ns
+ * field still holds the scrub tag of the free space it came from. */
 uint32_t extent_alloc(kvd_store_t *s, uint32_t pages);
-/* Frees an object's extent, merging with free neighbours. */
-void extent_free(kvd_store_t *s, uint32_t i);
+/* Frees an object's extent, merging with free neighbours; tag is whose
+ * bytes it held (SCRUB_CLEAN, tenant + 1, SCRUB_MIXED). */
+void extent_free(kvd_store_t *s, uint32_t i, uint16_t tag);
+
 uint64_t extent_largest_free(const kvd_store_t *s);
 /* 0 when the free lists agree with the records, else a description. */
 const char *extent_check_lists(const kvd_store_t *s, uint64_t *free_records);

@@ -54,3 +54,15 @@ uint32_t kvd_store_tenant_count(const kvd_store_t *s)
 {
     return s->n_tenants;
 }
+
+int kvd_store_tenant_usage(const kvd_store_t *s, uint32_t id, kvd_tenant_limits_t *lim,
+                           kvd_tenant_usage_t *use)
+{
+    if (id >= s->n_tenants)
+        return KVD_ERR_NOT_FOUND;
+    if (lim != NULL)
+        *lim = s->tenants[id].lim;
+    if (use != NULL)
+        *use = s->tenants[id].use;
+    return KVD_OK;
+}

@@ -49,6 +49,7 @@ static void *worker_main(void *arg)
     if (req == NULL)
         goto out;
     kvd_msg_t *rep = req + 1;
+    memset(rep, 0, sizeof(*rep)); /* cleared below even when no call was made */
     for (int i = 0; i < N_HEALTH + N_STATS; i++) {
         /* interleave: a Stats call every 40 Health calls */
         kvd_method_t m = (i % 41 == 40) ? KVD_METHOD_STATS : KVD_METHOD_HEALTH;
@@ -82,7 +83,10 @@ static void *worker_main(void *arg)
             }
             w->ok_stats++;
         }
+        /* a Stats reply's tables live in its arena */
+        kvd_msg_clear(rep);
     }
+    kvd_msg_clear(rep);
     free(req);
 out:
     kvd_client_close(c);

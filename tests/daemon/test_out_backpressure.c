@@ -183,7 +183,10 @@ static uint64_t conn_bytes(const char *socket)
     return st.memory.conn_bytes;
 }
 
-static bool register_namespaces(const char *socket)
+/* Registers the namespaces on connection t, which the caller keeps open:
+ * namespaces without objects live as long as a connection that registered
+ * them. */
+static bool register_namespaces(const char *socket, ts_client_t *tp)
 {
     ts_client_t t;
     if (ts_open(&t, socket, NULL, 0, false) != 0)
@@ -199,7 +202,10 @@ static bool register_namespaces(const char *socket)
     uint32_t ids[N_NAMESPACES];
     ts_err_t e;
     int rc = ts_register(t.c, specs, N_NAMESPACES, ids, &e);
-    ts_close(&t);
+    if (rc == KVD_OK)
+        *tp = t;
+    else
+        ts_close(&t);
     return DT_CHECK(rc == KVD_OK, "register %d namespaces: %s (%s)", N_NAMESPACES,
                     kvd_status_str(rc), e.text);
 }
@@ -308,10 +314,19 @@ static void read_replies(reader_t *r, const stream_t *s, size_t *sent, size_t wa
 
 /* ---------------------------------------------------------------- test */
 
+static void run_with(kvd_test_daemon_t *d);
+
 static void run(kvd_test_daemon_t *d)
 {
-    if (!register_namespaces(d->socket))
+    ts_client_t keeper;
+    if (!register_namespaces(d->socket, &keeper))
         return;
+    run_with(d);
+    ts_close(&keeper);
+}
+
+static void run_with(kvd_test_daemon_t *d)
+{
     uint64_t rss0 = rss_of(d->pid);
     uint64_t conn0 = conn_bytes(d->socket);
     if (!DT_CHECK(rss0 > 0, "cannot read VmRSS of the daemon (pid %d)", (int)d->pid))

@@ -45,6 +45,7 @@ static void *hammer_main(void *arg)
         return NULL;
     }
     kvd_msg_t *rep = req + 1;
+    memset(rep, 0, sizeof(*rep)); /* cleared below even when no call was made */
     for (uint64_t i = 0; kvd_now_ns() < end; i++) {
         int rc = KVD_OK;
         if (c == NULL) {
@@ -60,11 +61,14 @@ static void *hammer_main(void *arg)
         }
         if (rc != KVD_OK) {
             h->last_error = rc;
+            kvd_msg_clear(rep);
             break;
         }
         if (rep->method == KVD_METHOD_HEALTH &&
             rep->body.health_rep.state == KVD_HEALTH_DRAINING)
             h->saw_draining = true;
+        /* a Stats reply's tables live in its arena */
+        kvd_msg_clear(rep);
         atomic_fetch_add(&h->ok, 1);
         atomic_fetch_add(h->total_ok, 1);
         if (h->reconnect) {

@@ -169,11 +169,23 @@ static void check_leases(ts_client_t *a, ts_client_t *b)
         return;
     before = snap(a->c);
     st = ts_publish(a->c, blease, NULL, 0, &e);
+    /* as a dead lease, word for word: ids tell nobody which are live */
     EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Publish of another connection's lease");
+    DT_CHECK(strstr(e.text, "(never granted, ") != NULL,
+             "Publish of another connection's lease: '%s' differs from a dead lease's",
+             e.text);
     st = ts_finish(a->c, KVD_METHOD_REVOKE, blease, NULL, 0, &e);
+    /* as a dead lease, word for word: ids tell nobody which are live */
     EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Revoke of another connection's lease");
+    DT_CHECK(strstr(e.text, "(never granted, ") != NULL,
+             "Revoke of another connection's lease: '%s' differs from a dead lease's",
+             e.text);
     st = ts_release(a->c, blease, &e);
+    /* as a dead lease, word for word: ids tell nobody which are live */
     EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Release of another connection's lease");
+    DT_CHECK(strstr(e.text, "(never granted, ") != NULL,
+             "Release of another connection's lease: '%s' differs from a dead lease's",
+             e.text);
     /* B names a key its lease does not hold: nothing is published */
     kvd_key_t two[2];
     memcpy(two[0], many[0], KVD_KEY_BYTES);
@@ -220,7 +232,12 @@ static void check_leases(ts_client_t *a, ts_client_t *b)
     st = ts_publish(a->c, rlease, NULL, 0, &e);
     EXPECT_ERR(st, e, KVD_ERR_STATE, "Publish of a read lease");
     st = ts_release(b->c, rlease, &e);
+    /* as a dead lease, word for word: ids tell nobody which are live */
     EXPECT_ERR(st, e, KVD_ERR_NOT_FOUND, "Release of another connection's read lease");
+    DT_CHECK(
+        strstr(e.text, "(never granted, ") != NULL,
+        "Release of another connection's read lease: '%s' differs from a dead lease's",
+        e.text);
     expect_unchanged(a->c, &before, "the refused read-lease operations");
     st = ts_release(a->c, rlease, &e);
     DT_CHECK(st == KVD_OK, "release: %s (%s)", kvd_status_str(st), e.text);

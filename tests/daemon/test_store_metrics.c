@@ -5,12 +5,12 @@
  * GET /metrics shows that state within a few ticks (it serves the snapshot
  * the daemon's loop hands it): kvdock_store_objects_ready 7,
  * kvdock_store_objects_writing 1, kvdock_store_pinned_bytes 2 x 64 KiB,
- * kvdock_ns_objects_ready{ns="m/kv/tp0"} 5 and {ns="m/mamba/tp0"} 2; then
- * every metric the field lists name (kvdock_store_<field>, a counter with
- * _total, and kvdock_ns_<field>{ns} per namespace) is there with its TYPE
- * line and equals the field in a Stats taken beside it, and
- * free + writing + ready + quarantined bytes = kvdock_pool_bytes. After the
- * pins are released and the reservation revoked, writing is 0 and pinned 0.
+ * kvdock_ns_objects_ready{tenant="default",ns="m/kv/tp0"} 5 and {...ns="m/mamba/tp0"} 2;
+ * then every metric the field lists name (kvdock_store_<field>, a counter with _total,
+ * and kvdock_ns_<field>{ns} per namespace) is there with its TYPE line and equals the
+ * field in a Stats taken beside it, and free + writing + ready + quarantined bytes =
+ * kvdock_pool_bytes. After the pins are released and the reservation revoked, writing is
+ * 0 and pinned 0.
  */
 #include "test_store_util.h"
 
@@ -133,14 +133,16 @@ static void compare(const kvd_test_daemon_t *d, int port, uint64_t objects,
     expect_metric("kvdock_store_objects_ready", (double)objects, when);
     expect_metric("kvdock_store_objects_writing", (double)writing_objects, when);
     expect_metric("kvdock_store_pinned_bytes", (double)pinned_bytes, when);
-    expect_metric("kvdock_ns_objects_ready{ns=\"" TS_KV_NS "\"}", N_KV, when);
-    expect_metric("kvdock_ns_objects_ready{ns=\"" TS_MAMBA_NS "\"}", 2, when);
+    expect_metric("kvdock_ns_objects_ready{tenant=\"default\",ns=\"" TS_KV_NS "\"}", N_KV,
+                  when);
+    expect_metric("kvdock_ns_objects_ready{tenant=\"default\",ns=\"" TS_MAMBA_NS "\"}", 2,
+                  when);
     DT_CHECK(st->ready_bytes == N_KV * (uint64_t)TS_KV_BYTES + 2 * TS_MAMBA_BYTES,
              "%s: Stats ready_bytes %llu", when, (unsigned long long)st->ready_bytes);
     expect_fields(&kvd_store_stats_fields, st, NULL, when);
     for (size_t i = 0; i < s.n_ns; i++) {
-        char label[KVD_NS_NAME_BYTES + 16];
-        snprintf(label, sizeof(label), "{ns=\"%s\"}", s.ns[i].name);
+        char label[KVD_NS_NAME_BYTES + 32];
+        snprintf(label, sizeof(label), "{tenant=\"default\",ns=\"%s\"}", s.ns[i].name);
         expect_fields(&kvd_ns_fields, &s.ns[i], label, when);
     }
     uint64_t f = 0, w = 0, r = 0, q = 0, pool = 0;

@@ -37,7 +37,9 @@ kvd_store_stats_t stats(const kvd_store_t *s)
 uint32_t reg(kvd_store_t *s, const char *name, uint64_t bytes)
 {
     uint32_t id = 12345;
-    assert_int_equal(kvd_store_ns_register(s, name, bytes, false, &id), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           name, bytes, false, &id),
+                     KVD_OK);
     return id;
 }
 

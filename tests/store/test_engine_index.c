@@ -61,7 +61,9 @@ static void test_index_memory_and_lookup(void **state)
     kvd_store_t *s = NULL;
     assert_int_equal(kvd_store_create(&cfg, &s), KVD_OK);
     uint32_t ns;
-    assert_int_equal(kvd_store_ns_register(s, "m/kv/tp0", PAGE, false, &ns), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv/tp0", PAGE, false, &ns),
+                     KVD_OK);
 
     bool printed_lease = false;
     for (uint32_t first = 0; first < N_OBJECTS; first += BATCH) {

@@ -334,9 +334,9 @@ static void test_publish_errors(void **state)
     assert_int_equal(kvd_store_publish(s, OWNER_A, NO_LEASE, NULL, 0), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_store_publish(s, OWNER_A, 0, NULL, 0), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_store_revoke(s, OWNER_A, NO_LEASE, NULL, 0), KVD_ERR_NOT_FOUND);
-    assert_int_equal(kvd_store_publish(s, OWNER_B, w, NULL, 0), KVD_ERR_PERMISSION);
-    assert_int_equal(publish_keys(s, OWNER_B, w, k, 1), KVD_ERR_PERMISSION);
-    assert_int_equal(kvd_store_revoke(s, OWNER_B, w, NULL, 0), KVD_ERR_PERMISSION);
+    assert_int_equal(kvd_store_publish(s, OWNER_B, w, NULL, 0), KVD_ERR_NOT_FOUND);
+    assert_int_equal(publish_keys(s, OWNER_B, w, k, 1), KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_store_revoke(s, OWNER_B, w, NULL, 0), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_store_publish(s, OWNER_A, r, NULL, 0), KVD_ERR_STATE);
     assert_int_equal(kvd_store_revoke(s, OWNER_A, r, NULL, 0), KVD_ERR_STATE);
     check_ok(s);
@@ -588,7 +588,7 @@ static void test_release(void **state)
     assert_int_equal(acquire_keys(s, OWNER_A, ns, &one, 1, 0, &r, &loc, &bad), KVD_OK);
 
     kvd_store_stats_t before = stats(s);
-    assert_int_equal(kvd_store_release(s, OWNER_B, r), KVD_ERR_PERMISSION);
+    assert_int_equal(kvd_store_release(s, OWNER_B, r), KVD_ERR_NOT_FOUND);
     assert_int_equal(kvd_store_release(s, OWNER_A, w), KVD_ERR_STATE);
     assert_int_equal(kvd_store_release(s, OWNER_A, NO_LEASE), KVD_ERR_NOT_FOUND);
     check_ok(s);
@@ -661,7 +661,8 @@ static void test_unknown_namespace(void **state)
     assert_state(s, ns, 1, KVD_OBJ_READY);
     assert_int_equal(kvd_store_ns_count(s), 1);
     uint32_t id;
-    assert_int_equal(kvd_store_ns_find(s, "nope", &id), KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_store_ns_find(s, KVD_TENANT_DEFAULT, "nope", &id),
+                     KVD_ERR_NOT_FOUND);
     kvd_store_destroy(s);
 }
 
@@ -673,37 +674,59 @@ static void test_namespace_register(void **state)
     (void)state;
     kvd_store_t *s = mk_store(30000);
     uint32_t a = 99, b = 99, id = 99;
-    assert_int_equal(kvd_store_ns_register(s, "m/kv/tp0", OBJ_KV, false, &a), KVD_OK);
-    assert_int_equal(kvd_store_ns_register(s, "m/kv", 3 * PAGE, true, &b), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv/tp0", OBJ_KV, false, &a),
+                     KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv", 3 * PAGE, true, &b),
+                     KVD_OK);
     assert_true(a != b);
-    assert_int_equal(kvd_store_ns_register(s, "m/kv/tp0", OBJ_KV, false, &id), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv/tp0", OBJ_KV, false, &id),
+                     KVD_OK);
     assert_int_equal(id, a);
-    assert_int_equal(kvd_store_ns_register(s, "m/kv", 3 * PAGE, true, &id), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv", 3 * PAGE, true, &id),
+                     KVD_OK);
     assert_int_equal(id, b);
     assert_int_equal(kvd_store_ns_count(s), 2);
 
     id = 77;
-    assert_int_equal(kvd_store_ns_register(s, "m/kv/tp0", OBJ_KV + 1, false, &id),
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv/tp0", OBJ_KV + 1, false, &id),
                      KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_ns_register(s, "m/kv/tp0", OBJ_KV, true, &id),
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv/tp0", OBJ_KV, true, &id),
                      KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_ns_register(s, "m/kv", 3 * PAGE, false, &id),
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv", 3 * PAGE, false, &id),
                      KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_ns_register(s, "", PAGE, false, &id), KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_ns_register(s, "zero", 0, false, &id), KVD_ERR_INVALID);
-    assert_int_equal(kvd_store_ns_register(s, "big", POOL + 1, false, &id),
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT, "",
+                                           PAGE, false, &id),
+                     KVD_ERR_INVALID);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "zero", 0, false, &id),
+                     KVD_ERR_INVALID);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "big", POOL + 1, false, &id),
                      KVD_ERR_INVALID);
     char name[KVD_NS_NAME_MAX + 1];
     memset(name, 'x', KVD_NS_NAME_MAX);
     name[KVD_NS_NAME_MAX] = '\0'; /* 256 characters: one too many */
-    assert_int_equal(kvd_store_ns_register(s, name, PAGE, false, &id), KVD_ERR_INVALID);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           name, PAGE, false, &id),
+                     KVD_ERR_INVALID);
     assert_int_equal(id, 77);
     assert_int_equal(kvd_store_ns_count(s), 2);
 
     name[KVD_NS_NAME_MAX - 1] = '\0'; /* 255: the longest allowed */
     uint32_t longest;
-    assert_int_equal(kvd_store_ns_register(s, name, PAGE, false, &longest), KVD_OK);
-    assert_int_equal(kvd_store_ns_register(s, "whole", POOL, false, &id), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           name, PAGE, false, &longest),
+                     KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "whole", POOL, false, &id),
+                     KVD_OK);
     assert_int_equal(kvd_store_ns_count(s), 4);
 
     kvd_ns_info_t ni;
@@ -713,7 +736,7 @@ static void test_namespace_register(void **state)
     assert_true(ni.rank_replicated);
     assert_int_equal(kvd_store_ns_info(s, longest, &ni), KVD_OK);
     assert_string_equal(ni.name, name);
-    assert_int_equal(kvd_store_ns_find(s, "m/kv/tp0", &id), KVD_OK);
+    assert_int_equal(kvd_store_ns_find(s, KVD_TENANT_DEFAULT, "m/kv/tp0", &id), KVD_OK);
     assert_int_equal(id, a);
 
     /* an object of the whole pool (64 pages) fits an empty pool */
@@ -725,12 +748,17 @@ static void test_namespace_register(void **state)
     for (uint32_t i = kvd_store_ns_count(s); i < KVD_STORE_MAX_NAMESPACES; i++) {
         char n[32];
         snprintf(n, sizeof(n), "ns-%u", i);
-        assert_int_equal(kvd_store_ns_register(s, n, PAGE, false, &id), KVD_OK);
+        assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                               n, PAGE, false, &id),
+                         KVD_OK);
         assert_int_equal(id, i);
     }
-    assert_int_equal(kvd_store_ns_register(s, "one-more", PAGE, false, &id),
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "one-more", PAGE, false, &id),
                      KVD_ERR_NO_SPACE);
-    assert_int_equal(kvd_store_ns_register(s, "m/kv", 3 * PAGE, true, &id), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/kv", 3 * PAGE, true, &id),
+                     KVD_OK);
     assert_int_equal(id, b);
     assert_int_equal(kvd_store_ns_count(s), KVD_STORE_MAX_NAMESPACES);
     /* the last id works */

@@ -45,8 +45,10 @@ static int setup(void **state)
     cfg.evict_low = 1.0;
     if (kvd_store_create(&cfg, &f.s) != KVD_OK)
         return -1;
-    if (kvd_store_ns_register(f.s, "m/kv/tp0", PAGE, false, &f.kv) != KVD_OK ||
-        kvd_store_ns_register(f.s, "m/mamba/tp0", 2 * PAGE, false, &f.mamba) != KVD_OK)
+    if (kvd_store_ns_register(f.s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT, "m/kv/tp0",
+                              PAGE, false, &f.kv) != KVD_OK ||
+        kvd_store_ns_register(f.s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT, "m/mamba/tp0",
+                              2 * PAGE, false, &f.mamba) != KVD_OK)
         return -1;
     uint32_t tokens[MAX_KEYS * PAGE_TOKS];
     for (uint32_t i = 0; i < MAX_KEYS * PAGE_TOKS; i++)

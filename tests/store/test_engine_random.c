@@ -383,7 +383,7 @@ static void op_finish(bool publish)
         return;
     }
     if (dice < 12) {
-        REQUIRE(fn(M.s, other_owner(l->owner), l->id, NULL, 0) == KVD_ERR_PERMISSION);
+        REQUIRE(fn(M.s, other_owner(l->owner), l->id, NULL, 0) == KVD_ERR_NOT_FOUND);
         return;
     }
     if (dice < 50) { /* all */
@@ -511,7 +511,7 @@ static void op_release(void)
     }
     if (dice < 18) {
         REQUIRE(kvd_store_release(M.s, other_owner(l->owner), l->id) ==
-                KVD_ERR_PERMISSION);
+                KVD_ERR_NOT_FOUND);
         return;
     }
     uint64_t id = l->id, owner = l->owner;
@@ -681,8 +681,8 @@ static void run_seed(uint64_t seed)
     cfg.index_hint = 16;
     REQUIRE(kvd_store_create(&cfg, &M.s) == KVD_OK);
     for (uint32_t n = 0; n < M.n_ns; n++) {
-        REQUIRE(kvd_store_ns_register(M.s, names[n], sizes[n], false, &M.ns_id[n]) ==
-                KVD_OK);
+        REQUIRE(kvd_store_ns_register(M.s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                      names[n], sizes[n], false, &M.ns_id[n]) == KVD_OK);
         M.obj_bytes[n] = sizes[n];
         M.obj_pages[n] = (uint32_t)((sizes[n] + PAGE - 1) / PAGE);
     }

@@ -214,18 +214,22 @@ static void test_names(void **state)
     for (uint32_t i = 0; i < KVD_STORE_MAX_NAMESPACES; i++) {
         snprintf(name, sizeof(name), "m/pool%u/tp0", i);
         uint32_t id = UINT32_MAX;
-        assert_int_equal(kvd_store_ns_register(s, name, PAGE, false, &id), KVD_OK);
+        assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                               name, PAGE, false, &id),
+                         KVD_OK);
         assert_int_equal(id, i);
     }
     for (uint32_t i = 0; i < KVD_STORE_MAX_NAMESPACES; i++) {
         snprintf(name, sizeof(name), "m/pool%u/tp0", i);
         uint32_t id = UINT32_MAX;
-        assert_int_equal(kvd_store_ns_find(s, name, &id), KVD_OK);
+        assert_int_equal(kvd_store_ns_find(s, KVD_TENANT_DEFAULT, name, &id), KVD_OK);
         assert_int_equal(id, i);
     }
     uint32_t id;
-    assert_int_equal(kvd_store_ns_find(s, "m/pool4096/tp0", &id), KVD_ERR_NOT_FOUND);
-    assert_int_equal(kvd_store_ns_register(s, "m/pool4096/tp0", PAGE, false, &id),
+    assert_int_equal(kvd_store_ns_find(s, KVD_TENANT_DEFAULT, "m/pool4096/tp0", &id),
+                     KVD_ERR_NOT_FOUND);
+    assert_int_equal(kvd_store_ns_register(s, KVD_TENANT_DEFAULT, KVD_OWNER_PERMANENT,
+                                           "m/pool4096/tp0", PAGE, false, &id),
                      KVD_ERR_NO_SPACE);
     kvd_store_destroy(s);
 }
