@@ -6,7 +6,9 @@
  * Input: entries, each an opcode byte and a chunk (16-bit little-endian
  * length, bytes). Opcode & 3:
  *   0  the chunk decoded as a message, sent as the reply to the request
- *      (its id; its method too unless op & 4; not decoding: sent raw);
+ *      (its id; a reply of another method keeps it when op & 4, else it
+ *      becomes an empty reply of the method asked; not decoding: sent
+ *      raw);
  *   1  the chunk sent as it is (any bytes: frames, garbage, a cut frame);
  *   2  a well-formed reply to the request, made here (so that a script
  *      can get past Hello and reach the replies it garbles);
@@ -230,8 +232,13 @@ static void *fake_main(void *arg)
                    (rep.method != KVD_METHOD_NONE || rep.status != KVD_OK)) {
             rep.id = req.id;
             rep.reply = true;
-            if (!(op & 4))
+            /* another method's reply keeps its method (op & 4), or becomes
+             * an empty reply of the method asked (its body cannot be
+             * encoded as another method's) */
+            if (!(op & 4) && rep.method != req.method) {
+                memset(&rep.body, 0, sizeof(rep.body));
                 rep.method = req.method;
+            }
             if (kvd_msg_pack(&rep, KVD_FRAME_LIMIT_MAX, &out) != KVD_OK)
                 out.len = 0;
             kvd_msg_clear(&rep);

@@ -329,6 +329,24 @@ static void test_buf_append_consume(void **state)
     assert_true(kvd_mem_bytes(KVD_MEM_STAGING) == before);
 }
 
+/* Found by fuzz/fuzz_linker.c: appending nothing to a buffer that never
+ * held anything computed NULL + 0 and called memcpy(NULL, p, 0), both
+ * undefined (UBSan in the clang tree). Nothing is appended, nothing
+ * allocated. */
+static void test_buf_append_nothing_to_empty(void **state)
+{
+    (void)state;
+    kvd_buf_t b;
+    kvd_buf_init(&b, KVD_MEM_OTHER);
+    assert_int_equal(kvd_buf_append(&b, "x", 0), KVD_OK);
+    assert_true(b.len == 0);
+    assert_null(b.data);
+    assert_int_equal(kvd_buf_append(&b, "ab", 2), KVD_OK);
+    assert_int_equal(kvd_buf_append(&b, NULL, 0), KVD_OK);
+    assert_true(b.len == 2 && memcmp(b.data, "ab", 2) == 0);
+    kvd_buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +360,7 @@ int main(void)
         cmocka_unit_test(test_large_frame_byte_exact),
         cmocka_unit_test(test_put_header_little_endian),
         cmocka_unit_test(test_buf_append_consume),
+        cmocka_unit_test(test_buf_append_nothing_to_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
