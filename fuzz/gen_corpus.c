@@ -355,6 +355,39 @@ static void gen_linker(void)
         snprintf(name, sizeof(name), "reply-%s", kvd_method_name(garble[k]));
         write_seed("linker", name, &o);
     }
+    /* a Hello reply whose pool is larger than the descriptor attached,
+     * then offsets past the descriptor's end (inside the pool said) */
+    o.len = 0;
+    put_u8(&o, 0);
+    kvd_msg_t h;
+    reply(&h, KVD_METHOD_HELLO);
+    h.body.hello_rep.n_ns_ids = 0;
+    h.body.hello_rep.pool_bytes = 64u << 20;
+    script(&o, AS_IS | 8, &h);
+    script(&o, GOOD, NULL); /* register */
+    script(&o, GOOD, NULL); /* lookup */
+    static uint64_t far[4] = {32u << 20, (32u << 20) + 4096, (32u << 20) + 8192,
+                              (32u << 20) + 12288};
+    kvd_msg_t a;
+    reply(&a, KVD_METHOD_ACQUIRE);
+    a.body.acquire_rep.n = 4;
+    a.body.acquire_rep.object_bytes = 0;
+    a.body.acquire_rep.offsets = far;
+    script(&o, AS_IS, &a);
+    for (int i = 0; i < 4; i++)
+        script(&o, GOOD, NULL);
+    write_seed("linker", "pool-larger-than-fd", &o);
+    /* the reply to a Lookup is an Acquire reply (another method's body) */
+    o.len = 0;
+    put_u8(&o, 0);
+    script(&o, GOOD_FD, NULL);
+    script(&o, GOOD, NULL);
+    reply(&a, KVD_METHOD_ACQUIRE);
+    a.body.acquire_rep.lease_id = 2; /* read as the Lookup's count */
+    script(&o, AS_IS | 4, &a);
+    for (int i = 0; i < 4; i++)
+        script(&o, GOOD, NULL);
+    write_seed("linker", "reply-of-another-method", &o);
     /* an error reply, a refusal (id 0), a cut frame, a close */
     o.len = 0;
     put_u8(&o, 0);

@@ -418,7 +418,13 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
         size_t cap = SIZE_MAX;
         for (size_t i = 0; i < n; i++)
             cap = KVD_MIN(cap, t[i].n_keys);
-        if (r->n > cap) {
+        /* each boundary in 1..cap, increasing (what the engine indexes its
+         * keys with): anything else is the daemon's error, not a hit */
+        bool ok = r->n <= cap;
+        for (size_t i = 0; ok && i < r->n; i++)
+            ok = r->boundaries[i] >= 1 && r->boundaries[i] <= cap &&
+                 (i == 0 || r->boundaries[i] > r->boundaries[i - 1]);
+        if (!ok) {
             rc = KVD_ERR_PROTOCOL;
         } else {
             memcpy(boundaries, r->boundaries, r->n * sizeof(uint32_t));
