@@ -40,7 +40,7 @@
 #define ROWS       64
 #define ROW_BYTES  32
 #define TIMEOUT_MS 300
-#define IDLE_MS    20 /* the fake daemon sends the next reply unasked after */
+#define IDLE_MS    5 /* the fake daemon sends the next reply unasked after */
 
 static char sock_path[108];
 static int pool_fd = -1;

@@ -51,14 +51,15 @@ fail_all() {
 # after every step itself).
 if [ ! -f "$build/build.ninja" ]; then
     command -v clang >/dev/null || fail_all "clang is not installed (make deps)"
+    setup_log=$(mktemp "${TMPDIR:-/tmp}/kvd-fuzz-setup.XXXXXX")
     if ! CC=clang meson setup "$build" --buildtype=debugoptimized -Dfuzz=enabled \
         -Dtests=disabled -Db_sanitize=address,undefined -Db_lundef=false \
-        >"$build.setup.log" 2>&1; then
-        tail -5 "$build.setup.log"
+        >"$setup_log" 2>&1; then
+        tail -5 "$setup_log"
         rm -rf "$build"
-        fail_all "meson setup failed: clang or libFuzzer missing? (see $build.setup.log)"
+        fail_all "meson setup failed: clang or libFuzzer missing? (see $setup_log)"
     fi
-    rm -f "$build.setup.log"
+    rm -f "$setup_log"
 fi
 bins=()
 for t in "${targets[@]}"; do
