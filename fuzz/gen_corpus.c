@@ -301,6 +301,21 @@ static void gen_store(void)
     store_req(&o, 4, KVD_METHOD_RELEASE, 0, LEASE(2));
     store_req(&o, 3, KVD_METHOD_EVICT, 0, 0);
     write_seed("store", "owner-gone-ttl", &o);
+    /* a namespace name that is not UTF-8, echoed by the error text (run
+     * with KVD_FUZZ_UTF8=1, fuzz_store.c) */
+    o.len = 0;
+    put_u8(&o, 4);
+    kvd_msg_t m;
+    request(&m, KVD_METHOD_INSPECT, 0, 0);
+    strcpy(m.body.inspect_req.ns_name, "\xff\xfe");
+    kvd_buf_t b;
+    kvd_buf_init(&b, KVD_MEM_OTHER);
+    payload(&m, &b);
+    put_u8(&o, 0);
+    put_u16(&o, b.len);
+    put(&o, b.data, b.len);
+    kvd_buf_free(&b);
+    write_seed("store", "inspect-ns-not-utf8", &o);
 }
 
 /* ----------------------------------------------------------- linker */
