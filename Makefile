@@ -3,11 +3,12 @@
 #   make run    install missing Debian packages, build, start kvdockd in the
 #               foreground on the embedded default (a 1 GiB pool, the socket
 #               under $XDG_RUNTIME_DIR or /tmp); Ctrl-C drains and exits.
-#   make test   install missing packages, build the normal and the
-#               ASan+UBSan trees, run the whole suite in both, then each
-#               fuzz target briefly (FUZZ_CI_SECONDS each, after replaying
-#               its corpus); the last line is "N passed, N failed[, N
-#               skipped]".
+#   make test   install missing packages, build the normal, the ASan+UBSan
+#               and the ThreadSanitizer trees, run the whole suite in the
+#               first two and the linker, daemon and simulator suites in
+#               the third, then each fuzz target briefly (FUZZ_CI_SECONDS
+#               each, after replaying its corpus); the last line is "N
+#               passed, N failed, N skipped".
 #   make fuzz   build the fuzz tree (clang, libFuzzer, ASan+UBSan) and run
 #               each libFuzzer target of fuzz/ for FUZZ_SECONDS (60) from
 #               its corpus; crashes go to FUZZ_OUT/<target>/; fails on any.
@@ -17,6 +18,7 @@
 SHELL := /bin/bash
 BUILD ?= build
 BUILD_ASAN ?= build-asan
+BUILD_TSAN ?= build-tsan
 BUILD_BENCH ?= build-bench
 BUILD_FUZZ ?= build-fuzz
 FUZZ_SECONDS ?= 60
@@ -52,6 +54,9 @@ $(BUILD)/build.ninja: | deps
 $(BUILD_ASAN)/build.ninja: | deps
 	meson setup $(BUILD_ASAN) --buildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
 
+$(BUILD_TSAN)/build.ninja: | deps
+	meson setup $(BUILD_TSAN) --buildtype=debug -Db_sanitize=thread -Db_lundef=false
+
 $(BUILD_BENCH)/build.ninja: | deps
 	meson setup $(BUILD_BENCH) --buildtype=release -Dtests=disabled
 
@@ -61,11 +66,12 @@ build: deps $(BUILD)/build.ninja
 run: build
 	exec ./$(BUILD)/daemon/kvdockd --pool-size $(POOL_SIZE) $(RUN_ARGS)
 
-test: deps $(BUILD)/build.ninja $(BUILD_ASAN)/build.ninja
+test: deps $(BUILD)/build.ninja $(BUILD_ASAN)/build.ninja $(BUILD_TSAN)/build.ninja
 	ninja -C $(BUILD)
 	ninja -C $(BUILD_ASAN)
+	ninja -C $(BUILD_TSAN)
 	FUZZ_BUILD=$(BUILD_FUZZ) FUZZ_SECONDS=$(FUZZ_CI_SECONDS) \
-	  ./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN)
+	  ./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
 
 # The fuzz tree is set up by scripts/fuzz.sh (clang; see there).
 fuzz: deps
@@ -82,4 +88,4 @@ format-check:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_BENCH) $(BUILD_FUZZ)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_BENCH) $(BUILD_FUZZ)

@@ -75,5 +75,6 @@ int bench_mode_store(int argc, char **argv);
 int bench_mode_store_rpc(int argc, char **argv);
 int bench_mode_linker(int argc, char **argv);
 int bench_mode_ucx(int argc, char **argv);
+int bench_mode_list_stall(int argc, char **argv);
 
 #endif

@@ -291,8 +291,12 @@ static int kvdock_connect(const char *socket_path, const uint8_t *frame,
     (void)frame_bytes;
     kvd_client_t *c = NULL;
     int rc = kvd_client_connect_unix(socket_path, BENCH_CALL_TIMEOUT_MS, &c);
+    if (rc == KVD_OK) /* nothing is served before a Hello */
+        rc = kvd_client_hello(c, "kvdock-bench", NULL, 0, BENCH_CALL_TIMEOUT_MS, NULL);
     if (rc == KVD_OK)
         *conn = c;
+    else
+        kvd_client_close(c);
     return rc;
 }
 
@@ -851,6 +855,8 @@ static const bench_mode_t bench_modes[] = {
      "offload and load through libkvdock for MHA, MLA and hybrid layouts vs memcpy"},
     {"store-rpc", bench_mode_store_rpc,
      "Lookup of 256 keys over the socket; the 8 MiB object cycle vs. memcpy"},
+    {"list-stall", bench_mode_list_stall,
+     "Health round trips while one client lists a hostile store (pages, worst wait)"},
     {"ucx", bench_mode_ucx,
      "the UCX transport alone against kvdockd's UCX server: GB/s by mode and size"},
 };

@@ -15,11 +15,36 @@ static int connect_daemon(const cli_t *cli, kvd_client_t **out)
         rc = kvd_client_connect_tcp(cli->connect, cli->timeout_ms, out);
     else
         rc = kvd_client_connect_unix(cli->socket_path, cli->timeout_ms, out);
-    if (rc != KVD_OK)
+    if (rc != KVD_OK) {
         fprintf(stderr, "kvdock: cannot reach kvdockd at %s: %s%s\n", where,
                 kvd_status_str(rc),
                 rc == KVD_ERR_UNAVAILABLE ? " (is the daemon running? see --socket)"
                                           : "");
+        return rc;
+    }
+    /* the daemon serves nothing before a Hello */
+    rc = kvd_client_hello(*out, "kvdock", cli->token, cli->token_len, cli->timeout_ms,
+                          NULL);
+    if (rc != KVD_OK) {
+        fprintf(stderr, "kvdock: kvdockd at %s refused the Hello: %s%s\n", where,
+                kvd_status_str(rc),
+                rc != KVD_ERR_AUTH   ? ""
+                : cli->token_len > 0 ? " (is --token-file the daemon's token?)"
+                : cli->connect       ? " (over TCP give --token-file FILE)"
+                               : " (is this user allowed? see kvdockd --allow-uid)");
+        kvd_client_close(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+int cli_read_token(cli_t *cli, const char *path)
+{
+    char why[512];
+    int rc = kvd_token_read(path, false, cli->token, sizeof(cli->token), &cli->token_len,
+                            why, sizeof(why));
+    if (rc != KVD_OK)
+        fprintf(stderr, "kvdock: token: %s\n", why);
     return rc;
 }
 

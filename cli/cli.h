@@ -26,6 +26,10 @@ typedef struct cli {
     const char *instance;
     int timeout_ms;
     bool json;
+    /* the credential every Hello carries (--token-file or
+     * $KVDOCK_AUTH_TOKEN_FILE); none: token_len 0 */
+    uint8_t token[KVD_TOKEN_MAX];
+    size_t token_len;
 } cli_t;
 
 /* A command's own options and its positional arguments. */
@@ -49,8 +53,13 @@ typedef struct cli_cmd {
 
 /* ------------------------------------------------------------- cli.c */
 
+/* Reads the token file into cli->token; prints why and returns non-zero
+ * when it cannot. */
+int cli_read_token(cli_t *cli, const char *path);
+
 /*
- * Connects, sends req, waits for the reply into rep (which the caller
+ * Connects, says Hello (with the token, if any), sends req, waits for the
+ * reply into rep (which the caller
  * clears with kvd_msg_clear). Prints what went wrong and returns non-zero:
  * a transport failure or the daemon's error reply.
  */

@@ -85,11 +85,12 @@ static void stats_json(const kvd_stats_rep_t *st)
            (unsigned long long)st->uptime_ms);
     memory_json(&st->memory);
     printf("\"connections\":{\"current\":%llu,\"total\":%llu,\"rejected\":%llu},"
-           "\"protocol_errors\":%llu,",
+           "\"protocol_errors\":%llu,\"auth_failures\":%llu,",
            (unsigned long long)st->connections_current,
            (unsigned long long)st->connections_total,
            (unsigned long long)st->connections_rejected,
-           (unsigned long long)st->protocol_errors);
+           (unsigned long long)st->protocol_errors,
+           (unsigned long long)st->auth_failures);
     methods_json(st);
     printf(",\"store\":{");
     cli_json_fields(&kvd_store_stats_fields, &st->store);
@@ -178,7 +179,8 @@ static void stats_table(const kvd_stats_rep_t *st)
            (unsigned long long)st->connections_current,
            (unsigned long long)st->connections_total,
            (unsigned long long)st->connections_rejected);
-    printf("%-26s %llu\n\n", "protocol errors", (unsigned long long)st->protocol_errors);
+    printf("%-26s %llu\n", "protocol errors", (unsigned long long)st->protocol_errors);
+    printf("%-26s %llu\n\n", "auth failures", (unsigned long long)st->auth_failures);
     methods_table(st);
     store_table(st);
 }

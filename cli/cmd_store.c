@@ -260,6 +260,117 @@ static void tree_print(const kvd_list_rep_t *l, size_t i, int indent, int budget
     }
 }
 
+/* Pages one `kvdock prefixes` follows at most: with the daemon's pages of
+ * up to --max-batch entries, far more than any store holds. */
+#define PREFIX_PAGES_MAX 100000
+
+/* The pages of one listing, and their entries seen as one reply (pointing
+ * into the pages, which stay alive until pages_free). */
+typedef struct pages {
+    kvd_msg_t **msgs;
+    size_t n, cap;
+    kvd_list_rep_t all;
+} pages_t;
+
+static void pages_free(pages_t *p)
+{
+    for (size_t i = 0; i < p->n; i++) {
+        kvd_msg_clear(p->msgs[i]);
+        free(p->msgs[i]);
+    }
+    free(p->msgs);
+    free(p->all.prefixes);
+    free(p->all.nodes);
+    free(p->all.namespaces);
+}
+
+/* Joins the pages' entries, nodes and namespace tables (each page names
+ * only its own namespaces). */
+static int pages_join(pages_t *p)
+{
+    size_t np = 0, nn = 0, ns = 0;
+    for (size_t i = 0; i < p->n; i++) {
+        const kvd_list_rep_t *l = &p->msgs[i]->body.list_rep;
+        np += l->n_prefixes;
+        nn += l->n_nodes;
+        ns += l->n_namespaces;
+    }
+    kvd_list_rep_t *a = &p->all;
+    a->prefixes = calloc(np + 1, sizeof(*a->prefixes));
+    a->nodes = calloc(nn + 1, sizeof(*a->nodes));
+    a->namespaces = calloc(ns + 1, sizeof(*a->namespaces));
+    if (!a->prefixes || !a->nodes || !a->namespaces)
+        return -1;
+    for (size_t i = 0; i < p->n; i++) {
+        const kvd_list_rep_t *l = &p->msgs[i]->body.list_rep;
+        memcpy(a->prefixes + a->n_prefixes, l->prefixes,
+               l->n_prefixes * sizeof(*l->prefixes));
+        a->n_prefixes += l->n_prefixes;
+        memcpy(a->nodes + a->n_nodes, l->nodes, l->n_nodes * sizeof(*l->nodes));
+        a->n_nodes += l->n_nodes;
+        for (size_t k = 0; k < l->n_namespaces; k++) {
+            bool seen = false;
+            for (size_t j = 0; j < a->n_namespaces && !seen; j++)
+                seen = a->namespaces[j].id == l->namespaces[k].id;
+            if (!seen)
+                a->namespaces[a->n_namespaces++] = l->namespaces[k];
+        }
+    }
+    return 0;
+}
+
+/*
+ * Asks for pages until the daemon says there is no more (a reply without
+ * next_cursor), --limit entries are in, or PREFIX_PAGES_MAX pages came:
+ * the daemon bounds each page's work, the CLI still shows everything.
+ * all.truncated says that the listing stopped before the end.
+ */
+static int pages_fetch(const cli_t *cli, const cli_args_t *a, uint64_t limit, pages_t *p)
+{
+    uint64_t got = 0;
+    uint8_t cursor[KVD_CURSOR_MAX];
+    size_t cursor_len = 0;
+    for (;;) {
+        if (p->n == PREFIX_PAGES_MAX || (limit && got >= limit)) {
+            p->all.truncated = true;
+            return KVD_OK;
+        }
+        if (p->n == p->cap) {
+            size_t cap = p->cap ? p->cap * 2 : 8;
+            kvd_msg_t **m = realloc(p->msgs, cap * sizeof(*m));
+            if (m == NULL)
+                return KVD_ERR_NOMEM;
+            p->msgs = m;
+            p->cap = cap;
+        }
+        kvd_msg_t req, *rep = calloc(1, sizeof(*rep));
+        if (rep == NULL)
+            return KVD_ERR_NOMEM;
+        p->msgs[p->n++] = rep;
+        kvd_msg_request(&req, 0, KVD_METHOD_LIST_PREFIXES);
+        kvd_list_req_t *r = &req.body.list_req;
+        if (a->n_namespaces)
+            kvd_strlcpy(r->ns_name, a->namespaces[0], KVD_NS_NAME_BYTES);
+        r->nodes = a->tree;
+        r->limit = (uint32_t)(limit ? limit - got : 0);
+        memcpy(r->cursor, cursor, cursor_len);
+        r->cursor_len = cursor_len;
+        int rc = cli_call(cli, &req, rep);
+        if (rc != KVD_OK)
+            return rc;
+        const kvd_list_rep_t *l = &rep->body.list_rep;
+        got += l->n_prefixes;
+        if (!l->truncated || l->next_cursor_len == 0 ||
+            l->next_cursor_len > sizeof(cursor)) {
+            /* a daemon that truncates without a cursor cannot be continued */
+            p->all.truncated = l->truncated;
+            return KVD_OK;
+        }
+        memcpy(cursor, l->next_cursor, l->next_cursor_len);
+        cursor_len = l->next_cursor_len;
+    }
+}
+
 int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
 {
     if (a->n_args > 0 || a->n_namespaces > 1) {
@@ -272,18 +383,17 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
         fprintf(stderr, "kvdock prefixes: --limit must be a positive integer\n");
         return EXIT_USAGE;
     }
-    kvd_msg_t req, rep = {0};
-    kvd_msg_request(&req, 0, KVD_METHOD_LIST_PREFIXES);
-    if (a->n_namespaces)
-        kvd_strlcpy(req.body.list_req.ns_name, a->namespaces[0], KVD_NS_NAME_BYTES);
-    req.body.list_req.nodes = a->tree;
-    req.body.list_req.limit = (uint32_t)limit;
-    int rc = cli_call(cli, &req, &rep);
+    pages_t pages = {0};
+    int rc = pages_fetch(cli, a, limit, &pages);
+    if (rc == KVD_OK && pages_join(&pages) != 0) {
+        fprintf(stderr, "kvdock prefixes: out of memory\n");
+        rc = KVD_ERR_NOMEM;
+    }
     if (rc != KVD_OK) {
-        kvd_msg_clear(&rep);
+        pages_free(&pages);
         return 1;
     }
-    const kvd_list_rep_t *l = &rep.body.list_rep;
+    const kvd_list_rep_t *l = &pages.all;
     if (cli->json) {
         prefixes_json(l);
     } else if (a->tree) {
@@ -312,8 +422,9 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
         }
     }
     if (l->truncated && !cli->json)
-        printf("(truncated: use --namespace or --limit)\n");
-    kvd_msg_clear(&rep);
+        printf("(truncated at %zu entries: use --namespace or a larger --limit)\n",
+               l->n_prefixes);
+    pages_free(&pages);
     return 0;
 }
 
@@ -470,6 +581,10 @@ out:
 
 /* ----------------------------------------------------------------- evict */
 
+/* Calls one `kvdock evict` makes at most: each evicts a slice of the
+ * store's records (thousands), so this covers any pool. */
+#define EVICT_CALLS_MAX 1000000u
+
 int cmd_evict(const cli_t *cli, const cli_args_t *a)
 {
     bool by_key = a->key != NULL, by_ns = a->n_namespaces == 1 && !by_key;
@@ -488,18 +603,35 @@ int cmd_evict(const cli_t *cli, const cli_args_t *a)
     e->all = a->all;
     if (a->n_namespaces)
         kvd_strlcpy(e->ns_name, a->namespaces[0], sizeof(e->ns_name));
-    if (cli_call(cli, &req, &rep) != KVD_OK) {
+    /* the daemon evicts a namespace in bounded slices: go on with each
+     * reply's cursor until there is none (at most EVICT_CALLS_MAX calls) */
+    uint64_t evicted = 0, skipped = 0;
+    bool more = false;
+    for (uint32_t calls = 0; calls < EVICT_CALLS_MAX; calls++) {
+        if (cli_call(cli, &req, &rep) != KVD_OK) {
+            kvd_msg_clear(&rep);
+            return 1;
+        }
+        const kvd_evict_rep_t *r = &rep.body.evict_rep;
+        evicted += r->evicted;
+        skipped = r->skipped;
+        more = r->next_cursor_len > 0 && r->next_cursor_len <= sizeof(e->cursor);
+        if (more) {
+            memcpy(e->cursor, r->next_cursor, r->next_cursor_len);
+            e->cursor_len = r->next_cursor_len;
+        }
         kvd_msg_clear(&rep);
-        return 1;
+        if (!more)
+            break;
     }
     if (cli->json)
-        printf("{\"evicted\":%llu,\"skipped\":%llu}\n",
-               (unsigned long long)rep.body.evict_rep.evicted,
-               (unsigned long long)rep.body.evict_rep.skipped);
+        printf("{\"evicted\":%llu,\"skipped\":%llu,\"complete\":%s}\n",
+               (unsigned long long)evicted, (unsigned long long)skipped,
+               more ? "false" : "true");
     else
-        printf("evicted %llu objects; %llu stayed (pinned or being written)\n",
-               (unsigned long long)rep.body.evict_rep.evicted,
-               (unsigned long long)rep.body.evict_rep.skipped);
+        printf("evicted %llu objects; %llu stayed (pinned or being written%s)\n",
+               (unsigned long long)evicted, (unsigned long long)skipped,
+               more ? ", or not reached: stopped after too many calls" : "");
     kvd_msg_clear(&rep);
     return 0;
 }

@@ -2,13 +2,14 @@
  * kvdock.c - the operator CLI: options, the command table, main().
  *
  *   kvdock [--socket PATH | --connect HOST:PORT | --instance NAME]
- *          [--timeout MS] COMMAND [OPTIONS] [ARGS] [--json]
+ *          [--token-file FILE] [--timeout MS] COMMAND [OPTIONS] [ARGS] [--json]
  *   COMMAND: health | stats | hash | prefixes | show | lookup | evict
  *
  * Each command is a row of `commands` below (its name, its synopsis and
  * help for --help, and the function in cmd_daemon.c or cmd_store.c that
- * runs it). Every command talks to the daemon over its RPC (kvd_proto.h)
- * except hash, which needs no daemon.
+ * runs it). Every command talks to the daemon over its RPC (kvd_proto.h),
+ * saying Hello first on each connection, except hash, which needs no
+ * daemon.
  *
  * Exit status: 0 success (health: the daemon is ready); 1 the daemon is not
  * there, answered an error, or has no such thing; 2 usage error; 3 health:
@@ -66,7 +67,8 @@ static void usage(FILE *f)
     fprintf(f,
             "\nOptions:\n"
             "  --socket PATH    the daemon's Unix socket (default: that of --instance)\n"
-            "  --connect H:P    reach the daemon over TCP instead\n"
+            "  --connect H:P    reach the daemon over TCP instead (needs a token)\n"
+            "  --token-file F   the token to present (default: $KVDOCK_AUTH_TOKEN_FILE)\n"
             "  --instance NAME  the daemon instance (default: default)\n"
             "  --timeout MS     bound on connecting and each call (default 5000)\n"
             "  --json           machine-readable output\n"
@@ -92,12 +94,14 @@ static int parse_global(int argc, char **argv, cli_t *cli)
         {"connect", required_argument, NULL, 'c'},
         {"instance", required_argument, NULL, 'i'},
         {"timeout", required_argument, NULL, 't'},
+        {"token-file", required_argument, NULL, 'k'},
         {"json", no_argument, NULL, 'j'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
     const char *socket_path = NULL;
+    const char *token_file = getenv("KVDOCK_AUTH_TOKEN_FILE");
     int c;
     uint64_t v;
     while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
@@ -105,6 +109,7 @@ static int parse_global(int argc, char **argv, cli_t *cli)
         case 's': socket_path = optarg; break;
         case 'c': cli->connect = optarg; break;
         case 'i': cli->instance = optarg; break;
+        case 'k': token_file = optarg; break;
         case 'j': cli->json = true; break;
         case 't':
             if (kvd_u64_parse(optarg, 1, 3600000, &v) != KVD_OK) {
@@ -126,6 +131,9 @@ static int parse_global(int argc, char **argv, cli_t *cli)
     else
         kvd_default_socket_path(cli->instance, cli->socket_path,
                                 sizeof(cli->socket_path));
+    if (token_file != NULL && token_file[0] != '\0' &&
+        cli_read_token(cli, token_file) != 0)
+        return 1;
     return -1;
 }
 

@@ -204,4 +204,20 @@ int kvd_key_from_hex(const char *hex, uint8_t key[KVD_KEY_BYTES]);
 /* Copies at most dst_len-1 bytes and always terminates. */
 void kvd_strlcpy(char *dst, const char *src, size_t dst_len);
 
+/* ---------------------------------------------------------- credentials */
+
+/*
+ * Reads a token file into buf (at most cap bytes): its content with the
+ * trailing line breaks removed. With owner_only (the daemon), a file its
+ * group or others may open is refused. Errors (why says which, naming the
+ * file): cannot open or read, not a regular file, KVD_ERR_INVALID for open
+ * to others or empty, KVD_ERR_TOO_LARGE over cap. buf is wiped on failure.
+ */
+int kvd_token_read(const char *path, bool owner_only, uint8_t *buf, size_t cap,
+                   size_t *len, char *why, size_t why_len);
+
+/* Whether a and b hold the same bytes, in time that depends only on the
+ * longer length (no early exit at the first difference). */
+bool kvd_const_time_equal(const void *a, size_t a_len, const void *b, size_t b_len);
+
 #endif /* KVD_COMMON_H */

@@ -59,6 +59,28 @@ int main(int argc, char **argv)
     }
     kvd_log_set_level(opts.log_level);
 
+    /* the credentials before anything big: a daemon that would serve
+     * anyone by mistake does not start (exit 2, as for a bad option) */
+    kvd_auth_opts_t aopts = {.token_file = opts.auth_token_file,
+                             .allow_uid = opts.allow_uid,
+                             .allow_gid = opts.allow_gid,
+                             .config_file = opts.auth_config,
+                             .insecure_no_auth = opts.insecure_no_auth,
+                             .tcp = opts.listen[0] != '\0',
+                             .self_uid = getuid()};
+    kvd_auth_t *auth = NULL;
+    char auth_why[768];
+    if (kvd_auth_create(&aopts, &auth, auth_why, sizeof(auth_why)) != KVD_OK) {
+        KVD_ERROR("kvdockd", "refusing to start: %s", auth_why);
+        return 2;
+    }
+    if (opts.listen[0] && opts.insecure_no_auth)
+        KVD_WARN("kvdockd",
+                 "--insecure-no-auth: TCP clients without a token are served as the "
+                 "default tenant's operator; anyone reaching %s may read, write and "
+                 "evict",
+                 opts.listen);
+
     /* Block the signals the loop reads through a signalfd before any thread
      * starts, so that none of them takes the default action. */
     sigset_t mask;
@@ -76,6 +98,7 @@ int main(int argc, char **argv)
         KVD_ERROR("kvdockd",
                   "cannot read the host's memory figures from %s/proc/meminfo: %s",
                   opts.meminfo_root, kvd_status_str(rc));
+        kvd_auth_destroy(auth);
         return 1;
     }
     kvd_sizing_req_t req = {
@@ -93,6 +116,7 @@ int main(int argc, char **argv)
              (int)getpid(), line);
     if (rc != KVD_OK) {
         KVD_ERROR("kvdockd", "refusing to start: %s", why);
+        kvd_auth_destroy(auth);
         return 2;
     }
 
@@ -107,10 +131,11 @@ int main(int argc, char **argv)
     rc = kvd_pool_create(&popts, &pool);
     if (rc != KVD_OK) {
         KVD_ERROR("kvdockd", "cannot create the pool: %s", kvd_status_str(rc));
+        kvd_auth_destroy(auth);
         return 1;
     }
     kvd_server_t *server = NULL;
-    rc = kvd_server_create(&opts, pool, &server);
+    rc = kvd_server_create(&opts, pool, auth, &server);
     if (rc != KVD_OK) {
         KVD_ERROR("kvdockd", "cannot start serving: %s", kvd_status_str(rc));
         kvd_pool_destroy(pool);

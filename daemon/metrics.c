@@ -160,6 +160,9 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
            "Connections refused over --max-connections.", st->connections_rejected);
     single(b, KVD_METRIC_COUNTER, "kvdock_protocol_errors_total",
            "Connections closed for breaking the protocol.", st->protocol_errors);
+    single(b, KVD_METRIC_COUNTER, "kvdock_auth_failures_total",
+           "Requests refused for want of a credential (before Hello, or refused).",
+           st->auth_failures);
 
     appendf(b, "# HELP kvdock_rpc_requests_total RPC requests served, by method.\n"
                "# TYPE kvdock_rpc_requests_total counter\n");

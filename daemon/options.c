@@ -89,6 +89,21 @@ static const opt_def_t opt_defs[] = {
      "undo a reservation or pin not ended within MS (default 30000)"},
     {"log-level", OPT_LOGLEVEL, OFF(log_level), 0, 0, 0, "LEVEL",
      "error, warn, info or debug (default info)"},
+    {"auth-token-file", OPT_STRING, OFF(auth_token_file), SZ(auth_token_file), 0, 0,
+     "FILE",
+     "the token clients present in Hello (the file's content, trailing newline "
+     "trimmed; mode 0600, not empty): the default tenant's operator"},
+    {"auth-config", OPT_STRING, OFF(auth_config), SZ(auth_config), 0, 0, "FILE",
+     "tenants and the credentials that map to them (see below)"},
+    {"allow-uid", OPT_STRING, OFF(allow_uid), SZ(allow_uid), 0, 0, "LIST",
+     "Unix-socket peers (SO_PEERCRED) with these uids or user names are the default "
+     "tenant's operator (default: the daemon's own uid, and root)"},
+    {"allow-gid", OPT_STRING, OFF(allow_gid), SZ(allow_gid), 0, 0, "LIST",
+     "likewise for peers in these groups; one group makes the socket 0660 and its "
+     "own"},
+    {"insecure-no-auth", OPT_BOOL, OFF(insecure_no_auth), 0, 0, 0, NULL,
+     "serve TCP clients that present no token (as the default tenant's operator); "
+     "without it --listen needs a token"},
     {"meminfo-root", OPT_STRING, OFF(meminfo_root), SZ(meminfo_root), 0, 0, "DIR",
      "read /proc/meminfo and the cgroup files below DIR (for tests)"},
 };
@@ -111,6 +126,19 @@ static void print_help(FILE *f)
     fprintf(f, "  %-28s %s\n", "--list-nics",
             "list the RDMA ports and the suggested UCX_NET_DEVICES, then exit");
     fprintf(f, "\nSIZE takes K, M, G, T (powers of 1024), e.g. 512M or 1.5G.\n");
+    fprintf(f,
+            "\nEvery connection says Hello first, with a credential: a token (TCP, or\n"
+            "the Unix socket), or on the Unix socket its uid and groups. TCP is not\n"
+            "encrypted: use it on a trusted network or through a tunnel.\n"
+            "--auth-config FILE holds one rule a line ('#' starts a comment):\n"
+            "  tenant NAME [max-bytes=SIZE] [max-pins=N] [max-leases=N] "
+            "[max-namespaces=N]\n"
+            "  token TENANT FILE [operator] [read-only]\n"
+            "  uid TENANT UID|USER [operator] [read-only]\n"
+            "  gid TENANT GID|GROUP [operator] [read-only]\n"
+            "A tenant is defined before the lines naming it ('default' always exists).\n"
+            "A relative FILE is relative to the config's directory. Unix peers match\n"
+            "uid lines, then gid lines, then --allow-uid / --allow-gid.\n");
 }
 
 static const opt_def_t *find_opt(const char *name)

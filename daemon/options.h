@@ -33,6 +33,12 @@ typedef struct kvd_opts {
     uint64_t lease_ttl_ms;
     kvd_log_level_t log_level;
     char meminfo_root[256]; /* tests: read /proc and /sys below this */
+    /* who may connect (auth.h); "" = not given */
+    char auth_token_file[256];
+    char auth_config[256];
+    char allow_uid[256];
+    char allow_gid[256];
+    bool insecure_no_auth;
 } kvd_opts_t;
 
 typedef enum kvd_opts_result {

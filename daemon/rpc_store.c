@@ -16,12 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Most objects one ListPrefixes scans: bounds the reply's cost on a huge
- * store; the reply says when it was truncated. */
-#define LIST_SCAN_MAX (1u * 1024u * 1024u)
-/* Most parent links one ListPrefixes follows, over all its entries. */
-#define LIST_WALK_MAX (4u * 1024u * 1024u)
-
 static void set_error(const kvd_msg_t *req, kvd_msg_t *rep, int status, uint32_t index,
                       const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 static void set_error(const kvd_msg_t *req, kvd_msg_t *rep, int status, uint32_t index,
@@ -79,10 +73,66 @@ static bool name_ok(const char *name)
     return true;
 }
 
+/* The names of one batch, hashed once, so that finding a name's first
+ * spec costs a probe rather than a comparison with every earlier spec (a
+ * batch of 4,096 would compare millions of names while the loop waits).
+ * Slot values: spec index + 1; 0 is empty. The hash is keyed with a value
+ * only this store knows, so that clients cannot choose names that pile up
+ * in one place. */
+typedef struct name_set {
+    uint32_t *slots;
+    size_t mask;
+    uint64_t key;
+} name_set_t;
+
+static uint64_t name_hash(const name_set_t *t, const char *s)
+{
+    uint64_t h = t->key;
+    for (; *s; s++) {
+        h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+        h ^= h >> 31;
+    }
+    return h * 0x9e3779b97f4a7c15ull ^ (h >> 29);
+}
+
+static int name_set_init(name_set_t *t, size_t n, uint64_t key)
+{
+    t->key = key;
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    t->slots = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(uint32_t));
+    t->mask = cap - 1;
+    return t->slots ? KVD_OK : KVD_ERR_NOMEM;
+}
+
+static void name_set_fini(name_set_t *t)
+{
+    kvd_mem_free(KVD_MEM_STAGING, t->slots, (t->mask + 1) * sizeof(uint32_t));
+}
+
+/* The slot for name: holding its value, or the empty one where it goes;
+ * name_of(value) gives a stored value's name. */
+static uint32_t *name_set_slot(name_set_t *t, const char *name,
+                               const char *(*name_of)(const void *, uint32_t),
+                               const void *arg)
+{
+    for (size_t i = name_hash(t, name) & t->mask;; i = (i + 1) & t->mask)
+        if (t->slots[i] == 0 || strcmp(name_of(arg, t->slots[i] - 1), name) == 0)
+            return &t->slots[i];
+}
+
+static const char *spec_name(const void *arg, uint32_t i)
+{
+    return ((const kvd_ns_spec_t *)arg)[i].name;
+}
+
 /* Why spec i cannot be registered beside the existing namespaces and the
- * earlier specs of its batch; false when it can. */
+ * earlier specs of its batch (first: the first spec of its name); false
+ * when it can. */
 static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t i,
-                         const kvd_msg_t *req, kvd_msg_t *rep)
+                         size_t first, uint64_t pool_bytes, const kvd_msg_t *req,
+                         kvd_msg_t *rep)
 {
     const kvd_ns_spec_t *sp = &specs[i];
     uint32_t idx = (uint32_t)i + 1;
@@ -93,14 +143,11 @@ static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t 
     }
     kvd_ns_info_t have = {0};
     uint32_t id;
-    if (kvd_store_ns_find(store, sp->name, &id) == KVD_OK) {
+    if (kvd_store_ns_find(store, sp->name, &id) == KVD_OK)
         kvd_store_ns_info(store, id, &have);
-    } else {
-        for (size_t k = 0; k < i; k++)
-            if (strcmp(specs[k].name, sp->name) == 0)
-                have = (kvd_ns_info_t){.object_bytes = specs[k].object_bytes,
-                                       .rank_replicated = specs[k].rank_replicated};
-    }
+    else if (first < i)
+        have = (kvd_ns_info_t){.object_bytes = specs[first].object_bytes,
+                               .rank_replicated = specs[first].rank_replicated};
     if (have.object_bytes != 0 && (have.object_bytes != sp->object_bytes ||
                                    have.rank_replicated != sp->rank_replicated)) {
         set_error(req, rep, KVD_ERR_INVALID, idx,
@@ -112,14 +159,12 @@ static bool spec_refused(kvd_store_t *store, const kvd_ns_spec_t *specs, size_t 
                   sp->rank_replicated ? " (rank-replicated)" : "");
         return true;
     }
-    kvd_store_stats_t st;
-    kvd_store_stats(store, &st);
-    if (sp->object_bytes == 0 || sp->object_bytes > st.pool_bytes) {
+    if (sp->object_bytes == 0 || sp->object_bytes > pool_bytes) {
         set_error(req, rep, KVD_ERR_INVALID, idx,
                   "namespace %s: objects of %llu bytes; they must be 1 byte to the pool "
                   "size (%llu)",
                   sp->name, (unsigned long long)sp->object_bytes,
-                  (unsigned long long)st.pool_bytes);
+                  (unsigned long long)pool_bytes);
         return true;
     }
     return false;
@@ -130,25 +175,44 @@ int kvd_rpc_register(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
                      const kvd_msg_t *req, kvd_msg_t *rep)
 {
     (void)ctx; /* tenants: the namespaces will be ctx->tenant's */
+    kvd_store_stats_t st;
+    kvd_store_stats(store, &st);
+    /* first[i]: the first spec of the batch with spec i's name */
+    name_set_t batch = {0};
+    uint32_t *first = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, sizeof(uint32_t));
+    uint64_t key = kvd_store_pos_check(store, 0x6e616d6573ull /* "names" */, 0);
+    if (first == NULL || name_set_init(&batch, n, key) != KVD_OK) {
+        kvd_mem_free(KVD_MEM_STAGING, first, (n + 1) * sizeof(uint32_t));
+        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+        return KVD_ERR_NOMEM;
+    }
+    int rc = KVD_OK;
     /* all checked before any is registered: a refused batch changes nothing */
     size_t fresh = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (spec_refused(store, specs, i, req, rep))
-            return rep->status;
+    for (size_t i = 0; i < n && rc == KVD_OK; i++) {
+        uint32_t *slot = name_set_slot(&batch, specs[i].name, spec_name, specs);
+        if (*slot == 0)
+            *slot = (uint32_t)i + 1;
+        first[i] = *slot - 1;
+        if (spec_refused(store, specs, i, first[i], st.pool_bytes, req, rep)) {
+            rc = rep->status;
+            break;
+        }
         uint32_t id;
-        bool seen = kvd_store_ns_find(store, specs[i].name, &id) == KVD_OK;
-        for (size_t k = 0; k < i && !seen; k++)
-            seen = strcmp(specs[k].name, specs[i].name) == 0;
-        fresh += !seen;
+        fresh += first[i] == i && kvd_store_ns_find(store, specs[i].name, &id) != KVD_OK;
     }
+    name_set_fini(&batch);
+    kvd_mem_free(KVD_MEM_STAGING, first, (n + 1) * sizeof(uint32_t));
+    if (rc != KVD_OK)
+        return rc;
     if (kvd_store_ns_count(store) + fresh > KVD_STORE_MAX_NAMESPACES) {
         set_error(req, rep, KVD_ERR_NO_SPACE, 0, "too many namespaces (at most %d)",
                   KVD_STORE_MAX_NAMESPACES);
         return KVD_ERR_NO_SPACE;
     }
     for (size_t i = 0; i < n; i++) {
-        int rc = kvd_store_ns_register(store, specs[i].name, specs[i].object_bytes,
-                                       specs[i].rank_replicated, &ids[i]);
+        rc = kvd_store_ns_register(store, specs[i].name, specs[i].object_bytes,
+                                   specs[i].rank_replicated, &ids[i]);
         if (rc != KVD_OK) { /* only out of memory is left */
             set_error(req, rep, rc, (uint32_t)i + 1, "namespace %s: %s", specs[i].name,
                       kvd_status_str(rc));
@@ -369,6 +433,51 @@ static void serve_release(kvd_store_t *store, uint64_t owner, const kvd_msg_t *r
 
 /* ------------------------------------------------------------ inspection */
 
+/*
+ * The inspection methods (Inspect, ListPrefixes) walk what clients wrote:
+ * chains of any depth, parents anywhere, thousands of namespaces. Each call
+ * is given a budget of index operations (a probe of the index, a parent
+ * followed, a record looked at, a namespace considered) and stops, or stops
+ * looking further, when it is spent, so that no call holds the event loop
+ * for more than a few milliseconds whatever the store holds. A listing that
+ * stops early says so (truncated) and hands back a cursor to go on from.
+ *
+ * Where a page's key is looked for in other namespaces (the state a mamba
+ * pool saved at a KV page's boundary, a slot's parent page), only the
+ * namespaces of the same model that hold objects at all are probed: the
+ * linker names a namespace model/pool/rank-suffix, so the model is the name
+ * without its last two components (names not of that form share the empty
+ * model). Empty namespaces, however many, cost nothing.
+ */
+
+/* Index operations one ListPrefixes page may spend before it stops between
+ * two entries: about 2 ms on the 2-vCPU reference machine (bench
+ * list-stall). One entry, once begun, is finished, so a page costs at most
+ * this plus one entry (LIST_CHAIN_MAX + LIST_POOL_PROBES_MAX). */
+#define LIST_BUDGET (32u * 1024u)
+/* Parent links one entry follows: a longer chain is listed by its last
+ * LIST_CHAIN_MAX pages (the root shown is where the walk stopped). 16 Ki
+ * pages is a 256k-token prompt at 16 tokens a page. */
+#define LIST_CHAIN_MAX (16u * 1024u)
+/* Probes one entry spends on other namespaces' boundaries; past it, the
+ * namespaces left are not shown for that entry (kvdock lookup answers for
+ * any one of them). */
+#define LIST_POOL_PROBES_MAX (32u * 1024u)
+/* Index operations an Inspect may spend looking for parents in other
+ * namespaces, after one probe per namespace for the key itself. */
+#define INSPECT_BUDGET (64u * 1024u)
+
+/* Records one Evict of a namespace (or all) visits: a slice of a few
+ * milliseconds however many objects go; the reply carries next_cursor when
+ * there is more, and kvdock evict goes on with it. */
+#define EVICT_VISITS (8u * 1024u)
+
+/* A cursor (ListPrefixes, Evict): two letters naming the method, version,
+ * flags (ListPrefixes: bit 0 nodes), the namespace filter, the engine
+ * position, and the position's check value. */
+#define CURSOR_BYTES   24
+#define CURSOR_VERSION 1
+
 /* Resolves a namespace name ("" = every namespace: UINT32_MAX). */
 static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
                        const kvd_msg_t *req, kvd_msg_t *rep)
@@ -383,28 +492,119 @@ static bool ns_by_name(kvd_store_t *store, const char *name, uint32_t *ns,
     return false;
 }
 
-/* The parent of an object by its tag: in its own namespace first, then in
- * any (a mamba slot's parent page lives in the KV namespace). */
-static int find_parent(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_info_t *out)
+/* The length of a namespace name's model part: up to the slash before its
+ * last two components ("m/kv/tp0" -> 1), 0 when it has fewer. */
+static size_t model_len(const char *name)
 {
-    if (kvd_store_find_tag(store, in->ns, in->parent_tag, out) == KVD_OK)
-        return KVD_OK;
+    const char *last = strrchr(name, '/');
+    if (last == NULL)
+        return 0;
+    for (const char *p = last; p-- > name;)
+        if (*p == '/')
+            return (size_t)(p - name);
+    return 0;
+}
+
+/* One call's budget and the namespaces it may look in. */
+typedef struct work {
+    kvd_store_t *store;
+    uint64_t left;  /* index operations left */
+    uint32_t *live; /* namespaces holding READY objects */
+    uint32_t n_live;
+    uint32_t *fam; /* those of the model of namespace fam_of */
+    uint32_t n_fam;
+    uint32_t fam_of;                            /* UINT32_MAX: fam not computed */
+    uint32_t cap;                               /* entries of live and fam */
+    uint8_t used[KVD_STORE_MAX_NAMESPACES / 8]; /* namespaces a reply names */
+} work_t;
+
+static void work_charge(work_t *w, uint64_t n)
+{
+    w->left = w->left > n ? w->left - n : 0;
+}
+
+static int work_init(work_t *w, kvd_store_t *store, uint64_t budget)
+{
+    memset(w, 0, sizeof(*w));
+    w->store = store;
+    w->left = budget;
+    w->fam_of = UINT32_MAX;
     uint32_t count = kvd_store_ns_count(store);
-    for (uint32_t ns = 0; ns < count; ns++)
-        if (ns != in->ns && kvd_store_find_tag(store, ns, in->parent_tag, out) == KVD_OK)
+    w->cap = count + 1;
+    w->live = kvd_mem_calloc(KVD_MEM_STAGING, w->cap, sizeof(uint32_t));
+    w->fam = kvd_mem_calloc(KVD_MEM_STAGING, w->cap, sizeof(uint32_t));
+    if (w->live == NULL || w->fam == NULL)
+        return KVD_ERR_NOMEM;
+    for (uint32_t ns = 0; ns < count; ns++) {
+        kvd_ns_info_t info;
+        if (kvd_store_ns_info(store, ns, &info) == KVD_OK && info.objects_ready > 0)
+            w->live[w->n_live++] = ns;
+    }
+    work_charge(w, count / 8); /* a look at each counter: cheap */
+    return KVD_OK;
+}
+
+static void work_fini(work_t *w)
+{
+    kvd_mem_free(KVD_MEM_STAGING, w->live, (size_t)w->cap * sizeof(uint32_t));
+    kvd_mem_free(KVD_MEM_STAGING, w->fam, (size_t)w->cap * sizeof(uint32_t));
+}
+
+static void work_use(work_t *w, uint32_t ns)
+{
+    if (ns < KVD_STORE_MAX_NAMESPACES)
+        w->used[ns / 8] |= (uint8_t)(1u << (ns % 8));
+}
+
+/* The namespaces other than ns, of its model, that hold objects; computed
+ * once for consecutive uses with the same ns. */
+static void work_family(work_t *w, uint32_t ns)
+{
+    if (w->fam_of == ns)
+        return;
+    w->fam_of = ns;
+    w->n_fam = 0;
+    kvd_ns_info_t me;
+    if (kvd_store_ns_info(w->store, ns, &me) != KVD_OK)
+        return;
+    size_t ml = model_len(me.name);
+    for (uint32_t i = 0; i < w->n_live; i++) {
+        kvd_ns_info_t o;
+        if (w->live[i] == ns || kvd_store_ns_info(w->store, w->live[i], &o) != KVD_OK)
+            continue;
+        if (model_len(o.name) == ml && memcmp(o.name, me.name, ml) == 0)
+            w->fam[w->n_fam++] = w->live[i];
+    }
+    work_charge(w, w->n_live);
+}
+
+/* The parent of an object by its tag: in its own namespace first, then in
+ * the others of its model (a mamba slot's parent page lives in the KV
+ * namespace) while the budget lasts. */
+static int find_parent(work_t *w, const kvd_obj_info_t *in, kvd_obj_info_t *out)
+{
+    work_charge(w, 1);
+    if (kvd_store_find_tag(w->store, in->ns, in->parent_tag, out) == KVD_OK)
+        return KVD_OK;
+    work_family(w, in->ns);
+    for (uint32_t i = 0; i < w->n_fam && w->left > 0; i++) {
+        work_charge(w, 1);
+        if (kvd_store_find_tag(w->store, w->fam[i], in->parent_tag, out) == KVD_OK)
             return KVD_OK;
+    }
     return KVD_ERR_NOT_FOUND;
 }
 
-/* An object's wire form, with the parent's full key where it is stored. */
-static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t *o)
+/* An object's wire form, with the parent's full key where it is found. */
+static void obj_msg(work_t *w, const kvd_obj_info_t *in, kvd_obj_msg_t *o)
 {
     memset(o, 0, sizeof(*o));
     o->ns = in->ns;
+    work_use(w, in->ns);
     memcpy(o->key, in->key, KVD_KEY_BYTES);
     if (in->has_parent) {
         kvd_obj_info_t parent;
-        if (find_parent(store, in, &parent) == KVD_OK) {
+        if (find_parent(w, in, &parent) == KVD_OK) {
             memcpy(o->parent, parent.key, KVD_KEY_BYTES);
             o->parent_len = KVD_KEY_BYTES;
         } else {
@@ -422,6 +622,35 @@ static void obj_msg(kvd_store_t *store, const kvd_obj_info_t *in, kvd_obj_msg_t 
     o->size = in->loc.size;
 }
 
+/* The namespace table of a reply: only the namespaces it names (a table of
+ * 4,096 names in every page would cost more than the page). */
+static int ns_table_used(const work_t *w, kvd_msg_t *rep, kvd_ns_msg_t **out, size_t *n)
+{
+    uint32_t count = kvd_store_ns_count(w->store), k = 0;
+    for (uint32_t i = 0; i < count && i < KVD_STORE_MAX_NAMESPACES; i++)
+        k += (w->used[i / 8] >> (i % 8)) & 1u;
+    kvd_ns_msg_t *t = kvd_msg_alloc(rep, (size_t)k * sizeof(*t) + 1);
+    if (t == NULL)
+        return KVD_ERR_NOMEM;
+    size_t m = 0;
+    for (uint32_t i = 0; i < count && i < KVD_STORE_MAX_NAMESPACES; i++) {
+        if (!((w->used[i / 8] >> (i % 8)) & 1u))
+            continue;
+        kvd_ns_info_t info;
+        kvd_store_ns_info(w->store, i, &info);
+        const kvd_ns_info_t *in = &info;
+        kvd_ns_msg_t *o = &t[m++];
+        o->id = i;
+        kvd_strlcpy(o->name, in->name, sizeof(o->name));
+        o->object_bytes = in->object_bytes;
+        o->rank_replicated = in->rank_replicated;
+        KVD_NS_COUNTER_FIELDS(COPY_FIELD)
+    }
+    *out = t;
+    *n = m;
+    return KVD_OK;
+}
+
 static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_inspect_req_t *r = &req->body.inspect_req;
@@ -430,46 +659,362 @@ static void serve_inspect(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *r
         return;
     uint32_t count = kvd_store_ns_count(store);
     kvd_obj_msg_t *objs = kvd_msg_alloc(rep, (size_t)count * sizeof(*objs) + 1);
-    if (objs == NULL) {
+    work_t *w = kvd_mem_calloc(KVD_MEM_STAGING, 1, sizeof(*w));
+    if (objs == NULL || w == NULL || work_init(w, store, INSPECT_BUDGET) != KVD_OK) {
+        if (w != NULL)
+            work_fini(w);
+        kvd_mem_free(KVD_MEM_STAGING, w, sizeof(*w));
         set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
         return;
     }
+    /* one probe per namespace (at most 4,096) finds the key; parents in
+     * other namespaces are looked for within the budget */
     size_t n = 0;
     for (uint32_t ns = 0; ns < count; ns++) {
         kvd_obj_info_t info;
         if ((only == UINT32_MAX || ns == only) &&
             kvd_store_inspect(store, ns, r->key, &info) == KVD_OK)
-            obj_msg(store, &info, &objs[n++]);
+            obj_msg(w, &info, &objs[n++]);
     }
     if (n == 0) {
         char hex[65];
         kvd_key_to_hex(r->key, hex);
         set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "key %s is not stored%s%s", hex,
                   r->ns_name[0] ? " in " : "", r->ns_name);
-        return;
+    } else {
+        kvd_inspect_rep_t *o = &rep->body.inspect_rep;
+        o->n_objects = n;
+        o->objects = objs;
+        if (ns_table_used(w, rep, &o->namespaces, &o->n_namespaces) != KVD_OK)
+            set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
     }
-    kvd_inspect_rep_t *o = &rep->body.inspect_rep;
-    o->n_objects = n;
-    o->objects = objs;
-    if (kvd_rpc_ns_table(store, rep, &o->namespaces, &o->n_namespaces) != KVD_OK)
-        set_error(req, rep, KVD_ERR_NOMEM, 0, "out of memory");
+    work_fini(w);
+    kvd_mem_free(KVD_MEM_STAGING, w, sizeof(*w));
 }
 
+/* ------------------------------------------------------------ prefixes */
+
+/*
+ * ListPrefixes pages through the store in the engine's order
+ * (kvd_store_foreach_from). A leaf is a READY page no stored page names as
+ * its parent (the engine's count of children, which eviction goes by too;
+ * a parent stored after its children is counted short and then also lists
+ * as the leaf of a shorter prefix). Each leaf becomes one entry: its chain
+ * walked up to the root, and the boundaries at which the other namespaces
+ * of its model hold the chain's keys. A page ends when the budget, the
+ * limit or the reply's room is spent; it then says truncated and carries
+ * next_cursor, the position of the first object it did not take.
+ */
+typedef struct list_page {
+    work_t *w;
+    const kvd_opts_t *opts;
+    uint32_t only;
+    bool nodes;
+    size_t limit;
+    uint64_t reply_room; /* estimated encoded bytes left */
+    kvd_msg_t *rep;
+    kvd_key_t *chain; /* LIST_CHAIN_MAX keys */
+    int rc;
+} list_page_t;
+
+/* True when the key exists in a namespace of ns's model other than ns. */
+static bool key_elsewhere(work_t *w, uint32_t ns, const uint8_t *key)
+{
+    work_family(w, ns);
+    kvd_obj_info_t info;
+    for (uint32_t i = 0; i < w->n_fam; i++) {
+        work_charge(w, 1);
+        if (kvd_store_inspect(w->store, w->fam[i], key, &info) == KVD_OK)
+            return true;
+    }
+    return false;
+}
+
+/*
+ * Builds one prefix entry: walks from the leaf to its root through parent
+ * tags, following a link only when the parent's depth is one less (which
+ * also ends any cycle a client could write), at most LIST_CHAIN_MAX pages,
+ * then finds which other namespaces of its model hold the chain's keys,
+ * within LIST_POOL_PROBES_MAX probes.
+ */
+static int prefix_entry(list_page_t *pg, const kvd_obj_info_t *leaf, kvd_prefix_msg_t *e)
+{
+    work_t *w = pg->w;
+    kvd_store_t *store = w->store;
+    kvd_key_t *chain = pg->chain;
+    size_t len = 0;
+    memset(e, 0, sizeof(*e));
+    kvd_obj_info_t cur = *leaf;
+    for (;;) {
+        memcpy(chain[len++], cur.key, KVD_KEY_BYTES);
+        e->hits += cur.hits;
+        e->last_access_ms = KVD_MAX(e->last_access_ms, cur.last_access_ms);
+        e->bytes += cur.loc.size;
+        kvd_obj_info_t parent;
+        if (len == LIST_CHAIN_MAX || !cur.has_parent || cur.depth == 0)
+            break;
+        work_charge(w, 1);
+        if (kvd_store_find_tag(store, cur.ns, cur.parent_tag, &parent) != KVD_OK ||
+            parent.depth + 1 != cur.depth)
+            break;
+        cur = parent;
+    }
+    e->ns = leaf->ns;
+    work_use(w, leaf->ns);
+    memcpy(e->root, chain[len - 1], KVD_KEY_BYTES);
+    memcpy(e->leaf, leaf->key, KVD_KEY_BYTES);
+    e->pages = (uint32_t)len;
+    work_family(w, leaf->ns);
+    if (w->n_fam == 0)
+        return KVD_OK;
+    e->pools = kvd_msg_alloc(pg->rep, (size_t)w->n_fam * sizeof(kvd_pool_bounds_t));
+    if (e->pools == NULL)
+        return KVD_ERR_NOMEM;
+    /* chain[] runs leaf to root; boundary b = pages 0..b-1, i.e. index len-b */
+    uint64_t probes = 0;
+    for (uint32_t f = 0; f < w->n_fam && probes + len <= LIST_POOL_PROBES_MAX; f++) {
+        uint32_t ns = w->fam[f];
+        uint32_t *b = NULL;
+        size_t nb = 0;
+        probes += len;
+        work_charge(w, len);
+        for (size_t k = len; k-- > 0;) {
+            kvd_obj_info_t info;
+            if (kvd_store_inspect(store, ns, chain[k], &info) != KVD_OK ||
+                info.state != KVD_OBJ_READY)
+                continue;
+            if (b == NULL && (b = kvd_msg_alloc(pg->rep, len * sizeof(uint32_t))) == NULL)
+                return KVD_ERR_NOMEM;
+            b[nb++] = (uint32_t)(len - k);
+        }
+        if (nb > 0) {
+            e->pools[e->n_pools++] =
+                (kvd_pool_bounds_t){.ns = ns, .n = nb, .boundaries = b};
+            work_use(w, ns);
+        }
+    }
+    return KVD_OK;
+}
+
+/* The encoded size of an entry, near enough: keys, counters, boundaries. */
+static uint64_t entry_bytes(const kvd_prefix_msg_t *e)
+{
+    uint64_t n = 96;
+    for (size_t k = 0; k < e->n_pools; k++)
+        n += 8 + (uint64_t)e->pools[k].n * 3;
+    return n;
+}
+
+#define NODE_BYTES 128 /* an ObjectInfo, encoded, at most */
+
+/* foreach_from's callback: takes one object into the page, or stops the
+ * page before it (1) so that the next page starts with it. */
+static int list_one(const kvd_obj_info_t *obj, void *arg)
+{
+    list_page_t *pg = arg;
+    work_t *w = pg->w;
+    kvd_list_rep_t *o = &pg->rep->body.list_rep;
+    bool empty = o->n_prefixes == 0 && o->n_nodes == 0;
+    if (!empty && (w->left == 0 || pg->reply_room < NODE_BYTES + 96))
+        return 1;
+    if (obj->state != KVD_OBJ_READY)
+        return 0; /* being written: not a stored prefix yet */
+    bool leaf = obj->children == 0;
+    if ((leaf && o->n_prefixes >= pg->limit) || (pg->nodes && o->n_nodes >= pg->limit))
+        return 1;
+    /* state saved at a boundary of another namespace's chain (mamba slots)
+     * is shown as that chain's pool, not as a prefix of its own, unless its
+     * namespace is the one asked for */
+    if (pg->only == UINT32_MAX && obj->depth > 0) {
+        kvd_obj_info_t parent;
+        work_charge(w, 1);
+        bool orphan =
+            !obj->has_parent ||
+            kvd_store_find_tag(w->store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
+        if (orphan && key_elsewhere(w, obj->ns, obj->key))
+            return 0;
+    }
+    if (pg->nodes) {
+        obj_msg(w, obj, &o->nodes[o->n_nodes++]);
+        pg->reply_room -= KVD_MIN(pg->reply_room, NODE_BYTES);
+    }
+    if (!leaf)
+        return 0;
+    kvd_prefix_msg_t *e = &o->prefixes[o->n_prefixes];
+    int rc = prefix_entry(pg, obj, e);
+    if (rc != KVD_OK) {
+        pg->rc = rc;
+        return -1;
+    }
+    uint64_t size = entry_bytes(e);
+    if (size > pg->reply_room) {
+        if (!empty) {
+            if (pg->nodes)
+                o->n_nodes--; /* taken again, with its entry, next page */
+            return 1;
+        }
+        e->n_pools = 0; /* alone in a page too small for it: without pools */
+        size = entry_bytes(e);
+    }
+    pg->reply_room -= KVD_MIN(pg->reply_room, size);
+    o->n_prefixes++;
+    return 0;
+}
+
+static uint64_t cursor_salt(const char *magic, uint32_t only, uint8_t flags)
+{
+    return ((uint64_t)only << 8 | flags) ^ (uint64_t)(uint8_t)magic[0] << 56 ^
+           (uint64_t)(uint8_t)magic[1] << 48;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint64_t get_le(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static void cursor_make(kvd_store_t *store, const char *magic, uint32_t only,
+                        uint8_t flags, uint64_t pos, uint8_t *c, size_t *len)
+{
+    c[0] = (uint8_t)magic[0];
+    c[1] = (uint8_t)magic[1];
+    c[2] = CURSOR_VERSION;
+    c[3] = flags;
+    put_le(c + 4, only, 4);
+    put_le(c + 8, pos, 8);
+    put_le(c + 16, kvd_store_pos_check(store, pos, cursor_salt(magic, only, flags)), 8);
+    *len = CURSOR_BYTES;
+}
+
+/* The position a request's cursor names (0 without one): KVD_ERR_INVALID
+ * for one this daemon did not make, or made for another method, namespace
+ * or flags. */
+static int cursor_read(kvd_store_t *store, const char *magic, const uint8_t *c,
+                       size_t len, uint32_t only, uint8_t flags, uint64_t *pos)
+{
+    if (len == 0) {
+        *pos = 0;
+        return KVD_OK;
+    }
+    if (len != CURSOR_BYTES || c[0] != (uint8_t)magic[0] || c[1] != (uint8_t)magic[1] ||
+        c[2] != CURSOR_VERSION)
+        return KVD_ERR_INVALID;
+    uint64_t p = get_le(c + 8, 8);
+    uint64_t salt = cursor_salt(magic, (uint32_t)get_le(c + 4, 4), c[3]);
+    if (get_le(c + 16, 8) != kvd_store_pos_check(store, p, salt) ||
+        get_le(c + 4, 4) != only || c[3] != flags || p == 0 || p == KVD_STORE_POS_END)
+        return KVD_ERR_INVALID;
+    *pos = p;
+    return KVD_OK;
+}
+
+static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
+                       kvd_msg_t *rep)
+{
+    const kvd_list_req_t *r = &req->body.list_req;
+    uint32_t only;
+    if (!ns_by_name(store, r->ns_name, &only, req, rep))
+        return;
+    uint8_t flags = r->nodes ? 1 : 0;
+    uint64_t pos;
+    if (cursor_read(store, "LP", r->cursor, r->cursor_len, only, flags, &pos) != KVD_OK) {
+        set_error(req, rep, KVD_ERR_INVALID, 0,
+                  "list prefixes: the cursor is not one this daemon gave for this "
+                  "listing (same namespace and nodes); start again without one");
+        return;
+    }
+    uint64_t room = opts->max_frame_bytes / 2;
+    size_t limit =
+        r->limit ? KVD_MIN((uint64_t)r->limit, opts->max_batch) : opts->max_batch;
+    limit = KVD_MAX((size_t)1, KVD_MIN(limit, (size_t)(room / NODE_BYTES)));
+    work_t *w = kvd_mem_calloc(KVD_MEM_STAGING, 1, sizeof(*w));
+    kvd_key_t *chain = kvd_mem_calloc(KVD_MEM_STAGING, LIST_CHAIN_MAX, sizeof(kvd_key_t));
+    kvd_list_rep_t *o = &rep->body.list_rep;
+    o->prefixes = kvd_msg_alloc(rep, limit * sizeof(kvd_prefix_msg_t));
+    o->nodes = kvd_msg_alloc(rep, (r->nodes ? limit : 0) * sizeof(kvd_obj_msg_t) + 1);
+    int rc = w && chain && o->prefixes && o->nodes ? KVD_OK : KVD_ERR_NOMEM;
+    if (rc == KVD_OK)
+        rc = work_init(w, store, LIST_BUDGET);
+    list_page_t pg = {.w = w,
+                      .opts = opts,
+                      .only = only,
+                      .nodes = r->nodes,
+                      .limit = limit,
+                      .reply_room = room,
+                      .rep = rep,
+                      .chain = chain};
+    /* records are looked at in slices, each charged to the budget, so a
+     * store of empty or other namespaces' records pages too */
+    while (rc == KVD_OK && pos != KVD_STORE_POS_END && w->left > 0) {
+        uint64_t slice = KVD_MIN(w->left, (uint64_t)4096);
+        int stop = kvd_store_foreach_from(store, only, &pos, slice, list_one, &pg);
+        work_charge(w, slice);
+        if (stop < 0)
+            rc = pg.rc;
+        if (stop != 0)
+            break;
+    }
+    if (rc == KVD_OK && pos != KVD_STORE_POS_END) {
+        o->truncated = true;
+        cursor_make(store, "LP", only, flags, pos, o->next_cursor, &o->next_cursor_len);
+    }
+    if (rc == KVD_OK)
+        rc = ns_table_used(w, rep, &o->namespaces, &o->n_namespaces);
+    if (w != NULL)
+        work_fini(w);
+    kvd_mem_free(KVD_MEM_STAGING, w, sizeof(*w));
+    kvd_mem_free(KVD_MEM_STAGING, chain, LIST_CHAIN_MAX * sizeof(kvd_key_t));
+    if (rc != KVD_OK)
+        set_error(req, rep, rc, 0, "list prefixes failed: %s", kvd_status_str(rc));
+}
+
+/* Evict of a namespace (or all) goes in slices of EVICT_VISITS records;
+ * skipped counts what stayed: pinned or being written objects, and while
+ * next_cursor is set, those not reached yet. A key is looked for in each
+ * namespace (at most 4,096 probes). */
 static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_evict_req_t *r = &req->body.evict_req;
     uint32_t ns;
-    if (r->all + r->has_key + (r->ns_name[0] != '\0' && !r->has_key) != 1) {
-        set_error(
-            req, rep, KVD_ERR_INVALID, 0,
-            "evict takes one of: a key (with or without a namespace), a namespace, all");
+    if (r->all + r->has_key + (r->ns_name[0] != '\0' && !r->has_key) != 1 ||
+        (r->has_key && r->cursor_len > 0)) {
+        set_error(req, rep, KVD_ERR_INVALID, 0,
+                  "evict takes one of: a key (with or without a namespace), a namespace, "
+                  "all (a cursor only with the last two)");
         return;
     }
     if (!ns_by_name(store, r->all ? "" : r->ns_name, &ns, req, rep))
         return;
     kvd_evict_rep_t *o = &rep->body.evict_rep;
     if (!r->has_key) {
-        kvd_store_evict_ns(store, ns, &o->evicted, &o->skipped);
+        uint64_t pos;
+        if (cursor_read(store, "EV", r->cursor, r->cursor_len, ns, 0, &pos) != KVD_OK) {
+            set_error(req, rep, KVD_ERR_INVALID, 0,
+                      "evict: the cursor is not one this daemon gave for this namespace "
+                      "(or all); start again without one");
+            return;
+        }
+        kvd_store_evict_from(store, ns, &pos, EVICT_VISITS, &o->evicted);
+        uint32_t count = kvd_store_ns_count(store);
+        for (uint32_t n = 0; n < count; n++) {
+            kvd_ns_info_t info;
+            if ((ns != UINT32_MAX && n != ns) ||
+                kvd_store_ns_info(store, n, &info) != KVD_OK)
+                continue;
+            o->skipped += pos == KVD_STORE_POS_END
+                              ? info.objects_writing + info.objects_pinned
+                              : info.objects_writing + info.objects_ready;
+        }
+        if (pos != KVD_STORE_POS_END)
+            cursor_make(store, "EV", ns, 0, pos, o->next_cursor, &o->next_cursor_len);
         return;
     }
     uint32_t count = kvd_store_ns_count(store);
@@ -485,229 +1030,6 @@ static void serve_evict(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep
     if (!found)
         set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "the key is not stored%s%s",
                   r->ns_name[0] ? " in " : "", r->ns_name);
-}
-
-/* ------------------------------------------------------------ prefixes */
-
-typedef struct list_ctx {
-    kvd_store_t *store;
-    kvd_obj_info_t *objs;
-    size_t n, cap;
-    bool truncated;
-} list_ctx_t;
-
-static int collect(const kvd_obj_info_t *info, void *arg)
-{
-    list_ctx_t *c = arg;
-    if (info->state != KVD_OBJ_READY)
-        return 0; /* being written: not a stored prefix yet */
-    if (c->n == c->cap) {
-        if (c->cap >= LIST_SCAN_MAX) {
-            c->truncated = true;
-            return 1;
-        }
-        size_t cap = c->cap ? c->cap * 2 : 1024;
-        kvd_obj_info_t *n = kvd_mem_realloc(KVD_MEM_STAGING, c->objs, c->cap * sizeof(*n),
-                                            cap * sizeof(*n));
-        if (n == NULL) {
-            c->truncated = true;
-            return 1;
-        }
-        c->objs = n;
-        c->cap = cap;
-    }
-    c->objs[c->n++] = *info;
-    return 0;
-}
-
-/* Orders (ns, parent tag) for the "is somebody's parent" search. */
-typedef struct tag_ref {
-    uint32_t ns;
-    uint8_t tag[KVD_KEY_TAG_BYTES];
-} tag_ref_t;
-
-static int tag_cmp(const void *a, const void *b)
-{
-    const tag_ref_t *x = a, *y = b;
-    if (x->ns != y->ns)
-        return x->ns < y->ns ? -1 : 1;
-    return memcmp(x->tag, y->tag, KVD_KEY_TAG_BYTES);
-}
-
-/* True when the key exists in another namespace than ns. */
-static bool key_elsewhere(kvd_store_t *store, uint32_t ns, const uint8_t *key)
-{
-    uint32_t count = kvd_store_ns_count(store);
-    kvd_obj_info_t info;
-    for (uint32_t n = 0; n < count; n++)
-        if (n != ns && kvd_store_inspect(store, n, key, &info) == KVD_OK)
-            return true;
-    return false;
-}
-
-/* The work one ListPrefixes may do and the room its reply may take: the
- * depths and parents it walks are what clients wrote, so neither is
- * trusted to be small or acyclic. */
-typedef struct list_budget {
-    uint64_t steps;       /* parent links left to follow */
-    uint64_t reply_bytes; /* estimated encoded size left */
-} list_budget_t;
-
-/*
- * Builds one prefix entry: walks from the leaf to its root through parent
- * tags, following a link only when the parent's depth is one less (which
- * also ends any cycle a client could write), then finds which other
- * namespaces hold the chain's keys. KVD_ERR_TOO_LARGE when the budget runs
- * out (the entry is not added).
- */
-static int prefix_entry(kvd_store_t *store, const kvd_obj_info_t *leaf, kvd_msg_t *rep,
-                        list_budget_t *budget, kvd_prefix_msg_t *e)
-{
-    size_t cap = 64, len = 0;
-    kvd_key_t *chain = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(kvd_key_t));
-    if (chain == NULL)
-        return KVD_ERR_NOMEM;
-    memset(e, 0, sizeof(*e));
-    kvd_obj_info_t cur = *leaf;
-    int rc = KVD_OK;
-    for (;;) {
-        if (len == cap) {
-            kvd_key_t *more =
-                kvd_mem_realloc(KVD_MEM_STAGING, chain, cap * sizeof(kvd_key_t),
-                                2 * cap * sizeof(kvd_key_t));
-            if (more == NULL) {
-                rc = KVD_ERR_NOMEM;
-                break;
-            }
-            chain = more;
-            cap *= 2;
-        }
-        memcpy(chain[len++], cur.key, KVD_KEY_BYTES);
-        e->hits += cur.hits;
-        e->last_access_ms = KVD_MAX(e->last_access_ms, cur.last_access_ms);
-        e->bytes += cur.loc.size;
-        kvd_obj_info_t parent;
-        if (!cur.has_parent || cur.depth == 0 ||
-            kvd_store_find_tag(store, cur.ns, cur.parent_tag, &parent) != KVD_OK ||
-            parent.depth + 1 != cur.depth)
-            break;
-        if (budget->steps == 0) {
-            rc = KVD_ERR_TOO_LARGE;
-            break;
-        }
-        budget->steps--;
-        cur = parent;
-    }
-    uint32_t count = kvd_store_ns_count(store);
-    uint64_t size = 96 + (uint64_t)len * 2; /* the entry, its boundaries */
-    if (rc == KVD_OK && size > budget->reply_bytes)
-        rc = KVD_ERR_TOO_LARGE;
-    if (rc == KVD_OK) {
-        budget->reply_bytes -= size;
-        e->ns = leaf->ns;
-        memcpy(e->root, chain[len - 1], KVD_KEY_BYTES);
-        memcpy(e->leaf, leaf->key, KVD_KEY_BYTES);
-        e->pages = (uint32_t)len;
-        e->pools = kvd_msg_alloc(rep, (size_t)count * sizeof(kvd_pool_bounds_t) + 1);
-        rc = e->pools ? KVD_OK : KVD_ERR_NOMEM;
-    }
-    /* chain[] runs leaf to root; boundary b = pages 0..b-1, i.e. index len-b */
-    for (uint32_t ns = 0; rc == KVD_OK && ns < count; ns++) {
-        if (ns == leaf->ns)
-            continue;
-        uint32_t *b = NULL;
-        size_t nb = 0;
-        for (size_t k = len; k-- > 0;) {
-            kvd_obj_info_t info;
-            if (kvd_store_inspect(store, ns, chain[k], &info) != KVD_OK ||
-                info.state != KVD_OBJ_READY)
-                continue;
-            if (b == NULL && (b = kvd_msg_alloc(rep, len * sizeof(uint32_t))) == NULL) {
-                rc = KVD_ERR_NOMEM;
-                break;
-            }
-            b[nb++] = (uint32_t)(len - k);
-        }
-        if (nb > 0)
-            e->pools[e->n_pools++] =
-                (kvd_pool_bounds_t){.ns = ns, .n = nb, .boundaries = b};
-    }
-    kvd_mem_free(KVD_MEM_STAGING, chain, cap * sizeof(kvd_key_t));
-    return rc;
-}
-
-static void serve_list(kvd_store_t *store, const kvd_opts_t *opts, const kvd_msg_t *req,
-                       kvd_msg_t *rep)
-{
-    const kvd_list_req_t *r = &req->body.list_req;
-    uint32_t only;
-    if (!ns_by_name(store, r->ns_name, &only, req, rep))
-        return;
-    size_t limit =
-        r->limit ? KVD_MIN((uint64_t)r->limit, opts->max_batch) : opts->max_batch;
-    list_ctx_t c = {.store = store};
-    kvd_store_foreach(store, only, collect, &c);
-    list_budget_t budget = {.steps = LIST_WALK_MAX,
-                            .reply_bytes = opts->max_frame_bytes / 2};
-    /* a node costs about 120 bytes of reply */
-    limit = KVD_MIN(limit, (size_t)(opts->max_frame_bytes / 2 / 128));
-    tag_ref_t *parents = kvd_mem_calloc(KVD_MEM_STAGING, c.n + 1, sizeof(*parents));
-    kvd_list_rep_t *o = &rep->body.list_rep;
-    o->prefixes = kvd_msg_alloc(rep, KVD_MIN(c.n, limit) * sizeof(kvd_prefix_msg_t) + 1);
-    o->nodes = kvd_msg_alloc(
-        rep, (r->nodes ? KVD_MIN(c.n, limit) : 0) * sizeof(kvd_obj_msg_t) + 1);
-    int rc = parents && o->prefixes && o->nodes ? KVD_OK : KVD_ERR_NOMEM;
-    size_t np = 0;
-    for (size_t i = 0; rc == KVD_OK && i < c.n; i++)
-        if (c.objs[i].has_parent) {
-            parents[np].ns = c.objs[i].ns;
-            memcpy(parents[np++].tag, c.objs[i].parent_tag, KVD_KEY_TAG_BYTES);
-        }
-    if (rc == KVD_OK)
-        qsort(parents, np, sizeof(*parents), tag_cmp);
-    for (size_t i = 0; rc == KVD_OK && i < c.n; i++) {
-        const kvd_obj_info_t *obj = &c.objs[i];
-        kvd_obj_info_t parent;
-        /* no stored parent in its own namespace (none named, or not here) */
-        bool orphan =
-            !obj->has_parent ||
-            kvd_store_find_tag(store, obj->ns, obj->parent_tag, &parent) != KVD_OK;
-        /* state saved at a boundary of another namespace's chain (mamba
-         * slots) is shown as that chain's pool, not as a prefix of its own,
-         * unless its namespace is the one asked for */
-        if (only == UINT32_MAX && orphan && obj->depth > 0 &&
-            key_elsewhere(store, obj->ns, obj->key))
-            continue;
-        if (r->nodes) {
-            if (o->n_nodes < limit)
-                obj_msg(store, obj, &o->nodes[o->n_nodes++]);
-            else
-                o->truncated = true;
-        }
-        tag_ref_t me = {.ns = obj->ns};
-        kvd_store_key_tag(store, obj->key, me.tag);
-        if (bsearch(&me, parents, np, sizeof(*parents), tag_cmp) != NULL)
-            continue; /* not a leaf */
-        if (o->n_prefixes >= limit) {
-            o->truncated = true;
-            continue;
-        }
-        rc = prefix_entry(store, obj, rep, &budget, &o->prefixes[o->n_prefixes]);
-        if (rc == KVD_OK)
-            o->n_prefixes++;
-        if (rc == KVD_ERR_TOO_LARGE) {
-            o->truncated = true;
-            rc = KVD_OK;
-            break;
-        }
-    }
-    o->truncated |= c.truncated;
-    if (rc == KVD_OK)
-        rc = kvd_rpc_ns_table(store, rep, &o->namespaces, &o->n_namespaces);
-    kvd_mem_free(KVD_MEM_STAGING, parents, (c.n + 1) * sizeof(*parents));
-    kvd_mem_free(KVD_MEM_STAGING, c.objs, c.cap * sizeof(*c.objs));
-    if (rc != KVD_OK)
-        set_error(req, rep, rc, 0, "list prefixes failed: %s", kvd_status_str(rc));
 }
 
 void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts,

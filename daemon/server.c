@@ -11,6 +11,12 @@
  * output passes OUT_HIGH_WATER stops being read until it drains, so a client
  * that never reads cannot grow the daemon's memory.
  *
+ * Every connection says Hello first: any other method before a Hello that
+ * succeeded is refused (KVD_ERR_AUTH) and the connection closed, as it is
+ * after a Hello that fails; the Hello's credential (auth.h) sets who the
+ * connection is (conn_t.ctx) for everything after it. Refusals are counted
+ * (auth_failures) and logged at a bounded rate, without the client's bytes.
+ *
  * Protocol violations (oversize or zero-length frame, bytes that do not
  * decode, an unknown method, a reply sent as a request) get one error reply
  * where one can be sent and close that connection only; a truncated frame
@@ -18,6 +24,7 @@
  * carry on.
  */
 #include "server.h"
+#include "auth.h"
 #include "metrics.h"
 #include "rpc_store.h"
 #include "nics.h"
@@ -43,7 +50,9 @@
 #define OUT_HIGH_WATER (8u * 1024u * 1024u)
 #define BUF_KEEP_BYTES (1u * 1024u * 1024u) /* buffers larger are freed when empty */
 #define READ_CHUNK     (64u * 1024u)
-#define TICK_MS        100
+/* Time one connection's pipelined frames may hold the loop in one turn. */
+#define CONN_TURN_NS (2u * 1000u * 1000u)
+#define TICK_MS      100
 
 typedef enum src_kind {
     SRC_UNIX_LISTEN,
@@ -64,10 +73,12 @@ typedef struct conn {
     src_t src;
     uint64_t id;
     bool tcp;
+    bool authed;       /* a Hello succeeded: ctx says who it is */
     bool closing;      /* close once the output is flushed */
     bool dead;         /* closed; freed after the current epoll batch */
     uint32_t events;   /* what epoll watches now */
     size_t fd_at;      /* offset in out where the pool fd rides; SIZE_MAX none */
+    bool backlog;      /* whole frames left unserved when its turn ended */
     kvd_rpc_ctx_t ctx; /* who it is: its id, and the tenant of its credential */
     kvd_framer_t in;
     kvd_buf_t out;
@@ -78,6 +89,9 @@ struct kvd_server {
     kvd_opts_t opts;
     kvd_pool_t *pool;
     kvd_store_t *store;
+    kvd_auth_t *auth;
+    kvd_ratelimit_t auth_log; /* refusal lines: a few a minute */
+    mode_t socket_mode;
     int epfd;
     src_t unix_listen, tcp_listen, sig, timer;
     /* UCX workers reach the pool through the UCX server process (see
@@ -86,6 +100,7 @@ struct kvd_server {
     src_t ucx_src;
     conn_t *conns;
     conn_t *dead; /* closed during this batch, freed after it */
+    bool backlog; /* some connection has frames waiting for its next turn */
     uint64_t next_conn_id;
     kvd_counters_t counters;
     _Atomic int health;
@@ -159,6 +174,7 @@ static void server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
     out->connections_total = atomic_load(&k->connections_total);
     out->connections_rejected = atomic_load(&k->connections_rejected);
     out->protocol_errors = atomic_load(&k->protocol_errors);
+    out->auth_failures = atomic_load(&k->auth_failures);
     kvd_store_stats_t ss;
     kvd_store_stats(s->store, &ss);
     kvd_rpc_store_stats(&ss, &out->store);
@@ -281,6 +297,105 @@ static void conn_fail(kvd_server_t *s, conn_t *c, uint64_t id, kvd_method_t meth
     c->closing = true;
 }
 
+/*
+ * Refuses a request for want of a credential: counts it, logs it (a burst
+ * of AUTH_LOG_BURST lines a minute, then a count of those left out; who the
+ * peer is, never what it sent), replies KVD_ERR_AUTH and closes.
+ */
+#define AUTH_LOG_BURST     10
+#define AUTH_LOG_WINDOW_NS (60ull * 1000000000ull)
+
+static void auth_refuse(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep,
+                        const char *why)
+{
+    atomic_fetch_add(&s->counters.auth_failures, 1);
+    uint64_t skipped = 0;
+    if (kvd_ratelimit_allow(&s->auth_log, kvd_now_ns(), AUTH_LOG_BURST,
+                            AUTH_LOG_WINDOW_NS, &skipped)) {
+        char peer[96] = "unix";
+        if (c->tcp) {
+            struct sockaddr_storage sa;
+            socklen_t len = sizeof(sa);
+            char host[64] = "?", port[8] = "?";
+            if (getpeername(c->src.fd, (struct sockaddr *)&sa, &len) == 0)
+                getnameinfo((struct sockaddr *)&sa, len, host, sizeof(host), port,
+                            sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+            snprintf(peer, sizeof(peer), "tcp %s port %s", host, port);
+        } else {
+            struct ucred cr;
+            socklen_t len = sizeof(cr);
+            if (getsockopt(c->src.fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0)
+                snprintf(peer, sizeof(peer), "unix uid %u gid %u pid %d",
+                         (unsigned)cr.uid, (unsigned)cr.gid, (int)cr.pid);
+        }
+        KVD_WARN("server", "connection %llu (%s): %s refused: %s; closing it",
+                 (unsigned long long)c->id, peer, kvd_method_name(req->method), why);
+        if (skipped > 0)
+            KVD_WARN("server", "%llu more refusals were not logged",
+                     (unsigned long long)skipped);
+    }
+    kvd_msg_error(rep, req->id, req->method, KVD_ERR_AUTH, "%s", why);
+    c->closing = true;
+}
+
+/*
+ * Checks the Hello's credential (auth.h) and sets *ctx to whom it maps:
+ * the connection's tenant and role, narrowed to read-only when the Hello
+ * asks. A later Hello on the same connection must map to the same tenant
+ * and role; it may narrow, never widen. Returns false after auth_refuse.
+ */
+static bool hello_auth(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep,
+                       kvd_rpc_ctx_t *ctx)
+{
+    const kvd_hello_req_t *h = &req->body.hello_req;
+    kvd_auth_peer_t peer = {.tcp = c->tcp};
+    gid_t groups_small[64];
+    gid_t *groups = groups_small;
+    size_t groups_bytes = 0;
+    if (!c->tcp) {
+        struct ucred cr;
+        socklen_t len = sizeof(cr);
+        if (getsockopt(c->src.fd, SOL_SOCKET, SO_PEERCRED, &cr, &len) == 0) {
+            peer.has_cred = true;
+            peer.uid = cr.uid;
+            peer.gid = cr.gid;
+        }
+        /* the supplementary groups, as the kernel saw them at connect() */
+        socklen_t glen = sizeof(groups_small);
+        int rc = getsockopt(c->src.fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen);
+        if (rc != 0 && errno == ERANGE && glen > 0) {
+            groups_bytes = glen;
+            groups = kvd_mem_calloc(KVD_MEM_CONN, 1, groups_bytes);
+            rc = groups ? getsockopt(c->src.fd, SOL_SOCKET, SO_PEERGROUPS, groups, &glen)
+                        : -1;
+        }
+        if (rc == 0 && groups) {
+            peer.groups = groups;
+            peer.n_groups = glen / sizeof(gid_t);
+        }
+    }
+    kvd_auth_grant_t g;
+    const char *why = NULL;
+    int rc = kvd_auth_check(s->auth, &peer, h->auth_token, h->auth_token_len, &g, &why);
+    if (groups != NULL && groups != groups_small)
+        kvd_mem_free(KVD_MEM_CONN, groups, groups_bytes);
+    if (rc != KVD_OK) {
+        auth_refuse(s, c, req, rep, why);
+        return false;
+    }
+    if (c->authed && (g.tenant != c->ctx.tenant || g.is_operator != c->ctx.is_operator)) {
+        auth_refuse(s, c, req, rep,
+                    "a second Hello with another credential than the first one");
+        return false;
+    }
+    *ctx = (kvd_rpc_ctx_t){.conn_id = c->id,
+                           .tenant = g.tenant,
+                           .is_operator = g.is_operator,
+                           .read_only = g.read_only || h->read_only ||
+                                        (c->authed && c->ctx.read_only)};
+    return true;
+}
+
 static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_hello_req_t *h = &req->body.hello_req;
@@ -291,6 +406,10 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         c->closing = true;
         return;
     }
+    /* the credential before anything else of the Hello (UCX included) */
+    kvd_rpc_ctx_t ctx;
+    if (!hello_auth(s, c, req, rep, &ctx))
+        return;
     if (h->want_ucx && !kvd_ucxd_up(s->ucxd)) {
         if (s->ucxd != NULL)
             kvd_msg_error(rep, req->id, req->method, KVD_ERR_BUSY,
@@ -311,13 +430,18 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
         return;
     }
-    int rc = kvd_rpc_register(s->store, &c->ctx, h->namespaces, h->n_namespaces, ids, req,
-                              rep);
+    int rc =
+        kvd_rpc_register(s->store, &ctx, h->namespaces, h->n_namespaces, ids, req, rep);
     if (rc != KVD_OK)
         return;
-    KVD_INFO("server", "connection %llu: hello from '%s' pid %u%s, %zu namespaces",
+    c->ctx = ctx;
+    c->authed = true;
+    const char *tenant = kvd_store_tenant_name(s->store, ctx.tenant);
+    KVD_INFO("server",
+             "connection %llu: hello from '%s' pid %u%s, %zu namespaces, tenant %s%s%s",
              (unsigned long long)c->id, h->client_name, h->pid, c->tcp ? " over tcp" : "",
-             h->n_namespaces);
+             h->n_namespaces, tenant ? tenant : "?", ctx.is_operator ? " (operator)" : "",
+             ctx.read_only ? " read-only" : "");
     kvd_hello_rep_t *r = &rep->body.hello_rep;
     r->n_ns_ids = h->n_namespaces;
     r->ns_ids = ids;
@@ -327,6 +451,8 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     r->pool_fd_attached = h->want_pool_fd && !c->tcp && c->fd_at == SIZE_MAX;
     kvd_strlcpy(r->daemon_version, KVD_VERSION, sizeof(r->daemon_version));
     kvd_strlcpy(r->instance, s->opts.instance, sizeof(r->instance));
+    kvd_strlcpy(r->tenant, tenant ? tenant : "", sizeof(r->tenant));
+    r->read_only = ctx.read_only;
     r->protocol_version = KVD_PROTOCOL_VERSION;
     r->max_frame_bytes = (uint32_t)s->opts.max_frame_bytes;
     r->max_batch = (uint32_t)s->opts.max_batch;
@@ -409,6 +535,12 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     rep->id = req->id;
     rep->method = req->method;
     rep->reply = true;
+    if (!c->authed && req->method != KVD_METHOD_HELLO) {
+        auth_refuse(s, c, req, rep, "say Hello first: every other method needs one");
+        conn_reply(s, c, rep);
+        kvd_counters_record(&s->counters, req->method, true, kvd_now_ns() - t0);
+        goto done;
+    }
     switch (req->method) {
     case KVD_METHOD_HELLO: serve_hello(s, c, req, rep); break;
     case KVD_METHOD_HEALTH:
@@ -444,6 +576,9 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         c->closing = true;
         break;
     }
+    /* a connection whose first Hello failed has nothing left to say */
+    if (req->method == KVD_METHOD_HELLO && rep->status != KVD_OK && !c->authed)
+        c->closing = true;
     conn_reply(s, c, rep);
     kvd_counters_record(&s->counters, req->method, rep->status != KVD_OK,
                         kvd_now_ns() - t0);
@@ -522,12 +657,14 @@ static void conn_flush(kvd_server_t *s, conn_t *c)
             conn_close(s, c, "closed after error reply");
             return;
         }
-        if (c->out.len > 0 || c->closing || kvd_framer_pending(&c->in) == 0)
+        if (c->out.len > 0 || c->closing || kvd_framer_pending(&c->in) == 0 || c->backlog)
             break;
         size_t before = kvd_framer_pending(&c->in);
         conn_serve_buffered(s, c);
         if (kvd_framer_pending(&c->in) == before && c->out.len == 0)
             break; /* only a partial frame is left: wait for its bytes */
+        if (c->backlog)
+            break; /* its turn is over */
     }
     if (c->out.len == 0) {
         /* a burst can leave megabytes of buffer behind: give them back */
@@ -547,7 +684,16 @@ static void conn_flush(kvd_server_t *s, conn_t *c)
  */
 static void conn_serve_buffered(kvd_server_t *s, conn_t *c)
 {
-    while (!c->closing && c->out.len < OUT_HIGH_WATER) {
+    /* a turn: a client that pipelines many requests, each bounded, still
+     * gets at most CONN_TURN_NS of the loop before the others' turns; what
+     * is left waits in the framer for the next pass of the loop */
+    uint64_t t0 = kvd_now_ns();
+    for (bool first = true; !c->closing && c->out.len < OUT_HIGH_WATER; first = false) {
+        if (!first && kvd_framer_pending(&c->in) > 0 &&
+            kvd_now_ns() - t0 >= CONN_TURN_NS) {
+            c->backlog = s->backlog = true;
+            return;
+        }
         const uint8_t *payload;
         size_t len;
         int got = kvd_framer_next(&c->in, &payload, &len);
@@ -572,7 +718,7 @@ static void conn_on_readable(kvd_server_t *s, conn_t *c)
 {
     for (;;) {
         conn_serve_buffered(s, c);
-        if (c->closing || c->out.len >= OUT_HIGH_WATER)
+        if (c->closing || c->out.len >= OUT_HIGH_WATER || c->backlog)
             break;
         uint8_t *space;
         size_t avail;
@@ -713,17 +859,38 @@ static int listen_unix(kvd_server_t *s)
         KVD_ERROR("server", "socket(AF_UNIX): %s", strerror(err));
         return kvd_status_from_errno(err);
     }
-    /* 0660 from the start: no window in which the socket is world-open */
-    mode_t old = umask(0117);
+    /* The mode the rules call for (auth.h) from the start: bind creates the
+     * file under the umask, and its group and exact mode are set before
+     * listen(), while every connect() is still refused. */
+    gid_t group;
+    mode_t mode = kvd_auth_socket_mode(s->auth, &group);
+    s->socket_mode = mode;
+    mode_t old = umask(~mode & 0777);
     int rc = bind(fd, (struct sockaddr *)&addr, sizeof(addr));
     umask(old);
-    if (rc != 0 || listen(fd, 1024) != 0) {
+    const char *step = "bind";
+    if (rc == 0 && group != (gid_t)-1 &&
+        (step = "chown", chown(path, (uid_t)-1, group)) != 0)
+        rc = -1;
+    if (rc == 0 && (step = "chmod", chmod(path, mode)) != 0)
+        rc = -1;
+    if (rc == 0 && (step = "listen", listen(fd, 1024)) != 0)
+        rc = -1;
+    if (rc != 0) {
         int err = errno;
-        KVD_ERROR("server", "cannot listen on %s: %s", path, strerror(err));
+        if (strcmp(step, "chown") == 0)
+            KVD_ERROR("server",
+                      "cannot give %s to group %u (--allow-gid): %s; the daemon's user "
+                      "must be in that group",
+                      path, (unsigned)group, strerror(err));
+        else
+            KVD_ERROR("server", "cannot listen on %s (%s): %s", path, step,
+                      strerror(err));
         close(fd);
+        if (strcmp(step, "bind") != 0)
+            unlink(path);
         return kvd_status_from_errno(err);
     }
-    chmod(path, 0660);
     s->unix_listen = (src_t){SRC_UNIX_LISTEN, fd};
     return watch(s, &s->unix_listen, EPOLLIN, EPOLL_CTL_ADD);
 }
@@ -809,13 +976,17 @@ static int start_ucx(kvd_server_t *s)
     return KVD_OK;
 }
 
-int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **out)
+int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth,
+                      kvd_server_t **out)
 {
     kvd_server_t *s = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*s));
-    if (s == NULL)
+    if (s == NULL) {
+        kvd_auth_destroy(auth);
         return KVD_ERR_NOMEM;
+    }
     s->opts = *opts;
     s->pool = pool;
+    s->auth = auth;
     s->start_ns = kvd_now_ns();
     s->usage_prev_ns = s->start_ns;
     s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = s->ucx_src.fd = -1;
@@ -830,6 +1001,12 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **o
     int rc = kvd_store_create(&scfg, &s->store);
     if (rc != KVD_OK) {
         KVD_ERROR("server", "cannot create the store: %s", kvd_status_str(rc));
+        s->epfd = -1;
+        goto fail;
+    }
+    char why[256];
+    if ((rc = kvd_auth_bind(s->auth, s->store, why, sizeof(why))) != KVD_OK) {
+        KVD_ERROR("server", "%s", why);
         s->epfd = -1;
         goto fail;
     }
@@ -900,6 +1077,7 @@ void kvd_server_destroy(kvd_server_t *s)
         close(s->epfd);
     kvd_ucxd_stop(s->ucxd);
     kvd_store_destroy(s->store);
+    kvd_auth_destroy(s->auth);
     kvd_nics_free(&s->nics);
     kvd_mem_free(KVD_MEM_OTHER, s, sizeof(*s));
 }
@@ -1029,15 +1207,31 @@ static int on_tick(kvd_server_t *s)
     return 0;
 }
 
+/* One more turn for each connection whose frames outlasted its turn. */
+static void serve_backlog(kvd_server_t *s)
+{
+    s->backlog = false;
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (!c->backlog || c->dead)
+            continue;
+        c->backlog = false;
+        conn_serve_buffered(s, c);
+        conn_flush(s, c); /* may close c */
+    }
+}
+
 int kvd_server_run(kvd_server_t *s)
 {
-    KVD_INFO("server", "serving %s (socket mode 0660, max %llu connections)",
-             s->opts.socket_path, (unsigned long long)s->opts.max_connections);
+    KVD_INFO("server", "serving %s (socket mode %04o, max %llu connections, %zu tokens)",
+             s->opts.socket_path, (unsigned)s->socket_mode,
+             (unsigned long long)s->opts.max_connections, kvd_auth_token_count(s->auth));
     struct epoll_event events[64];
     for (;;) {
         if (s->draining && (s->conns == NULL || kvd_now_ns() >= s->drain_deadline_ns))
             break;
-        int n = epoll_wait(s->epfd, events, (int)KVD_ARRAY_SIZE(events), TICK_MS);
+        int n = epoll_wait(s->epfd, events, (int)KVD_ARRAY_SIZE(events),
+                           s->backlog ? 0 : TICK_MS);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -1085,6 +1279,8 @@ int kvd_server_run(kvd_server_t *s)
             }
             }
         }
+        if (s->backlog)
+            serve_backlog(s);
         free_dead(s);
     }
     KVD_INFO("server", "drained: %s",

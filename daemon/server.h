@@ -11,6 +11,7 @@
 
 #include "kvd_common.h"
 #include "kvd_proto.h"
+#include "auth.h"
 #include "kvd_store.h"
 #include "options.h"
 
@@ -29,13 +30,16 @@ typedef struct kvd_counters {
     _Atomic uint64_t connections_total;
     _Atomic uint64_t connections_rejected;
     _Atomic uint64_t protocol_errors;
+    _Atomic uint64_t auth_failures; /* a method before Hello, or a credential refused */
 } kvd_counters_t;
 
 typedef struct kvd_server kvd_server_t;
 
 /* Creates the server: listeners bound, signals blocked, nothing served yet.
- * The pool stays owned by the caller and must outlive the server. */
-int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_server_t **out);
+ * The pool stays owned by the caller and must outlive the server; auth
+ * (the credentials, auth.h) is the server's from here on, also on failure. */
+int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth,
+                      kvd_server_t **out);
 /* Runs the loop until a signal drains it (returns 0) or a fatal error (1). */
 int kvd_server_run(kvd_server_t *s);
 void kvd_server_destroy(kvd_server_t *s);

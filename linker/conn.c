@@ -145,12 +145,15 @@ static void session_put(lsession_t *s)
  * connection replaces it (copies of this epoch in progress land in memory
  * that is still mapped, and fail at their release). Drops the caller's
  * reference too (and the connection's, when s was current). */
-static void session_drop_put(kvd_linker_t *l, lsession_t *s)
+static void session_drop_put(kvd_linker_t *l, lsession_t *s, int why)
 {
     lk_lock(&l->conn.state);
     bool current = l->conn.session == s;
-    if (current)
+    if (current) {
         l->conn.session = NULL;
+        /* before the shutdown: a call that fails of it finds the reason */
+        atomic_store(&s->dropped, why);
+    }
     lk_unlock(&l->conn.state);
     if (current)
         shutdown(kvd_client_fd(s->client), SHUT_RDWR);
@@ -209,6 +212,35 @@ static void populate_in_background(kvd_linker_t *l)
     lk_unlock(&l->lock);
 }
 
+/* ------------------------------------------------------------ deadlines */
+
+uint64_t lk_deadline(const kvd_linker_t *l)
+{
+    return kvd_now_ns() + (uint64_t)l->timeout_ms * 1000000ull;
+}
+
+/* What is left until deadline, in whole ms rounded up; 0 once passed. */
+static int ms_until(uint64_t deadline)
+{
+    uint64_t now = kvd_now_ns();
+    return now >= deadline ? 0
+                           : (int)KVD_MIN((deadline - now + 999999) / 1000000, INT32_MAX);
+}
+
+/* The daemon did not answer within the timeout (a call, or a Hello on a
+ * connection its kernel accepted): for the next timeout_ms it counts as
+ * hung, and a call that would have to connect fails at once instead of
+ * waiting out one more timeout (linker_int.h, lconn_t.hung_until_ns). */
+static void note_hung(kvd_linker_t *l)
+{
+    atomic_store(&l->conn.hung_until_ns, lk_deadline(l));
+}
+
+static bool hung(kvd_linker_t *l)
+{
+    return kvd_now_ns() < atomic_load(&l->conn.hung_until_ns);
+}
+
 /* ---------------------------------------------------------- connecting */
 
 /* The Hello of this linker: every registered pool's namespace. */
@@ -229,24 +261,30 @@ static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *sp
     h->protocol_version = KVD_PROTOCOL_VERSION;
     h->want_pool_fd = !l->use_ucx && l->connect[0] == '\0';
     h->want_ucx = l->use_ucx;
+    memcpy(h->auth_token, l->auth_token, l->auth_token_len);
+    h->auth_token_len = l->auth_token_len;
     h->n_namespaces = n;
     h->namespaces = specs;
     return n;
 }
 
-/* Says Hello and makes the connection and its peer current. Caller holds
- * connect. */
-static int connect_once(kvd_linker_t *l)
+/* Says Hello and makes the connection and its peer current, by deadline.
+ * Caller holds connect. */
+static int connect_once(kvd_linker_t *l, uint64_t deadline)
 {
     kvd_client_t *c = NULL;
-    int rc = l->connect[0] ? kvd_client_connect_tcp(l->connect, l->timeout_ms, &c)
-                           : kvd_client_connect_unix(l->socket_path, l->timeout_ms, &c);
+    int ms = ms_until(deadline);
+    if (ms == 0)
+        return KVD_ERR_TIMEOUT;
+    int rc = l->connect[0] ? kvd_client_connect_tcp(l->connect, ms, &c)
+                           : kvd_client_connect_unix(l->socket_path, ms, &c);
     if (rc != KVD_OK)
         return rc;
     kvd_ns_spec_t specs[KVD_MAX_POOLS];
     kvd_msg_t req, rep;
     uint32_t n = hello_request(l, &req, specs);
-    rc = kvd_client_call(c, &req, &rep, l->timeout_ms);
+    rc = kvd_client_call_many_until(c, &req, &rep, 1, deadline);
+    explicit_bzero(req.body.hello_req.auth_token, sizeof(req.body.hello_req.auth_token));
     if (rc == KVD_OK && rep.status != KVD_OK)
         rc = rep.status;
     if (rc == KVD_OK && rep.body.hello_rep.n_ns_ids != n)
@@ -285,8 +323,11 @@ static int connect_once(kvd_linker_t *l)
     l->conn.peer = peer;
     *sess = (lsession_t){.client = c, .epoch = epoch};
     atomic_init(&sess->refs, 1);
+    atomic_init(&sess->dropped, KVD_OK);
     l->conn.session = sess;
     l->conn.lease_ttl_ms = rep.body.hello_rep.lease_ttl_ms;
+    l->conn.max_batch = rep.body.hello_rep.max_batch;
+    l->conn.max_frame_bytes = rep.body.hello_rep.max_frame_bytes;
     lk_lock(&l->lock);
     for (uint32_t i = 0; i < n; i++)
         l->pools[i].ns_id = rep.body.hello_rep.ns_ids[i];
@@ -302,16 +343,18 @@ static int connect_once(kvd_linker_t *l)
 }
 
 /* connect_once, again while the daemon says busy (its UCX server is
- * restarting: a second at most), within the timeout. Caller holds
+ * restarting: a second at most), until the deadline. Caller holds
  * connect. */
-static int connect_locked(kvd_linker_t *l)
+static int connect_locked(kvd_linker_t *l, uint64_t deadline)
 {
-    uint64_t deadline = kvd_now_ns() + (uint64_t)l->timeout_ms * 1000000ull;
     for (;;) {
-        int rc = connect_once(l);
-        if (rc != KVD_ERR_BUSY || kvd_now_ns() >= deadline)
+        int rc = connect_once(l, deadline);
+        if (rc == KVD_ERR_TIMEOUT)
+            note_hung(l);
+        uint64_t now = kvd_now_ns();
+        if (rc != KVD_ERR_BUSY || now >= deadline)
             return rc;
-        kvd_sleep_ns(100 * 1000000ull);
+        kvd_sleep_ns(KVD_MIN(100 * 1000000ull, deadline - now));
     }
 }
 
@@ -324,7 +367,7 @@ void lk_conn_init(kvd_linker_t *l)
 int lk_conn_open(kvd_linker_t *l)
 {
     lk_lock(&l->conn.connect);
-    int rc = connect_locked(l);
+    int rc = connect_locked(l, lk_deadline(l));
     lk_unlock(&l->conn.connect);
     return rc;
 }
@@ -336,7 +379,7 @@ void lk_conn_close(kvd_linker_t *l)
         pthread_join(l->conn.pop_thread, NULL);
     lsession_t *s = session_get(l);
     if (s != NULL)
-        session_drop_put(l, s);
+        session_drop_put(l, s, KVD_ERR_CLOSED);
     lk_lock(&l->conn.state);
     lpeer_t *p = l->conn.peer;
     l->conn.peer = NULL;
@@ -357,25 +400,46 @@ static bool epoch_gone(kvd_linker_t *l, uint64_t on_epoch)
     return gone;
 }
 
+/* A new session for a call that has none, by the call's deadline. One
+ * thread connects at a time (holding connect across the Hello); a call
+ * that finds another connecting waits for it until its own deadline and
+ * then takes its outcome: the new session, or, when that attempt found
+ * the daemon hung, KVD_ERR_TIMEOUT without a second attempt. While the
+ * daemon counts as hung a call fails at once: its kernel still accepts
+ * connections, so each attempt would wait out a whole timeout. */
+static lsession_t *connect_for_call(kvd_linker_t *l, uint64_t deadline, int *rc)
+{
+    *rc = KVD_ERR_TIMEOUT;
+    if (hung(l) || kvd_now_ns() >= deadline || !lk_lock_until(&l->conn.connect, deadline))
+        return NULL;
+    lsession_t *s = session_get(l); /* another thread may have reconnected meanwhile */
+    if (s == NULL && !hung(l))
+        *rc = connect_locked(l, deadline);
+    if (s == NULL && *rc == KVD_OK)
+        s = session_get(l);
+    lk_unlock(&l->conn.connect);
+    if (s != NULL)
+        *rc = KVD_OK;
+    return s;
+}
+
 /* The session a call runs on, with a reference: the current one, or (for
  * on_epoch 0) a new one when there is none or a data path failed on it. */
-static lsession_t *session_for_call(kvd_linker_t *l, uint64_t on_epoch, int *rc)
+static lsession_t *session_for_call(kvd_linker_t *l, uint64_t on_epoch, uint64_t deadline,
+                                    int *rc)
 {
     lsession_t *s = session_get(l);
     if (s != NULL && atomic_load(&l->conn.failed_epoch) == s->epoch) {
-        session_drop_put(l, s); /* its pins and offsets are void: start over */
+        /* its pins and offsets are void: start over */
+        session_drop_put(l, s, KVD_ERR_CLOSED);
         s = NULL;
     }
-    if (s == NULL && on_epoch == 0) {
-        lk_lock(&l->conn.connect);
-        s = session_get(l); /* another thread may have reconnected meanwhile */
-        if (s == NULL && connect_locked(l) == KVD_OK)
-            s = session_get(l);
-        lk_unlock(&l->conn.connect);
-    }
     *rc = KVD_OK;
+    if (s == NULL && on_epoch == 0)
+        s = connect_for_call(l, deadline, rc);
     if (s == NULL || (on_epoch != 0 && s->epoch != on_epoch)) {
-        *rc = s == NULL && on_epoch == 0 ? KVD_ERR_UNAVAILABLE : KVD_ERR_CLOSED;
+        if (*rc == KVD_OK)
+            *rc = KVD_ERR_CLOSED;
         session_put(s);
         return NULL;
     }
@@ -383,31 +447,38 @@ static lsession_t *session_for_call(kvd_linker_t *l, uint64_t on_epoch, int *rc)
 }
 
 int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
-                 uint64_t on_epoch, uint64_t *epoch)
+                 uint64_t on_epoch, uint64_t *epoch, uint64_t deadline)
 {
     memset(reps, 0, n * sizeof(*reps));
     if (on_epoch != 0 && epoch_gone(l, on_epoch))
         return KVD_ERR_CLOSED;
     int rc;
-    lsession_t *s = session_for_call(l, on_epoch, &rc);
+    lsession_t *s = session_for_call(l, on_epoch, deadline, &rc);
     if (s == NULL)
         return rc;
     if (epoch)
         *epoch = s->epoch;
-    rc = kvd_client_call_many(s->client, reqs, reps, n, l->timeout_ms);
-    if (rc != KVD_OK)
-        session_drop_put(l, s); /* closed, timed out or garbled: start over */
-    else
+    rc = kvd_client_call_many_until(s->client, reqs, reps, n, deadline);
+    if (rc != KVD_OK) {
+        if (rc == KVD_ERR_TIMEOUT)
+            note_hung(l);
+        /* a call that timed out shut the socket down under this one: the
+         * daemon did not answer it either */
+        if (rc == KVD_ERR_CLOSED && atomic_load(&s->dropped) == KVD_ERR_TIMEOUT)
+            rc = KVD_ERR_TIMEOUT;
+        session_drop_put(l, s, rc); /* closed, timed out or garbled: start over */
+    } else {
         session_put(s);
+    }
     return rc;
 }
 
 int lk_call_ns(kvd_linker_t *l, lk_ns_fill_fn fill, void *ctx, kvd_msg_t *reqs,
-               kvd_msg_t *reps, size_t n, uint64_t *epoch)
+               kvd_msg_t *reps, size_t n, uint64_t *epoch, uint64_t deadline)
 {
     for (int attempt = 0;; attempt++) {
         int rc;
-        if (lk_conn_ensure(l, &rc) == 0) {
+        if (lk_conn_ensure(l, deadline, &rc) == 0) {
             memset(reps, 0, n * sizeof(*reps));
             return rc;
         }
@@ -415,30 +486,48 @@ int lk_call_ns(kvd_linker_t *l, lk_ns_fill_fn fill, void *ctx, kvd_msg_t *reqs,
         fill(l, ctx, reqs, n);
         uint64_t ns_epoch = l->ns_epoch;
         lk_unlock(&l->lock);
-        rc = lk_call_many(l, reqs, reps, n, ns_epoch, epoch);
+        rc = lk_call_many(l, reqs, reps, n, ns_epoch, epoch, deadline);
         if (rc != KVD_ERR_CLOSED || attempt == 1)
             return rc;
     }
 }
 
 int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
-               uint64_t *epoch)
+               uint64_t *epoch, uint64_t deadline)
 {
-    int rc = lk_call_many(l, req, rep, 1, on_epoch, epoch);
+    int rc = lk_call_many(l, req, rep, 1, on_epoch, epoch, deadline);
     return rc == KVD_OK ? rep->status : rc;
 }
 
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep)
 {
-    return lk_call_ex(l, req, rep, 0, NULL);
+    return lk_call_ex(l, req, rep, 0, NULL, lk_deadline(l));
 }
 
-uint64_t lk_conn_ensure(kvd_linker_t *l, int *rc)
+uint64_t lk_conn_ensure(kvd_linker_t *l, uint64_t deadline, int *rc)
 {
-    lsession_t *s = session_for_call(l, 0, rc);
+    lsession_t *s = session_for_call(l, 0, deadline, rc);
     uint64_t epoch = s != NULL ? s->epoch : 0;
     session_put(s);
     return epoch;
+}
+
+/* Room kept in a frame for the envelope and a request's fixed fields. */
+#define FRAME_SLACK_BYTES 1024
+
+size_t lk_batch_limit(kvd_linker_t *l, size_t item_bytes)
+{
+    lk_lock(&l->conn.state);
+    uint64_t batch = l->conn.max_batch, frame = l->conn.max_frame_bytes;
+    lk_unlock(&l->conn.state);
+    /* a daemon that does not say: its defaults */
+    if (batch == 0)
+        batch = 4096;
+    if (frame == 0)
+        frame = KVD_FRAME_DEFAULT_MAX;
+    uint64_t fit =
+        frame > FRAME_SLACK_BYTES ? (frame - FRAME_SLACK_BYTES) / item_bytes : 1;
+    return (size_t)KVD_MAX(1ull, KVD_MIN(KVD_MIN(batch, fit), (uint64_t)SIZE_MAX));
 }
 
 bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
@@ -457,7 +546,8 @@ bool lk_leases_standing(kvd_linker_t *l, const lxfer_t *x, size_t n)
     bool ok = l->connect[0] == '\0' && s != NULL && s->epoch == epoch &&
               atomic_load(&l->conn.failed_epoch) != epoch;
     for (size_t i = 0; ok && i < n; i++)
-        ok = x[i].lease == 0 || (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
+        ok = !lk_xfer_pinned(&x[i]) ||
+             (x[i].epoch == epoch && now - x[i].asked_ns < ttl_ns);
     /* checked last: the leases stood until now only if the daemon has not
      * ended the connection by now. The socket is polled, not read (an
      * engine thread may be inside a call on it): the daemon ends leases by
@@ -491,15 +581,19 @@ void lk_conn_fail(kvd_linker_t *l, uint64_t epoch)
      * key we hold in flight) */
     lsession_t *s = session_get(l);
     if (s != NULL && s->epoch == epoch)
-        session_drop_put(l, s);
+        session_drop_put(l, s, KVD_ERR_CLOSED);
     else
         session_put(s);
 }
 
-int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t *pool_id)
+int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t *pool_id,
+                     uint64_t deadline)
 {
     int rc = KVD_ERR_CLOSED;
-    lk_lock(&l->conn.connect); /* no Hello in between: every later one lists it */
+    /* no Hello in between: every later one lists it (one in progress ends
+     * by its deadline, which may be later than ours) */
+    if (!lk_lock_until(&l->conn.connect, deadline))
+        return KVD_ERR_TIMEOUT;
     lk_lock(&l->lock);
     if (epoch == atomic_load(&l->conn.epoch)) {
         if (l->n_pools == KVD_MAX_POOLS) {

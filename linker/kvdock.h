@@ -19,6 +19,16 @@
  * answer that breaks the protocol). Each function's comment names the
  * codes particular to it.
  *
+ * timeout_ms bounds each call from its start, every round trip and wait
+ * it makes included, whichever thread calls and whatever the daemon does
+ * (a daemon that hangs still has its connections accepted by its kernel).
+ * Once the daemon did not answer within it, it counts as hung for the
+ * next timeout_ms: calls that would have to reconnect fail at once with
+ * KVD_ERR_TIMEOUT, offloads queued fail (their device rows are the
+ * engine's again), then the next call tries again. Requests longer than
+ * the daemon's batch or frame limit (learnt at Hello) are split; the
+ * results are those of one call.
+ *
  * The flow for one request `rid`, in the engine's order:
  *   kvd_lookup        -> every restorable boundary (in pages)
  *   kvd_load          LOAD: re-validate and pin what the chosen boundary needs
@@ -93,6 +103,13 @@ typedef struct kvd_linker_config {
      * has an RDMA device and UCX_TLS does not rule it out, am otherwise).
      * NULL: $KVDOCK_UCX_MODE, else auto. */
     const char *ucx_mode;
+    /* A file holding the token the daemon's --auth-token-file (or a token
+     * line of its --auth-config) names: its content, trailing newline
+     * trimmed, goes in every Hello, on every reconnection too. A daemon
+     * over TCP requires one; over the Unix socket the daemon knows the
+     * process by its uid and the token is optional. Read once, at open.
+     * NULL: $KVDOCK_AUTH_TOKEN_FILE, else none. */
+    const char *auth_token_file;
 } kvd_linker_config_t;
 
 typedef enum kvd_linker_health {
@@ -102,9 +119,12 @@ typedef enum kvd_linker_health {
 } kvd_linker_health_t;
 
 /* Connects to the daemon and says Hello. Errors: KVD_ERR_UNAVAILABLE when
- * no daemon listens, KVD_ERR_UNSUPPORTED for a protocol version mismatch,
- * KVD_ERR_INVALID for an unknown transport or ucx_mode (or shm to a daemon
- * over TCP), the connection's errors. */
+ * no daemon listens, KVD_ERR_AUTH when it refuses the credential (the
+ * token, or this process's uid), the error reading auth_token_file (e.g.
+ * KVD_ERR_NOT_FOUND; KVD_ERR_INVALID when empty), KVD_ERR_UNSUPPORTED for a
+ * protocol version mismatch, KVD_ERR_INVALID for an unknown transport or
+ * ucx_mode (or shm to a daemon over TCP) or a rank outside [0, size) (tp, pp
+ * or cp), the connection's errors. */
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out);
 
 /* Stops the transfer threads (pending loads and offloads complete as
@@ -175,7 +195,8 @@ typedef struct kvd_pool_desc {
  * of one page (or one slot) holds, layer by layer and buffer by buffer, the
  * page's rows; its size and the namespace (model id, pool name, rank suffix)
  * follow from the description and are registered with the daemon.
- * Errors: KVD_ERR_INVALID for a bad description, KVD_ERR_UNSUPPORTED for a
+ * Errors: KVD_ERR_INVALID for a bad description (a layer id twice among
+ * its layers, among others), KVD_ERR_UNSUPPORTED for a
  * memory kind not built in, KVD_ERR_NO_SPACE past KVD_MAX_POOLS pools, the
  * daemon's refusal (e.g. KVD_ERR_EXISTS: the namespace exists with another
  * object size), the connection's errors.
@@ -195,7 +216,8 @@ KVD_API int kvd_pool_info(kvd_linker_t *linker, uint32_t pool_id, uint64_t *obje
  * `page_size` tokens, key[i] = SHA256(key[i-1] || page i's tokens as uint32
  * little-endian), key[-1] = prior (32 bytes) or nothing when prior is NULL.
  * `keys` must hold n_tokens / page_size keys; *n_keys says how many.
- * Errors: KVD_ERR_INVALID (page_size 0, tokens NULL with n_tokens > 0).
+ * Errors: KVD_ERR_INVALID (page_size 0, tokens NULL with n_tokens > 0,
+ * keys or n_keys NULL).
  */
 KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_size,
                           const uint8_t *prior, uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
@@ -249,7 +271,10 @@ KVD_API int kvd_lookup(kvd_linker_t *linker, uint64_t rid,
  * indices back. The arrays are copied. Invalid arguments record nothing.
  * Errors: KVD_ERR_NOT_FOUND when an object is missing now (evicted since
  * the lookup), KVD_ERR_EXISTS when rid has a load recorded already (nothing
- * recorded), KVD_ERR_INVALID (nothing recorded), the connection's errors.
+ * recorded), KVD_ERR_INVALID (nothing recorded: a bad transfer, one pool
+ * in two transfers, or two pages (slots) of a transfer on the same device
+ * rows, which the load would write twice and ABORT would free twice), the
+ * connection's errors.
  */
 KVD_API int kvd_load(kvd_linker_t *linker, uint64_t rid, const kvd_transfer_t *transfers,
                      size_t n_transfers);

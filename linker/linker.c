@@ -83,6 +83,14 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
     l->cfg.tp_size = config->tp_size > 0 ? config->tp_size : 1;
     l->cfg.pp_size = config->pp_size > 0 ? config->pp_size : 1;
     l->cfg.cp_size = config->cp_size > 0 ? config->cp_size : 1;
+    /* a rank names one of size ranks: another would share (or invent) a
+     * namespace of another rank's KV */
+    if (l->cfg.tp_rank < 0 || l->cfg.tp_rank >= l->cfg.tp_size || l->cfg.pp_rank < 0 ||
+        l->cfg.pp_rank >= l->cfg.pp_size || l->cfg.cp_rank < 0 ||
+        l->cfg.cp_rank >= l->cfg.cp_size) {
+        free(l);
+        return KVD_ERR_INVALID;
+    }
     l->cfg.layer_group_size = config->layer_group_size > 0 ? config->layer_group_size : 1;
     l->timeout_ms = config->timeout_ms > 0 ? config->timeout_ms : 5000;
     l->spin_ns = config->spin_us == 0  ? 1000000u
@@ -106,7 +114,18 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
         rc = choose_ucx_mode(config->ucx_mode ? config->ucx_mode
                                               : getenv("KVDOCK_UCX_MODE"),
                              &l->ucx_mode);
+    const char *token_file = config->auth_token_file ? config->auth_token_file
+                                                     : getenv("KVDOCK_AUTH_TOKEN_FILE");
+    l->cfg.auth_token_file = NULL; /* the bytes are kept, not the caller's path */
+    if (rc == KVD_OK && token_file != NULL && token_file[0] != '\0') {
+        char why[512];
+        rc = kvd_token_read(token_file, false, l->auth_token, sizeof(l->auth_token),
+                            &l->auth_token_len, why, sizeof(why));
+        if (rc != KVD_OK)
+            KVD_ERROR("linker", "auth_token_file: %s", why);
+    }
     if (rc != KVD_OK) {
+        explicit_bzero(l->auth_token, sizeof(l->auth_token));
         free(l);
         return rc;
     }
@@ -175,6 +194,7 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     pthread_cond_destroy(&l->cond);
     pthread_cond_destroy(&l->jobs_cond);
     lk_mutex_destroy(&l->lock);
+    explicit_bzero(l->auth_token, sizeof(l->auth_token));
     free(l);
 }
 
@@ -233,6 +253,12 @@ static int check_desc(const kvd_pool_desc_t *d)
             if (ly->buffers[b].base == NULL || ly->buffers[b].bytes_per_row == 0 ||
                 ly->buffers[b].row_stride < ly->buffers[b].bytes_per_row)
                 return KVD_ERR_INVALID;
+        /* a layer once per pool: a layer's wait and its place in the
+         * object must name one layer (two pools may share one: a layer's
+         * KV and its indexer) */
+        for (uint32_t k = 0; k < i; k++)
+            if (d->layers[k].layer_id == ly->layer_id)
+                return KVD_ERR_INVALID;
     }
     return KVD_OK;
 }
@@ -272,7 +298,7 @@ static int pool_layout(lpool_t *p)
  * belongs to the connection that gave it: if another thread reconnected
  * in between (its Hello did not list this pool yet), the new connection
  * is asked again. */
-static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id)
+static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id, uint64_t deadline)
 {
     kvd_ns_spec_t spec = {.object_bytes = p->object_bytes,
                           .rank_replicated = p->desc.rank_replicated};
@@ -284,7 +310,7 @@ static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id)
         req.body.register_req.n = 1;
         req.body.register_req.namespaces = &spec;
         uint64_t epoch = 0;
-        rc = lk_call_ex(l, &req, &rep, 0, &epoch);
+        rc = lk_call_ex(l, &req, &rep, 0, &epoch, deadline);
         if (rc == KVD_OK && rep.body.register_rep.n != 1)
             rc = KVD_ERR_PROTOCOL;
         if (rc == KVD_OK)
@@ -292,7 +318,7 @@ static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id)
         kvd_msg_clear(&rep);
         if (rc != KVD_OK)
             return rc; /* a conflicting size is refused there */
-        rc = lk_conn_add_pool(l, epoch, p, pool_id);
+        rc = lk_conn_add_pool(l, epoch, p, pool_id, deadline);
         if (rc != KVD_ERR_CLOSED)
             return rc;
     }
@@ -304,6 +330,7 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
 {
     if (l == NULL || pool_id == NULL)
         return KVD_ERR_INVALID;
+    uint64_t deadline = lk_deadline(l); /* the whole call, its round trips included */
     int rc = check_desc(desc);
     if (rc != KVD_OK)
         return rc;
@@ -326,7 +353,7 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
     for (int d = 0; rc == KVD_OK && d < LK_DP_COUNT; d++)
         rc = lk_dp_register(&l->dp[d], &p);
     if (rc == KVD_OK)
-        rc = pool_add(l, &p, pool_id);
+        rc = pool_add(l, &p, pool_id, deadline);
     if (rc != KVD_OK)
         pool_free(l, &p);
     return rc;
@@ -369,18 +396,95 @@ KVD_API int kvd_stats(kvd_linker_t *l, uint32_t pool_id, kvd_pool_stats_t *out)
 
 /* ---------------------------------------------------------------- lookup */
 
+/* The pools of a Lookup's requests: msgs[j] is of transfer ti[j]. */
 typedef struct lookup_ctx {
     const kvd_transfer_t *t;
-    kvd_lookup_pool_msg_t *pools;
+    kvd_lookup_pool_msg_t *msgs;
+    const uint32_t *ti;
+    size_t n_msgs;
 } lookup_ctx_t;
 
-/* The namespace of each transfer's pool into the Lookup (lk_call_ns). */
+/* The namespace of each message's pool (lk_call_ns). */
 static void fill_lookup_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
 {
     const lookup_ctx_t *c = ctx;
+    (void)reqs;
     (void)n;
-    for (size_t i = 0; i < reqs[0].body.lookup_req.n_pools; i++)
-        c->pools[i].ns = l->pools[c->t[i].pool_id].ns_id;
+    for (size_t j = 0; j < c->n_msgs; j++)
+        c->msgs[j].ns = l->pools[c->t[c->ti[j]].pool_id].ns_id;
+}
+
+/*
+ * A lookup of more keys than one request may carry (lk_batch_limit): the
+ * daemon computes runs of present pages inside one request only, so a
+ * boundary past the first request could not be judged there. Instead each
+ * pool's keys go in pieces asking TRAILING_PAGES(1), whose boundaries are
+ * exactly the pages present, all in one round trip; the boundaries are
+ * then judged here by the store's rule (DESIGN.md section 5): b is
+ * restorable in a pool when the run of present pages ending at page b-1
+ * is at least b long (ALL_PAGES) or min(n, b) long (TRAILING_PAGES(n)).
+ */
+static int lookup_split(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, size_t n_min,
+                        size_t limit, const uint32_t *trailing, uint64_t deadline,
+                        uint32_t *boundaries, size_t *n_boundaries)
+{
+    size_t per = (n_min + limit - 1) / limit, n_req = n * per;
+    kvd_msg_t *req = calloc(2 * n_req, sizeof(*req)), *rep = req + n_req;
+    kvd_lookup_pool_msg_t *msgs = calloc(n_req, sizeof(*msgs));
+    uint32_t *ti = calloc(n_req, sizeof(*ti));
+    uint8_t *present = calloc(n_min, 1), *ok = malloc(n_min);
+    int rc = req && msgs && ti && present && ok ? KVD_OK : KVD_ERR_NOMEM;
+    for (size_t i = 0, j = 0; rc == KVD_OK && i < n; i++)
+        for (size_t s = 0; s < n_min; s += limit, j++) {
+            ti[j] = (uint32_t)i;
+            msgs[j] = (kvd_lookup_pool_msg_t){.trailing_pages = 1,
+                                              .n_keys = KVD_MIN(limit, n_min - s),
+                                              .keys = (kvd_key_t *)t[i].keys + s};
+            kvd_msg_request(&req[j], 0, KVD_METHOD_LOOKUP);
+            req[j].body.lookup_req = (kvd_lookup_req_t){.n_pools = 1, .pools = &msgs[j]};
+        }
+    if (rc == KVD_OK) {
+        lookup_ctx_t ctx = {.t = t, .msgs = msgs, .ti = ti, .n_msgs = n_req};
+        rc = lk_call_ns(l, fill_lookup_ns, &ctx, req, rep, n_req, NULL, deadline);
+    }
+    if (rc == KVD_OK)
+        memset(ok, 1, n_min);
+    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
+        memset(present, 0, n_min);
+        for (size_t c = 0; rc == KVD_OK && c < per; c++) {
+            const kvd_msg_t *r = &rep[i * per + c];
+            size_t s = c * limit, len = KVD_MIN(limit, n_min - s);
+            rc = r->status;
+            for (size_t k = 0; rc == KVD_OK && k < r->body.lookup_rep.n; k++) {
+                uint32_t b = r->body.lookup_rep.boundaries[k];
+                if (b == 0 || b > len)
+                    rc = KVD_ERR_PROTOCOL;
+                else
+                    present[s + b - 1] = 1;
+            }
+        }
+        uint32_t len = 0;
+        for (size_t k = 0; rc == KVD_OK && k < n_min; k++) {
+            len = present[k] ? len + 1 : 0;
+            uint32_t b = (uint32_t)k + 1;
+            uint32_t need = trailing[i] == 0 ? b : KVD_MIN(trailing[i], b);
+            ok[k] &= len >= need;
+        }
+    }
+    size_t m = 0;
+    for (size_t k = 0; rc == KVD_OK && k < n_min; k++)
+        if (ok[k])
+            boundaries[m++] = (uint32_t)k + 1;
+    if (rc == KVD_OK)
+        *n_boundaries = m;
+    for (size_t j = 0; rep != NULL && j < n_req; j++)
+        kvd_msg_clear(&rep[j]);
+    free(req);
+    free(msgs);
+    free(ti);
+    free(present);
+    free(ok);
+    return rc;
 }
 
 KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, size_t n,
@@ -390,7 +494,11 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
     if (l == NULL || t == NULL || n == 0 || n > KVD_LOOKUP_POOLS_MAX ||
         boundaries == NULL || n_boundaries == NULL)
         return KVD_ERR_INVALID;
+    uint64_t deadline = lk_deadline(l);
     int rc = KVD_OK;
+    /* the daemon looks at the first n_min keys of each pool: only those go */
+    size_t n_min = SIZE_MAX;
+    uint32_t trailing[KVD_LOOKUP_POOLS_MAX], ti[KVD_LOOKUP_POOLS_MAX];
     kvd_lookup_pool_msg_t pools[KVD_LOOKUP_POOLS_MAX];
     lk_lock(&l->lock);
     for (size_t i = 0; i < n && rc == KVD_OK; i++) {
@@ -398,43 +506,53 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
             rc = KVD_ERR_INVALID;
             break;
         }
-        const lpool_t *p = &l->pools[t[i].pool_id];
-        pools[i] = (kvd_lookup_pool_msg_t){.trailing_pages = p->desc.trailing_pages,
-                                           .n_keys = t[i].n_keys,
-                                           .keys = (kvd_key_t *)t[i].keys};
+        trailing[i] = l->pools[t[i].pool_id].desc.trailing_pages;
+        n_min = KVD_MIN(n_min, t[i].n_keys);
     }
     lk_unlock(&l->lock);
     if (rc != KVD_OK)
         return rc;
-    kvd_msg_t req, rep;
-    kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
-    req.body.lookup_req.n_pools = n;
-    req.body.lookup_req.pools = pools;
-    lookup_ctx_t ctx = {.t = t, .pools = pools};
-    rc = lk_call_ns(l, fill_lookup_ns, &ctx, &req, &rep, 1, NULL);
-    rc = rc == KVD_OK ? rep.status : rc;
-    if (rc == KVD_OK) {
-        const kvd_lookup_rep_t *r = &rep.body.lookup_rep;
-        size_t cap = SIZE_MAX;
-        for (size_t i = 0; i < n; i++)
-            cap = KVD_MIN(cap, t[i].n_keys);
-        /* each boundary in 1..cap, increasing (what the engine indexes its
-         * keys with): anything else is the daemon's error, not a hit */
-        bool ok = r->n <= cap;
-        for (size_t i = 0; ok && i < r->n; i++)
-            ok = r->boundaries[i] >= 1 && r->boundaries[i] <= cap &&
-                 (i == 0 || r->boundaries[i] > r->boundaries[i - 1]);
-        if (!ok) {
-            rc = KVD_ERR_PROTOCOL;
-        } else {
-            memcpy(boundaries, r->boundaries, r->n * sizeof(uint32_t));
-            *n_boundaries = r->n;
-            uint32_t longest = r->n ? r->boundaries[r->n - 1] : 0;
-            for (size_t i = 0; i < n; i++)
-                atomic_fetch_add(&l->pools[t[i].pool_id].lookup_hit_pages, longest);
+    size_t limit = lk_batch_limit(l, KVD_KEY_BYTES);
+    if (n_min > limit)
+        rc = lookup_split(l, t, n, n_min, limit, trailing, deadline, boundaries,
+                          n_boundaries);
+    else {
+        for (size_t i = 0; i < n; i++) {
+            ti[i] = (uint32_t)i;
+            pools[i] = (kvd_lookup_pool_msg_t){.trailing_pages = trailing[i],
+                                               .n_keys = n_min,
+                                               .keys = (kvd_key_t *)t[i].keys};
         }
+        kvd_msg_t req, rep;
+        kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
+        req.body.lookup_req.n_pools = n;
+        req.body.lookup_req.pools = pools;
+        lookup_ctx_t ctx = {.t = t, .msgs = pools, .ti = ti, .n_msgs = n};
+        rc = lk_call_ns(l, fill_lookup_ns, &ctx, &req, &rep, 1, NULL, deadline);
+        rc = rc == KVD_OK ? rep.status : rc;
+        if (rc == KVD_OK) {
+            const kvd_lookup_rep_t *r = &rep.body.lookup_rep;
+            /* each boundary in 1..n_min, increasing (what the engine
+             * indexes its keys with): anything else is the daemon's
+             * error, not a hit (found by fuzz/fuzz_linker.c) */
+            bool ok = r->n <= n_min;
+            for (size_t i = 0; ok && i < r->n; i++)
+                ok = r->boundaries[i] >= 1 && r->boundaries[i] <= n_min &&
+                     (i == 0 || r->boundaries[i] > r->boundaries[i - 1]);
+            if (!ok) {
+                rc = KVD_ERR_PROTOCOL;
+            } else {
+                memcpy(boundaries, r->boundaries, r->n * sizeof(uint32_t));
+                *n_boundaries = r->n;
+            }
+        }
+        kvd_msg_clear(&rep);
     }
-    kvd_msg_clear(&rep);
+    if (rc == KVD_OK) {
+        uint32_t longest = *n_boundaries ? boundaries[*n_boundaries - 1] : 0;
+        for (size_t i = 0; i < n; i++)
+            atomic_fetch_add(&l->pools[t[i].pool_id].lookup_hit_pages, longest);
+    }
     return rc;
 }
 
@@ -444,6 +562,8 @@ KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_s
                           const uint8_t *prior, uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
                           size_t *n_keys)
 {
+    if (keys == NULL || n_keys == NULL)
+        return KVD_ERR_INVALID;
     return kvd_key_chain(tokens, n_tokens, page_size, prior, keys, n_keys);
 }
 

@@ -26,7 +26,9 @@
  *
  * Locks, in the only order they may be taken (a thread holding one takes
  * only locks further down; debug builds assert it, lock.c):
- *   1. conn.connect  (re)connecting: Hello, and listing a new pool
+ *   1. conn.connect  (re)connecting: Hello, and listing a new pool; held
+ *                  across a Hello, so taken with the call's deadline
+ *                  (lk_lock_until)
  *   2. dp->mutex   one call on a data path's transport: its thread's
  *                  connect, post, poll, disconnect, and pool registration
  *                  adding regions. Never two at once, never across a
@@ -72,6 +74,9 @@ void lk_mutex_destroy(lk_mutex_t *m);
 /* Takes m; in debug builds asserts that this thread holds no lock of m's
  * rank or a later one. */
 void lk_lock(lk_mutex_t *m);
+/* lk_lock, giving up at deadline_ns (kvd_now_ns): false then, m not
+ * taken. For a lock that may be held across a round trip (connect). */
+bool lk_lock_until(lk_mutex_t *m, uint64_t deadline_ns);
 void lk_unlock(lk_mutex_t *m);
 void lk_cond_wait(pthread_cond_t *c, lk_mutex_t *m);
 /* false when `until` (CLOCK_REALTIME) passed */
@@ -121,11 +126,18 @@ typedef struct lsession {
     _Atomic int refs;
     kvd_client_t *client;
     uint64_t epoch;
+    /* why it stopped being current (the first reason), KVD_OK until then:
+     * a call that fails because another one's timeout shut it down says
+     * KVD_ERR_TIMEOUT too */
+    _Atomic int dropped;
 } lsession_t;
 
 typedef struct lconn {
     lk_mutex_t connect;
     uint64_t lease_ttl_ms; /* the connected daemon's (written under connect and state) */
+    /* its limits on one request, from its Hello (likewise): items of a
+     * batch (--max-batch) and bytes of a frame (--max-frame) */
+    uint64_t max_batch, max_frame_bytes;
     lk_mutex_t state;
     /* bumped at every (re)connection, under state with the peer: a lease
      * or an offset belongs to one epoch */
@@ -134,6 +146,13 @@ typedef struct lconn {
     lpeer_t *peer;       /* its peer, under state; NULL none */
     /* a data path failed on this epoch: the next call reconnects */
     _Atomic uint64_t failed_epoch;
+    /* Until when (kvd_now_ns) the daemon counts as hung: set to now +
+     * timeout_ms whenever a call or a Hello timed out. Meanwhile a call
+     * that has no connection fails at once with KVD_ERR_TIMEOUT instead of
+     * connecting: a stopped daemon's kernel still accepts connections, so
+     * every attempt would wait out a whole timeout, and the calls queued
+     * behind it one each. The first call after it tries again. */
+    _Atomic uint64_t hung_until_ns;
     pthread_t pop_thread; /* populates a new mapping; pop_* under lock */
     bool pop_started, pop_running;
 } lconn_t;
@@ -185,9 +204,12 @@ typedef struct lxfer {
     uint32_t *depths; /* NULL: first_depth + i */
     bool has_prior;
     kvd_key_t prior;
-    uint64_t lease;      /* read lease of a load's pins; 0 none */
-    uint64_t asked_ns;   /* when the lease was asked for (its TTL began later) */
-    uint64_t epoch;      /* of the connection that granted lease or offsets */
+    /* read leases of a load's pins: one per Acquire its keys went in (a
+     * daemon's batch limit splits them), each 0 when none */
+    uint64_t *leases;
+    uint32_t n_leases;
+    uint64_t asked_ns;   /* when the leases were asked for (their TTL began later) */
+    uint64_t epoch;      /* of the connection that granted leases or offsets */
     uint64_t *offsets;   /* where each key's object is (loads) */
     uint32_t begin, end; /* keys to copy, after COMMIT */
     bool dropped;        /* COMMIT dropped it (mamba_exist) */
@@ -244,6 +266,8 @@ typedef struct lqueue {
 struct kvd_linker {
     kvd_linker_config_t cfg; /* its strings point at the copies below */
     char socket_path[108], connect[128], client_name[64], model_id[128];
+    uint8_t auth_token[KVD_TOKEN_MAX]; /* sent in every Hello; none: len 0 */
+    size_t auth_token_len;
     int timeout_ms;
     bool use_ucx;
     kvd_ucx_mode_t ucx_mode;
@@ -274,9 +298,10 @@ struct kvd_linker {
     uint64_t spin_ns, spin_until_ns;
     _Atomic uint32_t kick;
     _Atomic uint64_t progress;
-    /* load batches started and not finished, and until when a load is
-     * expected (set by kvd_load): the offload thread yields to them
-     * between its batches (datapath.c) */
+    /* load batches started and not copied yet (from their start, the load
+     * thread's pickup included), and until when a load is expected (set
+     * by kvd_load): the offload thread yields to them between its batches
+     * (datapath.c) */
     _Atomic int loads_copying;
     _Atomic uint64_t load_coming_until_ns;
     bool stop;
@@ -293,6 +318,12 @@ int lk_conn_open(kvd_linker_t *l);
 /* Closes the connection, drops the peer, joins the populating thread. */
 void lk_conn_close(kvd_linker_t *l);
 
+/* Deadlines: every call below ends by its deadline (kvd_now_ns), waits
+ * for `connect` and for the client included; an engine's call takes one
+ * deadline at its start for all the round trips it makes, so that the
+ * whole call is bounded by timeout_ms. lk_deadline: now + timeout_ms. */
+uint64_t lk_deadline(const kvd_linker_t *l);
+
 /* n requests in one round trip. on_epoch 0: on the connection,
  * (re)connecting first when there is none; otherwise only on the
  * connection of that epoch, and KVD_ERR_CLOSED at once without sending
@@ -301,7 +332,7 @@ void lk_conn_close(kvd_linker_t *l);
  * reps[i].status its own; else nothing was sent, or the connection failed
  * and is dropped. *epoch (may be NULL) says which connection served it. */
 int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
-                 uint64_t on_epoch, uint64_t *epoch);
+                 uint64_t on_epoch, uint64_t *epoch, uint64_t deadline);
 /* Writes the namespace ids of the pools into reqs[0..n) (called with lock
  * held, the ids those of connection l->ns_epoch). */
 typedef void (*lk_ns_fill_fn)(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n);
@@ -310,13 +341,20 @@ typedef void (*lk_ns_fill_fn)(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_
  * daemon and its successor: another rank's namespace may have ours), once
  * more when it changed meanwhile. Otherwise as lk_call_many, on_epoch 0. */
 int lk_call_ns(kvd_linker_t *l, lk_ns_fill_fn fill, void *ctx, kvd_msg_t *reqs,
-               kvd_msg_t *reps, size_t n, uint64_t *epoch);
+               kvd_msg_t *reps, size_t n, uint64_t *epoch, uint64_t deadline);
 /* One request: the transport's failure or the reply's status. */
 int lk_call_ex(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep, uint64_t on_epoch,
-               uint64_t *epoch);
+               uint64_t *epoch, uint64_t deadline);
+/* lk_call_ex on the connection, within timeout_ms from now. */
 int lk_call(kvd_linker_t *l, kvd_msg_t *req, kvd_msg_t *rep);
 /* Connects when there is no connection; its epoch, 0 when that failed. */
-uint64_t lk_conn_ensure(kvd_linker_t *l, int *rc);
+uint64_t lk_conn_ensure(kvd_linker_t *l, uint64_t deadline, int *rc);
+
+/* The most items (of at most item_bytes each on the wire) one request
+ * may carry to the current daemon: its batch limit, and what fits in its
+ * frame limit. Requests above it are split (nothing valid is refused for
+ * its size); at least 1. */
+size_t lk_batch_limit(kvd_linker_t *l, size_t item_bytes);
 
 /* Whether the read leases of x[0..n) provably still stand: each of the
  * current connection, a Unix socket, asked for less than half the
@@ -335,8 +373,8 @@ uint64_t lk_conn_pool_bytes(kvd_linker_t *l, uint64_t epoch);
 /* Lists p as *pool_id if the connection of `epoch` (whose namespace id p
  * carries) is still current, so that every later Hello lists it too:
  * KVD_ERR_CLOSED when it is not, KVD_ERR_NO_SPACE when the table is full. */
-int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p,
-                     uint32_t *pool_id);
+int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t *pool_id,
+                     uint64_t deadline);
 /* A data path failed on epoch's peer: that connection is void (its pins
  * and offsets with it) and the next call reconnects. */
 void lk_conn_fail(kvd_linker_t *l, uint64_t epoch);
@@ -378,6 +416,8 @@ void lk_queue_free(lqueue_t *q);
 /* ------------------------------------------------------------ xfer.c */
 
 void lk_xfer_free(lxfer_t *x, size_t n);
+/* Whether x holds a read lease. */
+bool lk_xfer_pinned(const lxfer_t *x);
 /* Copies the caller's transfers into owned arrays after checking their
  * shape against the pools; takes lock. */
 int lk_xfers_copy(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, lxfer_t **out);

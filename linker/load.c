@@ -19,39 +19,42 @@
 #include <string.h>
 #include <time.h>
 
-/* Releases the read lease of each transfer, all in one round trip (best
+/* Releases the read leases of each transfer, all in one round trip (best
  * effort: a lost connection or an expired lease has released it already).
  * Returns false when a lease was gone: its pins may have lapsed while the
  * bytes were read. A lease goes only to the connection that granted it
  * (after a restart its id can name one of our new leases); releasing never
  * reconnects. */
-static bool release(kvd_linker_t *l, lxfer_t *x, size_t n)
+static bool release(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
 {
     size_t k = 0;
     uint64_t epoch = 0; /* a load's leases come from one Acquire round trip */
     bool all = true;
     for (size_t i = 0; i < n; i++) {
-        if (x[i].lease != 0 && epoch == 0)
+        if (lk_xfer_pinned(&x[i]) && epoch == 0)
             epoch = x[i].epoch;
-        if (x[i].lease != 0 && x[i].epoch != epoch) {
-            x[i].lease = 0; /* of another connection: gone with it */
-            all = false;
+        for (uint32_t c = 0; c < x[i].n_leases; c++) {
+            if (x[i].leases[c] != 0 && x[i].epoch != epoch) {
+                x[i].leases[c] = 0; /* of another connection: gone with it */
+                all = false;
+            }
+            k += x[i].leases[c] != 0;
         }
-        k += x[i].lease != 0;
     }
     if (k == 0)
         return all;
     kvd_msg_t *req = calloc(2 * k, sizeof(*req)), *rep = req + k;
     int rc = req ? KVD_OK : KVD_ERR_NOMEM;
     k = 0;
-    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
-        if (x[i].lease == 0)
-            continue;
-        kvd_msg_request(&req[k], 0, KVD_METHOD_RELEASE);
-        req[k++].body.release_req.lease_id = x[i].lease;
-    }
+    for (size_t i = 0; rc == KVD_OK && i < n; i++)
+        for (uint32_t c = 0; c < x[i].n_leases; c++) {
+            if (x[i].leases[c] == 0)
+                continue;
+            kvd_msg_request(&req[k], 0, KVD_METHOD_RELEASE);
+            req[k++].body.release_req.lease_id = x[i].leases[c];
+        }
     if (rc == KVD_OK)
-        rc = lk_call_many(l, req, rep, k, epoch, NULL);
+        rc = lk_call_many(l, req, rep, k, epoch, NULL, deadline);
     for (size_t j = 0; j < k; j++) {
         if (rc == KVD_OK && rep[j].status != KVD_OK)
             rc = rep[j].status;
@@ -59,70 +62,150 @@ static bool release(kvd_linker_t *l, lxfer_t *x, size_t n)
     }
     /* out of memory too: the leases end with their TTL, the load fails */
     for (size_t i = 0; i < n; i++)
-        x[i].lease = 0;
+        for (uint32_t c = 0; c < x[i].n_leases; c++)
+            x[i].leases[c] = 0;
     free(req);
     return all && rc == KVD_OK;
 }
 
-/* The namespace of each transfer's pool into its Acquire (lk_call_ns). */
+/* Acquire j is of transfer xi[j] (lk_call_ns). */
+typedef struct acquire_ctx {
+    const lxfer_t *x;
+    const uint32_t *xi;
+} acquire_ctx_t;
+
+/* The namespace of each transfer's pool into its Acquires (lk_call_ns). */
 static void fill_acquire_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
 {
-    const lxfer_t *x = ctx;
-    for (size_t i = 0; i < n; i++)
-        reqs[i].body.acquire_req.ns = l->pools[x[i].pool].ns_id;
+    const acquire_ctx_t *c = ctx;
+    for (size_t j = 0; j < n; j++)
+        reqs[j].body.acquire_req.ns = l->pools[c->x[c->xi[j]].pool].ns_id;
 }
 
-/* Pins every transfer's keys, all in one round trip; records each lease
- * and the objects' offsets. All or nothing is the caller's: on failure
- * the leases that were granted are recorded, for lk_release. */
-static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n)
+/* Pins every transfer's keys, all in one round trip: one Acquire per
+ * transfer, or per piece of one when its keys are more than a request
+ * may carry (lk_batch_limit); records each lease and the objects'
+ * offsets. All or nothing is the caller's: on failure the leases that
+ * were granted are recorded, for release(). */
+static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
 {
-    kvd_msg_t *req = calloc(2 * n, sizeof(*req)), *rep = req + n;
+    size_t limit = lk_batch_limit(l, KVD_KEY_BYTES), n_req = 0;
+    for (size_t i = 0; i < n; i++) {
+        free(x[i].leases);
+        x[i].n_leases = (uint32_t)((x[i].n_keys + limit - 1) / limit);
+        x[i].leases = calloc(x[i].n_leases, sizeof(uint64_t));
+        if (x[i].leases == NULL) {
+            x[i].n_leases = 0;
+            return KVD_ERR_NOMEM;
+        }
+        n_req += x[i].n_leases;
+    }
+    kvd_msg_t *req = calloc(2 * n_req, sizeof(*req)), *rep = req + n_req;
+    uint32_t *xi = calloc(n_req, sizeof(*xi));
     uint64_t *object_bytes = calloc(n, sizeof(*object_bytes));
-    if (req == NULL || object_bytes == NULL) {
+    if (req == NULL || xi == NULL || object_bytes == NULL) {
         free(req);
+        free(xi);
         free(object_bytes);
         return KVD_ERR_NOMEM;
     }
     lk_lock(&l->lock);
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0, j = 0; i < n; i++) {
         const lpool_t *p = &l->pools[x[i].pool];
         object_bytes[i] = p->object_bytes;
-        kvd_msg_request(&req[i], 0, KVD_METHOD_ACQUIRE);
-        req[i].body.acquire_req = (kvd_acquire_req_t){
-            .object_bytes = p->object_bytes, .n = x[i].n_keys, .keys = x[i].keys};
+        for (size_t s = 0; s < x[i].n_keys; s += limit, j++) {
+            xi[j] = (uint32_t)i;
+            kvd_msg_request(&req[j], 0, KVD_METHOD_ACQUIRE);
+            req[j].body.acquire_req =
+                (kvd_acquire_req_t){.object_bytes = p->object_bytes,
+                                    .n = KVD_MIN(limit, x[i].n_keys - s),
+                                    .keys = x[i].keys + s};
+        }
     }
     lk_unlock(&l->lock);
     uint64_t epoch = 0, asked = kvd_now_ns();
-    int call = lk_call_ns(l, fill_acquire_ns, x, req, rep, n, &epoch), rc = call;
+    acquire_ctx_t ctx = {.x = x, .xi = xi};
+    int call = lk_call_ns(l, fill_acquire_ns, &ctx, req, rep, n_req, &epoch, deadline),
+        rc = call;
     /* offsets are into the pool of the connection that gave them */
     uint64_t pool_bytes = call == KVD_OK ? lk_conn_pool_bytes(l, epoch) : 0;
     bool current = pool_bytes != 0;
-    for (size_t i = 0; i < n; i++) {
-        int one = call != KVD_OK                             ? call
-                  : rep[i].status != KVD_OK                  ? rep[i].status
-                  : rep[i].body.acquire_rep.n != x[i].n_keys ? KVD_ERR_PROTOCOL
-                                                             : KVD_OK;
-        if (one == KVD_OK) {
-            x[i].lease = rep[i].body.acquire_rep.lease_id;
-            x[i].epoch = epoch;
-            x[i].asked_ns = asked;
-            if (!current)
-                one = KVD_ERR_CLOSED;
+    for (size_t i = 0, j = 0; i < n; i++) {
+        x[i].epoch = epoch;
+        x[i].asked_ns = asked;
+        for (uint32_t c = 0; c < x[i].n_leases; c++, j++) {
+            size_t s = (size_t)c * limit, len = req[j].body.acquire_req.n;
+            int one = call != KVD_OK                     ? call
+                      : rep[j].status != KVD_OK          ? rep[j].status
+                      : rep[j].body.acquire_rep.n != len ? KVD_ERR_PROTOCOL
+                                                         : KVD_OK;
+            if (one == KVD_OK) {
+                x[i].leases[c] = rep[j].body.acquire_rep.lease_id;
+                if (!current)
+                    one = KVD_ERR_CLOSED;
+            }
+            for (size_t k = 0; k < len && one == KVD_OK; k++) {
+                uint64_t off = rep[j].body.acquire_rep.offsets[k];
+                /* the daemon's offsets are checked against the pool here too */
+                if (off > pool_bytes || object_bytes[i] > pool_bytes - off)
+                    one = KVD_ERR_PROTOCOL;
+                x[i].offsets[s + k] = off;
+            }
+            if (rc == KVD_OK && one != KVD_OK)
+                rc = one; /* the first failure; later leases are still recorded */
+            kvd_msg_clear(&rep[j]);
         }
-        for (size_t k = 0; k < x[i].n_keys && one == KVD_OK; k++) {
-            uint64_t off = rep[i].body.acquire_rep.offsets[k];
-            /* the daemon's offsets are checked against the pool here too */
-            if (off > pool_bytes || object_bytes[i] > pool_bytes - off)
-                one = KVD_ERR_PROTOCOL;
-            x[i].offsets[k] = off;
-        }
-        if (rc == KVD_OK && one != KVD_OK)
-            rc = one; /* the first failure; later leases are still recorded */
-        kvd_msg_clear(&rep[i]);
     }
     free(req);
+    free(xi);
     free(object_bytes);
+    return rc;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* What a load writes must be written once: each pool in one transfer,
+ * and each page (or slot) of a transfer on device rows of its own. Two
+ * writers of one row would land in any order, and an ABORT would hand
+ * the engine's allocator the same indices twice. KVD_ERR_INVALID, named
+ * in the log, otherwise. */
+static int check_load_rows(kvd_linker_t *l, uint64_t rid, const lxfer_t *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j < i; j++)
+            if (x[i].pool == x[j].pool) {
+                KVD_WARN("linker", "load %llu: transfers %zu and %zu name one pool (%u)",
+                         (unsigned long long)rid, j, i, x[i].pool);
+                return KVD_ERR_INVALID;
+            }
+    int rc = KVD_OK;
+    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
+        lk_lock(&l->lock);
+        const lpool_t *p = &l->pools[x[i].pool];
+        uint32_t ps = p->desc.addressing == KVD_ADDR_PAGED ? p->desc.page_size : 1;
+        lk_unlock(&l->lock);
+        /* a page's rows start at a multiple of page_size (lk_xfers_copy):
+         * two pages share rows exactly when they start at one row */
+        int64_t *first = malloc(x[i].n_keys * sizeof(*first));
+        if (first == NULL)
+            return KVD_ERR_NOMEM;
+        for (size_t k = 0; k < x[i].n_keys; k++)
+            first[k] = x[i].idx[k * ps];
+        qsort(first, x[i].n_keys, sizeof(*first), cmp_i64);
+        for (size_t k = 1; rc == KVD_OK && k < x[i].n_keys; k++)
+            if (first[k] == first[k - 1]) {
+                KVD_WARN(
+                    "linker",
+                    "load %llu: transfer %zu puts two pages on device rows from %lld",
+                    (unsigned long long)rid, i, (long long)first[k]);
+                rc = KVD_ERR_INVALID;
+            }
+        free(first);
+    }
     return rc;
 }
 
@@ -138,10 +221,13 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
 {
     if (l == NULL || t == NULL || n == 0)
         return KVD_ERR_INVALID;
+    uint64_t deadline = lk_deadline(l); /* pins, and their release on failure */
     lload_t *ld = calloc(1, sizeof(*ld));
     if (ld == NULL)
         return KVD_ERR_NOMEM;
     int rc = lk_xfers_copy(l, t, n, &ld->x);
+    if (rc == KVD_OK)
+        rc = check_load_rows(l, rid, ld->x, n);
     ld->n = n;
     ld->rid = rid;
     /* recorded before pinning: a second LOAD of the rid meanwhile is refused */
@@ -167,11 +253,11 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
         free(ld);
         return rc;
     }
-    rc = pin_all(l, ld->x, n);
+    rc = pin_all(l, ld->x, n, deadline);
     if (rc != KVD_OK) {
         /* all or nothing: no pins stay; the record does, so that the
          * engine's ABORT can hand every device index back */
-        release(l, ld->x, n);
+        release(l, ld->x, n, deadline);
         for (size_t i = 0; i < n; i++)
             atomic_fetch_add(&l->pools[ld->x[i].pool].load_failures, 1);
     }
@@ -304,7 +390,7 @@ KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
     lk_unlock(&l->lock);
     if (rc != KVD_OK)
         return rc;
-    release(l, ld->x, ld->n);
+    release(l, ld->x, ld->n, lk_deadline(l));
     /* outside the lock: the engine's callback may call into the linker */
     for (size_t i = 0; i < ld->n; i++)
         free_indices(&l->pools[ld->x[i].pool], ld->x[i].idx, ld->x[i].n_idx);
@@ -363,6 +449,11 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
     b->counter = l->next_counter++;
     if (b->loads == NULL)
         b->finished = true; /* nothing to copy: every wait returns at once */
+    else /* offloads let it go first from its start, not only once the load
+          * thread has it (datapath.c): a load thread asleep takes a while
+          * to wake on a busy CPU, and meanwhile an offload that did not
+          * yield copied on at full speed */
+        atomic_fetch_add(&l->loads_copying, 1);
     lbatch_t **tail = &l->batches;
     while (*tail)
         tail = &(*tail)->next;
@@ -451,7 +542,7 @@ static int copy_group(kvd_linker_t *l, lbatch_t *b, uint32_t pos, uint32_t end)
     int rc = epoch != 0 ? KVD_OK : KVD_ERR_CLOSED;
     for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next)
         for (size_t i = 0; i < ld->n; i++)
-            ld->failed |= ld->x[i].lease != 0 && ld->x[i].epoch != epoch;
+            ld->failed |= lk_xfer_pinned(&ld->x[i]) && ld->x[i].epoch != epoch;
     for (uint32_t k = pos; rc == KVD_OK && k < end; k++) {
         uint32_t layer_id = b->layer_ids[k];
         for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next) {
@@ -488,7 +579,7 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
          * decides. */
         bool early = ok && lk_leases_standing(l, ld->x, ld->n);
         if (!early)
-            ok = release(l, ld->x, ld->n) && ok;
+            ok = release(l, ld->x, ld->n, lk_deadline(l)) && ok;
         lk_lock(&l->lock);
         if (!ok)
             for (size_t i = 0; i < ld->n; i++)
@@ -498,7 +589,8 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
             pthread_cond_broadcast(&l->cond);
         lk_unlock(&l->lock);
         if (early)
-            release(l, ld->x, ld->n); /* what it says changes nothing now */
+            release(l, ld->x, ld->n,
+                    lk_deadline(l)); /* what it says changes nothing now */
     }
     lk_lock(&l->lock);
     for (lload_t *ld = b->loads, *next; ld; ld = next) {
@@ -528,9 +620,9 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
     lk_unlock(&l->lock);
 }
 
+/* Copies a started batch (counted in loads_copying since its start). */
 static void run_batch(kvd_linker_t *l, lbatch_t *b)
 {
-    atomic_fetch_add(&l->loads_copying, 1);
     int err = KVD_OK;
     uint32_t group = (uint32_t)l->cfg.layer_group_size;
     for (uint32_t pos = 0; err == KVD_OK && pos < b->n_layers; pos += group) {
@@ -588,12 +680,14 @@ void lk_loads_fail_pending(kvd_linker_t *l)
 {
     /* batches the thread never ran: failed, each load comes back once */
     for (lbatch_t *b = l->batches; b; b = b->next)
-        if (!b->finished)
+        if (!b->finished) {
+            atomic_fetch_sub(&l->loads_copying, 1); /* counted at its start */
             finish_batch(l, b, KVD_ERR_CLOSED);
+        }
     /* loads never committed: their pins end, no completion (not queued) */
     for (lload_t *ld = l->loads, *next; ld; ld = next) {
         next = ld->next;
-        release(l, ld->x, ld->n);
+        release(l, ld->x, ld->n, lk_deadline(l));
         lk_xfer_free(ld->x, ld->n);
         free(ld);
     }

@@ -61,62 +61,112 @@ static int copy_reserved(kvd_linker_t *l, lpool_t *p, lxfer_t *x,
     return rc;
 }
 
-/* The namespace of the transfer's pool into its Reserve (lk_call_ns). */
+/* The namespace of the transfer's pool into its Reserves (lk_call_ns). */
 static void fill_reserve_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
 {
-    (void)n;
-    reqs[0].body.reserve_req.ns = l->pools[((const lxfer_t *)ctx)->pool].ns_id;
+    uint32_t ns = l->pools[((const lxfer_t *)ctx)->pool].ns_id;
+    for (size_t j = 0; j < n; j++)
+        reqs[j].body.reserve_req.ns = ns;
 }
 
-/* Reserves, writes and publishes one offload transfer. */
+/* Room one Reserve item takes in a frame at most: key, parent, the
+ * has-parent flag and the depth (a varint). */
+#define RESERVE_ITEM_BYTES (2 * KVD_KEY_BYTES + 16)
+
+/* Ends the reservation leases[0..n) of connection `epoch`: Publish
+ * (publish) or Revoke, all in one round trip. The first failure. */
+static int finish_leases(kvd_linker_t *l, const uint64_t *leases, size_t n, bool publish,
+                         uint64_t epoch)
+{
+    size_t k = 0;
+    for (size_t j = 0; j < n; j++)
+        k += leases[j] != 0;
+    if (k == 0)
+        return KVD_OK;
+    kvd_msg_t *req = calloc(2 * k, sizeof(*req)), *rep = req + k;
+    if (req == NULL)
+        return KVD_ERR_NOMEM; /* the reservations end with their TTL */
+    k = 0;
+    for (size_t j = 0; j < n; j++) {
+        if (leases[j] == 0)
+            continue;
+        kvd_msg_request(&req[k], 0, publish ? KVD_METHOD_PUBLISH : KVD_METHOD_REVOKE);
+        req[k++].body.finish_req.lease_id = leases[j];
+    }
+    int rc = lk_call_many(l, req, rep, k, epoch, NULL, lk_deadline(l));
+    for (size_t j = 0; j < k; j++) {
+        if (rc == KVD_OK && rep[j].status != KVD_OK)
+            rc = rep[j].status;
+        kvd_msg_clear(&rep[j]);
+    }
+    free(req);
+    return rc;
+}
+
+/* Reserves, writes and publishes one offload transfer. Its keys go in one
+ * Reserve, or in pieces when they are more than a request may carry
+ * (lk_batch_limit), all in one round trip; each piece is a reservation
+ * lease of its own, all published (or revoked) together. */
 static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
 {
     lk_lock(&l->lock);
     lpool_t *p = &l->pools[x->pool];
     lk_unlock(&l->lock);
+    size_t limit = lk_batch_limit(l, RESERVE_ITEM_BYTES);
+    size_t n_req = (x->n_keys + limit - 1) / limit;
     kvd_put_item_t *items = put_items(p, x);
     uint8_t *allocated = calloc(x->n_keys, 1);
-    if (items == NULL || allocated == NULL) {
+    uint64_t *leases = calloc(n_req, sizeof(*leases));
+    kvd_msg_t *req = calloc(2 * n_req, sizeof(*req)), *rep = req + n_req;
+    if (items == NULL || allocated == NULL || leases == NULL || req == NULL) {
         free(items);
         free(allocated);
+        free(leases);
+        free(req);
         return KVD_ERR_NOMEM;
     }
-    kvd_msg_t req, rep;
-    kvd_msg_request(&req, 0, KVD_METHOD_RESERVE);
-    req.body.reserve_req = (kvd_reserve_req_t){
-        .object_bytes = p->object_bytes, .n = x->n_keys, .items = items};
-    uint64_t epoch = 0;
-    int rc = lk_call_ns(l, fill_reserve_ns, x, &req, &rep, 1, &epoch);
-    rc = rc == KVD_OK ? rep.status : rc;
-    uint64_t lease = rc == KVD_OK ? rep.body.reserve_rep.lease_id : 0;
-    bool no_space = false, any = false;
-    if (rc == KVD_OK && rep.body.reserve_rep.n != x->n_keys)
-        rc = KVD_ERR_PROTOCOL;
-    for (size_t i = 0; rc == KVD_OK && i < x->n_keys; i++) {
-        uint8_t r = rep.body.reserve_rep.results[i];
-        no_space |= r == KVD_RESERVE_NO_SPACE;
-        if (r != KVD_RESERVE_ALLOCATED)
-            continue; /* exists or in flight: stored by someone: success */
-        x->offsets[i] = rep.body.reserve_rep.offsets[i];
-        allocated[i] = 1;
-        any = true;
+    for (size_t j = 0; j < n_req; j++) {
+        size_t s = j * limit;
+        kvd_msg_request(&req[j], 0, KVD_METHOD_RESERVE);
+        req[j].body.reserve_req = (kvd_reserve_req_t){.object_bytes = p->object_bytes,
+                                                      .n = KVD_MIN(limit, x->n_keys - s),
+                                                      .items = items + s};
     }
-    kvd_msg_clear(&rep);
+    uint64_t epoch = 0;
+    int rc = lk_call_ns(l, fill_reserve_ns, x, req, rep, n_req, &epoch, lk_deadline(l));
+    bool no_space = false, any = false;
+    for (size_t j = 0; j < n_req; j++) {
+        const kvd_reserve_rep_t *r = &rep[j].body.reserve_rep;
+        size_t s = j * limit, len = req[j].body.reserve_req.n;
+        int one = rc != KVD_OK ? rc : rep[j].status;
+        if (one == KVD_OK)
+            leases[j] = r->lease_id; /* ended below, whatever else fails */
+        if (one == KVD_OK && r->n != len)
+            one = KVD_ERR_PROTOCOL;
+        for (size_t i = 0; one == KVD_OK && i < len; i++) {
+            no_space |= r->results[i] == KVD_RESERVE_NO_SPACE;
+            if (r->results[i] != KVD_RESERVE_ALLOCATED)
+                continue; /* exists or in flight: stored by someone: success */
+            x->offsets[s + i] = r->offsets[i];
+            allocated[s + i] = 1;
+            any = true;
+        }
+        if (rc == KVD_OK && one != KVD_OK)
+            rc = one;
+        kvd_msg_clear(&rep[j]);
+    }
     if (rc == KVD_OK && any)
         rc = copy_reserved(l, p, x, allocated, epoch);
-    if (lease != 0) {
-        /* copied: now the bytes may be seen; failed: the reservation goes
-         * back rather than waiting out its lease (only to the connection
-         * that granted it; a lost one took its reservations along) */
-        kvd_msg_request(&req, 0, rc == KVD_OK ? KVD_METHOD_PUBLISH : KVD_METHOD_REVOKE);
-        req.body.finish_req.lease_id = lease;
-        int prc = lk_call_ex(l, &req, &rep, epoch, NULL);
-        if (rc == KVD_OK)
-            rc = prc;
-        kvd_msg_clear(&rep);
-    }
+    /* copied: now the bytes may be seen; failed: the reservations go back
+     * rather than waiting out their lease (only to the connection that
+     * granted them; a lost one took its reservations along) */
+    int frc = finish_leases(l, leases, n_req, rc == KVD_OK, epoch);
+    if (rc == KVD_OK)
+        rc = frc;
     free(items);
     free(allocated);
+    free(leases);
+    free(req);
     return rc != KVD_OK ? rc : no_space ? KVD_ERR_NO_SPACE : KVD_OK;
 }
 

@@ -18,8 +18,17 @@ void lk_xfer_free(lxfer_t *x, size_t n)
         free(x[i].idx);
         free(x[i].depths);
         free(x[i].offsets);
+        free(x[i].leases);
     }
     free(x);
+}
+
+bool lk_xfer_pinned(const lxfer_t *x)
+{
+    for (uint32_t c = 0; c < x->n_leases; c++)
+        if (x->leases[c] != 0)
+            return true;
+    return false;
 }
 
 /* Copies the caller's transfer into owned arrays; checks its shape.

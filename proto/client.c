@@ -136,8 +136,20 @@ int kvd_client_connect_unix(const char *path, int timeout_ms, kvd_client_t **out
     if (fd < 0)
         return kvd_status_from_errno(errno);
     uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-    int rc =
-        finish_connect(fd, connect(fd, (struct sockaddr *)&addr, sizeof(addr)), deadline);
+    /* A Unix socket's connect() says EAGAIN while the listener's backlog
+     * is full (a daemon that stopped accepting): nothing is in progress
+     * then, and the socket would poll writable without being connected,
+     * so connect() is tried again until the deadline. */
+    int st = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+    while (st != 0 && errno == EAGAIN && kvd_now_ns() < deadline) {
+        kvd_sleep_ns(KVD_MIN(5000000ull, deadline - kvd_now_ns()));
+        st = connect(fd, (struct sockaddr *)&addr, sizeof(addr));
+    }
+    if (st != 0 && errno == EAGAIN) {
+        close(fd);
+        return KVD_ERR_TIMEOUT;
+    }
+    int rc = finish_connect(fd, st, deadline);
     if (rc != KVD_OK) {
         close(fd);
         return rc;
@@ -453,16 +465,20 @@ static int wait_replies(kvd_client_t *c, waiter_t *w, uint64_t deadline)
     return rc;
 }
 
-int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
-                         int timeout_ms)
+int kvd_client_call_many_until(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps,
+                               size_t n, uint64_t deadline)
 {
-    uint64_t deadline = kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
     for (size_t i = 0; i < n; i++)
         memset(&reps[i], 0, sizeof(reps[i])); /* kvd_msg_clear is safe whatever happens */
     if (n == 0)
         return KVD_OK;
     waiter_t w = {.n = n, .reps = reps, .reqs = reqs};
-    pthread_mutex_lock(&c->send_mu);
+    /* the frames of the call before may be stuck in a full socket (a
+     * daemon that stopped reading) until that call's deadline, which may
+     * be later than this one's */
+    struct timespec until = monotonic_ts(deadline);
+    if (pthread_mutex_clocklock(&c->send_mu, CLOCK_MONOTONIC, &until) != 0)
+        return KVD_ERR_TIMEOUT;
     /* what is left of a request abandoned mid-write goes out first */
     kvd_buf_consume(&c->out, c->out_sent);
     c->out_sent = 0;
@@ -499,6 +515,13 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
     return rc;
 }
 
+int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
+                         int timeout_ms)
+{
+    return kvd_client_call_many_until(c, reqs, reps, n,
+                                      kvd_now_ns() + (uint64_t)timeout_ms * 1000000ull);
+}
+
 int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout_ms)
 {
     return kvd_client_call_many(c, req, rep, 1, timeout_ms);
@@ -516,12 +539,48 @@ int kvd_client_health_once(const char *path, int connect_ms, int call_ms)
     int rc = kvd_client_connect_unix(path, connect_ms, &c);
     if (rc != KVD_OK)
         return rc;
+    rc = kvd_client_hello(c, "kvdock-health", NULL, 0, call_ms, NULL);
+    if (rc != KVD_OK) {
+        kvd_client_close(c);
+        return rc;
+    }
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_HEALTH);
     rc = kvd_client_call(c, &req, &rep, call_ms);
     kvd_client_close(c);
     if (rc == KVD_OK)
         rc = rep.status != KVD_OK ? rep.status : (int)rep.body.health_rep.state;
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
+int kvd_client_hello(kvd_client_t *c, const char *client_name, const uint8_t *token,
+                     size_t token_len, int timeout_ms, kvd_hello_rep_t *out)
+{
+    if (token_len > KVD_TOKEN_MAX)
+        return KVD_ERR_INVALID;
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_hello_req_t *h = &req.body.hello_req;
+    kvd_strlcpy(h->client_name, client_name ? client_name : "kvdock",
+                sizeof(h->client_name));
+    h->pid = (uint32_t)getpid();
+    h->protocol_version = KVD_PROTOCOL_VERSION;
+    if (token_len > 0)
+        memcpy(h->auth_token, token, token_len);
+    h->auth_token_len = token_len;
+    int rc = kvd_client_call(c, &req, &rep, timeout_ms);
+    explicit_bzero(h->auth_token, sizeof(h->auth_token));
+    if (rc != KVD_OK)
+        return rc;
+    rc = rep.status;
+    if (rc == KVD_OK && out != NULL) {
+        *out = rep.body.hello_rep;
+        out->n_ns_ids = 0;
+        out->ns_ids = NULL;
+        out->ucx_address = out->ucx_rkey = NULL;
+        out->ucx_address_len = out->ucx_rkey_len = 0;
+    }
     kvd_msg_clear(&rep);
     return rc;
 }

@@ -408,11 +408,15 @@ typedef struct kvd_evict_req {
     bool has_key;
     kvd_key_t key;
     bool all;
+    uint8_t cursor[KVD_CURSOR_MAX]; /* a namespace or all, continued */
+    size_t cursor_len;
 } kvd_evict_req_t;
 
 typedef struct kvd_evict_rep {
     uint64_t evicted;
     uint64_t skipped;
+    uint8_t next_cursor[KVD_CURSOR_MAX]; /* set when there is more to evict */
+    size_t next_cursor_len;
 } kvd_evict_rep_t;
 
 typedef struct kvd_pool_bounds {
@@ -563,6 +567,7 @@ typedef struct kvd_stats_rep {
     uint64_t connections_total;
     uint64_t connections_rejected;
     uint64_t protocol_errors;
+    uint64_t auth_failures; /* a method before Hello, or a credential refused */
     kvd_method_stats_t methods[KVD_METHOD_COUNT]; /* index = kvd_method_t */
     kvd_store_stats_msg_t store;
     size_t n_namespaces;
@@ -723,6 +728,11 @@ int kvd_client_call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep, int timeout
  */
 int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
                          int timeout_ms);
+/* kvd_client_call_many bounded by a deadline (kvd_now_ns) instead of a
+ * timeout: every wait of the call, for the socket and for the calls
+ * before it, ends by then (KVD_ERR_TIMEOUT). */
+int kvd_client_call_many_until(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps,
+                               size_t n, uint64_t deadline);
 
 /*
  * Whether the daemon has ended the connection: its socket shows a hang-up
@@ -733,10 +743,22 @@ int kvd_client_call_many(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps, size
  */
 bool kvd_client_ended(const kvd_client_t *c);
 
-/* Connects to the daemon at a Unix socket, asks Health once and
- * disconnects: the daemon's state (kvd_health_state_t, >= 0) or a negative
- * status. For readiness polls (tests, benchmarks). */
+/* Connects to the daemon at a Unix socket, says Hello (the daemon knows a
+ * Unix peer by its uid), asks Health once and disconnects: the daemon's
+ * state (kvd_health_state_t, >= 0) or a negative status. For readiness
+ * polls (tests, benchmarks). */
 int kvd_client_health_once(const char *path, int connect_ms, int call_ms);
+
+/*
+ * Says Hello on c without namespaces: what every connection does first
+ * (the daemon refuses every other method before it). token (token_len
+ * bytes, none when 0) is the credential TCP needs; a Unix-socket peer may
+ * go without. Returns KVD_OK with *out filled when not NULL (without its
+ * variable parts), a transport error, or the daemon's refusal
+ * (KVD_ERR_AUTH: the daemon closes the connection after it).
+ */
+int kvd_client_hello(kvd_client_t *c, const char *client_name, const uint8_t *token,
+                     size_t token_len, int timeout_ms, kvd_hello_rep_t *out);
 
 /* The file descriptor that arrived with the last reply (SCM_RIGHTS), handed
  * over to the caller (who closes it); -1 when none came. */

@@ -384,6 +384,7 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->connections_total = s->connections_total;
     r->connections_rejected = s->connections_rejected;
     r->protocol_errors = s->protocol_errors;
+    r->auth_failures = s->auth_failures;
     mem_stats_to_pb(&s->memory, mem);
     r->memory = mem;
     size_t n = 0;
@@ -594,6 +595,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         if (in->has_key)
             r->key = (ProtobufCBinaryData){KVD_KEY_BYTES, (uint8_t *)in->key};
         r->all = in->all;
+        r->cursor = (ProtobufCBinaryData){in->cursor_len, (uint8_t *)in->cursor};
         env->body_case = KVDOCK__ENVELOPE__BODY_EVICT_REQUEST;
         env->evict_request = r;
         return true;
@@ -770,6 +772,8 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         kvdock__evict_reply__init(r);
         r->evicted = m->body.evict_rep.evicted;
         r->skipped = m->body.evict_rep.skipped;
+        r->next_cursor = (ProtobufCBinaryData){m->body.evict_rep.next_cursor_len,
+                                               (uint8_t *)m->body.evict_rep.next_cursor};
         env->body_case = KVDOCK__ENVELOPE__BODY_EVICT_REPLY;
         env->evict_reply = r;
         return true;
@@ -923,6 +927,7 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     s->connections_total = r->connections_total;
     s->connections_rejected = r->connections_rejected;
     s->protocol_errors = r->protocol_errors;
+    s->auth_failures = r->auth_failures;
     if (r->memory != NULL)
         mem_stats_from_pb(r->memory, &s->memory);
     for (size_t i = 0; i < r->n_methods; i++) {
@@ -1105,6 +1110,8 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         e->has_key = r->key.len != 0;
         if (e->has_key && copy_key(e->key, r->key) != KVD_OK)
             return KVD_ERR_PROTOCOL;
+        if (copy_bytes(e->cursor, sizeof(e->cursor), &e->cursor_len, r->cursor) != KVD_OK)
+            return KVD_ERR_PROTOCOL;
         return copy_str(e->ns_name, sizeof(e->ns_name), r->ns_name);
     }
     default: return KVD_OK; /* empty request bodies */
@@ -1223,7 +1230,9 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
     case KVDOCK__ENVELOPE__BODY_EVICT_REPLY:
         out->body.evict_rep.evicted = env->evict_reply->evicted;
         out->body.evict_rep.skipped = env->evict_reply->skipped;
-        return KVD_OK;
+        return copy_bytes(
+            out->body.evict_rep.next_cursor, sizeof(out->body.evict_rep.next_cursor),
+            &out->body.evict_rep.next_cursor_len, env->evict_reply->next_cursor);
     default: return KVD_OK; /* empty reply bodies */
     }
 }

@@ -12,9 +12,43 @@ cd "$(dirname "$0")/.."
 passed=0 failed=0 skipped=0
 failures=()
 
+# The ThreadSanitizer tree runs the linker, daemon and simulator suites
+# (where the threads are), less the tests named here with the reason:
+tsan_skip=(
+    # moves 2 x 32 MiB through instrumented copies over UCX: past its 5 s
+    # linker timeout under TSan (they pass in the other two trees)
+    linker/worker_death-ucx-tcp
+    linker/worker_death-ucx-rma
+)
+
+is_tsan() {
+    meson introspect --buildoptions "$1" 2>/dev/null | python3 -c '
+import json, sys
+print(next((o["value"] for o in json.load(sys.stdin) if o["name"] == "b_sanitize"), ""))
+' | grep -q thread
+}
+
 for dir in "$@"; do
     echo "== meson test in $dir"
-    meson test -C "$dir" --num-processes 2 --print-errorlogs
+    if is_tsan "$dir"; then
+        # UCX's memory hooks (libucm) run inside glibc's thread start and
+        # exit, where TSan's runtime is not ready for them: the daemon dies
+        # of SIGSEGV at its first thread; kvdock needs none of the hooks.
+        # suppressions: tests/tsan.supp, each with its reason.
+        tests=()
+        while read -r name; do
+            skip=0
+            for s in "${tsan_skip[@]}"; do [ "$s" = "$name" ] && skip=1; done
+            [ $skip = 1 ] && echo "skipped under TSan: $name" && continue
+            tests+=("$name")
+        done < <(meson test -C "$dir" --list 2>/dev/null | sed -n 's/^.* \/ //p' |
+                 grep -E '^(linker|daemon|sim)/')
+        UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none \
+        TSAN_OPTIONS="halt_on_error=0 exitcode=66 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
+            meson test -C "$dir" --num-processes 2 --print-errorlogs "${tests[@]}"
+    else
+        meson test -C "$dir" --num-processes 2 --print-errorlogs
+    fi
     log="$dir/meson-logs/testlog.json"
     if [ ! -s "$log" ]; then
         echo "no test log in $dir: counting the run as failed"

@@ -132,15 +132,21 @@ void kvd_store_destroy(kvd_store_t *s)
 
 /* ----------------------------------------------------------- namespaces */
 
+static void ns_index_rebuild(kvd_store_t *s);
+static void ns_index_add(kvd_store_t *s, uint32_t id);
+static uint32_t ns_index_find(const kvd_store_t *s, const char *name);
+
 int kvd_store_ns_find(const kvd_store_t *s, const char *name, uint32_t *ns_id)
 {
-    for (uint32_t i = 0; i < s->n_ns; i++) {
-        if (strcmp(s->ns[i].info.name, name) == 0) {
-            *ns_id = i;
-            return KVD_OK;
-        }
-    }
-    return KVD_ERR_NOT_FOUND;
+    /* a name index instead of a scan: registering 4,096 namespaces would
+     * otherwise compare millions of names while the loop waits */
+    if (s->ns_index_n != s->n_ns)
+        ns_index_rebuild((kvd_store_t *)s); /* a cache: the store is not const */
+    uint32_t i = ns_index_find(s, name);
+    if (i == UINT32_MAX)
+        return KVD_ERR_NOT_FOUND;
+    *ns_id = i;
+    return KVD_OK;
 }
 
 int kvd_store_ns_register(kvd_store_t *s, const char *name, uint64_t object_bytes,
@@ -177,6 +183,7 @@ int kvd_store_ns_register(kvd_store_t *s, const char *name, uint64_t object_byte
     e->info.rank_replicated = rank_replicated;
     e->pages = (uint32_t)((object_bytes + s->cfg.page_bytes - 1) / s->cfg.page_bytes);
     *ns_id = s->n_ns++;
+    ns_index_add(s, *ns_id);
     return KVD_OK;
 }
 
@@ -1234,4 +1241,135 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
         FAIL("%llu pages being written, leases hold %llu", (unsigned long long)writing,
              (unsigned long long)held_writes);
     return KVD_OK;
+}
+
+/* --------------------------------------------------- resumable iteration */
+
+/*
+ * A position is a record index: records never move, so an object keeps its
+ * place for its whole life, and walking indices upwards visits each live
+ * object once however the store changes around the walk (an object created
+ * behind the position is not seen; one gone is simply absent).
+ */
+int kvd_store_foreach_from(const kvd_store_t *s, uint32_t ns, uint64_t *pos,
+                           uint64_t max_visits, kvd_obj_fn fn, void *arg)
+{
+    uint64_t i = *pos == 0 ? 1 : *pos;
+    kvd_obj_info_t info;
+    for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
+        if (n == max_visits) {
+            *pos = i;
+            return 0;
+        }
+        const rec_t *r = R(s, (uint32_t)i);
+        if ((r->state != REC_READY && r->state != REC_WRITING) || r->quarantined ||
+            (ns != UINT32_MAX && r->ns != ns))
+            continue;
+        info_of(s, (uint32_t)i, &info);
+        int rc = fn(&info, arg);
+        if (rc != 0) {
+            *pos = i;
+            return rc;
+        }
+    }
+    *pos = KVD_STORE_POS_END;
+    return 0;
+}
+
+uint64_t kvd_store_pos_check(const kvd_store_t *s, uint64_t pos, uint64_t salt)
+{
+    /* the index hash's keyed mixing, with the secret's words in another
+     * order: a client knowing neither cannot make a value that passes */
+    const uint64_t *k = s->secret;
+    uint64_t h = mum(pos ^ k[3], salt ^ k[0]) ^ mum(pos ^ k[1], k[2]);
+    return mum(h ^ k[4], k[5]);
+}
+
+/* Evicting a namespace in slices walks records the same way: an eviction
+ * frees its record's extent and may retire its free neighbours' records,
+ * none of which the walk needs again; it makes no record. */
+int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
+                         uint64_t *evicted)
+{
+    if (ns != UINT32_MAX && ns >= s->n_ns)
+        return KVD_ERR_NOT_FOUND;
+    uint64_t i = *pos == 0 ? 1 : *pos, e = 0;
+    for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
+        if (n == max_visits) {
+            *pos = i;
+            *evicted = e;
+            PARANOID(s, "evict_from");
+            return KVD_OK;
+        }
+        rec_t *r = R(s, (uint32_t)i);
+        if (r->state != REC_READY || r->pins > 0 || r->quarantined ||
+            (ns != UINT32_MAX && r->ns != ns))
+            continue;
+        /* kvd_store_evict_key's steps, checked once per slice */
+        s->ns[r->ns].info.evictions++;
+        s->st.evictions++;
+        s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
+        lru_remove(s, (uint32_t)i);
+        drop_object(s, (uint32_t)i);
+        e++;
+    }
+    *pos = KVD_STORE_POS_END;
+    *evicted = e;
+    PARANOID(s, "evict_from");
+    return KVD_OK;
+}
+
+/* ----------------------------------------------------- namespace names */
+
+/* A name's hash keyed with the secret, a word at a time. */
+static uint64_t name_hash(const kvd_store_t *s, const char *name)
+{
+    const uint64_t *k = s->secret;
+    uint64_t h = k[4];
+    size_t len = strlen(name);
+    for (size_t at = 0; at < len; at += 8) {
+        uint64_t w = 0;
+        memcpy(&w, name + at, KVD_MIN((size_t)8, len - at));
+        h = mum(h ^ w ^ k[1], k[3] ^ at);
+    }
+    return mum(h ^ len, k[5]);
+}
+
+#define NS_INDEX_MASK (2u * KVD_STORE_MAX_NAMESPACES - 1u)
+
+static uint32_t ns_index_find(const kvd_store_t *s, const char *name)
+{
+    for (uint32_t i = (uint32_t)name_hash(s, name) & NS_INDEX_MASK, n = 0;
+         s->ns_index[i] != 0 && n <= NS_INDEX_MASK; i = (i + 1) & NS_INDEX_MASK, n++) {
+        uint32_t id = s->ns_index[i] - 1u;
+        if (id < s->n_ns && strcmp(s->ns[id].info.name, name) == 0)
+            return id;
+    }
+    return UINT32_MAX;
+}
+
+/* Adds namespace id (the newest) when the index is current; otherwise the
+ * next find rebuilds it anyway. */
+static void ns_index_add(kvd_store_t *s, uint32_t id)
+{
+    if (s->ns_index_n + 1 != s->n_ns)
+        return;
+    uint32_t i = (uint32_t)name_hash(s, s->ns[id].info.name) & NS_INDEX_MASK;
+    while (s->ns_index[i] != 0)
+        i = (i + 1) & NS_INDEX_MASK;
+    s->ns_index[i] = (uint16_t)(id + 1);
+    s->ns_index_n = s->n_ns;
+}
+
+static void ns_index_rebuild(kvd_store_t *s)
+{
+    memset(s->ns_index, 0, sizeof(s->ns_index));
+    s->ns_index_n = 0;
+    for (uint32_t id = 0; id < s->n_ns; id++) {
+        uint32_t i = (uint32_t)name_hash(s, s->ns[id].info.name) & NS_INDEX_MASK;
+        while (s->ns_index[i] != 0)
+            i = (i + 1) & NS_INDEX_MASK;
+        s->ns_index[i] = (uint16_t)(id + 1);
+    }
+    s->ns_index_n = s->n_ns;
 }

@@ -349,12 +349,42 @@ void kvd_store_key_tag(const kvd_store_t *s, const uint8_t key[KVD_KEY_BYTES],
 typedef int (*kvd_obj_fn)(const kvd_obj_info_t *info, void *arg);
 int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *arg);
 
+/*
+ * Resumable iteration, for work that must be cut into bounded slices (a
+ * paged listing): visits the objects of ns (UINT32_MAX: all) from position
+ * *pos (0: the start) in a fixed order, calling fn for each, and stops
+ *   - when fn returns non-zero: returns it, *pos is that object's position
+ *     (calling again starts with it);
+ *   - after max_visits records (objects or not) were looked at: returns 0,
+ *     *pos is where to continue;
+ *   - at the end: returns 0, *pos = KVD_STORE_POS_END.
+ * A position stays meaningful while the store changes: each object present
+ * throughout a walk is visited exactly once; one added behind the position
+ * is missed, one removed is not visited. No mutation from inside fn.
+ */
+#define KVD_STORE_POS_END UINT64_MAX
+int kvd_store_foreach_from(const kvd_store_t *s, uint32_t ns, uint64_t *pos,
+                           uint64_t max_visits, kvd_obj_fn fn, void *arg);
+
+/* A check value of a position (and a caller's salt), keyed with this
+ * store's secret: a position handed to a client and back (a cursor) is
+ * verified with it, so a forged one is refused rather than walked. */
+uint64_t kvd_store_pos_check(const kvd_store_t *s, uint64_t pos, uint64_t salt);
+
 /* Evicts one READY, unpinned object: KVD_ERR_BUSY when pinned or being
  * written, KVD_ERR_NOT_FOUND when absent. */
 int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES]);
 /* Evicts every READY, unpinned object of ns (UINT32_MAX: all); counts what
  * went and what had to stay (pinned or being written). */
 int kvd_store_evict_ns(kvd_store_t *s, uint32_t ns, uint64_t *evicted, uint64_t *skipped);
+
+/* Evicts the READY, unpinned objects of ns (UINT32_MAX: all) met while
+ * visiting at most max_visits records from position *pos (0: the start; see
+ * kvd_store_foreach_from), so that a huge namespace goes in bounded
+ * slices; *pos is where to go on, KVD_STORE_POS_END once the walk ended.
+ * *evicted counts this slice's evictions. */
+int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t max_visits,
+                         uint64_t *evicted);
 
 typedef struct kvd_store_stats {
     uint64_t pool_bytes;

@@ -130,6 +130,12 @@ struct kvd_store {
     /* namespaces */
     ns_entry_t *ns;
     uint32_t n_ns, ns_cap;
+    /* names to ids (engine.c ns_index_*): open addressing, id + 1 per slot,
+     * a hash keyed with the secret (clients choose names); a cache, valid
+     * while ns_index_n == n_ns: code that removes or renumbers namespaces
+     * sets ns_index_n = UINT32_MAX and the next find rebuilds it */
+    uint16_t ns_index[2 * KVD_STORE_MAX_NAMESPACES];
+    uint32_t ns_index_n;
 
     /* leases */
     lease_t **lease_buckets;

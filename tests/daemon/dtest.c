@@ -150,6 +150,29 @@ int dt_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
     return rc;
 }
 
+int dt_hello_token(kvd_client_t *c, const char *client_name, const char *token,
+                   kvd_hello_rep_t *rep, int timeout_ms)
+{
+    return kvd_client_hello(c, client_name, (const uint8_t *)token, strlen(token),
+                            timeout_ms, rep);
+}
+
+int dt_token_file(const char *token, char *path, size_t path_len)
+{
+    snprintf(path, path_len, "/tmp/kvdock-token-XXXXXX");
+    int fd = mkstemp(path); /* mode 0600 */
+    if (!DT_CHECK(fd >= 0, "mkstemp %s: %s", path, strerror(errno)))
+        return -1;
+    size_t n = strlen(token);
+    bool ok = write(fd, token, n) == (ssize_t)n && write(fd, "\n", 1) == 1;
+    close(fd);
+    if (!DT_CHECK(ok, "writing the token file %s", path)) {
+        unlink(path);
+        return -1;
+    }
+    return 0;
+}
+
 int dt_health(kvd_client_t *c, kvd_health_rep_t *out)
 {
     kvd_msg_t req, rep;
@@ -169,6 +192,11 @@ int dt_health_fresh(const char *socket, kvd_health_rep_t *out)
     kvd_client_t *c = NULL;
     if (kvd_client_connect_unix(socket, RPC_TIMEOUT_MS, &c) != KVD_OK)
         return -1;
+    kvd_hello_rep_t h;
+    if (dt_hello(c, "kvdock-test", &h, RPC_TIMEOUT_MS) != KVD_OK) {
+        kvd_client_close(c);
+        return -1;
+    }
     int st = dt_health(c, out);
     kvd_client_close(c);
     return st < 0 ? -1 : st;
@@ -203,7 +231,10 @@ int dt_stats_fresh(const char *socket, kvd_stats_rep_t *out)
     int rc = kvd_client_connect_unix(socket, RPC_TIMEOUT_MS, &c);
     if (rc != KVD_OK)
         return rc;
-    rc = dt_stats(c, out);
+    kvd_hello_rep_t h;
+    rc = dt_hello(c, "kvdock-test", &h, RPC_TIMEOUT_MS);
+    if (rc == KVD_OK)
+        rc = dt_stats(c, out);
     kvd_client_close(c);
     return rc;
 }
@@ -304,6 +335,35 @@ int dt_pack(const kvd_msg_t *m, kvd_buf_t *out)
 {
     kvd_buf_init(out, KVD_MEM_OTHER);
     return kvd_msg_pack(m, KVD_FRAME_LIMIT_MAX, out);
+}
+
+int dt_raw_hello(int fd)
+{
+    kvd_msg_t req;
+    kvd_msg_request(&req, 1, KVD_METHOD_HELLO);
+    kvd_strlcpy(req.body.hello_req.client_name, "kvdock-test-raw",
+                sizeof(req.body.hello_req.client_name));
+    req.body.hello_req.pid = (uint32_t)getpid();
+    req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    kvd_buf_t b;
+    int rc = dt_pack(&req, &b);
+    if (rc == KVD_OK)
+        rc = dt_send_all(fd, b.data, b.len);
+    kvd_buf_free(&b);
+    if (!DT_CHECK(rc == 0, "raw Hello: cannot send it (%d)", rc))
+        return -1;
+    static uint8_t frame[1 << 16];
+    size_t len = 0;
+    dt_wire_env_t env;
+    rc = dt_read_frame(fd, frame, sizeof(frame), &len, RPC_TIMEOUT_MS);
+    if (!DT_CHECK(rc == 1 && dt_wire_parse(frame, len, &env) == 0,
+                  "raw Hello: no reply frame (%d)", rc))
+        return -1;
+    if (!DT_CHECK(env.reply && env.id == 1 && !env.has_error,
+                  "raw Hello: id %llu error %lld '%s'", (unsigned long long)env.id,
+                  (long long)env.error_code, env.error_message))
+        return -1;
+    return 0;
 }
 
 /* Reads a base-128 varint; returns bytes used or 0 on malformed input. */

@@ -61,6 +61,18 @@ kvd_client_t *dt_connect(const char *socket, bool hello);
 int dt_hello(kvd_client_t *c, const char *client_name, kvd_hello_rep_t *rep,
              int timeout_ms);
 
+/* Hello with a token (token_len bytes), as dt_hello. */
+int dt_hello_token(kvd_client_t *c, const char *client_name, const char *token,
+                   kvd_hello_rep_t *rep, int timeout_ms);
+
+/*
+ * Writes token (and a newline, which the daemon trims) to a fresh file
+ * /tmp/kvdock-token-XXXXXX of mode 0600, for --auth-token-file and
+ * --token-file; path gets its name. Returns 0, or -1 after recording a
+ * failure. The caller unlinks it.
+ */
+int dt_token_file(const char *token, char *path, size_t path_len);
+
 /* Calls Health on a fresh connection; returns the state or -1 (no
  * failure recorded: callers check). Fills *rep when not NULL. */
 int dt_health_fresh(const char *socket, kvd_health_rep_t *rep);
@@ -77,6 +89,11 @@ int dt_stats(kvd_client_t *c, kvd_stats_rep_t *out);
 
 /* Connects a plain blocking Unix stream socket; -1 on failure. */
 int dt_raw_connect_unix(const char *path);
+
+/* Says Hello (id 1, no namespaces, no token) on a raw socket and reads its
+ * reply: the daemon serves nothing else before it. 0, or -1 after
+ * recording a failure. */
+int dt_raw_hello(int fd);
 
 /* Writes all of buf (MSG_NOSIGNAL); 0 or -errno. */
 int dt_send_all(int fd, const void *buf, size_t len);

@@ -117,7 +117,7 @@ static void check_list_nics(const sysfs_ports_t *p)
 /* Stats on the daemon's socket: one Nic per sysfs port. */
 static void check_stats_rpc(const kvd_test_daemon_t *d, const sysfs_ports_t *p)
 {
-    kvd_client_t *c = dt_connect(d->socket, false);
+    kvd_client_t *c = dt_connect(d->socket, true);
     if (c == NULL)
         return;
     kvd_msg_t *req = calloc(2, sizeof(kvd_msg_t));

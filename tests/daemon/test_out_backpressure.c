@@ -323,6 +323,10 @@ static void run(kvd_test_daemon_t *d)
     int fd = dt_raw_connect_unix(d->socket);
     if (!DT_CHECK(fd >= 0, "raw connect to %s failed", d->socket))
         return;
+    if (dt_raw_hello(fd) != 0) {
+        close(fd);
+        return;
+    }
     /* a small send buffer: the requests the daemon holds back wait in the
      * daemon, not in the kernel, and fewer replies are owed at the end (a
      * daemon that reads on regardless takes every request at once) */

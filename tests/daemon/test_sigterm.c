@@ -47,8 +47,11 @@ static void *hammer_main(void *arg)
     kvd_msg_t *rep = req + 1;
     for (uint64_t i = 0; kvd_now_ns() < end; i++) {
         int rc = KVD_OK;
-        if (c == NULL)
+        if (c == NULL) {
             rc = kvd_client_connect_unix(h->socket, CALL_TIMEOUT_MS, &c);
+            if (rc == KVD_OK) /* nothing is served before a Hello */
+                rc = kvd_client_hello(c, "sigterm-test", NULL, 0, CALL_TIMEOUT_MS, NULL);
+        }
         if (rc == KVD_OK) {
             kvd_msg_request(req, 0, i % 4 == 3 ? KVD_METHOD_STATS : KVD_METHOD_HEALTH);
             rc = kvd_client_call(c, req, rep, CALL_TIMEOUT_MS);

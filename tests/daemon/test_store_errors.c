@@ -372,6 +372,10 @@ static void check_wire(const kvd_test_daemon_t *d, ts_client_t *a)
     int fd = dt_raw_connect_unix(d->socket);
     if (!DT_CHECK(fd >= 0, "raw connect failed"))
         return;
+    if (dt_raw_hello(fd) != 0) {
+        close(fd);
+        return;
+    }
     /* the control: the encoder is right, a 32-byte key is a typed miss */
     wbuf_t f;
     dt_wire_env_t env;
@@ -400,7 +404,7 @@ static void check_wire(const kvd_test_daemon_t *d, ts_client_t *a)
     close(fd);
 
     fd = dt_raw_connect_unix(d->socket);
-    if (DT_CHECK(fd >= 0, "raw connect failed")) {
+    if (DT_CHECK(fd >= 0, "raw connect failed") && dt_raw_hello(fd) == 0) {
         /* a well-formed Reserve first: this connection now holds a lease */
         reserve_frame(&f, 44, a->ns[0], 0);
         if (exchange(fd, &f, &env, "hand-encoded Reserve"))

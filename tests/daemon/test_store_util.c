@@ -303,7 +303,9 @@ int ts_stats_fresh(const char *socket, bool check, ts_stats_t *out)
     int rc = kvd_client_connect_unix(socket, TS_RPC_TIMEOUT_MS, &c);
     if (rc != KVD_OK)
         return rc;
-    rc = ts_stats(c, check, out);
+    rc = kvd_client_hello(c, "store-test", NULL, 0, TS_RPC_TIMEOUT_MS, NULL);
+    if (rc == KVD_OK)
+        rc = ts_stats(c, check, out);
     kvd_client_close(c);
     return rc;
 }

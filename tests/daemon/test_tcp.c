@@ -1,8 +1,9 @@
 /*
- * Description: RPC over TCP with --listen 127.0.0.1:PORT: a client connects
- * with kvd_client_connect_tcp, says Hello (the daemon logs it "over tcp")
- * and gets Health and Stats; `kvdock --connect 127.0.0.1:PORT health`
- * exits 0 and prints ready; the Unix socket still serves alongside.
+ * Description: RPC over TCP with --listen 127.0.0.1:PORT and
+ * --auth-token-file: a client connects with kvd_client_connect_tcp, says
+ * Hello with the token (the daemon logs it "over tcp") and gets Health and
+ * Stats; `kvdock --connect 127.0.0.1:PORT --token-file F health` exits 0
+ * and prints ready; the Unix socket still serves alongside.
  */
 #include "dtest.h"
 
@@ -13,7 +14,9 @@
 
 static char out[1 << 16];
 
-static void run(const kvd_test_daemon_t *d, const char *addr)
+#define TOKEN "tcp-test-token"
+
+static void run(const kvd_test_daemon_t *d, const char *addr, const char *token_file)
 {
     kvd_client_t *c = NULL;
     int rc = kvd_client_connect_tcp(addr, 5000, &c);
@@ -21,7 +24,7 @@ static void run(const kvd_test_daemon_t *d, const char *addr)
                   kvd_status_str(rc)))
         return;
     kvd_hello_rep_t h;
-    rc = dt_hello(c, "tcp-test", &h, 5000);
+    rc = dt_hello_token(c, "tcp-test", TOKEN, &h, 5000);
     if (DT_CHECK(rc == KVD_OK, "hello over TCP: %s", kvd_status_str(rc))) {
         DT_CHECK(h.protocol_version == KVD_PROTOCOL_VERSION,
                  "hello: protocol %u, want %d", h.protocol_version, KVD_PROTOCOL_VERSION);
@@ -55,11 +58,14 @@ static void run(const kvd_test_daemon_t *d, const char *addr)
     DT_CHECK(kvd_test_file_contains(d->log, "serving RPC over TCP on"),
              "the daemon should log its TCP listener");
 
-    rc = dt_cli(out, sizeof(out), (const char *[]){"--connect", addr, "health", NULL});
+    rc = dt_cli(
+        out, sizeof(out),
+        (const char *[]){"--connect", addr, "--token-file", token_file, "health", NULL});
     DT_CHECK(rc == 0 && strncmp(out, "ready", 5) == 0,
              "kvdock --connect %s health: exit %d, '%s'", addr, rc, out);
     rc = dt_cli(out, sizeof(out),
-                (const char *[]){"--connect", addr, "stats", "--json", NULL});
+                (const char *[]){"--connect", addr, "--token-file", token_file, "stats",
+                                 "--json", NULL});
     DT_CHECK(rc == 0 && dt_json_valid(out), "kvdock --connect stats --json: exit %d", rc);
 
     /* the Unix socket serves too */
@@ -71,13 +77,16 @@ static void run(const kvd_test_daemon_t *d, const char *addr)
 int main(void)
 {
     kvd_test_daemon_t d = {0};
-    char addr[64] = "";
+    char addr[64] = "", token_file[64];
+    if (dt_token_file(TOKEN, token_file, sizeof(token_file)) != 0)
+        return dt_exit_status("daemon/tcp");
     bool up = false;
     for (int attempt = 0; attempt < 5 && !up; attempt++) {
         int port = dt_free_port();
         snprintf(addr, sizeof(addr), "127.0.0.1:%d", port);
-        const char *args[] = {"--pool-size", DT_POOL, "--usage-interval", "0", "--listen",
-                              addr,          NULL};
+        const char *args[] = {"--pool-size", DT_POOL, "--usage-interval",  "0",
+                              "--listen",    addr,    "--auth-token-file", token_file,
+                              NULL};
         up = port > 0 && kvd_test_daemon_start(&d, args, true, 30000) == 0;
         if (!up) {
             kvd_test_daemon_stop(&d, SIGKILL, 5000, NULL);
@@ -85,7 +94,8 @@ int main(void)
         }
     }
     if (DT_CHECK(up, "kvdockd --listen did not start on any free port"))
-        run(&d, addr);
+        run(&d, addr, token_file);
     dt_stop(&d, SIGTERM, 10000);
+    unlink(token_file);
     return dt_exit_status("daemon/tcp");
 }

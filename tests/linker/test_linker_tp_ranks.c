@@ -203,6 +203,10 @@ static bool ns_stats(const char *socket, const char *name, kvd_ns_msg_t *out)
     kvd_client_t *c = NULL;
     if (kvd_client_connect_unix(socket, 2000, &c) != KVD_OK)
         return false;
+    if (kvd_client_hello(c, "tp-ranks-test", NULL, 0, 2000, NULL) != KVD_OK) {
+        kvd_client_close(c);
+        return false;
+    }
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_STATS);
     bool found = false;
@@ -223,6 +227,10 @@ static long ns_objects(const char *socket, const char *name)
     kvd_client_t *c = NULL;
     if (kvd_client_connect_unix(socket, 2000, &c) != KVD_OK)
         return -1;
+    if (kvd_client_hello(c, "tp-ranks-test", NULL, 0, 2000, NULL) != KVD_OK) {
+        kvd_client_close(c);
+        return -1;
+    }
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_STATS);
     long n = -1;

@@ -354,7 +354,7 @@ static int daemon_dir(kvd_test_daemon_t *d)
 }
 
 /* Starts kvdockd in namespace A, listening on A's address. 0 or -1. */
-static int daemon_start(const net_t *n, kvd_test_daemon_t *d)
+static int daemon_start(const net_t *n, kvd_test_daemon_t *d, const char *token_file)
 {
     char listen[64], instance[64];
     snprintf(listen, sizeof(listen), "%s:%d", n->addr_a, RPC_PORT);
@@ -370,6 +370,8 @@ static int daemon_start(const net_t *n, kvd_test_daemon_t *d)
                           DT_POOL,
                           "--usage-interval",
                           "0",
+                          "--auth-token-file",
+                          token_file,
                           NULL};
     d->pid = spawn_in(n, n->ns_a, argv, d->log);
     if (!DT_CHECK(d->pid > 0, "fork")) {
@@ -464,9 +466,16 @@ int main(int argc, char **argv)
         guardian_stop(gfd, guardian);
         return KVD_TEST_SKIP;
     }
-    if (net_configure(&n) == 0 && daemon_start(&n, &d) == 0)
+    /* the worker's linker presents the daemon's token, named by the
+     * environment it inherits */
+    char token_file[64] = "";
+    if (dt_token_file("two-hosts-token", token_file, sizeof(token_file)) == 0 &&
+        setenv("KVDOCK_AUTH_TOKEN_FILE", token_file, 1) == 0 && net_configure(&n) == 0 &&
+        daemon_start(&n, &d, token_file) == 0)
         run_worker(&n, &d);
     dt_stop(&d, SIGTERM, 5000);
+    if (token_file[0])
+        unlink(token_file);
     net_remove(&n);
     net_check_gone(&n);
     guardian_stop(gfd, guardian);

@@ -153,6 +153,7 @@ static void fill_stats(kvd_stats_rep_t *s, bool hugepages, bool mlocked)
     s->connections_total = v++;
     s->connections_rejected = v++;
     s->protocol_errors = (1ull << 63) + v++; /* a value needing 10 varint bytes */
+    s->auth_failures = v++;
     /* methods[0] is METHOD_NONE: never counted, left zero */
     for (size_t i = 1; i < KVD_METHOD_COUNT; i++) {
         s->methods[i].calls = v++;
@@ -185,6 +186,7 @@ static void assert_stats_equal(const kvd_stats_rep_t *a, const kvd_stats_rep_t *
     assert_true(a->connections_total == b->connections_total);
     assert_true(a->connections_rejected == b->connections_rejected);
     assert_true(a->protocol_errors == b->protocol_errors);
+    assert_true(a->auth_failures == b->auth_failures);
     for (size_t i = 0; i < KVD_METHOD_COUNT; i++) {
         const kvd_method_stats_t *x = &a->methods[i], *y = &b->methods[i];
         assert_true(x->calls == y->calls);
