@@ -6,7 +6,12 @@
 #   make test   install missing packages, build the normal, the ASan+UBSan
 #               and the ThreadSanitizer trees, run the whole suite in the
 #               first two and the linker, daemon and simulator suites in
-#               the third; the last line is "N passed, N failed, N skipped".
+#               the third, then each fuzz target briefly (FUZZ_CI_SECONDS
+#               each, after replaying its corpus); the last line is "N
+#               passed, N failed, N skipped".
+#   make fuzz   build the fuzz tree (clang, libFuzzer, ASan+UBSan) and run
+#               each libFuzzer target of fuzz/ for FUZZ_SECONDS (60) from
+#               its corpus; crashes go to FUZZ_OUT/<target>/; fails on any.
 #
 # Other targets: build, bench, format, format-check, clean.
 
@@ -15,15 +20,21 @@ BUILD ?= build
 BUILD_ASAN ?= build-asan
 BUILD_TSAN ?= build-tsan
 BUILD_BENCH ?= build-bench
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CI_SECONDS ?= 15
+FUZZ_OUT ?= $(BUILD_FUZZ)/fuzz-out
 POOL_SIZE ?= 1G
 RUN_ARGS ?=
 
-# Debian packages the build and the tests need (pkg-config names in meson.build).
+# Debian packages the build and the tests need (pkg-config names in meson.build);
+# clang and libclang-rt-14-dev (libFuzzer, clang 14's runtimes) for fuzz/.
 DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
 	libprotobuf-c-dev libssl-dev libucx-dev libibverbs-dev \
-	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl
+	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl \
+	clang libclang-rt-14-dev
 
-.PHONY: deps build run test bench format format-check clean
+.PHONY: deps build run test fuzz bench format format-check clean
 
 # Installs only what is missing, non-interactively; needs root (or sudo).
 deps:
@@ -59,7 +70,12 @@ test: deps $(BUILD)/build.ninja $(BUILD_ASAN)/build.ninja $(BUILD_TSAN)/build.ni
 	ninja -C $(BUILD)
 	ninja -C $(BUILD_ASAN)
 	ninja -C $(BUILD_TSAN)
-	./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+	FUZZ_BUILD=$(BUILD_FUZZ) FUZZ_SECONDS=$(FUZZ_CI_SECONDS) \
+	  ./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
+
+# The fuzz tree is set up by scripts/fuzz.sh (clang; see there).
+fuzz: deps
+	./scripts/fuzz.sh -s $(FUZZ_SECONDS) -b $(BUILD_FUZZ) -o $(FUZZ_OUT)
 
 bench: deps $(BUILD_BENCH)/build.ninja
 	ninja -C $(BUILD_BENCH)
@@ -72,4 +88,4 @@ format-check:
 	clang-format --dry-run --Werror $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_BENCH)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN) $(BUILD_BENCH) $(BUILD_FUZZ)

@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---------------------------------------------------------------- peers */
@@ -55,6 +56,16 @@ void lk_peer_put(lpeer_t *p)
  * the daemon gave a read-only descriptor). */
 static int peer_of_fd(int fd, uint64_t bytes, bool read_only, lpeer_t **out)
 {
+    /* a mapping longer than the descriptor's memory faults (SIGBUS) at the
+     * first copy past its end: the daemon's word is checked against it */
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return kvd_status_from_errno(errno);
+    if (bytes == 0 || (uint64_t)st.st_size < bytes) {
+        KVD_WARN("linker", "the daemon's pool is %llu bytes, its descriptor %lld",
+                 (unsigned long long)bytes, (long long)st.st_size);
+        return KVD_ERR_PROTOCOL;
+    }
     lpeer_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return KVD_ERR_NOMEM;

@@ -532,7 +532,14 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
         rc = rc == KVD_OK ? rep.status : rc;
         if (rc == KVD_OK) {
             const kvd_lookup_rep_t *r = &rep.body.lookup_rep;
-            if (r->n > n_min) {
+            /* each boundary in 1..n_min, increasing (what the engine
+             * indexes its keys with): anything else is the daemon's
+             * error, not a hit (found by fuzz/fuzz_linker.c) */
+            bool ok = r->n <= n_min;
+            for (size_t i = 0; ok && i < r->n; i++)
+                ok = r->boundaries[i] >= 1 && r->boundaries[i] <= n_min &&
+                     (i == 0 || r->boundaries[i] > r->boundaries[i - 1]);
+            if (!ok) {
                 rc = KVD_ERR_PROTOCOL;
             } else {
                 memcpy(boundaries, r->boundaries, r->n * sizeof(uint32_t));

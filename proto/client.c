@@ -44,6 +44,7 @@ typedef struct waiter {
     uint64_t first;
     size_t n, got;
     kvd_msg_t *reps;
+    const kvd_msg_t *reqs; /* their methods: a reply must be of its request's */
     bool done;
     struct waiter *next;
 } waiter_t;
@@ -395,7 +396,10 @@ static int hand_over(kvd_client_t *c, kvd_msg_t *m)
         if (m->id < w->first || m->id - w->first >= w->n)
             continue;
         kvd_msg_t *slot = &w->reps[m->id - w->first];
-        if (slot->reply) { /* a second reply to one request */
+        /* a second reply to one request, or a body of another method (read
+         * as the one asked for, its counts and pointers would be garbage) */
+        if (slot->reply ||
+            (m->status == KVD_OK && m->method != w->reqs[m->id - w->first].method)) {
             kvd_msg_clear(m);
             return KVD_ERR_PROTOCOL;
         }
@@ -468,7 +472,7 @@ int kvd_client_call_many_until(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps
         memset(&reps[i], 0, sizeof(reps[i])); /* kvd_msg_clear is safe whatever happens */
     if (n == 0)
         return KVD_OK;
-    waiter_t w = {.n = n, .reps = reps};
+    waiter_t w = {.n = n, .reps = reps, .reqs = reqs};
     /* the frames of the call before may be stuck in a full socket (a
      * daemon that stopped reading) until that call's deadline, which may
      * be later than this one's */

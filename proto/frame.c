@@ -44,6 +44,8 @@ int kvd_buf_reserve(kvd_buf_t *b, size_t extra)
 
 int kvd_buf_append(kvd_buf_t *b, const void *data, size_t len)
 {
+    if (len == 0)
+        return KVD_OK; /* an empty buffer's data is NULL: no NULL + 0 */
     int rc = kvd_buf_reserve(b, len);
     if (rc != KVD_OK)
         return rc;

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs the whole suite in each build directory given (the normal tree and the
-# ASan+UBSan tree), then the source checks, and ends with one line
+# ASan+UBSan tree), then the source checks, then (when FUZZ_BUILD names the
+# fuzz tree) every fuzz target: its checked-in corpus replayed and
+# FUZZ_SECONDS (default 15) of fuzzing, one test each (scripts/fuzz.sh;
+# without clang or libFuzzer each counts as failed). Ends with one line
 #   N passed, N failed, N skipped
 # counted over everything. Exits non-zero when anything failed.
 set -u
@@ -79,6 +82,20 @@ if files=$(git ls-files '*.c' '*.h' 2>/dev/null) && [ -n "$files" ]; then
         failed=$((failed + 1))
         failures+=("format: run 'make format'")
     fi
+fi
+
+if [ -n "${FUZZ_BUILD:-}" ]; then
+    echo "== fuzz targets (${FUZZ_SECONDS:-15} s each) in $FUZZ_BUILD"
+    fuzz_start=$(date +%s)
+    while read -r result rest; do
+        echo "$result $rest"
+        case "$result" in
+        PASS) passed=$((passed + 1)) ;;
+        FAIL) failed=$((failed + 1)); failures+=("$rest") ;;
+        esac
+    done < <(./scripts/fuzz.sh -s "${FUZZ_SECONDS:-15}" -b "$FUZZ_BUILD" \
+        -o "$FUZZ_BUILD/fuzz-out" 2>&1)
+    echo "fuzz targets took $(($(date +%s) - fuzz_start)) s"
 fi
 
 for f in "${failures[@]+"${failures[@]}"}"; do

@@ -379,6 +379,24 @@ static void test_space_cap(void **state)
     kvd_framer_free(&f);
 }
 
+/* Found by fuzz/fuzz_linker.c: appending nothing to a buffer that never
+ * held anything computed NULL + 0 and called memcpy(NULL, p, 0), both
+ * undefined (UBSan in the clang tree). Nothing is appended, nothing
+ * allocated. */
+static void test_buf_append_nothing_to_empty(void **state)
+{
+    (void)state;
+    kvd_buf_t b;
+    kvd_buf_init(&b, KVD_MEM_OTHER);
+    assert_int_equal(kvd_buf_append(&b, "x", 0), KVD_OK);
+    assert_true(b.len == 0);
+    assert_null(b.data);
+    assert_int_equal(kvd_buf_append(&b, "ab", 2), KVD_OK);
+    assert_int_equal(kvd_buf_append(&b, NULL, 0), KVD_OK);
+    assert_true(b.len == 2 && memcmp(b.data, "ab", 2) == 0);
+    kvd_buf_free(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -394,6 +412,7 @@ int main(void)
         cmocka_unit_test(test_buf_append_consume),
         cmocka_unit_test(test_partial),
         cmocka_unit_test(test_space_cap),
+        cmocka_unit_test(test_buf_append_nothing_to_empty),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
