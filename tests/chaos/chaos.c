@@ -924,10 +924,12 @@ int main(int argc, char **argv)
         default: usage(); return 2;
         }
     }
-    if (worker)
-        return wo.socket && wo.dir ? ch_worker_main(&wo) : 2;
-    if (verifier)
+    if (worker || verifier) {
+        free(r);
+        if (worker)
+            return wo.socket && wo.dir ? ch_worker_main(&wo) : 2;
         return vo.socket && vo.dir && vo.out ? ch_verify_main(&vo) : 2;
+    }
     if (r->o.kvdockd == NULL || r->o.workers < 1 || r->o.workers > MAX_WORKERS ||
         r->o.rounds < 1 || r->o.duration_s < 1) {
         usage();
