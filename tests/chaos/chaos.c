@@ -57,7 +57,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define MAX_WORKERS    16
+#define MAX_WORKERS 16
+/* the defaults of --lease-ttl-ms and --timeout-ms: short, so that the
+ * stops of a round outlast them */
 #define LEASE_TTL_MS   3000
 #define LINKER_TIMEOUT 1500
 #define READY_MS       30000
@@ -69,7 +71,8 @@ typedef struct opts {
     const char *self;
     const char *pool;
     const char *csv;
-    int rounds, workers, round_s, max_injuries, duration_s;
+    const char *only; /* --only: the injury kinds, comma-separated */
+    int rounds, workers, round_s, max_injuries, duration_s, ttl_ms, timeout_ms;
     uint64_t seed;
     bool soak, keep;
     double max_drift_mib, max_slope_kibs;
@@ -226,7 +229,7 @@ static int daemon_start(run_t *r)
     snprintf(log, sizeof(log), "%s/kvdockd.%d.log", r->dir, r->daemon_gen);
     snprintf(inst, sizeof(inst), "chaos-%d", (int)getpid());
     char ttl[32];
-    snprintf(ttl, sizeof(ttl), "%d", LEASE_TTL_MS);
+    snprintf(ttl, sizeof(ttl), "%d", r->o.ttl_ms);
     char *argv[] = {(char *)r->o.kvdockd, "--socket",    r->socket,
                     "--instance",         inst,          "--pool-size",
                     (char *)r->o.pool,    "--lease-ttl", ttl,
@@ -283,7 +286,7 @@ static void worker_start(run_t *r, int i)
     snprintf(seed, sizeof(seed), "%" PRIu64,
              r->o.seed * 1000003u + (uint64_t)i * 7919u + (uint64_t)r->wgen[i] * 104729u);
     snprintf(sfx, sizeof(sfx), "%u", r->o.soak ? CH_WIDE_SUFFIXES : CH_SUFFIXES);
-    snprintf(tmo, sizeof(tmo), "%d", LINKER_TIMEOUT);
+    snprintf(tmo, sizeof(tmo), "%d", r->o.timeout_ms);
     snprintf(log, sizeof(log), "%s/w%d.g%d.log", r->dir, i, r->wgen[i]);
     char *argv[] = {(char *)r->o.self,
                     "--worker",
@@ -351,9 +354,24 @@ static void excuse(run_t *r, uint64_t start, uint64_t end)
 }
 
 /* One injury at random; returns when it is over (what it stopped runs). */
+/* The kind of injury k (0..9) is: its name in --only. */
+static const char *injury_kind(uint64_t k)
+{
+    return k <= 2   ? "kill-worker"
+           : k <= 5 ? "stop-worker"
+           : k <= 8 ? "stop-daemon"
+                    : "kill-daemon";
+}
+
 static void injure(run_t *r, bool may_kill_daemon)
 {
-    uint64_t k = rnd(r, 0, may_kill_daemon ? 9 : 8);
+    uint64_t k;
+    do /* --only names the kinds allowed (main checks one is) */
+        k = rnd(r, 0, may_kill_daemon ? 9 : 8);
+    while (r->o.only != NULL && strstr(r->o.only, injury_kind(k)) == NULL &&
+           (may_kill_daemon || strcmp(r->o.only, "kill-daemon") != 0));
+    if (r->o.only != NULL && strstr(r->o.only, injury_kind(k)) == NULL)
+        return; /* only daemon kills, and this round had its one */
     int i = (int)rnd(r, 0, (uint64_t)r->o.workers - 1);
     uint64_t t0 = ch_now_ms();
     if (k <= 2) { /* SIGKILL a worker; it comes back in a moment */
@@ -371,7 +389,7 @@ static void injure(run_t *r, bool may_kill_daemon)
         if (r->wpid[i] <= 0)
             return;
         bool lng = k == 5;
-        uint64_t d = lng ? LEASE_TTL_MS + rnd(r, 500, 1500) : rnd(r, 100, 1000);
+        uint64_t d = lng ? (uint64_t)r->o.ttl_ms + rnd(r, 500, 1500) : rnd(r, 100, 1000);
         kill(r->wpid[i], SIGSTOP);
         pause_ms(r, d);
         kill(r->wpid[i], SIGCONT);
@@ -383,8 +401,8 @@ static void injure(run_t *r, bool may_kill_daemon)
         if (r->daemon <= 0)
             return;
         bool lng = k == 8;
-        uint64_t d =
-            lng ? LINKER_TIMEOUT + rnd(r, 500, 2500) : rnd(r, 100, LINKER_TIMEOUT / 2);
+        uint64_t d = lng ? (uint64_t)r->o.timeout_ms + rnd(r, 500, 2500)
+                         : rnd(r, 100, (uint64_t)r->o.timeout_ms / 2);
         kill(r->daemon, SIGSTOP);
         pause_ms(r, d);
         kill(r->daemon, SIGCONT);
@@ -440,7 +458,7 @@ static void workers_finish(run_t *r)
  * holds. Fills *st. */
 static bool store_quiet(run_t *r, kvd_stats_rep_t *st, const char *when)
 {
-    uint64_t until = ch_now_ms() + 3 * LEASE_TTL_MS + 10000;
+    uint64_t until = ch_now_ms() + 3 * (uint64_t)r->o.ttl_ms + 10000;
     int rc;
     bool quiet = false;
     do {
@@ -501,7 +519,7 @@ static void verify(run_t *r, bool evicted, const char *when)
     snprintf(since, sizeof(since), "%" PRIu64, r->since_ms);
     /* the page's writer reserved within one TTL before the ack, and lost
      * it within one TTL after; a linker timeout either side for slack */
-    snprintf(window, sizeof(window), "%d", LEASE_TTL_MS + 2 * LINKER_TIMEOUT + 1000);
+    snprintf(window, sizeof(window), "%d", r->o.ttl_ms + 2 * r->o.timeout_ms + 1000);
     snprintf(out, sizeof(out), "%s/verify.stats", r->dir);
     snprintf(log, sizeof(log), "%s/verify.log", r->dir);
     unlink(out);
@@ -794,12 +812,15 @@ static int run_soak(run_t *r)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: kvdock-chaos --kvdockd PATH [--rounds N] [--workers N] "
-            "[--round-seconds S]\n"
-            "                    [--max-injuries N] [--seed N] [--pool SIZE] [--keep]\n"
-            "       kvdock-chaos --kvdockd PATH --soak --duration S [--csv FILE]\n"
-            "                    [--max-drift-mib F] [--max-slope-kibs F]\n");
+    fprintf(
+        stderr,
+        "usage: kvdock-chaos --kvdockd PATH [--rounds N] [--workers N] "
+        "[--round-seconds S]\n"
+        "                    [--max-injuries N] [--seed N] [--pool SIZE] [--keep]\n"
+        "                    [--lease-ttl-ms MS] [--timeout-ms MS]\n"
+        "                    [--only kill-worker,stop-worker,stop-daemon,kill-daemon]\n"
+        "       kvdock-chaos --kvdockd PATH --soak --duration S [--csv FILE]\n"
+        "                    [--max-drift-mib F] [--max-slope-kibs F]\n");
 }
 
 static void rm_dir(const char *dir)
@@ -847,7 +868,9 @@ int main(int argc, char **argv)
         O_DURATION,
         O_CSV,
         O_DRIFT,
-        O_SLOPE
+        O_SLOPE,
+        O_TTL,
+        O_ONLY
     };
     static const struct option lo[] = {{"worker", no_argument, 0, O_WORKER},
                                        {"verify", no_argument, 0, O_VERIFY},
@@ -876,6 +899,8 @@ int main(int argc, char **argv)
                                        {"csv", required_argument, 0, O_CSV},
                                        {"max-drift-mib", required_argument, 0, O_DRIFT},
                                        {"max-slope-kibs", required_argument, 0, O_SLOPE},
+                                       {"lease-ttl-ms", required_argument, 0, O_TTL},
+                                       {"only", required_argument, 0, O_ONLY},
                                        {0, 0, 0, 0}};
     bool worker = false, verifier = false;
     ch_worker_opts_t wo = {.suffixes = CH_SUFFIXES, .timeout_ms = LINKER_TIMEOUT};
@@ -890,7 +915,9 @@ int main(int argc, char **argv)
                     .seed = 1,
                     .csv = "soak.csv",
                     .max_drift_mib = 8,
-                    .max_slope_kibs = 8};
+                    .max_slope_kibs = 8,
+                    .ttl_ms = LEASE_TTL_MS,
+                    .timeout_ms = LINKER_TIMEOUT};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
@@ -901,7 +928,7 @@ int main(int argc, char **argv)
         case O_INDEX: wo.index = atoi(optarg); break;
         case O_GEN: wo.gen = atoi(optarg); break;
         case O_SUFFIXES: wo.suffixes = (uint32_t)strtoul(optarg, NULL, 10); break;
-        case O_TMO: wo.timeout_ms = atoi(optarg); break;
+        case O_TMO: wo.timeout_ms = r->o.timeout_ms = atoi(optarg); break;
         case O_STRICT: wo.strict = true; break;
         case O_WORKERS: vo.workers = r->o.workers = atoi(optarg); break;
         case O_SINCE: vo.since_ms = strtoull(optarg, NULL, 10); break;
@@ -921,6 +948,8 @@ int main(int argc, char **argv)
         case O_CSV: r->o.csv = optarg; break;
         case O_DRIFT: r->o.max_drift_mib = atof(optarg); break;
         case O_SLOPE: r->o.max_slope_kibs = atof(optarg); break;
+        case O_TTL: r->o.ttl_ms = atoi(optarg); break;
+        case O_ONLY: r->o.only = optarg; break;
         default: usage(); return 2;
         }
     }
@@ -931,7 +960,9 @@ int main(int argc, char **argv)
         return vo.socket && vo.dir && vo.out ? ch_verify_main(&vo) : 2;
     }
     if (r->o.kvdockd == NULL || r->o.workers < 1 || r->o.workers > MAX_WORKERS ||
-        r->o.rounds < 1 || r->o.duration_s < 1) {
+        r->o.rounds < 1 || r->o.duration_s < 1 ||
+        (r->o.only != NULL && strstr(r->o.only, "-worker") == NULL &&
+         strstr(r->o.only, "-daemon") == NULL)) {
         usage();
         return 2;
     }
@@ -953,8 +984,8 @@ int main(int argc, char **argv)
     snprintf(r->excuse, sizeof(r->excuse), "%s/injuries", r->dir);
     printf("%s: %d workers, pool %s, lease TTL %d ms, linker timeout %d ms, seed %" PRIu64
            ", files in %s\n",
-           r->o.soak ? "soak" : "chaos", r->o.workers, r->o.pool, LEASE_TTL_MS,
-           LINKER_TIMEOUT, r->o.seed, r->dir);
+           r->o.soak ? "soak" : "chaos", r->o.workers, r->o.pool, r->o.ttl_ms,
+           r->o.timeout_ms, r->o.seed, r->dir);
     fflush(stdout);
     int rc = r->o.soak ? run_soak(r) : run_chaos(r);
     if (rc == 0 && !r->o.keep)
