@@ -9,7 +9,8 @@
  * driver injures at random points, a bounded number of times: SIGKILL of a
  * worker (restarted), SIGSTOP/SIGCONT of a worker (sometimes past the lease
  * TTL), SIGSTOP/SIGCONT of the daemon (shorter and longer than the linker's
- * timeout), and at most once a round SIGKILL of the daemon and a restart.
+ * timeout), and at most once a round (always once in even rounds) SIGKILL
+ * of the daemon and a restart.
  * Then it quiesces (stops injuring, asks every worker to finish) and
  * checks: the daemon's invariant (Stats with check), nothing leaked (no
  * lease, pin, reservation or quarantined extent once the grace passed;
@@ -363,13 +364,15 @@ static const char *injury_kind(uint64_t k)
                     : "kill-daemon";
 }
 
-static void injure(run_t *r, bool may_kill_daemon)
+static void injure(run_t *r, bool may_kill_daemon, bool kill_daemon)
 {
-    uint64_t k;
-    do /* --only names the kinds allowed (main checks one is) */
+    uint64_t k = 9;
+    while (!kill_daemon) { /* --only names the kinds allowed (main checks one is) */
         k = rnd(r, 0, may_kill_daemon ? 9 : 8);
-    while (r->o.only != NULL && strstr(r->o.only, injury_kind(k)) == NULL &&
-           (may_kill_daemon || strcmp(r->o.only, "kill-daemon") != 0));
+        if (r->o.only == NULL || strstr(r->o.only, injury_kind(k)) != NULL ||
+            (!may_kill_daemon && strcmp(r->o.only, "kill-daemon") == 0))
+            break;
+    }
     if (r->o.only != NULL && strstr(r->o.only, injury_kind(k)) == NULL)
         return; /* only daemon kills, and this round had its one */
     int i = (int)rnd(r, 0, (uint64_t)r->o.workers - 1);
@@ -680,10 +683,14 @@ static int run_chaos(run_t *r)
         uint64_t end = ch_now_ms() + (uint64_t)r->o.round_s * 1000;
         int injuries = 0;
         bool daemon_killed = false;
+        /* every other round kills the daemon once, at a random point */
+        bool kill_due = round % 2 == 0 && r->o.max_injuries > 0 &&
+                        (r->o.only == NULL || strstr(r->o.only, "kill-daemon") != NULL);
+        int kill_at = kill_due ? (int)rnd(r, 0, (uint64_t)r->o.max_injuries - 1) : -1;
         pause_ms(r, rnd(r, 500, 2000));
         while (ch_now_ms() < end && injuries < r->o.max_injuries) {
             uint64_t before = r->daemon_kills;
-            injure(r, !daemon_killed);
+            injure(r, !daemon_killed, injuries == kill_at && !daemon_killed);
             daemon_killed |= r->daemon_kills != before;
             injuries++;
             fflush(stdout);
