@@ -68,16 +68,39 @@ bool ch_key_parse(const char *hex, uint8_t *key);
  */
 
 /* What a worker or the verifier counts; summed by the driver. */
-#define CH_STATS(X)                                                                      \
-    X(iterations)                                                                        \
-    X(lookups)                                                                           \
-    X(hit_pages) X(loads) X(load_errors) X(aborts) X(partial_commits) X(loads_completed) \
-        X(load_failures) X(pages_verified) X(offloads) X(offload_errors)                 \
-            X(offloads_acked) X(offload_failures) X(pages_acked) X(err_timeout)          \
-                X(err_closed) X(err_unavailable) X(err_not_found) X(err_other)           \
-                    X(starved) X(calls_over_bound) X(max_call_ms) X(failures)            \
-                        X(objects_verified) X(missing_required) X(missing_excused)       \
-                            X(missing_evicted) X(records_read) X(records_old)
+/* clang-format off */
+#define CH_STATS(X) \
+    X(iterations) \
+    X(lookups) \
+    X(hit_pages) \
+    X(loads) \
+    X(load_errors) \
+    X(aborts) \
+    X(partial_commits) \
+    X(loads_completed) \
+    X(load_failures) \
+    X(pages_verified) \
+    X(offloads) \
+    X(offload_errors) \
+    X(offloads_acked) \
+    X(offload_failures) \
+    X(pages_acked) \
+    X(err_timeout) \
+    X(err_closed) \
+    X(err_unavailable) \
+    X(err_not_found) \
+    X(err_other) \
+    X(starved) \
+    X(calls_over_bound) \
+    X(max_call_ms) \
+    X(failures) \
+    X(objects_verified) \
+    X(missing_required) \
+    X(missing_excused) \
+    X(missing_evicted) \
+    X(records_read) \
+    X(records_old)
+/* clang-format on */
 
 typedef struct ch_stats {
 #define CH_FIELD(n) uint64_t n;
