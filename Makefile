@@ -13,6 +13,16 @@
 #               each libFuzzer target of fuzz/ for FUZZ_SECONDS (60) from
 #               its corpus; crashes go to FUZZ_OUT/<target>/; fails on any.
 #
+#   make chaos  workers doing random lookups, loads and offloads while the
+#               driver SIGKILLs and SIGSTOPs workers and the daemon; after each
+#               round the store's invariant, no leak, every acknowledged object
+#               byte-exact (CHAOS_ROUNDS=5, CHAOS_WORKERS=4, CHAOS_SEED=1;
+#               CHAOS_ASAN=1 runs the ASan+UBSan tree). Not part of make test.
+#   make soak DURATION=600   the same workload without injuries for DURATION
+#               seconds; the daemon's RSS every second into $(BUILD)/soak.csv,
+#               failing when it drifts after warm-up (SOAK_MAX_DRIFT_MIB=8,
+#               SOAK_MAX_SLOPE_KIBS=8).
+#
 # Other targets: build, bench, format, format-check, clean.
 
 SHELL := /bin/bash
@@ -34,7 +44,20 @@ DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
 	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl \
 	clang libclang-rt-14-dev
 
-.PHONY: deps build run test fuzz bench format format-check clean
+CHAOS_ROUNDS ?= 5
+CHAOS_WORKERS ?= 4
+CHAOS_SEED ?= 1
+CHAOS_ARGS ?=
+DURATION ?= 600
+SOAK_MAX_DRIFT_MIB ?= 8
+SOAK_MAX_SLOPE_KIBS ?= 8
+ifeq ($(CHAOS_ASAN),1)
+CHAOS_TREE := $(BUILD_ASAN)
+else
+CHAOS_TREE := $(BUILD)
+endif
+
+.PHONY: deps build run test fuzz bench chaos soak format format-check clean
 
 # Installs only what is missing, non-interactively; needs root (or sudo).
 deps:
@@ -80,6 +103,18 @@ fuzz: deps
 bench: deps $(BUILD_BENCH)/build.ninja
 	ninja -C $(BUILD_BENCH)
 	meson test -C $(BUILD_BENCH) --benchmark -v
+
+chaos: deps $(CHAOS_TREE)/build.ninja
+	ninja -C $(CHAOS_TREE)
+	./$(CHAOS_TREE)/tests/chaos/kvdock-chaos --kvdockd ./$(CHAOS_TREE)/daemon/kvdockd \
+	  --rounds $(CHAOS_ROUNDS) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) $(CHAOS_ARGS)
+
+soak: deps $(CHAOS_TREE)/build.ninja
+	ninja -C $(CHAOS_TREE)
+	./$(CHAOS_TREE)/tests/chaos/kvdock-chaos --kvdockd ./$(CHAOS_TREE)/daemon/kvdockd --soak \
+	  --duration $(DURATION) --workers $(CHAOS_WORKERS) --seed $(CHAOS_SEED) \
+	  --csv $(CHAOS_TREE)/soak.csv --max-drift-mib $(SOAK_MAX_DRIFT_MIB) \
+	  --max-slope-kibs $(SOAK_MAX_SLOPE_KIBS) $(CHAOS_ARGS)
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -1,0 +1,1045 @@
+/*
+ * chaos.c - kvdock-chaos, the chaos and soak driver (`make chaos`, `make
+ * soak`; not part of `make test`). Not a meson test: it runs for minutes.
+ *
+ * chaos: one kvdockd of its own (a socket in a temporary directory, a
+ * 256 MiB pool, a short lease TTL) and N worker engines (engine.c) doing
+ * random lookups, layer-wise loads (ABORT now and then) and offloads over
+ * a few shared prefixes, so they hit each other's pages. Each round the
+ * driver injures at random points, a bounded number of times: SIGKILL of a
+ * worker (restarted), SIGSTOP/SIGCONT of a worker (sometimes past the lease
+ * TTL), SIGSTOP/SIGCONT of the daemon (shorter and longer than the linker's
+ * timeout), and at most once a round (always once in even rounds) SIGKILL
+ * of the daemon and a restart.
+ * Then it quiesces (stops injuring, asks every worker to finish) and
+ * checks: the daemon's invariant (Stats with check), nothing leaked (no
+ * lease, pin, reservation or quarantined extent once the grace passed;
+ * the daemon's fds and heap bounded), and every acknowledged object
+ * readable byte-exact (a verifier loads them all).
+ *
+ * What "acknowledged" can promise:
+ *  - A daemon killed loses its cache (no crash safety yet): only offloads
+ *    submitted after the last daemon death are verified.
+ *  - An offload's ack counts pages another writer is still writing
+ *    (IN_FLIGHT) as stored (kvdock.h, kvd_offload). When that writer is
+ *    killed or stalled past its lease, such a page never lands although its
+ *    ack said success. A missing page whose offload ran near a writer's
+ *    injury is therefore counted as excused, not failed; every other
+ *    missing page is a failure.
+ *  - The key set is bounded (CH_SUFFIXES) and the pool sized so that nothing
+ *    is evicted; if the daemon evicted anyway, losses count as evictions.
+ *
+ * Bounds: a worker times each linker call (not counting a call during
+ * which it was itself stopped); a call that outlasts the linker's
+ * timeout_ms by more than 1 s (issue 11 hole 6: while the daemon is
+ * stopped) is counted and listed at the end, and --strict-timeouts makes
+ * one a failure (off by default until that hole is closed).
+ *
+ * soak: the same workload without injuries over a key set that cycles the
+ * pool (eviction in steady state), for --duration seconds; every second
+ * the daemon's VmRSS, RssAnon and RssShmem (/proc/PID/status) and the
+ * pool's populated bytes (Stats) go to a CSV; after warm-up (the first
+ * 10 %, and until the pool is full and the store evicts) the drift of the
+ * daemon's own memory (VmRSS - RssShmem: the pool is shared memory) must
+ * stay under --max-drift-mib and the slope of a linear fit under
+ * --max-slope-kibs. Any error a worker sees fails it. Judge drift on the
+ * normal tree: under ASan the allocator's quarantine keeps freed memory
+ * by design (up to 256 MiB unless ASAN_OPTIONS=quarantine_size_mb=0).
+ *
+ * Nothing here signals a process it did not start (pids of its children
+ * only); every wait is bounded.
+ */
+#include "chaos.h"
+#include "kvd_common.h"
+#include "kvd_proto.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_WORKERS 16
+/* the defaults of --lease-ttl-ms and --timeout-ms: short, so that the
+ * stops of a round outlast them */
+#define LEASE_TTL_MS   3000
+#define LINKER_TIMEOUT 1500
+#define READY_MS       30000
+#define WORKER_EXIT_MS 90000 /* a worker finishes within this of SIGTERM */
+#define RPC_MS         5000
+
+typedef struct opts {
+    const char *kvdockd;
+    const char *self;
+    const char *pool;
+    const char *csv;
+    const char *only; /* --only: the injury kinds, comma-separated */
+    int rounds, workers, round_s, max_injuries, duration_s, ttl_ms, timeout_ms;
+    uint64_t seed;
+    bool soak, keep;
+    bool strict_timeouts; /* a call past timeout_ms + 1 s fails the run */
+    double max_drift_mib, max_slope_kibs;
+} opts_t;
+
+typedef struct run {
+    opts_t o;
+    char dir[128], socket[192], excuse[256];
+    pid_t daemon;
+    int daemon_gen;
+    uint64_t since_ms; /* the last daemon death (0: none) */
+    uint64_t fds_base, anon_base;
+    pid_t wpid[MAX_WORKERS];
+    int wgen[MAX_WORKERS];
+    uint64_t wrestart_at[MAX_WORKERS]; /* 0: not waiting for a restart */
+    uint64_t rng;
+    /* figures */
+    uint64_t rounds, worker_kills, worker_stops, worker_stops_long, daemon_stops,
+        daemon_stops_long, daemon_kills, failures, objects_verified, missing_excused,
+        missing_evicted;
+} run_t;
+
+static void fail(run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void fail(run_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "chaos: FAIL ");
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    r->failures++;
+}
+
+static uint64_t rnd(run_t *r, uint64_t lo, uint64_t hi)
+{
+    return lo + ch_rand(&r->rng) % (hi - lo + 1);
+}
+
+/* ------------------------------------------------------------- processes */
+
+/* fork + exec argv with stdout and stderr into log; 0 on failure. */
+static pid_t spawn(char *const argv[], const char *log)
+{
+    pid_t pid = fork();
+    if (pid < 0)
+        return 0;
+    if (pid == 0) {
+        int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+        if (fd >= 0) {
+            dup2(fd, 1);
+            dup2(fd, 2);
+            close(fd);
+        }
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* Waits up to ms for our child pid; true with *st once reaped. */
+static bool wait_child(pid_t pid, int ms, int *st)
+{
+    uint64_t until = ch_now_ms() + (uint64_t)ms;
+    for (;;) {
+        pid_t p = waitpid(pid, st, WNOHANG);
+        if (p == pid)
+            return true;
+        if (p < 0 || ch_now_ms() > until)
+            return false;
+        ch_sleep_ms(10);
+    }
+}
+
+/* "VmRSS:" and the like from /proc/PID/status, in bytes (0: unknown). */
+static uint64_t proc_status_kb(pid_t pid, const char *field)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    uint64_t v = 0;
+    size_t n = strlen(field);
+    while (f && fgets(line, sizeof(line), f))
+        if (strncmp(line, field, n) == 0) {
+            v = strtoull(line + n, NULL, 10) * 1024;
+            break;
+        }
+    if (f)
+        fclose(f);
+    return v;
+}
+
+static uint64_t proc_fds(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    uint64_t n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    return n;
+}
+
+/* ---------------------------------------------------------------- the RPC */
+
+/* Hello then Stats (check: the store's invariant) on a fresh connection. */
+static int daemon_stats(const char *socket, bool check, kvd_stats_rep_t *out)
+{
+    kvd_client_t *c = NULL;
+    int rc = kvd_client_connect_unix(socket, RPC_MS, &c);
+    if (rc != KVD_OK)
+        return rc;
+    kvd_msg_t *m = calloc(2, sizeof(kvd_msg_t));
+    if (m == NULL) {
+        kvd_client_close(c);
+        return KVD_ERR_NOMEM;
+    }
+    kvd_msg_request(&m[0], 0, KVD_METHOD_HELLO);
+    kvd_strlcpy(m[0].body.hello_req.client_name, "chaos-driver",
+                sizeof(m[0].body.hello_req.client_name));
+    m[0].body.hello_req.pid = (uint32_t)getpid();
+    m[0].body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
+    rc = rc == KVD_OK ? m[1].status : rc;
+    kvd_msg_clear(&m[1]);
+    if (rc == KVD_OK) {
+        kvd_msg_request(&m[0], 0, KVD_METHOD_STATS);
+        m[0].body.stats_req.check = check;
+        rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
+        rc = rc == KVD_OK ? m[1].status : rc;
+        if (rc == KVD_OK) {
+            *out = m[1].body.stats_rep;
+            out->n_namespaces = 0;
+            out->namespaces = NULL;
+            out->n_nics = 0;
+            out->nics = NULL;
+        }
+        kvd_msg_clear(&m[1]);
+    }
+    free(m);
+    kvd_client_close(c);
+    return rc;
+}
+
+/* ---------------------------------------------------------------- daemon */
+
+static int daemon_start(run_t *r)
+{
+    char log[256], inst[64];
+    r->daemon_gen++;
+    snprintf(log, sizeof(log), "%s/kvdockd.%d.log", r->dir, r->daemon_gen);
+    snprintf(inst, sizeof(inst), "chaos-%d", (int)getpid());
+    char ttl[32];
+    snprintf(ttl, sizeof(ttl), "%d", r->o.ttl_ms);
+    char *argv[] = {(char *)r->o.kvdockd, "--socket",    r->socket,
+                    "--instance",         inst,          "--pool-size",
+                    (char *)r->o.pool,    "--lease-ttl", ttl,
+                    "--usage-interval",   "0",           NULL};
+    r->daemon = spawn(argv, log);
+    if (r->daemon == 0) {
+        fail(r, "cannot start kvdockd: %s", strerror(errno));
+        return -1;
+    }
+    uint64_t until = ch_now_ms() + READY_MS;
+    kvd_stats_rep_t *st = malloc(sizeof(*st));
+    while (ch_now_ms() < until) {
+        int s;
+        if (waitpid(r->daemon, &s, WNOHANG) == r->daemon) {
+            r->daemon = 0;
+            break;
+        }
+        if (daemon_stats(r->socket, false, st) == KVD_OK &&
+            st->state == KVD_HEALTH_READY) {
+            free(st);
+            r->fds_base = proc_fds(r->daemon);
+            r->anon_base = proc_status_kb(r->daemon, "RssAnon:");
+            return 0;
+        }
+        ch_sleep_ms(50);
+    }
+    free(st);
+    fail(r, "kvdockd did not become ready within %d ms (log %s)", READY_MS, log);
+    return -1;
+}
+
+/* Reaps the daemon if it died; a death we did not cause is a failure. */
+static void daemon_reap(run_t *r)
+{
+    int st;
+    if (r->daemon > 0 && waitpid(r->daemon, &st, WNOHANG) == r->daemon) {
+        fail(r, "kvdockd died on its own: %s %d (log %s/kvdockd.%d.log)",
+             WIFEXITED(st) ? "exit" : "signal",
+             WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), r->dir, r->daemon_gen);
+        r->daemon = 0;
+        r->since_ms = ch_now_ms();
+        daemon_start(r);
+    }
+}
+
+/* --------------------------------------------------------------- workers */
+
+static void worker_start(run_t *r, int i)
+{
+    char idx[16], gen[16], seed[32], sfx[16], tmo[16], log[256];
+    r->wgen[i]++;
+    snprintf(idx, sizeof(idx), "%d", i);
+    snprintf(gen, sizeof(gen), "%d", r->wgen[i]);
+    snprintf(seed, sizeof(seed), "%" PRIu64,
+             r->o.seed * 1000003u + (uint64_t)i * 7919u + (uint64_t)r->wgen[i] * 104729u);
+    snprintf(sfx, sizeof(sfx), "%u", r->o.soak ? CH_WIDE_SUFFIXES : CH_SUFFIXES);
+    snprintf(tmo, sizeof(tmo), "%d", r->o.timeout_ms);
+    snprintf(log, sizeof(log), "%s/w%d.g%d.log", r->dir, i, r->wgen[i]);
+    char *argv[] = {(char *)r->o.self,
+                    "--worker",
+                    "--socket",
+                    r->socket,
+                    "--dir",
+                    r->dir,
+                    "--index",
+                    idx,
+                    "--gen",
+                    gen,
+                    "--seed",
+                    seed,
+                    "--suffixes",
+                    sfx,
+                    "--timeout-ms",
+                    tmo,
+                    r->o.soak ? "--strict" : NULL,
+                    NULL};
+    r->wpid[i] = spawn(argv, log);
+    r->wrestart_at[i] = 0;
+    if (r->wpid[i] == 0)
+        fail(r, "cannot start worker %d: %s", i, strerror(errno));
+}
+
+/* Reaps workers that died on their own (a crash, or an exit before we
+ * asked: both failures) and restarts those due. */
+static void supervise(run_t *r)
+{
+    daemon_reap(r);
+    uint64_t now = ch_now_ms();
+    for (int i = 0; i < r->o.workers; i++) {
+        int st;
+        if (r->wpid[i] > 0 && waitpid(r->wpid[i], &st, WNOHANG) == r->wpid[i]) {
+            fail(r, "worker %d died on its own: %s %d (log %s/w%d.g%d.log)", i,
+                 WIFEXITED(st) ? "exit" : "signal",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), r->dir, i, r->wgen[i]);
+            r->wpid[i] = 0;
+            r->wrestart_at[i] = now + 200;
+        }
+        if (r->wpid[i] == 0 && r->wrestart_at[i] != 0 && now >= r->wrestart_at[i])
+            worker_start(r, i);
+    }
+}
+
+/* Sleeps ms while supervising. */
+static void pause_ms(run_t *r, uint64_t ms)
+{
+    uint64_t until = ch_now_ms() + ms;
+    while (ch_now_ms() < until) {
+        supervise(r);
+        ch_sleep_ms(20);
+    }
+}
+
+/* An injury that may cost a writer its reservations: the verifier excuses
+ * losses of pages offloaded near it. */
+static void excuse(run_t *r, uint64_t start, uint64_t end)
+{
+    FILE *f = fopen(r->excuse, "a");
+    if (f) {
+        fprintf(f, "%" PRIu64 " %" PRIu64 "\n", start, end);
+        fclose(f);
+    }
+}
+
+/* One injury at random; returns when it is over (what it stopped runs). */
+/* The kind of injury k (0..9) is: its name in --only. */
+static const char *injury_kind(uint64_t k)
+{
+    return k <= 2   ? "kill-worker"
+           : k <= 5 ? "stop-worker"
+           : k <= 8 ? "stop-daemon"
+                    : "kill-daemon";
+}
+
+static void injure(run_t *r, bool may_kill_daemon, bool kill_daemon)
+{
+    uint64_t k = 9;
+    while (!kill_daemon) { /* --only names the kinds allowed (main checks one is) */
+        k = rnd(r, 0, may_kill_daemon ? 9 : 8);
+        if (r->o.only == NULL || strstr(r->o.only, injury_kind(k)) != NULL ||
+            (!may_kill_daemon && strcmp(r->o.only, "kill-daemon") == 0))
+            break;
+    }
+    if (r->o.only != NULL && strstr(r->o.only, injury_kind(k)) == NULL)
+        return; /* only daemon kills, and this round had its one */
+    int i = (int)rnd(r, 0, (uint64_t)r->o.workers - 1);
+    uint64_t t0 = ch_now_ms();
+    if (k <= 2) { /* SIGKILL a worker; it comes back in a moment */
+        if (r->wpid[i] <= 0)
+            return;
+        kill(r->wpid[i], SIGKILL);
+        int st;
+        wait_child(r->wpid[i], 5000, &st);
+        r->wpid[i] = 0;
+        r->wrestart_at[i] = ch_now_ms() + rnd(r, 100, 1000);
+        r->worker_kills++;
+        excuse(r, t0, ch_now_ms());
+        printf("  kill worker %d\n", i);
+    } else if (k <= 5) { /* SIGSTOP a worker, sometimes past the lease TTL */
+        if (r->wpid[i] <= 0)
+            return;
+        bool lng = k == 5;
+        uint64_t d = lng ? (uint64_t)r->o.ttl_ms + rnd(r, 500, 1500) : rnd(r, 100, 1000);
+        kill(r->wpid[i], SIGSTOP);
+        pause_ms(r, d);
+        kill(r->wpid[i], SIGCONT);
+        r->worker_stops++;
+        r->worker_stops_long += lng;
+        excuse(r, t0, ch_now_ms());
+        printf("  stop worker %d for %" PRIu64 " ms\n", i, d);
+    } else if (k <= 8) { /* SIGSTOP the daemon: shorter, longer than the timeout */
+        if (r->daemon <= 0)
+            return;
+        bool lng = k == 8;
+        uint64_t d = lng ? (uint64_t)r->o.timeout_ms + rnd(r, 500, 2500)
+                         : rnd(r, 100, (uint64_t)r->o.timeout_ms / 2);
+        kill(r->daemon, SIGSTOP);
+        pause_ms(r, d);
+        kill(r->daemon, SIGCONT);
+        r->daemon_stops++;
+        r->daemon_stops_long += lng;
+        excuse(r, t0, ch_now_ms());
+        printf("  stop daemon for %" PRIu64 " ms\n", d);
+    } else { /* SIGKILL the daemon and start another: its cache is lost */
+        if (r->daemon <= 0)
+            return;
+        kill(r->daemon, SIGKILL);
+        int st;
+        wait_child(r->daemon, 5000, &st);
+        r->daemon = 0;
+        r->since_ms = ch_now_ms();
+        r->daemon_kills++;
+        pause_ms(r, rnd(r, 100, 1000));
+        daemon_start(r);
+        excuse(r, t0, ch_now_ms());
+        printf("  kill daemon, restarted\n");
+    }
+}
+
+/* Asks every worker to finish (SIGTERM) and reaps them; a worker that does
+ * not exit in time, or exits by a signal, is a failure. */
+static void workers_finish(run_t *r)
+{
+    for (int i = 0; i < r->o.workers; i++) {
+        r->wrestart_at[i] = 0;
+        if (r->wpid[i] > 0)
+            kill(r->wpid[i], SIGTERM);
+    }
+    for (int i = 0; i < r->o.workers; i++) {
+        int st = 0;
+        if (r->wpid[i] <= 0)
+            continue;
+        if (!wait_child(r->wpid[i], WORKER_EXIT_MS, &st)) {
+            fail(r, "worker %d did not finish within %d ms of SIGTERM", i,
+                 WORKER_EXIT_MS);
+            kill(r->wpid[i], SIGKILL);
+            wait_child(r->wpid[i], 5000, &st);
+        } else if (!WIFEXITED(st)) {
+            fail(r, "worker %d died of signal %d while finishing", i, WTERMSIG(st));
+        }
+        /* exit 1: its failures are in w<I>.fail, counted at the end */
+        r->wpid[i] = 0;
+    }
+}
+
+/* After quiesce: the store holds nothing for anyone (bounded wait: pins
+ * and reservations of killed or stalled workers end with their lease or
+ * connection, quarantined extents after one more TTL), and its invariant
+ * holds. Fills *st. */
+static bool store_quiet(run_t *r, kvd_stats_rep_t *st, const char *when)
+{
+    uint64_t until = ch_now_ms() + 3 * (uint64_t)r->o.ttl_ms + 10000;
+    int rc;
+    bool quiet = false;
+    do {
+        rc = daemon_stats(r->socket, true, st);
+        quiet = rc == KVD_OK && st->store.leases == 0 && st->store.pins == 0 &&
+                st->store.writing_bytes == 0 && st->store.objects_writing == 0 &&
+                st->store.quarantined_bytes == 0 && st->connections_current <= 1;
+        if (!quiet)
+            ch_sleep_ms(100);
+    } while (!quiet && ch_now_ms() < until);
+    if (rc != KVD_OK) {
+        fail(r, "%s: Stats: %d (%s)", when, rc, kvd_status_str(rc));
+        return false;
+    }
+    if (!quiet)
+        fail(r,
+             "%s: the store is not quiet: leases %" PRIu64 ", pins %" PRIu64
+             ", writing %" PRIu64 " bytes (%" PRIu64 " objects), quarantined %" PRIu64
+             " bytes, connections %" PRIu64,
+             when, st->store.leases, st->store.pins, st->store.writing_bytes,
+             st->store.objects_writing, st->store.quarantined_bytes,
+             st->connections_current);
+    if (!st->checked || st->check_error[0] != '\0')
+        fail(r, "%s: the store's invariant: %s", when,
+             st->checked ? st->check_error : "not checked");
+    uint64_t sum = st->store.free_bytes + st->store.writing_bytes +
+                   st->store.ready_bytes + st->store.quarantined_bytes;
+    if (sum != st->store.pool_bytes)
+        fail(r,
+             "%s: free + writing + ready + quarantined = %" PRIu64
+             " bytes, pool %" PRIu64,
+             when, sum, st->store.pool_bytes);
+    return quiet;
+}
+
+/* The daemon's fds and heap after quiesce, against their values at start:
+ * every connection closed, so fds are back to the start's (a few spare). */
+static void check_leaks(run_t *r, const char *when)
+{
+    uint64_t fds = proc_fds(r->daemon), anon = proc_status_kb(r->daemon, "RssAnon:");
+    printf("  daemon: fds %" PRIu64 " (at start %" PRIu64
+           "), RssAnon %.1f MiB (at start %.1f)\n",
+           fds, r->fds_base, anon / 1048576.0, r->anon_base / 1048576.0);
+    if (fds > r->fds_base + 4)
+        fail(r, "%s: the daemon holds %" PRIu64 " fds, %" PRIu64 " at its start", when,
+             fds, r->fds_base);
+    if (anon > r->anon_base + (64ull << 20))
+        fail(r, "%s: the daemon's heap grew from %.1f to %.1f MiB", when,
+             r->anon_base / 1048576.0, anon / 1048576.0);
+}
+
+/* Runs the verifier over every acknowledgement since the last daemon
+ * death; adds its figures. */
+static void verify(run_t *r, bool evicted, const char *when)
+{
+    char workers[16], since[32], window[32], out[256], log[256];
+    snprintf(workers, sizeof(workers), "%d", r->o.workers);
+    snprintf(since, sizeof(since), "%" PRIu64, r->since_ms);
+    /* the page's writer reserved within one TTL before the ack, and lost
+     * it within one TTL after; a linker timeout either side for slack */
+    snprintf(window, sizeof(window), "%d", r->o.ttl_ms + 2 * r->o.timeout_ms + 1000);
+    snprintf(out, sizeof(out), "%s/verify.stats", r->dir);
+    snprintf(log, sizeof(log), "%s/verify.log", r->dir);
+    unlink(out);
+    char *argv[24];
+    int a = 0;
+    char *fixed[] = {(char *)r->o.self, "--verify", "--socket",  r->socket,
+                     "--dir",           r->dir,     "--workers", workers,
+                     "--since",         since,      "--excuse",  r->excuse,
+                     "--window-ms",     window,     "--out",     out};
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        argv[a++] = fixed[i];
+    if (evicted)
+        argv[a++] = "--evicted";
+    argv[a] = NULL;
+    pid_t pid = spawn(argv, log);
+    int st = 0;
+    if (pid == 0 || !wait_child(pid, 300000, &st)) {
+        fail(r, "%s: the verifier did not finish", when);
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            wait_child(pid, 5000, &st);
+        }
+        return;
+    }
+    ch_stats_t v = {0};
+    if (!ch_stats_add(out, &v)) {
+        fail(r, "%s: the verifier left no figures (status %d, log %s)", when, st, log);
+        return;
+    }
+    printf("  verified %" PRIu64 " objects byte-exact (records %" PRIu64 ", %" PRIu64
+           " before the daemon's last start); missing: %" PRIu64 " required, %" PRIu64
+           " excused, %" PRIu64 " evicted\n",
+           v.objects_verified, v.records_read, v.records_old, v.missing_required,
+           v.missing_excused, v.missing_evicted);
+    r->objects_verified += v.objects_verified;
+    r->missing_excused += v.missing_excused;
+    r->missing_evicted += v.missing_evicted;
+    if (v.failures || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail(r, "%s: the verifier found %" PRIu64 " failures (log %s)", when, v.failures,
+             log);
+}
+
+/* Quiesce, then every check of a round. */
+static void quiesce_and_check(run_t *r, const char *when)
+{
+    workers_finish(r);
+    daemon_reap(r);
+    kvd_stats_rep_t *st = malloc(sizeof(*st));
+    store_quiet(r, st, when);
+    bool evicted = st->store.evictions > 0;
+    if (evicted && !r->o.soak)
+        printf("  note: the daemon evicted %" PRIu64
+               " objects (the pool is too small for "
+               "the key set)\n",
+               st->store.evictions);
+    check_leaks(r, when);
+    verify(r, evicted, when);
+    store_quiet(r, st, "after the verifier");
+    free(st);
+}
+
+/* Counts the failure lines workers wrote and their sanitizer reports. */
+static uint64_t count_worker_failures(run_t *r)
+{
+    uint64_t n = 0;
+    char path[512], line[700];
+    for (int i = 0; i < r->o.workers; i++) {
+        snprintf(path, sizeof(path), "%s/w%d.fail", r->dir, i);
+        FILE *f = fopen(path, "r");
+        while (f && fgets(line, sizeof(line), f)) {
+            if (n < 20)
+                fprintf(stderr, "chaos: FAIL (worker) %s", line);
+            n++;
+        }
+        if (f)
+            fclose(f);
+    }
+    return n;
+}
+
+static bool log_has_report(const char *path)
+{
+    static const char *const reports[] = {"ERROR: AddressSanitizer",
+                                          "runtime error:", "ERROR: LeakSanitizer"};
+    FILE *f = fopen(path, "r");
+    char line[1024];
+    bool bad = false;
+    while (f && !bad && fgets(line, sizeof(line), f))
+        for (size_t i = 0; i < sizeof(reports) / sizeof(reports[0]); i++)
+            bad |= strstr(line, reports[i]) != NULL;
+    if (f)
+        fclose(f);
+    return bad;
+}
+
+/* Prints the calls a worker saw outlast timeout_ms (its "took" lines). */
+static void show_slow_calls(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char line[512];
+    while (f && fgets(line, sizeof(line), f))
+        if (strstr(line, " took ") != NULL)
+            printf("  slow call: %s", line);
+    if (f)
+        fclose(f);
+}
+
+/* Stops the daemon (SIGTERM: exit 0 within 10 s) and scans every log. */
+static void finish(run_t *r, ch_stats_t *ws)
+{
+    if (r->daemon > 0) {
+        kill(r->daemon, SIGTERM);
+        int st = 0;
+        if (!wait_child(r->daemon, 10000, &st)) {
+            fail(r, "kvdockd did not exit within 10 s of SIGTERM");
+            kill(r->daemon, SIGKILL);
+            wait_child(r->daemon, 5000, &st);
+        } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fail(r, "kvdockd exited %s %d on SIGTERM",
+                 WIFEXITED(st) ? "with" : "by signal",
+                 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+        }
+        r->daemon = 0;
+    }
+    DIR *d = opendir(r->dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", r->dir, e->d_name);
+        size_t n = strlen(e->d_name);
+        if (n > 4 && strcmp(e->d_name + n - 4, ".log") == 0 && log_has_report(path))
+            fail(r, "%s has a sanitizer report", path);
+        if (e->d_name[0] == 'w' && n > 4 && strcmp(e->d_name + n - 4, ".log") == 0)
+            show_slow_calls(path);
+        if (n > 6 && strcmp(e->d_name + n - 6, ".stats") == 0 && e->d_name[0] == 'w')
+            ch_stats_add(path, ws);
+    }
+    if (d)
+        closedir(d);
+    r->failures += count_worker_failures(r);
+}
+
+static void print_workers(const ch_stats_t *w)
+{
+    printf("workers: %" PRIu64 " requests, %" PRIu64 " lookups (%" PRIu64
+           " hit pages), %" PRIu64 " loads (%" PRIu64 " refused), %" PRIu64
+           " completed (%" PRIu64 " failed), %" PRIu64 " aborts, %" PRIu64
+           " partial commits, %" PRIu64 " loaded pages verified; %" PRIu64
+           " offloads, %" PRIu64 " acked (%" PRIu64 " pages), %" PRIu64 " failed\n",
+           w->iterations, w->lookups, w->hit_pages, w->loads, w->load_errors,
+           w->loads_completed, w->load_failures, w->aborts, w->partial_commits,
+           w->pages_verified, w->offloads, w->offloads_acked, w->pages_acked,
+           w->offload_failures);
+    printf("errors seen: timeout %" PRIu64 ", closed %" PRIu64 ", unavailable %" PRIu64
+           ", not found %" PRIu64 ", other %" PRIu64 "; starved %" PRIu64
+           "; calls past timeout_ms + 1 s: %" PRIu64 " (longest %" PRIu64 " ms)\n",
+           w->err_timeout, w->err_closed, w->err_unavailable, w->err_not_found,
+           w->err_other, w->starved, w->calls_over_bound, w->max_call_ms);
+}
+
+/* ---------------------------------------------------------------- chaos */
+
+static int run_chaos(run_t *r)
+{
+    if (daemon_start(r) != 0)
+        return 1;
+    for (int round = 1; round <= r->o.rounds; round++) {
+        printf("round %d\n", round);
+        fflush(stdout);
+        for (int i = 0; i < r->o.workers; i++)
+            worker_start(r, i);
+        uint64_t end = ch_now_ms() + (uint64_t)r->o.round_s * 1000;
+        int injuries = 0;
+        bool daemon_killed = false;
+        /* every other round kills the daemon once, at a random point */
+        bool kill_due = round % 2 == 0 && r->o.max_injuries > 0 &&
+                        (r->o.only == NULL || strstr(r->o.only, "kill-daemon") != NULL);
+        int kill_at = kill_due ? (int)rnd(r, 0, (uint64_t)r->o.max_injuries - 1) : -1;
+        pause_ms(r, rnd(r, 500, 2000));
+        while (ch_now_ms() < end && injuries < r->o.max_injuries) {
+            uint64_t before = r->daemon_kills;
+            injure(r, !daemon_killed, injuries == kill_at && !daemon_killed);
+            daemon_killed |= r->daemon_kills != before;
+            injuries++;
+            fflush(stdout);
+            pause_ms(r, rnd(r, 300, 2500));
+        }
+        if (ch_now_ms() < end)
+            pause_ms(r, end - ch_now_ms());
+        char when[32];
+        snprintf(when, sizeof(when), "round %d", round);
+        quiesce_and_check(r, when);
+        r->rounds++;
+        fflush(stdout);
+    }
+    ch_stats_t w = {0};
+    finish(r, &w);
+    print_workers(&w);
+    if (r->o.strict_timeouts && w.calls_over_bound > 0)
+        fail(r,
+             "%" PRIu64 " calls outlasted timeout_ms + 1 s (the longest %" PRIu64 " ms)",
+             w.calls_over_bound, w.max_call_ms);
+    printf("chaos: %" PRIu64 " rounds, %" PRIu64 " worker kills, %" PRIu64
+           " worker stops (%" PRIu64 " past the lease TTL), %" PRIu64
+           " daemon stops (%" PRIu64 " past the linker timeout), %" PRIu64
+           " daemon kills; %" PRIu64 " objects verified (summed over rounds), %" PRIu64
+           " excused losses; %" PRIu64 " failures\n",
+           r->rounds, r->worker_kills, r->worker_stops, r->worker_stops_long,
+           r->daemon_stops, r->daemon_stops_long, r->daemon_kills, r->objects_verified,
+           r->missing_excused, r->failures);
+    return r->failures ? 1 : 0;
+}
+
+/* ----------------------------------------------------------------- soak */
+
+typedef struct sample {
+    double t_s;
+    double own;    /* VmRSS - RssShmem */
+    bool evicting; /* the pool is full: the store evicted by now */
+} sample_t;
+
+/* Least-squares slope of own over t for samples[from..n). */
+static double slope(const sample_t *s, size_t from, size_t n)
+{
+    double st = 0, so = 0, stt = 0, sto = 0, m = (double)(n - from);
+    for (size_t i = from; i < n; i++) {
+        st += s[i].t_s;
+        so += s[i].own;
+        stt += s[i].t_s * s[i].t_s;
+        sto += s[i].t_s * s[i].own;
+    }
+    double den = m * stt - st * st;
+    return den > 0 ? (m * sto - st * so) / den : 0;
+}
+
+static int run_soak(run_t *r)
+{
+    if (daemon_start(r) != 0)
+        return 1;
+    FILE *csv = fopen(r->o.csv, "w");
+    if (csv == NULL) {
+        fail(r, "cannot write %s: %s", r->o.csv, strerror(errno));
+        return 1;
+    }
+    fprintf(csv, "t_s,vmrss_bytes,rss_anon_bytes,rss_shmem_bytes,pool_populated_bytes,"
+                 "ready_bytes,objects_ready,index_bytes,evictions,fds,connections\n");
+    for (int i = 0; i < r->o.workers; i++)
+        worker_start(r, i);
+    size_t cap = (size_t)r->o.duration_s + 16, n = 0;
+    sample_t *s = calloc(cap, sizeof(*s));
+    kvd_stats_rep_t *st = malloc(sizeof(*st));
+    uint64_t t0 = ch_now_ms(), next = t0;
+    while (ch_now_ms() < t0 + (uint64_t)r->o.duration_s * 1000 && n < cap) {
+        supervise(r);
+        if (ch_now_ms() < next) {
+            ch_sleep_ms(10);
+            continue;
+        }
+        next += 1000;
+        uint64_t rss = proc_status_kb(r->daemon, "VmRSS:");
+        uint64_t anon = proc_status_kb(r->daemon, "RssAnon:");
+        uint64_t shm = proc_status_kb(r->daemon, "RssShmem:");
+        memset(st, 0, sizeof(*st));
+        if (daemon_stats(r->socket, false, st) != KVD_OK)
+            fail(r, "soak: Stats failed at %.0f s", (ch_now_ms() - t0) / 1000.0);
+        double t = (ch_now_ms() - t0) / 1000.0;
+        fprintf(csv,
+                "%.1f,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64
+                ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 "\n",
+                t, rss, anon, shm, st->memory.pool_populated_bytes, st->store.ready_bytes,
+                st->store.objects_ready, st->store.index_bytes, st->store.evictions,
+                proc_fds(r->daemon), st->connections_current);
+        fflush(csv);
+        s[n++] = (sample_t){t, (double)(rss - shm), st->store.evictions > 0};
+    }
+    fclose(csv);
+    free(st);
+    quiesce_and_check(r, "soak");
+    ch_stats_t w = {0};
+    finish(r, &w);
+    print_workers(&w);
+    /* drift after warm-up: the first 10 % of the run (at least 5 samples)
+     * and until the pool is full (the store's index and the daemon's
+     * buffers grow while objects are added; flat is for the steady state,
+     * where eviction makes room for every new object) */
+    size_t from = n / 10 > 5 ? n / 10 : 5;
+    while (from < n && !s[from].evicting)
+        from++;
+    if (n < from + 10) {
+        fail(r,
+             "soak: %zu samples, %zu of them in the steady state (evicting): too few "
+             "to judge drift; run longer",
+             n, n > from ? n - from : 0);
+    } else {
+        double at = 0, end = 0;
+        for (size_t i = from; i < from + 5; i++)
+            at += s[i].own / 5;
+        for (size_t i = n - 5; i < n; i++)
+            end += s[i].own / 5;
+        double drift = (end - at) / 1048576.0, k = slope(s, from, n) / 1024.0;
+        printf("soak: %.0f s, %zu samples (%s); the daemon's own memory (VmRSS - "
+               "RssShmem) %.2f MiB at %.0f s, %.2f MiB at the end: drift %+.2f MiB "
+               "(limit %.1f), slope %+.3f KiB/s (limit %.1f)\n",
+               s[n - 1].t_s, n, r->o.csv, at / 1048576.0, s[from].t_s, end / 1048576.0,
+               drift, r->o.max_drift_mib, k, r->o.max_slope_kibs);
+        if (drift > r->o.max_drift_mib)
+            fail(r, "soak: memory drift %.2f MiB over the limit %.1f", drift,
+                 r->o.max_drift_mib);
+        if (k > r->o.max_slope_kibs)
+            fail(r, "soak: memory slope %.3f KiB/s over the limit %.1f", k,
+                 r->o.max_slope_kibs);
+    }
+    free(s);
+    printf("soak: %" PRIu64 " objects verified, %" PRIu64 " gone by eviction; %" PRIu64
+           " failures\n",
+           r->objects_verified, r->missing_evicted, r->failures);
+    return r->failures ? 1 : 0;
+}
+
+/* ----------------------------------------------------------------- main */
+
+static void usage(void)
+{
+    fprintf(
+        stderr,
+        "usage: kvdock-chaos --kvdockd PATH [--rounds N] [--workers N] "
+        "[--round-seconds S]\n"
+        "                    [--max-injuries N] [--seed N] [--pool SIZE] [--keep]\n"
+        "                    [--lease-ttl-ms MS] [--timeout-ms MS]\n"
+        "                    [--only kill-worker,stop-worker,stop-daemon,kill-daemon]\n"
+        "                    [--strict-timeouts]\n"
+        "       kvdock-chaos --kvdockd PATH --soak --duration S [--csv FILE]\n"
+        "                    [--max-drift-mib F] [--max-slope-kibs F]\n");
+}
+
+static void rm_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+int main(int argc, char **argv)
+{
+    enum {
+        O_WORKER = 256,
+        O_VERIFY,
+        O_SOCKET,
+        O_DIR,
+        O_INDEX,
+        O_GEN,
+        O_SUFFIXES,
+        O_TMO,
+        O_STRICT,
+        O_WORKERS,
+        O_SINCE,
+        O_EXCUSE,
+        O_WINDOW,
+        O_EVICTED,
+        O_OUT,
+        O_KVDOCKD,
+        O_ROUNDS,
+        O_ROUND_S,
+        O_MAXINJ,
+        O_SEED,
+        O_POOL,
+        O_KEEP,
+        O_SOAK,
+        O_DURATION,
+        O_CSV,
+        O_DRIFT,
+        O_SLOPE,
+        O_TTL,
+        O_ONLY,
+        O_STRICT_TMO
+    };
+    static const struct option lo[] = {{"worker", no_argument, 0, O_WORKER},
+                                       {"verify", no_argument, 0, O_VERIFY},
+                                       {"socket", required_argument, 0, O_SOCKET},
+                                       {"dir", required_argument, 0, O_DIR},
+                                       {"index", required_argument, 0, O_INDEX},
+                                       {"gen", required_argument, 0, O_GEN},
+                                       {"suffixes", required_argument, 0, O_SUFFIXES},
+                                       {"timeout-ms", required_argument, 0, O_TMO},
+                                       {"strict", no_argument, 0, O_STRICT},
+                                       {"workers", required_argument, 0, O_WORKERS},
+                                       {"since", required_argument, 0, O_SINCE},
+                                       {"excuse", required_argument, 0, O_EXCUSE},
+                                       {"window-ms", required_argument, 0, O_WINDOW},
+                                       {"evicted", no_argument, 0, O_EVICTED},
+                                       {"out", required_argument, 0, O_OUT},
+                                       {"kvdockd", required_argument, 0, O_KVDOCKD},
+                                       {"rounds", required_argument, 0, O_ROUNDS},
+                                       {"round-seconds", required_argument, 0, O_ROUND_S},
+                                       {"max-injuries", required_argument, 0, O_MAXINJ},
+                                       {"seed", required_argument, 0, O_SEED},
+                                       {"pool", required_argument, 0, O_POOL},
+                                       {"keep", no_argument, 0, O_KEEP},
+                                       {"soak", no_argument, 0, O_SOAK},
+                                       {"duration", required_argument, 0, O_DURATION},
+                                       {"csv", required_argument, 0, O_CSV},
+                                       {"max-drift-mib", required_argument, 0, O_DRIFT},
+                                       {"max-slope-kibs", required_argument, 0, O_SLOPE},
+                                       {"lease-ttl-ms", required_argument, 0, O_TTL},
+                                       {"only", required_argument, 0, O_ONLY},
+                                       {"strict-timeouts", no_argument, 0, O_STRICT_TMO},
+                                       {0, 0, 0, 0}};
+    bool worker = false, verifier = false;
+    ch_worker_opts_t wo = {.suffixes = CH_SUFFIXES, .timeout_ms = LINKER_TIMEOUT};
+    ch_verify_opts_t vo = {0};
+    run_t *r = calloc(1, sizeof(*r));
+    r->o = (opts_t){.pool = "256M",
+                    .rounds = 5,
+                    .workers = 4,
+                    .round_s = 25,
+                    .max_injuries = 8,
+                    .duration_s = 600,
+                    .seed = 1,
+                    .csv = "soak.csv",
+                    .max_drift_mib = 8,
+                    .max_slope_kibs = 8,
+                    .ttl_ms = LEASE_TTL_MS,
+                    .timeout_ms = LINKER_TIMEOUT};
+    int c;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case O_WORKER: worker = true; break;
+        case O_VERIFY: verifier = true; break;
+        case O_SOCKET: wo.socket = vo.socket = optarg; break;
+        case O_DIR: wo.dir = vo.dir = optarg; break;
+        case O_INDEX: wo.index = atoi(optarg); break;
+        case O_GEN: wo.gen = atoi(optarg); break;
+        case O_SUFFIXES: wo.suffixes = (uint32_t)strtoul(optarg, NULL, 10); break;
+        case O_TMO: wo.timeout_ms = r->o.timeout_ms = atoi(optarg); break;
+        case O_STRICT: wo.strict = true; break;
+        case O_WORKERS: vo.workers = r->o.workers = atoi(optarg); break;
+        case O_SINCE: vo.since_ms = strtoull(optarg, NULL, 10); break;
+        case O_EXCUSE: vo.excuse = optarg; break;
+        case O_WINDOW: vo.window_ms = strtoull(optarg, NULL, 10); break;
+        case O_EVICTED: vo.evicted = true; break;
+        case O_OUT: vo.out = optarg; break;
+        case O_KVDOCKD: r->o.kvdockd = optarg; break;
+        case O_ROUNDS: r->o.rounds = atoi(optarg); break;
+        case O_ROUND_S: r->o.round_s = atoi(optarg); break;
+        case O_MAXINJ: r->o.max_injuries = atoi(optarg); break;
+        case O_SEED: wo.seed = r->o.seed = strtoull(optarg, NULL, 10); break;
+        case O_POOL: r->o.pool = optarg; break;
+        case O_KEEP: r->o.keep = true; break;
+        case O_SOAK: r->o.soak = true; break;
+        case O_DURATION: r->o.duration_s = atoi(optarg); break;
+        case O_CSV: r->o.csv = optarg; break;
+        case O_DRIFT: r->o.max_drift_mib = atof(optarg); break;
+        case O_SLOPE: r->o.max_slope_kibs = atof(optarg); break;
+        case O_TTL: r->o.ttl_ms = atoi(optarg); break;
+        case O_ONLY: r->o.only = optarg; break;
+        case O_STRICT_TMO: r->o.strict_timeouts = true; break;
+        default: usage(); return 2;
+        }
+    }
+    if (worker || verifier) {
+        free(r);
+        if (worker)
+            return wo.socket && wo.dir ? ch_worker_main(&wo) : 2;
+        return vo.socket && vo.dir && vo.out ? ch_verify_main(&vo) : 2;
+    }
+    if (r->o.kvdockd == NULL || r->o.workers < 1 || r->o.workers > MAX_WORKERS ||
+        r->o.rounds < 1 || r->o.duration_s < 1 ||
+        (r->o.only != NULL && strstr(r->o.only, "-worker") == NULL &&
+         strstr(r->o.only, "-daemon") == NULL)) {
+        usage();
+        return 2;
+    }
+    /* our children are found by this path (a fresh exec each) */
+    static char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0)
+        return 1;
+    self[n] = '\0';
+    r->o.self = self;
+    r->rng = r->o.seed;
+    signal(SIGPIPE, SIG_IGN);
+    snprintf(r->dir, sizeof(r->dir), "/tmp/kvdock-chaos.XXXXXX");
+    if (mkdtemp(r->dir) == NULL) {
+        perror("mkdtemp");
+        return 1;
+    }
+    snprintf(r->socket, sizeof(r->socket), "%s/kvdockd.sock", r->dir);
+    snprintf(r->excuse, sizeof(r->excuse), "%s/injuries", r->dir);
+    printf("%s: %d workers, pool %s, lease TTL %d ms, linker timeout %d ms, seed %" PRIu64
+           ", files in %s\n",
+           r->o.soak ? "soak" : "chaos", r->o.workers, r->o.pool, r->o.ttl_ms,
+           r->o.timeout_ms, r->o.seed, r->dir);
+    fflush(stdout);
+    int rc = r->o.soak ? run_soak(r) : run_chaos(r);
+    if (rc == 0 && !r->o.keep)
+        rm_dir(r->dir);
+    else
+        printf("files kept in %s\n", r->dir);
+    free(r);
+    return rc;
+}
