@@ -69,6 +69,11 @@ typedef struct conn {
     uint32_t events;   /* what epoll watches now */
     size_t fd_at;      /* offset in out where the pool fd rides; SIZE_MAX none */
     kvd_rpc_ctx_t ctx; /* who it is: its id, and the tenant of its credential */
+    /* its UCX access, granted at a Hello with want_ucx (ucxd.h): the
+     * capability and the UCX server generation it was granted by */
+    bool ucx_granted;
+    uint64_t ucx_gen;
+    uint8_t ucx_cap[KVD_UCXD_CAP_BYTES];
     kvd_framer_t in;
     kvd_buf_t out;
     struct conn *prev, *next;
@@ -194,6 +199,9 @@ static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
                  "connection %llu closed (%s) holding %zu leases: their "
                  "reservations were revoked and pins released",
                  (unsigned long long)c->id, why, undone);
+    if (c->ucx_granted) /* its capability dies with it */
+        kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
+    c->ucx_granted = false;
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
     close(c->src.fd);
     kvd_framer_free(&c->in);
@@ -281,6 +289,39 @@ static void conn_fail(kvd_server_t *s, conn_t *c, uint64_t id, kvd_method_t meth
     c->closing = true;
 }
 
+/*
+ * The UCX part of a Hello reply (want_ucx, once everything else of the
+ * Hello succeeded): a capability granted to the UCX server for this
+ * connection (the whole pool for now; read-only when the connection is),
+ * which is in the server's control socket before this reply is queued, so
+ * the client can never use it too early; the worker's address; and the
+ * rkey and pool base only where the server offers one-sided RMA (over TCP
+ * it does not: see ucxd.h). A second Hello replaces the first's grant.
+ */
+static void hello_ucx(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_hello_req_t *h = &req->body.hello_req;
+    kvd_hello_rep_t *r = &rep->body.hello_rep;
+    if (c->ucx_granted)
+        kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
+    c->ucx_granted = false;
+    bool read_only = c->ctx.read_only || h->read_only;
+    int rc = kvd_ucxd_grant(s->ucxd, c->id, read_only, 0, kvd_pool_size(s->pool),
+                            c->ucx_cap, &c->ucx_gen);
+    if (rc != KVD_OK) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_BUSY,
+                      "the UCX server cannot take this connection's grant now (%s); "
+                      "try again in a second",
+                      kvd_status_str(rc));
+        return;
+    }
+    c->ucx_granted = true;
+    memcpy(r->ucx_token, c->ucx_cap, sizeof(c->ucx_cap));
+    r->ucx_token_len = sizeof(c->ucx_cap);
+    kvd_ucxd_peer(s->ucxd, &r->ucx_address, &r->ucx_address_len, &r->ucx_rkey,
+                  &r->ucx_rkey_len, &r->ucx_pool_base);
+}
+
 static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_hello_req_t *h = &req->body.hello_req;
@@ -333,8 +374,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     r->pool_bytes = kvd_pool_size(s->pool);
     r->connection_id = c->id;
     if (h->want_ucx)
-        kvd_ucxd_peer(s->ucxd, &r->ucx_address, &r->ucx_address_len, &r->ucx_rkey,
-                      &r->ucx_rkey_len, &r->ucx_pool_base);
+        hello_ucx(s, c, req, rep);
 }
 
 /* Hands the metrics endpoint a snapshot of Stats and the namespace table:
@@ -785,8 +825,19 @@ static int start_ucx(kvd_server_t *s)
     if (strcmp(s->opts.ucx, "off") == 0)
         return KVD_OK;
     bool required = strcmp(s->opts.ucx, "on") == 0;
-    int rc =
-        kvd_ucxd_start(kvd_pool_fd(s->pool), kvd_pool_size(s->pool), 10000, &s->ucxd);
+    /* the UCX server listens only where the RPC does: loopback (and shared
+     * memory) without --listen, the interface of --listen's host with it */
+    char ports[256] = "", devices[512];
+    kvd_nics_ucx_devices(s->nics.nics, s->nics.n, ports, sizeof(ports));
+    int rc = kvd_ucxd_net_devices(s->opts.listen, getenv("UCX_NET_DEVICES"), ports,
+                                  devices, sizeof(devices));
+    if (rc == KVD_OK) {
+        KVD_INFO("server", "UCX serves on network devices %s",
+                 devices[0] ? devices
+                            : "of UCX's own choice (--listen on every interface)");
+        rc = kvd_ucxd_start(kvd_pool_fd(s->pool), kvd_pool_size(s->pool), devices, 10000,
+                            &s->ucxd);
+    }
     if (rc == KVD_OK) {
         s->ucx_src = (src_t){SRC_UCX, kvd_ucxd_fd(s->ucxd)};
         rc = watch(s, &s->ucx_src, EPOLLIN, EPOLL_CTL_ADD);
