@@ -52,6 +52,7 @@
 #include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -219,6 +220,12 @@ static int spawn(kvd_ucxd_t *x)
             _exit(127);
         close(pfd);
         close(sfd);
+        /* nothing else of the parent's (a listener, a connection, what
+         * kvdockd itself inherited): the child holds the pool and its
+         * socket, no more */
+        if (syscall(SYS_close_range, UCXD_CHILD_SOCK + 1, ~0u, 0) != 0)
+            for (int fd = UCXD_CHILD_SOCK + 1; fd < 65536; fd++)
+                close(fd);
         /* this very binary, also once it was replaced or removed on disk
          * (an upgrade): the child must speak the parent's protocol */
         char *argv[] = {"kvdockd", "--ucx-serve", pool_fd,
