@@ -24,6 +24,9 @@
  *       RMA without an rkey.
  *   (d) the UCX server listens (TCP) only on loopback addresses, with and
  *       without --listen 127.0.0.1:PORT, and logs the devices it serves.
+ *   (e) a UCX server that dies takes its grants along: its successor
+ *       refuses the old capability and serves the one a new Hello on the
+ *       same connection gets.
  *
  * Skips (77) when UCX cannot start here (the daemon says so). Every wait is
  * bounded; no timing is asserted.
@@ -671,6 +674,45 @@ out:
     kvd_client_close(c);
 }
 
+/* A UCX server that dies takes its grants along: the next one refuses the
+ * old capability, and a new Hello on the same connection (what a linker
+ * does when its endpoint fails) gets one it serves. */
+static void case_restart(const kvd_test_daemon_t *d, const char *tcp_addr, pid_t child)
+{
+    kvd_client_t *c = NULL;
+    grant_t g1, g2;
+    if (!DT_CHECK(kvd_client_connect_tcp(tcp_addr, WAIT_MS, &c) == KVD_OK &&
+                      hello_ucx(c, false, &g1) == KVD_OK,
+                  "Hello with want_ucx"))
+        goto out;
+    kill(child, SIGKILL);
+    int rc = KVD_ERR_BUSY;
+    pid_t next = -1;
+    for (int i = 0; i < 100 && (rc != KVD_OK || next <= 0 || next == child); i++) {
+        kvd_sleep_ns(100 * 1000000ull);
+        next = ucx_child(d->pid);
+        rc = next > 0 && next != child ? hello_ucx(c, false, &g2) : KVD_ERR_BUSY;
+    }
+    if (!DT_CHECK(rc == KVD_OK, "Hello again after the UCX server's restart: %s",
+                  kvd_status_str(rc)))
+        goto out;
+    DT_CHECK(memcmp(g1.cap, g2.cap, CAP_BYTES) != 0, "the same capability again");
+    if (!DT_CHECK(ep_open(g2.addr) == 0, "an endpoint to the new UCX server"))
+        goto out;
+    v2_req_t r = v2(g1.cap, 0, 64);
+    bool got = am_call(AM_GET, &r, sizeof(r), NULL, 0);
+    DT_CHECK(got && A.status != KVD_OK && A.data_len == 0,
+             "the new UCX server serves the old capability (answered %d, status %d)", got,
+             A.status);
+    r = v2(g2.cap, 0, 64);
+    DT_CHECK(am_call(AM_GET, &r, sizeof(r), NULL, 0) && A.status == KVD_OK &&
+                 A.data_len == 64,
+             "the new capability is not served: status %d", A.status);
+out:
+    ep_close();
+    kvd_client_close(c);
+}
+
 /* (d), for a daemon started with `extra`. */
 static void case_listen(const kvd_test_daemon_t *d, const char *how)
 {
@@ -725,6 +767,7 @@ int main(void)
         case_messages(&d, listen, pool);
         case_transport(listen, pool);
         DT_CHECK(ucx_child(d.pid) == child, "the UCX server was restarted");
+        case_restart(&d, listen, child);
     }
     if (pool != NULL)
         munmap((void *)pool, DT_POOL_BYTES);
