@@ -141,6 +141,13 @@ int kvd_transport_open_shm(kvd_transport_t **out);
  */
 int kvd_transport_open_ucx(const char *name, kvd_transport_t **out);
 
+/* kvd_transport_open_ucx for one mode only: a transport for the message
+ * mode has a context without UCP_FEATURE_RMA, so that no peer reaching its
+ * worker can read or write this process through UCP's software RMA (and
+ * refuses to connect in RMA mode, KVD_ERR_INVALID). */
+int kvd_transport_open_ucx_mode(const char *name, kvd_ucx_mode_t mode,
+                                kvd_transport_t **out);
+
 #define KVD_UCX_STAGE_CHUNK (8ull << 20) /* bytes of one staged message at most */
 #define KVD_UCX_STAGE_BYTES (4 * KVD_UCX_STAGE_CHUNK)
 

@@ -54,6 +54,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <ucp/api/ucp.h>
 
 #define AM_PUT   11
@@ -227,6 +228,7 @@ struct ucx_transport {
     ucp_rkey_h rkey;
     uint64_t remote_base;
     uint8_t cap[KVD_UCX_CAP_BYTES]; /* the message mode's capability */
+    bool rma_ok;                    /* its context has UCP_FEATURE_RMA */
     ucs_status_t failed;            /* the endpoint's error; UCS_OK while fine */
     size_t outstanding;             /* batches not reported yet */
     kvd_done_ring_t done;
@@ -937,6 +939,11 @@ int kvd_ucx_create_with(const kvd_ucx_opts_t *o, kvd_ucx_t **out)
         ucp_config_release(cfg);
     if (st == UCS_OK)
         u->resources = resources_of(u->ctx);
+    /* the requests' ids are not guessable: a stranger that reaches this
+     * worker cannot pass an answer of its own for one of ours */
+    if (getrandom(&u->next_token, sizeof(u->next_token), GRND_NONBLOCK) !=
+        sizeof(u->next_token))
+        u->next_token = kvd_now_ns() * 0x9e3779b97f4a7c15ull;
     if (st == UCS_OK) {
         /* serialised by the caller: one thread drives a kvd_ucx_t at a
          * time (a linker's load and offload threads have one each) */
@@ -1466,7 +1473,8 @@ static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
     if (peer->ucx.address == NULL || peer->ucx.address_len == 0 ||
         (peer->ucx.mode != KVD_UCX_MODE_RMA && peer->ucx.mode != KVD_UCX_MODE_AM) ||
         (rma && (peer->ucx.rkey == NULL || peer->ucx.rkey_len == 0)) ||
-        (!rma && (peer->ucx.cap == NULL || peer->ucx.cap_len != KVD_UCX_CAP_BYTES)))
+        (!rma && (peer->ucx.cap == NULL || peer->ucx.cap_len != KVD_UCX_CAP_BYTES)) ||
+        (rma && !t->rma_ok))
         return KVD_ERR_INVALID;
     if (t->outstanding > 0)
         return KVD_ERR_STATE; /* a disconnect that could not finish: see above */
@@ -1560,14 +1568,16 @@ static const kvd_transport_ops_t ucx_ops = {
     .destroy = ucx_destroy,
 };
 
-int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
+static int open_ucx(const char *name, bool rma, kvd_transport_t **out)
 {
     if (out == NULL)
         return KVD_ERR_INVALID;
     ucx_transport_t *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    int rc = kvd_ucx_create(name != NULL ? name : "kvdock", false, &t->u);
+    const kvd_ucx_opts_t o = {.name = name != NULL ? name : "kvdock", .rma = rma};
+    t->rma_ok = rma;
+    int rc = kvd_ucx_create_with(&o, &t->u);
     if (rc != KVD_OK) {
         free(t);
         return rc;
@@ -1575,4 +1585,17 @@ int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
     t->base.ops = &ucx_ops;
     *out = &t->base;
     return KVD_OK;
+}
+
+int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
+{
+    return open_ucx(name, true, out);
+}
+
+int kvd_transport_open_ucx_mode(const char *name, kvd_ucx_mode_t mode,
+                                kvd_transport_t **out)
+{
+    if (mode != KVD_UCX_MODE_RMA && mode != KVD_UCX_MODE_AM)
+        return KVD_ERR_INVALID;
+    return open_ucx(name, mode == KVD_UCX_MODE_RMA, out);
 }
