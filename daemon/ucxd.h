@@ -67,7 +67,9 @@ int kvd_ucxd_start(int pool_fd, uint64_t pool_bytes, const char *net_devices,
  * NULL unset) and the RDMA ports found (rdma_ports, "mlx5_0:1,...", may be
  * ""): the network interfaces are those holding HOST (all for 0.0.0.0 or
  * ::), or the loopback ones without --listen; RDMA ports are the
- * operator's (entries DEVICE:PORT of env_value), else every one found.
+ * operator's where it set UCX_NET_DEVICES (its DEVICE:PORT entries; its
+ * interfaces --listen does not name are dropped, with a warning), else
+ * every active one found.
  * out "" means "leave UCX's own" (a wildcard HOST). KVD_ERR_INVALID when
  * HOST is on no interface here, KVD_ERR_TOO_LARGE when out is too small.
  */
