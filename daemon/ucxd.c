@@ -261,6 +261,8 @@ static int ctl_send(kvd_ucxd_t *x, const ucxd_ctl_t *m)
 /* Sends the revokes kept back, oldest first, while the socket takes them. */
 static void flush_revokes(kvd_ucxd_t *x)
 {
+    if (x->n_revokes == 0)
+        return;
     size_t sent = 0;
     while (sent < x->n_revokes && ctl_send(x, &x->revokes[sent]) == KVD_OK)
         sent++;
