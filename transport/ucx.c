@@ -589,12 +589,15 @@ static void refuse_note(kvd_ucx_t *u, uint64_t *counter, const char *why,
     uint64_t now = kvd_now_ns();
     if (u->refuse_log_ns != 0 && now - u->refuse_log_ns < REFUSE_LOG_NS)
         return;
+    char whose[64] = "";
+    if (conn_id != 0)
+        snprintf(whose, sizeof(whose), " (the grant of connection %llu)",
+                 (unsigned long long)conn_id);
     KVD_WARN("ucx",
-             "refused a UCX request: %s%s%llu; %llu refused since the last line "
+             "refused a UCX request: %s%s; %llu refused since the last such line "
              "(so far: %llu without a live capability, %llu writes of read-only "
              "grants, %llu outside their range, %llu malformed)",
-             why, conn_id ? " (grant of connection " : " (", (unsigned long long)conn_id,
-             (unsigned long long)(total - u->refused_logged),
+             why, whose, (unsigned long long)(total - u->refused_logged),
              (unsigned long long)r->no_cap, (unsigned long long)r->read_only,
              (unsigned long long)r->range, (unsigned long long)r->malformed);
     u->refused_logged = total;
