@@ -783,6 +783,7 @@ int kvd_ucxd_main(int argc, char **argv)
     kvd_ucx_t *u = NULL;
     kvd_ucx_mem_t *mem = NULL;
     bool rma = false;
+    kvd_ucx_quiet_strangers(); /* before UCX starts: its warnings are peers' to cause */
     int rc = start_ucx(devices, &u, &rma);
     /* the pool is registered (for remote access) only where RMA is
      * offered: elsewhere a guessed rkey must find nothing to open */

@@ -337,6 +337,13 @@ bool kvd_ucx_rma_enforced(const kvd_ucx_t *u, char *why_not, size_t cap);
 /* Pure form of the above, for one transport name ("rc_mlx5"). */
 bool kvd_ucx_tl_enforces_rma(const char *tl);
 
+/* For a serving side facing strangers: UCX's own warnings of a message
+ * for which no handler is installed (what a peer's software RMA brings to a
+ * context without RMA, each with a hex dump of its payload) are let
+ * through a few a minute; the rest are counted and summed up in one line.
+ * Process-wide; call before creating contexts. */
+void kvd_ucx_quiet_strangers(void);
+
 /* The worker's address for peers (owned by u). */
 void kvd_ucx_address(const kvd_ucx_t *u, const void **addr, size_t *len);
 

@@ -54,8 +54,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
 #include <sys/random.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
 #define AM_PUT   11
 #define AM_GET   12
@@ -908,6 +910,54 @@ bool kvd_ucx_rma_enforced(const kvd_ucx_t *u, char *why_not, size_t cap)
     if (!some_rdma && why_not != NULL)
         kvd_strlcpy(why_not, "no RDMA transport", cap);
     return some_rdma;
+}
+
+/* ---- UCX's log, for a server facing strangers */
+
+#define STRANGER_LOG_NS    (60ull * 1000000000ull)
+#define STRANGER_LOG_LINES 8 /* a warning and its dump, twice */
+
+static _Atomic uint64_t stranger_window_ns, stranger_lines, stranger_dropped;
+
+/* UCT's stub handler (src/uct/base/uct_iface.c) warns of every message it
+ * drops, with its payload: a peer could fill the log at network speed. */
+static ucs_log_func_rc_t quiet_handler(const char *file, unsigned line,
+                                       const char *function, ucs_log_level_t level,
+                                       const ucs_log_component_config_t *comp_conf,
+                                       const char *message, va_list ap)
+{
+    (void)line;
+    (void)function;
+    (void)comp_conf;
+    (void)message;
+    (void)ap;
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    if (level != UCS_LOG_LEVEL_WARN || strcmp(base, "uct_iface.c") != 0)
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    uint64_t now = kvd_now_ns(), start = atomic_load(&stranger_window_ns);
+    if (start == 0 || now - start >= STRANGER_LOG_NS) {
+        atomic_store(&stranger_window_ns, now);
+        atomic_store(&stranger_lines, 0);
+        uint64_t dropped = atomic_exchange(&stranger_dropped, 0);
+        if (dropped > 0)
+            KVD_WARN("ucx",
+                     "%llu more lines of UCX warnings of messages without a handler "
+                     "were left out (a peer sends requests this server does not serve, "
+                     "such as software RMA)",
+                     (unsigned long long)dropped);
+    }
+    if (atomic_fetch_add(&stranger_lines, 1) < STRANGER_LOG_LINES)
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    atomic_fetch_add(&stranger_dropped, 1);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+void kvd_ucx_quiet_strangers(void)
+{
+    static atomic_bool pushed;
+    if (!atomic_exchange(&pushed, true))
+        ucs_log_push_handler(quiet_handler);
 }
 
 int kvd_ucx_create(const char *name, bool wakeup, kvd_ucx_t **out)
