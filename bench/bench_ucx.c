@@ -79,7 +79,7 @@ int bench_mode_ucx(int argc, char **argv)
     }
     bench_env_t env;
     if (bench_env_init(&env) != KVD_OK ||
-        bench_daemon_start(&env, kvdockd, "3G") != KVD_OK) {
+        bench_daemon_start(&env, kvdockd, "3G", true) != KVD_OK) {
         bench_env_cleanup(&env);
         return BENCH_EXIT_FAIL;
     }

@@ -89,6 +89,9 @@ struct kvd_server {
      * ucxd.h); its control socket is watched as `ucx_src` */
     kvd_ucxd_t *ucxd;
     src_t ucx_src;
+    /* the UCX server started but may serve on none of the transports it
+     * found: what it left out ("tcp/lo"), for the Hellos that ask */
+    char ucx_refused[256];
     conn_t *conns;
     conn_t *dead; /* closed during this batch, freed after it */
     uint64_t next_conn_id;
@@ -322,6 +325,26 @@ static void hello_ucx(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_
                   &r->ucx_rkey_len, &r->ucx_pool_base);
 }
 
+/* Why a UCX Hello is refused when the UCX server serves nothing: which
+ * transports it left out, and the flag that would serve TCP (and what
+ * that costs), into text. */
+static const char *ucx_refusal_text(const kvd_server_t *s, const char *refused,
+                                    char text[KVD_ERROR_MAX])
+{
+    if (s->opts.ucx_tcp)
+        snprintf(text, KVD_ERROR_MAX,
+                 "the UCX server may serve on none of %.100s (not even with --ucx-tcp: "
+                 "UCX's shared-memory transports are never served)",
+                 refused);
+    else
+        snprintf(text, KVD_ERROR_MAX,
+                 "UCX is not served without kvdockd --ucx-tcp: here it would serve on "
+                 "%.60s only (any host that reaches the UCX TCP port can write into the "
+                 "UCX server process)",
+                 refused);
+    return text;
+}
+
 static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_hello_req_t *h = &req->body.hello_req;
@@ -333,7 +356,13 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         return;
     }
     if (h->want_ucx && !kvd_ucxd_up(s->ucxd)) {
-        if (s->ucxd != NULL)
+        const char *refused =
+            s->ucx_refused[0] ? s->ucx_refused : kvd_ucxd_refused(s->ucxd);
+        char text[KVD_ERROR_MAX];
+        if (refused != NULL)
+            kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNSUPPORTED, "%s",
+                          ucx_refusal_text(s, refused, text));
+        else if (s->ucxd != NULL)
             kvd_msg_error(rep, req->id, req->method, KVD_ERR_BUSY,
                           "the UCX server is restarting; try again in a second");
         else
@@ -835,8 +864,12 @@ static int start_ucx(kvd_server_t *s)
         KVD_INFO("server", "UCX serves on network devices %s",
                  devices[0] ? devices
                             : "of UCX's own choice (--listen on every interface)");
-        rc = kvd_ucxd_start(kvd_pool_fd(s->pool), kvd_pool_size(s->pool), devices, 10000,
-                            &s->ucxd);
+        const kvd_ucxd_opts_t o = {.pool_fd = kvd_pool_fd(s->pool),
+                                   .pool_bytes = kvd_pool_size(s->pool),
+                                   .net_devices = devices,
+                                   .allow_tcp = s->opts.ucx_tcp,
+                                   .timeout_ms = 10000};
+        rc = kvd_ucxd_start(&o, &s->ucxd, s->ucx_refused, sizeof(s->ucx_refused));
     }
     if (rc == KVD_OK) {
         s->ucx_src = (src_t){SRC_UCX, kvd_ucxd_fd(s->ucxd)};
@@ -850,6 +883,19 @@ static int start_ucx(kvd_server_t *s)
     kvd_ucxd_stop(s->ucxd);
     s->ucxd = NULL;
     s->ucx_src.fd = -1;
+    if (rc == KVD_ERR_UNSUPPORTED && s->ucx_refused[0]) {
+        /* a refusal, not a failure: said once here, and to every Hello */
+        char text[KVD_ERROR_MAX];
+        kvd_log(required ? KVD_LOG_ERROR : KVD_LOG_WARN, "server", "%s",
+                ucx_refusal_text(s, s->ucx_refused, text));
+        if (required) {
+            KVD_ERROR("server", "--ucx on, but UCX cannot serve the pool: %s",
+                      kvd_status_str(rc));
+            return rc;
+        }
+        KVD_WARN("server", "UCX serves nothing: shared-memory workers only");
+        return KVD_OK;
+    }
     if (required) {
         KVD_ERROR("server", "--ucx on, but UCX cannot serve the pool: %s",
                   kvd_status_str(rc));

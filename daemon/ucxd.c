@@ -11,6 +11,10 @@
  *   u32 magic "kvdx", u32 address length, u32 rkey length,
  *   u32 flags (bit 0: one-sided RMA offered), u64 pool base (0 without
  *   RMA), the address bytes, the rkey bytes (none without RMA).
+ *   Or, when it may serve on none of the transports UCX would open (flags
+ *   bit 1, "refused"; rkey length and base 0): in place of the address,
+ *   the transports it left out as text ("tcp/lo,posix/memory"); it exits
+ *   then.
  *
  * parent to child (ucxd_ctl_t, 48 bytes, host byte order: the same binary
  * on both ends):
@@ -59,6 +63,7 @@
 #define UCXD_MAGIC          0x6b766478u /* "kvdx" */
 #define UCXD_CTL_MAGIC      0x6b766463u /* "kvdc" */
 #define UCXD_FLAG_RMA       1u
+#define UCXD_FLAG_REFUSED   2u
 #define UCXD_REVOKES_MAX    4096 /* kept back; past it the child is restarted */
 #define UCXD_CTL_EVERY_NS   (1000ull * 1000)
 #define UCXD_SNDBUF         (4 << 20)
@@ -104,6 +109,8 @@ struct kvd_ucxd {
     unsigned restarts;
     bool pool_ready;     /* told to every child, which then maps the pages */
     char devices[512];   /* UCX_NET_DEVICES for the child; "" its own */
+    bool allow_tcp;      /* --ucx-tcp: TCP and UD too */
+    char refused[256];   /* a child refused: what it left out; "" none */
     uint64_t gen;        /* the child's generation: one per spawn */
     ucxd_ctl_t *revokes; /* kept back while its socket was full */
     size_t n_revokes;
@@ -167,6 +174,18 @@ static int read_description(kvd_ucxd_t *x, int timeout_ms)
         return KVD_ERR_UNAVAILABLE; /* it exited before saying anything */
     }
     memcpy(&h, buf, sizeof(h));
+    if (h.magic == UCXD_MAGIC && h.flags == UCXD_FLAG_REFUSED && h.rkey_len == 0 &&
+        h.base == 0 && (uint64_t)r == sizeof(h) + (uint64_t)h.addr_len) {
+        /* nothing it may serve on: what it left out, for the Hellos */
+        size_t n = KVD_MIN((size_t)h.addr_len, sizeof(x->refused) - 1);
+        memcpy(x->refused, buf + sizeof(h), n);
+        x->refused[n] = '\0';
+        for (size_t i = 0; i < n; i++)
+            if (x->refused[i] < 0x20 || x->refused[i] > 0x7e)
+                x->refused[i] = '?';
+        free(buf);
+        return KVD_ERR_UNSUPPORTED;
+    }
     bool rma = h.flags & UCXD_FLAG_RMA;
     if (h.magic != UCXD_MAGIC || h.addr_len == 0 || (h.flags & ~UCXD_FLAG_RMA) != 0 ||
         rma != (h.rkey_len != 0) || (!rma && h.base != 0) ||
@@ -228,8 +247,13 @@ static int spawn(kvd_ucxd_t *x)
                 close(fd);
         /* this very binary, also once it was replaced or removed on disk
          * (an upgrade): the child must speak the parent's protocol */
-        char *argv[] = {"kvdockd", "--ucx-serve", pool_fd,
-                        sock_fd,   bytes,         x->devices[0] ? x->devices : "-",
+        char *argv[] = {"kvdockd",
+                        "--ucx-serve",
+                        pool_fd,
+                        sock_fd,
+                        bytes,
+                        x->devices[0] ? x->devices : "-",
+                        x->allow_tcp ? "tcp" : "rdma",
                         NULL};
         execv("/proc/self/exe", argv);
         _exit(127);
@@ -274,6 +298,12 @@ static void flush_revokes(kvd_ucxd_t *x)
 static int take_description(kvd_ucxd_t *x, int timeout_ms)
 {
     int rc = read_description(x, timeout_ms);
+    if (rc == KVD_ERR_UNSUPPORTED) {
+        KVD_WARN("ucx", "UCX server (pid %d) serves nothing: it may not serve on %s",
+                 (int)x->pid, x->refused);
+        drop_child(x, UCXD_STOP_MS); /* it exits by itself */
+        return rc;
+    }
     if (rc != KVD_OK) {
         KVD_WARN("ucx", "UCX server (pid %d) did not start: %s", (int)x->pid,
                  kvd_status_str(rc));
@@ -292,26 +322,31 @@ static int take_description(kvd_ucxd_t *x, int timeout_ms)
     return KVD_OK;
 }
 
-int kvd_ucxd_start(int pool_fd, uint64_t pool_bytes, const char *net_devices,
-                   int timeout_ms, kvd_ucxd_t **out)
+int kvd_ucxd_start(const kvd_ucxd_opts_t *o, kvd_ucxd_t **out, char *refused,
+                   size_t refused_cap)
 {
-    if (net_devices != NULL && strlen(net_devices) >= sizeof(((kvd_ucxd_t *)0)->devices))
+    if (o->net_devices != NULL &&
+        strlen(o->net_devices) >= sizeof(((kvd_ucxd_t *)0)->devices))
         return KVD_ERR_TOO_LARGE;
     kvd_ucxd_t *x = calloc(1, sizeof(*x));
     if (x == NULL)
         return KVD_ERR_NOMEM;
-    *x = (kvd_ucxd_t){.pool_fd = pool_fd,
-                      .pool_bytes = pool_bytes,
-                      .timeout_ms = timeout_ms,
+    *x = (kvd_ucxd_t){.pool_fd = o->pool_fd,
+                      .pool_bytes = o->pool_bytes,
+                      .timeout_ms = o->timeout_ms,
+                      .allow_tcp = o->allow_tcp,
                       .sock = -1};
-    if (net_devices != NULL)
-        kvd_strlcpy(x->devices, net_devices, sizeof(x->devices));
+    if (o->net_devices != NULL)
+        kvd_strlcpy(x->devices, o->net_devices, sizeof(x->devices));
     /* the first start is waited for (kvdockd is not serving yet); restarts
      * are not (see kvd_ucxd_on_event) */
     int rc = spawn(x);
     if (rc == KVD_OK)
-        rc = take_description(x, timeout_ms);
+        rc = take_description(x, o->timeout_ms);
     if (rc != KVD_OK) {
+        if (refused != NULL && refused_cap > 0)
+            kvd_strlcpy(refused, rc == KVD_ERR_UNSUPPORTED ? x->refused : "",
+                        refused_cap);
         free(x);
         return rc;
     }
@@ -327,6 +362,11 @@ int kvd_ucxd_fd(const kvd_ucxd_t *x)
 bool kvd_ucxd_up(const kvd_ucxd_t *x)
 {
     return x != NULL && x->msg != NULL;
+}
+
+const char *kvd_ucxd_refused(const kvd_ucxd_t *x)
+{
+    return x != NULL && x->refused[0] ? x->refused : NULL;
 }
 
 bool kvd_ucxd_rma(const kvd_ucxd_t *x)
@@ -428,7 +468,9 @@ int kvd_ucxd_tick(kvd_ucxd_t *x, uint64_t now_ns)
         drop_child(x, UCXD_STOP_MS);
         return -1;
     }
-    if (x->pid > 0 || now_ns - x->last_start_ns < UCXD_RESTART_NS)
+    /* a child that refused is not started again: the transports it would
+     * find are the same */
+    if (x->pid > 0 || x->refused[0] || now_ns - x->last_start_ns < UCXD_RESTART_NS)
         return 0;
     x->restarts++;
     KVD_INFO("ucx", "starting UCX server again (restart %u)", x->restarts);
@@ -721,16 +763,44 @@ static int serve(child_t *c)
     return status;
 }
 
-/* Starts UCX for the pool: without RMA first; with it only where every
- * transport the context opened enforces the registration (see ucxd.h),
- * checked again on the context that has it. */
-static int start_ucx(const char *devices, kvd_ucx_t **out, bool *rma)
+/*
+ * The transports the UCX server may open (see ucxd.h): those that hold a
+ * peer to what this process registered, in the NIC (rc, dc; self reaches
+ * only this process). With --ucx-tcp also TCP and UD, which write a raw
+ * put request's bytes wherever the peer says (UCT's own, below UCP).
+ * Never UCX's shared-memory ones: next to a network transport, a peer that
+ * claims to share this host makes the server attach the segment its
+ * address names (posix: /proc/PID/fd/FD of any process of this user;
+ * cma: process_vm_readv/writev of the PID it names), and in UCX 1.13 they
+ * cannot report a dead peer, which a kvdock worker's endpoint requires.
+ */
+static bool tl_rdma(const char *tl)
+{
+    return kvd_ucx_tl_enforces_rma(tl);
+}
+
+static bool tl_rdma_tcp(const char *tl)
+{
+    return kvd_ucx_tl_enforces_rma(tl) || strcmp(tl, "tcp") == 0 ||
+           strcmp(tl, "ud_verbs") == 0 || strcmp(tl, "ud_mlx5") == 0;
+}
+
+/* Starts UCX for the pool, on the transports above only: without RMA
+ * first; with it only where every transport the context opened enforces
+ * the registration (see ucxd.h), checked again on the context that has
+ * it. KVD_ERR_UNSUPPORTED (what was left out in dropped) when none of
+ * them is here. */
+static int start_ucx(const char *devices, bool allow_tcp, kvd_ucx_t **out, bool *rma,
+                     char *dropped, size_t dropped_cap)
 {
     kvd_ucx_opts_t o = {.name = "kvdockd",
                         .wakeup = true,
                         .rma = false,
                         .net_devices = devices,
-                        .untrusted_peers = true};
+                        .untrusted_peers = true,
+                        .tl_allowed = allow_tcp ? tl_rdma_tcp : tl_rdma,
+                        .dropped = dropped,
+                        .dropped_cap = dropped_cap};
     kvd_ucx_t *u = NULL;
     int rc = kvd_ucx_create_with(&o, &u);
     if (rc != KVD_OK)
@@ -759,6 +829,15 @@ static int start_ucx(const char *devices, kvd_ucx_t **out, bool *rma)
              *rma ? "offered (the NIC enforces the registration)" : "not offered (",
              *rma ? "" : why,
              *rma ? "" : " does not enforce the registration): message mode");
+    if (dropped[0])
+        KVD_INFO("ucxd", "UCX server left out %s (%s)", dropped,
+                 allow_tcp ? "UCX's shared-memory transports are never served"
+                           : "it serves RDMA rc/dc only without --ucx-tcp");
+    if (allow_tcp && strstr(res, "tcp/") != NULL)
+        KVD_WARN("ucxd",
+                 "--ucx-tcp: UCX serves over TCP: any host that reaches the UCX TCP port "
+                 "can write into the UCX server process; use it only on a network where "
+                 "every host is trusted");
     *out = u;
     return KVD_OK;
 }
@@ -766,13 +845,15 @@ static int start_ucx(const char *devices, kvd_ucx_t **out, bool *rma)
 int kvd_ucxd_main(int argc, char **argv)
 {
     uint64_t pool_fd = 0, sock = 0, bytes = 0;
-    if (argc != 6 || kvd_u64_parse(argv[2], 0, 1024, &pool_fd) != KVD_OK ||
+    if (argc != 7 || kvd_u64_parse(argv[2], 0, 1024, &pool_fd) != KVD_OK ||
         kvd_u64_parse(argv[3], 0, 1024, &sock) != KVD_OK ||
-        kvd_u64_parse(argv[4], 1, UINT64_MAX, &bytes) != KVD_OK) {
+        kvd_u64_parse(argv[4], 1, UINT64_MAX, &bytes) != KVD_OK ||
+        (strcmp(argv[6], "tcp") != 0 && strcmp(argv[6], "rdma") != 0)) {
         fprintf(stderr, "kvdockd --ucx-serve: started by kvdockd only\n");
         return 2;
     }
     const char *devices = strcmp(argv[5], "-") == 0 ? NULL : argv[5];
+    bool allow_tcp = strcmp(argv[6], "tcp") == 0;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     void *pool = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (int)pool_fd, 0);
     close((int)pool_fd);
@@ -784,7 +865,21 @@ int kvd_ucxd_main(int argc, char **argv)
     kvd_ucx_mem_t *mem = NULL;
     bool rma = false;
     kvd_ucx_quiet_strangers(); /* before UCX starts: its warnings are peers' to cause */
-    int rc = start_ucx(devices, &u, &rma);
+    char dropped[256] = "";
+    int rc = start_ucx(devices, allow_tcp, &u, &rma, dropped, sizeof(dropped));
+    if (rc == KVD_ERR_UNSUPPORTED) {
+        /* no worker was made, so nothing listened: say what was left out */
+        if (dropped[0] == '\0')
+            kvd_strlcpy(dropped, "no transport", sizeof(dropped));
+        ucxd_hdr_t h = {.magic = UCXD_MAGIC,
+                        .addr_len = (uint32_t)strlen(dropped),
+                        .flags = UCXD_FLAG_REFUSED};
+        struct iovec iov[2] = {{&h, sizeof(h)}, {dropped, strlen(dropped)}};
+        struct msghdr m = {.msg_iov = iov, .msg_iovlen = 2};
+        KVD_INFO("ucxd", "UCX server serves nothing: it may not serve on %s", dropped);
+        munmap(pool, bytes);
+        return sendmsg((int)sock, &m, MSG_NOSIGNAL) > 0 ? 0 : 1;
+    }
     /* the pool is registered (for remote access) only where RMA is
      * offered: elsewhere a guessed rkey must find nothing to open */
     if (rc == KVD_OK && rma)

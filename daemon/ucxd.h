@@ -18,6 +18,16 @@
  *
  * Trust (issue 11): any peer that reaches the child's UCX worker is a
  * stranger until the parent vouches for it.
+ *   - The child opens only transports that hold a peer to what it
+ *     registered: RDMA rc/dc (and self). UCT's tcp transport serves a raw
+ *     PUT request (src/uct/tcp/tcp_ep.c, uct_tcp_ep_handle_put_req: the
+ *     peer's bytes at the peer's address, whatever UCP's features), and
+ *     UD's software put does the same (src/uct/ib/ud/base/ud_ep.c,
+ *     uct_ud_ep_rx_put): those only with --ucx-tcp (allow_tcp), which
+ *     hands the child's memory to every host that reaches it. UCX's
+ *     shared-memory transports never: a peer claiming this host makes the
+ *     child attach what its address names (posix: /proc/PID/fd/FD; cma:
+ *     process_vm_* on PID), and 1.13's cannot report a dead peer.
  *   - One-sided RMA is offered (an rkey in the Hello reply) only when every
  *     transport the child's context opened enforces the registration in
  *     the NIC (kvd_ucx_rma_enforced: rc/dc); elsewhere the context has no
@@ -30,15 +40,13 @@
  *     workers, whose endpoints to the old child failed, say Hello again.
  *   - The child's network devices are the ones --listen names
  *     (kvd_ucxd_net_devices): loopback without it.
- * What it cannot hold against (UCX 1.13, no NIC to test on here): a peer
- * that speaks UCT directly instead of UCP. UCT's tcp transport writes a
- * PUT request's bytes at the address the request names, whatever the UCP
- * features (src/uct/tcp/tcp_ep.c, uct_tcp_ep_handle_put_req), and UD's
- * software put does the same (src/uct/ib/ud/base/ud_ep.c,
- * uct_ud_ep_rx_put); where RMA is on, UCP's software RMA handlers are
- * installed on every interface, rc's and dc's included. Against such a
- * peer the only defence is that it cannot reach the child: the device
- * restriction above, and a network where UCX's ports are the operator's.
+ * What it cannot hold against (UCX 1.13, no NIC to test on here): with
+ * --ucx-tcp, a peer that speaks UCT directly (see above); where RMA is on,
+ * UCP's software RMA handlers are installed on every interface, rc's and
+ * dc's included (harmless while those are the only ones: their puts are
+ * the NIC's). Against such a peer the only defence is that it cannot
+ * reach the child: the device restriction above, and a network where
+ * UCX's ports are the operator's.
  */
 #ifndef KVD_DAEMON_UCXD_H
 #define KVD_DAEMON_UCXD_H
@@ -51,15 +59,28 @@
 
 typedef struct kvd_ucxd kvd_ucxd_t;
 
+typedef struct kvd_ucxd_opts {
+    int pool_fd;
+    uint64_t pool_bytes;
+    const char *net_devices; /* the UCX_NET_DEVICES it opens (NULL, "": UCX's own) */
+    bool allow_tcp;          /* --ucx-tcp: TCP and UD as well as rc/dc */
+    int timeout_ms;          /* for its description */
+} kvd_ucxd_opts_t;
+
 /*
- * Starts the child on the pool (its fd and size) and waits up to
- * timeout_ms for its address (and rkey, where it offers RMA). net_devices:
- * the UCX_NET_DEVICES it opens (NULL or "": UCX's own). KVD_ERR_UNAVAILABLE
- * when UCX cannot start there (the child says why in the log),
- * KVD_ERR_TIMEOUT, or the errno of fork/exec.
+ * Starts the child on the pool and waits up to timeout_ms for its address
+ * (and rkey, where it offers RMA). KVD_ERR_UNSUPPORTED when none of the
+ * transports UCX would open may be served (see above): what was left out
+ * ("tcp/lo") into refused; KVD_ERR_UNAVAILABLE when UCX cannot start there
+ * (the child says why in the log), KVD_ERR_TIMEOUT, or the errno of
+ * fork/exec.
  */
-int kvd_ucxd_start(int pool_fd, uint64_t pool_bytes, const char *net_devices,
-                   int timeout_ms, kvd_ucxd_t **out);
+int kvd_ucxd_start(const kvd_ucxd_opts_t *o, kvd_ucxd_t **out, char *refused,
+                   size_t refused_cap);
+
+/* What a restarted child refused to serve on (then no other is started),
+ * or NULL. */
+const char *kvd_ucxd_refused(const kvd_ucxd_t *x);
 
 /*
  * The UCX_NET_DEVICES for a daemon that listens on `listen` (--listen
@@ -126,7 +147,7 @@ int kvd_ucxd_tick(kvd_ucxd_t *x, uint64_t now_ns);
 void kvd_ucxd_stop(kvd_ucxd_t *x);
 
 /* The child's main: kvdockd --ucx-serve POOL_FD CONTROL_FD BYTES DEVICES
- * (DEVICES "-": UCX's own). */
+ * POLICY (DEVICES "-": UCX's own; POLICY "rdma", or "tcp" for --ucx-tcp). */
 int kvd_ucxd_main(int argc, char **argv);
 
 #endif

@@ -251,8 +251,14 @@ static int connect_once(kvd_linker_t *l)
     kvd_msg_t req, rep;
     uint32_t n = hello_request(l, &req, specs);
     rc = kvd_client_call(c, &req, &rep, l->timeout_ms);
-    if (rc == KVD_OK && rep.status != KVD_OK)
+    if (rc == KVD_OK && rep.status != KVD_OK) {
         rc = rep.status;
+        /* the daemon's reason (such as UCX over TCP not served without
+         * its --ucx-tcp): what the caller's -10 alone cannot say */
+        if (rc != KVD_ERR_BUSY)
+            KVD_WARN("linker", "the daemon refused Hello: %s (%s)", kvd_status_str(rc),
+                     rep.error);
+    }
     if (rc == KVD_OK && rep.body.hello_rep.n_ns_ids != n)
         rc = KVD_ERR_PROTOCOL;
     int fd = kvd_client_take_fd(c);

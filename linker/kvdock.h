@@ -83,9 +83,10 @@ typedef struct kvd_linker_config {
      * in on first use (for pools too large to map up front). */
     bool lazy_pool_mapping;
     /* How bytes move: "shm" (the daemon's pool mapped here; Unix socket
-     * only), "ucx" (UCX RMA into the daemon's pool: RDMA, TCP or shared
-     * memory, as UCX_TLS says), "auto" (shm over a Unix socket, ucx over
-     * TCP). NULL: $KVDOCK_TRANSPORT, else auto. */
+     * only), "ucx" (UCX into the daemon's pool: RDMA, or TCP where the
+     * daemon runs with --ucx-tcp, as UCX_TLS says; never a fallback to
+     * shm), "auto" (shm over a Unix socket, ucx over TCP). NULL:
+     * $KVDOCK_TRANSPORT, else auto. */
     const char *transport;
     /* With ucx: "rma" (one-sided get/put: RDMA NICs), "am" (active
      * messages the daemon's UCX server answers: several times faster where
@@ -102,7 +103,9 @@ typedef enum kvd_linker_health {
 } kvd_linker_health_t;
 
 /* Connects to the daemon and says Hello. Errors: KVD_ERR_UNAVAILABLE when
- * no daemon listens, KVD_ERR_UNSUPPORTED for a protocol version mismatch,
+ * no daemon listens, KVD_ERR_UNSUPPORTED for a protocol version mismatch
+ * or ucx to a daemon that serves no UCX here (such as TCP without its
+ * --ucx-tcp: the reason is logged),
  * KVD_ERR_INVALID for an unknown transport or ucx_mode (or shm to a daemon
  * over TCP), the connection's errors. */
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out);

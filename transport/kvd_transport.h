@@ -316,6 +316,15 @@ typedef struct kvd_ucx_opts {
      * every endpoint and request on the wire (UCX_PROTO_INDIRECT_ID=on),
      * so a peer cannot name a pointer of ours in a protocol header */
     bool untrusted_peers;
+    /* which transports the context may open, by name ("tcp"; NULL: any).
+     * Those UCX_TLS (or UCX's own choice) would open beyond these are left
+     * out before any interface exists (the worker is created only after:
+     * a transport left out never listened), and named in dropped (cut at
+     * dropped_cap; dropped may be NULL) as "tl/dev", comma separated.
+     * KVD_ERR_UNSUPPORTED when nothing but self would be left. */
+    bool (*tl_allowed)(const char *tl);
+    char *dropped;
+    size_t dropped_cap;
 } kvd_ucx_opts_t;
 int kvd_ucx_create_with(const kvd_ucx_opts_t *o, kvd_ucx_t **out);
 void kvd_ucx_destroy(kvd_ucx_t *u);

@@ -966,6 +966,130 @@ int kvd_ucx_create(const char *name, bool wakeup, kvd_ucx_t **out)
     return kvd_ucx_create_with(&o, out);
 }
 
+/* The transport name of a "tl/dev" or "tl/dev(aux)" item into tl. */
+static void tl_of(const char *item, size_t n, char *tl, size_t cap)
+{
+    size_t len = strcspn(item, "/");
+    kvd_strlcpy(tl, item, KVD_MIN(KVD_MIN(len, n) + 1, cap));
+}
+
+/*
+ * Splits the resources r by o->tl_allowed: the names of the allowed
+ * transports into keep (for UCX_TLS: explicit names, so that no alias
+ * brings an auxiliary transport back), the dropped resources into
+ * o->dropped. Returns how many were dropped; *useful when something other
+ * than self is kept.
+ */
+static size_t split_resources(const kvd_ucx_opts_t *o, const char *r, char *keep,
+                              size_t keep_cap, bool *useful)
+{
+    size_t dropped = 0;
+    *useful = false;
+    keep[0] = '\0';
+    if (o->dropped != NULL && o->dropped_cap > 0)
+        o->dropped[0] = '\0';
+    for (const char *at = r; at != NULL && *at;) {
+        const char *comma = strchr(at, ',');
+        size_t n = comma ? (size_t)(comma - at) : strlen(at);
+        char tl[64];
+        tl_of(at, n, tl, sizeof(tl));
+        if (o->tl_allowed(tl)) {
+            *useful |= strcmp(tl, "self") != 0;
+            /* once each */
+            bool listed = false;
+            for (const char *k = keep; *k && !listed;) {
+                size_t kl = strcspn(k, ",");
+                listed = kl == strlen(tl) && strncmp(k, tl, kl) == 0;
+                k += kl + (k[kl] == ',');
+            }
+            size_t used = strlen(keep);
+            if (!listed && used + strlen(tl) + 2 < keep_cap)
+                snprintf(keep + used, keep_cap - used, "%s%s", used ? "," : "", tl);
+        } else {
+            dropped++;
+            if (o->dropped != NULL && o->dropped_cap > 0) {
+                size_t used = strlen(o->dropped);
+                if (used + n + 2 < o->dropped_cap)
+                    snprintf(o->dropped + used, o->dropped_cap - used, "%s%.*s",
+                             used ? "," : "", (int)n, at);
+            }
+        }
+        at = comma ? comma + 1 : NULL;
+    }
+    return dropped;
+}
+
+/* ucp_init for o, with UCX_TLS as tls when not NULL. */
+static ucs_status_t init_context(const kvd_ucx_opts_t *o, const char *tls,
+                                 ucp_context_h *ctx)
+{
+    ucp_config_t *cfg = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st == UCS_OK && o->net_devices != NULL)
+        st = ucp_config_modify(cfg, "NET_DEVICES", o->net_devices);
+    if (st == UCS_OK && o->untrusted_peers)
+        st = ucp_config_modify(cfg, "PROTO_INDIRECT_ID", "on");
+    if (st == UCS_OK && tls != NULL)
+        st = ucp_config_modify(cfg, "TLS", tls);
+    if (st == UCS_OK) {
+        ucp_params_t p = {
+            .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+            .features = (o->rma ? UCP_FEATURE_RMA : 0) | UCP_FEATURE_AM |
+                        (o->wakeup ? UCP_FEATURE_WAKEUP : 0),
+            .name = o->name,
+        };
+        st = ucp_init(&p, cfg, ctx);
+    }
+    if (cfg != NULL)
+        ucp_config_release(cfg);
+    return st;
+}
+
+/* The context for o, with only the transports o->tl_allowed allows: the
+ * one UCX_TLS gives when it opens nothing else, else a second one limited
+ * to those (checked again). No interface is open yet either way. */
+static int open_context(const kvd_ucx_opts_t *o, kvd_ucx_t *u)
+{
+    ucs_status_t st = init_context(o, NULL, &u->ctx);
+    if (st == UCS_OK)
+        u->resources = resources_of(u->ctx);
+    if (st != UCS_OK || u->resources == NULL) {
+        KVD_WARN("ucx", "UCX did not start: %s",
+                 st != UCS_OK ? ucs_status_string(st) : "out of memory");
+        return st == UCS_OK ? KVD_ERR_NOMEM : KVD_ERR_UNAVAILABLE;
+    }
+    if (o->tl_allowed == NULL)
+        return KVD_OK;
+    char keep[512];
+    bool useful = false;
+    if (split_resources(o, u->resources, keep, sizeof(keep), &useful) == 0)
+        return KVD_OK;
+    ucp_cleanup(u->ctx);
+    u->ctx = NULL;
+    free(u->resources);
+    u->resources = NULL;
+    if (!useful)
+        return KVD_ERR_UNSUPPORTED; /* the caller says why, with o->dropped */
+    st = init_context(o, keep, &u->ctx);
+    if (st == UCS_OK)
+        u->resources = resources_of(u->ctx);
+    if (st != UCS_OK || u->resources == NULL) {
+        KVD_WARN("ucx", "UCX did not start on %s: %s", keep,
+                 st != UCS_OK ? ucs_status_string(st) : "out of memory");
+        return st == UCS_OK ? KVD_ERR_NOMEM : KVD_ERR_UNAVAILABLE;
+    }
+    /* UCX_TLS named only allowed ones: anything else now is UCX's doing */
+    kvd_ucx_opts_t again = *o;
+    again.dropped = NULL;
+    if (split_resources(&again, u->resources, keep, sizeof(keep), &useful) != 0 ||
+        !useful) {
+        KVD_WARN("ucx", "UCX opened %s although UCX_TLS named only allowed transports",
+                 u->resources);
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return KVD_OK;
+}
+
 int kvd_ucx_create_with(const kvd_ucx_opts_t *o, kvd_ucx_t **out)
 {
     kvd_ucx_t *u = calloc(1, sizeof(*u));
@@ -973,25 +1097,12 @@ int kvd_ucx_create_with(const kvd_ucx_opts_t *o, kvd_ucx_t **out)
         return KVD_ERR_NOMEM;
     bool wakeup = o->wakeup;
     u->efd = -1;
-    ucp_config_t *cfg = NULL;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
-    if (st == UCS_OK && o->net_devices != NULL)
-        st = ucp_config_modify(cfg, "NET_DEVICES", o->net_devices);
-    if (st == UCS_OK && o->untrusted_peers)
-        st = ucp_config_modify(cfg, "PROTO_INDIRECT_ID", "on");
-    if (st == UCS_OK) {
-        ucp_params_t p = {
-            .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-            .features = (o->rma ? UCP_FEATURE_RMA : 0) | UCP_FEATURE_AM |
-                        (wakeup ? UCP_FEATURE_WAKEUP : 0),
-            .name = o->name,
-        };
-        st = ucp_init(&p, cfg, &u->ctx);
+    int rc = open_context(o, u);
+    if (rc != KVD_OK) {
+        kvd_ucx_destroy(u);
+        return rc;
     }
-    if (cfg != NULL)
-        ucp_config_release(cfg);
-    if (st == UCS_OK)
-        u->resources = resources_of(u->ctx);
+    ucs_status_t st = UCS_OK;
     /* the requests' ids are not guessable: a stranger that reaches this
      * worker cannot pass an answer of its own for one of ours */
     if (getrandom(&u->next_token, sizeof(u->next_token), GRND_NONBLOCK) !=

@@ -764,7 +764,8 @@ int main(void)
     snprintf(port, sizeof(port), "%d", dt_free_port());
     snprintf(listen, sizeof(listen), "127.0.0.1:%s", port);
     kvd_test_daemon_t d = {0};
-    if (dt_start(&d, (const char *[]){"--listen", listen, NULL}) != 0)
+    /* UCX over TCP is served only when asked for (test_ucx_tcp_optin.c) */
+    if (dt_start(&d, (const char *[]){"--listen", listen, "--ucx-tcp", NULL}) != 0)
         return dt_exit_status(TEST_NAME);
     if (!kvd_test_file_contains(d.log, "UCX server pid")) {
         printf("SKIP: UCX cannot start here (UCX_TLS=%s): see the daemon's log\n",
@@ -796,7 +797,7 @@ int main(void)
 
     /* without --listen: loopback only as well */
     kvd_test_daemon_t d2 = {0};
-    if (dt_start(&d2, NULL) == 0) {
+    if (dt_start(&d2, (const char *[]){"--ucx-tcp", NULL}) == 0) {
         case_listen(&d2, "no --listen");
         dt_stop(&d2, SIGTERM, 10000);
     }
