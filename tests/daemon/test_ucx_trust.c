@@ -1,6 +1,7 @@
 /*
  * Description: what a stranger gets from the daemon's UCX server (issue
- * 11, hole 1). A real kvdockd with --listen 127.0.0.1:PORT and UCX_TLS=tcp;
+ * 11, hole 1). A real kvdockd with --listen 127.0.0.1:PORT, UCX_TLS=tcp
+ * and --ucx-tcp (without it no UCX is served over TCP: ucx_tcp_optin);
  * the attacker is this program with a UCP context of its own (RMA and AM),
  * speaking the message mode's wire format from its own definitions below.
  *
