@@ -58,8 +58,10 @@ int bench_env_init(bench_env_t *env);
 /* Stops the children this run started and removes the temporary directory. */
 void bench_env_cleanup(bench_env_t *env);
 /* Starts kvdockd with a pool of pool_size ("64M") on env's socket and waits
- * for "ready"; prints the daemon's log on failure. */
-int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *pool_size);
+ * for "ready"; prints the daemon's log on failure. ucx_tcp: with
+ * --ucx-tcp (a benchmark that moves bytes over UCX's TCP, on loopback). */
+int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *pool_size,
+                       bool ucx_tcp);
 /* Waits until the daemon at socket_path is ready (pid > 0: our child). */
 int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms);
 /* SIGTERM to one of our children by pid, SIGKILL past the timeout. */

@@ -465,7 +465,8 @@ int bench_mode_linker(int argc, char **argv)
     }
     bench_env_t env;
     if (bench_env_init(&env) != KVD_OK ||
-        bench_daemon_start(&env, kvdockd, pool_size) != KVD_OK) {
+        bench_daemon_start(&env, kvdockd, pool_size, strcmp(transport, "ucx") == 0) !=
+            KVD_OK) {
         bench_env_cleanup(&env);
         return BENCH_EXIT_FAIL;
     }

@@ -429,7 +429,7 @@ int bench_mode_list_stall(int argc, char **argv)
     char pool[32];
     snprintf(pool, sizeof(pool), "%lluM",
              (unsigned long long)(64 + (o.evict_objects * OBJ_BYTES >> 20) * 11 / 10));
-    rc = o.kvdockd_path ? bench_daemon_start(&env, o.kvdockd_path, pool) : KVD_OK;
+    rc = o.kvdockd_path ? bench_daemon_start(&env, o.kvdockd_path, pool, false) : KVD_OK;
     kvd_client_t *c = NULL;
     if (rc == KVD_OK)
         rc = kvd_client_connect_unix(socket, 5000, &c);

@@ -332,7 +332,7 @@ int bench_mode_store_rpc(int argc, char **argv)
     if (bench_env_init(&env) != KVD_OK)
         return BENCH_EXIT_FAIL;
     const char *socket = o.socket_path ? o.socket_path : env.daemon_socket;
-    rc = o.kvdockd_path ? bench_daemon_start(&env, o.kvdockd_path, "1G") : KVD_OK;
+    rc = o.kvdockd_path ? bench_daemon_start(&env, o.kvdockd_path, "1G", false) : KVD_OK;
     srpc_client_t sc = {0};
     if (rc == KVD_OK)
         rc = srpc_connect(socket, o.object_bytes, &sc);

@@ -79,7 +79,7 @@ int bench_mode_ucx(int argc, char **argv)
     }
     bench_env_t env;
     if (bench_env_init(&env) != KVD_OK ||
-        bench_daemon_start(&env, kvdockd, "3G") != KVD_OK) {
+        bench_daemon_start(&env, kvdockd, "3G", true) != KVD_OK) {
         bench_env_cleanup(&env);
         return BENCH_EXIT_FAIL;
     }
@@ -98,14 +98,20 @@ int bench_mode_ucx(int argc, char **argv)
     if (rc == KVD_OK)
         rc = kvd_transport_register(t, local, UCXB_BYTES, kvd_memkind_host(), &region);
     if (rc == KVD_OK) {
-        kvd_peer_t peer = {.length = h->pool_bytes,
-                           .ucx = {.address = h->ucx_address,
-                                   .address_len = h->ucx_address_len,
-                                   .rkey = h->ucx_rkey,
-                                   .rkey_len = h->ucx_rkey_len,
-                                   .base = h->ucx_pool_base,
-                                   .mode = strcmp(mode, "am") == 0 ? KVD_UCX_MODE_AM
-                                                                   : KVD_UCX_MODE_RMA}};
+        kvd_peer_t peer = {
+            .length = h->pool_bytes,
+            .ucx = {.address = h->ucx_address,
+                    .address_len = h->ucx_address_len,
+                    .rkey = h->ucx_rkey,
+                    .rkey_len = h->ucx_rkey_len,
+                    .base = h->ucx_pool_base,
+                    .mode = strcmp(mode, "am") == 0 ? KVD_UCX_MODE_AM : KVD_UCX_MODE_RMA,
+                    .cap = h->ucx_token,
+                    .cap_len = h->ucx_token_len}};
+        if (peer.ucx.mode == KVD_UCX_MODE_RMA && h->ucx_rkey_len == 0)
+            fprintf(stderr,
+                    "kvdock-bench ucx: the daemon offers no RMA here (its UCX "
+                    "transports do not enforce the registration): use --mode am\n");
         rc = kvd_transport_connect(t, &peer);
     }
     if (rc == KVD_OK) {

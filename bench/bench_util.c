@@ -152,14 +152,24 @@ int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms)
 
 /* Starts kvdockd on env's socket, its output to env's log, and waits for
  * "ready". Returns KVD_OK; on failure prints why and the daemon's log. */
-int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *pool_size)
+int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *pool_size,
+                       bool ucx_tcp)
 {
     char instance[64];
     snprintf(instance, sizeof(instance), "bench-%d", (int)getpid());
-    const char *argv[] = {
-        kvdockd_path,  "--socket", env->daemon_socket, "--instance", instance,
-        "--pool-size", pool_size,  "--usage-interval", "0",          "--populate-rate",
-        "0",           NULL};
+    const char *argv[] = {kvdockd_path,
+                          "--socket",
+                          env->daemon_socket,
+                          "--instance",
+                          instance,
+                          "--pool-size",
+                          pool_size,
+                          "--usage-interval",
+                          "0",
+                          "--populate-rate",
+                          "0",
+                          ucx_tcp ? "--ucx-tcp" : NULL,
+                          NULL};
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {

@@ -823,7 +823,7 @@ int bench_mode_rpc(int argc, char **argv)
         rc = bench_echo_start(&env);
     const char *daemon_socket = o.socket_path;
     if (rc == KVD_OK && o.kvdockd_path != NULL) {
-        rc = bench_daemon_start(&env, o.kvdockd_path, "64M");
+        rc = bench_daemon_start(&env, o.kvdockd_path, "64M", false);
         daemon_socket = env.daemon_socket;
     } else if (rc == KVD_OK) {
         pid_t none = 0;

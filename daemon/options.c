@@ -51,8 +51,12 @@ static const opt_def_t opt_defs[] = {
     {"listen", OPT_HOSTPORT, OFF(listen), SZ(listen), 0, 0, "HOST:PORT",
      "also serve RPC over TCP on this address (off unless given)"},
     {"ucx", OPT_STRING, OFF(ucx), SZ(ucx), 0, 0, "auto|on|off",
-     "serve the pool to UCX workers (RMA over RDMA, TCP or shared memory; UCX_TLS "
-     "and UCX_NET_DEVICES choose); auto: when UCX starts (default auto)"},
+     "serve the pool to UCX workers over RDMA (rc/dc; TCP only with --ucx-tcp; "
+     "UCX_TLS and UCX_NET_DEVICES choose); auto: when UCX starts (default auto)"},
+    {"ucx-tcp", OPT_BOOL, OFF(ucx_tcp), 0, 0, 0, NULL,
+     "also serve UCX over TCP (and UD): any host that reaches the UCX TCP port can "
+     "write into the UCX server process; use it only on a network where every host "
+     "is trusted"},
     {"metrics-listen", OPT_HOSTPORT, OFF(metrics_listen), SZ(metrics_listen), 0, 0,
      "HOST:PORT", "serve /metrics and /healthz over HTTP here (off unless given)"},
     {"pool-size", OPT_SIZE, OFF(pool_size_bytes), 0, 1, 0, "SIZE",

@@ -80,6 +80,11 @@ typedef struct conn {
     size_t fd_at;      /* offset in out where the pool fd rides; SIZE_MAX none */
     bool backlog;      /* whole frames left unserved when its turn ended */
     kvd_rpc_ctx_t ctx; /* who it is: its id, and the tenant of its credential */
+    /* its UCX access, granted at a Hello with want_ucx (ucxd.h): the
+     * capability and the UCX server generation it was granted by */
+    bool ucx_granted;
+    uint64_t ucx_gen;
+    uint8_t ucx_cap[KVD_UCXD_CAP_BYTES];
     kvd_framer_t in;
     kvd_buf_t out;
     /* what a client may hold, and for how long (on_tick closes it): */
@@ -103,6 +108,9 @@ struct kvd_server {
      * ucxd.h); its control socket is watched as `ucx_src` */
     kvd_ucxd_t *ucxd;
     src_t ucx_src;
+    /* the UCX server started but may serve on none of the transports it
+     * found: what it left out ("tcp/lo"), for the Hellos that ask */
+    char ucx_refused[256];
     conn_t *conns;
     conn_t *dead;            /* closed during this batch, freed after it */
     bool backlog;            /* some connection has frames waiting for its next turn */
@@ -246,6 +254,9 @@ static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
                  "connection %llu closed (%s) holding %zu leases: their "
                  "reservations were revoked and pins released",
                  (unsigned long long)c->id, why, undone);
+    if (c->ucx_granted) /* its capability dies with it */
+        kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
+    c->ucx_granted = false;
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
     close(c->src.fd);
     kvd_framer_free(&c->in);
@@ -441,6 +452,59 @@ static bool hello_auth(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg
     return true;
 }
 
+/*
+ * The UCX part of a Hello reply (want_ucx, once everything else of the
+ * Hello succeeded): a capability granted to the UCX server for this
+ * connection (the whole pool for now; read-only when the connection is),
+ * which is in the server's control socket before this reply is queued, so
+ * the client can never use it too early; the worker's address; and the
+ * rkey and pool base only where the server offers one-sided RMA (over TCP
+ * it does not: see ucxd.h). A second Hello replaces the first's grant.
+ */
+static void hello_ucx(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    const kvd_hello_req_t *h = &req->body.hello_req;
+    kvd_hello_rep_t *r = &rep->body.hello_rep;
+    if (c->ucx_granted)
+        kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
+    c->ucx_granted = false;
+    bool read_only = c->ctx.read_only || h->read_only;
+    int rc = kvd_ucxd_grant(s->ucxd, c->id, read_only, 0, kvd_pool_size(s->pool),
+                            c->ucx_cap, &c->ucx_gen);
+    if (rc != KVD_OK) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_BUSY,
+                      "the UCX server cannot take this connection's grant now (%s); "
+                      "try again in a second",
+                      kvd_status_str(rc));
+        return;
+    }
+    c->ucx_granted = true;
+    memcpy(r->ucx_token, c->ucx_cap, sizeof(c->ucx_cap));
+    r->ucx_token_len = sizeof(c->ucx_cap);
+    kvd_ucxd_peer(s->ucxd, &r->ucx_address, &r->ucx_address_len, &r->ucx_rkey,
+                  &r->ucx_rkey_len, &r->ucx_pool_base);
+}
+
+/* Why a UCX Hello is refused when the UCX server serves nothing: which
+ * transports it left out, and the flag that would serve TCP (and what
+ * that costs), into text. */
+static const char *ucx_refusal_text(const kvd_server_t *s, const char *refused,
+                                    char text[KVD_ERROR_MAX])
+{
+    if (s->opts.ucx_tcp)
+        snprintf(text, KVD_ERROR_MAX,
+                 "the UCX server may serve on none of %.100s (not even with --ucx-tcp: "
+                 "UCX's shared-memory transports are never served)",
+                 refused);
+    else
+        snprintf(text, KVD_ERROR_MAX,
+                 "UCX is not served without kvdockd --ucx-tcp: here it would serve on "
+                 "%.60s only (any host that reaches the UCX TCP port can write into the "
+                 "UCX server process)",
+                 refused);
+    return text;
+}
+
 static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     const kvd_hello_req_t *h = &req->body.hello_req;
@@ -456,7 +520,13 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     if (!hello_auth(s, c, req, rep, &ctx))
         return;
     if (h->want_ucx && !kvd_ucxd_up(s->ucxd)) {
-        if (s->ucxd != NULL)
+        const char *refused =
+            s->ucx_refused[0] ? s->ucx_refused : kvd_ucxd_refused(s->ucxd);
+        char text[KVD_ERROR_MAX];
+        if (refused != NULL)
+            kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNSUPPORTED, "%s",
+                          ucx_refusal_text(s, refused, text));
+        else if (s->ucxd != NULL)
             kvd_msg_error(rep, req->id, req->method, KVD_ERR_BUSY,
                           "the UCX server is restarting; try again in a second");
         else
@@ -506,8 +576,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     r->pool_bytes = kvd_pool_size(s->pool);
     r->connection_id = c->id;
     if (h->want_ucx)
-        kvd_ucxd_peer(s->ucxd, &r->ucx_address, &r->ucx_address_len, &r->ucx_rkey,
-                      &r->ucx_rkey_len, &r->ucx_pool_base);
+        hello_ucx(s, c, req, rep);
     c->hello_done = true;
 }
 
@@ -1150,8 +1219,23 @@ static int start_ucx(kvd_server_t *s)
     if (strcmp(s->opts.ucx, "off") == 0)
         return KVD_OK;
     bool required = strcmp(s->opts.ucx, "on") == 0;
-    int rc =
-        kvd_ucxd_start(kvd_pool_fd(s->pool), kvd_pool_size(s->pool), 10000, &s->ucxd);
+    /* the UCX server listens only where the RPC does: loopback (and shared
+     * memory) without --listen, the interface of --listen's host with it */
+    char ports[256] = "", devices[512];
+    kvd_nics_ucx_devices(s->nics.nics, s->nics.n, ports, sizeof(ports));
+    int rc = kvd_ucxd_net_devices(s->opts.listen, getenv("UCX_NET_DEVICES"), ports,
+                                  devices, sizeof(devices));
+    if (rc == KVD_OK) {
+        KVD_INFO("server", "UCX serves on network devices %s",
+                 devices[0] ? devices
+                            : "of UCX's own choice (--listen on every interface)");
+        const kvd_ucxd_opts_t o = {.pool_fd = kvd_pool_fd(s->pool),
+                                   .pool_bytes = kvd_pool_size(s->pool),
+                                   .net_devices = devices,
+                                   .allow_tcp = s->opts.ucx_tcp,
+                                   .timeout_ms = 10000};
+        rc = kvd_ucxd_start(&o, &s->ucxd, s->ucx_refused, sizeof(s->ucx_refused));
+    }
     if (rc == KVD_OK) {
         s->ucx_src = (src_t){SRC_UCX, kvd_ucxd_fd(s->ucxd)};
         rc = watch(s, &s->ucx_src, EPOLLIN, EPOLL_CTL_ADD);
@@ -1164,6 +1248,19 @@ static int start_ucx(kvd_server_t *s)
     kvd_ucxd_stop(s->ucxd);
     s->ucxd = NULL;
     s->ucx_src.fd = -1;
+    if (rc == KVD_ERR_UNSUPPORTED && s->ucx_refused[0]) {
+        /* a refusal, not a failure: said once here, and to every Hello */
+        char text[KVD_ERROR_MAX];
+        kvd_log(required ? KVD_LOG_ERROR : KVD_LOG_WARN, "server", "%s",
+                ucx_refusal_text(s, s->ucx_refused, text));
+        if (required) {
+            KVD_ERROR("server", "--ucx on, but UCX cannot serve the pool: %s",
+                      kvd_status_str(rc));
+            return rc;
+        }
+        KVD_WARN("server", "UCX serves nothing: shared-memory workers only");
+        return KVD_OK;
+    }
     if (required) {
         KVD_ERROR("server", "--ucx on, but UCX cannot serve the pool: %s",
                   kvd_status_str(rc));

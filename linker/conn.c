@@ -85,30 +85,45 @@ static int peer_of_fd(int fd, uint64_t bytes, bool read_only, lpeer_t **out)
     return KVD_OK;
 }
 
-/* The peer of a ucx connection: the daemon's worker and pool; reaching it
- * is bounded by timeout_ms. */
+/* The peer of a ucx connection: the daemon's worker and pool, and this
+ * connection's capability; reaching it is bounded by timeout_ms. One-sided
+ * RMA only where the daemon offers it (an rkey: its UCX server runs on
+ * transports that enforce the registration); elsewhere the message mode,
+ * whatever was asked for (said once). */
 static int peer_of_ucx(const kvd_hello_rep_t *h, kvd_ucx_mode_t mode, int timeout_ms,
                        lpeer_t **out)
 {
-    if (h->ucx_address_len == 0 || h->ucx_rkey_len == 0)
+    if (h->ucx_address_len == 0 || h->ucx_token_len != KVD_UCX_CAP_BYTES)
         return KVD_ERR_PROTOCOL;
+    if (mode == KVD_UCX_MODE_RMA && h->ucx_rkey_len == 0) {
+        static atomic_bool said;
+        if (!atomic_exchange(&said, true))
+            KVD_WARN("linker", "one-sided RMA was asked for, but the daemon offers none "
+                               "here (its UCX transports do not enforce the "
+                               "registration): using the message mode");
+        mode = KVD_UCX_MODE_AM;
+    }
     lpeer_t *p = calloc(1, sizeof(*p));
-    uint8_t *bytes = malloc(h->ucx_address_len + h->ucx_rkey_len);
+    uint8_t *bytes = malloc(h->ucx_address_len + h->ucx_rkey_len + h->ucx_token_len);
     if (p == NULL || bytes == NULL) {
         free(p);
         free(bytes);
         return KVD_ERR_NOMEM;
     }
     memcpy(bytes, h->ucx_address, h->ucx_address_len);
-    memcpy(bytes + h->ucx_address_len, h->ucx_rkey, h->ucx_rkey_len);
+    if (h->ucx_rkey_len)
+        memcpy(bytes + h->ucx_address_len, h->ucx_rkey, h->ucx_rkey_len);
+    memcpy(bytes + h->ucx_address_len + h->ucx_rkey_len, h->ucx_token, h->ucx_token_len);
     p->ucx_bytes = bytes;
     p->desc.length = h->pool_bytes;
     p->desc.ucx.address = bytes;
     p->desc.ucx.address_len = h->ucx_address_len;
-    p->desc.ucx.rkey = bytes + h->ucx_address_len;
+    p->desc.ucx.rkey = h->ucx_rkey_len ? bytes + h->ucx_address_len : NULL;
     p->desc.ucx.rkey_len = h->ucx_rkey_len;
     p->desc.ucx.base = h->ucx_pool_base;
     p->desc.ucx.mode = mode;
+    p->desc.ucx.cap = bytes + h->ucx_address_len + h->ucx_rkey_len;
+    p->desc.ucx.cap_len = h->ucx_token_len;
     p->desc.connect_timeout_ms = timeout_ms;
     atomic_init(&p->refs, 1);
     *out = p;
@@ -292,8 +307,14 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
     uint32_t n = hello_request(l, &req, specs);
     rc = kvd_client_call_many_until(c, &req, &rep, 1, deadline);
     explicit_bzero(req.body.hello_req.auth_token, sizeof(req.body.hello_req.auth_token));
-    if (rc == KVD_OK && rep.status != KVD_OK)
+    if (rc == KVD_OK && rep.status != KVD_OK) {
         rc = rep.status;
+        /* the daemon's reason (such as UCX over TCP not served without
+         * its --ucx-tcp): what the caller's -10 alone cannot say */
+        if (rc != KVD_ERR_BUSY)
+            KVD_WARN("linker", "the daemon refused Hello: %s (%s)", kvd_status_str(rc),
+                     rep.error);
+    }
     if (rc == KVD_OK && rep.body.hello_rep.n_ns_ids != n)
         rc = KVD_ERR_PROTOCOL;
     int fd = kvd_client_take_fd(c);

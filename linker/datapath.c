@@ -31,7 +31,10 @@ int lk_dp_open(kvd_linker_t *l, ldp_t *dp, int index)
     char name[96];
     snprintf(name, sizeof(name), "%s-%s", l->client_name,
              index == LK_DP_LOAD ? "load" : "offload");
-    return l->use_ucx ? kvd_transport_open_ucx(name, &dp->t)
+    /* a message-mode transport has no RMA feature: a peer that reaches
+     * its worker cannot read or write this process through UCP's software
+     * RMA (transport/ucx.c) */
+    return l->use_ucx ? kvd_transport_open_ucx_mode(name, l->ucx_mode, &dp->t)
                       : kvd_transport_open_shm(&dp->t);
 }
 

@@ -97,9 +97,10 @@ typedef struct kvd_linker_config {
      * it can corrupt a published object) and offloads are refused. */
     bool read_only;
     /* How bytes move: "shm" (the daemon's pool mapped here; Unix socket
-     * only), "ucx" (UCX RMA into the daemon's pool: RDMA, TCP or shared
-     * memory, as UCX_TLS says), "auto" (shm over a Unix socket, ucx over
-     * TCP). NULL: $KVDOCK_TRANSPORT, else auto. */
+     * only), "ucx" (UCX into the daemon's pool: RDMA, or TCP where the
+     * daemon runs with --ucx-tcp, as UCX_TLS says; never a fallback to
+     * shm), "auto" (shm over a Unix socket, ucx over TCP). NULL:
+     * $KVDOCK_TRANSPORT, else auto. */
     const char *transport;
     /* With ucx: "rma" (one-sided get/put: RDMA NICs), "am" (active
      * messages the daemon's UCX server answers: several times faster where
@@ -126,9 +127,10 @@ typedef enum kvd_linker_health {
  * no daemon listens, KVD_ERR_AUTH when it refuses the credential (the
  * token, or this process's uid), the error reading auth_token_file (e.g.
  * KVD_ERR_NOT_FOUND; KVD_ERR_INVALID when empty), KVD_ERR_UNSUPPORTED for a
- * protocol version mismatch, KVD_ERR_INVALID for an unknown transport or
- * ucx_mode (or shm to a daemon over TCP) or a rank outside [0, size) (tp, pp
- * or cp), the connection's errors. */
+ * protocol version mismatch or ucx to a daemon that serves no UCX here (such
+ * as TCP without its --ucx-tcp: the reason is logged), KVD_ERR_INVALID for
+ * an unknown transport or ucx_mode (or shm to a daemon over TCP) or a rank
+ * outside [0, size) (tp, pp or cp), the connection's errors. */
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out);
 
 /* Stops the transfer threads (pending loads and offloads complete as

@@ -98,6 +98,16 @@ int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
     argv[n++] = instance;
     for (size_t i = 0; extra_args && extra_args[i] && n < 62; i++)
         argv[n++] = extra_args[i];
+    /* the variant's own daemon flags (tests/meson.build: --ucx-tcp where
+     * the bytes move over UCX's TCP), split at spaces */
+    char env_args[256];
+    kvd_strlcpy(env_args,
+                getenv("KVDOCK_TEST_DAEMON_ARGS") ? getenv("KVDOCK_TEST_DAEMON_ARGS")
+                                                  : "",
+                sizeof(env_args));
+    for (char *save = NULL, *a = strtok_r(env_args, " ", &save); a && n < 62;
+         a = strtok_r(NULL, " ", &save))
+        argv[n++] = a;
     argv[n] = NULL;
 
     pid_t parent = getpid();

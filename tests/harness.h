@@ -28,6 +28,8 @@ const char *kvd_test_bin(const char *name);
 
 /*
  * Starts kvdockd with `--socket <dir>/kvdockd.sock --instance test-<pid>`
+ * (then extra_args, then the words of $KVDOCK_TEST_DAEMON_ARGS: a test
+ * variant's daemon flags)
  * plus the NULL-terminated extra arguments. With wait_ready, waits up to
  * timeout_ms for Health to answer "ready". Returns 0 on success; -1 if the
  * daemon exited or never became ready (its log is printed to stderr).

@@ -112,6 +112,12 @@ typedef struct kvd_peer {
         size_t rkey_len;
         uint64_t base; /* the region's address in the peer */
         kvd_ucx_mode_t mode;
+        /* the message mode's capability (KVD_UCX_CAP_BYTES), which every
+         * request carries; the serving side answers only requests whose
+         * capability it was granted (kvd_ucx_grant). RMA needs the rkey
+         * instead; the message mode needs no rkey. */
+        const void *cap;
+        size_t cap_len;
     } ucx;
 } kvd_peer_t;
 
@@ -134,6 +140,13 @@ int kvd_transport_open_shm(kvd_transport_t **out);
  * more than one copy on TCP.
  */
 int kvd_transport_open_ucx(const char *name, kvd_transport_t **out);
+
+/* kvd_transport_open_ucx for one mode only: a transport for the message
+ * mode has a context without UCP_FEATURE_RMA, so that no peer reaching its
+ * worker can read or write this process through UCP's software RMA (and
+ * refuses to connect in RMA mode, KVD_ERR_INVALID). */
+int kvd_transport_open_ucx_mode(const char *name, kvd_ucx_mode_t mode,
+                                kvd_transport_t **out);
 
 #define KVD_UCX_STAGE_CHUNK (8ull << 20) /* bytes of one staged message at most */
 #define KVD_UCX_STAGE_BYTES (4 * KVD_UCX_STAGE_CHUNK)
@@ -283,10 +296,62 @@ typedef struct kvd_ucx_mem kvd_ucx_mem_t;
 
 /*
  * Creates the context and worker. `wakeup` asks for an event fd (the
- * daemon's epoll). KVD_ERR_UNAVAILABLE when UCX cannot start.
+ * daemon's epoll). KVD_ERR_UNAVAILABLE when UCX cannot start. With one-sided
+ * RMA (UCP_FEATURE_RMA) and the message mode's handlers; see
+ * kvd_ucx_create_with for a serving side that must not offer RMA.
  */
 int kvd_ucx_create(const char *name, bool wakeup, kvd_ucx_t **out);
+
+typedef struct kvd_ucx_opts {
+    const char *name; /* shows in UCX's logs */
+    bool wakeup;      /* an event fd (kvd_ucx_efd) */
+    /* UCP_FEATURE_RMA. Without it UCP installs no handler for its software
+     * get/put (the emulation of RMA over active messages), so a peer's
+     * ucp_get_nbx/ucp_put_nbx over TCP or shared memory reaches nothing. */
+    bool rma;
+    /* UCX_NET_DEVICES for this context (NULL: UCX's own, from the
+     * environment): which network devices it opens, and so listens on */
+    const char *net_devices;
+    /* a serving side facing peers it does not trust: indirect ids for
+     * every endpoint and request on the wire (UCX_PROTO_INDIRECT_ID=on),
+     * so a peer cannot name a pointer of ours in a protocol header */
+    bool untrusted_peers;
+    /* which transports the context may open, by name ("tcp"; NULL: any).
+     * Those UCX_TLS (or UCX's own choice) would open beyond these are left
+     * out before any interface exists (the worker is created only after:
+     * a transport left out never listened), and named in dropped (cut at
+     * dropped_cap; dropped may be NULL) as "tl/dev", comma separated.
+     * KVD_ERR_UNSUPPORTED when nothing but self would be left. */
+    bool (*tl_allowed)(const char *tl);
+    char *dropped;
+    size_t dropped_cap;
+} kvd_ucx_opts_t;
+int kvd_ucx_create_with(const kvd_ucx_opts_t *o, kvd_ucx_t **out);
 void kvd_ucx_destroy(kvd_ucx_t *u);
+
+/* The transports and devices the context opened, "tl/dev" each, comma
+ * separated ("tcp/lo,posix/memory"), into buf (cut at cap). */
+void kvd_ucx_resources(const kvd_ucx_t *u, char *buf, size_t cap);
+
+/*
+ * Whether every transport the context opened enforces a memory
+ * registration in the NIC (rc_verbs, rc_mlx5, dc_mlx5; self, which only
+ * this process reaches): only then may one-sided RMA be offered to peers.
+ * Transports that emulate RMA in software (tcp, the shared-memory ones,
+ * UD's put) write wherever a peer says. When false and why_not is given,
+ * the first transport that does not enforce it ("tcp/lo").
+ */
+bool kvd_ucx_rma_enforced(const kvd_ucx_t *u, char *why_not, size_t cap);
+
+/* Pure form of the above, for one transport name ("rc_mlx5"). */
+bool kvd_ucx_tl_enforces_rma(const char *tl);
+
+/* For a serving side facing strangers: UCX's own warnings of a message
+ * for which no handler is installed (what a peer's software RMA brings to a
+ * context without RMA, each with a hex dump of its payload) are let
+ * through a few a minute; the rest are counted and summed up in one line.
+ * Process-wide; call before creating contexts. */
+void kvd_ucx_quiet_strangers(void);
 
 /* The worker's address for peers (owned by u). */
 void kvd_ucx_address(const kvd_ucx_t *u, const void **addr, size_t *len);
@@ -308,9 +373,49 @@ void kvd_ucx_mem_rkey(const kvd_ucx_mem_t *m, const void **rkey, size_t *len);
 void kvd_ucx_mem_unmap(kvd_ucx_mem_t *m);
 
 /* Serves message-mode requests (KVD_UCX_MODE_AM) for the region m on u's
- * worker, from its progress. Ranges outside m are refused (the requester
- * is told). KVD_ERR_INVALID, KVD_ERR_IO. */
+ * worker, from its progress. A request is served only when it carries a
+ * capability granted (kvd_ucx_grant) and lives within its grant's range
+ * (and m), and a write only when the grant allows writes; every other one
+ * is answered with an error (KVD_ERR_AUTH: no live capability, or a write
+ * of a read-only one; KVD_ERR_INVALID: outside the range) and moves no
+ * byte. KVD_ERR_INVALID, KVD_ERR_IO. */
 int kvd_ucx_serve_messages(kvd_ucx_t *u, const kvd_ucx_mem_t *m);
+
+/* Serves the message mode for [base, base+len) without a memory
+ * registration (nothing one-sided is offered on it). */
+int kvd_ucx_serve_region(kvd_ucx_t *u, void *base, uint64_t len);
+
+#define KVD_UCX_CAP_BYTES 16 /* a capability: random bytes (getrandom) */
+
+/* What a capability allows: [offset, offset+length) of the served region,
+ * writes unless read_only. conn_id is for the log. */
+typedef struct kvd_ucx_grant {
+    uint8_t cap[KVD_UCX_CAP_BYTES];
+    bool read_only;
+    uint64_t offset, length;
+    uint64_t conn_id;
+} kvd_ucx_grant_t;
+
+/* Grants g (replacing a grant of the same capability). KVD_ERR_NOMEM. */
+int kvd_ucx_grant(kvd_ucx_t *u, const kvd_ucx_grant_t *g);
+/* Revokes a capability; true when it was granted. */
+bool kvd_ucx_revoke(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES]);
+/* Live grants. */
+size_t kvd_ucx_grants(const kvd_ucx_t *u);
+
+/* Called, once per request, when a request names a capability not
+ * granted, before it is refused: the daemon's UCX server reads the grants
+ * its parent sent meanwhile. NULL: none. */
+void kvd_ucx_on_unknown_cap(kvd_ucx_t *u, void (*fn)(void *arg), void *arg);
+
+/* Requests refused so far, by reason. */
+typedef struct kvd_ucx_refused {
+    uint64_t malformed; /* not a request of this protocol */
+    uint64_t no_cap;    /* no live capability */
+    uint64_t read_only; /* a write with a read-only grant */
+    uint64_t range;     /* outside the grant's range or the region */
+} kvd_ucx_refused_t;
+void kvd_ucx_refused(const kvd_ucx_t *u, kvd_ucx_refused_t *out);
 
 /* True when [offset, offset+length) lies inside a region of region_len. */
 static inline int kvd_range_ok(uint64_t offset, uint64_t length, uint64_t region_len)

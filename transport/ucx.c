@@ -26,18 +26,44 @@
  * messages moved 1.2-1.3 GB/s here and 4 MiB ones 2.9-3.0). Messages waiting for an
  * answer are listed on the worker by token; an answer for a token no longer listed (a
  * destroyed transport) is dropped.
+ *
+ * Trust (the serving side faces any peer that reaches its worker): every
+ * request carries a capability (KVD_UCX_CAP_BYTES random bytes, the
+ * HelloReply's ucx_token) that the serving side must have been granted
+ * (kvd_ucx_grant: a range of the region, read-only or not); a request
+ * without a live one, a write with a read-only one, or a range outside the
+ * grant is answered with an error and moves no byte. The requests' token
+ * is only their id for matching answers, not a credential.
+ *
+ * One-sided RMA is a context feature (kvd_ucx_opts_t.rma). Without
+ * UCP_FEATURE_RMA, UCP does not install the handlers of its software RMA:
+ * UCX 1.13 src/ucp/core/ucp_worker.c, ucp_worker_set_am_handlers(), skips
+ * every handler whose features (UCP_DEFINE_AM's first argument) the
+ * context lacks, and src/ucp/rma/rma_sw.c defines PUT, GET_REQ, GET_REP
+ * and CMPL under UCP_FEATURE_RMA (src/ucp/rma/amo_sw.c the atomics under
+ * UCP_FEATURE_AMO); a message for an id without a handler is dropped by
+ * UCT's stub (src/uct/base/uct_iface.c, uct_iface_stub_am_handler, which
+ * logs a warning). Those software handlers write and read at whatever
+ * address the peer names, without looking at any rkey (rma_sw.c,
+ * ucp_put_handler / ucp_get_req_handler), which is why a serving side
+ * reachable over TCP or shared memory must not have the feature.
  */
 #include "transport_int.h"
 
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdatomic.h>
+#include <sys/random.h>
 #include <ucp/api/ucp.h>
+#include <ucs/debug/log_def.h>
 
 #define AM_PUT   11
 #define AM_GET   12
 #define AM_ACK   13
 #define AM_DATA  14
-#define AM_MAGIC 0x6b764131u /* "kvA1": bumped when the headers change */
+#define AM_MAGIC 0x6b764132u /* "kvA2": bumped when the headers change */
 /* Ranges per message. One: a single contiguous range goes zero-copy on
  * TCP, an iov takes UCX's packing path. Measured over tcp here with 128 KiB
  * ranges (bench/RESULTS.md): the transport alone 1.5-2.3 GB/s with one
@@ -50,11 +76,13 @@
 #define AM_SEGS_LIMIT 64
 #define AM_MSG_MAX    (64ull << 20) /* bytes one message carries at most */
 
-/* A request's header: then n segments (offset, length in the region). */
+/* A request's header: then n segments (offset, length in the region).
+ * token: the request's id, echoed by its answer; cap: the capability. */
 typedef struct am_req_hdr {
     uint32_t magic;
     uint32_t n;
     uint64_t token;
+    uint8_t cap[KVD_UCX_CAP_BYTES];
 } am_req_hdr_t;
 
 typedef struct am_seg {
@@ -99,6 +127,20 @@ typedef struct am_region {
     uint64_t len;
 } am_region_t;
 
+/* The serving side's grants, by capability (chained; its bytes are
+ * random, so its first eight pick the bucket). */
+typedef struct grant_node {
+    kvd_ucx_grant_t g;
+    struct grant_node *next;
+} grant_node_t;
+
+typedef struct grant_table {
+    grant_node_t **b;
+    size_t nb, n; /* buckets (a power of two, 0 before the first), grants */
+} grant_table_t;
+
+#define REFUSE_LOG_NS 1000000000ull /* one line a second at most */
+
 struct kvd_ucx {
     ucp_context_h ctx;
     ucp_worker_h worker;
@@ -111,6 +153,13 @@ struct kvd_ucx {
     am_msg_t *waiting, *waiting_tail;
     am_region_t served;   /* kvd_ucx_serve_messages: the region; base NULL none */
     inflight_t *inflight; /* ... listed, to cancel them at destroy */
+    grant_table_t grants;
+    void (*on_unknown)(void *arg);
+    void *on_unknown_arg;
+    kvd_ucx_refused_t refused;
+    uint64_t refused_logged; /* refusals counted at the last log line */
+    uint64_t refuse_log_ns;  /* when it was written */
+    char *resources;         /* "tl/dev" of each resource, 'a' flag as "(aux)" */
 };
 
 #define CANCEL_NS (10ull * 1000000000ull) /* a cancelled request's end */
@@ -180,8 +229,10 @@ struct ucx_transport {
     ucp_ep_h ep;
     ucp_rkey_h rkey;
     uint64_t remote_base;
-    ucs_status_t failed; /* the endpoint's error; UCS_OK while fine */
-    size_t outstanding;  /* batches not reported yet */
+    uint8_t cap[KVD_UCX_CAP_BYTES]; /* the message mode's capability */
+    bool rma_ok;                    /* its context has UCP_FEATURE_RMA */
+    ucs_status_t failed;            /* the endpoint's error; UCS_OK while fine */
+    size_t outstanding;             /* batches not reported yet */
     kvd_done_ring_t done;
     stage_chunk_t *stage_free; /* chunks not in a message */
     size_t stage_chunks;       /* made so far, at most STAGE_CHUNKS_MAX */
@@ -408,17 +459,183 @@ typedef struct serve_op {
     ucp_ep_h reply_ep;
 } serve_op_t;
 
-static int parse_request(const kvd_ucx_t *u, const void *header, size_t header_length,
-                         serve_op_t *op, uint64_t *total)
+/* ---- grants */
+
+static size_t grant_bucket(const grant_table_t *t, const uint8_t *cap)
+{
+    uint64_t h;
+    memcpy(&h, cap, sizeof(h));
+    return (size_t)(h & (t->nb - 1));
+}
+
+/* Equal in time independent of where they differ. */
+static bool cap_equal(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+    for (size_t i = 0; i < KVD_UCX_CAP_BYTES; i++)
+        d |= a[i] ^ b[i];
+    return d == 0;
+}
+
+static grant_node_t **grant_slot(grant_table_t *t, const uint8_t *cap)
+{
+    if (t->nb == 0)
+        return NULL;
+    grant_node_t **at = &t->b[grant_bucket(t, cap)];
+    while (*at != NULL && !cap_equal((*at)->g.cap, cap))
+        at = &(*at)->next;
+    return at;
+}
+
+static int grant_grow(grant_table_t *t)
+{
+    size_t nb = t->nb ? t->nb * 2 : 64;
+    grant_node_t **b = kvd_mem_calloc(KVD_MEM_OTHER, nb, sizeof(*b));
+    if (b == NULL)
+        return KVD_ERR_NOMEM;
+    grant_table_t nt = {.b = b, .nb = nb, .n = t->n};
+    for (size_t i = 0; i < t->nb; i++)
+        for (grant_node_t *g = t->b[i], *next; g; g = next) {
+            next = g->next;
+            size_t k = grant_bucket(&nt, g->g.cap);
+            g->next = b[k];
+            b[k] = g;
+        }
+    kvd_mem_free(KVD_MEM_OTHER, t->b, t->nb * sizeof(*t->b));
+    *t = nt;
+    return KVD_OK;
+}
+
+int kvd_ucx_grant(kvd_ucx_t *u, const kvd_ucx_grant_t *g)
+{
+    if (u == NULL || g == NULL)
+        return KVD_ERR_INVALID;
+    grant_table_t *t = &u->grants;
+    grant_node_t **at = grant_slot(t, g->cap);
+    if (at != NULL && *at != NULL) {
+        (*at)->g = *g;
+        return KVD_OK;
+    }
+    if ((t->nb == 0 || t->n >= 2 * t->nb) && grant_grow(t) != KVD_OK)
+        return KVD_ERR_NOMEM;
+    grant_node_t *node = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*node));
+    if (node == NULL)
+        return KVD_ERR_NOMEM;
+    node->g = *g;
+    size_t k = grant_bucket(t, g->cap);
+    node->next = t->b[k];
+    t->b[k] = node;
+    t->n++;
+    return KVD_OK;
+}
+
+bool kvd_ucx_revoke(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES])
+{
+    grant_node_t **at = u != NULL ? grant_slot(&u->grants, cap) : NULL;
+    if (at == NULL || *at == NULL)
+        return false;
+    grant_node_t *gone = *at;
+    *at = gone->next;
+    kvd_mem_free(KVD_MEM_OTHER, gone, sizeof(*gone));
+    u->grants.n--;
+    return true;
+}
+
+size_t kvd_ucx_grants(const kvd_ucx_t *u)
+{
+    return u->grants.n;
+}
+
+static void grants_free(grant_table_t *t)
+{
+    for (size_t i = 0; i < t->nb; i++)
+        for (grant_node_t *g = t->b[i], *next; g; g = next) {
+            next = g->next;
+            kvd_mem_free(KVD_MEM_OTHER, g, sizeof(*g));
+        }
+    kvd_mem_free(KVD_MEM_OTHER, t->b, t->nb * sizeof(*t->b));
+    *t = (grant_table_t){0};
+}
+
+void kvd_ucx_on_unknown_cap(kvd_ucx_t *u, void (*fn)(void *arg), void *arg)
+{
+    u->on_unknown = fn;
+    u->on_unknown_arg = arg;
+}
+
+void kvd_ucx_refused(const kvd_ucx_t *u, kvd_ucx_refused_t *out)
+{
+    *out = u->refused;
+}
+
+/* The grant of a capability, after asking for the grants sent meanwhile
+ * when it is not known yet; NULL when it has none. */
+static const kvd_ucx_grant_t *grant_find(kvd_ucx_t *u, const uint8_t *cap)
+{
+    grant_node_t **at = grant_slot(&u->grants, cap);
+    if ((at == NULL || *at == NULL) && u->on_unknown != NULL) {
+        u->on_unknown(u->on_unknown_arg);
+        at = grant_slot(&u->grants, cap);
+    }
+    return at != NULL && *at != NULL ? &(*at)->g : NULL;
+}
+
+/* Counts a refused request and logs it, one line a second at most (a peer
+ * that keeps trying must not flood the log). */
+static void refuse_note(kvd_ucx_t *u, uint64_t *counter, const char *why,
+                        uint64_t conn_id)
+{
+    (*counter)++;
+    const kvd_ucx_refused_t *r = &u->refused;
+    uint64_t total = r->malformed + r->no_cap + r->read_only + r->range;
+    uint64_t now = kvd_now_ns();
+    if (u->refuse_log_ns != 0 && now - u->refuse_log_ns < REFUSE_LOG_NS)
+        return;
+    char whose[64] = "";
+    if (conn_id != 0)
+        snprintf(whose, sizeof(whose), " (the grant of connection %llu)",
+                 (unsigned long long)conn_id);
+    KVD_WARN("ucx",
+             "refused a UCX request: %s%s; %llu refused since the last such line "
+             "(so far: %llu without a live capability, %llu writes of read-only "
+             "grants, %llu outside their range, %llu malformed)",
+             why, whose, (unsigned long long)(total - u->refused_logged),
+             (unsigned long long)r->no_cap, (unsigned long long)r->read_only,
+             (unsigned long long)r->range, (unsigned long long)r->malformed);
+    u->refused_logged = total;
+    u->refuse_log_ns = now;
+}
+
+/* Checks a request against the region and its capability's grant and
+ * lists its ranges in op. write: it brings bytes (AM_PUT). */
+static int parse_request(kvd_ucx_t *u, bool write, const void *header,
+                         size_t header_length, serve_op_t *op, uint64_t *total)
 {
     am_req_hdr_t h;
-    if (header_length < sizeof(h))
+    if (header_length < sizeof(h)) {
+        if (header_length >= offsetof(am_req_hdr_t, cap))
+            memcpy(&op->token, (const uint8_t *)header + offsetof(am_req_hdr_t, token),
+                   sizeof(op->token)); /* answered, so the sender does not wait */
+        refuse_note(u, &u->refused.malformed, "not of this protocol", 0);
         return KVD_ERR_PROTOCOL;
+    }
     memcpy(&h, header, sizeof(h));
     op->token = h.token;
     if (h.magic != AM_MAGIC || h.n == 0 || h.n > AM_SEGS_LIMIT ||
-        header_length != sizeof(h) + (size_t)h.n * sizeof(am_seg_t))
+        header_length != sizeof(h) + (size_t)h.n * sizeof(am_seg_t)) {
+        refuse_note(u, &u->refused.malformed, "not of this protocol", 0);
         return KVD_ERR_PROTOCOL;
+    }
+    const kvd_ucx_grant_t *g = grant_find(u, h.cap);
+    if (g == NULL) {
+        refuse_note(u, &u->refused.no_cap, "no live capability", 0);
+        return KVD_ERR_AUTH;
+    }
+    if (write && g->read_only) {
+        refuse_note(u, &u->refused.read_only, "a write with a read-only grant",
+                    g->conn_id);
+        return KVD_ERR_AUTH;
+    }
     op->iov = calloc(h.n, sizeof(*op->iov));
     if (op->iov == NULL)
         return KVD_ERR_NOMEM;
@@ -428,9 +645,12 @@ static int parse_request(const kvd_ucx_t *u, const void *header, size_t header_l
     for (uint32_t i = 0; i < h.n; i++) {
         am_seg_t sg;
         memcpy(&sg, p + i * sizeof(sg), sizeof(sg));
-        if (!kvd_range_ok(sg.offset, sg.length, u->served.len) ||
-            sg.length > AM_MSG_MAX - *total)
+        if (!kvd_range_ok(sg.offset, sg.length, u->served.len) || sg.offset < g->offset ||
+            !kvd_range_ok(sg.offset - g->offset, sg.length, g->length) ||
+            sg.length > AM_MSG_MAX - *total) {
+            refuse_note(u, &u->refused.range, "a range outside its grant", g->conn_id);
             return KVD_ERR_INVALID;
+        }
         op->iov[i] = (ucp_dt_iov_t){u->served.base + sg.offset, sg.length};
         *total += sg.length;
     }
@@ -527,10 +747,12 @@ static ucs_status_t on_put(void *arg, const void *header, size_t header_length,
     kvd_ucx_t *u = arg;
     serve_op_t op = {0};
     uint64_t total = 0;
-    int rc = u->served.base ? parse_request(u, header, header_length, &op, &total)
+    int rc = u->served.base ? parse_request(u, true, header, header_length, &op, &total)
                             : KVD_ERR_UNSUPPORTED;
-    if (rc == KVD_OK && total != length)
+    if (rc == KVD_OK && total != length) {
+        refuse_note(u, &u->refused.malformed, "bytes that do not match its ranges", 0);
         rc = KVD_ERR_INVALID;
+    }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
         param->reply_ep == NULL) {
         free(op.iov);
@@ -577,10 +799,12 @@ static ucs_status_t on_get(void *arg, const void *header, size_t header_length,
     kvd_ucx_t *u = arg;
     serve_op_t op = {0};
     uint64_t total = 0;
-    int rc = u->served.base ? parse_request(u, header, header_length, &op, &total)
+    int rc = u->served.base ? parse_request(u, false, header, header_length, &op, &total)
                             : KVD_ERR_UNSUPPORTED;
-    if (rc == KVD_OK && length != 0)
+    if (rc == KVD_OK && length != 0) {
+        refuse_note(u, &u->refused.malformed, "a read that brings bytes", 0);
         rc = KVD_ERR_INVALID;
+    }
     if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ||
         param->reply_ep == NULL) {
         free(op.iov);
@@ -595,37 +819,295 @@ static ucs_status_t on_get(void *arg, const void *header, size_t header_length,
     return UCS_OK;
 }
 
-int kvd_ucx_serve_messages(kvd_ucx_t *u, const kvd_ucx_mem_t *m)
+int kvd_ucx_serve_region(kvd_ucx_t *u, void *base, uint64_t len)
 {
-    if (u == NULL || m == NULL)
+    if (u == NULL || base == NULL || len == 0)
         return KVD_ERR_INVALID;
-    u->served = (am_region_t){(uint8_t *)(uintptr_t)m->base, m->len};
+    u->served = (am_region_t){base, len};
     if (set_handler(u, AM_PUT, on_put) != UCS_OK ||
         set_handler(u, AM_GET, on_get) != UCS_OK)
         return KVD_ERR_IO;
     return KVD_OK;
 }
 
+int kvd_ucx_serve_messages(kvd_ucx_t *u, const kvd_ucx_mem_t *m)
+{
+    if (u == NULL || m == NULL)
+        return KVD_ERR_INVALID;
+    return kvd_ucx_serve_region(u, (void *)(uintptr_t)m->base, m->len);
+}
+
 /* ------------------------------------------------------------- context */
 
+/* The context's resources as "tl/dev" (aux ones "tl/dev(aux)"), comma
+ * separated, from ucp_context_print_info (UCX 1.13 ucp_context.c prints
+ * "resource N : md M dev D flags XY tl/dev", X 'a' for an auxiliary one:
+ * the one public way to see what a context opened). */
+static char *resources_of(ucp_context_h ctx)
+{
+    char *text = NULL, *out = NULL;
+    size_t len = 0, used = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f == NULL)
+        return NULL;
+    ucp_context_print_info(ctx, f);
+    fclose(f);
+    out = calloc(1, len + 16);
+    for (char *line = text, *end; out != NULL && line != NULL && *line; line = end) {
+        end = strchr(line, '\n');
+        if (end != NULL)
+            *end++ = '\0';
+        const char *fl = strstr(line, " flags ");
+        if (strstr(line, "resource") == NULL || fl == NULL || strlen(fl) < 11)
+            continue;
+        bool aux = fl[7] == 'a';
+        const char *desc = fl + 10;
+        used += (size_t)snprintf(out + used, len + 16 - used, "%s%s%s", used ? "," : "",
+                                 desc, aux ? "(aux)" : "");
+    }
+    free(text);
+    return out;
+}
+
+void kvd_ucx_resources(const kvd_ucx_t *u, char *buf, size_t cap)
+{
+    kvd_strlcpy(buf, u->resources ? u->resources : "", cap);
+}
+
+bool kvd_ucx_tl_enforces_rma(const char *tl)
+{
+    /* reliable connections and DC of verbs/mlx5: the HCA checks every
+     * one-sided access against a registration's rkey; self reaches only
+     * this very process */
+    static const char *const ok[] = {"rc_verbs", "rc_mlx5", "dc_mlx5", "self"};
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(ok); i++)
+        if (strcmp(tl, ok[i]) == 0)
+            return true;
+    return false;
+}
+
+bool kvd_ucx_rma_enforced(const kvd_ucx_t *u, char *why_not, size_t cap)
+{
+    const char *r = u->resources;
+    bool some_rdma = false;
+    for (const char *at = r; at != NULL && *at;) {
+        const char *comma = strchr(at, ',');
+        size_t n = comma ? (size_t)(comma - at) : strlen(at);
+        char item[128], tl[64];
+        kvd_strlcpy(item, at, KVD_MIN(n + 1, sizeof(item)));
+        size_t tl_len = strcspn(item, "/");
+        kvd_strlcpy(tl, item, KVD_MIN(tl_len + 1, sizeof(tl)));
+        /* an auxiliary transport (ud, for rc's wire-up) is reachable by a
+         * peer as any other: it disqualifies too */
+        if (!kvd_ucx_tl_enforces_rma(tl)) {
+            if (why_not != NULL)
+                kvd_strlcpy(why_not, item, cap);
+            return false;
+        }
+        some_rdma |= strcmp(tl, "self") != 0;
+        at = comma ? comma + 1 : NULL;
+    }
+    if (!some_rdma && why_not != NULL)
+        kvd_strlcpy(why_not, "no RDMA transport", cap);
+    return some_rdma;
+}
+
+/* ---- UCX's log, for a server facing strangers */
+
+#define STRANGER_LOG_NS    (60ull * 1000000000ull)
+#define STRANGER_LOG_LINES 8 /* a warning and its dump, twice */
+
+static _Atomic uint64_t stranger_window_ns, stranger_lines, stranger_dropped;
+
+/* UCT's stub handler (src/uct/base/uct_iface.c) warns of every message it
+ * drops, with its payload: a peer could fill the log at network speed. */
+static ucs_log_func_rc_t quiet_handler(const char *file, unsigned line,
+                                       const char *function, ucs_log_level_t level,
+                                       const ucs_log_component_config_t *comp_conf,
+                                       const char *message, va_list ap)
+{
+    (void)line;
+    (void)function;
+    (void)comp_conf;
+    (void)message;
+    (void)ap;
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    if (level != UCS_LOG_LEVEL_WARN || strcmp(base, "uct_iface.c") != 0)
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    uint64_t now = kvd_now_ns(), start = atomic_load(&stranger_window_ns);
+    if (start == 0 || now - start >= STRANGER_LOG_NS) {
+        atomic_store(&stranger_window_ns, now);
+        atomic_store(&stranger_lines, 0);
+        uint64_t dropped = atomic_exchange(&stranger_dropped, 0);
+        if (dropped > 0)
+            KVD_WARN("ucx",
+                     "%llu more lines of UCX warnings of messages without a handler "
+                     "were left out (a peer sends requests this server does not serve, "
+                     "such as software RMA)",
+                     (unsigned long long)dropped);
+    }
+    if (atomic_fetch_add(&stranger_lines, 1) < STRANGER_LOG_LINES)
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    atomic_fetch_add(&stranger_dropped, 1);
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+void kvd_ucx_quiet_strangers(void)
+{
+    static atomic_bool pushed;
+    if (!atomic_exchange(&pushed, true))
+        ucs_log_push_handler(quiet_handler);
+}
+
 int kvd_ucx_create(const char *name, bool wakeup, kvd_ucx_t **out)
+{
+    const kvd_ucx_opts_t o = {.name = name, .wakeup = wakeup, .rma = true};
+    return kvd_ucx_create_with(&o, out);
+}
+
+/* The transport name of a "tl/dev" or "tl/dev(aux)" item into tl. */
+static void tl_of(const char *item, size_t n, char *tl, size_t cap)
+{
+    size_t len = strcspn(item, "/");
+    kvd_strlcpy(tl, item, KVD_MIN(KVD_MIN(len, n) + 1, cap));
+}
+
+/*
+ * Splits the resources r by o->tl_allowed: the names of the allowed
+ * transports into keep (for UCX_TLS: explicit names, so that no alias
+ * brings an auxiliary transport back), the dropped resources into
+ * o->dropped. Returns how many were dropped; *useful when something other
+ * than self is kept.
+ */
+static size_t split_resources(const kvd_ucx_opts_t *o, const char *r, char *keep,
+                              size_t keep_cap, bool *useful)
+{
+    size_t dropped = 0;
+    *useful = false;
+    keep[0] = '\0';
+    if (o->dropped != NULL && o->dropped_cap > 0)
+        o->dropped[0] = '\0';
+    for (const char *at = r; at != NULL && *at;) {
+        const char *comma = strchr(at, ',');
+        size_t n = comma ? (size_t)(comma - at) : strlen(at);
+        char tl[64];
+        tl_of(at, n, tl, sizeof(tl));
+        if (o->tl_allowed(tl)) {
+            *useful |= strcmp(tl, "self") != 0;
+            /* once each */
+            bool listed = false;
+            for (const char *k = keep; *k && !listed;) {
+                size_t kl = strcspn(k, ",");
+                listed = kl == strlen(tl) && strncmp(k, tl, kl) == 0;
+                k += kl + (k[kl] == ',');
+            }
+            size_t used = strlen(keep);
+            if (!listed && used + strlen(tl) + 2 < keep_cap)
+                snprintf(keep + used, keep_cap - used, "%s%s", used ? "," : "", tl);
+        } else {
+            dropped++;
+            if (o->dropped != NULL && o->dropped_cap > 0) {
+                size_t used = strlen(o->dropped);
+                if (used + n + 2 < o->dropped_cap)
+                    snprintf(o->dropped + used, o->dropped_cap - used, "%s%.*s",
+                             used ? "," : "", (int)n, at);
+            }
+        }
+        at = comma ? comma + 1 : NULL;
+    }
+    return dropped;
+}
+
+/* ucp_init for o, with UCX_TLS as tls when not NULL. */
+static ucs_status_t init_context(const kvd_ucx_opts_t *o, const char *tls,
+                                 ucp_context_h *ctx)
+{
+    ucp_config_t *cfg = NULL;
+    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
+    if (st == UCS_OK && o->net_devices != NULL)
+        st = ucp_config_modify(cfg, "NET_DEVICES", o->net_devices);
+    if (st == UCS_OK && o->untrusted_peers)
+        st = ucp_config_modify(cfg, "PROTO_INDIRECT_ID", "on");
+    if (st == UCS_OK && tls != NULL)
+        st = ucp_config_modify(cfg, "TLS", tls);
+    if (st == UCS_OK) {
+        ucp_params_t p = {
+            .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
+            .features = (o->rma ? UCP_FEATURE_RMA : 0) | UCP_FEATURE_AM |
+                        (o->wakeup ? UCP_FEATURE_WAKEUP : 0),
+            .name = o->name,
+        };
+        st = ucp_init(&p, cfg, ctx);
+    }
+    if (cfg != NULL)
+        ucp_config_release(cfg);
+    return st;
+}
+
+/* The context for o, with only the transports o->tl_allowed allows: the
+ * one UCX_TLS gives when it opens nothing else, else a second one limited
+ * to those (checked again). No interface is open yet either way. */
+static int open_context(const kvd_ucx_opts_t *o, kvd_ucx_t *u)
+{
+    ucs_status_t st = init_context(o, NULL, &u->ctx);
+    if (st == UCS_OK)
+        u->resources = resources_of(u->ctx);
+    if (st != UCS_OK || u->resources == NULL) {
+        KVD_WARN("ucx", "UCX did not start: %s",
+                 st != UCS_OK ? ucs_status_string(st) : "out of memory");
+        return st == UCS_OK ? KVD_ERR_NOMEM : KVD_ERR_UNAVAILABLE;
+    }
+    if (o->tl_allowed == NULL)
+        return KVD_OK;
+    char keep[512];
+    bool useful = false;
+    if (split_resources(o, u->resources, keep, sizeof(keep), &useful) == 0)
+        return KVD_OK;
+    ucp_cleanup(u->ctx);
+    u->ctx = NULL;
+    free(u->resources);
+    u->resources = NULL;
+    if (!useful)
+        return KVD_ERR_UNSUPPORTED; /* the caller says why, with o->dropped */
+    st = init_context(o, keep, &u->ctx);
+    if (st == UCS_OK)
+        u->resources = resources_of(u->ctx);
+    if (st != UCS_OK || u->resources == NULL) {
+        KVD_WARN("ucx", "UCX did not start on %s: %s", keep,
+                 st != UCS_OK ? ucs_status_string(st) : "out of memory");
+        return st == UCS_OK ? KVD_ERR_NOMEM : KVD_ERR_UNAVAILABLE;
+    }
+    /* UCX_TLS named only allowed ones: anything else now is UCX's doing */
+    kvd_ucx_opts_t again = *o;
+    again.dropped = NULL;
+    if (split_resources(&again, u->resources, keep, sizeof(keep), &useful) != 0 ||
+        !useful) {
+        KVD_WARN("ucx", "UCX opened %s although UCX_TLS named only allowed transports",
+                 u->resources);
+        return KVD_ERR_UNSUPPORTED;
+    }
+    return KVD_OK;
+}
+
+int kvd_ucx_create_with(const kvd_ucx_opts_t *o, kvd_ucx_t **out)
 {
     kvd_ucx_t *u = calloc(1, sizeof(*u));
     if (u == NULL)
         return KVD_ERR_NOMEM;
+    bool wakeup = o->wakeup;
     u->efd = -1;
-    ucp_config_t *cfg = NULL;
-    ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
-    if (st == UCS_OK) {
-        ucp_params_t p = {
-            .field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME,
-            .features =
-                UCP_FEATURE_RMA | UCP_FEATURE_AM | (wakeup ? UCP_FEATURE_WAKEUP : 0),
-            .name = name,
-        };
-        st = ucp_init(&p, cfg, &u->ctx);
-        ucp_config_release(cfg);
+    int rc = open_context(o, u);
+    if (rc != KVD_OK) {
+        kvd_ucx_destroy(u);
+        return rc;
     }
+    ucs_status_t st = UCS_OK;
+    /* the requests' ids are not guessable: a stranger that reaches this
+     * worker cannot pass an answer of its own for one of ours */
+    if (getrandom(&u->next_token, sizeof(u->next_token), GRND_NONBLOCK) !=
+        sizeof(u->next_token))
+        u->next_token = kvd_now_ns() * 0x9e3779b97f4a7c15ull;
     if (st == UCS_OK) {
         /* serialised by the caller: one thread drives a kvd_ucx_t at a
          * time (a linker's load and offload threads have one each) */
@@ -680,6 +1162,9 @@ void kvd_ucx_destroy(kvd_ucx_t *u)
         if (left)
             break;
     }
+    grants_free(&u->grants);
+    free(u->resources);
+    u->resources = NULL;
     if (u->inflight != NULL) {
         KVD_WARN("ucx", "answers still in flight: UCX is left to the exit");
         free(u);
@@ -848,6 +1333,7 @@ static void send_message(ucx_transport_t *t, ucx_batch_t *b, kvd_xfer_dir_t dir,
 {
     kvd_ucx_t *u = t->u;
     *hdr = (am_req_hdr_t){.magic = AM_MAGIC, .n = (uint32_t)k, .token = ++u->next_token};
+    memcpy(hdr->cap, t->cap, sizeof(hdr->cap));
     am_msg_t *m = calloc(1, sizeof(*m));
     if (m == NULL) {
         free(local);
@@ -1146,14 +1632,21 @@ static ucs_status_t wire_up(ucx_transport_t *t, int timeout_ms)
 static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
 {
     ucx_transport_t *t = (ucx_transport_t *)tt;
+    bool rma = peer->ucx.mode == KVD_UCX_MODE_RMA;
+    /* RMA needs the region's rkey, the message mode a capability */
     if (peer->ucx.address == NULL || peer->ucx.address_len == 0 ||
-        peer->ucx.rkey == NULL || peer->ucx.rkey_len == 0 ||
-        (peer->ucx.mode != KVD_UCX_MODE_RMA && peer->ucx.mode != KVD_UCX_MODE_AM))
+        (peer->ucx.mode != KVD_UCX_MODE_RMA && peer->ucx.mode != KVD_UCX_MODE_AM) ||
+        (rma && (peer->ucx.rkey == NULL || peer->ucx.rkey_len == 0)) ||
+        (!rma && (peer->ucx.cap == NULL || peer->ucx.cap_len != KVD_UCX_CAP_BYTES)) ||
+        (rma && !t->rma_ok))
         return KVD_ERR_INVALID;
     if (t->outstanding > 0)
         return KVD_ERR_STATE; /* a disconnect that could not finish: see above */
     t->mode = peer->ucx.mode;
     t->remote_base = peer->ucx.base;
+    memset(t->cap, 0, sizeof(t->cap));
+    if (!rma)
+        memcpy(t->cap, peer->ucx.cap, sizeof(t->cap));
     t->failed = UCS_OK;
     ucp_ep_params_t ep = {
         .field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -1164,7 +1657,7 @@ static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
         .err_handler = {.cb = ep_failed, .arg = t},
     };
     ucs_status_t st = ucp_ep_create(t->u->worker, &ep, &t->ep);
-    if (st == UCS_OK)
+    if (st == UCS_OK && rma)
         st = ucp_ep_rkey_unpack(t->ep, peer->ucx.rkey, &t->rkey);
     if (st != UCS_OK) {
         /* UCX_TLS naming only transports that cannot report a dead peer
@@ -1239,14 +1732,16 @@ static const kvd_transport_ops_t ucx_ops = {
     .destroy = ucx_destroy,
 };
 
-int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
+static int open_ucx(const char *name, bool rma, kvd_transport_t **out)
 {
     if (out == NULL)
         return KVD_ERR_INVALID;
     ucx_transport_t *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    int rc = kvd_ucx_create(name != NULL ? name : "kvdock", false, &t->u);
+    const kvd_ucx_opts_t o = {.name = name != NULL ? name : "kvdock", .rma = rma};
+    t->rma_ok = rma;
+    int rc = kvd_ucx_create_with(&o, &t->u);
     if (rc != KVD_OK) {
         free(t);
         return rc;
@@ -1254,4 +1749,17 @@ int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
     t->base.ops = &ucx_ops;
     *out = &t->base;
     return KVD_OK;
+}
+
+int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
+{
+    return open_ucx(name, true, out);
+}
+
+int kvd_transport_open_ucx_mode(const char *name, kvd_ucx_mode_t mode,
+                                kvd_transport_t **out)
+{
+    if (mode != KVD_UCX_MODE_RMA && mode != KVD_UCX_MODE_AM)
+        return KVD_ERR_INVALID;
+    return open_ucx(name, mode == KVD_UCX_MODE_RMA, out);
 }

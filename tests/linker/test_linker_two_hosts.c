@@ -366,6 +366,7 @@ static int daemon_start(const net_t *n, kvd_test_daemon_t *d, const char *token_
                           instance,
                           "--listen",
                           listen,
+                          "--ucx-tcp", /* the bytes move over UCX's tcp */
                           "--pool-size",
                           DT_POOL,
                           "--usage-interval",

@@ -6,7 +6,10 @@
  * workers and answer a UCX worker's Hello with "unsupported" (the linker's
  * open returns -10, it does not hang or crash either side), and a shm
  * worker still round-trips byte-exact. An unknown transport name, or shm
- * to a daemon over TCP, is refused at open with -1 (invalid).
+ * to a daemon over TCP, is refused at open with -1 (invalid). Where UCX
+ * would serve over TCP only (UCX_TLS=tcp) and the daemon has no --ucx-tcp:
+ * `--ucx auto` serves shm workers and a UCX worker's open says -10, the
+ * daemon's log naming the flag; `--ucx on` refuses to run.
  */
 #include "dtest.h"
 #include "harness.h"
@@ -123,6 +126,25 @@ int main(void)
     /* --ucx auto where UCX cannot start: serves shm workers */
     const char *autoargs[] = {"--ucx", "auto", NULL};
     no_ucx(autoargs, "auto without UCX");
+
+    /* only TCP would serve, and no --ucx-tcp: as if UCX did not start,
+     * and --ucx on refuses to run */
+    unsetenv("KVDOCK_TEST_DAEMON_ARGS"); /* a -ucx-tcp variant's flag */
+    setenv("UCX_TLS", "tcp", 1);
+    no_ucx(autoargs, "auto, UCX_TLS=tcp, no --ucx-tcp");
+    d = (kvd_test_daemon_t){0};
+    if (DT_CHECK(kvd_test_daemon_start(&d, on, false, 0) == 0, "fork")) {
+        int ws = 0;
+        bool exited = kvd_test_wait_pid(d.pid, 15000, &ws) == 0;
+        DT_CHECK(exited && WIFEXITED(ws) && WEXITSTATUS(ws) != 0,
+                 "--ucx on, UCX_TLS=tcp, no --ucx-tcp should exit non-zero (exited %d, "
+                 "status %d)",
+                 exited, WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+        d.pid = exited ? 0 : d.pid;
+        DT_CHECK(kvd_test_file_contains(d.log, "without kvdockd --ucx-tcp"),
+                 "the log should name --ucx-tcp");
+        kvd_test_daemon_stop(&d, SIGKILL, 1000, NULL);
+    }
     /* --ucx off */
     unsetenv("UCX_TLS");
     const char *off[] = {"--ucx", "off", NULL};

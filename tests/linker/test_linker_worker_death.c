@@ -184,7 +184,11 @@ static pid_t ucx_server_of(pid_t daemon)
 int main(void)
 {
     kvd_test_daemon_t d = {0};
-    const char *args[] = {"--lease-ttl", "500", NULL};
+    /* a UCX server to kill in every variant: over loopback TCP, which the
+     * daemon serves only when told (the shm variant's workers do not use
+     * it; the -ucx-tcp one's do) */
+    setenv("UCX_TLS", "tcp", 0);
+    const char *args[] = {"--lease-ttl", "500", "--ucx-tcp", NULL};
     if (dt_start(&d, args) != 0)
         return dt_exit_status("linker/worker_death");
     for (int trial = 0; trial < 3; trial++) {

@@ -164,7 +164,8 @@ typedef struct peer {
     /* ucx only */
     kvd_ucx_t *ucx;
     kvd_ucx_mem_t *mem;
-    int stop_fd; /* eventfd: written to stop the thread */
+    uint8_t cap[KVD_UCX_CAP_BYTES]; /* granted the whole served region */
+    int stop_fd;                    /* eventfd: written to stop the thread */
     pthread_t thread;
     bool running;
     int thread_error; /* errno of a failed poll in the thread, 0 while fine */
@@ -315,6 +316,13 @@ static int ucx_peer_start(peer_t *s, uint64_t length, uint64_t served, uint32_t 
     rc = kvd_ucx_serve_messages(s->ucx, s->mem);
     if (rc != KVD_OK)
         return rc;
+    /* the message mode serves only a granted capability */
+    kvd_ucx_grant_t g = {.offset = 0, .length = served};
+    fill(g.cap, sizeof(g.cap), seed ^ 0x5eed);
+    memcpy(s->cap, g.cap, sizeof(s->cap));
+    rc = kvd_ucx_grant(s->ucx, &g);
+    if (rc != KVD_OK)
+        return rc;
     s->stop_fd = eventfd(0, EFD_CLOEXEC);
     if (s->stop_fd < 0)
         return KVD_ERR_IO;
@@ -330,6 +338,8 @@ static kvd_peer_t ucx_describe(const peer_t *s)
     kvd_ucx_mem_rkey(s->mem, &p.ucx.rkey, &p.ucx.rkey_len);
     p.ucx.base = addr_of(s->bytes);
     p.ucx.mode = g_be->mode;
+    p.ucx.cap = s->cap;
+    p.ucx.cap_len = sizeof(s->cap);
     return p;
 }
 
@@ -1451,12 +1461,18 @@ static void test_connect_refuses_bad_peers(void **state)
         p = good;
         p.ucx.address_len = 0;
         assert_int_equal(kvd_transport_connect(f->t, &p), KVD_ERR_INVALID);
+        /* RMA needs the rkey, the message mode its capability */
         p = good;
-        p.ucx.rkey = NULL;
+        *(g_be->mode == KVD_UCX_MODE_RMA ? &p.ucx.rkey : &p.ucx.cap) = NULL;
         assert_int_equal(kvd_transport_connect(f->t, &p), KVD_ERR_INVALID);
         p = good;
-        p.ucx.rkey_len = 0;
+        *(g_be->mode == KVD_UCX_MODE_RMA ? &p.ucx.rkey_len : &p.ucx.cap_len) = 0;
         assert_int_equal(kvd_transport_connect(f->t, &p), KVD_ERR_INVALID);
+        if (g_be->mode == KVD_UCX_MODE_AM) {
+            p = good;
+            p.ucx.cap_len = KVD_UCX_CAP_BYTES - 1;
+            assert_int_equal(kvd_transport_connect(f->t, &p), KVD_ERR_INVALID);
+        }
         p = good;
         p.ucx.mode = (kvd_ucx_mode_t)7;
         assert_int_equal(kvd_transport_connect(f->t, &p), KVD_ERR_INVALID);
@@ -1464,17 +1480,20 @@ static void test_connect_refuses_bad_peers(void **state)
     /* the description's bytes were copied by connect: a good one, then
      * its buffers scribbled over */
     kvd_peer_t copy = good;
-    uint8_t *addr = NULL, *rkey = NULL;
+    uint8_t *addr = NULL, *rkey = NULL, *cap = NULL;
     if (g_be->remote) {
         addr = dup_bytes(good.ucx.address, good.ucx.address_len);
         rkey = dup_bytes(good.ucx.rkey, good.ucx.rkey_len);
+        cap = dup_bytes(good.ucx.cap, good.ucx.cap_len);
         copy.ucx.address = addr;
         copy.ucx.rkey = rkey;
+        copy.ucx.cap = cap;
     }
     assert_int_equal(kvd_transport_connect(f->t, &copy), KVD_OK);
     if (g_be->remote) {
         memset(addr, 0xa5, good.ucx.address_len);
         memset(rkey, 0xa5, good.ucx.rkey_len);
+        memset(cap, 0xa5, good.ucx.cap_len);
     }
     const kvd_xfer_t x = {
         .local = f->ra, .local_offset = 0, .remote_offset = 0, .length = 65536};
@@ -1482,6 +1501,7 @@ static void test_connect_refuses_bad_peers(void **state)
     run_and_check(f, KVD_XFER_READ, &x, 1, 2);
     free(addr);
     free(rkey);
+    free(cap);
 }
 
 /* Connecting to another peer region makes later batches go there (its
@@ -1875,6 +1895,86 @@ static void test_peer_refuses_ranges_it_does_not_serve(void **state)
     free(before);
 }
 
+/* The message mode's peer serves only requests whose capability it
+ * granted, within the grant's range, and writes only for a grant that is
+ * not read-only: a wrong capability, a revoked one, a write under a
+ * read-only grant and a range outside a narrower grant each fail (not a
+ * timeout) and move no byte; the transport and peer still work after. */
+static void test_peer_refuses_without_its_grant(void **state)
+{
+    fixture_t *f = *state;
+    SKIP_UNLESS(g_be->remote && g_be->mode == KVD_UCX_MODE_AM,
+                "only the ucx message mode's peer checks capabilities");
+    peer_t p = {.stop_fd = -1};
+    assert_int_equal(g_be->peer_start(&p, PEER_BYTES, PEER_BYTES, 9), KVD_OK);
+    uint8_t *before = dup_bytes(p.bytes, PEER_BYTES);
+    const kvd_xfer_t x = {
+        .local = f->ra, .local_offset = 0, .remote_offset = 4096, .length = 4096};
+    const kvd_xfer_t far = {
+        .local = f->ra, .local_offset = 0, .remote_offset = 65536, .length = 4096};
+    uint8_t *local_before = dup_bytes(f->a, 4096);
+    uint64_t cookie = 100;
+    /* 1: a capability never granted; 2: the granted one, revoked; 3: a
+     * read-only grant (writes refused, reads served); 4: a grant of the
+     * first 64 KiB only (a range past it refused) */
+    uint8_t wrong[KVD_UCX_CAP_BYTES];
+    memcpy(wrong, p.cap, sizeof(wrong));
+    wrong[0] ^= 1;
+    for (int step = 1; step <= 4; step++) {
+        kvd_peer_t d = g_be->describe(&p);
+        ucx_peer_pause(&p); /* the grants are the server thread's while it runs */
+        if (step == 1)
+            d.ucx.cap = wrong;
+        if (step == 2)
+            assert_true(kvd_ucx_revoke(p.ucx, p.cap));
+        kvd_ucx_grant_t g = {.read_only = step == 3,
+                             .length = step == 4 ? 65536 : PEER_BYTES};
+        memcpy(g.cap, p.cap, sizeof(g.cap));
+        if (step >= 3)
+            assert_int_equal(kvd_ucx_grant(p.ucx, &g), KVD_OK);
+        assert_int_equal(ucx_peer_resume(&p), KVD_OK);
+        assert_int_equal(kvd_transport_connect(f->t, &d), KVD_OK);
+        for (int dir = KVD_XFER_READ; dir <= KVD_XFER_WRITE; dir++) {
+            bool served = step == 3 && dir == KVD_XFER_READ;
+            const kvd_xfer_t *t = step == 4 ? &far : &x;
+            memset(f->a, 0x3c, 4096);
+            memcpy(local_before, f->a, 4096);
+            post_ok(f, (kvd_xfer_dir_t)dir, t, 1, cookie);
+            int rc = wait_keep(f, cookie, WAIT_MS);
+            cookie++;
+            print_message("step %d, %s: %s\n", step,
+                          dir == KVD_XFER_READ ? "READ" : "WRITE", kvd_status_str(rc));
+            if (served) {
+                assert_int_equal(rc, KVD_OK);
+                expect_bytes(f->a, p.bytes + x.remote_offset, 4096, "a read-only read");
+                continue;
+            }
+            assert_int_not_equal(rc, KVD_OK);
+            assert_int_not_equal(rc, KVD_ERR_TIMEOUT);
+            assert_int_equal(rc, step == 4 ? KVD_ERR_INVALID : KVD_ERR_AUTH);
+            if (dir == KVD_XFER_READ)
+                expect_bytes(f->a, local_before, 4096, "local bytes of a refused read");
+            /* as the linker does after a failed batch */
+            kvd_transport_disconnect(f->t);
+            assert_int_equal(kvd_transport_connect(f->t, &d), KVD_OK);
+        }
+        expect_bytes(p.bytes, before, PEER_BYTES, "the peer's region");
+        kvd_transport_disconnect(f->t);
+    }
+    kvd_ucx_refused_t r;
+    ucx_peer_pause(&p);
+    kvd_ucx_refused(p.ucx, &r);
+    print_message("refused: %llu without a capability, %llu read-only, %llu range\n",
+                  (unsigned long long)r.no_cap, (unsigned long long)r.read_only,
+                  (unsigned long long)r.range);
+    assert_int_equal(r.no_cap, 4);
+    assert_int_equal(r.read_only, 1);
+    assert_int_equal(r.range, 2);
+    g_be->peer_free(&p);
+    free(before);
+    free(local_before);
+}
+
 /* ------------------------------------------------- the cases: destroy */
 
 /* Whether UCX emulates RMA in software here (TCP): the peer's worker then
@@ -2186,6 +2286,7 @@ int main(int argc, char **argv)
         CASE(test_peer_gone_fails_batches),
         CASE(test_peer_gone_between_batches),
         CASE(test_peer_refuses_ranges_it_does_not_serve),
+        CASE(test_peer_refuses_without_its_grant),
         CASE(test_destroy_with_outstanding_batches),
         CASE(test_destroy_while_peer_stalled),
         CASE(test_ucx_serving_side_arguments),

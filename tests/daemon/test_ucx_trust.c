@@ -1,0 +1,811 @@
+/*
+ * Description: what a stranger gets from the daemon's UCX server (issue
+ * 11, hole 1). A real kvdockd with --listen 127.0.0.1:PORT, UCX_TLS=tcp
+ * and --ucx-tcp (without it no UCX is served over TCP: ucx_tcp_optin);
+ * the attacker is this program with a UCP context of its own (RMA and AM),
+ * speaking the message mode's wire format from its own definitions below.
+ *
+ *   (a) one-sided RMA: a Hello over TCP with want_ucx gets the worker
+ *       address and a capability but no rkey and no pool base; an rkey the
+ *       attacker packs from its own memory (or the reply's, were there one)
+ *       unpacked on an endpoint to the server, then ucp_get_nbx of the UCX
+ *       server's ELF header and ucp_put_nbx into its pool mapping (both
+ *       addresses read from /proc/PID/maps): the get brings no ELF magic,
+ *       the put changes no pool byte, each within a bounded wait, and the
+ *       UCX server and the daemon are alive after.
+ *   (b) the message mode: a request with no capability (the old header,
+ *       which had none), a wrong one, a revoked one (its connection
+ *       closed), a write with a read-only grant (Hello read_only), and an
+ *       out-of-range one (its grant is the pool): each answered with an
+ *       error, no byte moved (the pool, mapped read-only through the Unix
+ *       socket's Hello, compared before and after); the same requests with
+ *       a live grant move their bytes, so the refusals are not the format.
+ *   (c) the transport (the linker's path) round-trips over ucx-tcp in the
+ *       message mode with the reply's address and capability, and refuses
+ *       RMA without an rkey.
+ *   (d) the UCX server listens (TCP) only on loopback addresses, with and
+ *       without --listen 127.0.0.1:PORT, and logs the devices it serves.
+ *   (e) a UCX server that dies takes its grants along: its successor
+ *       refuses the old capability and serves the one a new Hello on the
+ *       same connection gets.
+ *
+ * Skips (77) when UCX cannot start here (the daemon says so). Every wait is
+ * bounded; no timing is asserted.
+ */
+#include "dtest.h"
+#include "kvd_transport.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#define TEST_NAME "daemon/ucx_trust"
+#define WAIT_MS   3000 /* for an answer that should come */
+#define SILENT_MS 1500 /* for one that should not */
+
+/* ---- the message mode's wire format, as a client sees it */
+#define AM_PUT    11
+#define AM_GET    12
+#define AM_ACK    13
+#define AM_DATA   14
+#define MAGIC_V1  0x6b764131u /* before capabilities: no credential at all */
+#define MAGIC_V2  0x6b764132u
+#define CAP_BYTES 16
+
+typedef struct v1_req {
+    uint32_t magic, n;
+    uint64_t id;
+    uint64_t offset, length;
+} v1_req_t;
+
+typedef struct v2_req {
+    uint32_t magic, n;
+    uint64_t id;
+    uint8_t cap[CAP_BYTES];
+    uint64_t offset, length;
+} v2_req_t;
+
+typedef struct am_rep {
+    uint32_t magic;
+    int32_t status;
+    uint64_t id;
+} am_rep_t;
+
+/* ---- the attacker's UCX */
+typedef struct attacker {
+    ucp_context_h ctx;
+    ucp_worker_h worker;
+    ucp_ep_h ep;
+    bool ep_failed;
+    /* the last answer */
+    bool answered;
+    int32_t status;
+    uint64_t id;
+    size_t data_len;
+    uint8_t data[8192];
+} attacker_t;
+
+static attacker_t A;
+
+static ucs_status_t on_answer(void *arg, const void *header, size_t header_length,
+                              void *data, size_t length, const ucp_am_recv_param_t *param)
+{
+    (void)arg;
+    am_rep_t r;
+    if (header_length != sizeof(r))
+        return UCS_OK;
+    memcpy(&r, header, sizeof(r));
+    A.answered = true;
+    A.status = r.status;
+    A.id = r.id;
+    A.data_len = length;
+    /* only eager answers are expected (our reads are small) */
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && length <= sizeof(A.data))
+        memcpy(A.data, data, length);
+    return UCS_OK;
+}
+
+static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t st)
+{
+    (void)arg;
+    (void)ep;
+    (void)st;
+    A.ep_failed = true;
+}
+
+static int attacker_init(void)
+{
+    ucp_config_t *cfg = NULL;
+    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
+        return -1;
+    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+                      .features = UCP_FEATURE_RMA | UCP_FEATURE_AM};
+    ucs_status_t st = ucp_init(&p, cfg, &A.ctx);
+    ucp_config_release(cfg);
+    if (st != UCS_OK)
+        return -1;
+    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+                              .thread_mode = UCS_THREAD_MODE_SINGLE};
+    if (ucp_worker_create(A.ctx, &wp, &A.worker) != UCS_OK)
+        return -1;
+    for (unsigned id = AM_ACK; id <= AM_DATA; id++) {
+        ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                                                   UCP_AM_HANDLER_PARAM_FIELD_CB,
+                                     .id = id,
+                                     .cb = on_answer};
+        if (ucp_worker_set_am_recv_handler(A.worker, &hp) != UCS_OK)
+            return -1;
+    }
+    return 0;
+}
+
+static void progress_for(int ms, bool (*done)(void *), void *arg)
+{
+    uint64_t deadline = kvd_now_ns() + (uint64_t)ms * 1000000ull;
+    while (kvd_now_ns() < deadline && !(done && done(arg)))
+        if (ucp_worker_progress(A.worker) == 0)
+            kvd_sleep_ns(100 * 1000);
+}
+
+static bool req_done(void *sp)
+{
+    return ucp_request_check_status(sp) != UCS_INPROGRESS;
+}
+
+static void ep_close(void)
+{
+    if (A.ep == NULL)
+        return;
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_EP_CLOSE_FLAG_FORCE};
+    ucs_status_ptr_t sp = ucp_ep_close_nbx(A.ep, &prm);
+    if (UCS_PTR_IS_PTR(sp)) {
+        progress_for(WAIT_MS, req_done, sp);
+        ucp_request_free(sp);
+    }
+    A.ep = NULL;
+}
+
+static int ep_open(const void *addr)
+{
+    ep_close();
+    A.ep_failed = false;
+    ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                                        UCP_EP_PARAM_FIELD_ERR_HANDLER,
+                          .address = addr,
+                          .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+                          .err_handler = {.cb = ep_failed}};
+    if (ucp_ep_create(A.worker, &ep, &A.ep) != UCS_OK) {
+        A.ep = NULL;
+        return -1;
+    }
+    /* wired up before anything else (the server outlives a half-made
+     * endpoint only from UCX 1.14 on) */
+    ucp_request_param_t prm = {0};
+    ucs_status_ptr_t sp = ucp_ep_flush_nbx(A.ep, &prm);
+    if (UCS_PTR_IS_PTR(sp)) {
+        progress_for(WAIT_MS, req_done, sp);
+        ucs_status_t st = ucp_request_check_status(sp);
+        if (st == UCS_INPROGRESS)
+            ucp_request_cancel(A.worker, sp);
+        progress_for(100, req_done, sp);
+        ucp_request_free(sp);
+        return st == UCS_OK ? 0 : -1;
+    }
+    return UCS_PTR_STATUS(sp) == UCS_OK ? 0 : -1;
+}
+
+static bool answered(void *arg)
+{
+    (void)arg;
+    return A.answered;
+}
+
+/* Sends one request (header hdr of hdr_len, payload data of len), waits
+ * for its answer; true when one came. */
+static bool am_call(unsigned id, const void *hdr, size_t hdr_len, const void *data,
+                    size_t len)
+{
+    A.answered = false;
+    A.data_len = 0;
+    A.status = 0;
+    memset(A.data, 0, sizeof(A.data));
+    ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+                               .flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_EAGER};
+    ucs_status_ptr_t sp = ucp_am_send_nbx(A.ep, id, hdr, hdr_len, data, len, &prm);
+    if (UCS_PTR_IS_ERR(sp))
+        return false;
+    progress_for(WAIT_MS, answered, NULL);
+    if (UCS_PTR_IS_PTR(sp)) {
+        progress_for(WAIT_MS, req_done, sp);
+        if (ucp_request_check_status(sp) == UCS_INPROGRESS)
+            ucp_request_cancel(A.worker, sp);
+        progress_for(100, req_done, sp);
+        ucp_request_free(sp);
+    }
+    return A.answered;
+}
+
+static v2_req_t v2(const uint8_t *cap, uint64_t off, uint64_t len)
+{
+    static uint64_t id = 1000;
+    v2_req_t r = {.magic = MAGIC_V2, .n = 1, .id = ++id, .offset = off, .length = len};
+    memcpy(r.cap, cap, CAP_BYTES);
+    return r;
+}
+
+/* ---- the daemon's side */
+
+typedef struct grant {
+    uint8_t addr[4096];
+    size_t addr_len;
+    size_t rkey_len;
+    uint8_t rkey[4096];
+    uint64_t base;
+    uint8_t cap[KVD_UCX_TOKEN_MAX];
+    size_t cap_len;
+} grant_t;
+
+/* Hello with want_ucx on c (read_only as asked); the UCX part of the reply. */
+static int hello_ucx(kvd_client_t *c, bool read_only, grant_t *g)
+{
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_hello_req_t *h = &req.body.hello_req;
+    kvd_strlcpy(h->client_name, "ucx-trust", sizeof(h->client_name));
+    h->pid = (uint32_t)getpid();
+    h->protocol_version = KVD_PROTOCOL_VERSION;
+    h->want_ucx = true;
+    h->read_only = read_only;
+    int rc = kvd_client_call(c, &req, &rep, WAIT_MS);
+    if (rc == KVD_OK)
+        rc = rep.status;
+    if (rc == KVD_OK) {
+        const kvd_hello_rep_t *r = &rep.body.hello_rep;
+        memset(g, 0, sizeof(*g));
+        g->addr_len = KVD_MIN(r->ucx_address_len, sizeof(g->addr));
+        memcpy(g->addr, r->ucx_address, g->addr_len);
+        g->rkey_len = KVD_MIN(r->ucx_rkey_len, sizeof(g->rkey));
+        if (g->rkey_len)
+            memcpy(g->rkey, r->ucx_rkey, g->rkey_len);
+        g->base = r->ucx_pool_base;
+        g->cap_len = r->ucx_token_len;
+        memcpy(g->cap, r->ucx_token, r->ucx_token_len);
+    }
+    kvd_msg_clear(&rep);
+    return rc;
+}
+
+/* The pool, mapped read-only through a Unix-socket Hello (want_pool_fd). */
+static const uint8_t *map_pool(const char *socket, kvd_client_t **keep)
+{
+    kvd_client_t *c = NULL;
+    if (kvd_client_connect_unix(socket, WAIT_MS, &c) != KVD_OK)
+        return NULL;
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    req.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    req.body.hello_req.pid = (uint32_t)getpid();
+    req.body.hello_req.want_pool_fd = true;
+    kvd_strlcpy(req.body.hello_req.client_name, "ucx-trust-pool", KVD_NAME_MAX);
+    int rc = kvd_client_call(c, &req, &rep, WAIT_MS);
+    if (rc == KVD_OK)
+        rc = rep.status;
+    kvd_msg_clear(&rep);
+    int fd = kvd_client_take_fd(c);
+    void *m = MAP_FAILED;
+    if (rc == KVD_OK && fd >= 0)
+        m = mmap(NULL, DT_POOL_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+    if (fd >= 0)
+        close(fd);
+    *keep = c;
+    return m == MAP_FAILED ? NULL : m;
+}
+
+/* The UCX server: the daemon's only child. */
+static pid_t ucx_child(pid_t daemon)
+{
+    char path[64], buf[256] = "";
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)daemon, (int)daemon);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    int pid = -1;
+    if (fgets(buf, sizeof(buf), f) == NULL || sscanf(buf, "%d", &pid) != 1)
+        pid = -1;
+    fclose(f);
+    return pid;
+}
+
+/* From /proc/PID/maps: the start of the first mapping whose path contains
+ * `what` (and whose permissions start with perm). */
+static uint64_t map_start(pid_t pid, const char *what, const char *perm)
+{
+    char path[64], line[512];
+    snprintf(path, sizeof(path), "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return 0;
+    uint64_t at = 0;
+    while (at == 0 && fgets(line, sizeof(line), f) != NULL) {
+        unsigned long long lo, hi;
+        char p[8];
+        if (sscanf(line, "%llx-%llx %7s", &lo, &hi, p) == 3 && strstr(line, what) &&
+            strncmp(p, perm, strlen(perm)) == 0)
+            at = lo;
+    }
+    fclose(f);
+    return at;
+}
+
+/* The TCP sockets pid listens on, as "ADDR:PORT" hex of /proc/net/tcp*,
+ * each checked to be loopback; returns how many it found. */
+static int check_listeners_loopback(pid_t pid)
+{
+    char path[128], link[128];
+    unsigned long inodes[256];
+    size_t n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < KVD_ARRAY_SIZE(inodes);) {
+        char fp[512];
+        snprintf(fp, sizeof(fp), "%s/%s", path, e->d_name);
+        ssize_t k = readlink(fp, link, sizeof(link) - 1);
+        if (k <= 0)
+            continue;
+        link[k] = '\0';
+        unsigned long ino;
+        if (sscanf(link, "socket:[%lu]", &ino) == 1)
+            inodes[n++] = ino;
+    }
+    closedir(d);
+    int found = 0;
+    for (int v6 = 0; v6 <= 1; v6++) {
+        snprintf(path, sizeof(path), "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        char line[512];
+        while (fgets(line, sizeof(line), f) != NULL) {
+            char local[64], remote[64];
+            unsigned st;
+            unsigned long ino;
+            if (sscanf(line, " %*d: %63s %63s %x %*s %*s %*s %*s %*s %lu", local, remote,
+                       &st, &ino) != 4 ||
+                st != 0x0A)
+                continue;
+            bool ours = false;
+            for (size_t i = 0; i < n && !ours; i++)
+                ours = inodes[i] == ino;
+            if (!ours)
+                continue;
+            found++;
+            /* 127.x.x.x is stored little-endian: "xx xx xx 7F"; ::1 and
+             * ::ffff:127.x as the kernel prints them */
+            bool lo = v6 ? strncmp(local, "00000000000000000000000001000000", 32) == 0 ||
+                               (strncmp(local, "0000000000000000FFFF0000", 24) == 0 &&
+                                strncmp(local + 30, "7F", 2) == 0)
+                         : strncmp(local + 6, "7F", 2) == 0;
+            DT_CHECK(lo, "the UCX server (pid %d) listens on %s (%s), not loopback",
+                     (int)pid, local, v6 ? "tcp6" : "tcp");
+        }
+        fclose(f);
+    }
+    return found;
+}
+
+/* ------------------------------------------------------------ the cases */
+
+/* (a) */
+static void case_rma(const kvd_test_daemon_t *d, const char *tcp_addr, pid_t child,
+                     const uint8_t *pool)
+{
+    kvd_client_t *c = NULL;
+    if (!DT_CHECK(kvd_client_connect_tcp(tcp_addr, WAIT_MS, &c) == KVD_OK,
+                  "connect over TCP"))
+        return;
+    grant_t g;
+    int rc = hello_ucx(c, false, &g);
+    if (!DT_CHECK(rc == KVD_OK, "Hello want_ucx over TCP: %s", kvd_status_str(rc))) {
+        kvd_client_close(c);
+        return;
+    }
+    DT_CHECK(g.rkey_len == 0, "over TCP the reply offers an rkey (%zu bytes)",
+             g.rkey_len);
+    DT_CHECK(g.base == 0, "over TCP the reply gives the pool's address (0x%llx)",
+             (unsigned long long)g.base);
+    DT_CHECK(g.cap_len >= 16, "the reply's capability has %zu bytes", g.cap_len);
+
+    uint64_t elf = map_start(child, "kvdockd", "r");
+    uint64_t pool_at = map_start(child, "memfd:kvdock", "rw");
+    if (!DT_CHECK(elf != 0 && pool_at != 0,
+                  "the UCX server's maps: ELF 0x%llx, pool 0x%llx",
+                  (unsigned long long)elf, (unsigned long long)pool_at)) {
+        kvd_client_close(c);
+        return;
+    }
+    if (!DT_CHECK(ep_open(g.addr) == 0, "an endpoint to the UCX server")) {
+        kvd_client_close(c);
+        return;
+    }
+    /* the rkey: the reply's where it gives one, else one packed from the
+     * attacker's own memory */
+    static uint8_t local[4096];
+    ucp_mem_h memh = NULL;
+    void *packed = NULL;
+    size_t packed_len = 0;
+    ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+                                             UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+                               .address = local,
+                               .length = sizeof(local)};
+    DT_CHECK(ucp_mem_map(A.ctx, &mp, &memh) == UCS_OK, "ucp_mem_map of our own buffer");
+    DT_CHECK(memh == NULL || ucp_rkey_pack(A.ctx, memh, &packed, &packed_len) == UCS_OK,
+             "ucp_rkey_pack of our own buffer");
+    ucp_rkey_h rkey = NULL;
+    ucs_status_t st = ucp_ep_rkey_unpack(A.ep, g.rkey_len ? g.rkey : packed, &rkey);
+    printf("rkey (%s) unpacked on the server's endpoint: %s\n",
+           g.rkey_len ? "the reply's" : "forged", ucs_status_string(st));
+    if (st == UCS_OK) {
+        /* get the ELF header */
+        memset(local, 0, sizeof(local));
+        ucp_request_param_t prm = {.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH, .memh = memh};
+        ucs_status_ptr_t sp = ucp_get_nbx(A.ep, local, 64, elf, rkey, &prm);
+        if (UCS_PTR_IS_PTR(sp)) {
+            progress_for(SILENT_MS, req_done, sp);
+            st = ucp_request_check_status(sp);
+            printf("get of the UCX server's ELF header: %s\n",
+                   st == UCS_INPROGRESS ? "no answer" : ucs_status_string(st));
+            if (st == UCS_INPROGRESS)
+                ucp_request_cancel(A.worker, sp);
+            progress_for(100, req_done, sp);
+            ucp_request_free(sp);
+        } else {
+            printf("get of the UCX server's ELF header: %s\n",
+                   ucs_status_string(UCS_PTR_STATUS(sp)));
+        }
+        DT_CHECK(memcmp(local, "\177ELF", 4) != 0,
+                 "ucp_get_nbx read the UCX server's ELF header");
+        /* put into its pool mapping, where we can see it */
+        memset(local, 0xee, 64);
+        sp = ucp_put_nbx(A.ep, local, 64, pool_at + 4096, rkey, &prm);
+        if (UCS_PTR_IS_PTR(sp)) {
+            progress_for(SILENT_MS, req_done, sp);
+            if (ucp_request_check_status(sp) == UCS_INPROGRESS)
+                ucp_request_cancel(A.worker, sp);
+            progress_for(100, req_done, sp);
+            ucp_request_free(sp);
+        }
+        ucp_request_param_t fp = {0};
+        sp = ucp_ep_flush_nbx(A.ep, &fp);
+        if (UCS_PTR_IS_PTR(sp)) {
+            progress_for(SILENT_MS, req_done, sp);
+            if (ucp_request_check_status(sp) == UCS_INPROGRESS)
+                ucp_request_cancel(A.worker, sp);
+            progress_for(100, req_done, sp);
+            ucp_request_free(sp);
+        }
+        bool written = true;
+        for (int i = 0; i < 64; i++)
+            written &= pool[4096 + i] == 0xee;
+        DT_CHECK(!written, "ucp_put_nbx wrote into the UCX server's pool mapping");
+        /* a peer that keeps trying does not fill the daemon's log: UCX's
+         * warning of each dropped message is let through a few times */
+        for (int i = 0; i < 30; i++) {
+            sp = ucp_put_nbx(A.ep, local, 64, pool_at + 8192, rkey, &prm);
+            if (UCS_PTR_IS_PTR(sp)) {
+                progress_for(50, req_done, sp);
+                if (ucp_request_check_status(sp) == UCS_INPROGRESS)
+                    ucp_request_cancel(A.worker, sp);
+                progress_for(100, req_done, sp);
+                ucp_request_free(sp);
+            }
+        }
+        progress_for(500, NULL, NULL);
+        char *log = dt_read_file(d->log);
+        int warned = 0;
+        for (const char *at = log; at && (at = strstr(at, "no handler installed")); at++)
+            warned++;
+        printf("UCX's warnings of dropped messages in the log: %d\n", warned);
+        DT_CHECK(warned < 10, "%d UCX warnings of dropped messages in the log", warned);
+        free(log);
+        ucp_rkey_destroy(rkey);
+    }
+    ep_close();
+    if (packed)
+        ucp_rkey_buffer_release(packed);
+    if (memh)
+        ucp_mem_unmap(A.ctx, memh);
+    kvd_client_close(c);
+    DT_CHECK(kill(child, 0) == 0 && ucx_child(d->pid) == child,
+             "the UCX server (pid %d) did not survive the attempt", (int)child);
+    DT_CHECK(dt_health_fresh(d->socket, NULL) == KVD_HEALTH_READY,
+             "the daemon is not ready after the attempt");
+}
+
+/* One request that must be refused: answered with an error, nothing back,
+ * the pool unchanged. */
+static void expect_refused(const char *what, unsigned id, const void *hdr, size_t hdr_len,
+                           const void *data, size_t len, const uint8_t *pool,
+                           const uint8_t *before)
+{
+    bool got = am_call(id, hdr, hdr_len, data, len);
+    printf("%s: %s (status %d, %zu bytes back)\n", what, got ? "answered" : "no answer",
+           A.status, A.data_len);
+    DT_CHECK(!got || A.status != KVD_OK, "%s: served", what);
+    DT_CHECK(A.data_len == 0, "%s: %zu bytes came back", what, A.data_len);
+    DT_CHECK(memcmp(pool, before, DT_POOL_BYTES) == 0, "%s: pool bytes changed", what);
+}
+
+/* (b) */
+static void case_messages(const kvd_test_daemon_t *d, const char *tcp_addr,
+                          const uint8_t *pool)
+{
+    uint8_t *before = malloc(DT_POOL_BYTES);
+    static uint8_t payload[4096];
+    memset(payload, 0xab, sizeof(payload));
+    kvd_client_t *live = NULL, *doomed = NULL, *ro = NULL;
+    grant_t gl, gd, gr;
+    if (!DT_CHECK(before != NULL &&
+                      kvd_client_connect_tcp(tcp_addr, WAIT_MS, &live) == KVD_OK &&
+                      hello_ucx(live, false, &gl) == KVD_OK &&
+                      kvd_client_connect_tcp(tcp_addr, WAIT_MS, &doomed) == KVD_OK &&
+                      hello_ucx(doomed, false, &gd) == KVD_OK &&
+                      kvd_client_connect_unix(d->socket, WAIT_MS, &ro) == KVD_OK &&
+                      hello_ucx(ro, true, &gr) == KVD_OK,
+                  "three Hellos with want_ucx"))
+        goto out;
+    if (!DT_CHECK(ep_open(gl.addr) == 0, "an endpoint to the UCX server"))
+        goto out;
+    memcpy(before, pool, DT_POOL_BYTES);
+
+    /* no capability: the header of before, which had none */
+    v1_req_t v1 = {.magic = MAGIC_V1, .n = 1, .id = 1, .offset = 8192, .length = 4096};
+    expect_refused("PUT without a capability", AM_PUT, &v1, sizeof(v1), payload, 4096,
+                   pool, before);
+    v1.offset = 0;
+    v1.length = 64;
+    expect_refused("GET without a capability", AM_GET, &v1, sizeof(v1), NULL, 0, pool,
+                   before);
+    /* a wrong one */
+    uint8_t wrong[CAP_BYTES];
+    getrandom(wrong, sizeof(wrong), 0);
+    v2_req_t r = v2(wrong, 8192, 4096);
+    expect_refused("PUT with a wrong capability", AM_PUT, &r, sizeof(r), payload, 4096,
+                   pool, before);
+    r = v2(wrong, 0, 64);
+    expect_refused("GET with a wrong capability", AM_GET, &r, sizeof(r), NULL, 0, pool,
+                   before);
+    /* the live one: served (the format is right) */
+    r = v2(gd.cap, 0, 64);
+    DT_CHECK(am_call(AM_GET, &r, sizeof(r), NULL, 0) && A.status == KVD_OK &&
+                 A.data_len == 64 && memcmp(A.data, pool, 64) == 0,
+             "GET with a live capability: answered %d, status %d, %zu bytes", A.answered,
+             A.status, A.data_len);
+    /* revoked: its connection closes; the daemon revokes it on its way
+     * out, which this waits for (bounded) */
+    kvd_client_close(doomed);
+    doomed = NULL;
+    bool refused = false;
+    for (int i = 0; i < 50 && !refused; i++) {
+        r = v2(gd.cap, 0, 64);
+        refused = am_call(AM_GET, &r, sizeof(r), NULL, 0) && A.status != KVD_OK;
+        if (!refused)
+            kvd_sleep_ns(100 * 1000000ull);
+    }
+    DT_CHECK(refused, "a capability still served after its connection closed");
+    r = v2(gd.cap, 8192, 4096);
+    expect_refused("PUT with a revoked capability", AM_PUT, &r, sizeof(r), payload, 4096,
+                   pool, before);
+    /* read-only: reads served, writes refused */
+    r = v2(gr.cap, 0, 64);
+    DT_CHECK(am_call(AM_GET, &r, sizeof(r), NULL, 0) && A.status == KVD_OK &&
+                 A.data_len == 64,
+             "GET with a read-only grant: status %d, %zu bytes", A.status, A.data_len);
+    r = v2(gr.cap, 8192, 4096);
+    expect_refused("PUT with a read-only grant", AM_PUT, &r, sizeof(r), payload, 4096,
+                   pool, before);
+    /* out of range, with a live read-write grant */
+    r = v2(gl.cap, DT_POOL_BYTES - 10, 20);
+    expect_refused("GET across the pool's end", AM_GET, &r, sizeof(r), NULL, 0, pool,
+                   before);
+    r = v2(gl.cap, DT_POOL_BYTES, 4096);
+    expect_refused("PUT past the pool's end", AM_PUT, &r, sizeof(r), payload, 4096, pool,
+                   before);
+    r = v2(gl.cap, UINT64_MAX - 100, 4096);
+    expect_refused("PUT at a wrapping offset", AM_PUT, &r, sizeof(r), payload, 4096, pool,
+                   before);
+    /* and the live grant writes */
+    r = v2(gl.cap, 8192, 4096);
+    DT_CHECK(am_call(AM_PUT, &r, sizeof(r), payload, 4096) && A.status == KVD_OK,
+             "PUT with a live grant: status %d", A.status);
+    DT_CHECK(memcmp(pool + 8192, payload, 4096) == 0,
+             "PUT with a live grant: the bytes are not in the pool");
+    DT_CHECK(!A.ep_failed, "the UCX server's endpoint failed");
+    DT_CHECK(kvd_test_file_contains(d->log, "refused a UCX request"),
+             "the daemon's log does not mention the refusals");
+out:
+    ep_close();
+    kvd_client_close(live);
+    kvd_client_close(doomed);
+    kvd_client_close(ro);
+    free(before);
+}
+
+/* (c) */
+static void case_transport(const char *tcp_addr, const uint8_t *pool)
+{
+    kvd_client_t *c = NULL;
+    grant_t g;
+    if (!DT_CHECK(kvd_client_connect_tcp(tcp_addr, WAIT_MS, &c) == KVD_OK &&
+                      hello_ucx(c, false, &g) == KVD_OK,
+                  "Hello with want_ucx"))
+        goto out;
+    kvd_transport_t *t = NULL;
+    static uint8_t buf[2][65536];
+    for (size_t i = 0; i < sizeof(buf[0]); i++)
+        buf[0][i] = (uint8_t)(i * 7 + 3);
+    kvd_region_t *r0 = NULL, *r1 = NULL;
+    if (!DT_CHECK(kvd_transport_open_ucx("ucx-trust", &t) == KVD_OK &&
+                      kvd_transport_register(t, buf[0], sizeof(buf[0]),
+                                             kvd_memkind_host(), &r0) == KVD_OK &&
+                      kvd_transport_register(t, buf[1], sizeof(buf[1]),
+                                             kvd_memkind_host(), &r1) == KVD_OK,
+                  "a ucx transport"))
+        goto out_t;
+    kvd_peer_t p = {.length = DT_POOL_BYTES, .connect_timeout_ms = WAIT_MS};
+    p.ucx.address = g.addr;
+    p.ucx.address_len = g.addr_len;
+    p.ucx.mode = KVD_UCX_MODE_RMA;
+    DT_CHECK(kvd_transport_connect(t, &p) == KVD_ERR_INVALID,
+             "RMA without an rkey is refused at connect");
+    p.ucx.mode = KVD_UCX_MODE_AM;
+    p.ucx.cap = g.cap;
+    p.ucx.cap_len = g.cap_len;
+    int rc = kvd_transport_connect(t, &p);
+    if (!DT_CHECK(rc == KVD_OK, "connect in the message mode: %s", kvd_status_str(rc)))
+        goto out_t;
+    kvd_xfer_t w = {.local = r0, .remote_offset = 1 << 20, .length = sizeof(buf[0])};
+    kvd_xfer_t rd = {.local = r1, .remote_offset = 1 << 20, .length = sizeof(buf[1])};
+    rc = kvd_transport_post(t, KVD_XFER_WRITE, &w, 1, 1);
+    if (rc == KVD_OK)
+        rc = kvd_transport_wait(t, 1, WAIT_MS, NULL, NULL, 0);
+    DT_CHECK(rc == KVD_OK, "a WRITE over ucx-tcp: %s", kvd_status_str(rc));
+    DT_CHECK(memcmp(pool + (1 << 20), buf[0], sizeof(buf[0])) == 0,
+             "the WRITE's bytes are not in the pool");
+    rc = kvd_transport_post(t, KVD_XFER_READ, &rd, 1, 2);
+    if (rc == KVD_OK)
+        rc = kvd_transport_wait(t, 2, WAIT_MS, NULL, NULL, 0);
+    DT_CHECK(rc == KVD_OK && memcmp(buf[1], buf[0], sizeof(buf[0])) == 0,
+             "a READ over ucx-tcp: %s, bytes %s", kvd_status_str(rc),
+             memcmp(buf[1], buf[0], sizeof(buf[0])) == 0 ? "equal" : "differ");
+out_t:
+    kvd_transport_destroy(t);
+out:
+    kvd_client_close(c);
+}
+
+/* A UCX server that dies takes its grants along: the next one refuses the
+ * old capability, and a new Hello on the same connection (what a linker
+ * does when its endpoint fails) gets one it serves. */
+static void case_restart(const kvd_test_daemon_t *d, const char *tcp_addr, pid_t child)
+{
+    kvd_client_t *c = NULL;
+    grant_t g1, g2;
+    if (!DT_CHECK(kvd_client_connect_tcp(tcp_addr, WAIT_MS, &c) == KVD_OK &&
+                      hello_ucx(c, false, &g1) == KVD_OK,
+                  "Hello with want_ucx"))
+        goto out;
+    kill(child, SIGKILL);
+    int rc = KVD_ERR_BUSY;
+    pid_t next = -1;
+    for (int i = 0; i < 100 && (rc != KVD_OK || next <= 0 || next == child); i++) {
+        kvd_sleep_ns(100 * 1000000ull);
+        next = ucx_child(d->pid);
+        rc = next > 0 && next != child ? hello_ucx(c, false, &g2) : KVD_ERR_BUSY;
+    }
+    if (!DT_CHECK(rc == KVD_OK, "Hello again after the UCX server's restart: %s",
+                  kvd_status_str(rc)))
+        goto out;
+    DT_CHECK(memcmp(g1.cap, g2.cap, CAP_BYTES) != 0, "the same capability again");
+    if (!DT_CHECK(ep_open(g2.addr) == 0, "an endpoint to the new UCX server"))
+        goto out;
+    v2_req_t r = v2(g1.cap, 0, 64);
+    bool got = am_call(AM_GET, &r, sizeof(r), NULL, 0);
+    DT_CHECK(got && A.status != KVD_OK && A.data_len == 0,
+             "the new UCX server serves the old capability (answered %d, status %d)", got,
+             A.status);
+    r = v2(g2.cap, 0, 64);
+    DT_CHECK(am_call(AM_GET, &r, sizeof(r), NULL, 0) && A.status == KVD_OK &&
+                 A.data_len == 64,
+             "the new capability is not served: status %d", A.status);
+out:
+    ep_close();
+    kvd_client_close(c);
+}
+
+/* (d), for a daemon started with `extra`. */
+static void case_listen(const kvd_test_daemon_t *d, const char *how)
+{
+    pid_t child = ucx_child(d->pid);
+    int n = child > 0 ? check_listeners_loopback(child) : -1;
+    printf("%s: the UCX server (pid %d) listens on %d TCP sockets\n", how, (int)child, n);
+    DT_CHECK(n > 0, "%s: no TCP listener of the UCX server found", how);
+    DT_CHECK(kvd_test_file_contains(d->log, "UCX server serves on tcp/lo"),
+             "%s: the log does not say the UCX server serves tcp/lo", how);
+    char *log = dt_read_file(d->log);
+    const char *line = log ? strstr(log, "UCX server serves on") : NULL;
+    if (line != NULL) {
+        const char *eol = strchr(line, '\n');
+        size_t len = eol ? (size_t)(eol - line) : strlen(line);
+        char copy[1024];
+        kvd_strlcpy(copy, line, KVD_MIN(len + 1, sizeof(copy)));
+        /* every tcp device it names is lo */
+        for (const char *t = strstr(copy, "tcp/"); t; t = strstr(t + 4, "tcp/"))
+            DT_CHECK(strncmp(t, "tcp/lo", 6) == 0 && !(t[6] >= 'a' && t[6] <= 'z'),
+                     "%s: the UCX server serves %.20s", how, t);
+    }
+    free(log);
+}
+
+int main(void)
+{
+    setenv("UCX_TLS", "tcp", 0);
+    char port[16], listen[32];
+    snprintf(port, sizeof(port), "%d", dt_free_port());
+    snprintf(listen, sizeof(listen), "127.0.0.1:%s", port);
+    kvd_test_daemon_t d = {0};
+    /* UCX over TCP is served only when asked for (test_ucx_tcp_optin.c) */
+    /* a client that has passed the RPC's authentication (here: none asked,
+     * --insecure-no-auth) still reaches nothing beyond its UCX grant */
+    if (dt_start(&d, (const char *[]){"--listen", listen, "--ucx-tcp",
+                                      "--insecure-no-auth", NULL}) != 0)
+        return dt_exit_status(TEST_NAME);
+    if (!kvd_test_file_contains(d.log, "UCX server pid")) {
+        printf("SKIP: UCX cannot start here (UCX_TLS=%s): see the daemon's log\n",
+               getenv("UCX_TLS"));
+        dt_stop(&d, SIGTERM, 10000);
+        return KVD_TEST_SKIP;
+    }
+    if (attacker_init() != 0) {
+        printf("SKIP: this process's UCX cannot start (UCX_TLS=%s)\n", getenv("UCX_TLS"));
+        dt_stop(&d, SIGTERM, 10000);
+        return KVD_TEST_SKIP;
+    }
+    pid_t child = ucx_child(d.pid);
+    kvd_client_t *pool_conn = NULL;
+    const uint8_t *pool = map_pool(d.socket, &pool_conn);
+    if (DT_CHECK(child > 0 && pool != NULL, "the UCX server's pid %d, the pool mapped %s",
+                 (int)child, pool ? "yes" : "no")) {
+        case_listen(&d, "--listen 127.0.0.1");
+        case_rma(&d, listen, child, pool);
+        case_messages(&d, listen, pool);
+        case_transport(listen, pool);
+        DT_CHECK(ucx_child(d.pid) == child, "the UCX server was restarted");
+        case_restart(&d, listen, child);
+    }
+    if (pool != NULL)
+        munmap((void *)pool, DT_POOL_BYTES);
+    kvd_client_close(pool_conn);
+    dt_stop(&d, SIGTERM, 10000);
+
+    /* without --listen: loopback only as well */
+    kvd_test_daemon_t d2 = {0};
+    if (dt_start(&d2, (const char *[]){"--ucx-tcp", NULL}) == 0) {
+        case_listen(&d2, "no --listen");
+        dt_stop(&d2, SIGTERM, 10000);
+    }
+    ucp_worker_destroy(A.worker);
+    ucp_cleanup(A.ctx);
+    return dt_exit_status(TEST_NAME);
+}
