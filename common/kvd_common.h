@@ -10,6 +10,7 @@
 #ifndef KVD_COMMON_H
 #define KVD_COMMON_H
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -26,6 +27,9 @@
 
 /* A short, static description of a status ("no space", ...). */
 const char *kvd_status_str(int status);
+/* Whether status is one of kvd_status_t's values (a peer's error code may
+ * be anything). */
+bool kvd_status_known(int status);
 
 /* Converts a positive errno value into a kvd_status_t. The caller logs
  * strerror(err) first: the status alone loses the system's reason. EAGAIN
@@ -78,6 +82,15 @@ uint64_t kvd_wall_ms(void);
 
 /* Sleeps for `ns` nanoseconds, resuming after signals. */
 void kvd_sleep_ns(uint64_t ns);
+
+/*
+ * Locks m, waiting until the kvd_now_ns() deadline at most: true when it
+ * was taken. pthread_mutex_clocklock on CLOCK_MONOTONIC, except under
+ * ThreadSanitizer, whose runtime (gcc 12's) does not intercept clocklock
+ * and so reports every unlock of a mutex taken that way: there,
+ * pthread_mutex_timedlock with the deadline moved to CLOCK_REALTIME.
+ */
+bool kvd_mutex_lock_until(pthread_mutex_t *m, uint64_t deadline_ns);
 
 /* ------------------------------------------------------------- processes */
 

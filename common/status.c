@@ -8,6 +8,7 @@
 #include "kvd_common.h"
 
 #include <errno.h>
+#include <string.h>
 
 const char *kvd_status_str(int status)
 {
@@ -35,6 +36,11 @@ const char *kvd_status_str(int status)
     case KVD_ERR_QUOTA: return "over quota";
     }
     return "unknown status";
+}
+
+bool kvd_status_known(int status)
+{
+    return strcmp(kvd_status_str(status), "unknown status") != 0;
 }
 
 kvd_status_t kvd_status_from_errno(int err)

@@ -18,6 +18,23 @@
 #include <sys/wait.h>
 #include <time.h>
 
+bool kvd_mutex_lock_until(pthread_mutex_t *m, uint64_t deadline_ns)
+{
+#if defined(__SANITIZE_THREAD__)
+    uint64_t now = kvd_now_ns(), left = deadline_ns > now ? deadline_ns - now : 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t at = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec + left;
+    ts.tv_sec = (time_t)(at / 1000000000ull);
+    ts.tv_nsec = (long)(at % 1000000000ull);
+    return pthread_mutex_timedlock(m, &ts) == 0;
+#else
+    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
+                          .tv_nsec = (long)(deadline_ns % 1000000000ull)};
+    return pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &ts) == 0;
+#endif
+}
+
 uint64_t kvd_now_ns(void)
 {
     struct timespec ts;

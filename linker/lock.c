@@ -56,9 +56,7 @@ void lk_lock(lk_mutex_t *m)
 bool lk_lock_until(lk_mutex_t *m, uint64_t deadline_ns)
 {
     note_lock(m); /* the order is asserted before waiting, as for lk_lock */
-    struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000ull),
-                          .tv_nsec = (long)(deadline_ns % 1000000000ull)};
-    if (pthread_mutex_clocklock(&m->m, CLOCK_MONOTONIC, &ts) == 0)
+    if (kvd_mutex_lock_until(&m->m, deadline_ns))
         return true;
     note_unlock(m);
     return false;

@@ -476,8 +476,7 @@ int kvd_client_call_many_until(kvd_client_t *c, kvd_msg_t *reqs, kvd_msg_t *reps
     /* the frames of the call before may be stuck in a full socket (a
      * daemon that stopped reading) until that call's deadline, which may
      * be later than this one's */
-    struct timespec until = monotonic_ts(deadline);
-    if (pthread_mutex_clocklock(&c->send_mu, CLOCK_MONOTONIC, &until) != 0)
+    if (!kvd_mutex_lock_until(&c->send_mu, deadline))
         return KVD_ERR_TIMEOUT;
     /* what is left of a request abandoned mid-write goes out first */
     kvd_buf_consume(&c->out, c->out_sent);

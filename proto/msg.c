@@ -1490,7 +1490,10 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
         if (env->reply && env->error != NULL && env->error->code < 0 &&
             (unsigned)env->method == KVD_METHOD_NONE) {
             out->method = KVD_METHOD_NONE;
-            out->status = env->error->code;
+            /* a code this side does not know (a newer or a broken peer)
+             * reaches callers as a protocol error, never as a stray int */
+            out->status =
+                kvd_status_known(env->error->code) ? env->error->code : KVD_ERR_PROTOCOL;
             out->error_index = env->error->index;
             kvd_utf8_copy(out->error, env->error->message ? env->error->message : "",
                           sizeof(out->error));
@@ -1508,7 +1511,8 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
             rc = KVD_ERR_PROTOCOL;
             goto free_env;
         }
-        out->status = env->error->code;
+        out->status =
+            kvd_status_known(env->error->code) ? env->error->code : KVD_ERR_PROTOCOL;
         out->error_index = env->error->index;
         /* error texts are for people: truncate (between characters) rather
          * than refuse, also one that is not UTF-8 */

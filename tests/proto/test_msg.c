@@ -240,6 +240,22 @@ static void test_error_reply_round_trip(void **state)
     assert_string_equal(out.error, "shutting down");
 }
 
+/* Found by fuzz/fuzz_linker.c in CI: a daemon's error code that is no
+ * kvd_status_t (-47) went through the linker to the engine as a stray int.
+ * Decoded, it is a protocol error; the text stays. */
+static void test_unknown_error_code_is_protocol_error(void **state)
+{
+    (void)state;
+    kvd_msg_t m, out;
+    kvd_msg_error(&m, 44, KVD_METHOD_REGISTER_NAMESPACE, -47, "from a stranger");
+    round_trip(&m, &out);
+    assert_header(&out, 44, KVD_METHOD_REGISTER_NAMESPACE, true, KVD_ERR_PROTOCOL);
+    assert_string_equal(out.error, "from a stranger");
+    kvd_msg_error(&m, 45, KVD_METHOD_NONE, -1000, "unattributed");
+    round_trip(&m, &out);
+    assert_int_equal(out.status, KVD_ERR_PROTOCOL);
+}
+
 /* ---------------------------------------------------- refused input */
 
 static void test_garbage_is_protocol_error(void **state)
@@ -544,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_health_request_and_reply_round_trip),
         cmocka_unit_test(test_stats_request_and_reply_round_trip),
         cmocka_unit_test(test_error_reply_round_trip),
+        cmocka_unit_test(test_unknown_error_code_is_protocol_error),
         cmocka_unit_test(test_garbage_is_protocol_error),
         cmocka_unit_test(test_truncated_payload_is_protocol_error),
         cmocka_unit_test(test_unknown_method_keeps_id),
