@@ -1,8 +1,8 @@
 /*
  * Description: timeout_ms bounds every call and every wait when the daemon
  * hangs. A linker with timeout_ms = 1000 stores a page, pins and commits a
- * load of it, queues 8 one-page offloads, and then its daemon is stopped
- * (SIGSTOP) and stays stopped until every check below is done:
+ * load of it; then its daemon is stopped (SIGSTOP), 8 one-page offloads are
+ * queued, and the daemon stays stopped until every check below is done:
  *  - two engine threads call kvd_lookup in a loop (one of them with chains
  *    of 4,000 pages, which fill the socket), and the main thread
  *    kvd_linker_health, kvd_load and kvd_register_pool: every call returns,
@@ -227,7 +227,15 @@ static void run(kvd_test_daemon_t *d)
     DT_CHECK(kvd_load(l, 11, &t, 1) == 0 && kvd_load_prepare(l, 11) == 0 &&
                  kvd_load_commit(l, 11, &cp, 1) == 0,
              "load 11 pinned and committed");
-    /* 8 one-page offloads queued */
+    /* the daemon hangs */
+    wd_pid = d->pid;
+    pthread_t wd;
+    pthread_create(&wd, NULL, watchdog, NULL);
+    kill(d->pid, SIGSTOP);
+    double stop_at = now_ms();
+
+    /* 8 one-page offloads queued: after the stop, so that none can finish
+     * before it on a slow machine (under TSan, 4 of 8 did) */
     uint64_t acks[N_OFFLOADS];
     for (int i = 0; i < N_OFFLOADS; i++) {
         uint8_t k[1][KVD_PAGE_KEY_BYTES];
@@ -235,13 +243,6 @@ static void run(kvd_test_daemon_t *d)
         kvd_transfer_t o = page(pool, k, rows0);
         DT_CHECK(kvd_offload(l, &o, 1, &acks[i]) == 0, "offload %d queued", i);
     }
-
-    /* the daemon hangs */
-    wd_pid = d->pid;
-    pthread_t wd;
-    pthread_create(&wd, NULL, watchdog, NULL);
-    kill(d->pid, SIGSTOP);
-    double stop_at = now_ms();
 
     /* engine 1's lookups (4,000 keys, 128 KiB each) fill the socket the
      * daemon no longer reads: a call then waits behind another's frames */
