@@ -946,7 +946,9 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
         return KVD_RESERVE_NO_SPACE;
     uint16_t tag = R(s, i)->ns; /* whose bytes the extent held */
     bool dirty = tag != SCRUB_CLEAN && tag != t + 1;
-    uint64_t size = s->ns[ns].info.object_bytes;
+    /* the whole extent: its pages past object_bytes held the other
+     * tenant's bytes too, and a later object of more bytes will use them */
+    uint64_t size = page_bytes_of(s, pages);
     if (dirty && *scrubbed > 0 && *scrubbed + size > scrub_budget(s)) {
         /* the loop has zeroed enough for one call: later */
         extent_free(s, i, tag);
@@ -975,9 +977,9 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
         /* another tenant's bytes: a Publish of what was never written must
          * not show them */
         if (s->scrub != NULL)
-            s->scrub(s->scrub_arg, loc->offset, loc->size);
-        s->st.scrubbed_bytes += loc->size;
-        *scrubbed += loc->size;
+            s->scrub(s->scrub_arg, loc->offset, size);
+        s->st.scrubbed_bytes += size;
+        *scrubbed += size;
     }
     return KVD_RESERVE_ALLOCATED;
 }

@@ -408,6 +408,39 @@ static void test_scrub(void **state)
     kvd_store_destroy(s);
 }
 
+/* The scrub covers the whole extent, not only the new object's bytes: the
+ * pages' tail past object_bytes held the other tenant's bytes too, and the
+ * extent is tagged the new tenant's once freed (found in review: a later
+ * object of more bytes would have shown them). */
+static void test_scrub_whole_extent(void **state)
+{
+    (void)state;
+    kvd_store_config_t cfg;
+    kvd_store_config_default(&cfg, 2 * PAGE);
+    cfg.evict_high = cfg.evict_low = 1.0;
+    kvd_store_t *s = NULL;
+    assert_int_equal(kvd_store_create(&cfg, &s), KVD_OK);
+    scrubs_t sc = {0};
+    kvd_store_set_scrub(s, on_scrub, &sc);
+    kvd_tenant_limits_t none = {0};
+    uint32_t a = tenant(s, "alpha", none), b = tenant(s, "beta", none);
+    uint32_t na, nb;
+    assert_int_equal(kvd_store_ns_register(s, a, OWN_A, "m/kv", 2 * PAGE, false, &na),
+                     KVD_OK);
+    /* B's objects take two pages but fill only one and 100 bytes of them */
+    assert_int_equal(kvd_store_ns_register(s, b, OWN_B, "m/kv", PAGE + 100, false, &nb),
+                     KVD_OK);
+    uint8_t res[1];
+    assert_int_equal(put_chain(s, OWN_A, na, 1, 1, res), 1);
+    assert_int_equal(put_chain(s, OWN_B, nb, 2, 1, res), 1); /* evicts A's key 1 */
+    assert_int_equal(sc.n, 1);
+    assert_int_equal(sc.offset[0], 0);
+    assert_int_equal(sc.bytes[0], 2 * PAGE);
+    assert_int_equal(stats(s).scrubbed_bytes, 2 * PAGE);
+    check_ok(s);
+    kvd_store_destroy(s);
+}
+
 /* One Reserve zeroes its first crossing extent and then at most the
  * budget: the daemon's loop is never held for a whole batch of them. */
 static void test_scrub_budget(void **state)
@@ -482,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_namespace_removal),
         cmocka_unit_test(test_id_reuse),
         cmocka_unit_test(test_scrub),
+        cmocka_unit_test(test_scrub_whole_extent),
         cmocka_unit_test(test_scrub_budget),
         cmocka_unit_test(test_quarantine_charged),
     };
