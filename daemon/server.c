@@ -53,6 +53,11 @@
 /* Time one connection's pipelined frames may hold the loop in one turn. */
 #define CONN_TURN_NS (2u * 1000u * 1000u)
 #define TICK_MS      100
+/* The largest frame of a connection that has not said Hello: a Hello of
+ * --max-batch namespaces with long names fits (about 0.4 MiB at 4,096),
+ * while unauthenticated connections cannot hold --max-frame of buffers
+ * each against --max-conn-buffer, and so get others closed. */
+#define HELLO_FRAME_MAX (1u * 1024u * 1024u)
 
 typedef enum src_kind {
     SRC_UNIX_LISTEN,
@@ -551,6 +556,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         return;
     c->ctx = ctx;
     c->authed = true;
+    c->in.max_frame = s->opts.max_frame_bytes;
     const char *tenant = kvd_store_tenant_name(s->store, ctx.tenant);
     char name[KVD_ESCAPED_MAX(KVD_NAME_MAX)];
     KVD_INFO("server",
@@ -1011,7 +1017,10 @@ static void accept_all(kvd_server_t *s, src_t *listener)
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         }
-        kvd_framer_init(&c->in, s->opts.max_frame_bytes, KVD_MEM_CONN);
+        /* before Hello, only what a Hello can take: --max-frame of input
+         * is for authenticated clients (see HELLO_FRAME_MAX) */
+        kvd_framer_init(&c->in, KVD_MIN(s->opts.max_frame_bytes, HELLO_FRAME_MAX),
+                        KVD_MEM_CONN);
         kvd_buf_init(&c->out, KVD_MEM_CONN);
         c->events = EPOLLIN;
         c->fd_at = SIZE_MAX;

@@ -140,6 +140,15 @@ static int run(const kvd_test_daemon_t *d, kvd_client_t *steady)
             &(expect_t){"a: oversize header", 0, KVD_METHOD_NONE, KVD_ERR_TOO_LARGE});
     violations++;
 
+    /* (a2) 2 MiB before Hello: within --max-frame (4 MiB), over what an
+     * unauthenticated connection may send (a Hello needs far less), so that
+     * strangers cannot hold the connections' buffers */
+    static const uint8_t big_before_hello[] = {0x00, 0x00, 0x20, 0x00};
+    violate(d, steady, big_before_hello, sizeof(big_before_hello),
+            &(expect_t){"a2: 2 MiB frame before Hello", 0, KVD_METHOD_NONE,
+                        KVD_ERR_TOO_LARGE});
+    violations++;
+
     /* (b) zero-length frame */
     static const uint8_t zero[] = {0, 0, 0, 0};
     violate(d, steady, zero, sizeof(zero),
