@@ -524,6 +524,13 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     kvd_rpc_ctx_t ctx;
     if (!hello_auth(s, c, req, rep, &ctx))
         return;
+    /* a later Hello that narrows to read-only takes back a writable UCX
+     * grant at once, also when it does not ask for UCX again (a pool fd
+     * already sent cannot be taken back: doc/TRUST.md) */
+    if (ctx.read_only && !c->ctx.read_only && c->ucx_granted && !h->want_ucx) {
+        kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
+        c->ucx_granted = false;
+    }
     if (h->want_ucx && !kvd_ucxd_up(s->ucxd)) {
         const char *refused =
             s->ucx_refused[0] ? s->ucx_refused : kvd_ucxd_refused(s->ucxd);

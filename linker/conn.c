@@ -482,6 +482,10 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
     memset(reps, 0, n * sizeof(*reps));
     if (on_epoch != 0 && epoch_gone(l, on_epoch))
         return KVD_ERR_CLOSED;
+    /* a deadline the caller spent on local work says nothing of the
+     * daemon: no round trip, and the daemon is not taken for hung */
+    if (kvd_now_ns() >= deadline)
+        return KVD_ERR_TIMEOUT;
     int rc;
     lsession_t *s = session_for_call(l, on_epoch, deadline, &rc);
     if (s == NULL)

@@ -512,10 +512,11 @@ KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, s
     lk_unlock(&l->lock);
     if (rc != KVD_OK)
         return rc;
-    size_t limit = lk_batch_limit(l, KVD_KEY_BYTES);
-    if (n_min > limit)
-        rc = lookup_split(l, t, n, n_min, limit, trailing, deadline, boundaries,
-                          n_boundaries);
+    /* one request carries n_min keys of each of the n pools: its frame
+     * holds all of them (split, each piece asks one pool) */
+    if (n_min > lk_batch_limit(l, n * KVD_KEY_BYTES))
+        rc = lookup_split(l, t, n, n_min, lk_batch_limit(l, KVD_KEY_BYTES), trailing,
+                          deadline, boundaries, n_boundaries);
     else {
         for (size_t i = 0; i < n; i++) {
             ti[i] = (uint32_t)i;
