@@ -11,8 +11,11 @@
  *    stored), the same against both daemons;
  *  - a load of 1,000 pages succeeds and its bytes are the stored ones;
  *  - once the linker is closed no pin and no reservation stays.
- * The linker learns the limit at Hello and splits what it sends; nothing
- * valid is refused for its size.
+ * A third daemon runs with --max-frame 48K, under two pools' 1,000 keys
+ * (64,000 bytes) in one Lookup: the same results (a Lookup that counted
+ * one pool's keys against the frame was sent whole, and the daemon closed
+ * the connection). The linker learns the limits at Hello and splits what
+ * it sends; nothing valid is refused for its size.
  */
 #include "dtest.h"
 #include "harness.h"
@@ -236,8 +239,8 @@ int main(void)
     }
     chain(1, chain_x);
     chain(1000000, chain_y);
-    static results_t small, large;
-    kvd_test_daemon_t a = {0}, b = {0};
+    static results_t small, large, framed;
+    kvd_test_daemon_t a = {0}, b = {0}, c = {0};
     const char *small_args[] = {"--max-batch", "64", NULL};
     if (dt_start(&a, small_args) == 0) {
         run(a.socket, "--max-batch 64", &small);
@@ -247,9 +250,18 @@ int main(void)
         run(b.socket, "--max-batch 4096", &large);
         dt_stop(&b, SIGTERM, 10000);
     }
-    for (int i = 0; i < 3; i++)
+    const char *frame_args[] = {"--max-frame", "48K", NULL};
+    if (dt_start(&c, frame_args) == 0) {
+        run(c.socket, "--max-frame 48K", &framed);
+        dt_stop(&c, SIGTERM, 10000);
+    }
+    for (int i = 0; i < 3; i++) {
         DT_CHECK(small.f[i].rc == large.f[i].rc &&
                      same(small.f[i].b, small.f[i].n, large.f[i].b, large.f[i].n),
                  "lookup %d differs between the daemons", i);
+        DT_CHECK(framed.f[i].rc == large.f[i].rc &&
+                     same(framed.f[i].b, framed.f[i].n, large.f[i].b, large.f[i].n),
+                 "lookup %d differs under --max-frame 48K", i);
+    }
     return dt_exit_status("linker/batch");
 }
