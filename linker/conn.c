@@ -79,6 +79,7 @@ static int peer_of_fd(int fd, uint64_t bytes, bool read_only, lpeer_t **out)
         return rc;
     }
     p->map = map;
+    p->read_only = read_only;
     p->desc = (kvd_peer_t){.length = bytes, .mapping = map};
     atomic_init(&p->refs, 1);
     *out = p;
@@ -200,7 +201,9 @@ static void *populate_main(void *arg)
                 break; /* replaced: start over on the new one */
             madvise((uint8_t *)p->map + off,
                     KVD_MIN(POPULATE_CHUNK, p->desc.length - off),
-                    l->cfg.read_only ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
+                    /* as mapped: a read-only descriptor may come without
+                     * cfg.read_only (the credential's), and WRITE fails there */
+                    p->read_only ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
             lk_lock(&l->lock);
             bool stop = l->stop;
             lk_unlock(&l->lock);

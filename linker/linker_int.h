@@ -117,6 +117,7 @@ typedef struct lpeer {
     uint64_t epoch;
     kvd_peer_t desc;
     void *map;          /* shm: the mapping, desc.mapping */
+    bool read_only;     /* shm: mapped PROT_READ (the daemon's descriptor) */
     uint8_t *ucx_bytes; /* ucx: the address and the rkey, copied */
 } lpeer_t;
 
