@@ -5,6 +5,7 @@
 #include "dtest.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -745,4 +746,62 @@ int dt_http_get(int port, const char *path, char *body, size_t body_len, int tim
     }
     free(resp);
     return code;
+}
+
+/* The TCP sockets in LISTEN state that pid holds (by the inodes of its
+ * fds in /proc/PID/net/tcp and tcp6); how many of them are on loopback
+ * into *on_lo. -1 when its fds cannot be read. */
+int dt_tcp_listeners(pid_t pid, int *on_lo)
+{
+    char path[128], link[128];
+    unsigned long inodes[512];
+    size_t n = 0;
+    *on_lo = 0;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (d == NULL)
+        return -1;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < KVD_ARRAY_SIZE(inodes);) {
+        char fp[512];
+        snprintf(fp, sizeof(fp), "%s/%s", path, e->d_name);
+        ssize_t k = readlink(fp, link, sizeof(link) - 1);
+        if (k <= 0)
+            continue;
+        link[k] = '\0';
+        unsigned long ino;
+        if (sscanf(link, "socket:[%lu]", &ino) == 1)
+            inodes[n++] = ino;
+    }
+    closedir(d);
+    int found = 0;
+    for (int v6 = 0; v6 <= 1; v6++) {
+        snprintf(path, sizeof(path), "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
+        FILE *f = fopen(path, "r");
+        if (f == NULL)
+            continue;
+        char line[512];
+        while (fgets(line, sizeof(line), f) != NULL) {
+            char local[64], remote[64];
+            unsigned st;
+            unsigned long ino;
+            if (sscanf(line, " %*d: %63s %63s %x %*s %*s %*s %*s %*s %lu", local, remote,
+                       &st, &ino) != 4 ||
+                st != 0x0A)
+                continue;
+            bool ours = false;
+            for (size_t i = 0; i < n && !ours; i++)
+                ours = inodes[i] == ino;
+            if (!ours)
+                continue;
+            found++;
+            /* 127.x.x.x little-endian ("..7F"), ::1, ::ffff:127.x */
+            bool lo = v6 ? strncmp(local, "00000000000000000000000001000000", 32) == 0 ||
+                               (strncmp(local, "0000000000000000FFFF0000", 24) == 0 &&
+                                strncmp(local + 30, "7F", 2) == 0)
+                         : strncmp(local + 6, "7F", 2) == 0;
+            *on_lo += lo;
+        }
+        fclose(f);
+    }
+    return found;
 }

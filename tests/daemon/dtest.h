@@ -95,6 +95,11 @@ int dt_raw_connect_unix(const char *path);
  * recording a failure. */
 int dt_raw_hello(int fd);
 
+/* The TCP sockets in LISTEN state that pid holds (by the inodes of its
+ * fds in /proc/PID/net/tcp and tcp6); how many of them are on loopback
+ * into *on_lo. -1 when its fds cannot be read. */
+int dt_tcp_listeners(pid_t pid, int *on_lo);
+
 /* Writes all of buf (MSG_NOSIGNAL); 0 or -errno. */
 int dt_send_all(int fd, const void *buf, size_t len);
 

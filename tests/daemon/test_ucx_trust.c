@@ -347,61 +347,14 @@ static uint64_t map_start(pid_t pid, const char *what, const char *perm)
     return at;
 }
 
-/* The TCP sockets pid listens on, as "ADDR:PORT" hex of /proc/net/tcp*,
- * each checked to be loopback; returns how many it found. */
+/* The TCP sockets pid listens on, each checked to be loopback; returns
+ * how many it found (-1 when its fds cannot be read). */
 static int check_listeners_loopback(pid_t pid)
 {
-    char path[128], link[128];
-    unsigned long inodes[256];
-    size_t n = 0;
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    if (d == NULL)
-        return -1;
-    for (struct dirent *e; (e = readdir(d)) != NULL && n < KVD_ARRAY_SIZE(inodes);) {
-        char fp[512];
-        snprintf(fp, sizeof(fp), "%s/%s", path, e->d_name);
-        ssize_t k = readlink(fp, link, sizeof(link) - 1);
-        if (k <= 0)
-            continue;
-        link[k] = '\0';
-        unsigned long ino;
-        if (sscanf(link, "socket:[%lu]", &ino) == 1)
-            inodes[n++] = ino;
-    }
-    closedir(d);
-    int found = 0;
-    for (int v6 = 0; v6 <= 1; v6++) {
-        snprintf(path, sizeof(path), "/proc/%d/net/tcp%s", (int)pid, v6 ? "6" : "");
-        FILE *f = fopen(path, "r");
-        if (f == NULL)
-            continue;
-        char line[512];
-        while (fgets(line, sizeof(line), f) != NULL) {
-            char local[64], remote[64];
-            unsigned st;
-            unsigned long ino;
-            if (sscanf(line, " %*d: %63s %63s %x %*s %*s %*s %*s %*s %lu", local, remote,
-                       &st, &ino) != 4 ||
-                st != 0x0A)
-                continue;
-            bool ours = false;
-            for (size_t i = 0; i < n && !ours; i++)
-                ours = inodes[i] == ino;
-            if (!ours)
-                continue;
-            found++;
-            /* 127.x.x.x is stored little-endian: "xx xx xx 7F"; ::1 and
-             * ::ffff:127.x as the kernel prints them */
-            bool lo = v6 ? strncmp(local, "00000000000000000000000001000000", 32) == 0 ||
-                               (strncmp(local, "0000000000000000FFFF0000", 24) == 0 &&
-                                strncmp(local + 30, "7F", 2) == 0)
-                         : strncmp(local + 6, "7F", 2) == 0;
-            DT_CHECK(lo, "the UCX server (pid %d) listens on %s (%s), not loopback",
-                     (int)pid, local, v6 ? "tcp6" : "tcp");
-        }
-        fclose(f);
-    }
+    int on_lo = 0, found = dt_tcp_listeners(pid, &on_lo);
+    DT_CHECK(found < 0 || on_lo == found,
+             "the UCX server (pid %d) listens on %d TCP sockets, %d of them loopback",
+             (int)pid, found, on_lo);
     return found;
 }
 
