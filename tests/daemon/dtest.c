@@ -805,3 +805,17 @@ int dt_tcp_listeners(pid_t pid, int *on_lo)
     }
     return found;
 }
+
+pid_t dt_child_of(pid_t pid)
+{
+    char path[64], buf[256] = "";
+    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return -1;
+    int child = -1;
+    if (fgets(buf, sizeof(buf), f) == NULL || sscanf(buf, "%d", &child) != 1)
+        child = -1;
+    fclose(f);
+    return child;
+}

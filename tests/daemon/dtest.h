@@ -100,6 +100,9 @@ int dt_raw_hello(int fd);
  * into *on_lo. -1 when its fds cannot be read. */
 int dt_tcp_listeners(pid_t pid, int *on_lo);
 
+/* The first child of pid (a daemon's UCX server), or -1. */
+pid_t dt_child_of(pid_t pid);
+
 /* Writes all of buf (MSG_NOSIGNAL); 0 or -errno. */
 int dt_send_all(int fd, const void *buf, size_t len);
 

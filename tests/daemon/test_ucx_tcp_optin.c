@@ -58,21 +58,6 @@ static int hello_ucx(kvd_client_t *c, char *error, size_t cap, size_t *addr_len,
     return rc;
 }
 
-/* The daemon's child (its UCX server), or -1. */
-static pid_t ucx_child(pid_t daemon)
-{
-    char path[64], buf[256] = "";
-    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)daemon, (int)daemon);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    int pid = -1;
-    if (fgets(buf, sizeof(buf), f) == NULL || sscanf(buf, "%d", &pid) != 1)
-        pid = -1;
-    fclose(f);
-    return pid;
-}
-
 /* Starts a daemon on --listen (plus extra, NULL-terminated, up to 4). */
 static int start(kvd_test_daemon_t *d, const char *listen, const char *extra)
 {
@@ -105,7 +90,7 @@ static bool case_opted_in(const char *listen)
              "capability %zu)",
              kvd_status_str(rc), err, alen, tlen);
     kvd_client_close(c);
-    pid_t child = ucx_child(d.pid);
+    pid_t child = dt_child_of(d.pid);
     int lo = 0, n = child > 0 ? dt_tcp_listeners(child, &lo) : -1;
     printf("with " FLAG ": the UCX server (pid %d) listens on %d TCP sockets (%d on "
            "loopback)\n",
@@ -152,7 +137,7 @@ static void case_default(const char *listen)
     kvd_client_close(c);
     /* nothing of UCX listens: no child, and the daemon's only TCP listener
      * is the RPC's */
-    pid_t child = ucx_child(d.pid);
+    pid_t child = dt_child_of(d.pid);
     int lo = 0;
     DT_CHECK(child <= 0, "without " FLAG ": a UCX server child (pid %d) is still there",
              (int)child);

@@ -311,21 +311,6 @@ static const uint8_t *map_pool(const char *socket, kvd_client_t **keep)
     return m == MAP_FAILED ? NULL : m;
 }
 
-/* The UCX server: the daemon's only child. */
-static pid_t ucx_child(pid_t daemon)
-{
-    char path[64], buf[256] = "";
-    snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int)daemon, (int)daemon);
-    FILE *f = fopen(path, "r");
-    if (f == NULL)
-        return -1;
-    int pid = -1;
-    if (fgets(buf, sizeof(buf), f) == NULL || sscanf(buf, "%d", &pid) != 1)
-        pid = -1;
-    fclose(f);
-    return pid;
-}
-
 /* From /proc/PID/maps: the start of the first mapping whose path contains
  * `what` (and whose permissions start with perm). */
 static uint64_t map_start(pid_t pid, const char *what, const char *perm)
@@ -480,7 +465,7 @@ static void case_rma(const kvd_test_daemon_t *d, const char *tcp_addr, pid_t chi
     if (memh)
         ucp_mem_unmap(A.ctx, memh);
     kvd_client_close(c);
-    DT_CHECK(kill(child, 0) == 0 && ucx_child(d->pid) == child,
+    DT_CHECK(kill(child, 0) == 0 && dt_child_of(d->pid) == child,
              "the UCX server (pid %d) did not survive the attempt", (int)child);
     DT_CHECK(dt_health_fresh(d->socket, NULL) == KVD_HEALTH_READY,
              "the daemon is not ready after the attempt");
@@ -664,7 +649,7 @@ static void case_restart(const kvd_test_daemon_t *d, const char *tcp_addr, pid_t
     pid_t next = -1;
     for (int i = 0; i < 100 && (rc != KVD_OK || next <= 0 || next == child); i++) {
         kvd_sleep_ns(100 * 1000000ull);
-        next = ucx_child(d->pid);
+        next = dt_child_of(d->pid);
         rc = next > 0 && next != child ? hello_ucx(c, false, &g2) : KVD_ERR_BUSY;
     }
     if (!DT_CHECK(rc == KVD_OK, "Hello again after the UCX server's restart: %s",
@@ -690,7 +675,7 @@ out:
 /* (d), for a daemon started with `extra`. */
 static void case_listen(const kvd_test_daemon_t *d, const char *how)
 {
-    pid_t child = ucx_child(d->pid);
+    pid_t child = dt_child_of(d->pid);
     int n = child > 0 ? check_listeners_loopback(child) : -1;
     printf("%s: the UCX server (pid %d) listens on %d TCP sockets\n", how, (int)child, n);
     DT_CHECK(n > 0, "%s: no TCP listener of the UCX server found", how);
@@ -735,7 +720,7 @@ int main(void)
         dt_stop(&d, SIGTERM, 10000);
         return KVD_TEST_SKIP;
     }
-    pid_t child = ucx_child(d.pid);
+    pid_t child = dt_child_of(d.pid);
     kvd_client_t *pool_conn = NULL;
     const uint8_t *pool = map_pool(d.socket, &pool_conn);
     if (DT_CHECK(child > 0 && pool != NULL, "the UCX server's pid %d, the pool mapped %s",
@@ -744,7 +729,7 @@ int main(void)
         case_rma(&d, listen, child, pool);
         case_messages(&d, listen, pool);
         case_transport(listen, pool);
-        DT_CHECK(ucx_child(d.pid) == child, "the UCX server was restarted");
+        DT_CHECK(dt_child_of(d.pid) == child, "the UCX server was restarted");
         case_restart(&d, listen, child);
     }
     if (pool != NULL)

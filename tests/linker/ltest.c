@@ -2,7 +2,10 @@
  * ltest.c - see ltest.h.
  */
 #include "ltest.h"
+#include "dtest.h"
+#include "harness.h"
 
+#include <signal.h>
 #include <time.h>
 
 bool lt_wait_done(kvd_linker_t *l, bool loads, uint64_t id, int timeout_ms)
@@ -56,4 +59,17 @@ int lt_register_kv(kvd_linker_t *l, const char *name, uint8_t *k, uint8_t *v,
                          .layers = &layer,
                          .free_indices = free_indices};
     return kvd_register_pool(l, &d, pool_id);
+}
+
+int lt_main(const char *name, void (*run)(const char *socket))
+{
+    kvd_test_daemon_t d;
+    const char *args[] = {"--pool-size", "64M", "--usage-interval", "0", NULL};
+    if (kvd_test_daemon_start(&d, args, true, 30000) != 0)
+        return 1;
+    run(d.socket);
+    int st = 0;
+    DT_CHECK(kvd_test_daemon_stop(&d, SIGTERM, 10000, &st) == 0,
+             "kvdockd did not exit on SIGTERM");
+    return dt_exit_status(name);
 }

@@ -25,4 +25,9 @@ int lt_register_kv(kvd_linker_t *l, const char *name, uint8_t *k, uint8_t *v,
                    uint32_t bytes_per_row, uint32_t page_size, uint64_t rows,
                    kvd_free_indices_fn free_indices, uint32_t *pool_id);
 
+/* The main of a test that needs one daemon of its own (64 MiB pool): starts
+ * it, runs run(socket), checks it exits on SIGTERM; returns the test's exit
+ * status under `name`. */
+int lt_main(const char *name, void (*run)(const char *socket));
+
 #endif

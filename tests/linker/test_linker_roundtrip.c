@@ -14,6 +14,7 @@
 #include "harness.h"
 #include "kvd_common.h" /* the status codes */
 #include "kvdock.h"
+#include "ltest.h"
 
 #include <pthread.h>
 #include <signal.h>
@@ -301,13 +302,5 @@ static void run(const char *socket)
 
 int main(void)
 {
-    kvd_test_daemon_t d;
-    const char *args[] = {"--pool-size", "64M", "--usage-interval", "0", NULL};
-    if (kvd_test_daemon_start(&d, args, true, 30000) != 0)
-        return 1;
-    run(d.socket);
-    int st = 0;
-    DT_CHECK(kvd_test_daemon_stop(&d, SIGTERM, 10000, &st) == 0,
-             "kvdockd did not exit on SIGTERM");
-    return dt_exit_status("linker/roundtrip");
+    return lt_main("linker/roundtrip", run);
 }
