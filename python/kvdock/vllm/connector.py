@@ -167,6 +167,7 @@ class GroupPlan:
     layer_names: tuple  # () when the config names none: every layer
     spec_repr: str
     mamba_cache_mode: str = ""
+    object_bytes: int = 0  # one stored object (a page of every layer); 0: unknown
 
     @property
     def pool_name(self):
@@ -175,6 +176,32 @@ class GroupPlan:
     @property
     def paged(self):
         return self.kind in ("kv", "swa")
+
+
+def _dtype_size(dtype):
+    try:
+        import torch
+
+        if isinstance(dtype, torch.dtype):
+            return torch.empty(0, dtype=dtype).element_size()
+    except ImportError:
+        pass
+    return np.dtype(dtype).itemsize
+
+
+def spec_page_bytes(spec):
+    """The bytes one block of one layer holds in a spec's cache, padding
+    left out (what the worker registers of it); 0 when the spec says not."""
+    if hasattr(spec, "shapes") and hasattr(spec, "dtypes"):
+        return sum(int(np.prod(shape)) * _dtype_size(dt) for shape, dt in zip(spec.shapes, spec.dtypes))
+    for attr in ("real_page_size_bytes", "page_size_bytes"):
+        try:
+            value = getattr(spec, attr)
+        except Exception:  # a property a partial spec cannot answer
+            continue
+        if value:
+            return int(value)
+    return 0
 
 
 def plan_groups(vllm_config, kv_cache_config):
@@ -194,17 +221,19 @@ def plan_groups(vllm_config, kv_cache_config):
         bs = int(getattr(spec, "block_size", default_bs))
         names = tuple(getattr(group, "layer_names", ()) or ())
         rep = use_mla or "MLA" in name
+        obj = spec_page_bytes(spec) * len(names)
         if hasattr(spec, "shapes") and hasattr(spec, "dtypes") or "Mamba" in name:
             mode = getattr(spec, "mamba_cache_mode", None) or getattr(cache, "mamba_cache_mode", None)
-            plans.append(GroupPlan(i, "mamba", bs, 1, False, names, repr(spec), str(mode or "none")))
+            plans.append(GroupPlan(i, "mamba", bs, 1, False, names, repr(spec), str(mode or "none"),
+                                   obj))
         elif "SlidingWindow" in name:
             window = int(getattr(spec, "sliding_window", 0) or 0)
             trailing = max(1, _cdiv(max(window - 1, 1), bs))
-            plans.append(GroupPlan(i, "swa", bs, trailing, rep, names, repr(spec)))
+            plans.append(GroupPlan(i, "swa", bs, trailing, rep, names, repr(spec), "", obj))
         elif any(k in name for k in _KINDS_UNSUPPORTED):
             plans.append(GroupPlan(i, "unsupported", bs, 0, False, names, repr(spec)))
         else:
-            plans.append(GroupPlan(i, "kv", bs, 0, rep, names, repr(spec)))
+            plans.append(GroupPlan(i, "kv", bs, 0, rep, names, repr(spec), "", obj))
     return plans
 
 
@@ -397,14 +426,98 @@ class _ReqState:
         self.stored = False
 
 
+class _StoreView:
+    """Lookups through libkvdock's store client: every rank's namespaces
+    in one call, by name."""
+
+    def __init__(self, settings, namespaces, trailing):
+        kv = _kvdock()
+        self.namespaces, self.trailing = namespaces, trailing
+        self.client = kv.StoreClient(socket_path=settings.socket_path, connect=settings.connect,
+                                     auth_token_file=settings.auth_token_file,
+                                     timeout_ms=settings.timeout_ms, client_name="vllm-scheduler")
+
+    def lookup(self, keys):
+        kv = _kvdock()
+        try:
+            res = self.client.lookup(self.namespaces, keys, trailing=self.trailing)
+        except kv.NotFoundError:
+            return []  # a namespace no worker registered yet: nothing stored
+        return list(res.get("boundaries", []) if isinstance(res, dict) else res)
+
+    def close(self):
+        self.client.close()
+
+
+class _LinkerView:
+    """Lookups through read-only linkers, one per TP rank, each with a
+    lookup-only pool per group: a pool's namespace is fixed by its name and
+    object size, which the scheduler knows from kv_cache_config (the
+    workers register the same). The pools' one row of memory is reserved,
+    never written (a read-only linker loads nothing)."""
+
+    def __init__(self, settings):
+        kv = _kvdock()
+        if settings.pp_size > 1:
+            raise kv.UnsupportedError(message="lookups of several pipeline stages need the "
+                                      "store client (their object sizes differ)")
+        unknown = [p.pool_name for p in settings.plans if not p.object_bytes]
+        if unknown:
+            raise kv.UnsupportedError(message="no object size known for %s" % ", ".join(unknown))
+        self.linkers = []  # (linker, [pool, ...])
+        self.rids = itertools.count(1)
+        self.row = np.empty(max(p.object_bytes for p in settings.plans), dtype=np.uint8)
+        try:
+            for tp in range(settings.tp_size):
+                lk = kv.Linker(socket_path=settings.socket_path, connect=settings.connect,
+                               client_name="vllm-scheduler-tp%d" % tp, model_id=settings.model_id,
+                               tp_rank=tp, tp_size=settings.tp_size,
+                               timeout_ms=settings.timeout_ms, lazy_pool_mapping=True,
+                               read_only=True, transport=settings.transport,
+                               auth_token_file=settings.auth_token_file)
+                self.linkers.append((lk, []))
+                for plan in settings.plans:
+                    if plan.rank_replicated and tp > 0:
+                        continue  # one namespace for every rank
+                    buf = kv.RawBuffer(self.row.ctypes.data, n_rows=1,
+                                       bytes_per_row=plan.object_bytes, owner=self.row)
+                    pool = lk.register_pool(plan.pool_name, {0: [buf]},
+                                            addressing="paged" if plan.paged else "slot",
+                                            page_size=1, n_rows=1,
+                                            trailing_pages=plan.trailing_pages,
+                                            rank_replicated=plan.rank_replicated)
+                    self.linkers[-1][1].append(pool)
+        except BaseException:
+            self.close()
+            raise
+
+    def lookup(self, keys):
+        kv = _kvdock()
+        common = None
+        for lk, pools in self.linkers:
+            got = set(lk.lookup(next(self.rids), [kv.Transfer(p, keys) for p in pools]))
+            common = got if common is None else common & got
+            if not common:
+                return []
+        return sorted(common or ())
+
+    def close(self):
+        for lk, _ in self.linkers:
+            lk.close()
+        self.linkers = []
+
+
 class _SchedulerSide:
     """Lookups against the store, the blocks each load and save touches."""
+
+    RETRY_S = 1.0  # after a failed lookup, claim no hit for this long
 
     def __init__(self, settings):
         self.s = settings
         self.reqs = {}
         self.loads = []
-        self.client = None
+        self.view = None
+        self.retry_at = 0.0
         self.failed_lookups = 0
         if settings.problem:
             logger.warning("kvdock: nothing is restored or stored for this model: %s",
@@ -421,33 +534,38 @@ class _SchedulerSide:
         return st
 
     # -- the store
-    def _client(self):
-        if self.client is None:
-            kv = _kvdock()
-            self.client = kv.StoreClient(socket_path=self.s.socket_path, connect=self.s.connect,
-                                         auth_token_file=self.s.auth_token_file,
-                                         timeout_ms=self.s.timeout_ms)
-        return self.client
+    def _view(self):
+        if self.view is None:
+            from kvdock import _lib
+
+            if _lib.has("kvd_store_open"):
+                self.view = _StoreView(self.s, self.namespaces, self.trailing)
+            else:
+                self.view = _LinkerView(self.s)
+        return self.view
 
     def lookup(self, keys):
         """Every boundary (pages from keys[0]) restorable on every rank;
-        [] when the store cannot say (it is then asked again next time)."""
+        [] when the store cannot say (asked again after RETRY_S)."""
         kv = _kvdock()
+        if time.monotonic() < self.retry_at:
+            return []
         try:
-            return list(self._client().lookup(self.namespaces, keys, trailing=self.trailing))
+            return self._view().lookup(keys)
         except kv.KvdockError as e:
             self.failed_lookups += 1
+            self.retry_at = time.monotonic() + self.RETRY_S
             logger.warning("kvdock: lookup failed, no hit claimed: %s", e)
             self.close()
             return []
 
     def close(self):
-        if self.client is not None:
+        if self.view is not None:
             try:
-                self.client.close()
-            except Exception:  # closing a broken client: nothing to save
+                self.view.close()
+            except Exception:  # closing a broken connection: nothing to save
                 pass
-            self.client = None
+            self.view = None
 
     # -- vLLM's calls
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -801,6 +919,10 @@ class _WorkerSide:
         if getattr(pool, "namespace", expect) != expect:
             logger.warning("kvdock: pool %s has namespace %r, the scheduler looks in %r",
                            plan.pool_name, pool.namespace, expect)
+        if plan.object_bytes and pool.object_bytes != plan.object_bytes:
+            logger.warning("kvdock: pool %s holds %d bytes a page, its KV cache spec says %d: the "
+                           "scheduler's lookups will not find its pages", plan.pool_name,
+                           pool.object_bytes, plan.object_bytes)
         self.pools[plan.index] = _PoolInfo(plan, pool, rows, [lid for lid, _ in layers])
 
     # -- loads
@@ -1054,7 +1176,7 @@ class _WorkerSide:
 class KvdockConnector(KVConnectorBase_V1, SupportsHMA):
     """kvdock's KV connector for vLLM (see the module docstring)."""
 
-    def __init__(self, vllm_config, role, kv_cache_config=None):
+    def __init__(self, vllm_config, role, kv_cache_config):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         self._settings = _Settings(vllm_config, kv_cache_config)
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
