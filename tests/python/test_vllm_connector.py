@@ -245,6 +245,36 @@ def test_two_tp_ranks_restore_together_or_not_at_all(daemon):
         c.shutdown()
 
 
+def test_saved_requests_keep_their_blocks_until_the_saves_are_done(daemon):
+    a = _engine(daemon)
+    try:
+        a.add(Request("long", PROMPT, 2))
+        a.add(Request("short", PROMPT[:10], 2))  # not one full block: nothing to save
+        a.run()
+        assert a.delays == {"long": True, "short": False}
+        assert not a.delayed and "long" not in a.blocks  # freed once every worker said so
+    finally:
+        a.shutdown()
+
+
+def test_preempted_request_resumes_from_its_own_saved_blocks(daemon):
+    a = _engine(daemon)
+    try:
+        a.add(Request("p1", PROMPT, 6))
+        a.step()  # the prompt: 6 blocks saved
+        a.step()  # a decode step
+        a.to_preempt.add("p1")
+        meta = a.step()  # preempted: its blocks go back
+        assert meta.preempted == {"p1"}
+        a.run()
+        # resumed: 100 prompt + 2 generated tokens, its saved 6 blocks restored
+        assert a.claims["p1"] == [(0, False), ((len(PROMPT) + 2 - 1) // BS * BS, False)]
+        assert a.violations == [] and a.workers[0].kvdock_stats["loads_ok"] == 1
+        assert [r.request_id for r in a.finished] == ["p1"]
+    finally:
+        a.shutdown()
+
+
 # ------------------------------------------------ (c) evicted before the load
 
 
@@ -289,8 +319,8 @@ def _kv_boundaries(daemon, model_id, keys):
 
 
 def test_hybrid_restores_kv_and_mamba_state(daemon):
-    a = _engine(daemon, n_attn=2, n_mamba=2, prefill_chunk=48)
-    b = _engine(daemon, n_attn=2, n_mamba=2, prefill_chunk=48)
+    a = _engine(daemon, n_attn=2, n_mamba=2, layout="hma", prefill_chunk=48)
+    b = _engine(daemon, n_attn=2, n_mamba=2, layout="hma", prefill_chunk=48)
     try:
         assert [p.kind for p in a.workers[0]._settings.plans] == ["kv", "mamba"]
         _serve(a, "a1")
@@ -314,8 +344,8 @@ def test_hybrid_restores_kv_and_mamba_state(daemon):
 def test_hybrid_claims_no_hit_without_mamba_state(daemon):
     # one prefill step of 100 tokens ends on no block: KV pages are stored,
     # no state at any boundary
-    a = _engine(daemon, n_attn=2, n_mamba=2)
-    b = _engine(daemon, n_attn=2, n_mamba=2)
+    a = _engine(daemon, n_attn=2, n_mamba=2, layout="hma")
+    b = _engine(daemon, n_attn=2, n_mamba=2, layout="hma")
     try:
         _serve(a, "a1")
         keys = kvdock.page_keys(PROMPT[:REACHABLE], BS)
@@ -329,8 +359,8 @@ def test_hybrid_claims_no_hit_without_mamba_state(daemon):
 
 
 def test_hybrid_claims_the_longest_boundary_with_a_state(daemon):
-    a = _engine(daemon, n_attn=2, n_mamba=2, prefill_chunk=48)  # states at 48 and 96
-    b = _engine(daemon, n_attn=2, n_mamba=2)
+    a = _engine(daemon, n_attn=2, n_mamba=2, layout="hma", prefill_chunk=48)  # states at 48 and 96
+    b = _engine(daemon, n_attn=2, n_mamba=2, layout="hma")
     try:
         _serve(a, "a1")
         model_id = a.workers[0]._settings.model_id
@@ -346,14 +376,65 @@ def test_hybrid_claims_the_longest_boundary_with_a_state(daemon):
 
 
 def test_hybrid_hit_without_a_state_block_is_reported(daemon):
-    a = _engine(daemon, n_attn=2, n_mamba=2, prefill_chunk=48)
-    b = _engine(daemon, n_attn=2, n_mamba=2, drop_state_block=True)
+    a = _engine(daemon, n_attn=2, n_mamba=2, layout="hma", prefill_chunk=48)
+    b = _engine(daemon, n_attn=2, n_mamba=2, layout="hma", drop_state_block=True)
     try:
         _serve(a, "a1")
         _serve(b, "b1")
         assert b.claims["b1"] == [(REACHABLE, False)]
         assert any(b.invalid_seen) and b.violations == []
         assert b.workers[0].kvdock_stats["loads_failed"] == 1
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_sliding_window_group_needs_only_its_window(daemon):
+    # window 40: a boundary needs the last cdiv(39, 16) = 3 pages of the window group
+    kw = dict(n_attn=2, n_swa=2, window=40)
+    a, b, c, d = (_engine(daemon, **kw) for _ in range(4))
+    try:
+        plans = a.workers[0]._settings.plans
+        assert [(p.kind, p.trailing_pages) for p in plans] == [("kv", 0), ("swa", 3)]
+        _serve(a, "a1")
+        _serve(b, "b1")
+        assert b.claims["b1"] == [(REACHABLE, False)]
+        assert b.violations == []
+        # b's window group holds null blocks before the window; the window's 3 pages came in
+        gb, ga = b.history["b1"][1], a.history["a1"][1]
+        assert gb[:3] == [0, 0, 0]
+        for name in a.swa_layers:
+            for i in range(3, REACHABLE // BS):
+                assert a.block_bytes(0, name, ga[i]) == b.block_bytes(0, name, gb[i])
+        _same_blocks(a, b, "a1", "b1", REACHABLE // BS)
+        ns = "%s/swa1/tp0" % a.workers[0]._settings.model_id
+        keys = kvdock.page_keys(PROMPT[:REACHABLE], BS)
+        for k in keys[:2]:  # pages before every window that matters
+            daemon.cli("evict", "--key", k.hex(), "--namespace", ns)
+        _serve(c, "c1")
+        assert c.claims["c1"] == [(REACHABLE, False)] and c.violations == []
+        daemon.cli("evict", "--key", keys[5].hex(), "--namespace", ns)
+        _serve(d, "d1")  # boundary 5 needs pages 2, 3, 4 of the window group
+        assert d.claims["d1"] == [(5 * BS, False)] and d.violations == []
+    finally:
+        for e in (a, b, c, d):
+            e.shutdown()
+
+
+@pytest.mark.parametrize("via", ["linker", "store"])
+def test_scheduler_lookups_by_linker_or_store_client(daemon, via):
+    if via == "store" and not kvdock._lib.has("kvd_store_open"):
+        pytest.skip("this libkvdock has no store client (kvd_store_open)")
+    a = _engine(daemon, tp_size=2, n_attn=2, n_mamba=2, layout="hma", prefill_chunk=48,
+                extra={"kvdock_lookup": via})
+    b = _engine(daemon, tp_size=2, n_attn=2, n_mamba=2, layout="hma",
+                extra={"kvdock_lookup": via})
+    try:
+        _serve(a, "a1")
+        _serve(b, "b1")
+        assert b.claims["b1"] == [(REACHABLE, False)] and b.violations == []
+        kind = type(b.sched._scheduler.view).__name__
+        assert kind == {"linker": "_LinkerView", "store": "_StoreView"}[via]
     finally:
         a.shutdown()
         b.shutdown()

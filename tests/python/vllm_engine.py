@@ -70,6 +70,11 @@ class MLAAttentionSpec(FullAttentionSpec):
 
 
 @dataclass(frozen=True)
+class SlidingWindowSpec(FullAttentionSpec):
+    sliding_window: int = 0
+
+
+@dataclass(frozen=True)
 class MambaSpec:
     block_size: int
     shapes: tuple
@@ -279,6 +284,30 @@ def make_mamba_states(nb):
     return states
 
 
+def make_hma_pair(nb, bs, heads, hd):
+    """An attention layer and a mamba layer over one raw tensor, as vLLM's
+    hybrid allocator lays them out: one page per block id, the attention
+    view [2, nb, bs, heads, hd] with a block's K and V together in its page
+    and the mamba states at the start of theirs (block ids are global, so
+    a block id is used by one group at a time)."""
+    attn_bytes = 2 * bs * heads * hd * 2
+    mamba_bytes = sum(int(np.prod(s)) * torch.empty(0, dtype=d).element_size()
+                      for s, d in zip(MAMBA_SHAPES, MAMBA_DTYPES))
+    page = max(attn_bytes, mamba_bytes)
+    raw = torch.zeros(nb * page, dtype=torch.uint8)
+    hsz = bs * heads * hd
+    attn = torch.as_strided(raw.view(torch.float16), (2, nb, bs, heads, hd),
+                            (hsz, page // 2, heads * hd, hd, 1))
+    states, off = [], 0
+    for shape, dtype in zip(MAMBA_SHAPES, MAMBA_DTYPES):
+        el = torch.empty(0, dtype=dtype).element_size()
+        inner = torch.empty((nb,) + shape).stride()[1:]
+        states.append(torch.as_strided(raw.view(dtype), (nb,) + shape, (page // el,) + inner,
+                                       off // el))
+        off += int(np.prod(shape)) * el
+    return attn, states
+
+
 # -------------------------------------------------------------- engine
 
 
@@ -288,34 +317,52 @@ class Engine:
     def __init__(self, socket, *, layout="flash", n_attn=3, n_mamba=0, heads=2, head_dim=8,
                  block_size=16, num_blocks=96, model="tiny-llama", tp_size=1,
                  load_async=False, timeout_ms=3000, prefill_chunk=None, extra=None,
-                 module_path="kvdock.vllm", kv_role="kv_both", drop_state_block=False):
+                 module_path="kvdock.vllm", kv_role="kv_both", drop_state_block=False,
+                 n_swa=0, window=40):
         self.bs = block_size
         self.drop_state_block = drop_state_block  # hits get no block for their mamba state
         self.after_meta = None  # hook(engine, meta): between the scheduler and the workers
         self.before_layers = None  # hook(engine, rank): after start_load_kv, before layer 0
         self.history = {}  # rid -> its block ids when it finished
+        self.to_preempt = set()  # rids to preempt at the start of the next step
+        self.resumable = set()  # preempted rids: scheduled again as resumed
+        self.delays = {}  # rid -> what request_finished_all_groups answered
+        self.all_finished = set()
         self.nb = num_blocks
         self.prefill_chunk = prefill_chunk
         self.hybrid = n_mamba > 0
+        self.window = window
         mla = layout == "mla"
         if mla:
             heads = 1
-        # layer names in model order, mamba layers between attention layers
-        self.attn_layers, self.mamba_layers, self.order = [], [], []
-        for i in range(n_attn + n_mamba):
-            if i % 2 == 1 and len(self.mamba_layers) < n_mamba or len(self.attn_layers) >= n_attn:
-                name = "model.layers.%d.mixer" % i
-                self.mamba_layers.append(name)
-            else:
-                name = "model.layers.%d.self_attn.attn" % i
-                self.attn_layers.append(name)
-            self.order.append(name)
+        # layer names in model order: full attention, sliding window and
+        # mamba layers taking turns
+        self.attn_layers, self.swa_layers, self.mamba_layers, self.order = [], [], [], []
+        left = {"attn": n_attn, "swa": n_swa, "mamba": n_mamba}
+        while any(left.values()):
+            for kind, names in (("attn", self.attn_layers), ("swa", self.swa_layers),
+                                ("mamba", self.mamba_layers)):
+                if left[kind]:
+                    left[kind] -= 1
+                    i = len(self.order)
+                    name = ("model.layers.%d.mixer" if kind == "mamba" else
+                            "model.layers.%d.self_attn.attn") % i
+                    names.append(name)
+                    self.order.append(name)
         spec_cls = MLAAttentionSpec if mla else FullAttentionSpec
         groups = [KVCacheGroupSpec(list(self.attn_layers),
                                    spec_cls(block_size, heads, head_dim, torch.float16))]
+        self.g_swa = self.g_mamba = None
+        if n_swa:
+            self.g_swa = len(groups)
+            groups.append(KVCacheGroupSpec(list(self.swa_layers), SlidingWindowSpec(
+                block_size, heads, head_dim, torch.float16, sliding_window=window)))
         if n_mamba:
+            self.g_mamba = len(groups)
             groups.append(KVCacheGroupSpec(list(self.mamba_layers),
                                            MambaSpec(block_size, MAMBA_SHAPES, MAMBA_DTYPES)))
+        self.group_of = {n: 0 for n in self.attn_layers}
+        self.group_of.update({n: self.g_swa for n in self.swa_layers})
         self.kv_cache_config = KVCacheConfig(num_blocks, [], groups)
         self.n_groups = len(groups)
         self.tp_size = tp_size
@@ -343,11 +390,20 @@ class Engine:
         self.workers, self.caches, self.logical, self.states = [], [], [], []
         for r in range(tp_size):
             caches, logical, states = {}, {}, {}
-            for name in self.attn_layers:
-                caches[name], logical[name] = make_attention_cache(layout, num_blocks, block_size,
-                                                                   heads, head_dim)
+            paged = self.attn_layers + self.swa_layers
+            for j, name in enumerate(paged):
+                if layout == "hma" and j < len(self.mamba_layers):
+                    m = self.mamba_layers[j]  # shares its memory with this layer
+                    caches[name], caches[m] = make_hma_pair(num_blocks, block_size, heads,
+                                                            head_dim)
+                    logical[name], states[m] = caches[name], caches[m]
+                else:
+                    caches[name], logical[name] = make_attention_cache(
+                        "flash" if layout == "hma" else layout, num_blocks, block_size, heads,
+                        head_dim)
             for name in self.mamba_layers:
-                caches[name] = states[name] = make_mamba_states(num_blocks)
+                if name not in caches:
+                    caches[name] = states[name] = make_mamba_states(num_blocks)
             w = create_connector(config(r), KVConnectorRole.WORKER, self.kv_cache_config)
             w.register_kv_caches(caches)
             self.workers.append(w)
@@ -380,30 +436,39 @@ class Engine:
         self.state_block.pop(rid, None)
 
     def _grow(self, rid, total, ext=0):
-        """Blocks for `total` tokens; returns the new ids per group. Mamba
-        (align mode): null blocks, and one block where the state of the
-        step's end goes; an external hit of `ext` tokens gets its state block
-        at index ext/bs - 1."""
+        """Blocks for `total` tokens; returns the new ids per group. A
+        sliding-window group's blocks wholly before the window of an
+        external hit of `ext` tokens are null blocks. Mamba (align mode):
+        null blocks, and one block where the state of the step's end goes;
+        an external hit gets its state block at index ext/bs - 1."""
         ids = self.blocks.setdefault(rid, [[] for _ in range(self.n_groups)])
         new = [[] for _ in range(self.n_groups)]
         need = -(-total // self.bs)
-        attn = ids[0]
-        while len(attn) < need:
-            b = self._alloc()
-            attn.append(b)
-            new[0].append(b)
-        if self.hybrid:
-            m = ids[1]
+        for g in (0, self.g_swa):
+            if g is None:
+                continue
+            lst = ids[g]
+            if g == self.g_swa and ext and not lst:
+                skipped = max(0, ext - self.window + 1) // self.bs
+                lst.extend([0] * skipped)
+                new[g].extend([0] * skipped)
+            while len(lst) < need:
+                b = self._alloc()
+                lst.append(b)
+                new[g].append(b)
+        if self.g_mamba is not None:
+            gm = self.g_mamba
+            m = ids[gm]
             if ext and not m:
                 m.extend([0] * (ext // self.bs - 1))
                 m.append(0 if self.drop_state_block else self._alloc())
-                new[1].extend(m)
+                new[gm].extend(m)
                 self.state_block[rid] = m[-1]
             if len(m) < need:
                 pad = [0] * (need - 1 - len(m))
                 m.extend(pad)
                 m.append(self._alloc())
-                new[1].extend(pad + [m[-1]])
+                new[gm].extend(pad + [m[-1]])
         return new
 
     # -- the loop
@@ -416,6 +481,16 @@ class Engine:
         so = SchedulerOutput([], CachedRequestData(), {}, 0, self.finished_since, set())
         self.finished_since = set()
         work = []  # (request, start, n)
+        for r in [r for r in self.running if r.request_id in self.to_preempt]:
+            # vLLM's preemption: the blocks go back, the request waits again
+            self.to_preempt.discard(r.request_id)
+            self.running.remove(r)
+            self._free_request(r.request_id)
+            r.num_computed_tokens = 0
+            r.status = "waiting"
+            self.waiting.insert(0, r)
+            self.resumable.add(r.request_id)
+            so.preempted_req_ids.add(r.request_id)
         for r in self.running:
             n = r.num_tokens - r.num_computed_tokens
             n = self._chunk(r, n)
@@ -434,6 +509,8 @@ class Engine:
             self.sched.update_state_after_alloc(r, KVCacheBlocks(self.blocks[r.request_id]), 0)
             self._schedule_new(so, work, r)
         for r in list(self.waiting):
+            if so.preempted_req_ids:
+                break  # vLLM schedules no waiting request in a step that preempted
             self.waiting.remove(r)
             ext, load_async = self.sched.get_num_new_matched_tokens(r, 0)
             self.claims[r.request_id].append((ext, load_async))
@@ -473,6 +550,8 @@ class Engine:
         self.invalid_seen.append(set(invalid))
 
         # the scheduler's update from the output
+        for s in sending:  # vLLM: only ids it gave get_finished as finished
+            assert s <= self.all_finished, (s, self.all_finished)
         for rid in set().union(*sending) if sending else ():
             self.delayed.setdefault(rid, set()).update(
                 i for i, s in enumerate(sending) if rid in s)
@@ -505,9 +584,19 @@ class Engine:
 
     def _schedule_new(self, so, work, r):
         n = self._chunk(r, r.num_tokens - r.num_computed_tokens, r.num_computed_tokens)
-        so.scheduled_new_reqs.append(NewRequestData(
-            r.request_id, list(r.prompt_token_ids), tuple(list(g) for g in self.blocks[r.request_id]),
-            r.num_computed_tokens))
+        ids = tuple(list(g) for g in self.blocks[r.request_id])
+        if r.request_id in self.resumable:  # a resumed request: all its block ids anew
+            self.resumable.discard(r.request_id)
+            c = so.scheduled_cached_reqs
+            c.req_ids.append(r.request_id)
+            c.resumed_req_ids.add(r.request_id)
+            c.new_block_ids.append(ids)
+            c.num_computed_tokens.append(r.num_computed_tokens)
+            c.num_output_tokens.append(len(r.output_token_ids))
+            c.all_token_ids[r.request_id] = list(r.all_token_ids)
+        else:
+            so.scheduled_new_reqs.append(NewRequestData(
+                r.request_id, list(r.prompt_token_ids), ids, r.num_computed_tokens))
         so.num_scheduled_tokens[r.request_id] = n
         work.append((r, r.num_computed_tokens, n))
         r.status = "running"
@@ -532,8 +621,10 @@ class Engine:
         ids = self.blocks[r.request_id][0]
         bad = [i for i, b in enumerate(ids) if b in self.invalid_seen[-1]]
         first = bad[0] if bad else 0
-        # a hybrid model has no state at an earlier block: from the start
-        r.num_computed_tokens = 0 if self.hybrid else min(r.num_computed_tokens, first * self.bs)
+        # a hybrid model has no state at an earlier block, a sliding window
+        # no KV before its window: from the start
+        partial = self.hybrid or self.g_swa is not None
+        r.num_computed_tokens = 0 if partial else min(r.num_computed_tokens, first * self.bs)
         if self.hybrid:
             self.state_block.pop(r.request_id, None)
 
@@ -541,9 +632,11 @@ class Engine:
         self.running.remove(r)
         self.finished.append(r)
         self.finished_since.add(r.request_id)
+        self.all_finished.add(r.request_id)
         self.history[r.request_id] = [list(g) for g in self.blocks[r.request_id]]
         delay, _ = self.sched.request_finished_all_groups(
             r, tuple(list(g) for g in self.blocks[r.request_id]))
+        self.delays[r.request_id] = delay
         if delay:
             self.delayed.setdefault(r.request_id, set())
         else:
@@ -558,8 +651,8 @@ class Engine:
         return h[:len(toks)]
 
     # -- the forward pass of one rank
-    def _slots(self, r, start, end):
-        ids = np.asarray(self.blocks[r.request_id][0], dtype=np.int64)
+    def _slots(self, r, start, end, group=0):
+        ids = np.asarray(self.blocks[r.request_id][group], dtype=np.int64)
         p = np.arange(start, end)
         return ids[p // self.bs], p % self.bs
 
@@ -571,18 +664,20 @@ class Engine:
                     self._mamba(rank, name, lid, r, start, n)
                 continue
             w.wait_for_layer_load(name)
+            g = self.group_of[name]
             view = self.logical[rank][name]
             bits = view.view(torch.int16)
             per = view.shape[3] * view.shape[4]
             for r, start, n in work:
                 h = self._hashes(r, rank)
-                if start:
-                    blk, off = self._slots(r, 0, start)
+                first = max(0, start - self.window + 1) if g == self.g_swa else 0
+                if start > first:  # what attention reads: every earlier position (its window)
+                    blk, off = self._slots(r, first, start, g)
                     for kv in range(view.shape[0]):
-                        got = bits[kv][blk, off].reshape(start, per).numpy()
-                        if not np.array_equal(got, pattern(h[:start], lid * 2 + kv, per)):
+                        got = bits[kv][blk, off].reshape(start - first, per).numpy()
+                        if not np.array_equal(got, pattern(h[first:start], lid * 2 + kv, per)):
                             self.corrupt.add(r.request_id)
-                blk, off = self._slots(r, start, start + n)
+                blk, off = self._slots(r, start, start + n, g)
                 for kv in range(view.shape[0]):
                     vals = torch.from_numpy(pattern(h[start:start + n], lid * 2 + kv, per))
                     bits[kv][blk, off] = vals.reshape(n, view.shape[3], view.shape[4])
@@ -601,7 +696,7 @@ class Engine:
                 got = t[src].contiguous().view(torch.int16).reshape(-1).numpy()
                 if src == 0 or not np.array_equal(got, self._state_words(h[start - 1], lid, k, t[0])):
                     self.corrupt.add(r.request_id)
-        m = self.blocks[r.request_id][1]
+        m = self.blocks[r.request_id][self.g_mamba]
         dst = m[-(-(start + n) // self.bs) - 1]
         for k, t in enumerate(states):
             words = torch.from_numpy(self._state_words(h[start + n - 1], lid, k, t[0]).copy())

@@ -101,8 +101,12 @@ library's default), ``kvdock_connect`` ("HOST:PORT" instead of a socket),
 (default: derived from the model, dtypes, TP/PP sizes and the KV cache
 groups' specs, the same in every process), ``kvdock_timeout_ms`` (bound on
 every call and wait, default 5000), ``kvdock_load_async`` (default false),
-``kvdock_layer_group_size``, and for tests and tools without vLLM's parallel
-state ``kvdock_tp_rank`` / ``kvdock_pp_rank``.
+``kvdock_layer_group_size``, ``kvdock_lookup`` (how the scheduler asks the
+store: "store" through libkvdock's store client, by namespace name; "linker"
+through read-only linkers, one per TP rank, whose lookup-only pools take the
+object sizes of kv_cache_config; "auto", the default: the store client where
+the library has one), and for tests and tools without vLLM's parallel state
+``kvdock_tp_rank`` / ``kvdock_pp_rank``.
 """
 
 import hashlib
@@ -306,6 +310,7 @@ class _Settings:
         self.timeout_ms = int(extra.get("kvdock_timeout_ms", 5000))
         self.load_async = _as_bool(extra.get("kvdock_load_async", False))
         self.layer_group_size = int(extra.get("kvdock_layer_group_size", 0))
+        self.lookup_via = str(extra.get("kvdock_lookup", "auto"))  # "auto", "store", "linker"
         self.tp_size = int(getattr(par, "tensor_parallel_size", 1) or 1)
         self.pp_size = int(getattr(par, "pipeline_parallel_size", 1) or 1)
         self.tp_rank_override = extra.get("kvdock_tp_rank")
@@ -538,7 +543,8 @@ class _SchedulerSide:
         if self.view is None:
             from kvdock import _lib
 
-            if _lib.has("kvd_store_open"):
+            via = self.s.lookup_via
+            if via == "store" or via == "auto" and _lib.has("kvd_store_open"):
                 self.view = _StoreView(self.s, self.namespaces, self.trailing)
             else:
                 self.view = _LinkerView(self.s)
