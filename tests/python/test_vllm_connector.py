@@ -30,7 +30,7 @@ from kvdock.vllm import _base
 from kvdock.vllm.connector import KvdockConnector, namespace_name
 
 import vllm_interface as iface
-from vllm_engine import Engine, KVCacheBlocks, Request, create_connector, supports_kw
+from vllm_engine import Engine, Request, supports_kw
 
 BS = 16
 PROMPT = [(i * 37 + 11) % 4999 + 1 for i in range(100)]
@@ -166,7 +166,8 @@ def test_offload_in_one_engine_restore_in_another(daemon, layout, rows):
         heads = 1 if layout == "mla" else 2
         per_layer = (1 if layout == "mla" else 2) * BS * heads * 8 * 2  # K(+V) bytes of a block
         assert pool.pool.object_bytes == 3 * per_layer
-        want_ns = "%s/kv0/%s" % (a.workers[0]._settings.model_id, "rep" if layout == "mla" else "tp0")
+        suffix = "rep" if layout == "mla" else "tp0"
+        want_ns = "%s/kv0/%s" % (a.workers[0]._settings.model_id, suffix)
         assert pool.pool.namespace == want_ns
 
         _serve(a, "a1")

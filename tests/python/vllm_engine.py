@@ -694,7 +694,8 @@ class Engine:
             src = self.state_block.get(r.request_id, 0)
             for k, t in enumerate(states):
                 got = t[src].contiguous().view(torch.int16).reshape(-1).numpy()
-                if src == 0 or not np.array_equal(got, self._state_words(h[start - 1], lid, k, t[0])):
+                want = self._state_words(h[start - 1], lid, k, t[0])
+                if src == 0 or not np.array_equal(got, want):
                     self.corrupt.add(r.request_id)
         m = self.blocks[r.request_id][self.g_mamba]
         dst = m[-(-(start + n) // self.bs) - 1]
@@ -720,7 +721,8 @@ class Engine:
     def block_bytes(self, rank, name, block):
         """The bytes block `block` of layer `name` holds (K then V)."""
         if name in self.mamba_layers:
-            return b"".join(t[block].contiguous().numpy().tobytes() for t in self.states[rank][name])
+            return b"".join(t[block].contiguous().numpy().tobytes()
+                            for t in self.states[rank][name])
         v = self.logical[rank][name]
         return b"".join(v[kv][block].contiguous().numpy().tobytes() for kv in range(v.shape[0]))
 

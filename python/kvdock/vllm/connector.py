@@ -197,7 +197,8 @@ def spec_page_bytes(spec):
     """The bytes one block of one layer holds in a spec's cache, padding
     left out (what the worker registers of it); 0 when the spec says not."""
     if hasattr(spec, "shapes") and hasattr(spec, "dtypes"):
-        return sum(int(np.prod(shape)) * _dtype_size(dt) for shape, dt in zip(spec.shapes, spec.dtypes))
+        return sum(int(np.prod(shape)) * _dtype_size(dt)
+                   for shape, dt in zip(spec.shapes, spec.dtypes))
     for attr in ("real_page_size_bytes", "page_size_bytes"):
         try:
             value = getattr(spec, attr)
@@ -227,7 +228,8 @@ def plan_groups(vllm_config, kv_cache_config):
         rep = use_mla or "MLA" in name
         obj = spec_page_bytes(spec) * len(names)
         if hasattr(spec, "shapes") and hasattr(spec, "dtypes") or "Mamba" in name:
-            mode = getattr(spec, "mamba_cache_mode", None) or getattr(cache, "mamba_cache_mode", None)
+            mode = (getattr(spec, "mamba_cache_mode", None)
+                    or getattr(cache, "mamba_cache_mode", None))
             plans.append(GroupPlan(i, "mamba", bs, 1, False, names, repr(spec), str(mode or "none"),
                                    obj))
         elif "SlidingWindow" in name:
@@ -302,7 +304,8 @@ class _Settings:
         self.alignment = 1
         for p in self.plans:
             self.alignment = self.alignment * p.block_size // math.gcd(self.alignment, p.block_size)
-        self.model_id = str(extra.get("kvdock_model_id") or default_model_id(vllm_config, self.plans))
+        self.model_id = str(extra.get("kvdock_model_id")
+                            or default_model_id(vllm_config, self.plans))
         self.socket_path = extra.get("kvdock_socket") or os.environ.get("KVDOCK_SOCKET") or None
         self.connect = extra.get("kvdock_connect") or None
         self.auth_token_file = extra.get("kvdock_auth_token_file") or None
@@ -619,8 +622,11 @@ class _SchedulerSide:
         def fail(why):
             spec.restorable, spec.why = False, why
 
-        if len(keys) < end or (local + n_external) % bs:
-            fail("the hit does not end on a block")
+        if len(keys) < end or (local + n_external) % bs or local % bs:
+            fail("the hit does not end on a block, or its tokens are not known")
+            spec.block_ids = sorted({b for g in ids for b in g[start:end + 1]
+                                     if b != NULL_BLOCK_ID})
+            return spec
         for plan in self.s.plans:
             g = ids[plan.index] if plan.index < len(ids) else []
             if plan.kind == "mamba":
@@ -661,7 +667,10 @@ class _SchedulerSide:
                 if st is None:
                     continue
                 new_ids = cached.new_block_ids[i]
-                was_resumed = (req_id in resumed) if resumed is not None else bool(flags and flags[i])
+                if resumed is not None:
+                    was_resumed = req_id in resumed
+                else:
+                    was_resumed = bool(flags and flags[i])
                 if was_resumed and new_ids is not None:
                     st.block_ids = [list(g) for g in new_ids]
                 elif new_ids is not None:
@@ -690,7 +699,8 @@ class _SchedulerSide:
             ids = st.block_ids[plan.index] if plan.index < len(st.block_ids) else []
             if plan.kind == "mamba":
                 # the state that ends this step, where it ends a block
-                if total == n_full * bs and n_full - 1 < len(ids) and ids[n_full - 1] != NULL_BLOCK_ID:
+                on_block = total == n_full * bs and n_full - 1 < len(ids)
+                if on_block and ids[n_full - 1] != NULL_BLOCK_ID:
                     p = n_full - 1
                     spec.parts.append(PoolPart(plan.index, p, [keys[p]], [ids[p]],
                                                keys[p - 1] if p > 0 else None))
@@ -754,7 +764,8 @@ def block_views(t, num_blocks):
         moved = t.movedim(1, 0)
         views = [moved] if _dense_block(moved) else [t[0], t[1]]
     else:
-        raise ValueError("a KV cache of shape %s has no dimension of %d blocks" % (shape, num_blocks))
+        raise ValueError("a KV cache of shape %s has no dimension of %d blocks"
+                         % (shape, num_blocks))
     for v in views:
         if not _dense_block(v):
             raise ValueError("a block of the KV cache (shape %s, strides %s) is not one dense "
@@ -1223,7 +1234,8 @@ class KvdockConnector(KVConnectorBase_V1, SupportsHMA):
         if not num_blocks:
             first = next(iter(kv_caches.values()))
             first = first[0] if isinstance(first, (list, tuple)) else first
-            num_blocks = first.shape[1] if first.shape[0] == 2 and first.dim() >= 3 else first.shape[0]
+            kv_apart = first.shape[0] == 2 and first.dim() >= 3
+            num_blocks = first.shape[1] if kv_apart else first.shape[0]
         self._worker.register_kv_caches(kv_caches, int(num_blocks))
 
     def start_load_kv(self, forward_context, **kwargs):
