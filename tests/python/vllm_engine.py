@@ -30,6 +30,7 @@ engines byte by byte.
 
 import importlib
 import inspect
+import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -706,12 +707,26 @@ class Engine:
             self.state_block[r.request_id] = dst
 
     # -- helpers for the tests
-    def run(self, max_steps=200):
-        """Steps until every request finished and was freed (bounded)."""
-        for _ in range(max_steps):
-            if not (self.waiting or self.running or self.remote or self.delayed):
-                return
+    def run(self, max_steps=200, idle_s=120.0):
+        """Steps until every request finished and was freed: at most
+        max_steps steps with work, and while only finished requests wait
+        for their saves, idle steps a few ms apart for at most idle_s (as
+        vLLM's loop goes on stepping)."""
+        steps, idle_until = 0, None
+        while self.waiting or self.running or self.remote or self.delayed:
+            if self.waiting or self.running or self.remote:
+                steps += 1
+                idle_until = None
+                if steps > max_steps:
+                    break
+            else:
+                idle_until = idle_until or time.monotonic() + idle_s
+                if time.monotonic() > idle_until:
+                    break
+                time.sleep(0.005)
             self.step()
+        else:
+            return
         raise AssertionError("requests not done after %d steps: waiting %s running %s remote %s "
                              "delayed %s" % (max_steps, [r.request_id for r in self.waiting],
                                              [r.request_id for r in self.running],
