@@ -107,7 +107,8 @@ class MHAHostPool(HostPoolBase):
         return [self.kv_buffer]
 
     def get_size_per_token(self):
-        return self.head_dim * self.head_num * self.layer_num * self.dtype.itemsize * 2
+        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        return self.head_dim * self.head_num * self.layer_num * itemsize * 2
 
     def get_data_page(self, index, flat=True):
         ps = self.page_size
@@ -285,3 +286,72 @@ def _leading(results):
             break
         n += 1
     return n
+
+
+def storage_config(socket, model="test-model", tp_rank=0, tp_size=1, mla=False, layout="",
+                   **extra):
+    """The HiCacheStorageConfig the controller builds (_generate_storage_config),
+    with the extra config of --hicache-storage-backend-extra-config."""
+    from kvdock.sglang.hicache import HiCacheStorageConfig
+
+    cfg = {"backend_name": "kvdock", "module_path": "kvdock.sglang.hicache",
+           "class_name": "KvdockHiCacheStorage", "interface_v1": 1, "socket_path": socket,
+           "timeout_ms": 10000}
+    cfg.update(extra)
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        is_mla_model=mla, enable_storage_metrics=True,
+        is_page_first_layout=layout == "page_first", model_name=model, extra_config=cfg)
+
+
+class HybridDriver(HiCacheDriver):
+    """The hybrid controller's order (HybridCacheController): sidecar pools
+    (mamba: one slot per node under the hash of the node's last page; SWA:
+    the window's last pages) go through the v2 calls, KV through v1."""
+
+    def backup_node(self, kv_host, token_ids, extra):
+        """Stores a node: the sidecars of ``extra`` (PoolTransfers with keys
+        and host indices) with batch_set_v2, then KV with batch_set_v1.
+        (the v2 results, the KV pages stored)."""
+        res = self.backend.batch_set_v2(extra) if extra else {}
+        for t in extra:
+            r = res.get(t.name)
+            assert isinstance(r, list) and len(r) == len(t.keys), res
+        return res, self.backup(kv_host, token_ids)
+
+    def prefetch_hybrid(self, token_ids, trailing):
+        """Prefetch with sidecars: ``trailing`` maps a pool name to (host
+        pool, window pages N). batch_exists_v2 over every hash, the KV hit
+        read with batch_get_v1, then each sidecar's keys re-aligned to the
+        hit (the last N hashes before it) and read with batch_get_v2 into
+        freshly allocated indices. (result of exists, KV pages loaded, KV
+        host indices, {name: (v2 results, host indices)})."""
+        from kvdock.sglang.hicache import PoolHitPolicy, PoolTransfer
+
+        hashes = page_hashes(token_ids, self.page_size)
+        probe = [PoolTransfer(name=name, keys=[None] * n, hit_policy=PoolHitPolicy.TRAILING_PAGES)
+                 for name, (_, n) in trailing.items()]
+        result = self.backend.batch_exists_v2(hashes, probe)
+        hit = result.kv_hit_pages
+        assert isinstance(hit, int) and 0 <= hit <= len(hashes)
+        ps = self.page_size
+        kv_host = self.kv.alloc(hit * ps) if hit else torch.empty(0, dtype=torch.int64)
+        loaded = 0
+        for s in range(0, hit, STORAGE_BATCH_SIZE):
+            batch = hashes[s:min(hit, s + STORAGE_BATCH_SIZE)]
+            r = self.backend.batch_get_v1(batch, kv_host[s * ps:(s + len(batch)) * ps])
+            loaded += _leading(r)
+            if _leading(r) < len(batch):
+                break
+        side = {}
+        if hit and loaded == hit:
+            transfers = []
+            for name, (pool, n) in trailing.items():
+                keys = hashes[max(0, hit - n):hit]
+                host = pool.alloc(len(keys) * pool.page_size)
+                transfers.append(PoolTransfer(name=name, keys=keys, host_indices=host,
+                                              hit_policy=PoolHitPolicy.TRAILING_PAGES))
+            res = self.backend.batch_get_v2(transfers)
+            for t in transfers:
+                side[t.name] = (res.get(t.name), t.host_indices)
+        return result, loaded, kv_host, side

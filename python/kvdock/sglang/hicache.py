@@ -85,8 +85,10 @@ connect             "HOST:PORT" of a kvdockd TCP listener, instead of the
 auth_token_file     file holding the token the daemon expects (required
                     over TCP; optional on the socket). Default:
                     $KVDOCK_AUTH_TOKEN_FILE.
-timeout_ms          bound on every kvdock call and on each backend call's
-                    waits (default 5000).
+timeout_ms          bound on every kvdock call (default 5000). A backend
+                    call makes a few of them and waits for its copies at
+                    most 3 x timeout_ms + 1 s (a hung daemon); a daemon
+                    that is gone fails it at once.
 connect_wait_s      how long the constructor waits for a daemon that is not
                     up or not ready yet (default 30); then it raises.
 model_id            the stored KV's identity, replacing the default above;
@@ -693,7 +695,12 @@ class KvdockHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------- helpers
 
     def _deadline(self) -> float:
-        return time.monotonic() + self.timeout_ms / 1000.0
+        """When a call stops waiting for its completions. Past the
+        linker's own bounds (each of a load's or offload's round trips is
+        bounded by timeout_ms, and a job may queue behind another caller's),
+        so that the linker reports first: a completion given up on could be
+        a copy still touching host rows the engine takes back."""
+        return time.monotonic() + 3 * self.timeout_ms / 1000.0 + 1.0
 
     def _present(self, view: HostPoolView, keys: List[bytes]):
         """(leading, present): how many keys from keys[0] are stored, and
@@ -730,7 +737,10 @@ class KvdockHiCacheStorage(HiCacheStorage):
                 self._abort(rid)
                 if attempt:
                     return None, 0
-                lead, _ = self._present(item.view, keys)
+                try:
+                    lead, _ = self._present(item.view, keys)
+                except KvdockError:
+                    return None, 0
                 if lead == 0:
                     return None, 0
                 keys, idx = keys[:lead], idx[:lead * per_key]
@@ -756,19 +766,24 @@ class KvdockHiCacheStorage(HiCacheStorage):
         place: the number of leading keys loaded per item."""
         deadline = self._deadline()
         started = []  # (item index, rid, n)
+        counter = None
         with self._load_lock:
-            for i, item in enumerate(items):
-                if item.keys:
-                    rid, n = self._load_one(item)
-                    if rid is not None:
-                        started.append((i, rid, n))
-            if not started:
-                return [0] * len(items)
             try:
-                counter = self.lk.start_layer_wise_loading()
-            except KvdockError as e:
-                self._log.warn("start", "starting loads failed: %s", e)
-                counter = None
+                for i, item in enumerate(items):
+                    if item.keys:
+                        rid, n = self._load_one(item)
+                        if rid is not None:
+                            started.append((i, rid, n))
+            finally:
+                # a committed load cannot be called off: it is started (and
+                # waited for) whatever happened to the others
+                if started:
+                    try:
+                        counter = self.lk.start_layer_wise_loading()
+                    except KvdockError as e:
+                        self._log.warn("start", "starting loads failed: %s", e)
+        if not started:
+            return [0] * len(items)
         if counter is not None:
             layers = sorted({lid for i, _, _ in started for lid in items[i].view.layer_ids})
             for lid in layers:
@@ -926,18 +941,17 @@ class KvdockHiCacheStorage(HiCacheStorage):
                 if name == _pool_key(PoolName.KV):
                     continue
                 view = self._views.get(name)
-                top = max(restorable)
-                pool_ok = set()
+                pool_ok = set()  # this pool's own restorable boundaries
                 if view is not None:
                     if raw is None:
-                        raw = [page_key_bytes(k) for k in keys]
-                    lead, present = self._present(view, raw[:top])
+                        raw = [page_key_bytes(k) for k in keys[:kv_pages]]
+                    lead, present = self._present(view, raw)
                     if t.hit_policy == PoolHitPolicy.TRAILING_PAGES and present is not None:
                         n_tr = max(1, len(t.keys) if t.keys else 1)
-                        pool_ok = {b for b in restorable
+                        pool_ok = {b for b in range(1, kv_pages + 1)
                                    if all(i in present for i in range(max(0, b - n_tr), b))}
                     else:  # ALL_PAGES, or no per-page answer: the leading run
-                        pool_ok = {b for b in restorable if b <= lead}
+                        pool_ok = set(range(1, min(lead, kv_pages) + 1))
                 if pool_ok:
                     hits[t.name] = max(pool_ok)
                 restorable &= pool_ok
