@@ -152,6 +152,19 @@ static void obj_json(FILE *f, const kvd_obj_msg_t *o, const kvd_ns_msg_t *ns, si
     fprintf(f, ",\"parent_stored\":%s}", stored ? "true" : "false");
 }
 
+/* An array of n objects. */
+static void objs_json(FILE *f, const kvd_obj_msg_t *objs, size_t n,
+                      const kvd_ns_msg_t *ns, size_t n_ns)
+{
+    fputc('[', f);
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            fputc(',', f);
+        obj_json(f, &objs[i], ns, n_ns);
+    }
+    fputc(']', f);
+}
+
 /* One prefix: its namespace, root and leaf, sizes, and where each pool
  * holds state (its boundaries). */
 static void prefix_json(FILE *f, const kvd_prefix_msg_t *p, const kvd_list_rep_t *l)
@@ -188,13 +201,8 @@ int kvd_json_list(FILE *f, const kvd_list_rep_t *l)
     }
     fputc(']', f);
     if (l->n_nodes > 0) {
-        fputs(",\"nodes\":[", f);
-        for (size_t i = 0; i < l->n_nodes; i++) {
-            if (i)
-                fputc(',', f);
-            obj_json(f, &l->nodes[i], l->namespaces, l->n_namespaces);
-        }
-        fputc(']', f);
+        fputs(",\"nodes\":", f);
+        objs_json(f, l->nodes, l->n_nodes, l->namespaces, l->n_namespaces);
     }
     fputc('}', f);
     return json_status(f);
@@ -202,13 +210,7 @@ int kvd_json_list(FILE *f, const kvd_list_rep_t *l)
 
 int kvd_json_inspect(FILE *f, const kvd_inspect_rep_t *r)
 {
-    fputc('[', f);
-    for (size_t i = 0; i < r->n_objects; i++) {
-        if (i)
-            fputc(',', f);
-        obj_json(f, &r->objects[i], r->namespaces, r->n_namespaces);
-    }
-    fputc(']', f);
+    objs_json(f, r->objects, r->n_objects, r->namespaces, r->n_namespaces);
     return json_status(f);
 }
 

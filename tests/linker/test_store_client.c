@@ -417,17 +417,22 @@ static int open_token(const char *socket, const char *token_file, kvd_store_t **
     return kvd_store_open(&cfg, s);
 }
 
-/* Waits (bounded) for a client with the token to open: the daemon was
- * started without the harness's readiness poll, which has no token. */
-static int open_when_up(const char *socket, const char *token_file, kvd_store_t **s)
+/* Waits (bounded) until the daemon answers ready to a store client with
+ * the token: as the harness waits for a daemon, which has no token. */
+static int wait_ready_with(const char *socket, const char *token_file)
 {
-    int rc = KVD_ERR_UNAVAILABLE;
-    for (int i = 0; i < 600 && rc == KVD_ERR_UNAVAILABLE; i++) {
-        rc = open_token(socket, token_file, s);
-        if (rc == KVD_ERR_UNAVAILABLE)
-            sleep_ms(50);
+    for (int i = 0; i < 600; i++) {
+        kvd_store_t *s = NULL;
+        kvd_linker_health_t h = 0;
+        int rc = open_token(socket, token_file, &s);
+        if (rc == KVD_OK)
+            rc = kvd_store_health(s, &h, NULL);
+        kvd_store_close(s);
+        if (rc == KVD_OK && h == KVD_LINKER_HEALTH_READY)
+            return KVD_OK;
+        sleep_ms(50);
     }
-    return rc;
+    return KVD_ERR_TIMEOUT;
 }
 
 /* Starts a daemon that takes the token in `good` and no uid of ours. */
@@ -461,7 +466,8 @@ static void test_auth(void **state)
     assert_int_equal(dt_token_file("store-client-token", au.good, sizeof(au.good)), 0);
     assert_int_equal(dt_token_file("not-the-token", au.bad, sizeof(au.bad)), 0);
     assert_int_equal(start_auth_daemon(&au.d1, au.good, NULL), 0);
-    assert_int_equal(open_when_up(au.d1.socket, au.good, &au.s), KVD_OK);
+    assert_int_equal(wait_ready_with(au.d1.socket, au.good), KVD_OK);
+    assert_int_equal(open_token(au.d1.socket, au.good, &au.s), KVD_OK);
     assert_int_equal(kvd_store_health(au.s, NULL, NULL), KVD_OK);
 
     assert_int_equal(open_token(au.d1.socket, au.bad, &x), KVD_ERR_AUTH);
@@ -482,16 +488,9 @@ static void test_auth(void **state)
     assert_int_equal(kvd_test_wait_pid(au.d1.pid, 10000, NULL), 0);
     au.d1.pid = 0;
     assert_int_equal(start_auth_daemon(&au.d2, au.good, au.d1.socket), 0);
-    assert_int_equal(open_when_up(au.d1.socket, au.good, &x), KVD_OK);
-    kvd_store_close(x);
-    /* the first call already answers (the new daemon may still be
-     * starting: its pool is being populated) */
+    assert_int_equal(wait_ready_with(au.d1.socket, au.good), KVD_OK);
     kvd_linker_health_t h = 0;
     assert_int_equal(kvd_store_health(au.s, &h, NULL), KVD_OK);
-    for (int i = 0; i < 600 && h != KVD_LINKER_HEALTH_READY; i++) {
-        sleep_ms(50);
-        assert_int_equal(kvd_store_health(au.s, &h, NULL), KVD_OK);
-    }
     assert_int_equal(h, KVD_LINKER_HEALTH_READY);
 }
 
