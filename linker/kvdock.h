@@ -480,6 +480,14 @@ KVD_API void kvd_free(void *p);
  * outside the enum gets "unknown status". Never NULL. */
 KVD_API const char *kvd_strerror(int status);
 
+/* Why this thread's last failed libkvdock call failed, in words: the
+ * daemon's reason when it refused a request ("Reserve: tenant 'a' is over
+ * its byte quota"), the refusal of a Hello; "" when the call recorded none
+ * (kvd_strerror of its status says all there is) or it succeeded. Every
+ * call clears it on entry; valid until this thread's next libkvdock call.
+ * Never NULL. */
+KVD_API const char *kvd_last_error(void);
+
 /* The library's version, "MAJOR.MINOR.PATCH". */
 KVD_API const char *kvd_version(void);
 
