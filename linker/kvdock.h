@@ -406,7 +406,9 @@ KVD_API int kvd_stats(kvd_linker_t *linker, uint32_t pool_id, kvd_pool_stats_t *
  * and opened again at the next call when the daemon has closed it (or a
  * call failed on it). Calls on one handle are serialised; each is bounded
  * by timeout_ms from its start, waiting for another caller's call
- * included. A daemon's error reply is returned as its status.
+ * included. A daemon's error reply is returned as its status, and its
+ * text is this thread's kvd_last_error() (as are the reasons of the other
+ * failures: the unknown namespace, the refused Hello, the argument).
  */
 typedef struct kvd_store kvd_store_t;
 

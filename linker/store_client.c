@@ -14,8 +14,7 @@
  * Threading: `mu` serialises the calls on one handle; nothing else is
  * shared. It uses none of the linker's state or locks.
  */
-#include "kvd_proto.h"
-#include "kvdock.h"
+#include "linker_int.h" /* lk_set_last_error: kvd_last_error's reason */
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -41,7 +40,8 @@ struct kvd_store {
     uint64_t deadline;    /* of the public call in progress (kvd_now_ns) */
 };
 
-/* Records why a call fails and returns rc. */
+/* Records why the call fails (kvd_last_error: the first reason of a call
+ * stays) and returns rc. */
 static int store_fail(int rc, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int store_fail(int rc, const char *fmt, ...)
 {
@@ -50,10 +50,7 @@ static int store_fail(int rc, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof(why), fmt, ap);
     va_end(ap);
-    /* TODO(kvd_last_error): lk_set_last_error("%s", why) once linker.c
-     * has it, so that the caller reads the message; until then it is only
-     * logged, at debug level (the caller has the status). */
-    KVD_DEBUG("store-client", "%s: %s", why, kvd_status_str(rc));
+    lk_set_last_error("%s", why);
     return rc;
 }
 
@@ -102,7 +99,7 @@ static int store_call(void *ctx, kvd_msg_t *req, kvd_msg_t *rep)
     }
     if (rep->status != KVD_OK)
         return store_fail(rep->status, "%s: %s", kvd_method_name(req->method),
-                          rep->error);
+                          rep->error[0] ? rep->error : kvd_status_str(rep->status));
     return KVD_OK;
 }
 
@@ -156,9 +153,19 @@ static int store_configure(kvd_store_t *s, const kvd_store_config_t *cfg)
     return rc;
 }
 
+/* Frees s and what it holds (kvd_store_close without its clearing). */
+static void store_free(kvd_store_t *s)
+{
+    kvd_client_close(s->client);
+    pthread_mutex_destroy(&s->mu);
+    explicit_bzero(s->token, sizeof(s->token));
+    free(s);
+}
+
 KVD_API int kvd_store_open(const kvd_store_config_t *config, kvd_store_t **out)
 {
     static const kvd_store_config_t defaults = {0};
+    lk_clear_last_error();
     if (out == NULL)
         return store_fail(KVD_ERR_INVALID, "kvd_store_open: out is NULL");
     kvd_store_t *s = calloc(1, sizeof(*s));
@@ -171,7 +178,7 @@ KVD_API int kvd_store_open(const kvd_store_config_t *config, kvd_store_t **out)
         store_end(s);
     }
     if (rc != KVD_OK) {
-        kvd_store_close(s);
+        store_free(s);
         return rc;
     }
     *out = s;
@@ -180,22 +187,21 @@ KVD_API int kvd_store_open(const kvd_store_config_t *config, kvd_store_t **out)
 
 KVD_API void kvd_store_close(kvd_store_t *s)
 {
-    if (s == NULL)
-        return;
-    kvd_client_close(s->client);
-    pthread_mutex_destroy(&s->mu);
-    explicit_bzero(s->token, sizeof(s->token));
-    free(s);
+    lk_clear_last_error();
+    if (s != NULL)
+        store_free(s);
 }
 
 KVD_API void kvd_free(void *p)
 {
+    /* a plain helper: this thread's kvd_last_error stays */
     free(p);
 }
 
 KVD_API int kvd_store_health(kvd_store_t *s, kvd_linker_health_t *state,
                              uint64_t *pool_bytes)
 {
+    lk_clear_last_error();
     if (s == NULL)
         return store_fail(KVD_ERR_INVALID, "kvd_store_health: no store client");
     int rc = store_begin(s);
@@ -247,6 +253,7 @@ static int json_end(json_out_t *j, int rc, char **json)
 
 KVD_API int kvd_store_stats_json(kvd_store_t *s, char **json)
 {
+    lk_clear_last_error();
     if (s == NULL || json == NULL)
         return store_fail(KVD_ERR_INVALID, "kvd_store_stats_json: NULL argument");
     /* a Stats reply is a few KiB: off the caller's stack */
@@ -270,6 +277,7 @@ KVD_API int kvd_store_stats_json(kvd_store_t *s, char **json)
 KVD_API int kvd_store_prefixes_json(kvd_store_t *s, const char *ns_name, size_t limit,
                                     char **json)
 {
+    lk_clear_last_error();
     if (s == NULL || json == NULL)
         return store_fail(KVD_ERR_INVALID, "kvd_store_prefixes_json: NULL argument");
     if (ns_name != NULL && strlen(ns_name) >= KVD_NS_NAME_BYTES)
@@ -311,6 +319,7 @@ KVD_API int kvd_store_lookup_json(kvd_store_t *s, const char *const *ns_names,
                                   const uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
                                   size_t n_keys, char **json)
 {
+    lk_clear_last_error();
     if (s == NULL || json == NULL)
         return store_fail(KVD_ERR_INVALID, "kvd_store_lookup_json: NULL argument");
     int rc = lookup_args_check(ns_names, n_ns, keys, n_keys);

@@ -17,6 +17,9 @@
  *     TRAILING_PAGES(1) still reaches 4; kv + swa(1) meet at 2 and 4;
  *     unknown keys none; the text is `kvdock lookup --json`'s; an unknown
  *     namespace is KVD_ERR_NOT_FOUND with nothing handed out.
+ *   kvd_last_error: the reason of a failed call (the daemon's text naming
+ *     the namespace, the unknown namespace of a lookup, the path nobody
+ *     listens on, the refused Hello, the token file), "" after a success.
  *   errors: no daemon: KVD_ERR_UNAVAILABLE; NULL outputs, no namespace or
  *     key, 17 namespaces, a socket path too long: KVD_ERR_INVALID;
  *     kvd_free(NULL) is fine.
@@ -284,8 +287,12 @@ static void test_prefixes_json(void **state)
     assert_int_equal(kvd_store_prefixes_json(s, "sclient/no-such-pool", 0, &json),
                      KVD_ERR_NOT_FOUND);
     assert_null(json);
-    /* the connection serves on after the daemon's error reply */
+    /* the daemon's reason, the namespace named */
+    assert_non_null(strstr(kvd_last_error(), "'sclient/no-such-pool'"));
+    /* the connection serves on after the daemon's error reply; a call
+     * that succeeds has no reason */
     assert_int_equal(kvd_store_health(s, NULL, NULL), KVD_OK);
+    assert_string_equal(kvd_last_error(), "");
     kvd_store_close(s);
 }
 
@@ -357,6 +364,7 @@ static void test_lookup_json(void **state)
                                            A_LEN, &json),
                      KVD_ERR_NOT_FOUND);
     assert_null(json);
+    assert_non_null(strstr(kvd_last_error(), "unknown namespace 'sclient/no-such-pool'"));
     kvd_store_close(s);
 }
 
@@ -371,6 +379,7 @@ static void test_errors(void **state)
                                .timeout_ms = 5000};
     assert_int_equal(kvd_store_open(&none, &s), KVD_ERR_UNAVAILABLE);
     assert_ptr_equal(s, (kvd_store_t *)&sentinel);
+    assert_non_null(strstr(kvd_last_error(), none.socket_path));
     char long_path[300];
     memset(long_path, 'x', sizeof(long_path) - 1);
     long_path[sizeof(long_path) - 1] = '\0';
@@ -472,9 +481,11 @@ static void test_auth(void **state)
 
     assert_int_equal(open_token(au.d1.socket, au.bad, &x), KVD_ERR_AUTH);
     assert_null(x);
+    assert_non_null(strstr(kvd_last_error(), "refused the Hello"));
     assert_int_equal(open_token(au.d1.socket, NULL, &x), KVD_ERR_AUTH);
     assert_int_equal(open_token(au.d1.socket, "/nonexistent/kvdock-token", &x),
                      KVD_ERR_NOT_FOUND);
+    assert_non_null(strstr(kvd_last_error(), "/nonexistent/kvdock-token"));
     setenv("KVDOCK_AUTH_TOKEN_FILE", au.good, 1);
     int rc = open_token(au.d1.socket, NULL, &x);
     unsetenv("KVDOCK_AUTH_TOKEN_FILE");
