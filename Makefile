@@ -6,7 +6,8 @@
 #   make test   install missing packages, build the normal, the ASan+UBSan
 #               and the ThreadSanitizer trees, run the whole suite in the
 #               first two and the linker, daemon and simulator suites in
-#               the third, then each fuzz target briefly (FUZZ_CI_SECONDS
+#               the third, the Python suite (tests/python, Debian's
+#               /usr/bin/python3) against the first, then each fuzz target briefly (FUZZ_CI_SECONDS
 #               each, after replaying its corpus); the last line is "N
 #               passed, N failed, N skipped".
 #   make fuzz   build the fuzz tree (clang, libFuzzer, ASan+UBSan) and run
@@ -38,11 +39,13 @@ POOL_SIZE ?= 1G
 RUN_ARGS ?=
 
 # Debian packages the build and the tests need (pkg-config names in meson.build);
-# clang and libclang-rt-14-dev (libFuzzer, clang 14's runtimes) for fuzz/.
+# clang and libclang-rt-14-dev (libFuzzer, clang 14's runtimes) for fuzz/;
+# Debian's python3-torch, -numpy, -pytest for the Python suite (tests/python,
+# run with /usr/bin/python3: the python3 first on PATH may be another).
 DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
 	libprotobuf-c-dev libssl-dev libucx-dev libibverbs-dev \
 	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl \
-	clang libclang-rt-14-dev
+	clang libclang-rt-14-dev python3-torch python3-numpy python3-pytest
 
 CHAOS_ROUNDS ?= 5
 CHAOS_WORKERS ?= 4
@@ -93,7 +96,7 @@ test: deps $(BUILD)/build.ninja $(BUILD_ASAN)/build.ninja $(BUILD_TSAN)/build.ni
 	ninja -C $(BUILD)
 	ninja -C $(BUILD_ASAN)
 	ninja -C $(BUILD_TSAN)
-	FUZZ_BUILD=$(BUILD_FUZZ) FUZZ_SECONDS=$(FUZZ_CI_SECONDS) \
+	PY_BUILD=$(BUILD) FUZZ_BUILD=$(BUILD_FUZZ) FUZZ_SECONDS=$(FUZZ_CI_SECONDS) \
 	  ./scripts/run-tests.sh $(BUILD) $(BUILD_ASAN) $(BUILD_TSAN)
 
 # The fuzz tree is set up by scripts/fuzz.sh (clang; see there).

@@ -317,6 +317,7 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
         if (rc != KVD_ERR_BUSY)
             KVD_WARN("linker", "the daemon refused Hello: %s (%s)", kvd_status_str(rc),
                      rep.error);
+        lk_set_last_error("the daemon refused Hello: %s", rep.error);
     }
     if (rc == KVD_OK && rep.body.hello_rep.n_ns_ids != n)
         rc = KVD_ERR_PROTOCOL;
@@ -496,6 +497,9 @@ int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
     if (epoch)
         *epoch = s->epoch;
     rc = kvd_client_call_many_until(s->client, reqs, reps, n, deadline);
+    for (size_t i = 0; rc == KVD_OK && i < n; i++)
+        if (reps[i].status != KVD_OK && reps[i].error[0])
+            lk_set_last_error("%s", reps[i].error); /* names its method itself */
     if (rc != KVD_OK) {
         if (rc == KVD_ERR_TIMEOUT)
             note_hung(l);

@@ -6,6 +6,7 @@
 #include "linker_int.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +58,7 @@ static void pool_free(kvd_linker_t *l, lpool_t *p)
 
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out)
 {
+    lk_clear_last_error();
     if (config == NULL || out == NULL)
         return KVD_ERR_INVALID;
     kvd_linker_t *l = calloc(1, sizeof(*l));
@@ -162,6 +164,7 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
 
 KVD_API void kvd_linker_close(kvd_linker_t *l)
 {
+    lk_clear_last_error();
     if (l == NULL)
         return;
     lk_lock(&l->lock);
@@ -201,6 +204,7 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
 KVD_API int kvd_linker_health(kvd_linker_t *l, kvd_linker_health_t *state,
                               uint64_t *pool_bytes)
 {
+    lk_clear_last_error();
     if (l == NULL)
         return KVD_ERR_INVALID;
     kvd_msg_t req, rep;
@@ -328,6 +332,7 @@ static int pool_add(kvd_linker_t *l, lpool_t *p, uint32_t *pool_id, uint64_t dea
 KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
                               uint32_t *pool_id)
 {
+    lk_clear_last_error();
     if (l == NULL || pool_id == NULL)
         return KVD_ERR_INVALID;
     uint64_t deadline = lk_deadline(l); /* the whole call, its round trips included */
@@ -371,6 +376,7 @@ static lpool_t *pool_of(kvd_linker_t *l, uint32_t pool_id)
 KVD_API int kvd_pool_info(kvd_linker_t *l, uint32_t pool_id, uint64_t *object_bytes,
                           char *ns_name, size_t ns_name_len)
 {
+    lk_clear_last_error();
     const lpool_t *p = l ? pool_of(l, pool_id) : NULL;
     if (p == NULL)
         return KVD_ERR_INVALID;
@@ -383,6 +389,7 @@ KVD_API int kvd_pool_info(kvd_linker_t *l, uint32_t pool_id, uint64_t *object_by
 
 KVD_API int kvd_stats(kvd_linker_t *l, uint32_t pool_id, kvd_pool_stats_t *out)
 {
+    lk_clear_last_error();
     lpool_t *p = l && out ? pool_of(l, pool_id) : NULL;
     if (p == NULL)
         return KVD_ERR_INVALID;
@@ -490,6 +497,7 @@ static int lookup_split(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, size
 KVD_API int kvd_lookup(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, size_t n,
                        uint32_t *boundaries, size_t *n_boundaries)
 {
+    lk_clear_last_error();
     (void)rid;
     if (l == NULL || t == NULL || n == 0 || n > KVD_LOOKUP_POOLS_MAX ||
         boundaries == NULL || n_boundaries == NULL)
@@ -563,9 +571,32 @@ KVD_API int kvd_page_keys(const uint32_t *tokens, size_t n_tokens, size_t page_s
                           const uint8_t *prior, uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
                           size_t *n_keys)
 {
+    lk_clear_last_error();
     if (keys == NULL || n_keys == NULL)
         return KVD_ERR_INVALID;
     return kvd_key_chain(tokens, n_tokens, page_size, prior, keys, n_keys);
+}
+
+static _Thread_local char last_error[KVD_ERROR_MAX + 64];
+
+void lk_clear_last_error(void)
+{
+    last_error[0] = '\0';
+}
+
+void lk_set_last_error(const char *fmt, ...)
+{
+    if (last_error[0])
+        return; /* the first reason is the cause; later ones follow from it */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof(last_error), fmt, ap);
+    va_end(ap);
+}
+
+KVD_API const char *kvd_last_error(void)
+{
+    return last_error;
 }
 
 KVD_API const char *kvd_strerror(int status)

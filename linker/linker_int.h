@@ -334,6 +334,14 @@ uint64_t lk_deadline(const kvd_linker_t *l);
  * and is dropped. *epoch (may be NULL) says which connection served it. */
 int lk_call_many(kvd_linker_t *l, kvd_msg_t *reqs, kvd_msg_t *reps, size_t n,
                  uint64_t on_epoch, uint64_t *epoch, uint64_t deadline);
+
+/* The reason for the calling thread's last failed libkvdock call
+ * (kvd_last_error): every public function clears it on entry, and the first
+ * reason recorded during the call stays (a daemon's error text, the
+ * refusal of a Hello). Thread-local: the load and offload threads never
+ * overwrite an engine thread's reason. */
+void lk_clear_last_error(void);
+void lk_set_last_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Writes the namespace ids of the pools into reqs[0..n) (called with lock
  * held, the ids those of connection l->ns_epoch). */
 typedef void (*lk_ns_fill_fn)(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n);

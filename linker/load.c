@@ -219,6 +219,7 @@ static lload_t **find_load(kvd_linker_t *l, uint64_t rid)
 
 KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, size_t n)
 {
+    lk_clear_last_error();
     if (l == NULL || t == NULL || n == 0)
         return KVD_ERR_INVALID;
     uint64_t deadline = lk_deadline(l); /* pins, and their release on failure */
@@ -269,6 +270,7 @@ KVD_API int kvd_load(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, siz
 
 KVD_API int kvd_load_prepare(kvd_linker_t *l, uint64_t rid)
 {
+    lk_clear_last_error();
     if (l == NULL)
         return KVD_ERR_INVALID;
     lk_lock(&l->lock);
@@ -314,6 +316,7 @@ static bool defer_free(to_free_t *f, size_t *k, const lpool_t *p, const int64_t 
 KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool_t *c,
                             size_t n)
 {
+    lk_clear_last_error();
     if (l == NULL || (c == NULL && n > 0))
         return KVD_ERR_INVALID;
     to_free_t *f = calloc(2 * n + 1, sizeof(*f));
@@ -376,6 +379,7 @@ KVD_API int kvd_load_commit(kvd_linker_t *l, uint64_t rid, const kvd_commit_pool
 
 KVD_API int kvd_load_abort(kvd_linker_t *l, uint64_t rid)
 {
+    lk_clear_last_error();
     if (l == NULL)
         return KVD_ERR_INVALID;
     lk_lock(&l->lock);
@@ -407,6 +411,7 @@ static int cmp_u32(const void *a, const void *b)
 
 KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *l, uint32_t *counter)
 {
+    lk_clear_last_error();
     if (l == NULL || counter == NULL)
         return KVD_ERR_INVALID;
     lbatch_t *b = calloc(1, sizeof(*b));
@@ -481,6 +486,7 @@ static struct timespec deadline_of(const kvd_linker_t *l)
 
 KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
 {
+    lk_clear_last_error();
     if (l == NULL)
         return KVD_ERR_INVALID;
     struct timespec until = deadline_of(l);

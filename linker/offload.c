@@ -223,6 +223,7 @@ void lk_offloads_fail_pending(kvd_linker_t *l)
 
 KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint64_t *ack)
 {
+    lk_clear_last_error();
     if (l == NULL || t == NULL || n == 0 || ack == NULL)
         return KVD_ERR_INVALID;
     ljob_t *j = calloc(1, sizeof(*j));

@@ -68,11 +68,13 @@ static int pop(kvd_linker_t *l, lqueue_t *q, kvd_completion_t *out, size_t max, 
 KVD_API int kvd_pop_completed_loads(kvd_linker_t *l, kvd_completion_t *out, size_t max,
                                     size_t *n)
 {
+    lk_clear_last_error();
     return pop(l, &l->done_loads, out, max, n);
 }
 
 KVD_API int kvd_pop_completed_offloads(kvd_linker_t *l, kvd_completion_t *out, size_t max,
                                        size_t *n)
 {
+    lk_clear_last_error();
     return pop(l, &l->done_offloads, out, max, n);
 }

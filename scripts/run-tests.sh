@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the whole suite in each build directory given (the normal tree and the
-# ASan+UBSan tree), then the source checks, then (when FUZZ_BUILD names the
+# ASan+UBSan tree), then (when PY_BUILD names a tree) the Python suite
+# against it, then the source checks, then (when FUZZ_BUILD names the
 # fuzz tree) every fuzz target: its checked-in corpus replayed and
 # FUZZ_SECONDS (default 15) of fuzzing, one test each (scripts/fuzz.sh;
 # without clang or libFuzzer each counts as failed). Ends with one line
@@ -72,6 +73,36 @@ for line in open(sys.argv[1]):
         print(t["result"] + "\t" + t["name"])
 ' "$log")
 done
+
+# The Python suite (tests/python) against the normal tree, with Debian's
+# interpreter (/usr/bin/python3: it has python3-torch, -numpy and -pytest;
+# the python3 first on PATH may be another). Every pytest test counts.
+if [ -n "${PY_BUILD:-}" ]; then
+    echo "== Python suite (tests/python) against $PY_BUILD"
+    xml="$PY_BUILD/meson-logs/pytest.xml"
+    rm -f "$xml"
+    KVDOCK_BUILD="$(cd "$PY_BUILD" && pwd)" /usr/bin/python3 -m pytest tests/python -q -rs \
+        -p no:cacheprovider --junitxml="$xml"
+    if [ ! -s "$xml" ]; then
+        echo "no pytest report: counting the Python suite as failed"
+        failed=$((failed + 1))
+        failures+=("python: the suite did not run")
+    else
+        while IFS=$'\t' read -r result name; do
+            case "$result" in
+            OK) passed=$((passed + 1)) ;;
+            SKIP) skipped=$((skipped + 1)) ;;
+            *) failed=$((failed + 1)); failures+=("python: $name ($result)") ;;
+            esac
+        done < <(/usr/bin/python3 -c '
+import sys, xml.etree.ElementTree as ET
+for case in ET.parse(sys.argv[1]).getroot().iter("testcase"):
+    kinds = {c.tag for c in case}
+    result = "FAIL" if kinds & {"failure", "error"} else "SKIP" if "skipped" in kinds else "OK"
+    print(result + "\t" + case.get("classname", "") + "::" + case.get("name", ""))
+' "$xml")
+    fi
+fi
 
 echo "== clang-format check"
 if files=$(git ls-files '*.c' '*.h' 2>/dev/null) && [ -n "$files" ]; then
