@@ -505,7 +505,7 @@ class _Completions:
         """{id: success} for ids; those not back by deadline are False."""
         want = set(ids)
         got: Dict[int, bool] = {}
-        spins = 0
+        t0 = time.monotonic()
         while want:
             with self._lock:
                 try:
@@ -522,9 +522,11 @@ class _Completions:
                         got[cid] = False
                     return got
             if want:
-                spins += 1
-                # a completion usually follows the last layer's wait at once
-                time.sleep(0 if spins < 50 else min(0.001, 0.00002 * spins))
+                # a completion follows the copies within a round trip to the
+                # daemon (its release): yield for the first milliseconds,
+                # then sleep a little longer each time, at most 1 ms
+                waited = time.monotonic() - t0
+                time.sleep(0 if waited < 0.005 else min(0.001, waited / 20))
         return got
 
     def reset(self):
