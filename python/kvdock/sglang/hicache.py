@@ -78,6 +78,11 @@ class_name
 interface_v1        SGLang's: 1 makes it call batch_get_v1/batch_set_v1
                     (zero copy). Without it SGLang uses get/set with a copy
                     per page through the staging buffer: slower.
+hicache_storage_    SGLang's: true passes each batch's preceding page
+pass_prefix_keys    hashes (extra_info.prefix_keys), so kvdock records each
+                    page's depth and parent across the 128-page batches (its
+                    eviction takes the deepest pages first); without it each
+                    batch starts a chain of its own.
 socket_path         kvdockd's Unix socket (default: the default instance's,
                     as libkvdock finds it).
 connect             "HOST:PORT" of a kvdockd TCP listener, instead of the
