@@ -201,3 +201,29 @@ def test_mla_kv_once_mamba_per_rank(daemon, models):
     assert mres == [True] and same_mamba(r1, slot1, int(mdst[0]))  # rank 1's own state
     ns = sorted(r1.be.namespaces())
     assert ns == ["test-model/kv/rep", "test-model/mamba/tp1", "test-model/swa/rep"]
+
+
+def test_exists_v2_fills_a_newer_result_with_every_boundary(daemon, models, monkeypatch):
+    # newer SGLang adds restorable_prefix_pages (every boundary, for the
+    # ranks to intersect) to PoolTransferResult
+    from dataclasses import dataclass
+    from typing import Optional
+
+    from kvdock.sglang import hicache
+
+    @dataclass
+    class NewerResult:
+        kv_hit_pages: int
+        extra_pool_hit_pages: dict
+        restorable_prefix_pages: Optional[list] = None
+
+    monkeypatch.setattr(hicache, "PoolTransferResult", NewerResult)
+    m = models(daemon, seed=7)
+    toks = tokens(6 * PS, base=5)
+    h = page_hashes(toks, PS)
+    m.drv.backup_node(m.kv.alloc(len(toks)), toks, [mamba_at(m, h, 2)[0]])
+    assert m.be.batch_set_v2([mamba_at(m, h, 5)[0]]) == {PoolName.MAMBA: [True]}
+    r = m.be.batch_exists_v2(h, [PoolTransfer(name=PoolName.MAMBA, keys=[None],
+                                              hit_policy=PoolHitPolicy.TRAILING_PAGES)])
+    assert isinstance(r, NewerResult)
+    assert r.kv_hit_pages == 5 and r.restorable_prefix_pages == [2, 5]

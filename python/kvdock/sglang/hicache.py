@@ -125,7 +125,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import Enum
 from typing import Any, Dict, List, Optional
 
@@ -923,13 +923,23 @@ class KvdockHiCacheStorage(HiCacheStorage):
 
     # ------------------------------------------------------ the v2 path
 
-    def _make_result(self, final: int, hits: dict, restorable: List[int]):
-        names = [f.name for f in fields(PoolTransferResult)]
-        extra = {}
-        for nm in names[2:]:
-            if "restor" in nm:
-                extra[nm] = restorable
-        return PoolTransferResult(final, hits, **extra)
+    @staticmethod
+    def _make_result(final: int, hits: dict, restorable: List[int]):
+        """A PoolTransferResult of whichever SGLang is loaded: the KV hit and
+        the per-pool hits first; a later field about restorable boundaries
+        (newer versions list them all) gets the sorted list; any other
+        field without a default gets None."""
+        args = {}
+        for i, f in enumerate(fields(PoolTransferResult)):
+            if i == 0:
+                args[f.name] = final
+            elif i == 1:
+                args[f.name] = hits
+            elif "restor" in f.name:
+                args[f.name] = restorable
+            elif f.default is MISSING and f.default_factory is MISSING:
+                args[f.name] = None
+        return PoolTransferResult(**args)
 
     def batch_exists_v2(self, keys: List[str], pool_transfers: Optional[List[PoolTransfer]] = None,
                         extra_info: Optional[HiCacheStorageExtraInfo] = None):
