@@ -272,6 +272,21 @@ def _key_bytes(key) -> bytes:
     raise ValueError("a page key is a hex string or bytes, not %s" % type(key).__name__)
 
 
+def _key_block(keys) -> bytes:
+    """Page keys as one block of n * 32 bytes (one hex decode for SGLang's
+    strings, per key only to name a bad one)."""
+    keys = list(keys)
+    if keys and all(isinstance(k, str) for k in keys):
+        try:
+            raw = bytes.fromhex("".join(keys))
+        except ValueError:
+            raw = b""
+        if len(raw) == len(keys) * kvdock.PAGE_KEY_BYTES and all(
+                len(k) == 2 * kvdock.PAGE_KEY_BYTES for k in keys):
+            return raw
+    return b"".join(_key_bytes(k) for k in keys)
+
+
 def _n_indices(indices) -> int:
     if indices is None:
         return 0
@@ -496,19 +511,18 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         return e
 
     def _kv_transfer(self, e: _Entry, t, *, indices: bool):
-        keys = [_key_bytes(k) for k in (t.keys or ())]
+        keys = _key_block(t.keys or ())
         if not indices:
             return kvdock.Transfer(e.pool, keys)
         idx = t.device_indices if t.device_indices is not None else t.host_indices
         if idx is None:
             raise ValueError("transfer of pool %r has no device indices" % e.spec.name)
-        n = _n_indices(idx)
-        want = len(keys) * e.page_size
-        if n != want:
+        n, n_keys = _n_indices(idx), len(keys) // kvdock.PAGE_KEY_BYTES
+        if n != n_keys * e.page_size:
             what = ("one slot id per key (a slot-addressed pool is never page-sliced)"
                     if e.slot else "%d token slots per page" % e.page_size)
             raise ValueError("transfer of pool %r: %d indices for %d keys; it takes %s"
-                             % (e.spec.name, n, len(keys), what))
+                             % (e.spec.name, n, n_keys, what))
         prior = getattr(t, "prior_key", None)
         return kvdock.Transfer(e.pool, keys, idx, first_depth=int(getattr(t, "first_depth", 0)),
                                prior_key=None if prior is None else _key_bytes(prior))
