@@ -32,8 +32,8 @@ static int connect_daemon(const cli_t *cli, kvd_client_t **out)
 int cli_read_token(cli_t *cli, const char *path)
 {
     char why[512];
-    int rc = kvd_token_read(path, false, cli->token, sizeof(cli->token), &cli->token_len,
-                            why, sizeof(why));
+    int rc = kvd_client_token_read(path, cli->token, sizeof(cli->token), &cli->token_len,
+                                   why, sizeof(why));
     if (rc != KVD_OK)
         fprintf(stderr, "kvdock: token: %s\n", why);
     return rc;

@@ -54,8 +54,8 @@ typedef struct cli_cmd {
 
 /* ------------------------------------------------------------- cli.c */
 
-/* Reads the token file into cli->token; prints why and returns non-zero
- * when it cannot. */
+/* Reads the token file (NULL: $KVDOCK_AUTH_TOKEN_FILE's; none: no token)
+ * into cli->token; prints why and returns non-zero when it cannot. */
 int cli_read_token(cli_t *cli, const char *path);
 
 /*
