@@ -219,3 +219,19 @@ def test_host_pool_kvdock_cannot_use_is_refused_at_registration(daemon):
             be.register_mem_pool_host(pool)
     finally:
         be.close()
+
+
+def test_page_first_direct_refuses_indices_that_are_not_whole_pages(daemon):
+    pool = MHAHostPool(2, 16, PS, head_num=1, head_dim=4, layout="page_first_direct")
+    be = KvdockHiCacheStorage(storage_config(daemon.socket), {})
+    try:
+        be.register_mem_pool_host(pool)
+        h = page_hashes(tokens(2 * PS, base=3), PS)
+        good = torch.arange(2 * PS, 4 * PS)
+        assert be.batch_set_v1(h, good) == [True, True]
+        shifted = good + 1  # each page starts one slot late
+        assert be.batch_get_v1(h, shifted) == [False, False]
+        assert be.batch_get_v1(h, good.flip(0)) == [False, False]
+        assert be.batch_get_v1(h, torch.arange(8 * PS, 10 * PS)) == [True, True]
+    finally:
+        be.close()

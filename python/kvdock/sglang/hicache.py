@@ -408,7 +408,13 @@ class HostPoolView:
             idx = np.asarray(host_indices, dtype=np.int64)
         idx = idx.reshape(-1)
         if self.pages_as_rows:
-            idx = idx[::self.page_size] // self.page_size
+            # a page's tokens must be its own consecutive, aligned slots, or
+            # the page id would name another page's rows
+            ps = self.page_size
+            pages = idx.reshape(-1, ps)
+            if (pages[:, 0] % ps).any() or (pages - pages[:, :1] != np.arange(ps)).any():
+                raise ValueError("host indices are not whole, aligned pages")
+            idx = pages[:, 0] // ps
         return np.ascontiguousarray(idx, dtype=np.int64)
 
     # -- flat pages (the generic path)
