@@ -408,36 +408,19 @@ int cmd_evict(const cli_t *cli, const cli_args_t *a)
                 "--all\n");
         return EXIT_USAGE;
     }
-    kvd_msg_t req, rep = {0};
-    kvd_msg_request(&req, 0, KVD_METHOD_EVICT);
-    kvd_evict_req_t *e = &req.body.evict_req;
-    if (by_key && parse_key(a->key, e->key) != 0)
+    kvd_evict_req_t e = {.has_key = by_key, .all = a->all};
+    if (by_key && parse_key(a->key, e.key) != 0)
         return EXIT_USAGE;
-    e->has_key = by_key;
-    e->all = a->all;
     if (a->n_namespaces)
-        kvd_strlcpy(e->ns_name, a->namespaces[0], sizeof(e->ns_name));
+        kvd_strlcpy(e.ns_name, a->namespaces[0], sizeof(e.ns_name));
     /* the daemon evicts a namespace in bounded slices: go on with each
      * reply's cursor until there is none (at most EVICT_CALLS_MAX calls) */
-    uint64_t evicted = 0, skipped = 0;
-    bool more = false;
-    for (uint32_t calls = 0; calls < EVICT_CALLS_MAX; calls++) {
-        if (cli_call(cli, &req, &rep) != KVD_OK) {
-            kvd_msg_clear(&rep);
-            return 1;
-        }
-        const kvd_evict_rep_t *r = &rep.body.evict_rep;
-        evicted += r->evicted;
-        skipped = r->skipped;
-        more = r->next_cursor_len > 0 && r->next_cursor_len <= sizeof(e->cursor);
-        if (more) {
-            memcpy(e->cursor, r->next_cursor, r->next_cursor_len);
-            e->cursor_len = r->next_cursor_len;
-        }
-        kvd_msg_clear(&rep);
-        if (!more)
-            break;
-    }
+    uint64_t evicted, skipped;
+    bool complete;
+    if (kvd_evict_run(cli_call_fn, (void *)cli, &e, EVICT_CALLS_MAX, &evicted, &skipped,
+                      &complete) != KVD_OK)
+        return 1;
+    bool more = !complete;
     if (cli->json)
         printf("{\"evicted\":%llu,\"skipped\":%llu,\"complete\":%s}\n",
                (unsigned long long)evicted, (unsigned long long)skipped,
@@ -446,6 +429,5 @@ int cmd_evict(const cli_t *cli, const cli_args_t *a)
         printf("evicted %llu objects; %llu stayed (pinned or being written%s)\n",
                (unsigned long long)evicted, (unsigned long long)skipped,
                more ? ", or not reached: stopped after too many calls" : "");
-    kvd_msg_clear(&rep);
     return 0;
 }

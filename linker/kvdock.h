@@ -473,6 +473,23 @@ KVD_API int kvd_store_lookup_json(kvd_store_t *store, const char *const *ns_name
                                   const uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
                                   size_t n_keys, char **json);
 
+/*
+ * Drops stored objects: the one key in namespace ns_name (key non-NULL;
+ * ns_name NULL: every namespace holding it), every object of namespace
+ * ns_name (key NULL), or everything the caller may reach (all true; then
+ * ns_name and key NULL). Pinned objects and those being written stay:
+ * *skipped (may be NULL) counts them; *evicted (may be NULL) the objects
+ * dropped. The daemon evicts a namespace in slices; every slice is asked
+ * for within the call's timeout_ms. Errors: KVD_ERR_INVALID (none or more
+ * than one of key, namespace, all), KVD_ERR_NOT_FOUND (an unknown
+ * namespace), KVD_ERR_TIMEOUT (slices were left: the counts say what was
+ * done), the daemon's (KVD_ERR_PERMISSION for a read-only credential),
+ * the connection's.
+ */
+KVD_API int kvd_store_evict(kvd_store_t *store, const char *ns_name,
+                            const uint8_t key[KVD_PAGE_KEY_BYTES], bool all,
+                            uint64_t *evicted, uint64_t *skipped);
+
 /* Frees what the store client handed out (a JSON text). NULL is fine. */
 KVD_API void kvd_free(void *p);
 

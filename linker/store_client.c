@@ -338,3 +338,36 @@ KVD_API int kvd_store_lookup_json(kvd_store_t *s, const char *const *ns_names,
     kvd_msg_clear(&rep);
     return rc;
 }
+
+KVD_API int kvd_store_evict(kvd_store_t *s, const char *ns_name,
+                            const uint8_t key[KVD_PAGE_KEY_BYTES], bool all,
+                            uint64_t *evicted, uint64_t *skipped)
+{
+    lk_clear_last_error();
+    if (s == NULL)
+        return store_fail(KVD_ERR_INVALID, "kvd_store_evict: NULL handle");
+    if ((key != NULL) + (ns_name != NULL && key == NULL) + all != 1 ||
+        (all && ns_name != NULL))
+        return store_fail(KVD_ERR_INVALID,
+                          "kvd_store_evict: give one of a key, a namespace, or all");
+    kvd_evict_req_t e = {.has_key = key != NULL, .all = all};
+    if (key != NULL)
+        memcpy(e.key, key, sizeof(e.key));
+    int rc =
+        ns_name ? copy_arg(e.ns_name, sizeof(e.ns_name), ns_name, "namespace") : KVD_OK;
+    if (rc != KVD_OK || (rc = store_begin(s)) != KVD_OK)
+        return rc;
+    uint64_t n = 0, left = 0;
+    bool complete = false;
+    /* one deadline for every slice: the bound on the call */
+    rc = kvd_evict_run(store_call, s, &e, UINT32_MAX, &n, &left, &complete);
+    store_end(s);
+    if (rc == KVD_ERR_TIMEOUT && n > 0)
+        store_fail(rc, "evicted %llu objects before the timeout; slices were left",
+                   (unsigned long long)n);
+    if (evicted)
+        *evicted = n;
+    if (skipped)
+        *skipped = left;
+    return rc;
+}

@@ -897,6 +897,18 @@ int kvd_lookup_named(kvd_call_fn call, void *ctx, const char *const *ns_names,
                      const uint32_t *trailing, size_t n_ns, const kvd_key_t *keys,
                      size_t n_keys, kvd_msg_t *rep, size_t *unknown);
 
+/*
+ * An Evict as `first` says (a key, a namespace, or all), continued with
+ * each reply's cursor while the daemon evicts a namespace in slices, for
+ * at most max_calls calls: *evicted sums the objects dropped, *skipped is
+ * the last reply's count of those that stayed (pinned or being written),
+ * *complete says that no cursor was left. Errors: the calls' (the counts
+ * say what was done before).
+ */
+int kvd_evict_run(kvd_call_fn call, void *ctx, const kvd_evict_req_t *first,
+                  uint32_t max_calls, uint64_t *evicted, uint64_t *skipped,
+                  bool *complete);
+
 /* ----------------------------------------------------------------- JSON */
 
 /*

@@ -191,6 +191,41 @@ int kvd_list_fetch(kvd_call_fn call, void *ctx, const char *ns_name, bool nodes,
     return rc == KVD_OK ? pages_join(p) : rc;
 }
 
+/* ----------------------------------------------------------------- evict */
+
+int kvd_evict_run(kvd_call_fn call, void *ctx, const kvd_evict_req_t *first,
+                  uint32_t max_calls, uint64_t *evicted, uint64_t *skipped,
+                  bool *complete)
+{
+    kvd_msg_t req, rep;
+    kvd_msg_request(&req, 0, KVD_METHOD_EVICT);
+    req.body.evict_req = *first;
+    kvd_evict_req_t *e = &req.body.evict_req;
+    *evicted = *skipped = 0;
+    *complete = false;
+    for (uint32_t calls = 0; calls < max_calls; calls++) {
+        int rc = call(ctx, &req, &rep);
+        if (rc != KVD_OK) {
+            kvd_msg_clear(&rep);
+            return rc;
+        }
+        const kvd_evict_rep_t *r = &rep.body.evict_rep;
+        *evicted += r->evicted;
+        *skipped = r->skipped;
+        bool more = r->next_cursor_len > 0 && r->next_cursor_len <= sizeof(e->cursor);
+        if (more) {
+            memcpy(e->cursor, r->next_cursor, r->next_cursor_len);
+            e->cursor_len = r->next_cursor_len;
+        }
+        kvd_msg_clear(&rep);
+        if (!more) {
+            *complete = true;
+            break;
+        }
+    }
+    return KVD_OK;
+}
+
 /* ---------------------------------------------------------------- lookup */
 
 int kvd_lookup_named(kvd_call_fn call, void *ctx, const char *const *ns_names,

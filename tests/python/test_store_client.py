@@ -89,3 +89,19 @@ def test_token_refused(tmp_path, daemon_factory):
         kvdock.StoreClient(socket_path=d.socket, auth_token_file=str(wrong))
     with kvdock.StoreClient(socket_path=d.socket, auth_token_file=str(token)) as c:
         assert c.health()["state"] == "ready"
+
+
+def test_evict(daemon, stored):
+    pool, keys = stored
+    with kvdock.StoreClient(socket_path=daemon.socket) as c:
+        assert c.evict(namespace=pool.namespace, key=keys[3]) == {"evicted": 1, "skipped": 0}
+        assert c.lookup(pool.namespace, keys) == [1, 2, 3]
+        assert c.evict(namespace=pool.namespace) == {"evicted": 3, "skipped": 0}
+        assert c.lookup(pool.namespace, keys) == []
+        with pytest.raises(kvdock.InvalidError):
+            c.evict()  # nothing named
+        with pytest.raises(kvdock.InvalidError):
+            c.evict(namespace=pool.namespace, all=True)
+        with pytest.raises(kvdock.NotFoundError):
+            c.evict(namespace="no/such/ns")
+        assert c.evict(all=True)["evicted"] == 0

@@ -109,8 +109,7 @@ spin_us             libkvdock's spin before sleeping (default: its own).
 staging_mb          size of each of the two staging buffers of the generic
                     path (default 64; at least one page).
 clear_evicts        whether clear() drops this backend's namespaces from
-                    the daemon (default true; through the `kvdock` CLI).
-kvdock_cli          that CLI (default: $KVDOCK, else `kvdock` on PATH).
+                    the daemon (default true).
 =================== =========================================================
 """
 
@@ -119,9 +118,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os
-import shutil
-import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -1193,37 +1189,30 @@ class KvdockHiCacheStorage(HiCacheStorage):
 
     def clear(self) -> bool:
         """Drops this backend's namespaces from the daemon (with
-        clear_evicts, through the `kvdock` CLI: objects being read or
-        written stay) and its local metrics. True when every namespace was
+        clear_evicts, through kvdock.StoreClient.evict: objects being read
+        or written stay) and its local metrics. True when every namespace was
         evicted (or eviction is off)."""
         with self._metrics_lock:
             self._metrics = StorageMetrics()
         if not self.clear_evicts:
             return True
-        cli = self.config.get("kvdock_cli") or os.environ.get("KVDOCK") or shutil.which("kvdock")
-        if not cli:
-            logger.warning("kvdock: clear(): no `kvdock` CLI found (set kvdock_cli); the stored "
-                           "objects stay")
-            return False
-        base = [cli, "--timeout", str(self.timeout_ms)]
-        if self.config.get("connect"):
-            base += ["--connect", str(self.config["connect"])]
-        elif self.config.get("socket_path"):
-            base += ["--socket", str(self.config["socket_path"])]
-        if self.config.get("auth_token_file"):
-            base += ["--token-file", str(self.config["auth_token_file"])]
         ok = True
-        for ns in self.namespaces():
-            try:
-                r = subprocess.run(base + ["evict", "--namespace", ns, "--json"],
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   timeout=max(10.0, 4 * self.timeout_ms / 1000.0))
-            except (OSError, subprocess.TimeoutExpired) as e:
-                logger.warning("kvdock: clear(): evicting %s failed: %s", ns, e)
-                ok = False
-                continue
-            if r.returncode != 0:
-                logger.warning("kvdock: clear(): evicting %s failed: %s", ns,
-                               r.stderr.decode("utf-8", "replace").strip())
-                ok = False
+        try:
+            client = kvdock.StoreClient(socket_path=self.config.get("socket_path"),
+                                        connect=self.config.get("connect"),
+                                        auth_token_file=self.config.get("auth_token_file"),
+                                        timeout_ms=self.timeout_ms,
+                                        client_name="sglang-hicache-clear")
+        except kvdock.KvdockError as e:
+            logger.warning("kvdock: clear(): cannot reach the daemon: %s", e)
+            return False
+        with client:
+            for ns in self.namespaces():
+                try:
+                    client.evict(namespace=ns)
+                except kvdock.NotFoundError:
+                    pass  # nothing was ever stored there
+                except kvdock.KvdockError as e:
+                    logger.warning("kvdock: clear(): evicting %s failed: %s", ns, e)
+                    ok = False
         return ok
