@@ -7,8 +7,8 @@ import json
 import threading
 
 from . import _lib
-from .buffers import key_block, uint32_array
-from .errors import ClosedError, UnsupportedError
+from .buffers import KEY_BYTES, key_block, uint32_array
+from .errors import ClosedError, InvalidError, UnsupportedError
 from .linker import _HEALTH, _cstr
 
 
@@ -78,14 +78,35 @@ class StoreClient:
         return self._json("kvd_store_stats_json")
 
     def prefixes(self, namespace=None, limit=0):
-        """Stored prefixes (`kvdock prefixes --json`), of one namespace or
-        all; limit 0: the library's default."""
-        return self._json("kvd_store_prefixes_json", _cstr(namespace), int(limit))
+        """Stored prefixes (the "prefixes" of `kvdock prefixes --json`), of
+        one namespace or all; limit 0: the library's default (100)."""
+        return self._json("kvd_store_prefixes_json", _cstr(namespace), int(limit))["prefixes"]
+
+    def evict(self, namespace=None, key=None, all=False):
+        """Drops stored objects: one key (in one namespace, or in every one
+        holding it), every object of a namespace, or (all=True) everything
+        this credential reaches. Pinned objects and those being written
+        stay. Returns {"evicted": N, "skipped": M}."""
+        kb = None
+        if key is not None:
+            key = bytes(key)
+            if len(key) != KEY_BYTES:
+                raise InvalidError(message="a page key is %d bytes, not %d" % (KEY_BYTES,
+                                                                               len(key)))
+            kb = ctypes.cast(ctypes.create_string_buffer(key, KEY_BYTES), _lib.c_u8_p)
+        ev = ctypes.c_uint64()
+        sk = ctypes.c_uint64()
+        with self._lock:
+            if self._handle is None:
+                raise ClosedError(message="the store client is closed")
+            _lib.check(self._lib.kvd_store_evict(self._handle, _cstr(namespace), kb, bool(all),
+                                                 ctypes.byref(ev), ctypes.byref(sk)))
+        return {"evicted": ev.value, "skipped": sk.value}
 
     def lookup(self, namespaces, keys, trailing=None):
-        """The restorable boundaries of these page keys in the namespaces
-        (`kvdock lookup --json`); trailing: each namespace's hit policy
-        (0 = every page, n = the last n pages)."""
+        """The restorable boundaries (in pages, increasing) of these page
+        keys in the namespaces (those of `kvdock lookup --json`); trailing:
+        each namespace's hit policy (0 = every page, n = the last n pages)."""
         if isinstance(namespaces, str):
             namespaces = [namespaces]
         names = (ctypes.c_char_p * len(namespaces))(*[_cstr(n) for n in namespaces])
@@ -94,4 +115,4 @@ class StoreClient:
         kb = ctypes.create_string_buffer(blob, max(1, len(blob)))
         return self._json("kvd_store_lookup_json", names,
                           tr.ctypes.data_as(_lib.c_u32_p), len(namespaces),
-                          ctypes.cast(kb, _lib.c_u8_p), n)
+                          ctypes.cast(kb, _lib.c_u8_p), n)["boundaries"]
