@@ -36,20 +36,22 @@ How vLLM's notions map onto kvdock's
 * A worker registers each layer's cache as the rows of its pool. A
   paged KV buffer is a per-layer tensor of blocks in one of vLLM's layouts
   ([2, num_blocks, ...] with K and V apart, [num_blocks, ...] with a block's
-  K and V together, MLA [num_blocks, block_size, dim], or a view over
-  kernel blocks smaller than the manager's block): the connector finds the
-  block dimension, checks that each block is one dense run of bytes, and
+  K and V together, MLA [num_blocks, block_size, dim], HND memory seen as
+  NHD, a view over kernel blocks smaller than the manager's block, HMA pages
+  shared with mamba state and padded): the connector finds the block
+  dimension, checks that each block is one dense run of bytes, and
   registers rows = token slots (block b's rows are b*block_size ..
-  (b+1)*block_size-1) when blocks lie back to back, rows = kernel blocks
-  otherwise. Either way a page is exactly block b's bytes, layer by layer.
+  (b+1)*block_size-1) when blocks lie back to back, rows = the tensor's
+  (kernel) blocks otherwise. Either way a page is exactly block b's bytes, layer by layer.
   A mamba layer's states (a list of tensors [num_blocks, ...]) are the
   buffers of a slot-addressed pool whose slot is the block id.
 
 Loads (scheduler side, then worker side)
 ----------------------------------------
-``get_num_new_matched_tokens`` asks the store (a ``kvdock.StoreClient``,
-lookup only) for every restorable boundary of the request's uncached tail,
-in the namespaces of every TP/PP rank at once (a hit every rank can load),
+``get_num_new_matched_tokens`` asks the store (libkvdock's store client, or
+read-only linkers with lookup-only pools: ``kvdock_lookup``) for every
+restorable boundary of the request's uncached tail, in the namespaces of
+every TP/PP rank at once (a hit every rank can load),
 probing at most ``(num_tokens - 1) // block_size`` pages (a request keeps
 one token to forward) and only boundaries on the alignment of all groups.
 With a mamba group the mamba pool is part of the lookup (TRAILING_PAGES(1)),
