@@ -221,6 +221,39 @@ def test_blocks_of_decode_steps_are_stored_too(daemon):
         b.shutdown()
 
 
+def test_lora_salt_and_images_keep_their_pages_apart(daemon):
+    from types import SimpleNamespace as NS
+
+    a = _engine(daemon)
+    b = _engine(daemon)
+    try:
+        plain, lora = Request("plain", PROMPT, 1), Request("lora", PROMPT, 1)
+        lora.lora_request = NS(lora_name="adapter-x", lora_int_id=1)
+        for r in (plain, lora):
+            a.add(r)
+        a.run()
+        asked = []
+        for rid, attrs in [("b-plain", {}), ("b-lora", {"lora_request": lora.lora_request}),
+                           ("b-other", {"lora_request": NS(lora_name="adapter-y", lora_int_id=2)}),
+                           ("b-salt", {"cache_salt": "tenant-2"}),
+                           ("b-image", {"mm_features": [NS(identifier="img-9f2")]}),
+                           ("b-embeds", {"prompt_embeds": object()})]:
+            r = Request(rid, PROMPT, 1)
+            for k, v in attrs.items():
+                setattr(r, k, v)
+            asked.append((rid, b.sched.get_num_new_matched_tokens(r, 0)))
+        assert asked == [("b-plain", (REACHABLE, False)), ("b-lora", (REACHABLE, False)),
+                         ("b-other", (0, False)), ("b-salt", (0, False)),
+                         ("b-image", (0, False)), ("b-embeds", (0, False))]
+        # the plain chain is SGLang's: its keys are kvdock.page_keys of the tokens
+        keys = kvdock.page_keys(PROMPT[:REACHABLE], BS)
+        model_id = a.workers[0]._settings.model_id
+        assert _kv_boundaries(daemon, model_id, keys)[-1] == REACHABLE // BS
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
 def test_two_tp_ranks_restore_together_or_not_at_all(daemon):
     a = _engine(daemon, tp_size=2)
     b = _engine(daemon, tp_size=2)

@@ -26,7 +26,9 @@ How vLLM's notions map onto kvdock's
 * A kvdock page is one vLLM block (``block_size`` tokens). Page keys are
   kvdock's SGLang-compatible chain (``kvdock.page_keys``) over the request's
   token ids per ``block_size`` tokens, so a key names the whole prefix up to
-  the end of its block.
+  the end of its block; a request with a LoRA adapter, a cache salt or
+  multimodal inputs starts its chain from a digest of them (chain_anchor),
+  and prompts given as embeddings are neither stored nor restored.
 * Each KV cache group of ``kv_cache_config`` is one kvdock pool: full
   attention (and MLA) ``kv<g>`` (hit policy ALL_PAGES; MLA rank-replicated),
   sliding window ``swa<g>`` (TRAILING_PAGES of the window), mamba
@@ -402,11 +404,39 @@ def _num_tokens(request):
     return int(n)
 
 
+def chain_anchor(request):
+    """The digest a request's key chain starts from: None (the plain
+    SGLang-compatible chain) for a request of token ids alone; for one whose
+    KV also depends on something else — a LoRA adapter, a cache salt,
+    multimodal inputs (identified by vLLM's hashes of them) — a digest of
+    that, so its pages never meet those of the same tokens without it."""
+    parts = []
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        parts.append("lora:%s:%s" % (getattr(lora, "lora_name", ""),
+                                     getattr(lora, "lora_int_id", "")))
+    salt = getattr(request, "cache_salt", None)
+    if salt:
+        parts.append("salt:%s" % salt)
+    for f in getattr(request, "mm_features", None) or ():
+        parts.append("mm:%s" % getattr(f, "identifier", f))
+    if not parts:
+        return None
+    return hashlib.sha256(("kvdock.vllm\n" + "\n".join(parts)).encode()).digest()
+
+
+def cacheable(request):
+    """Whether a request's KV follows from its token ids (and its anchor):
+    not for prompts given as embeddings."""
+    return getattr(request, "prompt_embeds", None) is None
+
+
 class _Chain:
     """The page keys of one request, computed as far as needed."""
 
-    def __init__(self, block_size):
+    def __init__(self, block_size, anchor=None):
         self.block_size = block_size
+        self.anchor = anchor
         self.keys = []
 
     def upto(self, request, n_pages):
@@ -417,7 +447,7 @@ class _Chain:
                 n_pages = start + len(toks) // self.block_size
                 toks = toks[:(n_pages - start) * self.block_size]
             if n_pages > start:
-                prior = self.keys[-1] if self.keys else None
+                prior = self.keys[-1] if self.keys else self.anchor
                 self.keys.extend(_kvdock().page_keys(np.asarray(toks, dtype=np.uint32),
                                                      self.block_size, prior=prior))
         return self.keys[:n_pages]
@@ -429,7 +459,8 @@ class _Chain:
 class _ReqState:
     def __init__(self, request, block_size):
         self.request = request
-        self.chain = _Chain(block_size)
+        self.chain = _Chain(block_size, chain_anchor(request))
+        self.cacheable = cacheable(request)
         self.block_ids = None  # one list per group
         self.next_store_page = 0
         self.lookup = None  # (num_local_computed_tokens, hit tokens)
@@ -585,7 +616,7 @@ class _SchedulerSide:
         bs = self.s.block_size
         st = self.state(request)
         st.lookup = None
-        if num_computed_tokens % bs:
+        if num_computed_tokens % bs or not st.cacheable:
             return 0, False
         start = num_computed_tokens // bs
         max_pages = (_num_tokens(request) - 1) // bs  # keep a token to forward
@@ -686,7 +717,7 @@ class _SchedulerSide:
     def _plan_store(self, meta, st, total):
         """Puts in meta the pages of st that become full with this step's
         tokens (total computed after it)."""
-        if self.s.problem or not self.s.stores or st.block_ids is None:
+        if self.s.problem or not self.s.stores or st.block_ids is None or not st.cacheable:
             return
         bs = self.s.block_size
         total = min(total, _num_tokens(st.request))
@@ -1313,4 +1344,5 @@ class KvdockConnector(KVConnectorBase_V1, SupportsHMA):
 
 __all__ = ["KvdockConnector", "KvdockConnectorMetadata", "LoadSpec", "StoreSpec", "PoolPart",
            "GroupPlan", "plan_groups", "restore_problem", "default_model_id", "namespace_name",
+           "chain_anchor", "cacheable",
            "block_views", "paged_buffers", "HAVE_VLLM", "VLLM_BASE_COMMIT"]
