@@ -254,6 +254,26 @@ def test_lora_salt_and_images_keep_their_pages_apart(daemon):
         b.shutdown()
 
 
+def test_kv_roles_producer_only_stores_consumer_only_loads(daemon):
+    producer = _engine(daemon, kv_role="kv_producer")
+    consumer = _engine(daemon, kv_role="kv_consumer")
+    try:
+        _serve(producer, "p1")
+        assert producer.claims["p1"] == [(0, False)]
+        assert producer.workers[0].kvdock_stats["offloads_ok"] >= 1
+        _serve(producer, "p2")  # a producer never loads, even what it stored
+        assert producer.claims["p2"] == [(0, False)]
+        _serve(consumer, "c1")
+        assert consumer.claims["c1"] == [(REACHABLE, False)] and consumer.violations == []
+        consumer.add(Request("c2", PROMPT[::-1], 2))
+        consumer.run()
+        assert consumer.workers[0].kvdock_stats["offloads"] == 0
+        assert consumer.delays == {"c1": False, "c2": False}
+    finally:
+        producer.shutdown()
+        consumer.shutdown()
+
+
 def test_two_tp_ranks_restore_together_or_not_at_all(daemon):
     a = _engine(daemon, tp_size=2)
     b = _engine(daemon, tp_size=2)
