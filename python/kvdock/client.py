@@ -111,6 +111,9 @@ class StoreClient:
             namespaces = [namespaces]
         names = (ctypes.c_char_p * len(namespaces))(*[_cstr(n) for n in namespaces])
         tr = uint32_array(trailing if trailing is not None else [0] * len(namespaces))
+        if tr.size != len(namespaces):  # the library reads one per namespace
+            raise InvalidError(message="%d trailing values for %d namespaces"
+                               % (tr.size, len(namespaces)))
         blob, n = key_block(keys)
         kb = ctypes.create_string_buffer(blob, max(1, len(blob)))
         return self._json("kvd_store_lookup_json", names,

@@ -62,6 +62,8 @@ def test_prefixes_and_lookup(daemon, stored):
         assert c.lookup(pool.namespace, keys) == [1, 2, 3, 4]
         other = kvdock.page_keys(range(200, 208), PAGE)
         assert c.lookup([pool.namespace], other) == []
+        with pytest.raises(kvdock.InvalidError):
+            c.lookup([pool.namespace, pool.namespace], keys, trailing=[0])
         with pytest.raises(kvdock.NotFoundError) as e:
             c.lookup("no/such/namespace", keys)
         assert "no/such/namespace" in e.value.message
