@@ -3,6 +3,7 @@ against SGLang's (restated in sglang_hicache_iface.py), and restores
 driven in the HiCache controller's order (sglang_hicache_engine.py) through
 a real kvdockd, checked byte by byte against what the host pool held."""
 
+import hashlib
 import os
 import time
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import kvdock
+from kvdock import engine
 from kvdock.sglang import hicache
 from kvdock.sglang.hicache import KvdockHiCacheStorage
 
@@ -104,10 +106,32 @@ def test_page_hashes_are_kvdock_page_keys():
     toks = tokens(64)
     assert [bytes.fromhex(h) for h in page_hashes(toks, 16)] == kvdock.page_keys(toks, 16)
     h = get_hash_str(toks[:16])
-    assert hicache.page_key_bytes(h) == bytes.fromhex(h)
+    assert hicache.page_key(h) == bytes.fromhex(h)
     # keys that are not hex digests are hashed, and stay distinct
-    a, b = hicache.page_key_bytes("x-1"), hicache.page_key_bytes("x-2")
-    assert len(a) == 32 and a != b and a == hicache.page_key_bytes("x-1")
+    a, b = hicache.page_key("x-1"), hicache.page_key("x-2")
+    assert len(a) == 32 and a != b and a == hicache.page_key("x-1")
+
+
+def test_backend_is_built_on_kvdock_engine():
+    # one key policy, one completion queue, one log for every adapter: the
+    # backend keeps no copies of its own
+    assert hicache.page_key is engine.page_key
+    assert hicache.Completions is engine.Completions
+    assert hicache.RateLimitedLog is engine.RateLimitedLog
+    for own in ("page_key_bytes", "_Completions", "_RateLimitedLog"):
+        assert not hasattr(hicache, own), own
+
+
+def test_non_hex_keys_are_stored_under_engine_page_key(daemon, backends, linker_factory):
+    # a key that is not a hex digest lands where every other kvdock adapter
+    # looks for that string: SHA-256 of it
+    pool = make_pool("mha", "layer_first", n_pages=16, layers=2)
+    be = backends(daemon, pool)
+    keys = ["lora7-page-%d" % i for i in range(3)]
+    assert be.batch_set_v1(keys, pool.alloc(3 * 4)) == [True] * 3
+    raw = [hashlib.sha256(k.encode()).digest() for k in keys]
+    assert be._present(be._kv, raw)[0] == 3
+    assert be.batch_exists(keys) == 3
 
 
 # ---------------------------------------------------------------- restore

@@ -60,7 +60,12 @@ on the v1/v2 paths.
   and write the same objects.
 * None of these raise into the engine or return None: a failure (daemon
   gone, timeout, bad arguments) is logged and answered False (per key) or
-  0; every call is bounded by ``timeout_ms``.
+  0; every call is bounded by ``timeout_ms``. Failures of the store
+  (kvdock.engine.TRANSIENT) are logged as warnings, anything else (a bad
+  argument) as an error, each kind at most once per 10 s. A committed load
+  whose start keeps failing (the library out of memory) is never left to
+  copy into rows SGLang reuses: the connection is closed after the bound
+  (everything pending fails; the backend answers nothing from then on).
 
 Namespaces: ``model_id`` (default: SGLang's model name, plus ``@tp<size>``
 for a model whose KV is split across TP ranks) / pool name / ``tp<rank>`` or,
@@ -91,9 +96,12 @@ auth_token_file     file holding the token the daemon expects (required
                     over TCP; optional on the socket). Default:
                     $KVDOCK_AUTH_TOKEN_FILE.
 timeout_ms          bound on every kvdock call (default 5000). A backend
-                    call makes a few of them and waits for its copies at
-                    most 3 x timeout_ms + 1 s (a hung daemon); a daemon
-                    that is gone fails it at once.
+                    call makes a few of them and waits for its copies
+                    (and acks) until they came, at most 4 x timeout_ms +
+                    1 s (kvdock.engine.completion_bound_s; a hung daemon):
+                    until then the host rows are the library's, so no call
+                    returns early. A daemon that is gone, or close(), fails
+                    them at once.
 connect_wait_s      how long the constructor waits for a daemon that is not
                     up or not ready yet (default 30); then it raises.
 model_id            the stored KV's identity, replacing the default above;
@@ -115,7 +123,6 @@ clear_evicts        whether clear() drops this backend's namespaces from
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 import threading
@@ -133,7 +140,10 @@ except ImportError:  # the engine always has it; the module still imports
     torch = None
 
 import kvdock
-from kvdock import KvdockError, NotFoundError
+from kvdock import KvdockError, NoMemError, InvalidError, NotFoundError
+from kvdock.buffers import int64_array
+from kvdock.engine import (TRANSIENT, Completions, RateLimitedLog, completion_bound_s,
+                           load_whole, page_key)
 
 logger = logging.getLogger(__name__)
 
@@ -296,20 +306,8 @@ except Exception:
 # ----------------------------------------------------------------------------
 # Keys
 
-def page_key_bytes(key) -> bytes:
-    """The 32 raw bytes kvdock stores a page under: SGLang's page hash is
-    the hex of a SHA-256 digest (get_hash_str), so it is decoded; a key that
-    is not 64 hex digits (a prefixed or otherwise derived key) is hashed
-    with SHA-256, which keeps distinct strings distinct."""
-    if isinstance(key, (bytes, bytearray)) and len(key) == kvdock.PAGE_KEY_BYTES:
-        return bytes(key)
-    s = key if isinstance(key, str) else str(key)
-    if len(s) == 2 * kvdock.PAGE_KEY_BYTES:
-        try:
-            return bytes.fromhex(s)
-        except ValueError:
-            pass
-    return hashlib.sha256(s.encode("utf-8")).digest()
+# kvdock.engine.page_key: SGLang's page hash (the hex of a SHA-256 digest,
+# get_hash_str) decoded; any other key hashed with SHA-256.
 
 
 def _pool_key(name) -> str:
@@ -398,11 +396,7 @@ class HostPoolView:
     def kvdock_indices(self, host_indices) -> np.ndarray:
         """SGLang's host indices (one per token, or per slot) as the
         transfer's indices (page ids for page_first_direct)."""
-        if torch is not None and isinstance(host_indices, torch.Tensor):
-            idx = host_indices.detach().to("cpu", torch.int64).numpy()
-        else:
-            idx = np.asarray(host_indices, dtype=np.int64)
-        idx = idx.reshape(-1)
+        idx = int64_array(host_indices, "host indices")
         if self.pages_as_rows:
             # a page's tokens must be its own consecutive, aligned slots, or
             # the page id would name another page's rows
@@ -486,86 +480,6 @@ def describe_host_pool(name: str, host_pool) -> HostPoolView:
     return HostPoolView(name, host_pool, comps, kvdock.PAGED, layout, page_size)
 
 
-# ----------------------------------------------------------------------------
-# Completions: each waiter picks its own ids out of the linker's queues
-
-class _Completions:
-    """The linker's completed-loads (or -offloads) queue shared by the
-    threads that wait on it: whoever polls files every id popped; each
-    waiter takes its own. Ids given up on (timeout) are dropped when they
-    come back late."""
-
-    def __init__(self, pop):
-        self._pop = pop
-        self._lock = threading.Lock()
-        self._done: Dict[int, bool] = {}
-        self._abandoned: set = set()
-
-    def _poll_locked(self):
-        for cid, ok in self._pop(64):
-            if cid in self._abandoned:
-                self._abandoned.discard(cid)
-            else:
-                self._done[cid] = ok
-
-    def wait(self, ids, deadline: float) -> Dict[int, bool]:
-        """{id: success} for ids; those not back by deadline are False."""
-        want = set(ids)
-        got: Dict[int, bool] = {}
-        t0 = time.monotonic()
-        while want:
-            with self._lock:
-                try:
-                    self._poll_locked()
-                except KvdockError as e:
-                    logger.warning("kvdock: popping completions failed: %s", e)
-                for cid in list(want):
-                    if cid in self._done:
-                        got[cid] = self._done.pop(cid)
-                        want.discard(cid)
-                if want and time.monotonic() >= deadline:
-                    self._abandoned |= want
-                    for cid in want:
-                        got[cid] = False
-                    return got
-            if want:
-                # a completion follows the copies within a round trip to the
-                # daemon (its release): yield for the first milliseconds,
-                # then sleep a little longer each time, at most 1 ms
-                waited = time.monotonic() - t0
-                time.sleep(0 if waited < 0.005 else min(0.001, waited / 20))
-        return got
-
-    def reset(self):
-        with self._lock:
-            self._done.clear()
-            self._abandoned.clear()
-
-
-class _RateLimitedLog:
-    """One warning per message kind per interval, with a count of the ones
-    held back: a daemon that is down must not flood the engine's log."""
-
-    def __init__(self, interval_s: float = 10.0):
-        self._interval = interval_s
-        self._last: Dict[str, float] = {}
-        self._held: Dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def warn(self, kind: str, fmt: str, *args):
-        now = time.monotonic()
-        with self._lock:
-            if now - self._last.get(kind, -1e9) < self._interval:
-                self._held[kind] = self._held.get(kind, 0) + 1
-                return
-            held = self._held.pop(kind, 0)
-            self._last[kind] = now
-        if held:
-            fmt += " (%d more like it since the last)"
-            args = args + (held,)
-        logger.warning("kvdock: " + fmt, *args)
-
-
 _METRICS_CAP = 4096  # entries kept per metric between two get_stats calls
 
 
@@ -609,7 +523,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             logger.warning("kvdock: the extra config has no \"interface_v1\": 1; SGLang will use "
                            "the generic page path (a copy per page) instead of batch_get_v1/"
                            "batch_set_v1")
-        self._log = _RateLimitedLog()
+        self._log = RateLimitedLog(logger)
         self._rids = itertools.count(1)
         self._load_lock = threading.Lock()
         self._views: Dict[str, HostPoolView] = {}  # pool name -> view (registered)
@@ -620,8 +534,12 @@ class KvdockHiCacheStorage(HiCacheStorage):
         self._metrics_lock = threading.Lock()
         self._metrics = StorageMetrics()
         self.lk = self._open(cfg, storage_config)
-        self._loads = _Completions(self.lk.pop_completed_loads)
-        self._offloads = _Completions(self.lk.pop_completed_offloads)
+        # every wait on a completion lasts until it came (or the linker
+        # closed, or broke its own bound): until then the host rows it names
+        # are the linker's, not SGLang's
+        self._bound_s = completion_bound_s(self.timeout_ms)
+        self._loads = Completions(self.lk.pop_completed_loads, self._log)
+        self._offloads = Completions(self.lk.pop_completed_offloads, self._log)
 
     # -------------------------------------------------------------- setup
 
@@ -703,14 +621,6 @@ class KvdockHiCacheStorage(HiCacheStorage):
 
     # ------------------------------------------------------------- helpers
 
-    def _deadline(self) -> float:
-        """When a call stops waiting for its completions. Past the
-        linker's own bounds (each of a load's or offload's round trips is
-        bounded by timeout_ms, and a job may queue behind another caller's),
-        so that the linker reports first: a completion given up on could be
-        a copy still touching host rows the engine takes back."""
-        return time.monotonic() + 3 * self.timeout_ms / 1000.0 + 1.0
-
     def _present(self, view: HostPoolView, keys: List[bytes]):
         """(leading, present): how many keys from keys[0] are stored, and
         for a sidecar (registered with a one-page trailing policy) the set
@@ -733,6 +643,13 @@ class KvdockHiCacheStorage(HiCacheStorage):
         except KvdockError:
             pass  # nothing recorded, or aborted already
 
+    def _warn(self, kind: str, e: Exception, fmt: str, *args):
+        """A failed kvdock call, rate-limited: the store's failures
+        (engine.TRANSIENT) as warnings, anything else (a bad argument, a
+        bug) as an error."""
+        log = self._log.warn if isinstance(e, TRANSIENT) else self._log.error
+        log(kind, fmt + ": %s", *(args + (e,)))
+
     def _load_one(self, item: _Item):
         """LOAD + PREPARE + COMMIT of one pool's part; (rid, n_keys loaded)
         or (None, 0). When a page is missing now, the present prefix."""
@@ -741,9 +658,9 @@ class KvdockHiCacheStorage(HiCacheStorage):
         for attempt in range(2):
             rid = next(self._rids)
             try:
-                self.lk.load(rid, [kvdock.Transfer(item.view.pool, keys, indices=idx)])
+                load_whole(self.lk, rid, [kvdock.Transfer(item.view.pool, keys, indices=idx)])
             except NotFoundError:
-                self._abort(rid)
+                # a page evicted since batch_exists (load_whole aborted the load)
                 if attempt:
                     return None, 0
                 try:
@@ -755,78 +672,115 @@ class KvdockHiCacheStorage(HiCacheStorage):
                 keys, idx = keys[:lead], idx[:lead * per_key]
                 continue
             except KvdockError as e:
-                self._abort(rid)
-                self._log.warn("load", "load of %d pages of pool %r failed: %s", len(keys),
-                               item.view.name, e)
-                return None, 0
-            try:
-                self.lk.prepare(rid)
-                self.lk.commit(rid, [kvdock.Commit(0, len(keys))])
-            except KvdockError as e:
-                self._abort(rid)
-                self._log.warn("commit", "commit of a load of pool %r failed: %s",
-                               item.view.name, e)
+                self._abort(rid)  # PREPARE or COMMIT failed (after a LOAD's: a no-op)
+                self._warn("load", e, "load of %d pages of pool %r failed", len(keys),
+                           item.view.name)
                 return None, 0
             return rid, len(keys)
         return None, 0
 
+    def _start_loads(self):
+        """start_layer_wise_loading of the committed loads: its counter, or
+        None when they are not started (the linker is closed or broken:
+        their completions say failed). It fails only on NOMEM or INVALID,
+        and a committed load cannot be called off, so it is retried; should
+        it keep failing for the completion bound, the linker is closed (its
+        pending loads complete as failed), since a load started later would
+        copy into host rows SGLang has taken back by then."""
+        deadline = time.monotonic() + self._bound_s
+        pause = 0.001
+        while True:
+            try:
+                return self.lk.start_layer_wise_loading()
+            except (NoMemError, InvalidError) as e:
+                if time.monotonic() >= deadline:
+                    self._log.error("start", "starting committed loads kept failing for "
+                                    "%.1f s (%s): closing the connection, so that they never "
+                                    "copy into reused host rows; this backend stores and loads "
+                                    "nothing from now on", self._bound_s, e)
+                    self.lk.close()
+                    return None
+                self._log.warn("start", "starting committed loads failed, retrying: %s", e)
+                time.sleep(pause)
+                pause = min(0.1, pause * 2)
+            except KvdockError as e:
+                self._warn("start", e, "starting loads failed")
+                return None
+
     def _load(self, items: List[_Item]) -> List[int]:
         """Loads every item into its pool, blocking until the bytes are in
-        place: the number of leading keys loaded per item."""
-        deadline = self._deadline()
+        place: the number of leading keys loaded per item. It never returns
+        (nor raises) before every committed load's completion came (or the
+        linker closed, or broke its bound): until then the library may copy
+        into the host rows."""
         started = []  # (item index, rid, n)
-        counter = None
-        with self._load_lock:
-            try:
-                for i, item in enumerate(items):
-                    if item.keys:
-                        rid, n = self._load_one(item)
-                        if rid is not None:
-                            started.append((i, rid, n))
-            finally:
-                # a committed load cannot be called off: it is started (and
-                # waited for) whatever happened to the others
-                if started:
-                    try:
-                        counter = self.lk.start_layer_wise_loading()
-                    except KvdockError as e:
-                        self._log.warn("start", "starting loads failed: %s", e)
-        if not started:
-            return [0] * len(items)
-        if counter is not None:
-            layers = sorted({lid for i, _, _ in started for lid in items[i].view.layer_ids})
-            for lid in layers:
+        done = None
+        try:
+            counter = None
+            with self._load_lock:
                 try:
-                    self.lk.wait_layer(counter, lid)
-                except KvdockError as e:
-                    # the completions below say which load failed
-                    self._log.warn("wait", "a load batch failed: %s", e)
-                    break
-        done = self._loads.wait([rid for _, rid, _ in started], deadline)
+                    for i, item in enumerate(items):
+                        if item.keys:
+                            rid, n = self._load_one(item)
+                            if rid is not None:
+                                started.append((i, rid, n))
+                finally:
+                    # a committed load cannot be called off: it is started
+                    # (and waited for) whatever happened to the others
+                    if started:
+                        counter = self._start_loads()
+            if counter is not None:
+                layers = sorted({lid for i, _, _ in started for lid in items[i].view.layer_ids})
+                for lid in layers:
+                    try:
+                        self.lk.wait_layer(counter, lid)
+                    except KvdockError as e:
+                        # the completions below say which load failed
+                        self._warn("wait", e, "a load batch failed")
+                        break
+            done = self._loads.wait([rid for _, rid, _ in started], self._bound_s)
+        finally:
+            if done is None and started:
+                self._settle(self._loads, [rid for _, rid, _ in started])
         out = [0] * len(items)
         for i, rid, n in started:
             out[i] = n if done.get(rid) else 0
         return out
 
+    def _settle(self, completions: Completions, ids):
+        """On the way out of a call that raised: waits for ids all the same
+        (the rows they name are the linker's until then); ids still owed
+        when even that is cut short are forgotten, so that they are dropped
+        when they come."""
+        try:
+            completions.wait(ids, self._bound_s)
+        except BaseException:
+            completions.forget(ids)
+            raise
+
     def _offload(self, items: List[_Item], prefix_keys=None) -> List[bool]:
-        """Offloads every item, blocking until each ack is back: success
-        per item."""
-        deadline = self._deadline()
+        """Offloads every item, blocking until each ack is back (or the
+        linker closed, or broke its bound): success per item."""
         acks = []
-        for i, item in enumerate(items):
-            if not item.keys:
-                continue
-            depth, prior = 0, None
-            if prefix_keys and item.view is self._kv:
-                depth, prior = len(prefix_keys), page_key_bytes(prefix_keys[-1])
-            try:
-                acks.append((i, self.lk.offload([kvdock.Transfer(
-                    item.view.pool, item.keys, indices=item.indices, first_depth=depth,
-                    prior_key=prior)])))
-            except KvdockError as e:
-                self._log.warn("offload", "offload of %d pages of pool %r failed: %s",
-                               len(item.keys), item.view.name, e)
-        done = self._offloads.wait([a for _, a in acks], deadline)
+        done = None
+        try:
+            for i, item in enumerate(items):
+                if not item.keys:
+                    continue
+                depth, prior = 0, None
+                if prefix_keys and item.view is self._kv:
+                    depth, prior = len(prefix_keys), page_key(prefix_keys[-1])
+                try:
+                    acks.append((i, self.lk.offload([kvdock.Transfer(
+                        item.view.pool, item.keys, indices=item.indices, first_depth=depth,
+                        prior_key=prior)])))
+                except KvdockError as e:
+                    self._warn("offload", e, "offload of %d pages of pool %r failed",
+                               len(item.keys), item.view.name)
+            done = self._offloads.wait([a for _, a in acks], self._bound_s)
+        finally:
+            if done is None and acks:
+                self._settle(self._offloads, [a for _, a in acks])
         ok = [not item.keys for item in items]
         for i, ack in acks:
             ok[i] = bool(done.get(ack))
@@ -852,7 +806,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             self._log.warn("indices", "pool %r: %d host indices for %d keys (want %d)",
                            view.name, n_idx, len(keys), view.n_index_for(len(keys)))
             return None
-        return _Item(view, [page_key_bytes(k) for k in keys], view.kvdock_indices(host_indices))
+        return _Item(view, [page_key(k) for k in keys], view.kvdock_indices(host_indices))
 
     def _record(self, what: str, pages: int, nbytes: int, seconds: float):
         if pages <= 0:
@@ -873,10 +827,10 @@ class KvdockHiCacheStorage(HiCacheStorage):
         if self._kv is None or not keys:
             return 0
         try:
-            lead, _ = self._present(self._kv, [page_key_bytes(k) for k in keys])
+            lead, _ = self._present(self._kv, [page_key(k) for k in keys])
             return lead
         except Exception as e:
-            self._log.warn("exists", "lookup of %d keys failed: %s", len(keys), e)
+            self._warn("exists", e, "lookup of %d keys failed", len(keys))
             return 0
 
     def exists(self, key: str) -> bool:
@@ -898,7 +852,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             self._record("get", got, got * self._kv.pool.object_bytes, time.monotonic() - t0)
             return _true_prefix(got, n)
         except Exception as e:
-            self._log.warn("get", "batch_get_v1 of %d keys failed: %s", n, e)
+            self._warn("get", e, "batch_get_v1 of %d keys failed", n)
             return [False] * n
 
     def batch_set_v1(self, keys: List[str], host_indices,
@@ -920,7 +874,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
                 return [True] * n
             return self._stored_now(self._kv, item.keys)
         except Exception as e:
-            self._log.warn("set", "batch_set_v1 of %d keys failed: %s", n, e)
+            self._warn("set", e, "batch_set_v1 of %d keys failed", n)
             return [False] * n
 
     # ------------------------------------------------------ the v2 path
@@ -963,7 +917,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
                 pool_ok = set()  # this pool's own restorable boundaries
                 if view is not None:
                     if raw is None:
-                        raw = [page_key_bytes(k) for k in keys[:kv_pages]]
+                        raw = [page_key(k) for k in keys[:kv_pages]]
                     lead, present = self._present(view, raw)
                     if t.hit_policy == PoolHitPolicy.TRAILING_PAGES and present is not None:
                         n_tr = max(1, len(t.keys) if t.keys else 1)
@@ -977,7 +931,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             final = max(restorable) if restorable else 0
             return self._make_result(final, hits, sorted(restorable))
         except Exception as e:
-            self._log.warn("exists", "batch_exists_v2 of %d keys failed: %s", len(keys), e)
+            self._warn("exists", e, "batch_exists_v2 of %d keys failed", len(keys))
             return self._make_result(0, {}, [])
 
     def _v2_items(self, transfers):
@@ -1012,7 +966,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             self._record("get", pages, nbytes, time.monotonic() - t0)
             return results
         except Exception as e:
-            self._log.warn("get", "batch_get_v2 failed: %s", e)
+            self._warn("get", e, "batch_get_v2 failed")
             return {t.name: [False] * len(t.keys or []) for t in transfers or []}
 
     def batch_set_v2(self, transfers: List[PoolTransfer],
@@ -1039,7 +993,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             self._record("set", pages, nbytes, time.monotonic() - t0)
             return results
         except Exception as e:
-            self._log.warn("set", "batch_set_v2 failed: %s", e)
+            self._warn("set", e, "batch_set_v2 failed")
             return {t.name: [False] * len(t.keys or []) for t in transfers or []}
 
     # -------------------------------------------- the generic page path
@@ -1083,7 +1037,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             with lock:
                 while done < n:
                     chunk = list(keys[done:done + cap])
-                    item = _Item(view, [page_key_bytes(k) for k in chunk],
+                    item = _Item(view, [page_key(k) for k in chunk],
                                  self._stage_rows(view, len(chunk)))
                     got = self._load([item])[0]
                     for j in range(got):
@@ -1095,7 +1049,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             self._record("get", done, done * view.pool.object_bytes, time.monotonic() - t0)
             return out
         except Exception as e:
-            self._log.warn("get", "batch_get of %d keys failed: %s", n, e)
+            self._warn("get", e, "batch_get of %d keys failed", n)
             return out
 
     def _flat_from(self, view: HostPoolView, page: int, target):
@@ -1148,7 +1102,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
                             self._log.warn("set", "a page of %d elements, not %d", val.numel(),
                                            view.page_elems())
                             return False
-                    item = _Item(view, [page_key_bytes(k) for k in chunk],
+                    item = _Item(view, [page_key(k) for k in chunk],
                                  self._stage_rows(view, len(chunk)))
                     if not self._offload([item])[0] and not all(
                             self._stored_now(view, item.keys)):
@@ -1156,7 +1110,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
             self._record("set", n, n * view.pool.object_bytes, time.monotonic() - t0)
             return True
         except Exception as e:
-            self._log.warn("set", "batch_set of %d keys failed: %s", n, e)
+            self._warn("set", e, "batch_set of %d keys failed", n)
             return False
 
     def set(self, key: str, value: Optional[Any] = None, target_location: Optional[Any] = None,
