@@ -47,9 +47,22 @@ hybrid-mamba pitfalls of the seed document):
                                   before start_layer_wise_loading)
     start_layer_wise_loading()    -> the batch's counter index;
     layer_done_counter.set_consumer(index) / .wait_until(layer)
-    num_completed_loads() / pop_completed_load()   (the batch's rids), or
+    num_completed_loads() / pop_completed_load()   (the batch's rids whose
+                                  loads succeeded: a failed one is held back,
+                                  see below), or
     pop_completed_load_status()   [(rid, success)]: a failed rid's KV is not
                                   usable, the engine recomputes it
+
+A failed load (the copy or the release failed after COMMIT, e.g. the
+daemon died): SGLang's pop_completed_load at SGLANG_COMMIT returns rids
+only, and its wrapper takes every rid returned as loaded. So a failed rid
+is never returned there: it is logged at error level, counted in
+pool_stats()'s ``failed_loads``, and held until the engine lets the
+request go, when cancel_queued_load(rid) answers True (the wrapper's
+release_request then drops the lock it holds for the load). A request let
+go while its committed load was in flight (cancel_queued_load answered
+False) gets its rid returned whatever the outcome: the wrapper then only
+drops its lock.
 
 SGLang's own wrapper at that commit does its COMMIT before it calls load()
 and hands load() the transfers already cut to what the tree adopted; load()
@@ -66,10 +79,17 @@ PoolTransfer may carry ``first_depth`` (the chain depth of keys[0]) and
 ``prior_key`` (the key before keys[0]) as extra attributes; the store uses
 them for inspection and leaf-first eviction.
 
-Keys are SGLang's page hashes (64-character hex SHA-256 chains, the same
-chain as kvdock.page_keys) or 32-byte ``bytes``. Request ids are strings on
+Keys follow kvdock.engine.page_key: SGLang's page hashes (64-character hex
+SHA-256 chains, the same chain as kvdock.page_keys) decoded, 32-byte
+``bytes`` as they are, any other string SHA-256'd. Request ids are strings on
 SGLang's side and uint64 on libkvdock's: each load gets a fresh number
 while it is recorded (a counter, never a hash, so two rids never collide).
+
+The calls SGLang's scheduler makes never raise into it: lookup answers []
+and load / offload / cancel_queued_load False, with the store's transient
+errors (kvdock.engine.TRANSIENT) logged as warnings and anything else (a
+caller's bad arguments, a call in the wrong state) at error level, each
+kind at most once per interval (kvdock.engine.RateLimitedLog).
 
 Threading: the scheduler's thread calls in; the completion queues and the
 layer waits may be called from other threads. State is under one lock that
