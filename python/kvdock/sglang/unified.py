@@ -556,7 +556,8 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
             self._log.warn("lookup", "lookup of rid %s: %s; treated as a miss", rid, err)
             return []
         except _CALLER_ERRORS as err:
-            self._log.error("lookup-bad-" + type(err).__name__, "lookup of rid %s refused: %s: %s; treated as a miss",
+            self._log.error("lookup-bad-" + type(err).__name__,
+                            "lookup of rid %s refused: %s: %s; treated as a miss",
                             rid, type(err).__name__, err)
             return []
 
@@ -726,8 +727,8 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
             self._log.warn("load", "load of rid %s not queued: %s", rid, err)
             return False
         except _CALLER_ERRORS as err:
-            self._log.error("load-bad-" + type(err).__name__, "load of rid %s refused: %s: %s", rid,
-                            type(err).__name__, err)
+            self._log.error("load-bad-" + type(err).__name__, "load of rid %s refused: %s: %s",
+                            rid, type(err).__name__, err)
             return False
 
     def _load(self, rid: str, transfers) -> bool:
@@ -932,7 +933,8 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
             self._log.warn("offload", "offload not queued: %s", err)
             return False
         except _CALLER_ERRORS as err:
-            self._log.error("offload-bad-" + type(err).__name__, "offload refused: %s: %s", type(err).__name__, err)
+            self._log.error("offload-bad-" + type(err).__name__, "offload refused: %s: %s",
+                            type(err).__name__, err)
             return False
 
     def _poll_offloads(self) -> None:
