@@ -867,3 +867,83 @@ class UnifiedLinkerFlow:
             raise AssertionError("%d offloads queued, %d came back, %d failed"
                                  % (queued, len(results), results.count(False)))
         return dict(units)
+
+
+class SGLangWrapperFlow:
+    """SGLang's own UnifiedCacheLinkerWrapper bookkeeping (at the adapter's
+    commit), restated for the mini engine: load_back inserts first, cuts
+    the full-attention transfer to the pages the tree adopted, takes a lock
+    on the inserted node (here: an entry in ``pending_loads``) and calls
+    load(), raising RuntimeError when it answers False; drain_loads pops
+    ``pop_completed_load()`` batches and drops each returned rid's lock
+    (a KeyError for a rid it holds none for, as SGLang's dict pop);
+    release_request drops the lock only when cancel_queued_load answers
+    True. Full-attention pools only (what the wrapper admits besides SWA)."""
+
+    def __init__(self, engine, linker):
+        self.e = engine
+        self.lk = linker
+        self.flow = UnifiedLinkerFlow(engine, linker)
+        self.pending_loads = {}
+        self.popped = []  # every rid pop_completed_load returned, in order
+
+    def load_back(self, r):
+        """match was done (r.b); allocate, insert, cut to what the tree
+        adopted, lock, load(). True when a load was queued."""
+        f = self.flow
+        if r.b <= r.cached:
+            return False
+        f.alloc(r)
+        f.insert(r)
+        b, e = f.adopted_ranges(r)["kv"]
+        t = r.transfers[0]
+        ps = self.e.ps
+        if e <= b:
+            return False
+        cut = f._pool_transfer("kv", [bytes.fromhex(k) for k in t.keys[b:e]],
+                               t.device_indices[b * ps:e * ps])
+        # the pages the tree did not adopt are the engine's to free (the
+        # wrapper's components do it; the adapter never sees them)
+        for u in r.units["kv"][:b] + r.units["kv"][e:]:
+            self.e.pools["kv"].free(u)
+        assert r.rid not in self.pending_loads
+        self.pending_loads[r.rid] = r
+        if not self.lk.load(r.rid, [cut]):
+            del self.pending_loads[r.rid]
+            raise RuntimeError("Failed to queue the linker load for rid=%r." % r.rid)
+        r.state = "queued"
+        return True
+
+    def drain_loads(self, finish_count):
+        for _ in range(finish_count):
+            for rid in self.lk.pop_completed_load():
+                self.pending_loads.pop(rid)
+                self.popped.append(rid)
+
+    def release_request(self, rid):
+        if self.lk.cancel_queued_load(rid):
+            self.pending_loads.pop(rid)
+            return True
+        return False
+
+    def run_batch(self, n_batches=1):
+        """The forward pass (every layer's wait), then drain_loads until
+        n_batches completed batches came (bounded wait). Returns the rids
+        popped."""
+        counter = self.lk.layer_done_counter
+        index = self.lk.start_layer_wise_loading()
+        counter.set_consumer(index)
+        for layer in range(self.e.n_layers):
+            counter.wait_until(layer)
+        before = len(self.popped)
+        seen = 0
+        deadline = time.monotonic() + WAIT_S
+        while seen < n_batches and time.monotonic() < deadline:
+            n = self.lk.num_completed_loads()
+            if n == 0:
+                time.sleep(0.002)
+                continue
+            self.drain_loads(n)
+            seen += n
+        assert seen == n_batches, "%d of %d load batches came back" % (seen, n_batches)
+        return self.popped[before:]

@@ -451,10 +451,10 @@ def test_empty_and_unknown(unified_factory):
     assert a.num_completed_loads() == 0 and a.pop_completed_load() == []
     assert a.num_completed_offloads() == 0 and a.pop_completed_offload() is False
     assert a.offload([]) is False
-    with pytest.raises(ValueError, match="no device pool"):
-        a.lookup("x", [PoolTransfer(name=PoolName.SWA, keys=["00" * 32])])
-    with pytest.raises(ValueError, match="hex digest"):
-        a.lookup("x", [PoolTransfer(name=PoolName.KV, keys=["zz"])])
+    # SGLang's scheduler calls these: a pool never registered is the
+    # caller's bug (logged), a key that is not hex is hashed; both a miss
+    assert a.lookup("x", [PoolTransfer(name=PoolName.SWA, keys=["00" * 32])]) == []
+    assert a.lookup("x", [PoolTransfer(name=PoolName.KV, keys=["zz"])]) == []
 
 
 # ----------------------------------------------------- TP ranks, daemon death

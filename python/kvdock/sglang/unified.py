@@ -47,9 +47,22 @@ hybrid-mamba pitfalls of the seed document):
                                   before start_layer_wise_loading)
     start_layer_wise_loading()    -> the batch's counter index;
     layer_done_counter.set_consumer(index) / .wait_until(layer)
-    num_completed_loads() / pop_completed_load()   (the batch's rids), or
+    num_completed_loads() / pop_completed_load()   (the batch's rids whose
+                                  loads succeeded: a failed one is held back,
+                                  see below), or
     pop_completed_load_status()   [(rid, success)]: a failed rid's KV is not
                                   usable, the engine recomputes it
+
+A failed load (the copy or the release failed after COMMIT, e.g. the
+daemon died): SGLang's pop_completed_load at SGLANG_COMMIT returns rids
+only, and its wrapper takes every rid returned as loaded. So a failed rid
+is never returned there: it is logged at error level, counted in
+pool_stats()'s ``failed_loads``, and held until the engine lets the
+request go, when cancel_queued_load(rid) answers True (the wrapper's
+release_request then drops the lock it holds for the load). A request let
+go while its committed load was in flight (cancel_queued_load answered
+False) gets its rid returned whatever the outcome: the wrapper then only
+drops its lock.
 
 SGLang's own wrapper at that commit does its COMMIT before it calls load()
 and hands load() the transfers already cut to what the tree adopted; load()
@@ -66,10 +79,17 @@ PoolTransfer may carry ``first_depth`` (the chain depth of keys[0]) and
 ``prior_key`` (the key before keys[0]) as extra attributes; the store uses
 them for inspection and leaf-first eviction.
 
-Keys are SGLang's page hashes (64-character hex SHA-256 chains, the same
-chain as kvdock.page_keys) or 32-byte ``bytes``. Request ids are strings on
+Keys follow kvdock.engine.page_key: SGLang's page hashes (64-character hex
+SHA-256 chains, the same chain as kvdock.page_keys) decoded, 32-byte
+``bytes`` as they are, any other string SHA-256'd. Request ids are strings on
 SGLang's side and uint64 on libkvdock's: each load gets a fresh number
 while it is recorded (a counter, never a hash, so two rids never collide).
+
+The calls SGLang's scheduler makes never raise into it: lookup answers []
+and load / offload / cancel_queued_load False, with the store's transient
+errors (kvdock.engine.TRANSIENT) logged as warnings and anything else (a
+caller's bad arguments, a call in the wrong state) at error level, each
+kind at most once per interval (kvdock.engine.RateLimitedLog).
 
 Threading: the scheduler's thread calls in; the completion queues and the
 layer waits may be called from other threads. State is under one lock that
@@ -91,7 +111,9 @@ from collections import deque
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import kvdock
+from kvdock import engine as _engine
 from kvdock import errors as _errors
+from kvdock.buffers import int64_array
 
 logger = logging.getLogger(__name__)
 
@@ -253,58 +275,12 @@ def device_pools_from_sglang(params, components=None) -> List[DevicePool]:
                        rank_replicated=replicated)]
 
 
-def _key_bytes(key) -> bytes:
-    """A page key as 32 bytes: SGLang's hex string, or bytes already."""
-    if isinstance(key, (bytes, bytearray)):
-        if len(key) != kvdock.PAGE_KEY_BYTES:
-            raise ValueError("a page key is %d bytes, not %d" % (kvdock.PAGE_KEY_BYTES,
-                                                                   len(key)))
-        return bytes(key)
-    if isinstance(key, str):
-        try:
-            raw = bytes.fromhex(key)
-        except ValueError:
-            raw = b""
-        if len(raw) != kvdock.PAGE_KEY_BYTES:
-            raise ValueError("page key %r is not a %d-character hex digest"
-                             % (key, 2 * kvdock.PAGE_KEY_BYTES))
-        return raw
-    raise ValueError("a page key is a hex string or bytes, not %s" % type(key).__name__)
-
-
-def _key_block(keys) -> bytes:
-    """Page keys as one block of n * 32 bytes (one hex decode for SGLang's
-    strings, per key only to name a bad one)."""
-    keys = list(keys)
-    if keys and all(isinstance(k, str) for k in keys):
-        try:
-            raw = bytes.fromhex("".join(keys))
-        except ValueError:
-            raw = b""
-        if len(raw) == len(keys) * kvdock.PAGE_KEY_BYTES and all(
-                len(k) == 2 * kvdock.PAGE_KEY_BYTES for k in keys):
-            return raw
-    return b"".join(_key_bytes(k) for k in keys)
-
-
-def _n_indices(indices) -> int:
-    if indices is None:
-        return 0
-    numel = getattr(indices, "numel", None)
-    if callable(numel):
-        return int(numel())
-    size = getattr(indices, "size", None)
-    if isinstance(size, int):
-        return size
-    return len(indices)
-
-
 def _slice_indices(indices, begin, end):
     """indices[begin:end] of a tensor, array or sequence (a view where the
     type has views)."""
     if hasattr(indices, "reshape"):
         return indices.reshape(-1)[begin:end]
-    return list(indices)[begin:end]
+    return int64_array(indices)[begin:end]
 
 
 # ------------------------------------------------------------- bookkeeping
@@ -314,9 +290,10 @@ _PINNING, _PINNED, _FAILED, _PREPARED, _COMMITTED, _STARTED = (
 _UNCOMMITTED = (_PINNED, _FAILED, _PREPARED)
 
 # errors that mean "the store cannot answer now", not a caller's mistake
-_SOFT_ERRORS = (_errors.UnavailableError, _errors.ClosedError, _errors.TimeoutError,
-                _errors.DrainingError, _errors.ProtocolError, _errors.IoError,
-                _errors.AuthError, _errors.NoMemError)
+_TRANSIENT = _engine.TRANSIENT
+# what a caller's bad arguments raise (logged at error level, never raised
+# into SGLang's scheduler from the calls it makes)
+_CALLER_ERRORS = (ValueError, TypeError, IndexError, _errors.KvdockError)
 
 
 class _Entry:
@@ -440,14 +417,24 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         self._loads: Dict[str, _Load] = {}
         self._by_uid: Dict[int, _Load] = {}
         self._batches: Dict[int, _Batch] = {}
-        self._completed: deque = deque()
+        self._completed: deque = deque()  # [(rid, success)] per completed batch
         self._offloads: deque = deque()  # acks, in the order queued
-        self._offload_done: Dict[int, bool] = {}
+        self._offload_done: Dict[int, bool] = {}  # outstanding acks come back
+        # failed loads SGLang's pop_completed_load must not report as done:
+        # held until the engine lets the request go (cancel_queued_load)
+        self._held_failed: set = set()
+        # rids the engine let go (cancel_queued_load answered False) while
+        # their committed load was in flight or not popped yet
+        self._released: set = set()
+        self._failed_loads: Dict[str, int] = {}  # pool name -> loads failed after COMMIT
+        self._log = _engine.RateLimitedLog(logger)
         self._closed = False
         self._owns_linker = linker is None
         if linker is None:
             linker = kvdock.Linker(**_linker_kwargs(server_args, params, cfg))
         self._lk = linker
+        self._load_q = _engine.Completions(linker.pop_completed_loads, self._log)
+        self._offload_q = _engine.Completions(linker.pop_completed_offloads, self._log)
         self.timeout_ms = int(getattr(linker, "timeout_ms", 0) or 5000)
         self.layer_done_counter = KvdockLayerDoneCounter(self, cfg.get("layer_offset", 0))
         try:
@@ -497,8 +484,15 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
     def pool_stats(self) -> Dict[str, Dict[str, int]]:
         """Every pool's counters (lookup hits in pages, load and offload
         bytes, failures). Mamba hits with no mamba load bytes is the bug no
-        token count shows."""
-        return {name: self._lk.pool_stats(e.pool) for name, e in self._pools.items()}
+        token count shows. ``failed_loads``: this adapter's count of the
+        pool's loads that failed after COMMIT (their KV was not usable)."""
+        out = {}
+        for name, e in self._pools.items():
+            st = dict(self._lk.pool_stats(e.pool))
+            with self._lock:
+                st["failed_loads"] = self._failed_loads.get(name, 0)
+            out[name] = st
+        return out
 
     # ------------------------------------------------------- conversions
 
@@ -511,13 +505,14 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         return e
 
     def _kv_transfer(self, e: _Entry, t, *, indices: bool):
-        keys = _key_block(t.keys or ())
+        keys = _engine.page_key_block(t.keys or ())
         if not indices:
             return kvdock.Transfer(e.pool, keys)
         idx = t.device_indices if t.device_indices is not None else t.host_indices
         if idx is None:
             raise ValueError("transfer of pool %r has no device indices" % e.spec.name)
-        n, n_keys = _n_indices(idx), len(keys) // kvdock.PAGE_KEY_BYTES
+        idx = int64_array(idx)
+        n, n_keys = idx.size, len(keys) // kvdock.PAGE_KEY_BYTES
         if n != n_keys * e.page_size:
             what = ("one slot id per key (a slot-addressed pool is never page-sliced)"
                     if e.slot else "%d token slots per page" % e.page_size)
@@ -525,7 +520,7 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
                              % (e.spec.name, n, n_keys, what))
         prior = getattr(t, "prior_key", None)
         return kvdock.Transfer(e.pool, keys, idx, first_depth=int(getattr(t, "first_depth", 0)),
-                               prior_key=None if prior is None else _key_bytes(prior))
+                               prior_key=None if prior is None else _engine.page_key(prior))
 
     def _lookup_uid(self, rid: str) -> int:
         rec = self._loads.get(rid)
@@ -542,23 +537,28 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         all the pools given are restorable by their hit policies; [] when
         the daemon cannot answer (a miss, never an error in the scheduler).
         A transfer without keys takes the full-attention transfer's."""
-        transfers = list(transfers or ())
-        if not transfers:
-            return []
-        default_keys = next((t.keys for t in transfers if t.keys), None)
-        if not default_keys:
-            return []
-        kts = []
-        for t in transfers:
-            e = self._entry(t)
-            if not t.keys:
-                t = copy.copy(t)
-                t.keys = default_keys
-            kts.append(self._kv_transfer(e, t, indices=False))
         try:
+            transfers = list(transfers or ())
+            if not transfers:
+                return []
+            default_keys = next((t.keys for t in transfers if t.keys), None)
+            if not default_keys:
+                return []
+            kts = []
+            for t in transfers:
+                e = self._entry(t)
+                if not t.keys:
+                    t = copy.copy(t)
+                    t.keys = default_keys
+                kts.append(self._kv_transfer(e, t, indices=False))
             return self._lk.lookup(self._lookup_uid(rid), kts)
-        except _SOFT_ERRORS as err:
-            logger.warning("kvdock lookup of rid %s: %s; treated as a miss", rid, err)
+        except _TRANSIENT as err:
+            self._log.warn("lookup", "lookup of rid %s: %s; treated as a miss", rid, err)
+            return []
+        except _CALLER_ERRORS as err:
+            self._log.error("lookup-bad-" + type(err).__name__,
+                            "lookup of rid %s refused: %s: %s; treated as a miss",
+                            rid, type(err).__name__, err)
             return []
 
     # --------------------------------------------- LOAD / PREPARE / COMMIT / ABORT
@@ -588,7 +588,8 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
             self._forget(rec)  # nothing recorded on the C side
             raise
         except _errors.KvdockError as err:
-            logger.info("kvdock LOAD of rid %s failed: %s (ABORT it)", rid, err)
+            self._log.warn("load", "LOAD of rid %s failed: %s (ABORT it)", rid, err,
+                           level=logging.INFO)
             rec.state = _FAILED
             return False
         except BaseException:
@@ -715,9 +716,22 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         start_layer_wise_loading, not here. After commit_load(rid) this
         only confirms it. Without begin_load (SGLang's wrapper at
         SGLANG_COMMIT, whose tree adopted these exact transfers already) it
-        runs LOAD, PREPARE and a whole COMMIT; False when LOAD fails (the
-        pins are released; the indices stay with the tree that holds
-        them)."""
+        runs LOAD, PREPARE and a whole COMMIT (kvdock.engine.load_whole).
+        False when nothing was queued: LOAD failed (the pins are released;
+        the indices stay with the tree that holds them), the linker is
+        closed, or the call itself was wrong (logged at error level);
+        never raises into the scheduler."""
+        try:
+            return self._load(rid, transfers)
+        except _TRANSIENT as err:
+            self._log.warn("load", "load of rid %s not queued: %s", rid, err)
+            return False
+        except _CALLER_ERRORS as err:
+            self._log.error("load-bad-" + type(err).__name__, "load of rid %s refused: %s: %s",
+                            rid, type(err).__name__, err)
+            return False
+
+    def _load(self, rid: str, transfers) -> bool:
         with self._lock:
             rec = self._loads.get(rid)
             if rec is not None:
@@ -729,16 +743,35 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         transfers = [t for t in (transfers or ()) if t.keys]
         if not transfers:
             return False
-        if not self.begin_load(rid, transfers):
-            self._tls.keep_indices = True
-            try:
-                self.abort_load(rid)
-            finally:
-                self._tls.keep_indices = False
-            return False
-        self.commit_load(rid)
+        entries = [self._entry(t) for t in transfers]
+        kts = [self._kv_transfer(e, t, indices=True) for e, t in zip(entries, transfers)]
         with self._lock:
-            self._loads[rid].queued = True
+            self._check_open()
+            if rid in self._loads:
+                raise ValueError("rid %r has a load recorded already" % (rid,))
+            rec = _Load(rid, next(self._uids), entries, transfers, kts)
+            self._loads[rid] = rec
+            self._by_uid[rec.uid] = rec
+        # the tree holds every index of these transfers: an ABORT (a failed
+        # LOAD) hands none back
+        self._tls.keep_indices = True
+        try:
+            _engine.load_whole(self._lk, rec.uid, kts)
+        except _errors.KvdockError as err:
+            try:
+                self._lk.abort(rec.uid)  # PREPARE or COMMIT failed after the LOAD
+            except _errors.KvdockError:
+                pass  # load_whole aborted it (a failed LOAD), or nothing is recorded
+            self._forget(rec)
+            self._log.warn("load", "LOAD of rid %s failed: %s; nothing queued", rid, err)
+            return False
+        except BaseException:
+            self._forget(rec)
+            raise
+        finally:
+            self._tls.keep_indices = False
+        with self._lock:
+            rec.state, rec.queued = _COMMITTED, True
         return True
 
     def start_layer_wise_loading(self) -> int:
@@ -760,24 +793,47 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
 
     def cancel_queued_load(self, rid: str) -> bool:
         """Calls off a load that never reached COMMIT (it is ABORTed: its
-        device indices go back through free_indices). A committed load is
-        not called off (the tree has published its indices: dropping the
-        copy would leave it a hit over unwritten slots): False."""
-        with self._lock:
-            rec = self._loads.get(rid)
-            if rec is None or rec.state not in _UNCOMMITTED:
-                return False
-        return self.abort_load(rid)
+        device indices go back through free_indices): True. A committed
+        load is not called off (the tree has published its indices:
+        dropping the copy would leave it a hit over unwritten slots):
+        False, and the load, once it completes, is reported through
+        pop_completed_load whatever its outcome (SGLang's wrapper then only
+        drops its lock; the request is gone). A load that failed and was
+        held out of pop_completed_load: True (SGLang's wrapper then drops
+        the lock it held for it). Never raises into the scheduler."""
+        try:
+            with self._lock:
+                if rid in self._held_failed:
+                    self._held_failed.discard(rid)
+                    return True
+                rec = self._loads.get(rid)
+                if rec is None:
+                    if any(r == rid for b in self._completed for r, _ in b):
+                        self._released.add(rid)
+                    return False
+                if rec.state not in _UNCOMMITTED:
+                    self._released.add(rid)
+                    return False
+            return self.abort_load(rid)
+        except _errors.CallbackError as err:
+            # the ABORT went through; the engine's allocator raised
+            self._log.error("cancel-cb", "cancel of rid %s: the load is called off, but "
+                            "free_indices raised: %r", rid, err.__cause__)
+            return True
+        except _CALLER_ERRORS as err:
+            self._log.error("cancel-" + type(err).__name__, "cancel of rid %s failed: %s: %s", rid,
+                            type(err).__name__, err)
+            return False
 
     def _poll_loads(self) -> None:
-        done = self._lk.pop_completed_loads()
+        done = self._load_q.poll()
         if not done:
             return
         with self._lock:
-            for uid, ok in done:
+            for uid, ok in done.items():
                 rec = self._by_uid.pop(uid, None)
                 if rec is None:
-                    logger.warning("kvdock: a completed load of unknown id %d", uid)
+                    self._log.warn("unknown-load", "a completed load of unknown id %d", uid)
                     continue
                 if self._loads.get(rec.rid) is rec:
                     del self._loads[rec.rid]
@@ -786,8 +842,12 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
                     continue
                 batch.waiting.discard(uid)
                 if not ok:
-                    logger.warning("kvdock: the load of rid %s failed; its KV is not usable",
-                                   rec.rid)
+                    for e in rec.entries:
+                        self._failed_loads[e.spec.name] = self._failed_loads.get(
+                            e.spec.name, 0) + 1
+                    self._log.error("load-failed", "the load of rid %s failed after COMMIT: "
+                                    "its KV is not usable (not reported as completed)",
+                                    rec.rid)
                 if rec.queued:
                     batch.results.append((rec.rid, bool(ok)))
                 if not batch.waiting:
@@ -802,14 +862,37 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
             return len(self._completed)
 
     def pop_completed_load(self) -> list[str]:
-        """The request ids of the oldest completed batch ([] when none).
-        SGLang's call carries no success flag: pop_completed_load_status
-        does."""
-        return [rid for rid, _ in self.pop_completed_load_status()]
+        """The request ids of the oldest completed batch whose loads
+        succeeded ([] when none). SGLang's call carries no success flag
+        and its wrapper takes every rid returned as loaded, so a failed
+        rid is held out of it (logged at error level, counted in
+        pool_stats' failed_loads) until the engine lets the request go:
+        cancel_queued_load(rid) then answers True. A failed rid whose
+        request was let go already is returned (the wrapper only drops
+        its lock). pop_completed_load_status reports every rid with its
+        outcome."""
+        batch = self._pop_batch()
+        rids = []
+        with self._lock:
+            for rid, ok in batch:
+                released = rid in self._released
+                self._released.discard(rid)
+                if ok or released:
+                    rids.append(rid)
+                else:
+                    self._held_failed.add(rid)
+        return rids
 
     def pop_completed_load_status(self) -> list:
         """[(rid, success)] of the oldest completed batch ([] when none): a
         rid that failed has no usable KV, the engine recomputes it."""
+        batch = self._pop_batch()
+        with self._lock:
+            for rid, _ in batch:
+                self._released.discard(rid)
+        return batch
+
+    def _pop_batch(self) -> list:
         self._poll_loads()
         with self._lock:
             return list(self._completed.popleft()) if self._completed else []
@@ -826,7 +909,7 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
                 if batch is not None:
                     batch.wait_error = err
             if first or batch is None:
-                logger.warning("kvdock: layer %d of load batch %d: %s (its loads complete "
+                self._log.warn("layer", "layer %d of load batch %d: %s (its loads complete "
                                "as failed)", layer_id, index, err)
 
     # ------------------------------------------------------------ offload
@@ -834,27 +917,31 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
     def offload(self, transfers: list[PoolTransfer]) -> bool:
         """Queues every transfer's device rows for storing (reserve, write,
         publish on the linker's offload thread); the rows must stay as they
-        are until its completion is popped. False when nothing was queued."""
-        transfers = [t for t in (transfers or ()) if t.keys]
-        if not transfers:
-            return False
-        kts = [self._kv_transfer(self._entry(t), t, indices=True) for t in transfers]
-        with self._lock:
-            self._check_open()
-            try:
-                ack = self._lk.offload(kts)
-            except _errors.KvdockError as err:
-                logger.warning("kvdock offload not queued: %s", err)
+        are until its completion is popped. False when nothing was queued
+        (never raises into the scheduler)."""
+        try:
+            transfers = [t for t in (transfers or ()) if t.keys]
+            if not transfers:
                 return False
-            self._offloads.append(ack)
-        return True
+            kts = [self._kv_transfer(self._entry(t), t, indices=True) for t in transfers]
+            with self._lock:
+                self._check_open()
+                ack = self._lk.offload(kts)
+                self._offloads.append(ack)
+            return True
+        except _TRANSIENT as err:
+            self._log.warn("offload", "offload not queued: %s", err)
+            return False
+        except _CALLER_ERRORS as err:
+            self._log.error("offload-bad-" + type(err).__name__, "offload refused: %s: %s",
+                            type(err).__name__, err)
+            return False
 
     def _poll_offloads(self) -> None:
-        done = self._lk.pop_completed_offloads()
-        if done:
-            with self._lock:
-                for ack, ok in done:
-                    self._offload_done[ack] = bool(ok)
+        with self._lock:
+            want = [a for a in self._offloads if a not in self._offload_done]
+            if want:
+                self._offload_done.update(self._offload_q.take(want))
 
     def num_completed_offloads(self) -> int:
         """Offloads completed, counted in the order they were queued (a
@@ -885,43 +972,58 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
 
     def _quiesce(self) -> None:
         """Aborts the loads that never reached COMMIT, starts the committed
-        ones, and waits (bounded) for every load and offload to come back."""
+        ones, and waits for every load and offload to come back, up to
+        kvdock.engine.completion_bound_s (past it libkvdock broke its own
+        bound: what is still out is forgotten, its completion dropped when
+        it comes)."""
         with self._lock:
             uncommitted = [r.rid for r in self._loads.values() if r.state in _UNCOMMITTED]
         for rid in uncommitted:
             try:
                 self.abort_load(rid)
             except _errors.KvdockError as err:
-                logger.warning("kvdock reset: ABORT of rid %s: %s", rid, err)
+                self._log.warn("reset-abort", "reset: ABORT of rid %s: %s", rid, err)
         with self._lock:
             if any(r.state == _COMMITTED for r in self._loads.values()):
                 self.start_layer_wise_loading()
-        deadline = time.monotonic() + 2 * self.timeout_ms / 1000.0 + 5.0
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + _engine.completion_bound_s(self.timeout_ms)
+        while True:
             self._poll_loads()
             self._poll_offloads()
             with self._lock:
-                busy = bool(self._by_uid) or any(a not in self._offload_done
-                                                 for a in self._offloads)
-            if not busy:
+                loads = list(self._by_uid)
+                acks = [a for a in self._offloads if a not in self._offload_done]
+            if not loads and not acks:
                 return
+            if self._lk.closed:
+                return  # closing failed every pending one
+            if time.monotonic() >= deadline:
+                break
             time.sleep(0.002)
-        logger.warning("kvdock reset: transfers still in flight after the deadline; "
-                       "forgetting them")
+        self._load_q.forget(loads)
+        self._offload_q.forget(acks)
+        self._log.error("reset-bound", "reset: %d loads and %d offloads did not come back "
+                        "within %.1f s: libkvdock broke its bound; forgetting them",
+                        len(loads), len(acks), _engine.completion_bound_s(self.timeout_ms))
 
     def reset(self) -> None:
         """Quiesces every transfer (see _quiesce) and forgets all state:
-        completions not popped are dropped."""
+        completions not popped are dropped, and so is any that comes back
+        after this."""
         with self._lock:
             self._check_open()
         self._quiesce()
         with self._lock:
+            self._load_q.forget(list(self._by_uid))
+            self._offload_q.forget([a for a in self._offloads if a not in self._offload_done])
             self._loads.clear()
             self._by_uid.clear()
             self._batches.clear()
             self._completed.clear()
             self._offloads.clear()
             self._offload_done.clear()
+            self._held_failed.clear()
+            self._released.clear()
             self.layer_done_counter.reset()
 
     def close(self) -> None:
