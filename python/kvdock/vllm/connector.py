@@ -190,7 +190,8 @@ def recovers_every_group(source):
     """(whether a vLLM scheduler of this recovery source recomputes failed
     blocks of every KV cache group, why not)."""
     if source is None:
-        return False, "vLLM's scheduler source cannot be read; taken to recover one group only"
+        return False, ("no vLLM scheduler whose source can be read: taken to recover failed "
+                       "loads of one group only")
     if not source:
         return False, "the installed vLLM's scheduler recovers no failed load"
     if any(p.search(source) for p in _ONE_GROUP_RECOVERY):
@@ -543,12 +544,17 @@ class _ReqState:
         self.stored = False
 
 
+# kvdockd's answers past its batch: "a batch of more than N items (--max-batch)
+# ..." (a request over it) or "batch of n keys is over --max-batch N"
+_BATCH_SAID = re.compile(r"more than (\d+) items \(--max-batch\)|over --max-batch (\d+)")
+
+
 class _StoreView:
     """Lookups through libkvdock's store client, by namespace name: at most
     KVD_MAX_POOLS namespaces a call (every rank's namespaces in as few
     calls as that allows, their boundaries intersected) and at most the
-    daemon's batch of keys (4096 unless it answers TOO_LARGE, then half as
-    many, learnt). The client stays open: its handle opens its connection
+    daemon's batch of keys (4096 unless it answers TOO_LARGE: then the
+    batch its answer names, or half as many, learnt). The client stays open: its handle opens its connection
     again by itself after the daemon closed it."""
 
     MAX_KEYS = 4096  # kvdockd's default --max-batch
@@ -585,7 +591,10 @@ class _StoreView:
                 if len(probe) <= 1:
                     self.log.error("too-large", "a lookup of one key is too large: %s", e)
                     return []
-                self.max_keys = len(probe) // 2  # the daemon's batch is smaller: learnt
+                # the daemon's batch is smaller: learnt from its answer, or halved
+                said = _BATCH_SAID.search(str(e))
+                n = int(said.group(1) or said.group(2)) if said else len(probe) // 2
+                self.max_keys = max(1, min(len(probe) - 1, n))
                 continue
             except kv.InvalidError as e:
                 # the lookup itself is wrong (a bug): no hit, the store is fine
