@@ -81,9 +81,17 @@ reported in ``get_finished``'s receiving set, its failed blocks in the same
 pass).
 
 vLLM at the commit above recovers failed blocks of a single KV cache group
-only (its ``_update_requests_with_invalid_blocks`` unpacks one group); for a
-hybrid model the connector still reports the failed blocks of every group
-(what a hybrid-aware scheduler needs) and says so in its log.
+only (its ``_update_requests_with_invalid_blocks`` unpacks one group and
+raises for more). A load can always fail, so for a model of several groups
+the connector claims no hit (and still stores) unless the installed vLLM's
+scheduler source shows a recovery of every group, or
+``kvdock_multi_group_loads`` says so; it then reports the failed blocks of
+every group.
+
+The blocks of a load or an offload go back to vLLM only once the linker's
+completion for it came (``kvdock.engine.Completions``; each wait bounded by
+``completion_bound_s(kvdock_timeout_ms)``, past which libkvdock broke its
+bound); a failed ``start_layer_wise_loading`` is tried again.
 
 Saves
 -----
@@ -103,13 +111,18 @@ kv_connector_extra_config keys
 library's default), ``kvdock_connect`` ("HOST:PORT" instead of a socket),
 ``kvdock_auth_token_file``, ``kvdock_transport``, ``kvdock_model_id``
 (default: derived from the model, dtypes, TP/PP sizes and the KV cache
-groups' specs, the same in every process), ``kvdock_timeout_ms`` (bound on
-every call and wait, default 5000), ``kvdock_load_async`` (default false),
+groups' specs, the same in every process), ``kvdock_timeout_ms`` (the
+linker's bound on every call, default 5000), ``kvdock_lookup_timeout_ms``
+(the bound on a scheduler lookup, default 1000), ``kvdock_multi_group_loads``
+(loads for a model of several KV cache groups; default: whether the
+installed vLLM recovers every group), ``kvdock_load_async`` (default false),
 ``kvdock_layer_group_size``, ``kvdock_lookup`` (how the scheduler asks the
 store: "store" through libkvdock's store client, by namespace name; "linker"
 through read-only linkers, one per TP rank, whose lookup-only pools take the
 object sizes of kv_cache_config; "auto", the default: the store client where
-the library has one), and for tests and tools without vLLM's parallel state
+the library has one; lookups by name go at most 16 namespaces and the
+daemon's batch of keys a call; while the store fails they pause 1 s, 2 s,
+... at most 30 s), and for tests and tools without vLLM's parallel state
 ``kvdock_tp_rank`` / ``kvdock_pp_rank``.
 """
 
