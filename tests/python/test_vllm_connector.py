@@ -122,7 +122,9 @@ def test_factory_loads_it_by_module_path(daemon):
 
 def test_imports_without_vllm_or_libkvdock(tmp_path):
     # a fresh interpreter where `import vllm` fails and no libkvdock loads:
-    # the package imports, and a scheduler-side connector is built
+    # the package imports; building a connector (vLLM does it at startup,
+    # in either role) fails right there, saying what is missing, and not at
+    # the first request (L3)
     code = (
         "import sys, types\n"
         "class Block:\n"
@@ -133,17 +135,23 @@ def test_imports_without_vllm_or_libkvdock(tmp_path):
         "import kvdock.vllm as v\n"
         "from types import SimpleNamespace as NS\n"
         "assert not v.HAVE_VLLM\n"
+        "print('imported', v.KvdockConnector.__mro__[1].__module__)\n"
         "cfg = NS(kv_transfer_config=NS(kv_role='kv_both', kv_connector_extra_config={}),\n"
         "         cache_config=NS(block_size=16), model_config=NS(model='m'),\n"
         "         parallel_config=NS(tensor_parallel_size=1, pipeline_parallel_size=1))\n"
-        "c = v.KvdockConnector(cfg, v.connector.KVConnectorRole.SCHEDULER, None)\n"
-        "print('ok', type(c).__mro__[1].__module__)\n")
+        "for role in (v.connector.KVConnectorRole.SCHEDULER, v.connector.KVConnectorRole.WORKER):\n"
+        "    try:\n"
+        "        v.KvdockConnector(cfg, role, None)\n"
+        "    except RuntimeError as e:\n"
+        "        print('refused', 'libkvdock' in str(e) and 'KVDOCK_LIBRARY' in str(e))\n")
     env = dict(os.environ, KVDOCK_LIBRARY=str(tmp_path / "no-libkvdock.so"))
+    env.pop("KVDOCK_BUILD", None)
     env["PYTHONPATH"] = os.path.join(os.path.dirname(__file__), "..", "..", "python")
     r = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, timeout=60)
     assert r.returncode == 0, r.stderr.decode()
-    assert r.stdout.decode().split() == ["ok", "kvdock.vllm._base"]
+    assert r.stdout.decode().split() == ["imported", "kvdock.vllm._base", "refused", "True",
+                                         "refused", "True"]
 
 
 # --------------------------------------------------- (b) offload and restore

@@ -319,8 +319,14 @@ class Engine:
                  block_size=16, num_blocks=96, model="tiny-llama", tp_size=1,
                  load_async=False, timeout_ms=3000, prefill_chunk=None, extra=None,
                  module_path="kvdock.vllm", kv_role="kv_both", drop_state_block=False,
-                 n_swa=0, window=40):
+                 n_swa=0, window=40, recovery="every_group"):
         self.bs = block_size
+        # how the scheduler recovers failed blocks: "every_group" (what a
+        # hybrid-aware scheduler does), or "one_group" as vLLM at the commit
+        # the connector names does: it unpacks the block ids of a single
+        # group, which raises ValueError for a model of more
+        assert recovery in ("every_group", "one_group")
+        self.recovery = recovery
         self.drop_state_block = drop_state_block  # hits get no block for their mamba state
         self.after_meta = None  # hook(engine, meta): between the scheduler and the workers
         self.before_layers = None  # hook(engine, rank): after start_load_kv, before layer 0
@@ -371,6 +377,11 @@ class Engine:
         extra.setdefault("kvdock_socket", socket)
         extra.setdefault("kvdock_timeout_ms", timeout_ms)
         extra.setdefault("kvdock_load_async", load_async)
+        # the machine running the tests is slow and shared: lookups get the
+        # linker's bound unless a test says otherwise
+        extra.setdefault("kvdock_lookup_timeout_ms", timeout_ms)
+        if recovery == "every_group" and len(groups) > 1:
+            extra.setdefault("kvdock_multi_group_loads", True)  # this scheduler recovers them
         self.load_async = load_async
 
         def config(rank):
@@ -616,6 +627,9 @@ class Engine:
         if not invalid:
             return False
         ids = self.blocks.get(r.request_id, [])
+        if self.recovery == "one_group":
+            (req_block_ids,) = ids  # vLLM's unpack: ValueError for 2 groups or more
+            return any(b in invalid for b in req_block_ids)
         return any(b in invalid for g in ids for b in g)
 
     def _rewind(self, r):

@@ -81,9 +81,17 @@ reported in ``get_finished``'s receiving set, its failed blocks in the same
 pass).
 
 vLLM at the commit above recovers failed blocks of a single KV cache group
-only (its ``_update_requests_with_invalid_blocks`` unpacks one group); for a
-hybrid model the connector still reports the failed blocks of every group
-(what a hybrid-aware scheduler needs) and says so in its log.
+only (its ``_update_requests_with_invalid_blocks`` unpacks one group and
+raises for more). A load can always fail, so for a model of several groups
+the connector claims no hit (and still stores) unless the installed vLLM's
+scheduler source shows a recovery of every group, or
+``kvdock_multi_group_loads`` says so; it then reports the failed blocks of
+every group.
+
+The blocks of a load or an offload go back to vLLM only once the linker's
+completion for it came (``kvdock.engine.Completions``; each wait bounded by
+``completion_bound_s(kvdock_timeout_ms)``, past which libkvdock broke its
+bound); a failed ``start_layer_wise_loading`` is tried again.
 
 Saves
 -----
@@ -103,17 +111,23 @@ kv_connector_extra_config keys
 library's default), ``kvdock_connect`` ("HOST:PORT" instead of a socket),
 ``kvdock_auth_token_file``, ``kvdock_transport``, ``kvdock_model_id``
 (default: derived from the model, dtypes, TP/PP sizes and the KV cache
-groups' specs, the same in every process), ``kvdock_timeout_ms`` (bound on
-every call and wait, default 5000), ``kvdock_load_async`` (default false),
+groups' specs, the same in every process), ``kvdock_timeout_ms`` (the
+linker's bound on every call, default 5000), ``kvdock_lookup_timeout_ms``
+(the bound on a scheduler lookup, default 1000), ``kvdock_multi_group_loads``
+(loads for a model of several KV cache groups; default: whether the
+installed vLLM recovers every group), ``kvdock_load_async`` (default false),
 ``kvdock_layer_group_size``, ``kvdock_lookup`` (how the scheduler asks the
 store: "store" through libkvdock's store client, by namespace name; "linker"
 through read-only linkers, one per TP rank, whose lookup-only pools take the
 object sizes of kv_cache_config; "auto", the default: the store client where
-the library has one), and for tests and tools without vLLM's parallel state
+the library has one; lookups by name go at most 16 namespaces and the
+daemon's batch of keys a call; while the store fails they pause 1 s, 2 s,
+... at most 30 s), and for tests and tools without vLLM's parallel state
 ``kvdock_tp_rank`` / ``kvdock_pp_rank``.
 """
 
 import hashlib
+import inspect
 import itertools
 import logging
 import math
@@ -124,6 +138,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import engine
+from ..buffers import int64_array
 from ._base import HAVE_VLLM, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole, SupportsHMA
 
 logger = logging.getLogger("kvdock.vllm")
@@ -139,9 +155,79 @@ _KINDS_UNSUPPORTED = ("ChunkedLocal", "CrossAttention", "EncoderOnly")
 
 
 def _kvdock():
-    import kvdock  # the core binding; imported late so this module loads without it
+    import kvdock  # the core binding (its library is loaded at the first call into it)
 
     return kvdock
+
+
+def _load_library():
+    """libkvdock, loaded now: a connector without it fails when vLLM
+    builds it, not at the first request."""
+    try:
+        _kvdock()._lib.lib()
+    except OSError as e:
+        raise RuntimeError("kvdock: the vLLM connector needs libkvdock (the library of the "
+                           "kvdock package; set KVDOCK_LIBRARY to its path): %s" % e) from e
+
+
+# ------------------------------------------- vLLM's recovery of failed loads
+
+# vLLM's scheduler recovers a failed load in _update_requests_with_invalid_blocks;
+# at the commit above it unpacks the block ids of one KV cache group there
+# (``(req_block_ids,) = self.kv_cache_manager.get_block_ids(req_id)``),
+# which raises for a model of more groups.
+_ONE_GROUP_RECOVERY = (
+    re.compile(r"\(\s*\w+\s*,\s*\)\s*=\s*self\.kv_cache_manager\.get_block_ids\("),
+    re.compile(r"self\.kv_cache_manager\.get_block_ids\([^)]*\)\s*\[\s*0\s*\]"),
+)
+
+
+def scheduler_recovery_source():
+    """The source of the installed vLLM's _update_requests_with_invalid_blocks:
+    None when vLLM or its source cannot be read, "" when its scheduler has
+    no such method (no recovery of failed loads at all)."""
+    try:
+        from vllm.v1.core.sched.scheduler import Scheduler
+    except Exception:  # no vLLM here, or one that fails to import
+        return None
+    fn = getattr(Scheduler, "_update_requests_with_invalid_blocks", None)
+    if fn is None:
+        return ""
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+
+
+def recovers_every_group(source):
+    """(whether a vLLM scheduler of this recovery source recomputes failed
+    blocks of every KV cache group, why not)."""
+    if source is None:
+        return False, ("no vLLM scheduler whose source can be read: taken to recover failed "
+                       "loads of one group only")
+    if not source:
+        return False, "the installed vLLM's scheduler recovers no failed load"
+    if any(p.search(source) for p in _ONE_GROUP_RECOVERY):
+        return False, ("the installed vLLM's _update_requests_with_invalid_blocks recovers one KV "
+                       "cache group only")
+    return True, ""
+
+
+def multi_group_loads(extra, n_groups, source=None):
+    """Why loads are off for this model (None: they are on). A load can
+    always fail (its pages evicted between the lookup and the LOAD), and a
+    vLLM that recovers one group only raises on a failed load of a model
+    of more: loads of such a model are off unless kv_connector_extra_config
+    says ``kvdock_multi_group_loads`` (for a vLLM that recovers them all).
+    source: the scheduler's recovery source (None: read the installed
+    vLLM's)."""
+    if n_groups <= 1:
+        return None
+    override = extra.get("kvdock_multi_group_loads")
+    if override is not None:
+        return None if _as_bool(override) else "kvdock_multi_group_loads is false"
+    ok, why = recovers_every_group(source if source is not None else scheduler_recovery_source())
+    return None if ok else why
 
 
 # ---------------------------------------------------------------- config
@@ -315,6 +401,9 @@ class _Settings:
         self.auth_token_file = extra.get("kvdock_auth_token_file") or None
         self.transport = extra.get("kvdock_transport") or None
         self.timeout_ms = int(extra.get("kvdock_timeout_ms", 5000))
+        # the scheduler's lookups: a hung daemon stalls the scheduler this long at most
+        self.lookup_timeout_ms = int(extra.get("kvdock_lookup_timeout_ms", 1000))
+        self.extra = extra
         self.load_async = _as_bool(extra.get("kvdock_load_async", False))
         self.layer_group_size = int(extra.get("kvdock_layer_group_size", 0))
         self.lookup_via = str(extra.get("kvdock_lookup", "auto"))  # "auto", "store", "linker"
@@ -327,8 +416,8 @@ class _Settings:
         consumer = getattr(ktc, "is_kv_consumer", None)
         self.stores = bool(producer) if producer is not None else role in ("kv_both", "kv_producer")
         self.loads = bool(consumer) if consumer is not None else role in ("kv_both", "kv_consumer")
-        # every wait of the connector itself: twice the linker's bound
-        self.wait_s = max(1.0, 2.0 * self.timeout_ms / 1000.0)
+        # a wait for one completion: past it libkvdock broke its own bound
+        self.wait_s = engine.completion_bound_s(self.timeout_ms)
 
     def all_namespaces(self, plan):
         """The namespaces of one pool on every TP and PP rank."""
@@ -422,7 +511,8 @@ def chain_anchor(request):
         parts.append("mm:%s" % getattr(f, "identifier", f))
     if not parts:
         return None
-    return hashlib.sha256(("kvdock.vllm\n" + "\n".join(parts)).encode()).digest()
+    # a string, not a page key: kvdock's one key policy hashes it (SHA-256)
+    return engine.page_key("kvdock.vllm\n" + "\n".join(parts))
 
 
 def cacheable(request):
@@ -467,24 +557,64 @@ class _ReqState:
         self.stored = False
 
 
-class _StoreView:
-    """Lookups through libkvdock's store client: every rank's namespaces
-    in one call, by name."""
+# kvdockd's answers past its batch: "a batch of more than N items (--max-batch)
+# ..." (a request over it) or "batch of n keys is over --max-batch N"
+_BATCH_SAID = re.compile(r"more than (\d+) items \(--max-batch\)|over --max-batch (\d+)")
 
-    def __init__(self, settings, namespaces, trailing):
+
+class _StoreView:
+    """Lookups through libkvdock's store client, by namespace name: at most
+    KVD_MAX_POOLS namespaces a call (every rank's namespaces in as few
+    calls as that allows, their boundaries intersected) and at most the
+    daemon's batch of keys (4096 unless it answers TOO_LARGE: then the
+    batch its answer names, or half as many, learnt). The client stays open: its handle opens its connection
+    again by itself after the daemon closed it."""
+
+    MAX_KEYS = 4096  # kvdockd's default --max-batch
+
+    def __init__(self, settings, namespaces, trailing, log):
         kv = _kvdock()
-        self.namespaces, self.trailing = namespaces, trailing
+        self.namespaces, self.trailing, self.log = namespaces, trailing, log
+        self.max_ns = kv._lib.KVD_MAX_POOLS
+        self.max_keys = self.MAX_KEYS
         self.client = kv.StoreClient(socket_path=settings.socket_path, connect=settings.connect,
                                      auth_token_file=settings.auth_token_file,
-                                     timeout_ms=settings.timeout_ms, client_name="vllm-scheduler")
+                                     timeout_ms=settings.lookup_timeout_ms,
+                                     client_name="vllm-scheduler")
 
     def lookup(self, keys):
+        common = None
+        for i in range(0, len(self.namespaces), self.max_ns):
+            got = self._lookup(self.namespaces[i:i + self.max_ns],
+                               self.trailing[i:i + self.max_ns], keys)
+            common = set(got) if common is None else common & set(got)
+            if not common:
+                return []
+        return sorted(common or ())
+
+    def _lookup(self, namespaces, trailing, keys):
         kv = _kvdock()
-        try:
-            res = self.client.lookup(self.namespaces, keys, trailing=self.trailing)
-        except kv.NotFoundError:
-            return []  # a namespace no worker registered yet: nothing stored
-        return list(res.get("boundaries", []) if isinstance(res, dict) else res)
+        for _ in range(32):  # each turn halves the keys: bounded
+            probe = keys[:self.max_keys]
+            try:
+                res = self.client.lookup(namespaces, probe, trailing=trailing)
+            except kv.NotFoundError:
+                return []  # a namespace no worker registered yet: nothing stored
+            except kv.TooLargeError as e:
+                if len(probe) <= 1:
+                    self.log.error("too-large", "a lookup of one key is too large: %s", e)
+                    return []
+                # the daemon's batch is smaller: learnt from its answer, or halved
+                said = _BATCH_SAID.search(str(e))
+                n = int(said.group(1) or said.group(2)) if said else len(probe) // 2
+                self.max_keys = max(1, min(len(probe) - 1, n))
+                continue
+            except kv.InvalidError as e:
+                # the lookup itself is wrong (a bug): no hit, the store is fine
+                self.log.error("invalid", "lookup refused as invalid: %s", e)
+                return []
+            return list(res.get("boundaries", []) if isinstance(res, dict) else res)
+        return []
 
     def close(self):
         self.client.close()
@@ -513,7 +643,7 @@ class _LinkerView:
                 lk = kv.Linker(socket_path=settings.socket_path, connect=settings.connect,
                                client_name="vllm-scheduler-tp%d" % tp, model_id=settings.model_id,
                                tp_rank=tp, tp_size=settings.tp_size,
-                               timeout_ms=settings.timeout_ms, lazy_pool_mapping=True,
+                               timeout_ms=settings.lookup_timeout_ms, lazy_pool_mapping=True,
                                read_only=True, transport=settings.transport,
                                auth_token_file=settings.auth_token_file)
                 self.linkers.append((lk, []))
@@ -551,18 +681,32 @@ class _LinkerView:
 class _SchedulerSide:
     """Lookups against the store, the blocks each load and save touches."""
 
-    RETRY_S = 1.0  # after a failed lookup, claim no hit for this long
+    # while the store fails, lookups claim no hit and ask it again after
+    # BACKOFF_MIN_S, twice as long after each failure, at most BACKOFF_MAX_S
+    BACKOFF_MIN_S = 1.0
+    BACKOFF_MAX_S = 30.0
 
-    def __init__(self, settings):
+    def __init__(self, settings, recovery_source=None):
         self.s = settings
+        self.log = engine.RateLimitedLog(logger)
         self.reqs = {}
         self.loads = []
         self.view = None
         self.retry_at = 0.0
+        self.backoff = 0.0
         self.failed_lookups = 0
+        self.views_opened = 0
         if settings.problem:
             logger.warning("kvdock: nothing is restored or stored for this model: %s",
                            settings.problem)
+        # loads of a model of several KV cache groups only where vLLM recovers them
+        self.no_loads = None if settings.problem or not settings.loads else \
+            multi_group_loads(settings.extra, len(settings.plans), recovery_source)
+        if self.no_loads:
+            logger.warning("kvdock: %d KV cache groups (%s): nothing is loaded, pages are still "
+                           "stored: %s (set kvdock_multi_group_loads for a vLLM that recovers "
+                           "failed loads of every group)", len(settings.plans),
+                           ", ".join(p.pool_name for p in settings.plans), self.no_loads)
         self.namespaces = [ns for p in settings.plans for ns in settings.all_namespaces(p)]
         self.trailing = [p.trailing_pages for p in settings.plans
                          for _ in settings.all_namespaces(p)]
@@ -580,26 +724,36 @@ class _SchedulerSide:
             from kvdock import _lib
 
             via = self.s.lookup_via
+            self.views_opened += 1
             if via == "store" or via == "auto" and _lib.has("kvd_store_open"):
-                self.view = _StoreView(self.s, self.namespaces, self.trailing)
+                self.view = _StoreView(self.s, self.namespaces, self.trailing, self.log)
             else:
                 self.view = _LinkerView(self.s)
         return self.view
 
     def lookup(self, keys):
         """Every boundary (pages from keys[0]) restorable on every rank;
-        [] when the store cannot say (asked again after RETRY_S)."""
+        [] when the store cannot say (and, while it keeps failing, not
+        asked again for 1 s, 2 s, 4 s ... 30 s). The view stays open."""
         kv = _kvdock()
-        if time.monotonic() < self.retry_at:
+        now = time.monotonic()
+        if now < self.retry_at:
             return []
         try:
-            return self._view().lookup(keys)
+            got = self._view().lookup(keys)
         except kv.KvdockError as e:
             self.failed_lookups += 1
-            self.retry_at = time.monotonic() + self.RETRY_S
-            logger.warning("kvdock: lookup failed, no hit claimed: %s", e)
-            self.close()
+            self.backoff = min(self.BACKOFF_MAX_S, max(self.BACKOFF_MIN_S, 2 * self.backoff))
+            self.retry_at = time.monotonic() + self.backoff
+            if isinstance(e, engine.TRANSIENT):
+                self.log.warn("lookup", "lookup failed, no hit claimed for %.0f s: %s",
+                              self.backoff, e)
+            else:
+                self.log.error("lookup", "lookup failed, no hit claimed for %.0f s: %s",
+                               self.backoff, e)
             return []
+        self.backoff = 0.0
+        return got
 
     def close(self):
         if self.view is not None:
@@ -611,7 +765,7 @@ class _SchedulerSide:
 
     # -- vLLM's calls
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
-        if self.s.problem or not self.s.loads:
+        if self.s.problem or not self.s.loads or self.no_loads:
             return 0, False
         bs = self.s.block_size
         st = self.state(request)
@@ -865,33 +1019,43 @@ class _PoolInfo:
         self.plan, self.pool, self.rows, self.layer_ids = plan, pool, rows_per_block, layer_ids
 
     def indices(self, block_ids):
+        b = int64_array(block_ids, "block ids")
         if not self.plan.paged:
-            return np.asarray(block_ids, dtype=np.int64)
-        b = np.asarray(block_ids, dtype=np.int64)
+            return b
         return (b[:, None] * self.rows + np.arange(self.rows, dtype=np.int64)[None, :]).reshape(-1)
 
 
 class _LoadRec:
-    def __init__(self, rid, req_id, block_ids, deadline):
-        self.rid, self.req_id, self.block_ids, self.deadline = rid, req_id, block_ids, deadline
+    """A committed load whose completion has not been taken: until it has,
+    the blocks it writes are the linker's."""
+
+    def __init__(self, rid, req_id, block_ids, since):
+        self.rid, self.req_id, self.block_ids, self.since = rid, req_id, block_ids, since
+        self.bad = None  # why its bytes are not trusted whatever its completion says
 
 
 class _WorkerSide:
     """The linker of one worker: its pools, loads and offloads."""
 
+    START_TRIES = 5  # start_layer_wise_loading fails only on NOMEM or INVALID: tried again
+
     def __init__(self, settings):
         self.s = settings
+        self.log = engine.RateLimitedLog(logger)
         self.linker = None
+        self.load_done = None  # engine.Completions of the linker's loads
+        self.offload_done = None  # and of its offloads
         self.pools = {}  # group index -> _PoolInfo
         self.layer_ids = {}  # layer name -> layer id
         self.mamba_layer_ids = []
         self.rids = itertools.count(1)
-        self.inflight = {}  # rid -> _LoadRec (committed, completion not seen)
-        self.batch = None  # (counter, [rid, ...]) of this step (sync loads)
-        self.abandoned = set()  # rids given up on: their late completions are ignored
+        self.inflight = {}  # rid -> _LoadRec (committed, completion not taken)
+        self.batch = None  # (counter, [rid, ...]) of this step, for the layer waits (sync loads)
+        self.must = []  # this step's rids (sync loads): waited for at the end of the step
+        self.unstarted = False  # committed loads whose start failed
         self.load_errors = set()
         self.finished_recving = set()
-        self.acks = {}  # ack -> req_id
+        self.acks = {}  # ack -> (req_id, when queued)
         self.pending = {}  # req_id -> offloads not acknowledged
         self.stored = set()  # req ids that had saves scheduled
         self.finishing = set()  # finished req ids waiting for their saves
@@ -931,6 +1095,8 @@ class _WorkerSide:
         except kv.KvdockError as e:
             logger.error("kvdock: no linker, nothing is loaded or stored: %s", e)
             return
+        self.load_done = engine.Completions(self.linker.pop_completed_loads, self.log)
+        self.offload_done = engine.Completions(self.linker.pop_completed_offloads, self.log)
         for plan in self.s.plans:
             layer_names = [n for n in names if not plan.layer_names or n in plan.layer_names]
             seen, layers = set(), []
@@ -976,11 +1142,33 @@ class _WorkerSide:
         self.pools[plan.index] = _PoolInfo(plan, pool, rows, [lid for lid, _ in layers])
 
     # -- loads
-    def _fail(self, block_ids, why, req_id):
+    def _fail(self, block_ids, why, req_id, level=logging.WARNING):
         self.stats["loads_failed"] += 1
         self.load_errors.update(block_ids)
-        logger.warning("kvdock: load of %s failed (%s): %d blocks reported for recompute",
-                       req_id, why, len(block_ids))
+        self.log.warn("load-failed", "load of %s failed (%s): %d blocks reported for recompute",
+                      req_id, why, len(block_ids), level=level)
+
+    def _start(self):
+        """start_layer_wise_loading, tried again where it fails (it fails
+        only on NOMEM or INVALID): the batch's counter, or None (the
+        committed loads then start at the next try, in reap_loads or the
+        next step)."""
+        kv = _kvdock()
+        for i in range(self.START_TRIES):
+            try:
+                counter = self.linker.start_layer_wise_loading()
+            except kv.ClosedError:
+                self.unstarted = False  # closed: every committed load completed as failed
+                return None
+            except kv.KvdockError as e:
+                self.log.error("start", "starting the committed loads failed (try %d of %d): %s",
+                               i + 1, self.START_TRIES, e)
+                time.sleep(0.001 * (1 << i))
+                continue
+            self.unstarted = False
+            return counter
+        self.unstarted = True
+        return None
 
     def start_load(self, meta):
         if meta is None or not meta.loads:
@@ -997,41 +1185,42 @@ class _WorkerSide:
                 self._fail(spec.block_ids, "no pool registered for it", spec.req_id)
                 self._done_recving(spec.req_id)
                 continue
-            transfers, commits = [], []
+            transfers = []
             for part in spec.parts:
                 info = self.pools[part.group]
                 transfers.append(kv.Transfer(info.pool, part.keys, info.indices(part.block_ids)))
-                commits.append((0, len(part.keys), False))
                 with_mamba |= not info.plan.paged
             rid = next(self.rids)
             try:
-                self.linker.load(rid, transfers)
-                self.linker.prepare(rid)
-                self.linker.commit(rid, commits)
+                engine.load_whole(self.linker, rid, transfers)
             except kv.KvdockError as e:
-                try:
+                try:  # a PREPARE or COMMIT that failed: nothing of it may copy
                     self.linker.abort(rid)
                 except kv.KvdockError:
-                    pass  # nothing recorded, or the daemon is gone: nothing pinned either
-                self._fail(spec.block_ids, e, spec.req_id)
+                    pass  # aborted already (its LOAD failed), or gone with the connection
+                expected = isinstance(e, engine.TRANSIENT + (kv.NotFoundError,))
+                self._fail(spec.block_ids, e, spec.req_id,
+                           logging.WARNING if expected else logging.ERROR)
                 self._done_recving(spec.req_id)
                 continue
-            rec = _LoadRec(rid, spec.req_id, spec.block_ids, time.monotonic() + self.s.wait_s)
-            self.inflight[rid] = rec
+            self.inflight[rid] = _LoadRec(rid, spec.req_id, spec.block_ids, time.monotonic())
             batch.append(rid)
         if not batch:
             return
-        try:
-            counter = self.linker.start_layer_wise_loading()
-        except kv.KvdockError as e:
+        counter = self._start()
+        if self.s.load_async:
+            return  # taken in once back (get_finished)
+        self.must.extend(batch)
+        if counter is None:
+            # not copied before this forward pass: failed, whatever comes
+            # back; their blocks stay the linker's until it has
             for rid in batch:
-                self._give_up(rid, "could not start: %s" % e)
+                self.inflight[rid].bad = "its copies could not be started"
             return
-        if not self.s.load_async:
-            self.batch = (counter, batch)
-            if with_mamba:  # vLLM's mamba layers wait for no layer: wait now
-                for lid in self.mamba_layer_ids:
-                    self.wait_layer_id(lid)
+        self.batch = (counter, batch)
+        if with_mamba:  # vLLM's mamba layers wait for no layer: wait now
+            for lid in self.mamba_layer_ids:
+                self.wait_layer_id(lid)
 
     def wait_layer_id(self, lid):
         if self.batch is None:
@@ -1041,9 +1230,12 @@ class _WorkerSide:
         try:
             self.linker.wait_layer(counter, lid)
         except kv.KvdockError as e:
-            # the batch failed: its bytes are not trusted; the forward pass goes on
+            # the batch failed: its bytes are not trusted; the forward pass
+            # goes on, the loads' completions are still waited for
             for rid in rids:
-                self._give_up(rid, "layer %d: %s" % (lid, e))
+                rec = self.inflight.get(rid)
+                if rec is not None and rec.bad is None:
+                    rec.bad = "layer %d: %s" % (lid, e)
             self.batch = None
 
     def wait_layer(self, layer_name):
@@ -1056,61 +1248,40 @@ class _WorkerSide:
             for lid in sorted(self.layer_ids.values()):
                 self.wait_layer_id(lid)
 
-    def _give_up(self, rid, why):
-        rec = self.inflight.pop(rid, None)
-        if rec is None:
-            return
-        self.abandoned.add(rid)
-        self._fail(rec.block_ids, why, rec.req_id)
-        self._done_recving(rec.req_id)
-
     def _done_recving(self, req_id):
         if self.s.load_async:
             self.finished_recving.add(req_id)
 
-    def _pop_loads(self):
-        if self.linker is None:
-            return 0
-        got = self.linker.pop_completed_loads()
-        for rid, ok in got:
-            if rid in self.abandoned:
-                self.abandoned.discard(rid)
-                continue
+    def _late(self, since):
+        """Of {id: time queued}, those older than the completion bound."""
+        now = time.monotonic()
+        return [i for i, t in since.items() if now - t > self.s.wait_s]
+
+    def reap_loads(self):
+        """Takes in the loads that came back. This step's loads (sync
+        mode) are waited for until their completions came: their blocks
+        are handed back to vLLM only then (or once the linker closed or
+        broke its bound); an async load is taken in when back."""
+        self.batch = None
+        must, self.must = self.must, []
+        if self.load_done is None:
+            return
+        if self.unstarted:
+            self._start()
+        got = self.load_done.wait(must, self.s.wait_s) if must else {}
+        got.update(self.load_done.poll())
+        late = self._late({r: rec.since for r, rec in self.inflight.items() if r not in got})
+        if late:  # past the bound: the linker broke it (logged by wait)
+            got.update(self.load_done.wait(late, 0))
+        for rid, ok in got.items():
             rec = self.inflight.pop(rid, None)
             if rec is None:
                 continue
-            if ok:
+            if ok and rec.bad is None:
                 self.stats["loads_ok"] += 1
-                self._done_recving(rec.req_id)
             else:
-                self._fail(rec.block_ids, "its copy failed", rec.req_id)
-                self._done_recving(rec.req_id)
-        return len(got)
-
-    def reap_loads(self):
-        """Takes in finished loads; the loads of this step's batch (sync
-        mode) are waited for, each at most until its deadline; a load past
-        its deadline is failed."""
-        kv = _kvdock()
-        must = set(self.batch[1]) if self.batch else set()
-        delay = 0.0002
-        for _ in range(1000000):  # bounded by the deadlines below
-            try:
-                n = self._pop_loads()
-            except kv.KvdockError as e:
-                logger.warning("kvdock: popping completed loads failed: %s", e)
-                n = 0
-            now = time.monotonic()
-            for rid, rec in list(self.inflight.items()):
-                if now > rec.deadline:
-                    self._give_up(rid, "no completion within %.1f s" % self.s.wait_s)
-            waiting = must & set(self.inflight)
-            if not waiting:
-                break
-            if n == 0:
-                time.sleep(delay)
-                delay = min(delay * 2, 0.005)
-        self.batch = None
+                self._fail(rec.block_ids, rec.bad or "its copy failed", rec.req_id)
+            self._done_recving(rec.req_id)
 
     # -- saves
     def note_stores(self, meta):
@@ -1139,67 +1310,51 @@ class _WorkerSide:
                     ack = self.linker.offload([t])
                 except kv.KvdockError as e:
                     self.stats["offloads_failed"] += 1
-                    logger.warning("kvdock: offload of %s not queued: %s", spec.req_id, e)
+                    self.log.warn("offload", "offload of %s not queued: %s", spec.req_id, e,
+                                  level=logging.WARNING if isinstance(e, engine.TRANSIENT)
+                                  else logging.ERROR)
                     continue
-                self.acks[ack] = spec.req_id
+                self.acks[ack] = (spec.req_id, time.monotonic())
                 self.pending[spec.req_id] = self.pending.get(spec.req_id, 0) + 1
                 if info.plan.kind != "kv":  # vLLM frees these blocks while the request runs
                     wait_for.append(ack)
         if wait_for:
-            self.wait_acks(lambda: not any(a in self.acks for a in wait_for))
+            # read until their completions came: only then are the blocks vLLM's again
+            self._offloads_back(self.offload_done.wait(wait_for, self.s.wait_s))
 
-    def _pop_offloads(self):
-        got = self.linker.pop_completed_offloads() if self.linker is not None else []
-        for ack, ok in got:
-            req_id = self.acks.pop(ack, None)
-            if req_id is None:
+    def _offloads_back(self, got):
+        for ack, ok in got.items():
+            rec = self.acks.pop(ack, None)
+            if rec is None:
                 continue
+            req_id = rec[0]
             self.stats["offloads_ok" if ok else "offloads_failed"] += 1
             left = self.pending.get(req_id, 1) - 1
             if left > 0:
                 self.pending[req_id] = left
             else:
                 self.pending.pop(req_id, None)
-        return len(got)
 
-    def wait_acks(self, done):
-        """Pops offload completions until done() or the connector's bound."""
-        kv = _kvdock()
-        deadline = time.monotonic() + self.s.wait_s
-        delay = 0.0002
-        for _ in range(1000000):  # bounded by the deadline
-            try:
-                n = self._pop_offloads()
-            except kv.KvdockError as e:
-                logger.warning("kvdock: popping completed offloads failed: %s", e)
-                n = 0
-            if done() or time.monotonic() > deadline:
-                break
-            if n == 0:
-                time.sleep(delay)
-                delay = min(delay * 2, 0.005)
-        if not done():
-            logger.warning("kvdock: offloads not acknowledged within %.1f s", self.s.wait_s)
-            return False
-        return True
+    def _reap_offloads(self):
+        if self.offload_done is None:
+            return
+        got = self.offload_done.poll()
+        late = self._late({a: t for a, (_, t) in self.acks.items() if a not in got})
+        if late:  # past the bound: the linker broke it (logged by wait)
+            got.update(self.offload_done.wait(late, 0))
+        self._offloads_back(got)
 
     def preempted(self, req_ids):
-        if req_ids and self.linker is not None:
-            if not self.wait_acks(lambda: not any(self.pending.get(r) for r in req_ids)):
-                # the blocks go back to vLLM now: forget those acks
-                for ack, r in list(self.acks.items()):
-                    if r in req_ids:
-                        del self.acks[ack]
-                for r in req_ids:
-                    self.pending.pop(r, None)
+        """A preempted request's blocks go back to vLLM: its saves are
+        waited for until their completions came."""
+        if req_ids and self.offload_done is not None:
+            acks = [a for a, (r, _) in self.acks.items() if r in req_ids]
+            if acks:
+                self._offloads_back(self.offload_done.wait(acks, self.s.wait_s))
 
     def get_finished(self, finished_req_ids):
-        kv = _kvdock()
         self.reap_loads()
-        try:
-            self._pop_offloads()
-        except kv.KvdockError as e:
-            logger.warning("kvdock: popping completed offloads failed: %s", e)
+        self._reap_offloads()
         self.finishing |= set(finished_req_ids or ()) & self.stored
         sending = {r for r in self.finishing if not self.pending.get(r)}
         self.finishing -= sending
@@ -1228,6 +1383,7 @@ class KvdockConnector(KVConnectorBase_V1, SupportsHMA):
 
     def __init__(self, vllm_config, role, kv_cache_config):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        _load_library()  # fails here, at startup, without libkvdock
         self._settings = _Settings(vllm_config, kv_cache_config)
         self._num_blocks = getattr(kv_cache_config, "num_blocks", None)
         self._scheduler = None
@@ -1236,10 +1392,6 @@ class KvdockConnector(KVConnectorBase_V1, SupportsHMA):
             self._scheduler = _SchedulerSide(self._settings)
         else:
             self._worker = _WorkerSide(self._settings)
-        if len(self._settings.plans) > 1:
-            logger.info("kvdock: %d KV cache groups (%s); vLLM at %s recovers failed loads of one "
-                        "group only", len(self._settings.plans),
-                        ", ".join(p.pool_name for p in self._settings.plans), VLLM_BASE_COMMIT[:12])
 
     @property
     def requires_kv_delivery(self):
