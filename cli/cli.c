@@ -13,7 +13,7 @@ static int connect_daemon(const cli_t *cli, kvd_client_t **out)
     const char *where = cli->connect ? cli->connect : cli->socket_path;
     bool refused;
     int rc = kvd_client_open(cli->socket_path, cli->connect, "kvdock", cli->token,
-                             cli->token_len, cli->timeout_ms, out, &refused);
+                             cli->token_len, cli->timeout_ms, out, &refused, NULL);
     if (rc != KVD_OK && !refused)
         fprintf(stderr, "kvdock: cannot reach kvdockd at %s: %s%s\n", where,
                 kvd_status_str(rc),

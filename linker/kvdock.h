@@ -431,6 +431,13 @@ KVD_API int kvd_store_open(const kvd_store_config_t *config, kvd_store_t **out);
 /* Closes the connection and frees the handle. NULL is fine. */
 KVD_API void kvd_store_close(kvd_store_t *store);
 
+/* The daemon's limits, as its last Hello said (connecting when there is
+ * no connection): the most items (keys) one request may carry, and the
+ * largest frame. kvd_store_lookup_json refuses more keys with
+ * KVD_ERR_TOO_LARGE. Errors: the connection's. */
+KVD_API int kvd_store_limits(kvd_store_t *store, uint32_t *max_batch,
+                             uint32_t *max_frame_bytes);
+
 /* The daemon's state and its pool size in bytes (either may be NULL).
  * Errors: the connection's. */
 KVD_API int kvd_store_health(kvd_store_t *store, kvd_linker_health_t *state,

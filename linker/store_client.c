@@ -36,8 +36,9 @@ struct kvd_store {
     uint8_t token[KVD_TOKEN_MAX]; /* sent in every Hello; none: len 0 */
     size_t token_len;
     int timeout_ms;
-    kvd_client_t *client; /* NULL: (re)connect at the next RPC */
-    uint64_t deadline;    /* of the public call in progress (kvd_now_ns) */
+    kvd_client_t *client;          /* NULL: (re)connect at the next RPC */
+    uint32_t max_batch, max_frame; /* the daemon's, from its last Hello */
+    uint64_t deadline;             /* of the public call in progress (kvd_now_ns) */
 };
 
 /* Records why the call fails (kvd_last_error: the first reason of a call
@@ -71,9 +72,14 @@ static int store_connect(kvd_store_t *s)
     s->client = NULL;
     bool refused;
     const char *where = s->connect[0] ? s->connect : s->socket_path;
+    kvd_hello_rep_t hello;
     int rc = kvd_client_open(s->socket_path, s->connect[0] ? s->connect : NULL,
                              s->client_name, s->token, s->token_len, ms_left(s->deadline),
-                             &s->client, &refused);
+                             &s->client, &refused, &hello);
+    if (rc == KVD_OK) {
+        s->max_batch = hello.max_batch;
+        s->max_frame = hello.max_frame_bytes;
+    }
     if (rc != KVD_OK)
         return store_fail(rc,
                           refused ? "kvdockd at %s refused the Hello"
@@ -196,6 +202,24 @@ KVD_API void kvd_free(void *p)
 {
     /* a plain helper: this thread's kvd_last_error stays */
     free(p);
+}
+
+KVD_API int kvd_store_limits(kvd_store_t *s, uint32_t *max_batch,
+                             uint32_t *max_frame_bytes)
+{
+    lk_clear_last_error();
+    if (s == NULL)
+        return store_fail(KVD_ERR_INVALID, "kvd_store_limits: no store client");
+    int rc = store_begin(s);
+    if (rc != KVD_OK)
+        return rc;
+    rc = store_connect(s);
+    if (rc == KVD_OK && max_batch)
+        *max_batch = s->max_batch;
+    if (rc == KVD_OK && max_frame_bytes)
+        *max_frame_bytes = s->max_frame;
+    store_end(s);
+    return rc;
 }
 
 KVD_API int kvd_store_health(kvd_store_t *s, kvd_linker_health_t *state,

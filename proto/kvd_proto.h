@@ -849,11 +849,12 @@ int kvd_client_token_read(const char *path, uint8_t *buf, size_t cap, size_t *le
  * the token (token_len bytes; none when 0), all within timeout_ms. Returns
  * KVD_OK with *out, or the connect's error (*refused false) or the Hello's
  * (*refused true: a transport error or the daemon's refusal, KVD_ERR_AUTH
- * for a credential it does not take).
+ * for a credential it does not take). hello (may be NULL) gets the Hello
+ * reply's fixed fields (its arrays and UCX address are not kept).
  */
 int kvd_client_open(const char *socket_path, const char *connect, const char *client_name,
                     const uint8_t *token, size_t token_len, int timeout_ms,
-                    kvd_client_t **out, bool *refused);
+                    kvd_client_t **out, bool *refused, kvd_hello_rep_t *hello);
 
 /* The name of namespace id in a reply's namespace table; "?" when absent. */
 const char *kvd_ns_msg_name(const kvd_ns_msg_t *ns, size_t n, uint32_t id);

@@ -31,7 +31,7 @@ int kvd_client_token_read(const char *path, uint8_t *buf, size_t cap, size_t *le
 
 int kvd_client_open(const char *socket_path, const char *connect, const char *client_name,
                     const uint8_t *token, size_t token_len, int timeout_ms,
-                    kvd_client_t **out, bool *refused)
+                    kvd_client_t **out, bool *refused, kvd_hello_rep_t *hello)
 {
     uint64_t deadline = kvd_now_ns() + (uint64_t)KVD_MAX(timeout_ms, 0) * 1000000ull;
     kvd_client_t *c = NULL;
@@ -44,7 +44,15 @@ int kvd_client_open(const char *socket_path, const char *connect, const char *cl
      * the time */
     uint64_t now = kvd_now_ns();
     int left_ms = now < deadline ? (int)((deadline - now + 999999) / 1000000) : 0;
-    rc = kvd_client_hello(c, client_name, token, token_len, left_ms, NULL);
+    kvd_hello_rep_t rep;
+    rc = kvd_client_hello(c, client_name, token, token_len, left_ms, &rep);
+    if (rc == KVD_OK && hello != NULL) {
+        *hello = rep;
+        hello->ns_ids = NULL; /* they pointed into the reply, gone now */
+        hello->n_ns_ids = 0;
+        hello->ucx_address = NULL;
+        hello->ucx_address_len = 0;
+    }
     if (rc != KVD_OK) {
         *refused = true;
         kvd_client_close(c);

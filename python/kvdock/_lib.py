@@ -171,6 +171,7 @@ def _declare(lib):
         "kvd_store_prefixes_json": (I, [P, ctypes.c_char_p, S, ctypes.POINTER(P)]),
         "kvd_store_lookup_json": (I, [P, ctypes.POINTER(ctypes.c_char_p), c_u32_p, S, c_u8_p, S,
                                       ctypes.POINTER(P)]),
+        "kvd_store_limits": (I, [P, ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint32)]),
         "kvd_store_evict": (I, [P, ctypes.c_char_p, c_u8_p, ctypes.c_bool,
                                 ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64)]),
         "kvd_free": (V, [P]),

@@ -73,6 +73,19 @@ class StoreClient:
                                                   ctypes.byref(nb)))
         return {"state": _HEALTH.get(st.value, str(st.value)), "pool_bytes": nb.value}
 
+    def limits(self):
+        """The daemon's limits from its Hello: {"max_batch": keys one
+        request may carry (longer lookups raise TooLargeError),
+        "max_frame_bytes": N}."""
+        mb = ctypes.c_uint32()
+        mf = ctypes.c_uint32()
+        with self._lock:
+            if self._handle is None:
+                raise ClosedError(message="the store client is closed")
+            _lib.check(self._lib.kvd_store_limits(self._handle, ctypes.byref(mb),
+                                                  ctypes.byref(mf)))
+        return {"max_batch": mb.value, "max_frame_bytes": mf.value}
+
     def stats(self):
         """The daemon's Stats (`kvdock stats --json`)."""
         return self._json("kvd_store_stats_json")

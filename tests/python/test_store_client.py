@@ -107,3 +107,15 @@ def test_evict(daemon, stored):
         with pytest.raises(kvdock.NotFoundError):
             c.evict(namespace="no/such/ns")
         assert c.evict(all=True)["evicted"] == 0
+
+
+def test_limits_are_the_daemons(daemon_factory, linker_factory):
+    d = daemon_factory("--max-batch", "64")
+    lk = linker_factory(d, model_id="lim")
+    pool = lk.register_pool("kv", {0: [torch.zeros(8, 4)]}, page_size=4)
+    with kvdock.StoreClient(socket_path=d.socket) as c:
+        assert c.limits()["max_batch"] == 64
+        keys = kvdock.page_keys(range(65 * 4), 4)
+        with pytest.raises(kvdock.TooLargeError):
+            c.lookup(pool.namespace, keys)
+        assert c.lookup(pool.namespace, keys[:64]) == []

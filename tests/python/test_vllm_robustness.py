@@ -197,16 +197,19 @@ class _FakeClient:
 
     def __init__(self, stored, max_batch, says_batch=True):
         self.stored, self.max_batch, self.calls = stored, max_batch, []
-        self.says_batch = says_batch  # kvdockd's answer names its --max-batch
+        self.says_batch = says_batch  # the library tells the daemon's --max-batch
+
+    def limits(self):
+        if not self.says_batch:  # an older library
+            raise AttributeError("limits")
+        return {"max_batch": self.max_batch, "max_frame_bytes": 1 << 20}
 
     def lookup(self, namespaces, keys, trailing=None):
         self.calls.append((len(namespaces), len(keys)))
         if len(namespaces) > kvdock._lib.KVD_MAX_POOLS:
             raise kvdock.InvalidError(message="a lookup names 1 to 16 namespaces")
         if len(keys) > self.max_batch:
-            raise kvdock.TooLargeError(message="Lookup: batch of %d keys is over --max-batch %d"
-                                       % (len(keys), self.max_batch) if self.says_batch
-                                       else "too large")
+            raise kvdock.TooLargeError(message="too large")
         common = set(range(1, len(keys) + 1))
         for ns in namespaces:
             common &= set(self.stored[ns])

@@ -557,30 +557,26 @@ class _ReqState:
         self.stored = False
 
 
-# kvdockd's answers past its batch: "a batch of more than N items (--max-batch)
-# ..." (a request over it) or "batch of n keys is over --max-batch N"
-_BATCH_SAID = re.compile(r"more than (\d+) items \(--max-batch\)|over --max-batch (\d+)")
-
-
 class _StoreView:
     """Lookups through libkvdock's store client, by namespace name: at most
     KVD_MAX_POOLS namespaces a call (every rank's namespaces in as few
     calls as that allows, their boundaries intersected) and at most the
-    daemon's batch of keys (4096 unless it answers TOO_LARGE: then the
-    batch its answer names, or half as many, learnt). The client stays open: its handle opens its connection
-    again by itself after the daemon closed it."""
+    daemon's batch of keys (its --max-batch, from its Hello; on a
+    TOO_LARGE, as from a daemon restarted with a smaller one, asked
+    again). The client stays open: its handle opens its connection again
+    by itself after the daemon closed it."""
 
-    MAX_KEYS = 4096  # kvdockd's default --max-batch
+    MAX_KEYS = 4096  # kvdockd's default --max-batch, until the daemon says
 
     def __init__(self, settings, namespaces, trailing, log):
         kv = _kvdock()
         self.namespaces, self.trailing, self.log = namespaces, trailing, log
         self.max_ns = kv._lib.KVD_MAX_POOLS
-        self.max_keys = self.MAX_KEYS
         self.client = kv.StoreClient(socket_path=settings.socket_path, connect=settings.connect,
                                      auth_token_file=settings.auth_token_file,
                                      timeout_ms=settings.lookup_timeout_ms,
                                      client_name="vllm-scheduler")
+        self.max_keys = self._daemon_batch() or self.MAX_KEYS
 
     def lookup(self, keys):
         common = None
@@ -604,9 +600,8 @@ class _StoreView:
                 if len(probe) <= 1:
                     self.log.error("too-large", "a lookup of one key is too large: %s", e)
                     return []
-                # the daemon's batch is smaller: learnt from its answer, or halved
-                said = _BATCH_SAID.search(str(e))
-                n = int(said.group(1) or said.group(2)) if said else len(probe) // 2
+                # the daemon's batch is smaller: its Hello says (else halved)
+                n = self._daemon_batch() or len(probe) // 2
                 self.max_keys = max(1, min(len(probe) - 1, n))
                 continue
             except kv.InvalidError as e:
@@ -615,6 +610,12 @@ class _StoreView:
                 return []
             return list(res.get("boundaries", []) if isinstance(res, dict) else res)
         return []
+
+    def _daemon_batch(self):
+        try:
+            return self.client.limits()["max_batch"]
+        except (_kvdock().KvdockError, AttributeError):
+            return 0  # an older library, or no daemon now
 
     def close(self):
         self.client.close()
