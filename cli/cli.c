@@ -1,7 +1,8 @@
 /*
- * cli.c - what every kvdock command uses: one RPC to the daemon (connect,
- * call, close), the namespace table, and printing: JSON strings, keys in
- * hex, and the fields of a flat message from its field list.
+ * cli.c - what every kvdock command uses: one RPC to the daemon (connect
+ * and Hello through kvd_client_open, call, close; what failed is printed)
+ * and printing: keys in hex, and the fields of a flat message from its
+ * field list as table rows. JSON is proto/'s (kvd_json_*).
  */
 #include "cli.h"
 
@@ -9,40 +10,30 @@
 
 static int connect_daemon(const cli_t *cli, kvd_client_t **out)
 {
-    int rc;
     const char *where = cli->connect ? cli->connect : cli->socket_path;
-    if (cli->connect)
-        rc = kvd_client_connect_tcp(cli->connect, cli->timeout_ms, out);
-    else
-        rc = kvd_client_connect_unix(cli->socket_path, cli->timeout_ms, out);
-    if (rc != KVD_OK) {
+    bool refused;
+    int rc = kvd_client_open(cli->socket_path, cli->connect, "kvdock", cli->token,
+                             cli->token_len, cli->timeout_ms, out, &refused);
+    if (rc != KVD_OK && !refused)
         fprintf(stderr, "kvdock: cannot reach kvdockd at %s: %s%s\n", where,
                 kvd_status_str(rc),
                 rc == KVD_ERR_UNAVAILABLE ? " (is the daemon running? see --socket)"
                                           : "");
-        return rc;
-    }
-    /* the daemon serves nothing before a Hello */
-    rc = kvd_client_hello(*out, "kvdock", cli->token, cli->token_len, cli->timeout_ms,
-                          NULL);
-    if (rc != KVD_OK) {
+    else if (rc != KVD_OK)
         fprintf(stderr, "kvdock: kvdockd at %s refused the Hello: %s%s\n", where,
                 kvd_status_str(rc),
                 rc != KVD_ERR_AUTH   ? ""
                 : cli->token_len > 0 ? " (is --token-file the daemon's token?)"
                 : cli->connect       ? " (over TCP give --token-file FILE)"
                                : " (is this user allowed? see kvdockd --allow-uid)");
-        kvd_client_close(*out);
-        *out = NULL;
-    }
     return rc;
 }
 
 int cli_read_token(cli_t *cli, const char *path)
 {
     char why[512];
-    int rc = kvd_token_read(path, false, cli->token, sizeof(cli->token), &cli->token_len,
-                            why, sizeof(why));
+    int rc = kvd_client_token_read(path, cli->token, sizeof(cli->token), &cli->token_len,
+                                   why, sizeof(why));
     if (rc != KVD_OK)
         fprintf(stderr, "kvdock: token: %s\n", why);
     return rc;
@@ -51,6 +42,7 @@ int cli_read_token(cli_t *cli, const char *path)
 int cli_call(const cli_t *cli, kvd_msg_t *req, kvd_msg_t *rep)
 {
     kvd_client_t *c = NULL;
+    memset(rep, 0, sizeof(*rep)); /* kvd_msg_clear is safe whatever happens */
     int rc = connect_daemon(cli, &c);
     if (rc != KVD_OK)
         return rc;
@@ -76,22 +68,9 @@ int cli_call_empty(const cli_t *cli, kvd_method_t method, kvd_msg_t *rep)
     return cli_call(cli, &req, rep);
 }
 
-int cli_namespaces(const cli_t *cli, kvd_msg_t *rep, kvd_ns_msg_t **ns, size_t *n)
+int cli_call_fn(void *cli, kvd_msg_t *req, kvd_msg_t *rep)
 {
-    int rc = cli_call_empty(cli, KVD_METHOD_STATS, rep);
-    if (rc == KVD_OK) {
-        *ns = rep->body.stats_rep.namespaces;
-        *n = rep->body.stats_rep.n_namespaces;
-    }
-    return rc;
-}
-
-const char *cli_ns_name(const kvd_ns_msg_t *ns, size_t n, uint32_t id)
-{
-    for (size_t i = 0; i < n; i++)
-        if (ns[i].id == id)
-            return ns[i].name;
-    return "?";
+    return cli_call(cli, req, rep);
 }
 
 bool cli_no_args(const char *cmd, const cli_args_t *a)
@@ -102,40 +81,10 @@ bool cli_no_args(const char *cmd, const cli_args_t *a)
     return false;
 }
 
-/* Prints a JSON string literal (the fields here are plain, but escape anyway). */
-void cli_json_str(const char *s)
-{
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", (unsigned char)*s);
-        else
-            putchar(*s);
-    }
-    putchar('"');
-}
-
 void cli_print_hex(const uint8_t *bytes, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         printf("%02x", bytes[i]);
-}
-
-void cli_json_fields(const kvd_field_list_t *l, const void *obj)
-{
-    char text[2 * KVD_KEY_BYTES + 1];
-    for (size_t i = 0; i < l->n; i++) {
-        const kvd_field_t *f = &l->fields[i];
-        printf("%s\"%s\":", i ? "," : "", f->name);
-        if (f->type == KVD_FIELD_STR)
-            cli_json_str(kvd_field_str(f, obj));
-        else if (f->type == KVD_FIELD_KEY)
-            printf("\"%s\"", kvd_field_text(f, obj, text, sizeof(text)));
-        else
-            printf("%s", kvd_field_text(f, obj, text, sizeof(text)));
-    }
 }
 
 /* Whether a field counts bytes (its name says so). */

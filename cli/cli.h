@@ -4,10 +4,11 @@
  * kvdock.c parses the options and runs a command of its table; the commands
  * live in cmd_daemon.c (health, stats) and cmd_store.c (hash, prefixes,
  * show, lookup, evict); cli.c is what they share: reaching the daemon, and
- * printing JSON and the rows of a flat message from its field list
- * (kvd_proto.h), so that a field has the same name in --json, in the tables
- * and in the daemon's /metrics. Calls go one way: kvdock.c -> cmd_*.c ->
- * cli.c. Single-threaded.
+ * printing the rows of a flat message from its field list (kvd_proto.h),
+ * so that a field has the same name in --json (written by proto/'s
+ * kvd_json_*, as libkvdock's store client writes it), in the tables and in
+ * the daemon's /metrics. Calls go one way: kvdock.c -> cmd_*.c -> cli.c.
+ * Single-threaded.
  */
 #ifndef KVD_CLI_H
 #define KVD_CLI_H
@@ -53,8 +54,8 @@ typedef struct cli_cmd {
 
 /* ------------------------------------------------------------- cli.c */
 
-/* Reads the token file into cli->token; prints why and returns non-zero
- * when it cannot. */
+/* Reads the token file (NULL: $KVDOCK_AUTH_TOKEN_FILE's; none: no token)
+ * into cli->token; prints why and returns non-zero when it cannot. */
 int cli_read_token(cli_t *cli, const char *path);
 
 /*
@@ -68,23 +69,14 @@ int cli_call(const cli_t *cli, kvd_msg_t *req, kvd_msg_t *rep);
 /* Calls a method without a request body. */
 int cli_call_empty(const cli_t *cli, kvd_method_t method, kvd_msg_t *rep);
 
-/* The namespace table, for name <-> id (in rep's arena). */
-int cli_namespaces(const cli_t *cli, kvd_msg_t *rep, kvd_ns_msg_t **ns, size_t *n);
-
-/* The name of namespace id in the table, "?" when absent. */
-const char *cli_ns_name(const kvd_ns_msg_t *ns, size_t n, uint32_t id);
+/* cli_call as a kvd_call_fn (ctx: the cli_t), for proto/'s queries. */
+int cli_call_fn(void *cli, kvd_msg_t *req, kvd_msg_t *rep);
 
 /* True when the command got no positional arguments; else says so. */
 bool cli_no_args(const char *cmd, const cli_args_t *a);
 
-/* Prints s as a JSON string literal. */
-void cli_json_str(const char *s);
 /* Prints the hex digits of n bytes (a key, or the first bytes of one). */
 void cli_print_hex(const uint8_t *bytes, size_t n);
-
-/* Prints every field of obj as JSON members ("name":value, comma
- * separated, no braces): the JSON keys are the field list's names. */
-void cli_json_fields(const kvd_field_list_t *l, const void *obj);
 
 /* Prints every field of obj as a table row "<indent><name> <value>",
  * sizes (a name ending in _bytes) in binary units. */

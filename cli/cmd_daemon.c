@@ -4,8 +4,8 @@
  * RDMA ports).
  *
  * The store's figures, the namespaces and the ports are printed from their
- * field lists (kvd_proto.h): --json and the table name each field as
- * kvdock.proto and /metrics do.
+ * field lists (kvd_proto.h): --json (proto/'s kvd_json_*) and the table
+ * name each field as kvdock.proto and /metrics do.
  */
 #include "cli.h"
 
@@ -22,10 +22,8 @@ int cmd_health(const cli_t *cli, const cli_args_t *a)
     }
     const kvd_health_rep_t *h = &rep.body.health_rep;
     if (cli->json) {
-        printf("{\"state\":\"%s\",\"pool_bytes\":%llu,\"populated_bytes\":%llu,"
-               "\"uptime_ms\":%llu}\n",
-               kvd_health_name(h->state), (unsigned long long)h->pool_bytes,
-               (unsigned long long)h->populated_bytes, (unsigned long long)h->uptime_ms);
+        kvd_json_health(stdout, h);
+        putchar('\n');
     } else {
         char a1[32], b1[32];
         printf("%s (pool %s of %s populated, up %.1f s)\n", kvd_health_name(h->state),
@@ -36,74 +34,6 @@ int cmd_health(const cli_t *cli, const cli_args_t *a)
     int status = h->state == KVD_HEALTH_READY ? 0 : EXIT_NOT_READY;
     kvd_msg_clear(&rep);
     return status;
-}
-
-/* A JSON array of n objects (size bytes each) of a flat message. */
-static void json_array(const char *key, const kvd_field_list_t *l, const void *objs,
-                       size_t n, size_t size)
-{
-    printf(",\"%s\":[", key);
-    for (size_t i = 0; i < n; i++) {
-        printf("%s{", i ? "," : "");
-        cli_json_fields(l, (const char *)objs + i * size);
-        printf("}");
-    }
-    printf("]");
-}
-
-static void memory_json(const kvd_mem_stats_t *m)
-{
-    printf("\"memory\":{");
-    cli_json_fields(&kvd_mem_stats_fields, m);
-    printf("},");
-}
-
-static void methods_json(const kvd_stats_rep_t *st)
-{
-    printf("\"methods\":{");
-    for (size_t i = 1; i < KVD_METHOD_COUNT; i++) {
-        const kvd_method_stats_t *ms = &st->methods[i];
-        printf("%s\"%s\":{\"calls\":%llu,\"errors\":%llu,\"latency_us_sum\":%llu,"
-               "\"latency_buckets\":[",
-               i > 1 ? "," : "", kvd_method_name((kvd_method_t)i),
-               (unsigned long long)ms->calls, (unsigned long long)ms->errors,
-               (unsigned long long)ms->latency_us_sum);
-        for (size_t b = 0; b < KVD_LATENCY_BUCKETS; b++)
-            printf("%s%llu", b ? "," : "", (unsigned long long)ms->latency_buckets[b]);
-        printf("]}");
-    }
-    printf("}");
-}
-
-static void stats_json(const kvd_stats_rep_t *st)
-{
-    printf("{\"daemon_version\":");
-    cli_json_str(st->daemon_version);
-    printf(",\"instance\":");
-    cli_json_str(st->instance);
-    printf(",\"state\":\"%s\",\"uptime_ms\":%llu,", kvd_health_name(st->state),
-           (unsigned long long)st->uptime_ms);
-    memory_json(&st->memory);
-    printf("\"connections\":{\"current\":%llu,\"total\":%llu,\"rejected\":%llu},"
-           "\"protocol_errors\":%llu,\"auth_failures\":%llu,",
-           (unsigned long long)st->connections_current,
-           (unsigned long long)st->connections_total,
-           (unsigned long long)st->connections_rejected,
-           (unsigned long long)st->protocol_errors,
-           (unsigned long long)st->auth_failures);
-    methods_json(st);
-    printf(",\"store\":{");
-    cli_json_fields(&kvd_store_stats_fields, &st->store);
-    printf("}");
-    json_array("namespaces", &kvd_ns_fields, st->namespaces, st->n_namespaces,
-               sizeof(*st->namespaces));
-    json_array("nics", &kvd_nic_fields, st->nics, st->n_nics, sizeof(*st->nics));
-    if (st->checked) {
-        printf(",\"check\":{\"ok\":%s,\"error\":", st->check_error[0] ? "false" : "true");
-        cli_json_str(st->check_error);
-        printf("}");
-    }
-    printf("}\n");
 }
 
 static void memory_table(const kvd_mem_stats_t *m)
@@ -199,10 +129,12 @@ int cmd_stats(const cli_t *cli, const cli_args_t *a)
     bool broken = false;
     if (rc == KVD_OK) {
         const kvd_stats_rep_t *st = &rep->body.stats_rep;
-        if (cli->json)
-            stats_json(st);
-        else
+        if (cli->json) {
+            kvd_json_stats(stdout, st);
+            putchar('\n');
+        } else {
             stats_table(st);
+        }
         broken = a->check && (!st->checked || st->check_error[0] != '\0');
         if (a->check && !cli->json)
             printf("\ninvariant check: %s%s\n", broken ? "FAILED: " : "ok",

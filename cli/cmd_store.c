@@ -3,9 +3,11 @@
  * prefixes, show, lookup, evict.
  *
  * Namespaces are named by the operator and resolved to ids through the
- * Stats reply's namespace table. Keys are 64 hex digits. An object in
- * --json has the fields of its field list (kvd_proto.h), its namespace's
- * name and its parent.
+ * Stats reply's namespace table. Keys are 64 hex digits. The --json texts
+ * are proto/'s (kvd_json_*, json.c), and so are the paged listing and the
+ * lookup by namespace names (query.c): libkvdock's store client runs the
+ * same code. An object in --json has the fields of its field list
+ * (kvd_proto.h), its namespace's name and its parent.
  */
 #include "cli.h"
 
@@ -163,62 +165,11 @@ int cmd_hash(const cli_t *cli, const cli_args_t *a)
 static void print_pools(const kvd_prefix_msg_t *p, const kvd_ns_msg_t *ns, size_t n_ns)
 {
     for (size_t k = 0; k < p->n_pools; k++) {
-        printf("    %s at boundaries", cli_ns_name(ns, n_ns, p->pools[k].ns));
+        printf("    %s at boundaries", kvd_ns_msg_name(ns, n_ns, p->pools[k].ns));
         for (size_t b = 0; b < p->pools[k].n; b++)
             printf("%s%u", b ? "," : " ", p->pools[k].boundaries[b]);
         printf("\n");
     }
-}
-
-/* One object in --json: the fields of its list, then its namespace's name
- * and its parent (hex when stored, "" otherwise). */
-static void obj_json(const kvd_obj_msg_t *o, const kvd_ns_msg_t *ns, size_t n_ns,
-                     bool first)
-{
-    printf("%s{", first ? "" : ",");
-    cli_json_fields(&kvd_obj_fields, o);
-    printf(",\"namespace\":");
-    cli_json_str(cli_ns_name(ns, n_ns, o->ns));
-    bool stored = o->parent_len == KVD_KEY_BYTES;
-    printf(",\"parent\":\"");
-    if (stored)
-        cli_print_hex(o->parent, o->parent_len);
-    printf("\",\"parent_stored\":%s}", stored ? "true" : "false");
-}
-
-static void prefixes_json(const kvd_list_rep_t *l)
-{
-    printf("{\"truncated\":%s,\"prefixes\":[", l->truncated ? "true" : "false");
-    for (size_t i = 0; i < l->n_prefixes; i++) {
-        const kvd_prefix_msg_t *p = &l->prefixes[i];
-        printf("%s{\"namespace\":", i ? "," : "");
-        cli_json_str(cli_ns_name(l->namespaces, l->n_namespaces, p->ns));
-        printf(",\"root\":\"");
-        cli_print_hex(p->root, KVD_KEY_BYTES);
-        printf("\",\"leaf\":\"");
-        cli_print_hex(p->leaf, KVD_KEY_BYTES);
-        printf("\",\"pages\":%u,\"bytes\":%llu,\"last_access_ms\":%llu,\"hits\":%llu,"
-               "\"pools\":[",
-               p->pages, (unsigned long long)p->bytes,
-               (unsigned long long)p->last_access_ms, (unsigned long long)p->hits);
-        for (size_t k = 0; k < p->n_pools; k++) {
-            printf("%s{\"namespace\":", k ? "," : "");
-            cli_json_str(cli_ns_name(l->namespaces, l->n_namespaces, p->pools[k].ns));
-            printf(",\"boundaries\":[");
-            for (size_t b = 0; b < p->pools[k].n; b++)
-                printf("%s%u", b ? "," : "", p->pools[k].boundaries[b]);
-            printf("]}");
-        }
-        printf("]}");
-    }
-    printf("]");
-    if (l->n_nodes > 0) {
-        printf(",\"nodes\":[");
-        for (size_t i = 0; i < l->n_nodes; i++)
-            obj_json(&l->nodes[i], l->namespaces, l->n_namespaces, i == 0);
-        printf("]");
-    }
-    printf("}\n");
 }
 
 /* Prints the subtree under node i (its children: nodes whose parent is i's
@@ -260,117 +211,6 @@ static void tree_print(const kvd_list_rep_t *l, size_t i, int indent, int budget
     }
 }
 
-/* Pages one `kvdock prefixes` follows at most: with the daemon's pages of
- * up to --max-batch entries, far more than any store holds. */
-#define PREFIX_PAGES_MAX 100000
-
-/* The pages of one listing, and their entries seen as one reply (pointing
- * into the pages, which stay alive until pages_free). */
-typedef struct pages {
-    kvd_msg_t **msgs;
-    size_t n, cap;
-    kvd_list_rep_t all;
-} pages_t;
-
-static void pages_free(pages_t *p)
-{
-    for (size_t i = 0; i < p->n; i++) {
-        kvd_msg_clear(p->msgs[i]);
-        free(p->msgs[i]);
-    }
-    free(p->msgs);
-    free(p->all.prefixes);
-    free(p->all.nodes);
-    free(p->all.namespaces);
-}
-
-/* Joins the pages' entries, nodes and namespace tables (each page names
- * only its own namespaces). */
-static int pages_join(pages_t *p)
-{
-    size_t np = 0, nn = 0, ns = 0;
-    for (size_t i = 0; i < p->n; i++) {
-        const kvd_list_rep_t *l = &p->msgs[i]->body.list_rep;
-        np += l->n_prefixes;
-        nn += l->n_nodes;
-        ns += l->n_namespaces;
-    }
-    kvd_list_rep_t *a = &p->all;
-    a->prefixes = calloc(np + 1, sizeof(*a->prefixes));
-    a->nodes = calloc(nn + 1, sizeof(*a->nodes));
-    a->namespaces = calloc(ns + 1, sizeof(*a->namespaces));
-    if (!a->prefixes || !a->nodes || !a->namespaces)
-        return -1;
-    for (size_t i = 0; i < p->n; i++) {
-        const kvd_list_rep_t *l = &p->msgs[i]->body.list_rep;
-        memcpy(a->prefixes + a->n_prefixes, l->prefixes,
-               l->n_prefixes * sizeof(*l->prefixes));
-        a->n_prefixes += l->n_prefixes;
-        memcpy(a->nodes + a->n_nodes, l->nodes, l->n_nodes * sizeof(*l->nodes));
-        a->n_nodes += l->n_nodes;
-        for (size_t k = 0; k < l->n_namespaces; k++) {
-            bool seen = false;
-            for (size_t j = 0; j < a->n_namespaces && !seen; j++)
-                seen = a->namespaces[j].id == l->namespaces[k].id;
-            if (!seen)
-                a->namespaces[a->n_namespaces++] = l->namespaces[k];
-        }
-    }
-    return 0;
-}
-
-/*
- * Asks for pages until the daemon says there is no more (a reply without
- * next_cursor), --limit entries are in, or PREFIX_PAGES_MAX pages came:
- * the daemon bounds each page's work, the CLI still shows everything.
- * all.truncated says that the listing stopped before the end.
- */
-static int pages_fetch(const cli_t *cli, const cli_args_t *a, uint64_t limit, pages_t *p)
-{
-    uint64_t got = 0;
-    uint8_t cursor[KVD_CURSOR_MAX];
-    size_t cursor_len = 0;
-    for (;;) {
-        if (p->n == PREFIX_PAGES_MAX || (limit && got >= limit)) {
-            p->all.truncated = true;
-            return KVD_OK;
-        }
-        if (p->n == p->cap) {
-            size_t cap = p->cap ? p->cap * 2 : 8;
-            kvd_msg_t **m = realloc(p->msgs, cap * sizeof(*m));
-            if (m == NULL)
-                return KVD_ERR_NOMEM;
-            p->msgs = m;
-            p->cap = cap;
-        }
-        kvd_msg_t req, *rep = calloc(1, sizeof(*rep));
-        if (rep == NULL)
-            return KVD_ERR_NOMEM;
-        p->msgs[p->n++] = rep;
-        kvd_msg_request(&req, 0, KVD_METHOD_LIST_PREFIXES);
-        kvd_list_req_t *r = &req.body.list_req;
-        if (a->n_namespaces)
-            kvd_strlcpy(r->ns_name, a->namespaces[0], KVD_NS_NAME_BYTES);
-        r->nodes = a->tree;
-        r->limit = (uint32_t)(limit ? limit - got : 0);
-        memcpy(r->cursor, cursor, cursor_len);
-        r->cursor_len = cursor_len;
-        int rc = cli_call(cli, &req, rep);
-        if (rc != KVD_OK)
-            return rc;
-        const kvd_list_rep_t *l = &rep->body.list_rep;
-        got += l->n_prefixes;
-        if (!l->truncated || l->next_cursor_len == 0 ||
-            l->next_cursor_len > sizeof(cursor)) {
-            /* a daemon that truncates without a cursor cannot be continued */
-            p->all.truncated = l->truncated;
-            return KVD_OK;
-        }
-        memcpy(cursor, l->next_cursor, l->next_cursor_len);
-        cursor_len = l->next_cursor_len;
-    }
-}
-
 int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
 {
     if (a->n_args > 0 || a->n_namespaces > 1) {
@@ -383,25 +223,27 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
         fprintf(stderr, "kvdock prefixes: --limit must be a positive integer\n");
         return EXIT_USAGE;
     }
-    pages_t pages = {0};
-    int rc = pages_fetch(cli, a, limit, &pages);
-    if (rc == KVD_OK && pages_join(&pages) != 0) {
+    /* every page the daemon has, up to --limit entries */
+    kvd_list_pages_t pages;
+    int rc =
+        kvd_list_fetch(cli_call_fn, (void *)cli,
+                       a->n_namespaces ? a->namespaces[0] : NULL, a->tree, limit, &pages);
+    if (rc == KVD_ERR_NOMEM)
         fprintf(stderr, "kvdock prefixes: out of memory\n");
-        rc = KVD_ERR_NOMEM;
-    }
     if (rc != KVD_OK) {
-        pages_free(&pages);
+        kvd_list_pages_free(&pages);
         return 1;
     }
     const kvd_list_rep_t *l = &pages.all;
     if (cli->json) {
-        prefixes_json(l);
+        kvd_json_list(stdout, l);
+        putchar('\n');
     } else if (a->tree) {
         for (size_t i = 0; i < l->n_nodes; i++) {
             const kvd_obj_msg_t *o = &l->nodes[i];
             if (o->parent_len == KVD_KEY_BYTES)
                 continue; /* not a root: printed under its parent */
-            printf("%s\n", cli_ns_name(l->namespaces, l->n_namespaces, o->ns));
+            printf("%s\n", kvd_ns_msg_name(l->namespaces, l->n_namespaces, o->ns));
             tree_print(l, i, 2, 64);
         }
     } else {
@@ -410,7 +252,7 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
         for (size_t i = 0; i < l->n_prefixes; i++) {
             const kvd_prefix_msg_t *p = &l->prefixes[i];
             char b[32];
-            printf("%s  root ", cli_ns_name(l->namespaces, l->n_namespaces, p->ns));
+            printf("%s  root ", kvd_ns_msg_name(l->namespaces, l->n_namespaces, p->ns));
             cli_print_hex(p->root, 8);
             printf("  leaf ");
             cli_print_hex(p->leaf, 8);
@@ -424,7 +266,7 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
     if (l->truncated && !cli->json)
         printf("(truncated at %zu entries: use --namespace or a larger --limit)\n",
                l->n_prefixes);
-    pages_free(&pages);
+    kvd_list_pages_free(&pages);
     return 0;
 }
 
@@ -447,19 +289,17 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
         return 1;
     }
     const kvd_inspect_rep_t *r = &rep.body.inspect_rep;
-    if (cli->json)
-        printf("[");
-    for (size_t i = 0; i < r->n_objects; i++) {
+    if (cli->json) {
+        kvd_json_inspect(stdout, r);
+        putchar('\n');
+    }
+    for (size_t i = 0; !cli->json && i < r->n_objects; i++) {
         const kvd_obj_msg_t *o = &r->objects[i];
         const char *state = o->state == 1 /* writing */ ? "writing"
                             : o->pins                   ? "pinned"
                                                         : "ready";
-        if (cli->json) {
-            obj_json(o, r->namespaces, r->n_namespaces, i == 0);
-            continue;
-        }
         printf("namespace    %s\nkey          ",
-               cli_ns_name(r->namespaces, r->n_namespaces, o->ns));
+               kvd_ns_msg_name(r->namespaces, r->n_namespaces, o->ns));
         cli_print_hex(o->key, KVD_KEY_BYTES);
         printf("\nparent       ");
         if (o->parent_len == 0)
@@ -476,26 +316,11 @@ int cmd_show(const cli_t *cli, const cli_args_t *a)
                (unsigned long long)o->offset, (unsigned long long)o->size,
                i + 1 < r->n_objects ? "\n" : "");
     }
-    if (cli->json)
-        printf("]\n");
     kvd_msg_clear(&rep);
     return 0;
 }
 
 /* ---------------------------------------------------------------- lookup */
-
-/* Finds the id of a namespace name in the table. */
-static int ns_id(const kvd_ns_msg_t *ns, size_t n, const char *name, uint32_t *id)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (strcmp(ns[i].name, name) == 0) {
-            *id = ns[i].id;
-            return 0;
-        }
-    }
-    fprintf(stderr, "kvdock: unknown namespace '%s' (see kvdock stats)\n", name);
-    return -1;
-}
 
 /* Parses "--trailing 0,1,..." into one value per namespace (default 0). */
 static int parse_trailing(const char *text, uint32_t *out, size_t n)
@@ -531,12 +356,9 @@ int cmd_lookup(const cli_t *cli, const cli_args_t *a)
     uint32_t trailing[KVD_LOOKUP_POOLS_MAX];
     if (parse_trailing(a->trailing, trailing, a->n_namespaces) != 0)
         return EXIT_USAGE;
-    kvd_msg_t table = {0}, req, rep = {0};
+    kvd_msg_t rep = {0};
     kvd_key_t *keys = calloc(a->n_args, sizeof(kvd_key_t));
-    kvd_lookup_pool_msg_t pools[KVD_LOOKUP_POOLS_MAX];
     int status = 1;
-    kvd_ns_msg_t *ns;
-    size_t n_ns;
     if (keys == NULL)
         goto out;
     for (size_t i = 0; i < a->n_args; i++)
@@ -544,25 +366,18 @@ int cmd_lookup(const cli_t *cli, const cli_args_t *a)
             status = EXIT_USAGE;
             goto out;
         }
-    if (cli_namespaces(cli, &table, &ns, &n_ns) != KVD_OK)
-        goto out;
-    for (size_t p = 0; p < a->n_namespaces; p++) {
-        pools[p] = (kvd_lookup_pool_msg_t){
-            .trailing_pages = trailing[p], .n_keys = a->n_args, .keys = keys};
-        if (ns_id(ns, n_ns, a->namespaces[p], &pools[p].ns) != 0)
-            goto out;
-    }
-    kvd_msg_request(&req, 0, KVD_METHOD_LOOKUP);
-    req.body.lookup_req.n_pools = a->n_namespaces;
-    req.body.lookup_req.pools = pools;
-    if (cli_call(cli, &req, &rep) != KVD_OK)
+    size_t unknown;
+    int rc = kvd_lookup_named(cli_call_fn, (void *)cli, a->namespaces, trailing,
+                              a->n_namespaces, keys, a->n_args, &rep, &unknown);
+    if (rc == KVD_ERR_NOT_FOUND && unknown < a->n_namespaces)
+        fprintf(stderr, "kvdock: unknown namespace '%s' (see kvdock stats)\n",
+                a->namespaces[unknown]);
+    if (rc != KVD_OK)
         goto out;
     const kvd_lookup_rep_t *r = &rep.body.lookup_rep;
     if (cli->json) {
-        printf("{\"boundaries\":[");
-        for (size_t i = 0; i < r->n; i++)
-            printf("%s%u", i ? "," : "", r->boundaries[i]);
-        printf("],\"longest\":%u}\n", r->n ? r->boundaries[r->n - 1] : 0);
+        kvd_json_lookup(stdout, r);
+        putchar('\n');
     } else if (r->n == 0) {
         printf("nothing restorable (0 of %zu pages)\n", a->n_args);
     } else {
@@ -573,7 +388,6 @@ int cmd_lookup(const cli_t *cli, const cli_args_t *a)
     }
     status = 0;
 out:
-    kvd_msg_clear(&table);
     kvd_msg_clear(&rep);
     free(keys);
     return status;

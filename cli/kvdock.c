@@ -101,7 +101,7 @@ static int parse_global(int argc, char **argv, cli_t *cli)
         {NULL, 0, NULL, 0},
     };
     const char *socket_path = NULL;
-    const char *token_file = getenv("KVDOCK_AUTH_TOKEN_FILE");
+    const char *token_file = NULL; /* NULL: $KVDOCK_AUTH_TOKEN_FILE */
     int c;
     uint64_t v;
     while ((c = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
@@ -131,8 +131,7 @@ static int parse_global(int argc, char **argv, cli_t *cli)
     else
         kvd_default_socket_path(cli->instance, cli->socket_path,
                                 sizeof(cli->socket_path));
-    if (token_file != NULL && token_file[0] != '\0' &&
-        cli_read_token(cli, token_file) != 0)
+    if (cli_read_token(cli, token_file) != 0)
         return 1;
     return -1;
 }

@@ -395,6 +395,87 @@ typedef struct kvd_pool_stats {
  * pool_id. */
 KVD_API int kvd_stats(kvd_linker_t *linker, uint32_t pool_id, kvd_pool_stats_t *out);
 
+/* --------------------------------------------------------- store client */
+
+/*
+ * A small client of the daemon for operators and tests: its health, its
+ * statistics, the stored prefixes and lookups by namespace name, the last
+ * three as the JSON texts `kvdock stats --json`, `kvdock prefixes --json`
+ * and `kvdock lookup --json` print (the same code writes both). It needs
+ * no linker and registers nothing. One connection, opened with a Hello
+ * and opened again at the next call when the daemon has closed it (or a
+ * call failed on it). Calls on one handle are serialised; each is bounded
+ * by timeout_ms from its start, waiting for another caller's call
+ * included. A daemon's error reply is returned as its status, and its
+ * text is this thread's kvd_last_error() (as are the reasons of the other
+ * failures: the unknown namespace, the refused Hello, the argument).
+ */
+typedef struct kvd_store kvd_store_t;
+
+typedef struct kvd_store_config {
+    const char *socket_path;     /* NULL: the default instance's socket */
+    const char *connect;         /* "HOST:PORT": over TCP instead */
+    const char *client_name;     /* in the daemon's log; NULL: "kvdock-client" */
+    const char *auth_token_file; /* as kvd_linker_config_t's; read once, at open.
+                                  * NULL: $KVDOCK_AUTH_TOKEN_FILE, else none */
+    int timeout_ms;              /* bounds each call from its start; 0: 5000 */
+} kvd_store_config_t;
+
+/* Connects and says Hello (config NULL: every default). Errors as
+ * kvd_linker_open's: KVD_ERR_UNAVAILABLE (no daemon listens), KVD_ERR_AUTH
+ * (the credential refused), the error reading auth_token_file,
+ * KVD_ERR_INVALID (a socket path or HOST:PORT too long or malformed), the
+ * connection's. */
+KVD_API int kvd_store_open(const kvd_store_config_t *config, kvd_store_t **out);
+
+/* Closes the connection and frees the handle. NULL is fine. */
+KVD_API void kvd_store_close(kvd_store_t *store);
+
+/* The daemon's state and its pool size in bytes (either may be NULL).
+ * Errors: the connection's. */
+KVD_API int kvd_store_health(kvd_store_t *store, kvd_linker_health_t *state,
+                             uint64_t *pool_bytes);
+
+/*
+ * The JSON texts below are NUL-terminated and malloc'd: *json is the
+ * caller's, freed with kvd_free(). Each is one JSON object.
+ */
+
+/* The daemon's statistics: version, instance, state, memory, connections,
+ * per-method counters, "store", "namespaces" (each namespace's id, name,
+ * object_bytes, counters), "nics". Errors: the connection's. */
+KVD_API int kvd_store_stats_json(kvd_store_t *store, char **json);
+
+/*
+ * The stored prefixes: {"truncated":bool,"prefixes":[{"namespace", "root",
+ * "leaf" (hex keys), "pages", "bytes", "last_access_ms", "hits", "pools":
+ * [{"namespace", "boundaries"}]}...]}, those of namespace ns_name (NULL:
+ * every namespace), at most limit entries (0: 100), followed page by page
+ * as the daemon hands them out; truncated says there are more. Errors:
+ * the daemon's (KVD_ERR_NOT_FOUND for an unknown namespace), the
+ * connection's.
+ */
+KVD_API int kvd_store_prefixes_json(kvd_store_t *store, const char *ns_name, size_t limit,
+                                    char **json);
+
+/*
+ * A Lookup of the n_keys page keys in each of the n_ns namespaces named
+ * (1..KVD_MAX_POOLS), trailing[i] being namespace i's hit policy as
+ * kvd_pool_desc_t's trailing_pages (NULL: 0 for all): {"boundaries":[every
+ * restorable boundary, in pages from keys[0]],"longest":the last or 0}.
+ * Errors: KVD_ERR_INVALID (no namespace or no key, more than KVD_MAX_POOLS
+ * namespaces, a NULL name), KVD_ERR_NOT_FOUND (a namespace the daemon does
+ * not know), the daemon's (KVD_ERR_TOO_LARGE past its batch or frame
+ * limit), the connection's.
+ */
+KVD_API int kvd_store_lookup_json(kvd_store_t *store, const char *const *ns_names,
+                                  const uint32_t *trailing, size_t n_ns,
+                                  const uint8_t (*keys)[KVD_PAGE_KEY_BYTES],
+                                  size_t n_keys, char **json);
+
+/* Frees what the store client handed out (a JSON text). NULL is fine. */
+KVD_API void kvd_free(void *p);
+
 /* ------------------------------------------------------------------ misc */
 
 /* A short, static description of a kvd_status_t ("no space", ...); a code

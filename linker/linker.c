@@ -116,13 +116,12 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
         rc = choose_ucx_mode(config->ucx_mode ? config->ucx_mode
                                               : getenv("KVDOCK_UCX_MODE"),
                              &l->ucx_mode);
-    const char *token_file = config->auth_token_file ? config->auth_token_file
-                                                     : getenv("KVDOCK_AUTH_TOKEN_FILE");
     l->cfg.auth_token_file = NULL; /* the bytes are kept, not the caller's path */
-    if (rc == KVD_OK && token_file != NULL && token_file[0] != '\0') {
+    if (rc == KVD_OK) {
         char why[512];
-        rc = kvd_token_read(token_file, false, l->auth_token, sizeof(l->auth_token),
-                            &l->auth_token_len, why, sizeof(why));
+        rc = kvd_client_token_read(config->auth_token_file, l->auth_token,
+                                   sizeof(l->auth_token), &l->auth_token_len, why,
+                                   sizeof(why));
         if (rc != KVD_OK)
             KVD_ERROR("linker", "auth_token_file: %s", why);
     }

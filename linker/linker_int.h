@@ -16,6 +16,8 @@
  *              data path (what loads and offloads share)
  *   queue.c    the completion queues
  *   lock.c     the lock-order check
+ *   store_client.c  the operator's store client (kvd_store_*): its own
+ *              connection; it shares only lk_set_last_error with the rest
  *
  * Threads: engine threads call the public functions; the load thread runs
  * committed load batches layer group by layer group; the offload thread

@@ -1,7 +1,9 @@
 /*
  * kvd_proto.h - the one public header of proto/: framing of messages on a
- * byte stream, the RPC messages as plain C structs, and a small blocking
- * client used by the CLI, the linker, tests and benchmarks.
+ * byte stream, the RPC messages as plain C structs, a small blocking
+ * client used by the CLI, the linker, tests and benchmarks, the operator's
+ * queries (paged prefix listings, lookups by namespace name) and the JSON
+ * texts of replies that the CLI and libkvdock's store client share.
  *
  * The generated protobuf-c types never leave proto/: callers fill and read
  * kvd_msg_t, and kvd_msg_pack()/kvd_msg_decode() convert.
@@ -20,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define KVD_PROTOCOL_VERSION   1
 #define KVD_FRAME_HEADER_BYTES 4
@@ -817,5 +820,105 @@ void kvd_default_socket_path(const char *instance, char *buf, size_t len);
 
 /* Splits "HOST:PORT" / "[V6]:PORT" into host and port. */
 int kvd_parse_host_port(const char *text, char *host, size_t host_len, uint16_t *port);
+
+/* --------------------------------------------------- operator queries */
+
+/*
+ * What an operator's client asks (query.c), shared by the kvdock CLI and
+ * libkvdock's store client. A query makes its RPCs through the caller's
+ * kvd_call_fn, which connects (or not) and reports failures its own way.
+ */
+
+/*
+ * One RPC as the caller makes it: sends req, fills rep (initialised by the
+ * callee; the caller clears it with kvd_msg_clear on any result). Returns
+ * KVD_OK when the daemon answered with KVD_OK, else a negative status: the
+ * transport's, or the daemon's error reply (rep->error its message).
+ */
+typedef int (*kvd_call_fn)(void *ctx, kvd_msg_t *req, kvd_msg_t *rep);
+
+/* Reads the credential a client presents: the file at path, or when path
+ * is NULL the one $KVDOCK_AUTH_TOKEN_FILE names; neither (or ""): none,
+ * *len 0 and KVD_OK. Errors as kvd_token_read's (why says what). */
+int kvd_client_token_read(const char *path, uint8_t *buf, size_t cap, size_t *len,
+                          char *why, size_t why_len);
+
+/*
+ * Connects to the daemon over TCP at connect ("HOST:PORT") when it is not
+ * NULL, else at the Unix socket_path, and says Hello as client_name with
+ * the token (token_len bytes; none when 0), all within timeout_ms. Returns
+ * KVD_OK with *out, or the connect's error (*refused false) or the Hello's
+ * (*refused true: a transport error or the daemon's refusal, KVD_ERR_AUTH
+ * for a credential it does not take).
+ */
+int kvd_client_open(const char *socket_path, const char *connect, const char *client_name,
+                    const uint8_t *token, size_t token_len, int timeout_ms,
+                    kvd_client_t **out, bool *refused);
+
+/* The name of namespace id in a reply's namespace table; "?" when absent. */
+const char *kvd_ns_msg_name(const kvd_ns_msg_t *ns, size_t n, uint32_t id);
+/* The id of the namespace called name: KVD_OK, or KVD_ERR_NOT_FOUND. */
+int kvd_ns_msg_find(const kvd_ns_msg_t *ns, size_t n, const char *name, uint32_t *id);
+
+/* Pages one listing follows at most: with the daemon's pages of up to
+ * --max-batch entries, far more than any store holds. */
+#define KVD_LIST_PAGES_MAX 100000
+
+/* The pages of one listing, and their entries seen as one reply (`all`
+ * points into the pages, which live until kvd_list_pages_free). */
+typedef struct kvd_list_pages {
+    kvd_msg_t **msgs;
+    size_t n, cap;
+    kvd_list_rep_t all;
+} kvd_list_pages_t;
+
+/*
+ * Lists the stored prefixes of namespace ns_name (NULL: every one), with
+ * their objects when nodes, page after page with the daemon's cursors
+ * until there is no more, limit entries (0: no limit; at most UINT32_MAX)
+ * are in, or KVD_LIST_PAGES_MAX pages came; p->all.truncated says that it
+ * stopped before the end. p is initialised here; kvd_list_pages_free(p)
+ * after any result. Errors: the call's, KVD_ERR_NOMEM.
+ */
+int kvd_list_fetch(kvd_call_fn call, void *ctx, const char *ns_name, bool nodes,
+                   uint64_t limit, kvd_list_pages_t *p);
+void kvd_list_pages_free(kvd_list_pages_t *p);
+
+/*
+ * A Lookup of the same n_keys keys in each of n_ns namespaces named by
+ * ns_names (1..KVD_LOOKUP_POOLS_MAX), with trailing[i] as namespace i's
+ * hit policy (NULL: 0, every page): the Stats reply's namespace table
+ * turns the names into ids, then one Lookup goes into rep (cleared by the
+ * caller on any result). Errors: KVD_ERR_INVALID (no namespace or key, too
+ * many namespaces), KVD_ERR_NOT_FOUND for a name the daemon does not know
+ * (*unknown its index; n_ns otherwise), the calls'.
+ */
+int kvd_lookup_named(kvd_call_fn call, void *ctx, const char *const *ns_names,
+                     const uint32_t *trailing, size_t n_ns, const kvd_key_t *keys,
+                     size_t n_keys, kvd_msg_t *rep, size_t *unknown);
+
+/* ----------------------------------------------------------------- JSON */
+
+/*
+ * The replies as JSON (json.c): what `kvdock ... --json` prints and the
+ * store client returns. Each writes one value to f, without a trailing
+ * newline; keys of flat messages are their field lists' names. Returns
+ * KVD_OK, or KVD_ERR_IO when writing to f failed.
+ */
+int kvd_json_health(FILE *f, const kvd_health_rep_t *h);
+int kvd_json_stats(FILE *f, const kvd_stats_rep_t *st);
+/* {"truncated":...,"prefixes":[...]} and "nodes" when the listing has
+ * objects; namespaces by name. */
+int kvd_json_list(FILE *f, const kvd_list_rep_t *l);
+/* [objects...] of an Inspect reply. */
+int kvd_json_inspect(FILE *f, const kvd_inspect_rep_t *r);
+/* {"boundaries":[...],"longest":N}, N 0 when there is none. */
+int kvd_json_lookup(FILE *f, const kvd_lookup_rep_t *r);
+
+/* s as a JSON string literal. */
+void kvd_json_str(FILE *f, const char *s);
+/* Every field of obj as JSON members ("name":value, comma separated, no
+ * braces). */
+void kvd_json_fields(FILE *f, const kvd_field_list_t *l, const void *obj);
 
 #endif /* KVD_PROTO_H */

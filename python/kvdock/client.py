@@ -78,14 +78,14 @@ class StoreClient:
         return self._json("kvd_store_stats_json")
 
     def prefixes(self, namespace=None, limit=0):
-        """Stored prefixes (`kvdock prefixes --json`), of one namespace or
-        all; limit 0: the library's default."""
-        return self._json("kvd_store_prefixes_json", _cstr(namespace), int(limit))
+        """Stored prefixes (the "prefixes" of `kvdock prefixes --json`), of
+        one namespace or all; limit 0: the library's default (100)."""
+        return self._json("kvd_store_prefixes_json", _cstr(namespace), int(limit))["prefixes"]
 
     def lookup(self, namespaces, keys, trailing=None):
-        """The restorable boundaries of these page keys in the namespaces
-        (`kvdock lookup --json`); trailing: each namespace's hit policy
-        (0 = every page, n = the last n pages)."""
+        """The restorable boundaries (in pages, increasing) of these page
+        keys in the namespaces (those of `kvdock lookup --json`); trailing:
+        each namespace's hit policy (0 = every page, n = the last n pages)."""
         if isinstance(namespaces, str):
             namespaces = [namespaces]
         names = (ctypes.c_char_p * len(namespaces))(*[_cstr(n) for n in namespaces])
@@ -94,4 +94,4 @@ class StoreClient:
         kb = ctypes.create_string_buffer(blob, max(1, len(blob)))
         return self._json("kvd_store_lookup_json", names,
                           tr.ctypes.data_as(_lib.c_u32_p), len(namespaces),
-                          ctypes.cast(kb, _lib.c_u8_p), n)
+                          ctypes.cast(kb, _lib.c_u8_p), n)["boundaries"]

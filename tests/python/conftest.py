@@ -70,13 +70,20 @@ class Daemon:
             if self.proc.poll() is not None:
                 raise RuntimeError("kvdockd exited (%s) before it was ready:\n%s"
                                    % (self.proc.returncode, self.read_log()))
-            r = subprocess.run([KVDOCK, "--socket", self.socket, "--timeout", "2000", "health"],
+            r = subprocess.run([KVDOCK, "--socket", self.socket, "--timeout", "2000"]
+                               + self._token_args() + ["health"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if r.returncode == 0:
                 return
             time.sleep(0.05)
         raise RuntimeError("kvdockd not ready after %.0f s:\n%s" % (self.ready_timeout,
                                                                    self.read_log()))
+
+    def _token_args(self):
+        # a daemon that wants a token answers Health only with it
+        if "--auth-token-file" in self.args:
+            return ["--token-file", self.args[self.args.index("--auth-token-file") + 1]]
+        return []
 
     def read_log(self):
         try:
@@ -87,7 +94,8 @@ class Daemon:
 
     def cli(self, *args, check=True):
         """Runs the kvdock CLI against this daemon; its CompletedProcess."""
-        r = subprocess.run([KVDOCK, "--socket", self.socket] + [str(a) for a in args],
+        r = subprocess.run([KVDOCK, "--socket", self.socket] + self._token_args()
+                           + [str(a) for a in args],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
         if check and r.returncode != 0:
             raise RuntimeError("kvdock %s: exit %d: %s" % (" ".join(map(str, args)), r.returncode,

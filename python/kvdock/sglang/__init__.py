@@ -7,7 +7,8 @@
 Both import without SGLang installed; the names load on first use.
 """
 
-_LAZY = {"KvdockHiCacheStorage": ".hicache", "KvdockUnifiedCacheLinker": ".unified"}
+_LAZY = {"KvdockHiCacheStorage": ".hicache", "KvdockUnifiedCacheLinker": ".unified",
+         "DevicePool": ".unified"}
 
 
 def __getattr__(name):
