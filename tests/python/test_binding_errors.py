@@ -283,8 +283,12 @@ def test_bad_transfers_are_invalid(daemon, linker_factory):
     lambda p: kvdock.Transfer(p, np.zeros((2, 32), np.int32)),
     lambda p: kvdock.Transfer(p, [bytes(32)], prior_key=b"x" * 31),
     lambda p: kvdock.Transfer(p, [bytes(32)], depths=[-1]),
+    lambda p: kvdock.Transfer(p, [b"x" * 32, b"y" * 33]),
+    lambda p: kvdock.Transfer(p, [bytes(32), 7]),
+    lambda p: kvdock.Transfer(p, [bytes(32), "a str of thirty-two characters.."]),
+    lambda p: kvdock.Transfer(p, [np.zeros(32, np.int16)]),
 ], ids=["short key", "ragged block", "narrow array", "not uint8", "short prior",
-        "negative depth"])
+        "negative depth", "a 33-byte key", "an int", "a str", "32 int16s"])
 def test_malformed_transfers_are_refused_as_made(daemon, linker_factory, bad):
     lk = linker_factory(daemon, model_id="m")
     pool = PagedPool(lk).pool

@@ -242,7 +242,13 @@ def test_lookup_reports_every_boundary_of_the_stored_prefix(daemon, linker_facto
     assert lk.lookup(6, kvdock.Transfer(kv.pool, arr)) == [1, 2, 3, 4, 5, 6]
     assert lk.lookup(7, kvdock.Transfer(kv.pool.id, torch.from_numpy(arr.copy()))) == [
         1, 2, 3, 4, 5, 6]
-    assert kv.pool.stats()["lookup_hit_pages"] == 6 + 2 + 2 + 0 + 6 * 3
+    # a tuple, a generator, bytearrays and 32-byte numpy rows
+    assert lk.lookup(8, [kvdock.Transfer(kv.pool, tuple(keys))]) == [1, 2, 3, 4, 5, 6]
+    assert lk.lookup(9, [kvdock.Transfer(kv.pool, (k for k in keys))]) == [1, 2, 3, 4, 5, 6]
+    assert lk.lookup(10, [kvdock.Transfer(kv.pool, [bytearray(k) for k in keys])]) == [
+        1, 2, 3, 4, 5, 6]
+    assert lk.lookup(11, [kvdock.Transfer(kv.pool, list(arr))]) == [1, 2, 3, 4, 5, 6]
+    assert kv.pool.stats()["lookup_hit_pages"] == 6 + 2 + 2 + 0 + 6 * 7
 
 
 def test_lookup_with_a_trailing_window_pool(daemon, linker_factory):
@@ -436,3 +442,26 @@ def test_pool_stats_by_pool_and_by_id(daemon, linker_factory):
     kv.fill_pages(keys, 0)
     assert offload_and_wait(lk, kvdock.Transfer(kv.pool, keys, indices=kv.indices(0, 2)))
     assert lk.pool_stats(kv.pool.id)["offload_bytes"] == 2 * kv.object_bytes()
+
+
+def test_a_transfer_given_again_and_one_changed_between_calls(daemon, linker_factory):
+    # the binding keeps each Transfer's C struct between calls: a field set
+    # anew must be what the next call sees
+    lk = linker_factory(daemon, model_id="m")
+    kv = PagedPool(lk, layers=1, n_buf=1, n_rows=64, bpr=16, ps=4)
+    stored = sha_chain(tokens_of(15, 8), 4)
+    other = sha_chain(tokens_of(16, 8), 4)
+    kv.fill_pages(stored, 0)
+    assert offload_and_wait(lk, kvdock.Transfer(kv.pool, stored, indices=kv.indices(0, 2)))
+    t = kvdock.Transfer(kv.pool, stored)
+    assert [lk.lookup(i, [t]) for i in range(3)] == [[1, 2]] * 3
+    t.keys = b"".join(other)
+    assert lk.lookup(4, [t]) == [] and lk.lookup(5, t) == []
+    t.keys = b"".join(stored)
+    assert lk.lookup(6, [t, kvdock.Transfer(kv.pool, stored)]) == [1, 2]  # in an array of two
+    kv.wipe()
+    load = kvdock.Transfer(kv.pool, stored, indices=kv.indices(40, 2))
+    load.indices = np.array(kv.indices(24, 2), np.int64)  # the engine chose other rows
+    assert load_all(lk, 7, load, [(0, 2)], [0])
+    kv.check_pages(stored, lambda i: 24 + 4 * i)
+    kv.check_zero(range(40, 48))
