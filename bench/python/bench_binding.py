@@ -255,7 +255,9 @@ def bench_lookup(args, daemon, build):
         # ctypes with everything prepared once: the floor of a ctypes binding
         lib = kvdock._lib.lib()
         blob = b"".join(keys)
-        t = kvdock._lib.Transfer(pool_id=pool.id, keys=blob, n_keys=n_keys)
+        field = dict(kvdock._lib.Transfer._fields_)["keys"]  # char * (or uint8_t * before)
+        t = kvdock._lib.Transfer(pool_id=pool.id, n_keys=n_keys,
+                                 keys=blob if field is ctypes.c_char_p else ctypes.cast(blob, field))
         outb = (ctypes.c_uint32 * (n_keys + 1))()
         nb = ctypes.c_size_t()
         h = ctypes.c_void_p(lk._handle)
