@@ -80,15 +80,18 @@ class PoolDesc(ctypes.Structure):
 
 
 class Transfer(ctypes.Structure):
+    # keys and prior_key are const uint8_t * in C; declared char * here so
+    # that a bytes object is stored as a pointer to its own buffer (no copy,
+    # no cast per call: lookups of many keys take this path)
     _fields_ = [
         ("pool_id", ctypes.c_uint32),
-        ("keys", c_u8_p),
+        ("keys", ctypes.c_char_p),
         ("n_keys", ctypes.c_size_t),
         ("device_indices", c_i64_p),
         ("n_indices", ctypes.c_size_t),
         ("first_depth", ctypes.c_uint32),
         ("depths", c_u32_p),
-        ("prior_key", c_u8_p),
+        ("prior_key", ctypes.c_char_p),
     ]
 
 

@@ -89,20 +89,47 @@ class Transfer:
     chain and ``prior_key`` the key before keys[0] (None at a chain's start).
     The arrays are copied as the call is made."""
 
-    __slots__ = ("pool", "keys", "n_keys", "indices", "first_depth", "depths", "prior_key")
+    __slots__ = ("pool", "keys", "n_keys", "indices", "first_depth", "depths", "prior_key", "_c")
 
     def __init__(self, pool, keys, indices=None, first_depth=0, depths=None, prior_key=None):
-        self.pool = pool
-        self.keys, self.n_keys = key_block(keys)
-        self.indices = int64_array(indices)
-        self.first_depth = int(first_depth)
-        self.depths = None if depths is None else uint32_array(depths)
+        put = object.__setattr__  # (not through __setattr__ below: this is per call)
+        put(self, "_c", None)
+        put(self, "pool", pool)
+        blob, n = key_block(keys)
+        put(self, "keys", blob)
+        put(self, "n_keys", n)
+        put(self, "indices", int64_array(indices))
+        put(self, "first_depth", int(first_depth))
+        put(self, "depths", None if depths is None else uint32_array(depths))
         if prior_key is not None:
             prior_key = bytes(prior_key)
             if len(prior_key) != KEY_BYTES:
                 raise InvalidError(message="prior_key is %d bytes, not %d" % (KEY_BYTES,
                                                                               len(prior_key)))
-        self.prior_key = prior_key
+        put(self, "prior_key", prior_key)
+
+    def __setattr__(self, name, value):
+        # a field set anew: the kvd_transfer_t built from the old ones goes
+        object.__setattr__(self, name, value)
+        if name != "_c":
+            object.__setattr__(self, "_c", None)
+
+
+def _c_transfer(t):
+    """t's kvd_transfer_t, built at its first call and kept (it points into
+    t's keys and arrays, which t keeps alive)."""
+    c = t._c
+    if c is None:
+        idx, depths, prior = t.indices, t.depths, t.prior_key
+        if depths is not None and depths.size != t.n_keys:
+            raise InvalidError(message="%d depths for %d keys" % (depths.size, t.n_keys))
+        c = _lib.Transfer(
+            _pool_id(t.pool), t.keys if t.n_keys else None, t.n_keys,
+            ptr_of(idx, ctypes.c_int64) if idx is not None else None,
+            idx.size if idx is not None else 0, t.first_depth,
+            ptr_of(depths, ctypes.c_uint32) if depths is not None else None, prior)
+        t._c = c
+    return c
 
 
 def _pool_id(p):
@@ -110,37 +137,24 @@ def _pool_id(p):
 
 
 def _c_transfers(transfers):
-    """An array of kvd_transfer_t for the transfers, and what must stay
-    alive while the call runs."""
+    """The kvd_transfer_t of the transfers (one struct, or an array of
+    them), their count, and what must stay alive while the call runs (the
+    Transfers: the structs point into their keys and arrays). Nothing is
+    copied or rebuilt for a Transfer given again (this is on the path of
+    every lookup)."""
     if isinstance(transfers, Transfer):
-        transfers = [transfers]
-    transfers = list(transfers)
-    arr = (_lib.Transfer * max(1, len(transfers)))()
-    keep = []
-    for i, t in enumerate(transfers):
+        return _c_transfer(transfers), 1, [transfers]
+    if not isinstance(transfers, list):
+        transfers = list(transfers)
+    for t in transfers:
         if not isinstance(t, Transfer):
             raise InvalidError(message="a transfer is a kvdock.Transfer, not %s"
                                % type(t).__name__)
-        c = arr[i]
-        c.pool_id = _pool_id(t.pool)
-        keys = ctypes.create_string_buffer(t.keys, len(t.keys)) if t.n_keys else None
-        keep.append(keys)
-        c.keys = ctypes.cast(keys, _lib.c_u8_p) if keys is not None else None
-        c.n_keys = t.n_keys
-        if t.indices is not None:
-            c.device_indices = ptr_of(t.indices, ctypes.c_int64)
-            c.n_indices = t.indices.size
-        c.first_depth = t.first_depth
-        if t.depths is not None:
-            if t.depths.size != t.n_keys:
-                raise InvalidError(message="%d depths for %d keys" % (t.depths.size, t.n_keys))
-            c.depths = ptr_of(t.depths, ctypes.c_uint32)
-        if t.prior_key is not None:
-            prior = ctypes.create_string_buffer(t.prior_key, KEY_BYTES)
-            keep.append(prior)
-            c.prior_key = ctypes.cast(prior, _lib.c_u8_p)
-        keep.append(t)
-    return arr, len(transfers), keep
+    n = len(transfers)
+    if n == 1:
+        return _c_transfer(transfers[0]), 1, transfers
+    arr = (_lib.Transfer * max(1, n))(*[_c_transfer(t) for t in transfers])
+    return arr, n, transfers
 
 
 def page_keys(tokens, page_size, prior=None):
@@ -183,7 +197,10 @@ class Linker:
                  read_only=False, transport=None, ucx_mode=None, auth_token_file=None):
         self._lib = _lib.lib()
         self._handle = None
-        self._cond = threading.Condition()
+        # calls in flight, counted under a plain lock (C-level enter/exit: on
+        # the path of every call); close() waits on the condition
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._inflight = 0
         self._closing = False
         self._pools = {}
@@ -207,16 +224,16 @@ class Linker:
     # ------------------------------------------------------------ plumbing
 
     def _enter(self):
-        with self._cond:
+        with self._lock:
             if self._handle is None or self._closing:
                 raise ClosedError(message="the linker is closed")
             self._inflight += 1
             return self._handle
 
     def _leave(self):
-        with self._cond:
+        with self._lock:
             self._inflight -= 1
-            if self._inflight == 0:
+            if self._inflight == 0 and self._closing:
                 self._cond.notify_all()
 
     def _call(self, name, *args):
@@ -370,13 +387,35 @@ class Linker:
     def lookup(self, rid, transfers):
         """Every boundary (in pages from keys[0], increasing) restorable in
         all the pools given, by each pool's hit policy."""
-        arr, n, keep = _c_transfers(transfers)
-        cap = min(arr[i].n_keys for i in range(n)) + 1 if n else 1
+        # the engine's most frequent call: its Python side is kept to the
+        # least (no callback bookkeeping, nothing converted twice; measured
+        # in bench/python/bench_binding.py)
+        if type(transfers) is list and len(transfers) == 1 and type(transfers[0]) is Transfer:
+            keep = transfers  # the usual call: one pool
+            t = keep[0]
+            c, n, cap = t._c or _c_transfer(t), 1, t.n_keys + 1
+        else:
+            c, n, keep = _c_transfers(transfers)
+            cap = (min([t.n_keys for t in keep]) if n else 0) + 1
         out = (ctypes.c_uint32 * cap)()
         nb = ctypes.c_size_t()
-        self._call("kvd_lookup", ctypes.c_uint64(rid), arr, n, out, ctypes.byref(nb))
+        lock = self._lock
+        with lock:
+            h = self._handle
+            if h is None or self._closing:
+                raise ClosedError(message="the linker is closed")
+            self._inflight += 1
+        try:
+            rc = self._lib.kvd_lookup(h, rid, c, n, out, ctypes.byref(nb))
+            if rc < 0:
+                _lib.check(rc)  # on this thread, before any other libkvdock call
+        finally:
+            with lock:
+                self._inflight -= 1
+                if self._inflight == 0 and self._closing:
+                    self._cond.notify_all()
         del keep
-        return list(out[:nb.value])
+        return memoryview(out).cast("B").cast("I")[:nb.value].tolist()
 
     def load(self, rid, transfers):
         """LOAD: pins the stored objects of every transfer (all or nothing)
