@@ -204,8 +204,8 @@ typedef struct kvd_pool_desc {
  * Errors: KVD_ERR_INVALID for a bad description (a layer id twice among
  * its layers, among others), KVD_ERR_UNSUPPORTED for a
  * memory kind not built in, KVD_ERR_NO_SPACE past KVD_MAX_POOLS pools, the
- * daemon's refusal (e.g. KVD_ERR_EXISTS: the namespace exists with another
- * object size), the connection's errors.
+ * daemon's refusal (e.g. KVD_ERR_INVALID: the namespace exists with
+ * another object size), the connection's errors.
  */
 KVD_API int kvd_register_pool(kvd_linker_t *linker, const kvd_pool_desc_t *desc,
                               uint32_t *pool_id);

@@ -56,6 +56,8 @@ static void pool_free(kvd_linker_t *l, lpool_t *p)
     free(p->buffer0);
 }
 
+static void linker_free(kvd_linker_t *l);
+
 KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **out)
 {
     lk_clear_last_error();
@@ -122,8 +124,10 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
         rc = kvd_client_token_read(config->auth_token_file, l->auth_token,
                                    sizeof(l->auth_token), &l->auth_token_len, why,
                                    sizeof(why));
-        if (rc != KVD_OK)
+        if (rc != KVD_OK) {
             KVD_ERROR("linker", "auth_token_file: %s", why);
+            lk_set_last_error("auth_token_file: %s", why);
+        }
     }
     if (rc != KVD_OK) {
         explicit_bzero(l->auth_token, sizeof(l->auth_token));
@@ -154,16 +158,17 @@ KVD_API int kvd_linker_open(const kvd_linker_config_t *config, kvd_linker_t **ou
         rc = l->off_thread_started ? KVD_OK : KVD_ERR_NOMEM;
     }
     if (rc != KVD_OK) {
-        kvd_linker_close(l);
+        linker_free(l);
         return rc;
     }
     *out = l;
     return KVD_OK;
 }
 
-KVD_API void kvd_linker_close(kvd_linker_t *l)
+/* What kvd_linker_close does, without clearing this thread's reason: a
+ * failed open frees its handle through it and keeps why it failed. */
+static void linker_free(kvd_linker_t *l)
 {
-    lk_clear_last_error();
     if (l == NULL)
         return;
     lk_lock(&l->lock);
@@ -198,6 +203,12 @@ KVD_API void kvd_linker_close(kvd_linker_t *l)
     lk_mutex_destroy(&l->lock);
     explicit_bzero(l->auth_token, sizeof(l->auth_token));
     free(l);
+}
+
+KVD_API void kvd_linker_close(kvd_linker_t *l)
+{
+    lk_clear_last_error();
+    linker_free(l);
 }
 
 KVD_API int kvd_linker_health(kvd_linker_t *l, kvd_linker_health_t *state,

@@ -93,9 +93,6 @@ def test_ucx_to_a_daemon_serving_no_ucx_is_unsupported(daemon):
            lambda: kvdock.Linker(socket_path=daemon.socket, transport="ucx", timeout_ms=10000))
 
 
-@pytest.mark.xfail(strict=True, reason="libkvdock: kvd_linker_open's failure path calls "
-                   "kvd_linker_close, which clears kvd_last_error: the Hello's refusal "
-                   "(conn.c) never reaches the caller")
 def test_a_refused_hello_carries_the_daemons_reason(daemon):
     e = raises(kvdock.UnsupportedError,
                lambda: kvdock.Linker(socket_path=daemon.socket, transport="ucx", timeout_ms=10000))
@@ -145,9 +142,6 @@ def test_the_token_may_come_from_the_environment(token_daemon, monkeypatch):
                                                    timeout_ms=10000))
 
 
-@pytest.mark.xfail(strict=True, reason="libkvdock: kvd_linker_open's failure path calls "
-                   "kvd_linker_close, which clears kvd_last_error: the Hello's refusal "
-                   "(conn.c) never reaches the caller")
 def test_an_auth_error_carries_the_daemons_reason(token_daemon):
     e = raises(kvdock.AuthError, lambda: kvdock.Linker(socket_path=token_daemon.socket,
                                                         timeout_ms=10000))
@@ -403,3 +397,9 @@ def test_a_draining_daemon_says_so(daemon_factory, linker_factory):
     how, e = bounded(lambda: kvdock.Linker(socket_path=d.socket, timeout_ms=5000))
     assert how == "raised" and type(e) in (kvdock.UnavailableError, kvdock.DrainingError), e
     lk.close()
+
+
+def test_an_unreadable_token_file_says_why(daemon, tmp_path):
+    with pytest.raises(kvdock.NotFoundError) as e:
+        kvdock.Linker(socket_path=daemon.socket, auth_token_file=str(tmp_path / "absent"))
+    assert "auth_token_file" in e.value.message and "absent" in e.value.message
