@@ -93,7 +93,23 @@ def _check_row_contiguous(shape, strides, itemsize):
 
 def buffer_info(obj):
     """The BufferInfo of one accepted buffer object; InvalidError for
-    anything else or a row that is not contiguous."""
+    anything else, no rows, a row that is not contiguous, or rows that
+    overlap or run backwards (a stride below the row's size: the library
+    takes strides as unsigned)."""
+    info = _buffer_info(obj)
+    if info.n_rows <= 0 or info.bytes_per_row <= 0:
+        raise InvalidError(message="a pool buffer needs rows of at least one byte (%d rows of "
+                           "%d bytes)" % (info.n_rows, info.bytes_per_row))
+    if info.n_rows == 1:
+        info.row_stride = max(info.row_stride, info.bytes_per_row)  # one row: no stride
+    if info.row_stride < info.bytes_per_row:
+        raise InvalidError(message="rows %d bytes apart cannot hold %d bytes each (a negative, "
+                           "zero or overlapping row stride)" % (info.row_stride,
+                                                                info.bytes_per_row))
+    return info
+
+
+def _buffer_info(obj):
     if isinstance(obj, RawBuffer):
         if obj.ptr == 0 or obj.n_rows <= 0 or obj.bytes_per_row <= 0:
             raise InvalidError(message="%r: a NULL pointer, no rows or empty rows" % (obj,))
@@ -124,7 +140,7 @@ def buffer_info(obj):
             raise InvalidError(message="a pool buffer must be writable (the array is read-only)")
         _check_row_contiguous(obj.shape, obj.strides, obj.itemsize)
         return BufferInfo(obj.ctypes.data, obj.shape[0], obj.strides[0],
-                          (obj[0].nbytes if obj.ndim > 1 else obj.itemsize), "host", obj)
+                          int(np.prod(obj.shape[1:])) * obj.itemsize, "host", obj)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         return _from_interface(obj, cai, "cuda")

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import _lib
 from .buffers import KEY_BYTES, buffer_info, int64_array, key_block, ptr_of, uint32_array
-from .errors import CallbackError, ClosedError, InvalidError, UnsupportedError
+from .errors import CallbackError, ClosedError, InvalidError, StateError, UnsupportedError
 
 PAGED = "paged"
 SLOT = "slot"
@@ -104,8 +104,8 @@ class Transfer:
         if prior_key is not None:
             prior_key = bytes(prior_key)
             if len(prior_key) != KEY_BYTES:
-                raise InvalidError(message="prior_key is %d bytes, not %d" % (KEY_BYTES,
-                                                                              len(prior_key)))
+                raise InvalidError(message="prior_key is %d bytes, not %d"
+                                   % (len(prior_key), KEY_BYTES))
         put(self, "prior_key", prior_key)
 
     def __setattr__(self, name, value):
@@ -204,7 +204,8 @@ class Linker:
         self._inflight = 0
         self._closing = False
         self._pools = {}
-        self._cb_errors = threading.local()
+        self._cb_errors = threading.local()  # .depth, .pending: this thread's calls
+        self._kept = {}  # pool id -> what C points into, until close
         self.timeout_ms = int(timeout_ms) or 5000
         strs = [_cstr(x) for x in (socket_path, connect, client_name or "kvdock-python",
                                    model_id, transport, ucx_mode, auth_token_file)]
@@ -238,23 +239,37 @@ class Linker:
 
     def _call(self, name, *args):
         h = self._enter()
+        tls = self._cb_errors
+        depth = getattr(tls, "depth", 0)
+        if depth == 0:
+            tls.pending = []  # a nested call (from a callback) keeps the outer's
+        tls.depth = depth + 1
         try:
-            self._cb_errors.pending = None
-            rc = getattr(self._lib, name)(h, *args)
+            try:
+                fn = getattr(self._lib, name)
+            except AttributeError:
+                raise UnsupportedError(message="this libkvdock has no %s" % name) from None
+            rc = fn(h, *args)
             if rc < 0:
                 _lib.check(rc)
-            pending = getattr(self._cb_errors, "pending", None)
-            if pending is not None:
-                self._cb_errors.pending = None
+            if depth == 0 and tls.pending:
+                first = tls.pending[0]
+                tls.pending = []
+                if not isinstance(first, Exception):
+                    raise first  # KeyboardInterrupt, SystemExit: as they are
                 raise CallbackError(message="a free_indices callback raised %s: %s"
-                                    % (type(pending).__name__, pending)) from pending
+                                    % (type(first).__name__, first)) from first
             return rc
         finally:
+            tls.depth = depth
             self._leave()
 
     def close(self):
         """Stops the transfer threads (pending loads and offloads complete
         as failed), closes the connection and frees the handle. Idempotent."""
+        if getattr(self._cb_errors, "depth", 0):
+            raise StateError(message="close() from inside a callback of this linker's own "
+                             "call would wait for that call forever")
         with self._cond:
             if self._handle is None or self._closing:
                 return
@@ -264,6 +279,7 @@ class Linker:
             h, self._handle = self._handle, None
         self._lib.kvd_linker_close(h)
         self._pools.clear()  # the buffers may go now
+        self._kept.clear()
 
     @property
     def closed(self):
@@ -362,6 +378,9 @@ class Linker:
             desc.free_indices = cb
         pid = ctypes.c_uint32()
         self._call("kvd_register_pool", ctypes.byref(desc), ctypes.byref(pid))
+        # the library holds the buffers and the callback from now on, even
+        # should building the Pool fail
+        self._kept[pid.value] = keep
         pool = Pool(self, pid.value, name, addressing, int(page_size), int(n_rows),
                     int(trailing_pages), bool(rank_replicated), layer_ids, keep)
         self._pools[pool.id] = pool
@@ -376,8 +395,10 @@ class Linker:
                     np.empty(0, dtype=np.int64)
                 fn(idx)
             except BaseException as e:  # never into C: kept for the caller
-                if getattr(errors, "pending", None) is None:
-                    errors.pending = e
+                pending = getattr(errors, "pending", None)
+                if pending is None:
+                    errors.pending = pending = []
+                pending.append(e)
         return run
 
     @property
