@@ -24,22 +24,9 @@ import sglang_unified_iface as iface
 from kvdock.sglang import unified
 from kvdock.sglang.unified import DevicePool, KvdockUnifiedCacheLinker, PoolName, PoolTransfer
 from mini_engine import MiniEngine, UnifiedLinkerFlow, tokens
+from sglang_unified_fixtures import unified_factory  # noqa: F401  (a fixture)
 
 
-@pytest.fixture
-def unified_factory(daemon, linker_factory):
-    """make(engine, **linker_cfg) -> (adapter, flow) on the test's daemon."""
-    made = []
-
-    def make(engine, model_id="unified-test", **cfg):
-        lk = linker_factory(daemon, model_id=model_id, **cfg)
-        a = KvdockUnifiedCacheLinker(device_pools=engine.device_pools(), linker=lk)
-        made.append(a)
-        return a, UnifiedLinkerFlow(engine, a)
-
-    yield make
-    for a in made:
-        a.close()
 
 
 def object_bytes(e, name):

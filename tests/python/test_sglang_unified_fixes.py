@@ -18,30 +18,16 @@
 import logging
 import time
 
-import pytest
-
-import kvdock
 from kvdock import engine
 from kvdock.sglang.unified import KvdockUnifiedCacheLinker, PoolName, PoolTransfer
 from mini_engine import MiniEngine, SGLangWrapperFlow, UnifiedLinkerFlow, tokens
 from test_sglang_unified import assert_clean, store
 
+from sglang_unified_fixtures import unified_factory  # noqa: E402,F401  (a fixture)
+
 LOGGER = "kvdock.sglang.unified"
 
 
-@pytest.fixture
-def unified_factory(daemon, linker_factory):
-    made = []
-
-    def make(engine_, model_id="unified-fixes", **cfg):
-        lk = linker_factory(daemon, model_id=model_id, **cfg)
-        a = KvdockUnifiedCacheLinker(device_pools=engine_.device_pools(), linker=lk)
-        made.append(a)
-        return a, UnifiedLinkerFlow(engine_, a)
-
-    yield make
-    for a in made:
-        a.close()
 
 
 def errors_about(caplog, text):

@@ -573,17 +573,9 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         transfers = list(transfers)
         if not transfers:
             raise ValueError("a load needs at least one transfer")
-        entries = [self._entry(t) for t in transfers]
-        kts = [self._kv_transfer(e, t, indices=True) for e, t in zip(entries, transfers)]
-        with self._lock:
-            self._check_open()
-            if rid in self._loads:
-                raise ValueError("rid %r has a load recorded already" % (rid,))
-            rec = _Load(rid, next(self._uids), entries, transfers, kts)
-            self._loads[rid] = rec
-            self._by_uid[rec.uid] = rec
+        rec = self._new_load(rid, transfers)
         try:
-            self._lk.load(rec.uid, kts)
+            self._lk.load(rec.uid, rec.kv_transfers)
         except (_errors.InvalidError, _errors.ExistsError):
             self._forget(rec)  # nothing recorded on the C side
             raise
@@ -697,6 +689,20 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
             if e.spec.free_indices is not None and kt.indices is not None and kt.indices.size:
                 e.spec.free_indices(kt.indices.copy())
 
+    def _new_load(self, rid: str, transfers) -> _Load:
+        """Records a load of rid over transfers (their kvdock transfers
+        built first: a bad one raises ValueError and records nothing)."""
+        entries = [self._entry(t) for t in transfers]
+        kts = [self._kv_transfer(e, t, indices=True) for e, t in zip(entries, transfers)]
+        with self._lock:
+            self._check_open()
+            if rid in self._loads:
+                raise ValueError("rid %r has a load recorded already" % (rid,))
+            rec = _Load(rid, next(self._uids), entries, transfers, kts)
+            self._loads[rid] = rec
+            self._by_uid[rec.uid] = rec
+        return rec
+
     def _record(self, rid: str) -> _Load:
         rec = self._loads.get(rid)
         if rec is None:
@@ -743,20 +749,12 @@ class KvdockUnifiedCacheLinker(UnifiedCacheLinker):
         transfers = [t for t in (transfers or ()) if t.keys]
         if not transfers:
             return False
-        entries = [self._entry(t) for t in transfers]
-        kts = [self._kv_transfer(e, t, indices=True) for e, t in zip(entries, transfers)]
-        with self._lock:
-            self._check_open()
-            if rid in self._loads:
-                raise ValueError("rid %r has a load recorded already" % (rid,))
-            rec = _Load(rid, next(self._uids), entries, transfers, kts)
-            self._loads[rid] = rec
-            self._by_uid[rec.uid] = rec
+        rec = self._new_load(rid, transfers)
         # the tree holds every index of these transfers: an ABORT (a failed
         # LOAD) hands none back
         self._tls.keep_indices = True
         try:
-            _engine.load_whole(self._lk, rec.uid, kts)
+            _engine.load_whole(self._lk, rec.uid, rec.kv_transfers)
         except _errors.KvdockError as err:
             try:
                 self._lk.abort(rec.uid)  # PREPARE or COMMIT failed after the LOAD
