@@ -30,20 +30,7 @@ from kvdock.vllm import connector as conn
 
 from vllm_engine import Engine, Request
 
-BS = 16
-PROMPT = [(i * 37 + 11) % 4999 + 1 for i in range(100)]
-REACHABLE = (len(PROMPT) - 1) // BS * BS  # 96
-
-
-def _engine(daemon, **kw):
-    kw.setdefault("timeout_ms", 3000)
-    return Engine(daemon.socket, block_size=BS, **kw)
-
-
-def _serve(engine, rid, prompt=PROMPT, max_tokens=3):
-    engine.add(Request(rid, prompt, max_tokens))
-    engine.run()
-    return engine.history[rid]
+from test_vllm_connector import BS, PROMPT, REACHABLE, _engine, _serve  # noqa: E402
 
 
 def _evict_all_after_the_lookup(daemon, engine):
