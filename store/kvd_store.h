@@ -346,7 +346,8 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
  * it holds nothing more. KVD_ERR_NOT_FOUND for an unknown (or ended) lease
  * and for another owner's (the same answer, so that nobody learns which ids
  * are live; ids are random, non-zero and unique among live leases),
- * KVD_ERR_STATE for a read lease.
+ * KVD_ERR_STATE for a read lease. With a journal: KVD_ERR_IO, nothing
+ * changed, when the journal cannot record it (see "persistence").
  */
 int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n);
@@ -483,6 +484,76 @@ int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t ma
 int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
                                 uint64_t max_visits, uint64_t *evicted);
 
+/* --- persistence
+ *
+ * A store may keep a journal of its metadata in a file beside the pool
+ * (kvd_store_journal_attach), so that a daemon started again after a crash
+ * (SIGKILL, OOM kill) on the same pool file finds its objects again:
+ *   - every object whose Publish returned KVD_OK is back, with its
+ *     namespace (name, object size, tenant, generation) and its chain
+ *     metadata (parent tag, depth), access time and hits;
+ *   - reservations that were being written are not: their extents are
+ *     quarantined for one lease TTL (a writer of the dead daemon may still
+ *     be copying into them), then free;
+ *   - leases and pins are not kept: they belonged to connections of the
+ *     process that died.
+ * What the engine guarantees for that:
+ *   - a Publish is written to the journal before it changes anything, and
+ *     fails with KVD_ERR_IO (nothing changed) when it cannot be;
+ *   - an extent freed (eviction, revoke, a quarantine's end) is written as
+ *     free before any caller can reuse it: every call writes what it
+ *     changed before it returns (one write for the call), and a Reserve
+ *     writes before it scrubs an extent;
+ *   - a journal that cannot be written (a full file system) is marked
+ *     invalid at once, so a restart discards it rather than misread it;
+ *     until a rewrite succeeds (retried each second from kvd_store_expire)
+ *     Publish fails with KVD_ERR_IO;
+ *   - the journal is compacted in slices from kvd_store_expire once it
+ *     outgrows twice what a snapshot of the live objects would take.
+ * The file format is journal.h's.
+ */
+
+typedef struct kvd_store_journal_opts {
+    const char *path;            /* the journal file */
+    uint64_t pool_dev, pool_ino; /* the pool file it describes (kvd_pool_identity) */
+    bool pool_created;           /* the pool file is new: nothing to recover */
+    bool fresh;                  /* discard a journal that is there */
+    bool hugepages;              /* the pool is of 2 MiB pages (recorded) */
+    uint64_t now_ms;             /* the callers' clock (kvd_store_expire's); 0: now */
+} kvd_store_journal_opts_t;
+
+/* What a journal gave back at attach. */
+typedef struct kvd_store_recovery {
+    bool found;                 /* a journal was there and read */
+    uint64_t objects;           /* published objects back in the index */
+    uint64_t bytes;             /* ... their object bytes */
+    uint64_t namespaces;        /* namespaces back (those with objects) */
+    uint64_t writing_discarded; /* partial writes: quarantined, then free */
+    uint64_t writing_bytes;
+    uint64_t discarded;     /* journaled extents not restored: their namespace
+                               or tenant is gone, or they did not fit */
+    uint64_t journal_bytes; /* of the journal read */
+    uint64_t records;       /* its whole records */
+    uint64_t torn_bytes;    /* after its last whole record (a write cut short) */
+    uint64_t elapsed_ns;    /* reading, rebuilding and writing the new journal */
+    char note[256];         /* why nothing was recovered, when nothing was */
+} kvd_store_recovery_t;
+
+/*
+ * Attaches the journal at o->path to an empty store (created, its tenants
+ * added, nothing else): reads what is there, rebuilds the store from it,
+ * then writes a fresh journal (a snapshot, through a new file and a
+ * rename) and keeps it from here on. Nothing to read (no file, fresh, a
+ * new pool file, a journal marked invalid) is no error: the store starts
+ * empty and *rec->note says why.
+ * Errors: KVD_ERR_STATE when the journal is of another layout or version,
+ * damaged, or describes another pool (size, page size, pool file): `why`
+ * says which, and nothing was changed (discarding it is the caller's
+ * decision: o->fresh); KVD_ERR_NOMEM, KVD_ERR_IO and the like.
+ */
+int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
+                             kvd_store_recovery_t *rec, char *why, size_t why_len);
+
 typedef struct kvd_store_stats {
     uint64_t pool_bytes;
     uint64_t free_bytes;
@@ -510,6 +581,13 @@ typedef struct kvd_store_stats {
     uint64_t reserve_quota;      /* reserved keys refused for a tenant's max_bytes */
     uint64_t scrubbed_bytes;     /* bytes zeroed: extents crossing tenants */
     uint64_t namespaces_removed; /* left without users or objects */
+    uint64_t recovered_objects;  /* brought back from the journal at start */
+    uint64_t recovered_bytes;
+    uint64_t journal_bytes;       /* the journal file now; 0 without one */
+    uint64_t journal_records;     /* records written (batches, snapshot parts) */
+    uint64_t journal_compactions; /* snapshots put in place of the journal */
+    uint64_t journal_errors;      /* writes that failed (the journal then
+                                     invalid until rewritten) */
 } kvd_store_stats_t;
 
 void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out);
