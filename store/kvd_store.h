@@ -520,6 +520,11 @@ typedef struct kvd_store_journal_opts {
     bool fresh;                  /* discard a journal that is there */
     bool hugepages;              /* the pool is of 2 MiB pages (recorded) */
     uint64_t now_ms;             /* the callers' clock (kvd_store_expire's); 0: now */
+    /* compaction: starts once the journal is past compact_min_bytes and
+     * twice a snapshot's size (0: 8 MiB); a tick snapshots slice_records
+     * records (0: 65536). Tests make them small. */
+    uint64_t compact_min_bytes;
+    uint32_t slice_records;
 } kvd_store_journal_opts_t;
 
 /* What a journal gave back at attach. */

@@ -110,6 +110,8 @@ struct persist {
     uint32_t cursor;    /* compaction: the next record to snapshot; 0 none */
     uint32_t walk_end;  /* ... and the last one (rec_high when it began) */
     uint64_t next_size; /* no compaction before the journal is this big */
+    uint64_t compact_min_bytes;
+    uint32_t slice_records;
     uint64_t compactions, errors;
 };
 
@@ -367,7 +369,7 @@ static void compact_step(kvd_store_t *s)
     jnl_t *j = p->j;
     if (p->cursor == 0) {
         uint64_t bound =
-            KVD_MAX(COMPACT_MIN_BYTES, COMPACT_FACTOR * snapshot_estimate(s));
+            KVD_MAX(p->compact_min_bytes, COMPACT_FACTOR * snapshot_estimate(s));
         if (jnl_bytes(j) < KVD_MAX(bound, p->next_size) || s->rec_high == 0)
             return;
         jnl_header_t h = next_header(p);
@@ -387,7 +389,8 @@ static void compact_step(kvd_store_t *s)
         p->next_size = jnl_bytes(j) * 2;
         return;
     }
-    uint32_t to = (uint32_t)KVD_MIN((uint64_t)p->cursor + SLICE_RECORDS - 1, p->walk_end);
+    uint32_t to =
+        (uint32_t)KVD_MIN((uint64_t)p->cursor + p->slice_records - 1, p->walk_end);
     if (snap_records(s, p->cursor, to) != KVD_OK) {
         jnl_rewrite_abort(j);
         p->cursor = 0;
@@ -922,6 +925,9 @@ int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
     p->hdr.epoch_ms = s->epoch_ms;
     memcpy(p->hdr.secret, s->secret, sizeof(p->hdr.secret));
     p->hdr.flags = flags;
+    p->compact_min_bytes =
+        o->compact_min_bytes ? o->compact_min_bytes : COMPACT_MIN_BYTES;
+    p->slice_records = o->slice_records ? o->slice_records : SLICE_RECORDS;
     rc = jnl_new(o->path, &p->j);
     if (rc != KVD_OK) {
         kvd_mem_free(KVD_MEM_OTHER, p, sizeof(*p));
