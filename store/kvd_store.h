@@ -48,6 +48,10 @@ typedef struct kvd_sizing_req {
     uint64_t reserve_bytes;   /* --reserve: kept free for everything else */
     uint64_t object_bytes;    /* a typical object, for the "fits" figure */
     uint64_t align_bytes;     /* the pool's page size (4 KiB, 2 MiB) */
+    /* bytes of the pool the host has given already: the pages of a pool
+     * file a restart attaches to. They are in use (not MemAvailable), yet
+     * this pool is what uses them, so they count as what the host can give. */
+    uint64_t held_bytes;
 } kvd_sizing_req_t;
 
 typedef struct kvd_sizing {
@@ -81,19 +85,36 @@ void kvd_sizing_format(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
 /* ------------------------------------------------------------------ pool */
 
 typedef struct kvd_pool_opts {
-    const char *instance;       /* names the memfd: "kvdock-<instance>" */
+    const char *instance;       /* names the file: "kvdock-<instance>" */
     uint64_t size_bytes;        /* from kvd_sizing_t.budget_bytes */
     bool hugepages;             /* 2 MiB hugetlb pages */
     bool mlock;                 /* lock the pool once populated */
     uint64_t populate_rate_bps; /* bytes per second; 0 = no bound */
+    /*
+     * Where the pool lives. NULL: an anonymous memfd, sealed against
+     * resizing, that dies with the process (and its last mapping). Else the
+     * file dir/kvdock-<instance>.pool, which outlives the process: /dev/shm
+     * (tmpfs), or with hugepages a hugetlbfs mount. It is created private
+     * (0600) or, when there, attached as it is: its bytes are kept. A lock
+     * (lock_dir/kvdock-<instance>.lock, holding the owner's pid) lets one
+     * process of an instance have it at a time.
+     */
+    const char *dir;
+    const char *lock_dir; /* NULL: dir */
+    bool fresh;           /* remove a pool file that is there first */
 } kvd_pool_opts_t;
 
 typedef struct kvd_pool kvd_pool_t;
 
 /*
- * Creates the shared-memory file and maps it. Nothing is populated yet.
- * Errors: KVD_ERR_INVALID (size not a multiple of the page size),
- * KVD_ERR_UNSUPPORTED (no hugetlb memfd), or the mapping's error.
+ * Creates (or, with a dir, attaches) the shared-memory file and maps it.
+ * Nothing is populated yet. Errors, each logged with what would fix it:
+ * KVD_ERR_INVALID (size not a multiple of the page size),
+ * KVD_ERR_UNSUPPORTED (no hugetlb memfd; with a dir, one that is not a
+ * hugetlbfs mount of 2 MiB pages), KVD_ERR_BUSY (another process holds the
+ * instance's lock), KVD_ERR_STATE (a pool file there of another size, or
+ * not private to this user), KVD_ERR_NO_SPACE (the file system cannot hold
+ * the pool), or the system's error.
  */
 int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out);
 
@@ -114,6 +135,15 @@ int kvd_pool_error(const kvd_pool_t *p);
 const char *kvd_pool_error_text(const kvd_pool_t *p);
 uint64_t kvd_pool_populated_bytes(const kvd_pool_t *p);
 uint64_t kvd_pool_size(const kvd_pool_t *p);
+/* A named file that outlives the process (opts.dir), not a memfd. */
+bool kvd_pool_persistent(const kvd_pool_t *p);
+/* The file was made by this kvd_pool_create (nothing in it to recover);
+ * true for a memfd. */
+bool kvd_pool_created(const kvd_pool_t *p);
+/* The pool file's path; "" for a memfd. */
+const char *kvd_pool_path(const kvd_pool_t *p);
+/* The file's device and inode (what a journal ties itself to). */
+void kvd_pool_identity(const kvd_pool_t *p, uint64_t *dev, uint64_t *ino);
 bool kvd_pool_hugepages(const kvd_pool_t *p);
 bool kvd_pool_mlocked(const kvd_pool_t *p);
 int kvd_pool_fd(const kvd_pool_t *p);

@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* Compaction starts once the journal is past both of these. */
@@ -877,15 +878,26 @@ int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
     if (rc != KVD_OK)
         return rc;
     jnl_scan_t scan;
-    rc = o->fresh ? KVD_ERR_NOT_FOUND
-                  : jnl_read(o->path, &old, replay_record, &rp, &scan, why, why_len);
+    struct stat st;
+    if (o->pool_created && !o->fresh && stat(o->path, &st) == 0) {
+        /* the bytes it describes are gone: nothing in it can be right */
+        snprintf(rec->note, sizeof(rec->note),
+                 "the pool file was gone (a reboot?): the journal there is discarded");
+        rc = KVD_ERR_NOT_FOUND;
+    } else {
+        rc = o->fresh || o->pool_created
+                 ? KVD_ERR_NOT_FOUND
+                 : jnl_read(o->path, &old, replay_record, &rp, &scan, why, why_len);
+    }
     if (rc == KVD_ERR_STATE && rp.error[0] != '\0')
         WHY("%s is damaged: %s", o->path, rp.error);
     if (rc == KVD_ERR_NOT_FOUND) {
-        snprintf(rec->note, sizeof(rec->note), "%s",
-                 o->fresh          ? "started fresh: the old pool and journal removed"
-                 : o->pool_created ? "a new pool file: nothing to recover"
-                                   : "no journal: the pool's old bytes are not trusted");
+        if (rec->note[0] == '\0')
+            snprintf(rec->note, sizeof(rec->note), "%s",
+                     o->fresh ? "started fresh: the old pool and journal removed"
+                     : o->pool_created
+                         ? "a new pool file: nothing to recover"
+                         : "no journal: the pool's old bytes are not trusted");
         rc = KVD_OK;
     } else if (rc == KVD_OK) {
         rec->found = true;
@@ -896,10 +908,6 @@ int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
             snprintf(rec->note, sizeof(rec->note),
                      "the journal was marked invalid after a write failed: its objects "
                      "are discarded");
-        } else if (o->pool_created) {
-            snprintf(rec->note, sizeof(rec->note),
-                     "the pool file was gone (a reboot?): the journal's objects are "
-                     "discarded");
         } else if ((rc = header_matches(s, o, &old, why, why_len)) == KVD_OK) {
             flags |= old.flags & JNL_F_MULTI_TENANT;
             if ((old.flags & JNL_F_MULTI_TENANT) == 0 && s->n_tenants == 1)

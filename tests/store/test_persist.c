@@ -376,7 +376,7 @@ static void test_refusals(void **state)
     /* the pool file was made anew (a reboot): the journal is stale */
     o.created = true;
     s = open_store(&o, &rec, NULL, NULL);
-    assert_true(rec.found);
+    assert_false(rec.found);
     assert_int_equal(rec.objects, 0);
     assert_non_null(strstr(rec.note, "pool file was gone"));
     kvd_store_destroy(s);
