@@ -169,21 +169,32 @@ int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms)
 int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *pool_size,
                        bool ucx_tcp)
 {
+    const char *extra[] = {ucx_tcp ? "--ucx-tcp" : NULL, NULL};
+    return bench_daemon_start_args(env, kvdockd_path, pool_size, extra);
+}
+
+int bench_daemon_start_args(bench_env_t *env, const char *kvdockd_path,
+                            const char *pool_size, const char *const *extra)
+{
     char instance[64];
     snprintf(instance, sizeof(instance), "bench-%d", (int)getpid());
-    const char *argv[] = {kvdockd_path,
-                          "--socket",
-                          env->daemon_socket,
-                          "--instance",
-                          instance,
-                          "--pool-size",
-                          pool_size,
-                          "--usage-interval",
-                          "0",
-                          "--populate-rate",
-                          "0",
-                          ucx_tcp ? "--ucx-tcp" : NULL,
-                          NULL};
+    const char *argv[32] = {kvdockd_path,
+                            "--socket",
+                            env->daemon_socket,
+                            "--instance",
+                            instance,
+                            "--shm-dir",
+                            env->dir,
+                            "--pool-size",
+                            pool_size,
+                            "--usage-interval",
+                            "0",
+                            "--populate-rate",
+                            "0"};
+    size_t n = 13;
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {

@@ -1338,13 +1338,14 @@ static int attach_journal(kvd_server_t *s)
                  (unsigned long long)rec.torn_bytes);
     KVD_INFO("server",
              "recovered %llu objects (%s) in %llu namespaces from %s (%s, %llu records) "
-             "in %.1f ms; discarded %llu partial writes (%s, free after one lease "
-             "TTL)%s",
+             "in %.1f ms (read %.1f, rebuilt %.1f, written anew %.1f); discarded %llu "
+             "partial writes (%s, free after one lease TTL)%s",
              (unsigned long long)rec.objects, kvd_size_format(rec.bytes, a, sizeof(a)),
              (unsigned long long)rec.namespaces, path,
              kvd_size_format(rec.journal_bytes, b, sizeof(b)),
              (unsigned long long)rec.records, (double)rec.elapsed_ns / 1e6,
-             (unsigned long long)rec.writing_discarded,
+             (double)rec.read_ns / 1e6, (double)rec.rebuild_ns / 1e6,
+             (double)rec.write_ns / 1e6, (unsigned long long)rec.writing_discarded,
              kvd_size_format(rec.writing_bytes, c, sizeof(c)), extra);
     return KVD_OK;
 }
@@ -1575,9 +1576,16 @@ static int on_tick(kvd_server_t *s)
         atomic_store(&s->health, KVD_HEALTH_READY);
         kvd_ucxd_pool_ready(s->ucxd);
         char a[32];
-        KVD_INFO("server", "ready: pool %s populated in %.2f s, serving %s",
-                 kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),
-                 (double)(now - s->start_ns) / 1e9, s->opts.socket_path);
+        if (kvd_pool_attached(s->pool))
+            KVD_INFO("server",
+                     "ready: pool %s attached in %.2f s (its pages were all there; "
+                     "they are mapped in the background), serving %s",
+                     kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),
+                     (double)(now - s->start_ns) / 1e9, s->opts.socket_path);
+        else
+            KVD_INFO("server", "ready: pool %s populated in %.2f s, serving %s",
+                     kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),
+                     (double)(now - s->start_ns) / 1e9, s->opts.socket_path);
     }
     if (s->opts.usage_interval_s > 0 && now >= s->next_usage_ns) {
         log_usage(s, now);

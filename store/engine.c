@@ -1908,7 +1908,7 @@ static bool restore_fits(const kvd_store_t *s, const restore_obj_t *o, uint64_t 
     if (o->slot >= s->n_slots || !s->ns[o->slot].live ||
         s->ns[o->slot].pages != o->size_pages)
         return false;
-    return index_find(s, o->slot, o->key) == NIL; /* a key once per namespace */
+    return true;
 }
 
 /* Puts record i (carved, REC_WRITING) into quarantine for tenant t, to end
@@ -1930,22 +1930,36 @@ static void restore_quarantine(kvd_store_t *s, uint32_t i, uint32_t t,
     s->tenants[t].use.bytes += page_bytes_of(s, r->size_pages);
 }
 
-typedef struct access_ref {
-    uint32_t last_access_s;
-    uint32_t depth;
-    uint32_t rec;
-} access_ref_t;
-
-/* Oldest access first; within one second the deepest first, so that of a
- * chain the root ends up hottest, as lru_push_batch does. */
-static int older_first(const void *a, const void *b)
+void store_sort_high32(uint64_t *a, uint64_t *tmp, size_t n)
 {
-    const access_ref_t *x = a, *y = b;
-    if (x->last_access_s != y->last_access_s)
-        return x->last_access_s < y->last_access_s ? -1 : 1;
-    if (x->depth != y->depth)
-        return x->depth > y->depth ? -1 : 1;
-    return x->rec < y->rec ? -1 : x->rec > y->rec;
+    for (int shift = 32; shift < 64; shift += 8) {
+        size_t count[257] = {0};
+        for (size_t k = 0; k < n; k++)
+            count[((a[k] >> shift) & 0xff) + 1]++;
+        for (int d = 0; d < 256; d++)
+            count[d + 1] += count[d];
+        for (size_t k = 0; k < n; k++)
+            tmp[count[(a[k] >> shift) & 0xff]++] = a[k];
+        uint64_t *t = a;
+        a = tmp;
+        tmp = t;
+    }
+    /* four passes: the sorted values are back in the caller's a */
+}
+
+/* Inserts record i into the index unless its key is there already (false
+ * then): one walk of its bucket for both. */
+static bool index_insert_unique(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    uint64_t b = bucket_of(s, r->ns, key_tag(s, r->key));
+    for (uint32_t j = s->buckets[b]; j != NIL; j = R(s, j)->hash_next)
+        if (R(s, j)->ns == r->ns && memcmp(R(s, j)->key, r->key, KVD_KEY_BYTES) == 0)
+            return false;
+    r->hash_next = s->buckets[b];
+    s->buckets[b] = i;
+    s->n_objects++;
+    return true;
 }
 
 int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
@@ -1960,9 +1974,15 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
         nb <<= 1;
     if (nb != s->n_buckets && buckets_resize(s, nb) != KVD_OK)
         return KVD_ERR_NOMEM;
-    access_ref_t *refs = kvd_mem_calloc(KVD_MEM_STAGING, n ? n : 1, sizeof(*refs));
-    if (refs == NULL)
+    /* the READY records, by last access: (last_access_s << 32 | record) */
+    size_t ref_bytes = (n ? n : 1) * sizeof(uint64_t);
+    uint64_t *refs = kvd_mem_calloc(KVD_MEM_STAGING, 1, ref_bytes);
+    uint64_t *tmp = kvd_mem_calloc(KVD_MEM_STAGING, 1, ref_bytes);
+    if (refs == NULL || tmp == NULL) {
+        kvd_mem_free(KVD_MEM_STAGING, refs, ref_bytes);
+        kvd_mem_free(KVD_MEM_STAGING, tmp, ref_bytes);
         return KVD_ERR_NOMEM;
+    }
     size_t n_ready = 0;
     uint32_t tail = s->phys_head; /* the free extent after everything placed */
     R(s, tail)->ns = free_tag;
@@ -2005,24 +2025,36 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
         r->state = REC_READY;
         r->last_access_s = o->last_access_s;
         r->hits = o->hits;
-        index_insert(s, i);
+        if (!index_insert_unique(s, i)) {
+            /* a key twice: the second is left out, its extent free again
+             * (merged into the free space before it, or taking in the
+             * free rest after it: either way the tail) */
+            out->discarded++;
+            uint32_t prev = r->phys_prev;
+            bool prev_free = prev != NIL && R(s, prev)->state == REC_FREE;
+            extent_free(s, i, free_tag);
+            tail = prev_free ? prev : i;
+            continue;
+        }
         s->ns[o->slot].info.objects_ready++;
         s->tenants[t].use.bytes += bytes;
-        refs[n_ready++] = (access_ref_t){o->last_access_s, r->depth, i};
+        refs[n_ready++] = (uint64_t)o->last_access_s << 32 | i;
         out->ready++;
         out->ready_bytes += s->ns[o->slot].info.object_bytes;
     }
     if (rc == KVD_OK) {
-        qsort(refs, n_ready, sizeof(*refs), older_first);
+        /* oldest first, so that the most recent ends at the hot end */
+        store_sort_high32(refs, tmp, n_ready);
         for (size_t k = 0; k < n_ready; k++)
-            lru_push_head(s, refs[k].rec);
+            lru_push_head(s, (uint32_t)refs[k]);
         for (size_t k = 0; k < n_ready; k++)
-            count_child(s, refs[k].rec, +1);
+            count_child(s, (uint32_t)refs[k], +1);
         for (uint32_t slot = 0; slot < s->n_slots; slot++)
             ns_maybe_remove(s, slot);
         out->namespaces = s->n_ns;
     }
-    kvd_mem_free(KVD_MEM_STAGING, refs, (n ? n : 1) * sizeof(*refs));
+    kvd_mem_free(KVD_MEM_STAGING, refs, ref_bytes);
+    kvd_mem_free(KVD_MEM_STAGING, tmp, ref_bytes);
     PARANOID(s, "restore");
     return rc;
 }

@@ -125,7 +125,9 @@ int kvd_pool_populate_start(kvd_pool_t *p);
 /* Stops population (if running), unmaps and closes. NULL is fine. */
 void kvd_pool_destroy(kvd_pool_t *p);
 
-/* True once the whole pool is populated (and locked, if asked). */
+/* True once the whole pool is populated (and locked, if asked); an
+ * attached pool file whose pages all exist (kvd_pool_attached) is ready
+ * once population started: its thread only maps them. */
 bool kvd_pool_ready(const kvd_pool_t *p);
 /* KVD_OK while fine; the population's error once it failed. */
 int kvd_pool_error(const kvd_pool_t *p);
@@ -140,6 +142,9 @@ bool kvd_pool_persistent(const kvd_pool_t *p);
 /* The file was made by this kvd_pool_create (nothing in it to recover);
  * true for a memfd. */
 bool kvd_pool_created(const kvd_pool_t *p);
+/* A pool file that was there with every page allocated: its bytes are
+ * kept, and population has nothing to allocate. */
+bool kvd_pool_attached(const kvd_pool_t *p);
 /* The pool file's path; "" for a memfd. */
 const char *kvd_pool_path(const kvd_pool_t *p);
 /* The file's device and inode (what a journal ties itself to). */
@@ -571,7 +576,8 @@ typedef struct kvd_store_recovery {
     uint64_t records;       /* its whole records */
     uint64_t torn_bytes;    /* after its last whole record (a write cut short) */
     uint64_t elapsed_ns;    /* reading, rebuilding and writing the new journal */
-    char note[256];         /* why nothing was recovered, when nothing was */
+    uint64_t read_ns, rebuild_ns, write_ns; /* ... each of them */
+    char note[256]; /* why nothing was recovered, when nothing was */
 } kvd_store_recovery_t;
 
 /*

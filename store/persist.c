@@ -456,15 +456,17 @@ void persist_stats(const kvd_store_t *s, kvd_store_stats_t *out)
 /* ------------------------------------------------------------- replay */
 
 /* What a journal says, as it is read: the namespace table, and the extents
- * in a table keyed by first page (open addressing, linear probing). */
+ * in a table keyed by first page (open addressing, linear probing; each
+ * entry is the page << 32 | objs index + 1, so that a probe reads the
+ * table alone). */
 typedef struct replay {
     restore_ns_t *ns;                       /* KVD_STORE_MAX_NAMESPACES slots */
     char (*ns_tenant)[KVD_TENANT_NAME_MAX]; /* each slot's tenant, by name */
     restore_obj_t *objs;                    /* kind 0: freed since (a hole, skipped) */
     uint32_t n_objs, cap_objs;
-    uint32_t *table; /* objs index + 1; 0 empty */
+    uint64_t *table; /* 0: empty */
     uint64_t mask;   /* table size - 1 */
-    uint32_t used;   /* entries in the table */
+    uint64_t used;   /* entries in the table */
     /* the tenants quarantine entries name; an extent's `tenant` is an
      * index here until the build maps it to an id */
     char (*quar_tenant)[KVD_TENANT_NAME_MAX];
@@ -475,23 +477,38 @@ typedef struct replay {
 
 static uint64_t slot_of(const replay_t *rp, uint32_t off)
 {
-    return ((uint64_t)off * 0x9e3779b97f4a7c15ull >> 17) & rp->mask;
+    return ((uint64_t)off * 0x9e3779b97f4a7c15ull >> 20) & rp->mask;
+}
+
+static uint32_t entry_off(uint64_t e)
+{
+    return (uint32_t)(e >> 32);
+}
+
+static uint32_t entry_idx(uint64_t e)
+{
+    return (uint32_t)e - 1;
 }
 
 /* The table position holding off, or the empty one where it would go. */
 static uint64_t table_pos(const replay_t *rp, uint32_t off)
 {
     uint64_t h = slot_of(rp, off);
-    while (rp->table[h] != 0 && rp->objs[rp->table[h] - 1].off_pages != off)
+    while (rp->table[h] != 0 && entry_off(rp->table[h]) != off)
         h = (h + 1) & rp->mask;
     return h;
 }
 
-static int table_grow(replay_t *rp)
+/* Sizes the table for `entries` at a load of at most one half. */
+static int table_resize(replay_t *rp, uint64_t entries)
 {
-    uint64_t old_n = rp->mask + 1, n = old_n * 2;
-    uint32_t *old = rp->table;
-    rp->table = kvd_mem_calloc(KVD_MEM_STAGING, n, sizeof(uint32_t));
+    uint64_t n = 4096;
+    while (n < 2 * entries)
+        n *= 2;
+    if (rp->table != NULL && n <= rp->mask + 1)
+        return KVD_OK;
+    uint64_t old_n = rp->table ? rp->mask + 1 : 0, *old = rp->table;
+    rp->table = kvd_mem_calloc(KVD_MEM_STAGING, n, sizeof(uint64_t));
     if (rp->table == NULL) {
         rp->table = old;
         return KVD_ERR_NOMEM;
@@ -499,33 +516,41 @@ static int table_grow(replay_t *rp)
     rp->mask = n - 1;
     for (uint64_t k = 0; k < old_n; k++)
         if (old[k] != 0)
-            rp->table[table_pos(rp, rp->objs[old[k] - 1].off_pages)] = old[k];
-    kvd_mem_free(KVD_MEM_STAGING, old, old_n * sizeof(uint32_t));
+            rp->table[table_pos(rp, entry_off(old[k]))] = old[k];
+    kvd_mem_free(KVD_MEM_STAGING, old, old_n * sizeof(uint64_t));
+    return KVD_OK;
+}
+
+/* Room for cap extents in objs. */
+static int objs_reserve(replay_t *rp, uint64_t cap)
+{
+    if (cap <= rp->cap_objs)
+        return KVD_OK;
+    if (cap >= UINT32_MAX)
+        return KVD_ERR_NOMEM;
+    restore_obj_t *o = kvd_mem_realloc(
+        KVD_MEM_STAGING, rp->objs, rp->cap_objs * sizeof(*o), (size_t)cap * sizeof(*o));
+    if (o == NULL)
+        return KVD_ERR_NOMEM;
+    rp->objs = o;
+    rp->cap_objs = (uint32_t)cap;
     return KVD_OK;
 }
 
 /* The extent at off, to be (over)written: an existing one, or a new one. */
 static restore_obj_t *replay_upsert(replay_t *rp, uint32_t off)
 {
-    if ((uint64_t)(rp->used + 1) * 2 > rp->mask + 1 && table_grow(rp) != KVD_OK)
+    if ((rp->used + 1) * 2 > rp->mask + 1 &&
+        table_resize(rp, 2 * (rp->used + 1)) != KVD_OK)
         return NULL;
     uint64_t h = table_pos(rp, off);
     if (rp->table[h] != 0)
-        return &rp->objs[rp->table[h] - 1];
-    if (rp->n_objs == rp->cap_objs) {
-        if (rp->cap_objs >= UINT32_MAX / 2)
-            return NULL;
-        uint32_t cap = rp->cap_objs ? rp->cap_objs * 2 : 4096;
-        restore_obj_t *o =
-            kvd_mem_realloc(KVD_MEM_STAGING, rp->objs, rp->cap_objs * sizeof(*o),
-                            (size_t)cap * sizeof(*o));
-        if (o == NULL)
-            return NULL;
-        rp->objs = o;
-        rp->cap_objs = cap;
-    }
+        return &rp->objs[entry_idx(rp->table[h])];
+    if (rp->n_objs == rp->cap_objs &&
+        objs_reserve(rp, rp->cap_objs ? 2ull * rp->cap_objs : 4096) != KVD_OK)
+        return NULL;
     uint32_t idx = rp->n_objs++;
-    rp->table[h] = idx + 1;
+    rp->table[h] = (uint64_t)off << 32 | (idx + 1);
     rp->used++;
     restore_obj_t *o = &rp->objs[idx];
     memset(o, 0, sizeof(*o));
@@ -536,7 +561,7 @@ static restore_obj_t *replay_upsert(replay_t *rp, uint32_t off)
 static restore_obj_t *replay_find(replay_t *rp, uint32_t off)
 {
     uint64_t h = table_pos(rp, off);
-    return rp->table[h] != 0 ? &rp->objs[rp->table[h] - 1] : NULL;
+    return rp->table[h] != 0 ? &rp->objs[entry_idx(rp->table[h])] : NULL;
 }
 
 /* Forgets the extent at off (linear probing: later entries of its run move
@@ -546,11 +571,11 @@ static void replay_remove(replay_t *rp, uint32_t off)
     uint64_t h = table_pos(rp, off);
     if (rp->table[h] == 0)
         return;
-    rp->objs[rp->table[h] - 1].kind = 0;
+    rp->objs[entry_idx(rp->table[h])].kind = 0;
     rp->table[h] = 0;
     rp->used--;
     for (uint64_t k = (h + 1) & rp->mask; rp->table[k] != 0; k = (k + 1) & rp->mask) {
-        uint64_t home = slot_of(rp, rp->objs[rp->table[k] - 1].off_pages);
+        uint64_t home = slot_of(rp, entry_off(rp->table[k]));
         /* does k's entry belong at or before the gap (cyclically)? */
         bool move = h <= k ? (home <= h || home > k) : (home <= h && home > k);
         if (move) {
@@ -695,7 +720,7 @@ static void replay_free(replay_t *rp)
     kvd_mem_free(KVD_MEM_STAGING, rp->quar_tenant,
                  KVD_TENANTS_MAX * sizeof(*rp->quar_tenant));
     kvd_mem_free(KVD_MEM_STAGING, rp->objs, rp->cap_objs * sizeof(*rp->objs));
-    kvd_mem_free(KVD_MEM_STAGING, rp->table, (rp->mask + 1) * sizeof(uint32_t));
+    kvd_mem_free(KVD_MEM_STAGING, rp->table, (rp->mask + 1) * sizeof(uint64_t));
 }
 
 static int replay_init(replay_t *rp)
@@ -706,44 +731,31 @@ static int replay_init(replay_t *rp)
         kvd_mem_calloc(KVD_MEM_STAGING, KVD_STORE_MAX_NAMESPACES, sizeof(*rp->ns_tenant));
     rp->quar_tenant =
         kvd_mem_calloc(KVD_MEM_STAGING, KVD_TENANTS_MAX, sizeof(*rp->quar_tenant));
-    rp->mask = 4095;
-    rp->table = kvd_mem_calloc(KVD_MEM_STAGING, rp->mask + 1, sizeof(uint32_t));
     if (rp->ns == NULL || rp->ns_tenant == NULL || rp->quar_tenant == NULL ||
-        rp->table == NULL) {
+        table_resize(rp, 0) != KVD_OK) {
         replay_free(rp);
         return KVD_ERR_NOMEM;
     }
     return KVD_OK;
 }
 
-/* Sorts the indices of the live extents by first page (LSD radix, four
- * bytes): order[0..*n). */
-static int replay_order(const replay_t *rp, uint32_t **order_out, size_t *n_out)
+/* The indices of the live extents in the order of their first page:
+ * order[0..*n), as (first page << 32 | index) sorted. */
+static int replay_order(const replay_t *rp, uint64_t **order_out, size_t *n_out)
 {
-    size_t n = 0;
-    uint32_t *a = kvd_mem_calloc(KVD_MEM_STAGING, rp->n_objs + 1, sizeof(uint32_t));
-    uint32_t *b = kvd_mem_calloc(KVD_MEM_STAGING, rp->n_objs + 1, sizeof(uint32_t));
+    size_t n = 0, bytes = ((size_t)rp->n_objs + 1) * sizeof(uint64_t);
+    uint64_t *a = kvd_mem_calloc(KVD_MEM_STAGING, 1, bytes);
+    uint64_t *b = kvd_mem_calloc(KVD_MEM_STAGING, 1, bytes);
     if (a == NULL || b == NULL) {
-        kvd_mem_free(KVD_MEM_STAGING, a, (rp->n_objs + 1) * sizeof(uint32_t));
-        kvd_mem_free(KVD_MEM_STAGING, b, (rp->n_objs + 1) * sizeof(uint32_t));
+        kvd_mem_free(KVD_MEM_STAGING, a, bytes);
+        kvd_mem_free(KVD_MEM_STAGING, b, bytes);
         return KVD_ERR_NOMEM;
     }
     for (uint32_t i = 0; i < rp->n_objs; i++)
         if (rp->objs[i].kind != 0)
-            a[n++] = i;
-    for (int shift = 0; shift < 32; shift += 8) {
-        size_t count[257] = {0};
-        for (size_t k = 0; k < n; k++)
-            count[((rp->objs[a[k]].off_pages >> shift) & 0xff) + 1]++;
-        for (int d = 0; d < 256; d++)
-            count[d + 1] += count[d];
-        for (size_t k = 0; k < n; k++)
-            b[count[(rp->objs[a[k]].off_pages >> shift) & 0xff]++] = a[k];
-        uint32_t *t = a;
-        a = b;
-        b = t;
-    }
-    kvd_mem_free(KVD_MEM_STAGING, b, (rp->n_objs + 1) * sizeof(uint32_t));
+            a[n++] = (uint64_t)rp->objs[i].off_pages << 32 | i;
+    store_sort_high32(a, b, n);
+    kvd_mem_free(KVD_MEM_STAGING, b, bytes);
     *order_out = a;
     *n_out = n;
     return KVD_OK;
@@ -823,18 +835,18 @@ static int rebuild(kvd_store_t *s, replay_t *rp, const jnl_header_t *h, uint16_t
             o->tenant = KVD_TENANT_DEFAULT;
         free_tag = SCRUB_MIXED; /* a quarantine ends into free space */
     }
-    uint32_t *order = NULL;
+    uint64_t *order = NULL;
     size_t n = 0;
     if ((rc = replay_order(rp, &order, &n)) != KVD_OK)
         return rc;
     restore_obj_t *sorted = kvd_mem_calloc(KVD_MEM_STAGING, n ? n : 1, sizeof(*sorted));
     if (sorted == NULL) {
-        kvd_mem_free(KVD_MEM_STAGING, order, (rp->n_objs + 1) * sizeof(uint32_t));
+        kvd_mem_free(KVD_MEM_STAGING, order, (rp->n_objs + 1) * sizeof(uint64_t));
         return KVD_ERR_NOMEM;
     }
     for (size_t k = 0; k < n; k++)
-        sorted[k] = rp->objs[order[k]];
-    kvd_mem_free(KVD_MEM_STAGING, order, (rp->n_objs + 1) * sizeof(uint32_t));
+        sorted[k] = rp->objs[(uint32_t)order[k]];
+    kvd_mem_free(KVD_MEM_STAGING, order, (rp->n_objs + 1) * sizeof(uint64_t));
     restore_counts_t c;
     rc = store_restore_objects(s, sorted, n, free_tag, now_ms, &c);
     kvd_mem_free(KVD_MEM_STAGING, sorted, (n ? n : 1) * sizeof(*sorted));
@@ -868,6 +880,7 @@ int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
     }
 
     jnl_header_t old;
+    uint64_t t_read = t0, t_built = t0;
     uint32_t flags = (s->n_tenants > 1 ? JNL_F_MULTI_TENANT : 0) |
                      (o->hugepages ? JNL_F_HUGEPAGES : 0);
     /* free space of a pool file that was there holds old bytes of unknown
@@ -884,10 +897,19 @@ int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
         snprintf(rec->note, sizeof(rec->note),
                  "the pool file was gone (a reboot?): the journal there is discarded");
         rc = KVD_ERR_NOT_FOUND;
+    } else if (o->fresh || o->pool_created) {
+        rc = KVD_ERR_NOT_FOUND;
     } else {
-        rc = o->fresh || o->pool_created
-                 ? KVD_ERR_NOT_FOUND
-                 : jnl_read(o->path, &old, replay_record, &rp, &scan, why, why_len);
+        /* room for as many extents as the file could describe, at once:
+         * growing the tables while reading would copy and rehash them */
+        if (stat(o->path, &st) == 0 && st.st_size > 0) {
+            uint64_t most = (uint64_t)st.st_size / E_WRITING_BYTES;
+            most = KVD_MIN(most, s->total_pages);
+            if (objs_reserve(&rp, most) != KVD_OK || table_resize(&rp, most) != KVD_OK)
+                KVD_DEBUG("persist", "no room to presize the replay of %llu extents",
+                          (unsigned long long)most);
+        }
+        rc = jnl_read(o->path, &old, replay_record, &rp, &scan, why, why_len);
     }
     if (rc == KVD_ERR_STATE && rp.error[0] != '\0')
         WHY("%s is damaged: %s", o->path, rp.error);
@@ -912,7 +934,9 @@ int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
             flags |= old.flags & JNL_F_MULTI_TENANT;
             if ((old.flags & JNL_F_MULTI_TENANT) == 0 && s->n_tenants == 1)
                 free_tag = (uint16_t)(KVD_TENANT_DEFAULT + 1); /* its own bytes only */
+            t_read = kvd_now_ns();
             rc = rebuild(s, &rp, &old, free_tag, now_ms, rec);
+            t_built = kvd_now_ns();
         }
     }
     replay_free(&rp);
@@ -942,12 +966,17 @@ int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
         return rc;
     }
     s->persist = p;
+    uint64_t t_snap = kvd_now_ns();
     rc = snapshot_now(s);
     if (rc != KVD_OK) {
         WHY("cannot write the journal %s: %s", o->path, kvd_status_str(rc));
         persist_close(s);
         return rc;
     }
-    rec->elapsed_ns = kvd_now_ns() - t0;
+    uint64_t t_end = kvd_now_ns();
+    rec->elapsed_ns = t_end - t0;
+    rec->read_ns = t_read - t0;
+    rec->rebuild_ns = t_built - t_read;
+    rec->write_ns = t_end - t_snap;
     return KVD_OK;
 }

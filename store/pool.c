@@ -439,6 +439,10 @@ int kvd_pool_populate_start(kvd_pool_t *p)
 {
     if (p->thread_started)
         return KVD_ERR_STATE;
+    /* an attached pool whose pages all exist is ready now: nothing is left
+     * to allocate, and the thread only maps them (for the RSS figures) */
+    if (p->attached && !p->opts.mlock)
+        atomic_store(&p->ready, true);
     int rc = pthread_create(&p->thread, NULL, populate_main, p);
     if (rc != 0) {
         KVD_ERROR("pool", "cannot start the population thread: %s", strerror(rc));
@@ -499,6 +503,11 @@ bool kvd_pool_persistent(const kvd_pool_t *p)
 bool kvd_pool_created(const kvd_pool_t *p)
 {
     return p->created;
+}
+
+bool kvd_pool_attached(const kvd_pool_t *p)
+{
+    return p->attached;
 }
 
 const char *kvd_pool_path(const kvd_pool_t *p)

@@ -309,6 +309,10 @@ int store_restore_ns(kvd_store_t *s, const restore_ns_t *table, uint32_t n);
 int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
                           uint16_t free_tag, uint64_t now_ms, restore_counts_t *out);
 
+/* Sorts a[0..n) by the high 32 bits of each value, stably (LSD radix;
+ * tmp holds n values). */
+void store_sort_high32(uint64_t *a, uint64_t *tmp, size_t n);
+
 /* tenant.c */
 void tenant_init(kvd_store_t *s);
 
