@@ -2026,10 +2026,12 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
         r->last_access_s = o->last_access_s;
         r->hits = o->hits;
         if (!index_insert_unique(s, i)) {
-            /* a key twice: the second is left out, its extent free again
-             * (merged into the free space before it, or taking in the
-             * free rest after it: either way the tail) */
+            /* a key twice: which extent holds its bytes is not known, so
+             * neither stays. This one is free again at once (merged into
+             * the free space before it, or taking in the free rest after
+             * it: either way the tail); the first goes after the loop. */
             out->discarded++;
+            R(s, index_find(s, o->slot, o->key))->spare = 1;
             uint32_t prev = r->phys_prev;
             bool prev_free = prev != NIL && R(s, prev)->state == REC_FREE;
             extent_free(s, i, free_tag);
@@ -2043,6 +2045,26 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
         out->ready_bytes += s->ns[o->slot].info.object_bytes;
     }
     if (rc == KVD_OK) {
+        /* the first holders of keys found twice (marked in spare) go too */
+        size_t kept = 0;
+        for (size_t k = 0; k < n_ready; k++) {
+            uint32_t i = (uint32_t)refs[k];
+            rec_t *r = R(s, i);
+            if (!r->spare) {
+                refs[kept++] = refs[k];
+                continue;
+            }
+            r->spare = 0;
+            ns_entry_t *e = &s->ns[r->ns];
+            e->info.objects_ready--;
+            s->tenants[e->info.tenant].use.bytes -= page_bytes_of(s, r->size_pages);
+            out->ready--;
+            out->ready_bytes -= e->info.object_bytes;
+            out->discarded++;
+            index_remove(s, i);
+            extent_free(s, i, free_tag);
+        }
+        n_ready = kept;
         /* oldest first, so that the most recent ends at the hot end */
         store_sort_high32(refs, tmp, n_ready);
         for (size_t k = 0; k < n_ready; k++)

@@ -57,7 +57,7 @@ typedef struct rec {
     uint32_t has_parent : 1;
     uint32_t quarantined : 1; /* a dead writer's extent, waiting out its grace;
                                  its tenant + 1 is kept in `hits` then */
-    uint32_t spare : 3;
+    uint32_t spare : 3;       /* 1: doomed, while a restore runs (engine.c) */
 } rec_t;
 
 #define REC_DEPTH_MAX 0xffffffu
