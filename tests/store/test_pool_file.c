@@ -123,7 +123,8 @@ static void test_created_then_attached(void **state)
     /* the read-only descriptor cannot write */
     int ro = kvd_pool_fd_ro(p);
     assert_int_equal(write(ro, "x", 1), -1);
-    assert_true(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0) == MAP_FAILED);
+    assert_true(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, ro, 0) ==
+                MAP_FAILED);
     kvd_pool_destroy(p);
 
     /* another size: refused, the file as it was */
