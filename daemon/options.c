@@ -82,6 +82,9 @@ static const opt_def_t opt_defs[] = {
      "first one mounted)"},
     {"fresh", OPT_BOOL, OFF(fresh), 0, 0, 0, NULL,
      "start empty on purpose: remove the instance's pool file and journal first"},
+    {"journal-compact", OPT_SIZE, OFF(journal_compact_bytes), 0, 4096, 0, "SIZE",
+     "compact the metadata journal once it is past SIZE and twice what a snapshot "
+     "takes (default 8M)"},
     {"no-persist", OPT_BOOL, OFF(no_persist), 0, 0, 0, NULL,
      "keep the pool in an anonymous memfd (sealed against resizing) that dies with the "
      "daemon: nothing survives a restart"},
@@ -321,6 +324,7 @@ static void set_defaults(kvd_opts_t *o)
     strcpy(o->instance, "default");
     strcpy(o->ucx, "auto");
     strcpy(o->shm_dir, "/dev/shm");
+    o->journal_compact_bytes = 8 * KVD_MiB;
     o->reserve_bytes = KVD_GiB;
     o->object_bytes = KVD_MiB;
     o->populate_rate_bps = 4 * KVD_GiB;

@@ -29,6 +29,7 @@ typedef struct kvd_opts {
                               */
     bool fresh;              /* start empty: remove the old pool file and journal */
     bool no_persist;         /* an anonymous pool that dies with the daemon */
+    uint64_t journal_compact_bytes; /* compact past this and twice a snapshot */
     uint64_t max_frame_bytes;
     uint64_t max_batch;
     uint64_t max_connections;

@@ -1299,7 +1299,8 @@ static int attach_journal(kvd_server_t *s)
     kvd_store_journal_opts_t jo = {.path = path,
                                    .pool_created = kvd_pool_created(s->pool),
                                    .fresh = s->opts.fresh,
-                                   .hugepages = kvd_pool_hugepages(s->pool)};
+                                   .hugepages = kvd_pool_hugepages(s->pool),
+                                   .compact_min_bytes = s->opts.journal_compact_bytes};
     kvd_pool_identity(s->pool, &jo.pool_dev, &jo.pool_ino);
     kvd_store_recovery_t rec;
     char why[768] = "";

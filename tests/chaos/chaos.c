@@ -273,20 +273,12 @@ static int daemon_start(run_t *r)
     snprintf(inst, sizeof(inst), "chaos-%d", (int)getpid());
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%d", r->o.ttl_ms);
-    char *argv[] = {(char *)r->o.kvdockd,
-                    "--socket",
-                    r->socket,
-                    "--instance",
-                    inst,
-                    "--pool-size",
-                    (char *)r->o.pool,
-                    "--lease-ttl",
-                    ttl,
-                    "--usage-interval",
-                    "0",
-                    "--shm-dir",
-                    r->shm,
-                    r->o.no_persist ? "--no-persist" : NULL,
+    char *argv[] = {(char *)r->o.kvdockd, "--socket", r->socket, "--instance", inst,
+                    "--pool-size", (char *)r->o.pool, "--lease-ttl", ttl,
+                    "--usage-interval", "0", "--shm-dir", r->shm,
+                    /* small: the journal is compacted many times a round,
+                     * and killed in the middle of it */
+                    "--journal-compact", "256K", r->o.no_persist ? "--no-persist" : NULL,
                     NULL};
     r->daemon = spawn(argv, log);
     if (r->daemon == 0) {
@@ -685,6 +677,13 @@ static void quiesce_and_check(run_t *r, const char *when)
     kvd_stats_rep_t *st = malloc(sizeof(*st));
     store_quiet(r, st, when);
     bool evicted = st->store.evictions > 0;
+    if (!r->o.no_persist)
+        printf("  journal: %" PRIu64 " bytes, %" PRIu64 " records and %" PRIu64
+               " compactions since the daemon's start, %" PRIu64 " errors\n",
+               st->store.journal_bytes, st->store.journal_records,
+               st->store.journal_compactions, st->store.journal_errors);
+    if (st->store.journal_errors > 0)
+        fail(r, "%s: %" PRIu64 " journal writes failed", when, st->store.journal_errors);
     if (evicted && !r->o.soak)
         printf("  note: the daemon evicted %" PRIu64
                " objects (the pool is too small for "
