@@ -273,12 +273,20 @@ static int daemon_start(run_t *r)
     snprintf(inst, sizeof(inst), "chaos-%d", (int)getpid());
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%d", r->o.ttl_ms);
-    char *argv[] = {(char *)r->o.kvdockd, "--socket", r->socket, "--instance", inst,
-                    "--pool-size", (char *)r->o.pool, "--lease-ttl", ttl,
-                    "--usage-interval", "0", "--shm-dir", r->shm,
-                    /* small: the journal is compacted many times a round,
-                     * and killed in the middle of it */
-                    "--journal-compact", "256K", r->o.no_persist ? "--no-persist" : NULL,
+    char *argv[] = {(char *)r->o.kvdockd,
+                    "--socket",
+                    r->socket,
+                    "--instance",
+                    inst,
+                    "--pool-size",
+                    (char *)r->o.pool,
+                    "--lease-ttl",
+                    ttl,
+                    "--usage-interval",
+                    "0",
+                    "--shm-dir",
+                    r->shm,
+                    r->o.no_persist ? "--no-persist" : NULL,
                     NULL};
     r->daemon = spawn(argv, log);
     if (r->daemon == 0) {
