@@ -1,8 +1,10 @@
 /*
  * Description: kvdockd restarted after SIGKILL on the same pool file and
  * journal (--shm-dir) has every acknowledged object again and nothing
- * else. The first daemon stores 48 KV pages (a chain) and 8 mamba slots,
- * each written through the pool mapping and published; a client then
+ * else. The first daemon stores 48 KV pages (a chain), then reserves and
+ * revokes 8 more many times until its journal has been compacted (a small
+ * --journal-compact), then stores 8 mamba slots, each object written
+ * through the pool mapping and published; a client then
  * reserves and half-writes 8 more pages it never publishes and pins 4
  * stored ones, and the daemon is SIGKILLed by its pid. The second daemon
  * logs what it recovered; Stats says 56 objects recovered and ready, no
@@ -39,11 +41,49 @@ static char shm[64];
 static char instance[64];
 
 /* Starts a daemon on the test's pool files (expecting it ready); the
- * harness gives each one a socket directory of its own. */
+ * harness gives each one a socket directory of its own. A small
+ * compaction floor: the journal is compacted while the test churns. */
 static int start(kvd_test_daemon_t *d, const char *extra)
 {
-    const char *args[] = {"--shm-dir", shm, extra, NULL};
+    const char *args[] = {"--shm-dir", shm, "--journal-compact", "4K", extra, NULL};
     return dt_start(d, args);
+}
+
+static bool compacted(const ts_stats_t *s)
+{
+    return s->store.journal_compactions > 0;
+}
+
+/* Reserves and revokes the partial-write keys many times: the journal grows
+ * while what it describes does not, until it is compacted (on the daemon's
+ * ticks, in slices, while this goes on). */
+static void churn(ts_client_t *t, const kvd_test_daemon_t *d)
+{
+    kvd_put_item_t items[N_HALF];
+    ts_chain_items(half, N_HALF, kv[N_KV - 1], N_KV, items);
+    ts_stats_t s;
+    bool done = false;
+    for (int round = 0; round < 2000 && !done; round++) {
+        uint8_t res[N_HALF];
+        uint64_t off[N_HALF], lease = 0;
+        ts_err_t e;
+        if (ts_reserve(t->c, t->ns[0], TS_KV_BYTES, items, N_HALF, &lease, res, off,
+                       &e) != KVD_OK ||
+            ts_finish(t->c, KVD_METHOD_REVOKE, lease, NULL, 0, &e) != KVD_OK) {
+            DT_CHECK(false, "churn: %s", e.text);
+            return;
+        }
+        if (round % 50 == 49)
+            done = ts_wait_stats(d->socket, 0, compacted, &s);
+    }
+    if (!done)
+        done = ts_wait_stats(d->socket, 10000, compacted, &s);
+    DT_CHECK(done && s.store.journal_errors == 0,
+             "the journal should be compacted while the client churns: %llu compactions, "
+             "%llu errors, %llu bytes",
+             (unsigned long long)s.store.journal_compactions,
+             (unsigned long long)s.store.journal_errors,
+             (unsigned long long)s.store.journal_bytes);
 }
 
 /* Starts a daemon that must refuse: returns its exit status (-1: it did
@@ -100,6 +140,7 @@ static void first_life(kvd_test_daemon_t *d, uint32_t ids[2])
     ids[0] = t.ns[0];
     ids[1] = t.ns[1];
     store(&t, t.ns[0], TS_KV_BYTES, kv, N_KV, true);
+    churn(&t, d);
     store(&t, t.ns[1], TS_MAMBA_BYTES, mamba, N_MAMBA, false);
 
     kvd_put_item_t items[N_HALF];
