@@ -833,7 +833,6 @@ static int rebuild(kvd_store_t *s, replay_t *rp, const jnl_header_t *h, uint16_t
         if (o->tenant == UINT32_MAX ||
             kvd_store_tenant_find(s, rp->quar_tenant[o->tenant], &o->tenant) != KVD_OK)
             o->tenant = KVD_TENANT_DEFAULT;
-        free_tag = SCRUB_MIXED; /* a quarantine ends into free space */
     }
     uint64_t *order = NULL;
     size_t n = 0;
