@@ -15,10 +15,11 @@
  *
  * Reading stops at the first record that is not whole or whose CRC fails: a
  * write cut short by the process's death (SIGKILL lands between the pages a
- * write copies) leaves a torn last record, which is dropped, and the file is
- * cut back to the last whole one before anything is appended. A write that
- * fails (ENOSPC) is cut back the same way, so a record is either all there
- * or not at all.
+ * write copies) leaves a torn last record, which is dropped with all it
+ * described (nothing is ever appended after it: a restart writes a new
+ * journal, persist.c). A write that fails (ENOSPC, EFBIG) is cut back to
+ * the last whole record at once, so a record is either all there or not at
+ * all, and later records follow whole ones.
  *
  * Durability: a write(2) to a file in /dev/shm (tmpfs) or hugetlbfs is in
  * the page cache, which outlives the process: a SIGKILL, an OOM kill or a
