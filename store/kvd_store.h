@@ -341,7 +341,10 @@ int kvd_store_tenant_usage(const kvd_store_t *s, uint32_t id, kvd_tenant_limits_
  * callback, so that a Publish of bytes never written shows zeros, not
  * another tenant's data. The engine never touches the pool itself; the
  * daemon installs a memset over its mapping. Extents that were never used
- * (the memfd starts zeroed) or last held T's own objects are not scrubbed.
+ * (a new pool file or memfd starts zeroed) or last held T's own objects are
+ * not scrubbed. After a restart (kvd_store_journal_attach) the free space
+ * of an attached pool file counts as holding several tenants' bytes unless
+ * only the default tenant ever used it.
  * Without a callback nothing is zeroed (only the stats count). The
  * zeroing runs in the caller's thread (the daemon's loop): one Reserve
  * scrubs its first such extent and then at most scrub_budget_bytes; a key
