@@ -412,6 +412,39 @@ static void test_tenant_gone(void **state)
     kvd_store_destroy(s);
 }
 
+/* Free space of a pool file a restart attaches to holds old bytes: with
+ * several tenants configured it counts as theirs all (a Reserve zeroes
+ * what it gets, scrubbed_bytes counts it); with the default tenant alone,
+ * ever, it is that tenant's own (nothing to zero). */
+static void test_scrub_after_restart(void **state)
+{
+    (void)state;
+    for (int multi = 0; multi < 2; multi++) {
+        jopts_t o = {.created = true, .tenant_t1 = multi};
+        unlink(path);
+        kvd_store_t *s = open_store(&o, NULL, NULL, NULL);
+        uint32_t kv = reg(s, "kv", OBJ);
+        publish(s, reserve_chain(s, kv, 0, 4, NULL));
+        key_t32 k;
+        for (uint32_t i = 1; i <= 4; i++) {
+            mkkey(k, i);
+            assert_int_equal(kvd_store_evict_key(s, kv, k),
+                             KVD_OK); /* bytes left behind */
+        }
+        kvd_store_destroy(s);
+        o.created = false;
+        s = open_store(&o, NULL, NULL, NULL);
+        kv = reg(s, "kv", OBJ);
+        assert_int_equal(stats(s).scrubbed_bytes, 0);
+        publish(s, reserve_chain(s, kv, 10, 2, NULL));
+        if (multi)
+            assert_int_equal(stats(s).scrubbed_bytes, 2 * 2 * PAGE);
+        else
+            assert_int_equal(stats(s).scrubbed_bytes, 0);
+        kvd_store_destroy(s);
+    }
+}
+
 /* A record that passes its CRC but describes extents that cannot be (an
  * overlap with an object, a key a second time, outside the pool, in a
  * namespace that is not there): those are left out (a key twice: both of
@@ -651,6 +684,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_tenant_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_inconsistent_record, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_scrub_after_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_with_compaction, setup, teardown),
         cmocka_unit_test_setup_teardown(test_journal_full, setup, teardown),
     };
