@@ -15,10 +15,13 @@
 #               its corpus; crashes go to FUZZ_OUT/<target>/; fails on any.
 #
 #   make chaos  workers doing random lookups, loads and offloads while the
-#               driver SIGKILLs and SIGSTOPs workers and the daemon; after each
-#               round the store's invariant, no leak, every acknowledged object
-#               byte-exact (CHAOS_ROUNDS=5, CHAOS_WORKERS=4, CHAOS_SEED=1;
-#               CHAOS_ASAN=1 runs the ASan+UBSan tree). Not part of make test.
+#               driver SIGKILLs and SIGSTOPs workers and the daemon (restarted
+#               on its pool file and journal); after each daemon restart and
+#               each round the store's invariant, no leak, every acknowledged
+#               object byte-exact, those acknowledged before a daemon kill
+#               included (CHAOS_ROUNDS=5, CHAOS_WORKERS=4, CHAOS_SEED=1;
+#               CHAOS_ASAN=1 runs the ASan+UBSan tree). A short run of it,
+#               chaos/restart, is part of make test; this one is not.
 #   make soak DURATION=600   the same workload without injuries for DURATION
 #               seconds; the daemon's RSS every second into $(BUILD)/soak.csv,
 #               failing when it drifts after warm-up (SOAK_MAX_DRIFT_MIB=8,

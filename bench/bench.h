@@ -62,6 +62,11 @@ void bench_env_cleanup(bench_env_t *env);
  * --ucx-tcp (a benchmark that moves bytes over UCX's TCP, on loopback). */
 int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *pool_size,
                        bool ucx_tcp);
+/* The same with more flags (NULL-terminated, may be NULL). The daemon's
+ * pool file, journal and lock go to env's directory (--shm-dir): a daemon
+ * started again there recovers what the last one had. */
+int bench_daemon_start_args(bench_env_t *env, const char *kvdockd_path,
+                            const char *pool_size, const char *const *extra);
 /* Waits until the daemon at socket_path is ready (pid > 0: our child). */
 int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms);
 /* SIGTERM to one of our children by pid, SIGKILL past the timeout. */
@@ -78,5 +83,6 @@ int bench_mode_store_rpc(int argc, char **argv);
 int bench_mode_linker(int argc, char **argv);
 int bench_mode_ucx(int argc, char **argv);
 int bench_mode_list_stall(int argc, char **argv);
+int bench_mode_persist(int argc, char **argv);
 
 #endif

@@ -4,6 +4,7 @@
  */
 #include "bench.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -99,11 +100,16 @@ int bench_child_tie_to_parent(pid_t parent)
 int bench_env_init(bench_env_t *env)
 {
     memset(env, 0, sizeof(*env));
-    snprintf(env->dir, sizeof(env->dir), "/tmp/kvdock-bench-XXXXXX");
+    /* in /dev/shm where there is one: the daemon's pool file, journal and
+     * lock go here too (--shm-dir), and are removed with it */
+    snprintf(env->dir, sizeof(env->dir), "/dev/shm/kvdock-bench-XXXXXX");
     if (mkdtemp(env->dir) == NULL) {
-        fprintf(stderr, "kvdock-bench: mkdtemp: %s\n", strerror(errno));
-        env->dir[0] = '\0';
-        return KVD_ERR_IO;
+        snprintf(env->dir, sizeof(env->dir), "/tmp/kvdock-bench-XXXXXX");
+        if (mkdtemp(env->dir) == NULL) {
+            fprintf(stderr, "kvdock-bench: mkdtemp: %s\n", strerror(errno));
+            env->dir[0] = '\0';
+            return KVD_ERR_IO;
+        }
     }
     snprintf(env->daemon_socket, sizeof(env->daemon_socket), "%s/kvdockd.sock", env->dir);
     snprintf(env->daemon_log, sizeof(env->daemon_log), "%s/kvdockd.log", env->dir);
@@ -118,9 +124,17 @@ void bench_env_cleanup(bench_env_t *env)
     bench_stop_child(&env->echo_pid, "echo server");
     if (env->dir[0] == '\0')
         return;
-    unlink(env->daemon_socket);
-    unlink(env->daemon_log);
-    unlink(env->echo_socket);
+    DIR *d = opendir(env->dir);
+    struct dirent *e;
+    while (d != NULL && (e = readdir(d)) != NULL) {
+        char path[sizeof(env->dir) + 300];
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0 &&
+            snprintf(path, sizeof(path), "%s/%s", env->dir, e->d_name) <
+                (int)sizeof(path))
+            unlink(path);
+    }
+    if (d != NULL)
+        closedir(d);
     rmdir(env->dir);
     env->dir[0] = '\0';
 }
@@ -155,21 +169,32 @@ int bench_wait_ready(const char *socket_path, pid_t *pid, int timeout_ms)
 int bench_daemon_start(bench_env_t *env, const char *kvdockd_path, const char *pool_size,
                        bool ucx_tcp)
 {
+    const char *extra[] = {ucx_tcp ? "--ucx-tcp" : NULL, NULL};
+    return bench_daemon_start_args(env, kvdockd_path, pool_size, extra);
+}
+
+int bench_daemon_start_args(bench_env_t *env, const char *kvdockd_path,
+                            const char *pool_size, const char *const *extra)
+{
     char instance[64];
     snprintf(instance, sizeof(instance), "bench-%d", (int)getpid());
-    const char *argv[] = {kvdockd_path,
-                          "--socket",
-                          env->daemon_socket,
-                          "--instance",
-                          instance,
-                          "--pool-size",
-                          pool_size,
-                          "--usage-interval",
-                          "0",
-                          "--populate-rate",
-                          "0",
-                          ucx_tcp ? "--ucx-tcp" : NULL,
-                          NULL};
+    const char *argv[32] = {kvdockd_path,
+                            "--socket",
+                            env->daemon_socket,
+                            "--instance",
+                            instance,
+                            "--shm-dir",
+                            env->dir,
+                            "--pool-size",
+                            pool_size,
+                            "--usage-interval",
+                            "0",
+                            "--populate-rate",
+                            "0"};
+    size_t n = 13;
+    for (size_t i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {

@@ -859,6 +859,8 @@ static const bench_mode_t bench_modes[] = {
      "Health round trips while one client lists a hostile store (pages, worst wait)"},
     {"ucx", bench_mode_ucx,
      "the UCX transport alone against kvdockd's UCX server: GB/s by mode and size"},
+    {"persist", bench_mode_persist,
+     "the journal's cost on Publish (vs --no-persist) and the restart with 1M objects"},
 };
 
 static void bench_usage(FILE *f)

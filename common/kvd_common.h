@@ -212,6 +212,17 @@ void kvd_key_to_hex(const uint8_t key[KVD_KEY_BYTES], char out[65]);
 /* Parses 64 hex digits. Returns KVD_ERR_INVALID on anything else. */
 int kvd_key_from_hex(const char *hex, uint8_t key[KVD_KEY_BYTES]);
 
+/* ------------------------------------------------------------- checksums */
+
+/*
+ * CRC-32C (Castagnoli) of buf, continuing from crc (0 to start): the
+ * journal's and the SSD tier's check. kvd_crc32c(0, "123456789", 9) is
+ * 0xe3069283. Uses the CPU's instruction where it has one;
+ * kvd_crc32c_sw is the table version, always (for tests to compare).
+ */
+uint32_t kvd_crc32c(uint32_t crc, const void *buf, size_t len);
+uint32_t kvd_crc32c_sw(uint32_t crc, const void *buf, size_t len);
+
 /* ------------------------------------------------------------- helpers */
 
 #define KVD_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))

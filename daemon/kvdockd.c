@@ -4,8 +4,10 @@
  * with --ucx-serve, is the UCX server process (ucxd.h).
  *
  * Exit status: 0 after a clean drain; 1 when a runtime failure stops it (the
- * pool cannot be populated, the loop fails); 2 for bad options or a pool
- * that does not fit (the message says which value would). --list-nics
+ * pool cannot be populated, another daemon holds the instance, the loop
+ * fails); 2 for bad options, a pool that does not fit (the message says
+ * which value would), or a pool file or journal there of another size,
+ * layout or version (the message names --fresh). --list-nics
  * exits 0 once it listed the RDMA ports (also when there are none), 1 when
  * built without libibverbs or discovery failed.
  */
@@ -18,6 +20,7 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -44,6 +47,46 @@ static void raise_fd_limit(kvd_opts_t *opts)
                  (unsigned long long)rl.rlim_cur, (unsigned long long)room);
         opts->max_connections = room;
     }
+}
+
+/* The first hugetlbfs mount of 2 MiB pages (from /proc/mounts) into dir;
+ * false when there is none. */
+static bool find_hugetlbfs(char *dir, size_t len)
+{
+    FILE *f = fopen("/proc/mounts", "r");
+    if (f == NULL)
+        return false;
+    char line[1024];
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f) != NULL) {
+        char dev[256], mnt[512], type[64], mopts[256];
+        if (sscanf(line, "%255s %511s %63s %255s", dev, mnt, type, mopts) != 4 ||
+            strcmp(type, "hugetlbfs") != 0)
+            continue;
+        /* the default page size unless the mount names another */
+        bool two_mib = strstr(mopts, "pagesize=") == NULL || strstr(mopts, "pagesize=2M");
+        if (two_mib && strlen(mnt) < len) {
+            kvd_strlcpy(dir, mnt, len);
+            found = true;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+/* The bytes an existing pool file of the instance has allocated (0 when
+ * there is none, or it is not ours): a restart attaches to them, so the
+ * sizing counts them as the host's to give. */
+static uint64_t pool_file_held(const char *dir, const char *instance)
+{
+    if (dir == NULL)
+        return 0;
+    char path[600];
+    snprintf(path, sizeof(path), "%s/kvdock-%s.pool", dir, instance);
+    struct stat st;
+    if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+        return 0;
+    return (uint64_t)st.st_blocks * 512;
 }
 
 int main(int argc, char **argv)
@@ -101,8 +144,19 @@ int main(int argc, char **argv)
         kvd_auth_destroy(auth);
         return 1;
     }
+    /* the pool is a file that outlives the daemon (its journal beside it),
+     * unless --no-persist */
+    char huge_dir[sizeof(opts.hugepages_dir)];
+    kvd_strlcpy(huge_dir, opts.hugepages_dir, sizeof(huge_dir));
+    if (opts.hugepages && !opts.no_persist && huge_dir[0] == '\0' &&
+        !find_hugetlbfs(huge_dir, sizeof(huge_dir)))
+        kvd_strlcpy(huge_dir, "/dev/hugepages", sizeof(huge_dir)); /* refused, clearly */
+    const char *pool_dir = opts.no_persist  ? NULL
+                           : opts.hugepages ? huge_dir
+                                            : opts.shm_dir;
     kvd_sizing_req_t req = {
         .pool_size_bytes = opts.pool_size_bytes,
+        .held_bytes = opts.fresh ? 0 : pool_file_held(pool_dir, opts.instance),
         .mem_fraction = opts.mem_fraction,
         .reserve_bytes = opts.reserve_bytes,
         .object_bytes = opts.object_bytes,
@@ -126,20 +180,29 @@ int main(int argc, char **argv)
         .hugepages = opts.hugepages,
         .mlock = opts.mlock,
         .populate_rate_bps = opts.populate_rate_bps,
+        .dir = pool_dir,
+        .lock_dir = opts.shm_dir,
+        .fresh = opts.fresh,
     };
     kvd_pool_t *pool = NULL;
     rc = kvd_pool_create(&popts, &pool);
     if (rc != KVD_OK) {
         KVD_ERROR("kvdockd", "cannot create the pool: %s", kvd_status_str(rc));
         kvd_auth_destroy(auth);
-        return 1;
+        /* a pool file of another size, or one that does not fit: as a bad
+         * option; another daemon of the instance, or a system error: 1 */
+        return rc == KVD_ERR_STATE || rc == KVD_ERR_NO_SPACE ? 2 : 1;
     }
+    if (kvd_pool_persistent(pool))
+        KVD_INFO("kvdockd", "pool file %s (%s)%s", kvd_pool_path(pool),
+                 kvd_pool_created(pool) ? "created" : "attached: its bytes are kept",
+                 opts.fresh ? ", --fresh: the old one removed" : "");
     kvd_server_t *server = NULL;
     rc = kvd_server_create(&opts, pool, auth, &server);
     if (rc != KVD_OK) {
         KVD_ERROR("kvdockd", "cannot start serving: %s", kvd_status_str(rc));
         kvd_pool_destroy(pool);
-        return 1;
+        return rc == KVD_ERR_STATE ? 2 : 1; /* a journal of another pool: as options */
     }
     rc = kvd_pool_populate_start(pool);
     int status = 1;

@@ -74,6 +74,20 @@ static const opt_def_t opt_defs[] = {
      "back the pool with 2 MiB hugetlb pages (reserve them with vm.nr_hugepages)"},
     {"mlock", OPT_BOOL, OFF(mlock), 0, 0, 0, NULL,
      "lock the pool in memory once populated"},
+    {"shm-dir", OPT_STRING, OFF(shm_dir), SZ(shm_dir), 0, 0, "DIR",
+     "where the pool file (kvdock-NAME.pool), its journal (.journal) and lock (.lock) "
+     "live; they outlive the daemon, so a restart finds its objects (default /dev/shm)"},
+    {"hugepages-dir", OPT_STRING, OFF(hugepages_dir), SZ(hugepages_dir), 0, 0, "DIR",
+     "with --hugepages: the hugetlbfs mount (2 MiB pages) of the pool file (default: the "
+     "first one mounted)"},
+    {"fresh", OPT_BOOL, OFF(fresh), 0, 0, 0, NULL,
+     "start empty on purpose: remove the instance's pool file and journal first"},
+    {"journal-compact", OPT_SIZE, OFF(journal_compact_bytes), 0, 4096, 0, "SIZE",
+     "compact the metadata journal once it is past SIZE and twice what a snapshot "
+     "takes (default 8M)"},
+    {"no-persist", OPT_BOOL, OFF(no_persist), 0, 0, 0, NULL,
+     "keep the pool in an anonymous memfd (sealed against resizing) that dies with the "
+     "daemon: nothing survives a restart"},
     {"max-frame", OPT_SIZE, OFF(max_frame_bytes), 0, 64, KVD_FRAME_LIMIT_MAX, "SIZE",
      "largest RPC frame accepted (default 4M)"},
     {"max-batch", OPT_U64, OFF(max_batch), 0, 1, 1u << 20, "N",
@@ -309,6 +323,8 @@ static void set_defaults(kvd_opts_t *o)
     memset(o, 0, sizeof(*o));
     strcpy(o->instance, "default");
     strcpy(o->ucx, "auto");
+    strcpy(o->shm_dir, "/dev/shm");
+    o->journal_compact_bytes = 8 * KVD_MiB;
     o->reserve_bytes = KVD_GiB;
     o->object_bytes = KVD_MiB;
     o->populate_rate_bps = 4 * KVD_GiB;
@@ -420,6 +436,15 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
                 "connection could receive a whole frame\n",
                 (unsigned long long)o->max_conn_buffer_bytes,
                 (unsigned long long)o->max_frame_bytes);
+        return KVD_OPTS_ERROR;
+    }
+    if (o->fresh && o->no_persist) {
+        fprintf(stderr, "kvdockd: --fresh and --no-persist: with --no-persist there is "
+                        "nothing to start fresh from\n");
+        return KVD_OPTS_ERROR;
+    }
+    if (o->shm_dir[0] != '/') {
+        fprintf(stderr, "kvdockd: --shm-dir '%s': give an absolute path\n", o->shm_dir);
         return KVD_OPTS_ERROR;
     }
     if (!pool_size_given && o->mem_fraction == 0)

@@ -24,6 +24,12 @@ typedef struct kvd_opts {
     uint64_t populate_rate_bps;
     bool hugepages;
     bool mlock;
+    char shm_dir[256];       /* the pool file, its journal and lock live here */
+    char hugepages_dir[256]; /* with --hugepages: the pool file's hugetlbfs; "" = find one
+                              */
+    bool fresh;              /* start empty: remove the old pool file and journal */
+    bool no_persist;         /* an anonymous pool that dies with the daemon */
+    uint64_t journal_compact_bytes; /* compact past this and twice a snapshot */
     uint64_t max_frame_bytes;
     uint64_t max_batch;
     uint64_t max_connections;

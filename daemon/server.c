@@ -1287,6 +1287,70 @@ static int start_ucx(kvd_server_t *s)
     return KVD_OK;
 }
 
+/* The store's journal beside the pool file (kvd_store.h "persistence"):
+ * what it recovers is logged in one line. A journal of another layout or
+ * pool is refused (KVD_ERR_STATE): the daemon does not start, and the
+ * line says --fresh discards it. */
+static int attach_journal(kvd_server_t *s)
+{
+    char path[sizeof(s->opts.shm_dir) + sizeof(s->opts.instance) + 32];
+    snprintf(path, sizeof(path), "%s/kvdock-%s.journal", s->opts.shm_dir,
+             s->opts.instance);
+    kvd_store_journal_opts_t jo = {.path = path,
+                                   .pool_created = kvd_pool_created(s->pool),
+                                   .fresh = s->opts.fresh,
+                                   .hugepages = kvd_pool_hugepages(s->pool),
+                                   .compact_min_bytes = s->opts.journal_compact_bytes};
+    kvd_pool_identity(s->pool, &jo.pool_dev, &jo.pool_ino);
+    kvd_store_recovery_t rec;
+    char why[768] = "";
+    int rc = kvd_store_journal_attach(s->store, &jo, &rec, why, sizeof(why));
+    if (rc == KVD_ERR_STATE) {
+        KVD_ERROR("server",
+                  "refusing to start: %s. Start with --fresh to discard the objects of "
+                  "instance '%s' (or with the --pool-size, --hugepages and kvdockd "
+                  "version that made them, to keep them)",
+                  why, s->opts.instance);
+        return rc;
+    }
+    if (rc != KVD_OK) {
+        KVD_ERROR("server", "cannot attach the journal %s: %s (%s)", path,
+                  kvd_status_str(rc), why);
+        return rc;
+    }
+    char a[32], b[32], c[32];
+    if (!rec.found) {
+        KVD_INFO("server", "journal %s: %s; starting empty (%.1f ms)", path, rec.note,
+                 (double)rec.elapsed_ns / 1e6);
+        return KVD_OK;
+    }
+    if (rec.note[0] != '\0') {
+        KVD_WARN("server", "journal %s: %s; starting empty", path, rec.note);
+        return KVD_OK;
+    }
+    char extra[160] = "";
+    if (rec.discarded > 0)
+        snprintf(extra, sizeof(extra),
+                 ", %llu objects of namespaces or tenants no longer there",
+                 (unsigned long long)rec.discarded);
+    if (rec.torn_bytes > 0)
+        snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra),
+                 ", a torn last record of %llu bytes",
+                 (unsigned long long)rec.torn_bytes);
+    KVD_INFO("server",
+             "recovered %llu objects (%s) in %llu namespaces from %s (%s, %llu records) "
+             "in %.1f ms (read %.1f, rebuilt %.1f, written anew %.1f); discarded %llu "
+             "partial writes (%s, free after one lease TTL)%s",
+             (unsigned long long)rec.objects, kvd_size_format(rec.bytes, a, sizeof(a)),
+             (unsigned long long)rec.namespaces, path,
+             kvd_size_format(rec.journal_bytes, b, sizeof(b)),
+             (unsigned long long)rec.records, (double)rec.elapsed_ns / 1e6,
+             (double)rec.read_ns / 1e6, (double)rec.rebuild_ns / 1e6,
+             (double)rec.write_ns / 1e6, (unsigned long long)rec.writing_discarded,
+             kvd_size_format(rec.writing_bytes, c, sizeof(c)), extra);
+    return KVD_OK;
+}
+
 int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth,
                       kvd_server_t **out)
 {
@@ -1319,6 +1383,11 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     char why[256];
     if ((rc = kvd_auth_bind(s->auth, s->store, why, sizeof(why))) != KVD_OK) {
         KVD_ERROR("server", "%s", why);
+        s->epfd = -1;
+        goto fail;
+    }
+
+    if (kvd_pool_persistent(pool) && (rc = attach_journal(s)) != KVD_OK) {
         s->epfd = -1;
         goto fail;
     }
@@ -1508,9 +1577,16 @@ static int on_tick(kvd_server_t *s)
         atomic_store(&s->health, KVD_HEALTH_READY);
         kvd_ucxd_pool_ready(s->ucxd);
         char a[32];
-        KVD_INFO("server", "ready: pool %s populated in %.2f s, serving %s",
-                 kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),
-                 (double)(now - s->start_ns) / 1e9, s->opts.socket_path);
+        if (kvd_pool_attached(s->pool))
+            KVD_INFO("server",
+                     "ready: pool %s attached in %.2f s (its pages were all there; "
+                     "they are mapped in the background), serving %s",
+                     kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),
+                     (double)(now - s->start_ns) / 1e9, s->opts.socket_path);
+        else
+            KVD_INFO("server", "ready: pool %s populated in %.2f s, serving %s",
+                     kvd_size_format(kvd_pool_size(s->pool), a, sizeof(a)),
+                     (double)(now - s->start_ns) / 1e9, s->opts.socket_path);
     }
     if (s->opts.usage_interval_s > 0 && now >= s->next_usage_ns) {
         log_usage(s, now);

@@ -507,7 +507,13 @@ typedef struct kvd_stats_req {
     X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")       \
     X(U64, reserve_quota, 0, COUNTER, "Reserved keys refused for a tenant's quota.")   \
     X(U64, scrubbed_bytes, 0, COUNTER, "Bytes zeroed: extents handed across tenants.") \
-    X(U64, namespaces_removed, 0, COUNTER, "Namespaces left without users or objects.")
+    X(U64, namespaces_removed, 0, COUNTER, "Namespaces gone: no users, no objects.")   \
+    X(U64, recovered_objects, 0, GAUGE, "Objects recovered from the journal.")         \
+    X(U64, recovered_bytes, 0, GAUGE, "Object bytes recovered from the journal.")      \
+    X(U64, journal_bytes, 0, GAUGE, "Bytes of the metadata journal file.")             \
+    X(U64, journal_records, 0, COUNTER, "Records written to the metadata journal.")    \
+    X(U64, journal_compactions, 0, COUNTER, "Snapshots put in place of the journal.")  \
+    X(U64, journal_errors, 0, COUNTER, "Journal writes that failed.")
 
 typedef struct kvd_store_stats_msg {
     KVD_STORE_STATS_FIELDS(KVD_FIELD_DECL)

@@ -122,6 +122,7 @@ void kvd_store_destroy(kvd_store_t *s)
 {
     if (s == NULL)
         return;
+    persist_close(s);
     for (lease_t *l = s->oldest, *next; l != NULL; l = next) {
         next = l->newer;
         lease_free(s, l);
@@ -246,10 +247,13 @@ int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
     s->n_ns++;
     ns_index_add(s, slot);
     t->use.namespaces++;
+    persist_ns_added(s, slot);
     if (!e->permanent && !ns_use(s, owner, slot)) {
         ns_maybe_remove(s, slot);
+        persist_commit(s);
         return KVD_ERR_NOMEM;
     }
+    persist_commit(s);
     *ns_id = ns_id_of(s, slot);
     return KVD_OK;
 }
@@ -272,6 +276,7 @@ void ns_maybe_remove(kvd_store_t *s, uint32_t slot)
     s->ns_free_tail = slot + 1;
     s->n_ns--;
     s->st.namespaces_removed++;
+    persist_ns_removed(s, slot);
 }
 
 uint32_t kvd_store_ns_count(const kvd_store_t *s)
@@ -496,6 +501,7 @@ static void drop_object(kvd_store_t *s, uint32_t i)
     index_remove(s, i);
     uint32_t t = e->info.tenant;
     s->tenants[t].use.bytes -= page_bytes_of(s, r->size_pages);
+    persist_freed(s, i);
     extent_free(s, i, (uint16_t)(t + 1));
     ns_maybe_remove(s, slot);
 }
@@ -795,6 +801,7 @@ static void quarantine_release(kvd_store_t *s, uint64_t now_ms)
         s->quarantine_pages -= r->size_pages;
         uint16_t tag = r->hits;
         s->tenants[tag - 1].use.bytes -= page_bytes_of(s, r->size_pages);
+        persist_freed(s, i);
         extent_free(s, i, tag);
     }
 }
@@ -852,6 +859,7 @@ size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner)
     }
     if (owner != KVD_OWNER_PERMANENT)
         ns_owner_gone(s, owner);
+    persist_commit(s);
     PARANOID(s, "owner_gone");
     return n;
 }
@@ -873,6 +881,8 @@ size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms)
     }
     s->st.leases_expired += n;
     quarantine_release(s, now_ms);
+    persist_commit(s);
+    persist_tick(s);
     PARANOID(s, "expire");
     return n;
 }
@@ -972,10 +982,14 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     index_insert(s, i);
     s->ns[ns].info.objects_writing++;
     s->tenants[t].use.bytes += page_bytes_of(s, pages);
+    persist_writing(s, i);
     fill_loc(s, i, loc);
     if (dirty) {
         /* another tenant's bytes: a Publish of what was never written must
-         * not show them */
+         * not show them. The extent may have held an object evicted in
+         * this call: its eviction is written before its bytes go, or a
+         * restart would find it there, zeroed. */
+        persist_commit(s);
         if (s->scrub != NULL)
             s->scrub(s->scrub_arg, loc->offset, size);
         s->st.scrubbed_bytes += size;
@@ -1013,6 +1027,9 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
     *lease_id = l ? l->id : 0;
     evict_watermarks(s);
     ns_maybe_remove(s, ns);
+    /* before the reply hands out any extent freed here (an eviction), the
+     * journal says it is free */
+    persist_commit(s);
     PARANOID(s, "reserve");
     return KVD_OK;
 }
@@ -1047,36 +1064,50 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
                 return KVD_ERR_STATE;
     }
     size_t total = keys ? n : l->n;
-    uint32_t *done = kvd_mem_calloc(KVD_MEM_STAGING, total ? total : 1, sizeof(uint32_t));
+    size_t cap = total ? total : 1;
+    /* the records, and where each was in the lease (to put it back) */
+    uint32_t *done = kvd_mem_calloc(KVD_MEM_STAGING, cap, 2 * sizeof(uint32_t));
     if (done == NULL)
         return KVD_ERR_NOMEM;
+    uint32_t *held_at = done + cap;
     size_t n_done = 0;
     uint32_t now = now_s(s);
     for (size_t t = 0; t < total; t++) {
         long k = keys ? lease_hold_of(s, l, keys[t]) : (long)t;
         if (k < 0 || l->recs[k] == NIL)
             continue; /* a key named twice */
-        uint32_t i = l->recs[k];
+        held_at[n_done] = (uint32_t)k;
+        done[n_done++] = l->recs[k];
         l->recs[k] = NIL;
-        if (!publish) {
-            drop_object(s, i);
-            continue;
-        }
-        rec_t *r = R(s, i);
+    }
+    if (!publish) {
+        for (size_t k = 0; k < n_done; k++)
+            drop_object(s, done[k]);
+        n_done = 0;
+        persist_commit(s);
+    } else if (persist_published(s, done, n_done, now) != KVD_OK) {
+        /* not written, so not acknowledged: nothing changes, the writer
+         * may try again or revoke */
+        for (size_t k = 0; k < n_done; k++)
+            l->recs[held_at[k]] = done[k];
+        kvd_mem_free(KVD_MEM_STAGING, done, cap * 2 * sizeof(uint32_t));
+        return KVD_ERR_IO;
+    }
+    for (size_t k = 0; k < n_done; k++) {
+        rec_t *r = R(s, done[k]);
         r->state = REC_READY;
         r->last_access_s = now;
         s->st.published_bytes += s->ns[r->ns].info.object_bytes;
         s->ns[r->ns].info.published_bytes += s->ns[r->ns].info.object_bytes;
         s->ns[r->ns].info.objects_writing--;
         s->ns[r->ns].info.objects_ready++;
-        done[n_done++] = i;
     }
     /* children are counted once every page of the batch is READY, so a
      * chain published in one batch counts its own links too */
     for (size_t k = 0; k < n_done; k++)
         count_child(s, done[k], +1);
     lru_push_batch(s, done, n_done);
-    kvd_mem_free(KVD_MEM_STAGING, done, (total ? total : 1) * sizeof(uint32_t));
+    kvd_mem_free(KVD_MEM_STAGING, done, cap * 2 * sizeof(uint32_t));
     bool empty = true;
     for (uint32_t k = 0; k < l->n && empty; k++)
         empty = l->recs[k] == NIL;
@@ -1341,6 +1372,7 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
     if (r->state != REC_READY || r->pins > 0)
         return KVD_ERR_BUSY;
     evict_rec(s, i);
+    persist_commit(s);
     PARANOID(s, "evict_key");
     return KVD_OK;
 }
@@ -1368,6 +1400,7 @@ static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
     }
     *evicted = e;
     *skipped = k;
+    persist_commit(s);
     PARANOID(s, "evict");
 }
 
@@ -1422,6 +1455,7 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
                        s->n_lease_buckets * sizeof(lease_t *) +
                        (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s) +
                        s->lease_bytes + s->owners_bytes;
+    persist_stats(s, out);
 }
 
 /* --------------------------------------------------------------- check */
@@ -1685,6 +1719,7 @@ static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
         if (n == max_visits) {
             *pos = i;
             *evicted = e;
+            persist_commit(s);
             PARANOID(s, "evict_from");
             return;
         }
@@ -1703,6 +1738,7 @@ static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
     }
     *pos = KVD_STORE_POS_END;
     *evicted = e;
+    persist_commit(s);
     PARANOID(s, "evict_from");
 }
 
@@ -1787,4 +1823,260 @@ static void ns_index_rebuild(kvd_store_t *s)
         if (s->ns[slot].live)
             ns_index_put(s, slot);
     s->ns_index_n = s->n_ns;
+}
+
+/* -------------------------------------------------------------- restore */
+
+/*
+ * Rebuilding a store from what its journal recovered (persist.c): the
+ * namespace table as it was (slots and generations, so ids stay), then the
+ * extents in offset order carved out of the one free extent a new store
+ * has, each object put back into the index and the LRU (oldest access
+ * first, so the coldest is evicted first again), each partial write into
+ * quarantine for one lease TTL (a writer of the dead daemon may still be
+ * copying into it), and the children counts from the parent tags.
+ */
+
+int store_restore_begin(kvd_store_t *s, const uint64_t secret[6], uint64_t epoch_ms)
+{
+    if (s->n_ns != 0 || s->n_slots != 0 || s->n_objects != 0 || s->n_leases != 0 ||
+        s->quarantine_head != NIL || s->free_pages != s->total_pages)
+        return KVD_ERR_STATE;
+    memcpy(s->secret, secret, sizeof(s->secret));
+    s->secret[5] |= 1;
+    s->epoch_ms = epoch_ms;
+    s->ns_index_n = UINT32_MAX; /* names hash with the secret: rebuilt */
+    return KVD_OK;
+}
+
+int store_restore_ns(kvd_store_t *s, const restore_ns_t *table, uint32_t n)
+{
+    if (n > KVD_STORE_MAX_NAMESPACES || s->n_slots != 0)
+        return KVD_ERR_INVALID;
+    if (n > s->ns_cap) {
+        ns_entry_t *e =
+            kvd_mem_realloc(KVD_MEM_INDEX, s->ns, (size_t)s->ns_cap * sizeof(ns_entry_t),
+                            (size_t)n * sizeof(ns_entry_t));
+        if (e == NULL)
+            return KVD_ERR_NOMEM;
+        s->ns = e;
+        s->ns_cap = n;
+    }
+    for (uint32_t slot = 0; slot < n; slot++) {
+        const restore_ns_t *t = &table[slot];
+        ns_entry_t *e = &s->ns[slot];
+        memset(e, 0, sizeof(*e));
+        e->gen = t->gen & NS_GEN_MASK;
+        s->n_slots = slot + 1;
+        if (!t->live || t->tenant >= s->n_tenants || t->object_bytes == 0 ||
+            t->object_bytes > page_bytes_of(s, s->total_pages) ||
+            strnlen(t->name, KVD_NS_NAME_MAX) == 0 ||
+            strnlen(t->name, KVD_NS_NAME_MAX) == KVD_NS_NAME_MAX) {
+            /* a free slot, queued as the engine queues freed ones */
+            if (s->ns_free_tail != 0)
+                s->ns[s->ns_free_tail - 1].free_next = slot + 1;
+            else
+                s->ns_free_head = slot + 1;
+            s->ns_free_tail = slot + 1;
+            continue;
+        }
+        memcpy(e->info.name, t->name, strlen(t->name) + 1);
+        e->info.tenant = t->tenant;
+        e->info.object_bytes = t->object_bytes;
+        e->info.rank_replicated = t->rank_replicated;
+        e->pages =
+            (uint32_t)((t->object_bytes + s->cfg.page_bytes - 1) / s->cfg.page_bytes);
+        e->live = true;
+        s->n_ns++;
+        s->tenants[t->tenant].use.namespaces++;
+    }
+    s->ns_index_n = UINT32_MAX;
+    return KVD_OK;
+}
+
+/* Whether o may become a record of s now; cursor is the first page not yet
+ * taken (objects come in offset order). */
+static bool restore_fits(const kvd_store_t *s, const restore_obj_t *o, uint64_t cursor)
+{
+    if (o->size_pages == 0 || o->off_pages < cursor ||
+        (uint64_t)o->off_pages + o->size_pages > s->total_pages)
+        return false;
+    if (o->kind == RESTORE_QUAR)
+        return o->tenant < s->n_tenants;
+    if (o->kind != RESTORE_READY && o->kind != RESTORE_WRITING)
+        return false;
+    if (o->slot >= s->n_slots || !s->ns[o->slot].live ||
+        s->ns[o->slot].pages != o->size_pages)
+        return false;
+    return true;
+}
+
+/* Puts record i (carved, REC_WRITING) into quarantine for tenant t, to end
+ * at release_ms. */
+static void restore_quarantine(kvd_store_t *s, uint32_t i, uint32_t t,
+                               uint64_t release_ms)
+{
+    rec_t *r = R(s, i);
+    r->quarantined = 1;
+    r->hits = (uint16_t)(t + 1);
+    r->last_access_s = (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
+    r->link_prev = r->link_next = NIL;
+    if (s->quarantine_tail != NIL)
+        R(s, s->quarantine_tail)->link_next = i;
+    else
+        s->quarantine_head = i;
+    s->quarantine_tail = i;
+    s->quarantine_pages += r->size_pages;
+    s->tenants[t].use.bytes += page_bytes_of(s, r->size_pages);
+}
+
+void store_sort_high32(uint64_t *a, uint64_t *tmp, size_t n)
+{
+    for (int shift = 32; shift < 64; shift += 8) {
+        size_t count[257] = {0};
+        for (size_t k = 0; k < n; k++)
+            count[((a[k] >> shift) & 0xff) + 1]++;
+        for (int d = 0; d < 256; d++)
+            count[d + 1] += count[d];
+        for (size_t k = 0; k < n; k++)
+            tmp[count[(a[k] >> shift) & 0xff]++] = a[k];
+        uint64_t *t = a;
+        a = tmp;
+        tmp = t;
+    }
+    /* four passes: the sorted values are back in the caller's a */
+}
+
+/* Inserts record i into the index unless its key is there already (false
+ * then): one walk of its bucket for both. */
+static bool index_insert_unique(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    uint64_t b = bucket_of(s, r->ns, key_tag(s, r->key));
+    for (uint32_t j = s->buckets[b]; j != NIL; j = R(s, j)->hash_next)
+        if (R(s, j)->ns == r->ns && memcmp(R(s, j)->key, r->key, KVD_KEY_BYTES) == 0)
+            return false;
+    r->hash_next = s->buckets[b];
+    s->buckets[b] = i;
+    s->n_objects++;
+    return true;
+}
+
+int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
+                          uint16_t free_tag, uint64_t now_ms, restore_counts_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (s->n_objects != 0 || s->phys_head == NIL || R(s, s->phys_head)->phys_next != NIL)
+        return KVD_ERR_STATE;
+    clock_seen(s, now_ms);
+    uint64_t nb = s->n_buckets;
+    while (nb < n && nb < (1ull << 32))
+        nb <<= 1;
+    if (nb != s->n_buckets && buckets_resize(s, nb) != KVD_OK)
+        return KVD_ERR_NOMEM;
+    /* the READY records, by last access: (last_access_s << 32 | record) */
+    size_t ref_bytes = (n ? n : 1) * sizeof(uint64_t);
+    uint64_t *refs = kvd_mem_calloc(KVD_MEM_STAGING, 1, ref_bytes);
+    uint64_t *tmp = kvd_mem_calloc(KVD_MEM_STAGING, 1, ref_bytes);
+    if (refs == NULL || tmp == NULL) {
+        kvd_mem_free(KVD_MEM_STAGING, refs, ref_bytes);
+        kvd_mem_free(KVD_MEM_STAGING, tmp, ref_bytes);
+        return KVD_ERR_NOMEM;
+    }
+    size_t n_ready = 0;
+    uint32_t tail = s->phys_head; /* the free extent after everything placed */
+    R(s, tail)->ns = free_tag;
+    uint64_t cursor = 0, release_ms = now_ms + s->cfg.lease_ttl_ms;
+    int rc = KVD_OK;
+    for (size_t k = 0; k < n; k++) {
+        const restore_obj_t *o = &objs[k];
+        if (!restore_fits(s, o, cursor)) {
+            out->discarded++;
+            continue;
+        }
+        /* restore_fits keeps o past the cursor and inside the pool, so
+         * tail (the rest of the pool) holds it */
+        uint32_t i = extent_carve(s, tail, o->off_pages, o->size_pages);
+        if (i == NIL) {
+            rc = KVD_ERR_NOMEM;
+            break;
+        }
+        cursor = (uint64_t)o->off_pages + o->size_pages;
+        rec_t *r = R(s, i);
+        tail = r->phys_next;
+        if (o->kind == RESTORE_QUAR) {
+            restore_quarantine(s, i, o->tenant, release_ms);
+            out->quarantined++;
+            continue;
+        }
+        memcpy(r->key, o->key, KVD_KEY_BYTES);
+        memcpy(r->parent_tag, o->parent_tag, KVD_KEY_TAG_BYTES);
+        r->has_parent = o->has_parent != 0;
+        r->depth = KVD_MIN(o->depth, REC_DEPTH_MAX);
+        r->ns = o->slot;
+        uint32_t t = tenant_of(s, o->slot);
+        uint64_t bytes = page_bytes_of(s, r->size_pages);
+        if (o->kind == RESTORE_WRITING) {
+            restore_quarantine(s, i, t, release_ms);
+            out->writing++;
+            out->writing_bytes += bytes;
+            continue;
+        }
+        r->state = REC_READY;
+        r->last_access_s = o->last_access_s;
+        r->hits = o->hits;
+        if (!index_insert_unique(s, i)) {
+            /* a key twice: which extent holds its bytes is not known, so
+             * neither stays. This one is free again at once (merged into
+             * the free space before it, or taking in the free rest after
+             * it: either way the tail); the first goes after the loop. */
+            out->discarded++;
+            R(s, index_find(s, o->slot, o->key))->spare = 1;
+            uint32_t prev = r->phys_prev;
+            bool prev_free = prev != NIL && R(s, prev)->state == REC_FREE;
+            extent_free(s, i, free_tag);
+            tail = prev_free ? prev : i;
+            continue;
+        }
+        s->ns[o->slot].info.objects_ready++;
+        s->tenants[t].use.bytes += bytes;
+        refs[n_ready++] = (uint64_t)o->last_access_s << 32 | i;
+        out->ready++;
+        out->ready_bytes += s->ns[o->slot].info.object_bytes;
+    }
+    if (rc == KVD_OK) {
+        /* the first holders of keys found twice (marked in spare) go too */
+        size_t kept = 0;
+        for (size_t k = 0; k < n_ready; k++) {
+            uint32_t i = (uint32_t)refs[k];
+            rec_t *r = R(s, i);
+            if (!r->spare) {
+                refs[kept++] = refs[k];
+                continue;
+            }
+            r->spare = 0;
+            ns_entry_t *e = &s->ns[r->ns];
+            e->info.objects_ready--;
+            s->tenants[e->info.tenant].use.bytes -= page_bytes_of(s, r->size_pages);
+            out->ready--;
+            out->ready_bytes -= e->info.object_bytes;
+            out->discarded++;
+            index_remove(s, i);
+            extent_free(s, i, free_tag);
+        }
+        n_ready = kept;
+        /* oldest first, so that the most recent ends at the hot end */
+        store_sort_high32(refs, tmp, n_ready);
+        for (size_t k = 0; k < n_ready; k++)
+            lru_push_head(s, (uint32_t)refs[k]);
+        for (size_t k = 0; k < n_ready; k++)
+            count_child(s, (uint32_t)refs[k], +1);
+        for (uint32_t slot = 0; slot < s->n_slots; slot++)
+            ns_maybe_remove(s, slot);
+        out->namespaces = s->n_ns;
+    }
+    kvd_mem_free(KVD_MEM_STAGING, refs, ref_bytes);
+    kvd_mem_free(KVD_MEM_STAGING, tmp, ref_bytes);
+    PARANOID(s, "restore");
+    return rc;
 }

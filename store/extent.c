@@ -215,6 +215,52 @@ uint32_t extent_alloc(kvd_store_t *s, uint32_t pages)
     return i;
 }
 
+/* Splits free-list-less record i at `pages`: i keeps the first pages, a new
+ * record (returned, NIL out of memory) the rest, with i's scrub tag and
+ * state. */
+static uint32_t split_after(kvd_store_t *s, uint32_t i, uint32_t pages)
+{
+    uint32_t j = rec_new(s);
+    if (j == NIL)
+        return NIL;
+    rec_t *r = R(s, i), *rest = R(s, j);
+    rest->off_pages = r->off_pages + pages;
+    rest->size_pages = r->size_pages - pages;
+    rest->ns = r->ns;
+    rest->phys_prev = i;
+    rest->phys_next = r->phys_next;
+    if (r->phys_next != NIL)
+        R(s, r->phys_next)->phys_prev = j;
+    r->phys_next = j;
+    r->size_pages = pages;
+    return j;
+}
+
+uint32_t extent_carve(kvd_store_t *s, uint32_t f, uint32_t off, uint32_t pages)
+{
+    rec_t *r = R(s, f);
+    if (r->state != REC_FREE || pages == 0 || off < r->off_pages ||
+        (uint64_t)off + pages > (uint64_t)r->off_pages + r->size_pages)
+        return NIL;
+    free_list_remove(s, f);
+    uint32_t i = f;
+    if (R(s, f)->off_pages < off) {
+        /* a free part in front stays free */
+        i = split_after(s, f, off - R(s, f)->off_pages);
+        free_list_insert(s, f);
+        if (i == NIL)
+            return NIL;
+    }
+    if (R(s, i)->size_pages > pages) {
+        uint32_t rest = split_after(s, i, pages);
+        if (rest == NIL)
+            return NIL;
+        free_list_insert(s, rest);
+    }
+    R(s, i)->state = REC_WRITING;
+    return i;
+}
+
 /* The scrub tag of two extents merged: clean space takes the other's tag,
  * two tenants' bytes make it mixed. */
 static uint16_t tag_merge(uint16_t a, uint16_t b)

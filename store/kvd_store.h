@@ -48,6 +48,10 @@ typedef struct kvd_sizing_req {
     uint64_t reserve_bytes;   /* --reserve: kept free for everything else */
     uint64_t object_bytes;    /* a typical object, for the "fits" figure */
     uint64_t align_bytes;     /* the pool's page size (4 KiB, 2 MiB) */
+    /* bytes of the pool the host has given already: the pages of a pool
+     * file a restart attaches to. They are in use (not MemAvailable), yet
+     * this pool is what uses them, so they count as what the host can give. */
+    uint64_t held_bytes;
 } kvd_sizing_req_t;
 
 typedef struct kvd_sizing {
@@ -81,19 +85,36 @@ void kvd_sizing_format(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
 /* ------------------------------------------------------------------ pool */
 
 typedef struct kvd_pool_opts {
-    const char *instance;       /* names the memfd: "kvdock-<instance>" */
+    const char *instance;       /* names the file: "kvdock-<instance>" */
     uint64_t size_bytes;        /* from kvd_sizing_t.budget_bytes */
     bool hugepages;             /* 2 MiB hugetlb pages */
     bool mlock;                 /* lock the pool once populated */
     uint64_t populate_rate_bps; /* bytes per second; 0 = no bound */
+    /*
+     * Where the pool lives. NULL: an anonymous memfd, sealed against
+     * resizing, that dies with the process (and its last mapping). Else the
+     * file dir/kvdock-<instance>.pool, which outlives the process: /dev/shm
+     * (tmpfs), or with hugepages a hugetlbfs mount. It is created private
+     * (0600) or, when there, attached as it is: its bytes are kept. A lock
+     * (lock_dir/kvdock-<instance>.lock, holding the owner's pid) lets one
+     * process of an instance have it at a time.
+     */
+    const char *dir;
+    const char *lock_dir; /* NULL: dir */
+    bool fresh;           /* remove a pool file that is there first */
 } kvd_pool_opts_t;
 
 typedef struct kvd_pool kvd_pool_t;
 
 /*
- * Creates the shared-memory file and maps it. Nothing is populated yet.
- * Errors: KVD_ERR_INVALID (size not a multiple of the page size),
- * KVD_ERR_UNSUPPORTED (no hugetlb memfd), or the mapping's error.
+ * Creates (or, with a dir, attaches) the shared-memory file and maps it.
+ * Nothing is populated yet. Errors, each logged with what would fix it:
+ * KVD_ERR_INVALID (size not a multiple of the page size),
+ * KVD_ERR_UNSUPPORTED (no hugetlb memfd; with a dir, one that is not a
+ * hugetlbfs mount of 2 MiB pages), KVD_ERR_BUSY (another process holds the
+ * instance's lock), KVD_ERR_STATE (a pool file there of another size, or
+ * not private to this user), KVD_ERR_NO_SPACE (the file system cannot hold
+ * the pool), or the system's error.
  */
 int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out);
 
@@ -104,7 +125,9 @@ int kvd_pool_populate_start(kvd_pool_t *p);
 /* Stops population (if running), unmaps and closes. NULL is fine. */
 void kvd_pool_destroy(kvd_pool_t *p);
 
-/* True once the whole pool is populated (and locked, if asked). */
+/* True once the whole pool is populated (and locked, if asked); an
+ * attached pool file whose pages all exist (kvd_pool_attached) is ready
+ * once population started: its thread only maps them. */
 bool kvd_pool_ready(const kvd_pool_t *p);
 /* KVD_OK while fine; the population's error once it failed. */
 int kvd_pool_error(const kvd_pool_t *p);
@@ -114,6 +137,18 @@ int kvd_pool_error(const kvd_pool_t *p);
 const char *kvd_pool_error_text(const kvd_pool_t *p);
 uint64_t kvd_pool_populated_bytes(const kvd_pool_t *p);
 uint64_t kvd_pool_size(const kvd_pool_t *p);
+/* A named file that outlives the process (opts.dir), not a memfd. */
+bool kvd_pool_persistent(const kvd_pool_t *p);
+/* The file was made by this kvd_pool_create (nothing in it to recover);
+ * true for a memfd. */
+bool kvd_pool_created(const kvd_pool_t *p);
+/* A pool file that was there with every page allocated: its bytes are
+ * kept, and population has nothing to allocate. */
+bool kvd_pool_attached(const kvd_pool_t *p);
+/* The pool file's path; "" for a memfd. */
+const char *kvd_pool_path(const kvd_pool_t *p);
+/* The file's device and inode (what a journal ties itself to). */
+void kvd_pool_identity(const kvd_pool_t *p, uint64_t *dev, uint64_t *ino);
 bool kvd_pool_hugepages(const kvd_pool_t *p);
 bool kvd_pool_mlocked(const kvd_pool_t *p);
 int kvd_pool_fd(const kvd_pool_t *p);
@@ -306,7 +341,10 @@ int kvd_store_tenant_usage(const kvd_store_t *s, uint32_t id, kvd_tenant_limits_
  * callback, so that a Publish of bytes never written shows zeros, not
  * another tenant's data. The engine never touches the pool itself; the
  * daemon installs a memset over its mapping. Extents that were never used
- * (the memfd starts zeroed) or last held T's own objects are not scrubbed.
+ * (a new pool file or memfd starts zeroed) or last held T's own objects are
+ * not scrubbed. After a restart (kvd_store_journal_attach) the free space
+ * of an attached pool file counts as holding several tenants' bytes unless
+ * only the default tenant ever used it.
  * Without a callback nothing is zeroed (only the stats count). The
  * zeroing runs in the caller's thread (the daemon's loop): one Reserve
  * scrubs its first such extent and then at most scrub_budget_bytes; a key
@@ -346,7 +384,8 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
  * it holds nothing more. KVD_ERR_NOT_FOUND for an unknown (or ended) lease
  * and for another owner's (the same answer, so that nobody learns which ids
  * are live; ids are random, non-zero and unique among live leases),
- * KVD_ERR_STATE for a read lease.
+ * KVD_ERR_STATE for a read lease. With a journal: KVD_ERR_IO, nothing
+ * changed, when the journal cannot record it (see "persistence").
  */
 int kvd_store_publish(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n);
@@ -483,6 +522,82 @@ int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t ma
 int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
                                 uint64_t max_visits, uint64_t *evicted);
 
+/* --- persistence
+ *
+ * A store may keep a journal of its metadata in a file beside the pool
+ * (kvd_store_journal_attach), so that a daemon started again after a crash
+ * (SIGKILL, OOM kill) on the same pool file finds its objects again:
+ *   - every object whose Publish returned KVD_OK is back, with its
+ *     namespace (name, object size, tenant, generation) and its chain
+ *     metadata (parent tag, depth), access time and hits;
+ *   - reservations that were being written are not: their extents are
+ *     quarantined for one lease TTL (a writer of the dead daemon may still
+ *     be copying into them), then free;
+ *   - leases and pins are not kept: they belonged to connections of the
+ *     process that died.
+ * What the engine guarantees for that:
+ *   - a Publish is written to the journal before it changes anything, and
+ *     fails with KVD_ERR_IO (nothing changed) when it cannot be;
+ *   - an extent freed (eviction, revoke, a quarantine's end) is written as
+ *     free before any caller can reuse it: every call writes what it
+ *     changed before it returns (one write for the call), and a Reserve
+ *     writes before it scrubs an extent;
+ *   - a journal that cannot be written (a full file system) is marked
+ *     invalid at once, so a restart discards it rather than misread it;
+ *     until a rewrite succeeds (retried each second from kvd_store_expire)
+ *     Publish fails with KVD_ERR_IO;
+ *   - the journal is compacted in slices from kvd_store_expire once it
+ *     outgrows twice what a snapshot of the live objects would take.
+ * The file format is journal.h's.
+ */
+
+typedef struct kvd_store_journal_opts {
+    const char *path;            /* the journal file */
+    uint64_t pool_dev, pool_ino; /* the pool file it describes (kvd_pool_identity) */
+    bool pool_created;           /* the pool file is new: nothing to recover */
+    bool fresh;                  /* discard a journal that is there */
+    bool hugepages;              /* the pool is of 2 MiB pages (recorded) */
+    uint64_t now_ms;             /* the callers' clock (kvd_store_expire's); 0: now */
+    /* compaction: starts once the journal is past compact_min_bytes and
+     * twice a snapshot's size (0: 8 MiB); a tick snapshots slice_records
+     * records (0: 65536). Tests make them small. */
+    uint64_t compact_min_bytes;
+    uint32_t slice_records;
+} kvd_store_journal_opts_t;
+
+/* What a journal gave back at attach. */
+typedef struct kvd_store_recovery {
+    bool found;                 /* a journal was there and read */
+    uint64_t objects;           /* published objects back in the index */
+    uint64_t bytes;             /* ... their object bytes */
+    uint64_t namespaces;        /* namespaces back (those with objects) */
+    uint64_t writing_discarded; /* partial writes: quarantined, then free */
+    uint64_t writing_bytes;
+    uint64_t discarded;     /* journaled extents not restored: their namespace
+                               or tenant is gone, or they did not fit */
+    uint64_t journal_bytes; /* of the journal read */
+    uint64_t records;       /* its whole records */
+    uint64_t torn_bytes;    /* after its last whole record (a write cut short) */
+    uint64_t elapsed_ns;    /* reading, rebuilding and writing the new journal */
+    uint64_t read_ns, rebuild_ns, write_ns; /* ... each of them */
+    char note[256]; /* why nothing was recovered, when nothing was */
+} kvd_store_recovery_t;
+
+/*
+ * Attaches the journal at o->path to an empty store (created, its tenants
+ * added, nothing else): reads what is there, rebuilds the store from it,
+ * then writes a fresh journal (a snapshot, through a new file and a
+ * rename) and keeps it from here on. Nothing to read (no file, fresh, a
+ * new pool file, a journal marked invalid) is no error: the store starts
+ * empty and *rec->note says why.
+ * Errors: KVD_ERR_STATE when the journal is of another layout or version,
+ * damaged, or describes another pool (size, page size, pool file): `why`
+ * says which, and nothing was changed (discarding it is the caller's
+ * decision: o->fresh); KVD_ERR_NOMEM, KVD_ERR_IO and the like.
+ */
+int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
+                             kvd_store_recovery_t *rec, char *why, size_t why_len);
+
 typedef struct kvd_store_stats {
     uint64_t pool_bytes;
     uint64_t free_bytes;
@@ -510,6 +625,13 @@ typedef struct kvd_store_stats {
     uint64_t reserve_quota;      /* reserved keys refused for a tenant's max_bytes */
     uint64_t scrubbed_bytes;     /* bytes zeroed: extents crossing tenants */
     uint64_t namespaces_removed; /* left without users or objects */
+    uint64_t recovered_objects;  /* brought back from the journal at start */
+    uint64_t recovered_bytes;
+    uint64_t journal_bytes;       /* the journal file now; 0 without one */
+    uint64_t journal_records;     /* records written (batches, snapshot parts) */
+    uint64_t journal_compactions; /* snapshots put in place of the journal */
+    uint64_t journal_errors;      /* writes that failed (the journal then
+                                     invalid until rewritten) */
 } kvd_store_stats_t;
 
 void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out);

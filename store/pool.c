@@ -1,7 +1,20 @@
 /*
- * pool.c - the daemon's memory pool: one shared-memory file (memfd, named
- * after the instance) mapped MAP_SHARED, so that same-host workers can map
- * the same pages from the descriptor the daemon hands them.
+ * pool.c - the daemon's memory pool: one shared-memory file mapped
+ * MAP_SHARED, so that same-host workers can map the same pages from the
+ * descriptor the daemon hands them. The file is either
+ *   - a named file, dir/kvdock-<instance>.pool (/dev/shm, or a hugetlbfs
+ *     mount with hugepages), that outlives the process: a daemon started
+ *     again attaches to it with its bytes (the store's journal says what
+ *     they are). It is created 0600 and refused when it is not a regular
+ *     file of this user private to it. One process of an instance has it
+ *     at a time: an exclusive flock on lock_dir/kvdock-<instance>.lock,
+ *     taken before the pool file is looked at. The lock is on a file of
+ *     its own, never handed on, because the pool's descriptor is: a flock
+ *     on it would be held by every client that still has it after the
+ *     daemon died. A tmpfs file cannot be sealed (only memfds can), see
+ *     doc/TRUST.md.
+ *   - or an anonymous memfd named after the instance, sealed against
+ *     resizing, gone with the process.
  *
  * Population runs on its own thread, chunk by chunk: fallocate() allocates
  * the chunk's pages (a full host answers ENOSPC here instead of a SIGBUS at
@@ -31,8 +44,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 #include <fcntl.h>
 
@@ -49,6 +64,11 @@
 struct kvd_pool {
     kvd_pool_opts_t opts;
     char name[160];
+    char path[4096]; /* the named file; "" for a memfd */
+    int lock_fd;     /* the instance's lock; -1 for a memfd */
+    bool created;    /* made here (or a memfd): nothing to keep in it */
+    bool attached;   /* a named file that was there, all of it allocated */
+    uint64_t dev, ino;
     int fd;
     int ro_fd; /* the same file, O_RDONLY */
     uint8_t *base;
@@ -63,6 +83,197 @@ struct kvd_pool {
     atomic_int error;
     char error_text[256]; /* why, once error is set; "" before */
 };
+
+/* Opens the anonymous memfd: sealable, so that once sized nobody holding
+ * the descriptor (every same-host client does) can shrink or grow the file
+ * under everyone's mappings. */
+static int memfd_open(kvd_pool_t *p)
+{
+    unsigned flags =
+        MFD_CLOEXEC | MFD_ALLOW_SEALING | (p->opts.hugepages ? MFD_HUGETLB : 0);
+    p->fd = memfd_create(p->name, flags);
+    if (p->fd < 0) {
+        int err = errno;
+        KVD_ERROR("pool", "memfd_create(%s%s): %s", p->name,
+                  p->opts.hugepages ? ", hugetlb" : "", strerror(err));
+        return p->opts.hugepages ? KVD_ERR_UNSUPPORTED : kvd_status_from_errno(err);
+    }
+    p->created = true;
+    if (ftruncate(p->fd, (off_t)p->size_bytes) != 0) {
+        int err = errno;
+        KVD_ERROR("pool", "ftruncate(%s, %llu): %s", p->name,
+                  (unsigned long long)p->size_bytes, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+        int err = errno;
+        KVD_ERROR("pool", "sealing %s: %s", p->name, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    return KVD_OK;
+}
+
+/* Takes the instance's lock: lock_dir/kvdock-<instance>.lock, flocked and
+ * holding our pid. KVD_ERR_BUSY (logged, naming the holder) when another
+ * process has it. */
+static int lock_take(kvd_pool_t *p)
+{
+    char path[4096];
+    const char *dir = p->opts.lock_dir ? p->opts.lock_dir : p->opts.dir;
+    snprintf(path, sizeof(path), "%s/kvdock-%s.lock", dir, p->opts.instance);
+    p->lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (p->lock_fd < 0) {
+        int err = errno;
+        KVD_ERROR("pool", "cannot open the instance's lock %s: %s", path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    struct stat st;
+    if (fstat(p->lock_fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+        KVD_ERROR("pool", "the lock %s is not a regular file of uid %u: remove it", path,
+                  (unsigned)geteuid());
+        return KVD_ERR_STATE;
+    }
+    if (flock(p->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        if (err != EWOULDBLOCK) {
+            KVD_ERROR("pool", "flock %s: %s", path, strerror(err));
+            return kvd_status_from_errno(err);
+        }
+        char pid[32] = "";
+        ssize_t n = pread(p->lock_fd, pid, sizeof(pid) - 1, 0);
+        pid[n > 0 ? n : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        KVD_ERROR("pool",
+                  "instance '%s' is in use: kvdockd pid %s holds %s; stop it first, "
+                  "or start this one with another --instance",
+                  p->opts.instance, pid[0] ? pid : "(unknown)", path);
+        return KVD_ERR_BUSY;
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(p->lock_fd, 0) != 0 || pwrite(p->lock_fd, pid, (size_t)len, 0) != len)
+        KVD_WARN("pool", "writing our pid into %s: %s", path, strerror(errno));
+    return KVD_OK;
+}
+
+#ifndef HUGETLBFS_MAGIC
+#define HUGETLBFS_MAGIC 0x958458f6
+#endif
+
+/* Whether the pool fits the file system of dir: a tmpfs mount's size (a
+ * container's /dev/shm is often 64 MiB) would otherwise show as SIGBUS or
+ * ENOSPC in the middle of population. `have` bytes of it are allocated. */
+static int space_check(kvd_pool_t *p, uint64_t have)
+{
+    struct statfs fs;
+    if (statfs(p->opts.dir, &fs) != 0 || fs.f_type == HUGETLBFS_MAGIC)
+        return KVD_OK; /* hugetlbfs: vm.nr_hugepages decides, checked by population */
+    uint64_t avail = (uint64_t)fs.f_bavail * (uint64_t)fs.f_bsize;
+    uint64_t need = p->size_bytes > have ? p->size_bytes - have : 0;
+    if (avail >= need)
+        return KVD_OK;
+    char a[32], b[32];
+    KVD_ERROR("pool",
+              "the pool of %s does not fit in %s, which has %s free: free space there "
+              "(a tmpfs mount's size=, or a container's --shm-size), choose a smaller "
+              "pool, or put it elsewhere (--shm-dir)",
+              kvd_size_format(p->size_bytes, a, sizeof(a)), p->opts.dir,
+              kvd_size_format(avail, b, sizeof(b)));
+    return KVD_ERR_NO_SPACE;
+}
+
+/* Opens (or creates) the named pool file, after taking the lock. */
+static int file_open(kvd_pool_t *p)
+{
+    int rc = lock_take(p);
+    if (rc != KVD_OK)
+        return rc;
+    if (p->opts.hugepages) {
+        struct statfs fs;
+        if (statfs(p->opts.dir, &fs) != 0 || fs.f_type != HUGETLBFS_MAGIC ||
+            (uint64_t)fs.f_bsize != HUGE_PAGE_BYTES) {
+            KVD_ERROR("pool",
+                      "hugepages: the pool file needs a hugetlbfs mount of 2 MiB pages, "
+                      "and %s is none (mount one: mount -t hugetlbfs -o pagesize=2M none "
+                      "/dev/hugepages, and name it with --hugepages-dir; or drop "
+                      "--hugepages)",
+                      p->opts.dir);
+            return KVD_ERR_UNSUPPORTED;
+        }
+    }
+    if (snprintf(p->path, sizeof(p->path), "%s/%s.pool", p->opts.dir, p->name) >=
+        (int)sizeof(p->path))
+        return KVD_ERR_INVALID;
+    if (p->opts.fresh && unlink(p->path) != 0 && errno != ENOENT) {
+        int err = errno;
+        KVD_ERROR("pool", "--fresh: cannot remove %s: %s", p->path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    p->fd = open(p->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (p->fd < 0 && errno == ENOENT) {
+        p->fd = open(p->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        p->created = p->fd >= 0;
+    }
+    if (p->fd < 0) {
+        int err = errno;
+        KVD_ERROR("pool", "cannot open the pool file %s: %s", p->path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    struct stat st;
+    if (fstat(p->fd, &st) != 0) {
+        int err = errno;
+        KVD_ERROR("pool", "fstat %s: %s", p->path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    p->dev = (uint64_t)st.st_dev;
+    p->ino = (uint64_t)st.st_ino;
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
+        KVD_ERROR("pool",
+                  "the pool file %s is not a regular file private to uid %u (owner %u, "
+                  "mode %04o): remove it, or start with --fresh",
+                  p->path, (unsigned)geteuid(), (unsigned)st.st_uid,
+                  (unsigned)(st.st_mode & 07777));
+        return KVD_ERR_STATE;
+    }
+    if (!p->created && (uint64_t)st.st_size != p->size_bytes) {
+        char a[32], b[32];
+        KVD_ERROR("pool",
+                  "the pool file %s holds a pool of %s (%llu bytes); this start asks for "
+                  "%s (%llu bytes): start with --pool-size %llu to keep what it holds, "
+                  "or with --fresh to discard it",
+                  p->path, kvd_size_format((uint64_t)st.st_size, a, sizeof(a)),
+                  (unsigned long long)st.st_size,
+                  kvd_size_format(p->size_bytes, b, sizeof(b)),
+                  (unsigned long long)p->size_bytes, (unsigned long long)st.st_size);
+        return KVD_ERR_STATE;
+    }
+    uint64_t have = (uint64_t)st.st_blocks * 512;
+    if ((rc = space_check(p, p->created ? 0 : have)) != KVD_OK)
+        return rc;
+    if (p->created && ftruncate(p->fd, (off_t)p->size_bytes) != 0) {
+        int err = errno;
+        KVD_ERROR("pool", "ftruncate(%s, %llu): %s", p->path,
+                  (unsigned long long)p->size_bytes, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    /* an attached pool whose pages are all there: population only maps
+     * them, and needs no rate bound */
+    p->attached = !p->created && have >= p->size_bytes;
+    return KVD_OK;
+}
+
+/* Undoes what kvd_pool_create did before it failed. */
+static void pool_abandon(kvd_pool_t *p)
+{
+    if (p->fd >= 0) {
+        close(p->fd);
+        if (p->created && p->path[0] != '\0')
+            unlink(p->path); /* ours, and of no use */
+    }
+    if (p->lock_fd >= 0)
+        close(p->lock_fd);
+    free(p);
+}
 
 int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
 {
@@ -79,64 +290,54 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
     p->opts = *opts;
     p->size_bytes = opts->size_bytes;
     p->page_bytes = page;
+    p->fd = p->ro_fd = p->lock_fd = -1;
     snprintf(p->name, sizeof(p->name), "kvdock-%s", opts->instance);
 
-    /* sealable: once sized, nobody holding the descriptor (every same-host
-     * client does) can shrink or grow the file under everyone's mappings */
-    unsigned flags =
-        MFD_CLOEXEC | MFD_ALLOW_SEALING | (opts->hugepages ? MFD_HUGETLB : 0);
-    p->fd = memfd_create(p->name, flags);
-    if (p->fd < 0) {
-        int err = errno;
-        KVD_ERROR("pool", "memfd_create(%s%s): %s", p->name,
-                  opts->hugepages ? ", hugetlb" : "", strerror(err));
-        free(p);
-        return opts->hugepages ? KVD_ERR_UNSUPPORTED : kvd_status_from_errno(err);
+    int rc = opts->dir != NULL ? file_open(p) : memfd_open(p);
+    if (rc != KVD_OK) {
+        pool_abandon(p);
+        return rc;
     }
-    int err = 0;
-    if (ftruncate(p->fd, (off_t)p->size_bytes) != 0) {
-        err = errno;
-        KVD_ERROR("pool", "ftruncate(%s, %llu): %s", p->name,
-                  (unsigned long long)p->size_bytes, strerror(err));
-        goto close_fd;
-    }
-    if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
-        err = errno;
-        KVD_ERROR("pool", "sealing %s: %s", p->name, strerror(err));
-        goto close_fd;
-    }
+    const char *what = p->path[0] ? p->path : p->name;
     p->base = mmap(NULL, p->size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);
     if (p->base == MAP_FAILED) {
-        err = errno;
-        KVD_ERROR("pool", "mmap(%s, %llu): %s%s", p->name,
-                  (unsigned long long)p->size_bytes, strerror(err),
+        int err = errno;
+        KVD_ERROR("pool", "mmap(%s, %llu): %s%s", what, (unsigned long long)p->size_bytes,
+                  strerror(err),
                   opts->hugepages && err == ENOMEM
                       ? " (not enough free hugepages: raise vm.nr_hugepages)"
                       : "");
-        goto close_fd;
+        pool_abandon(p);
+        return kvd_status_from_errno(err);
     }
     char path[64];
     snprintf(path, sizeof(path), "/proc/self/fd/%d", p->fd);
     p->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
     if (p->ro_fd < 0) {
-        err = errno;
-        KVD_ERROR("pool", "reopening %s read-only (%s): %s", p->name, path,
-                  strerror(err));
+        int err = errno;
+        KVD_ERROR("pool", "reopening %s read-only (%s): %s", what, path, strerror(err));
         munmap(p->base, p->size_bytes);
-        goto close_fd;
+        pool_abandon(p);
+        return kvd_status_from_errno(err);
     }
-    if (fchmod(p->fd, 0400) != 0)
+    /* a memfd is made 0777: 0400 keeps clients of other uids from reopening
+     * the read-only descriptor read-write through /proc. A named file is
+     * 0600 (the daemon opens it read-write again when it restarts), which
+     * does the same for other uids. */
+    if (p->path[0] == '\0' && fchmod(p->fd, 0400) != 0)
         KVD_WARN("pool",
                  "chmod 0400 of %s: %s; read-only clients of other uids may "
                  "reopen it read-write",
                  p->name, strerror(errno));
+    if (p->path[0] == '\0') {
+        struct stat st;
+        if (fstat(p->fd, &st) == 0) {
+            p->dev = (uint64_t)st.st_dev;
+            p->ino = (uint64_t)st.st_ino;
+        }
+    }
     *out = p;
     return KVD_OK;
-
-close_fd:
-    close(p->fd);
-    free(p);
-    return kvd_status_from_errno(err);
 }
 
 /* The population failed with status rc: logs why (with the system's
@@ -184,7 +385,8 @@ static void *populate_main(void *arg)
 {
     kvd_pool_t *p = arg;
     uint64_t start_ns = kvd_now_ns();
-    uint64_t rate = p->opts.populate_rate_bps;
+    /* the pages of an attached pool exist: mapping them allocates nothing */
+    uint64_t rate = p->attached ? 0 : p->opts.populate_rate_bps;
     unsigned next_decile = 1;
     char a[32], b[32];
 
@@ -237,6 +439,10 @@ int kvd_pool_populate_start(kvd_pool_t *p)
 {
     if (p->thread_started)
         return KVD_ERR_STATE;
+    /* an attached pool whose pages all exist is ready now: nothing is left
+     * to allocate, and the thread only maps them (for the RSS figures) */
+    if (p->attached && !p->opts.mlock)
+        atomic_store(&p->ready, true);
     int rc = pthread_create(&p->thread, NULL, populate_main, p);
     if (rc != 0) {
         KVD_ERROR("pool", "cannot start the population thread: %s", strerror(rc));
@@ -258,6 +464,8 @@ void kvd_pool_destroy(kvd_pool_t *p)
     munmap(p->base, p->size_bytes);
     close(p->fd);
     close(p->ro_fd);
+    if (p->lock_fd >= 0)
+        close(p->lock_fd); /* the lock goes with it; the files stay */
     free(p);
 }
 
@@ -285,6 +493,32 @@ uint64_t kvd_pool_populated_bytes(const kvd_pool_t *p)
 uint64_t kvd_pool_size(const kvd_pool_t *p)
 {
     return p->size_bytes;
+}
+
+bool kvd_pool_persistent(const kvd_pool_t *p)
+{
+    return p->path[0] != '\0';
+}
+
+bool kvd_pool_created(const kvd_pool_t *p)
+{
+    return p->created;
+}
+
+bool kvd_pool_attached(const kvd_pool_t *p)
+{
+    return p->attached;
+}
+
+const char *kvd_pool_path(const kvd_pool_t *p)
+{
+    return p->path;
+}
+
+void kvd_pool_identity(const kvd_pool_t *p, uint64_t *dev, uint64_t *ino)
+{
+    *dev = p->dev;
+    *ino = p->ino;
 }
 
 bool kvd_pool_hugepages(const kvd_pool_t *p)

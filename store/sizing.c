@@ -227,12 +227,12 @@ int kvd_sizing_compute(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
 
     kvd_sizing_t s = {0};
     s.limit_bytes = KVD_MIN(host->mem_total_bytes, host->cgroup_limit_bytes);
-    s.can_give_bytes = host->mem_available_bytes;
+    s.can_give_bytes = host->mem_available_bytes + req->held_bytes;
     if (host->cgroup_limit_bytes != UINT64_MAX) {
         uint64_t room = host->cgroup_limit_bytes > host->cgroup_usage_bytes
                             ? host->cgroup_limit_bytes - host->cgroup_usage_bytes
                             : 0;
-        s.can_give_bytes = KVD_MIN(s.can_give_bytes, room);
+        s.can_give_bytes = KVD_MIN(s.can_give_bytes, room + req->held_bytes);
     }
     s.max_budget_bytes =
         s.can_give_bytes > req->reserve_bytes
@@ -317,4 +317,8 @@ void kvd_sizing_format(const kvd_host_mem_t *host, const kvd_sizing_req_t *req,
              kvd_size_format(req->align_bytes, align, sizeof(align)),
              kvd_size_format(req->object_bytes, obj, sizeof(obj)),
              (unsigned long long)s->objects_fit, s->max_fraction);
+    size_t n = strlen(buf);
+    if (req->held_bytes > 0 && n < buf_len)
+        snprintf(buf + n, buf_len - n, " held=%s",
+                 kvd_size_format(req->held_bytes, give, sizeof(give)));
 }

@@ -57,7 +57,7 @@ typedef struct rec {
     uint32_t has_parent : 1;
     uint32_t quarantined : 1; /* a dead writer's extent, waiting out its grace;
                                  its tenant + 1 is kept in `hits` then */
-    uint32_t spare : 3;
+    uint32_t spare : 3;       /* 1: doomed, while a restore runs (engine.c) */
 } rec_t;
 
 #define REC_DEPTH_MAX 0xffffffu
@@ -170,6 +170,9 @@ struct kvd_store {
     kvd_scrub_fn scrub;
     void *scrub_arg;
 
+    /* the journal of this store's metadata (persist.c); NULL without one */
+    struct persist *persist;
+
     /* leases */
     lease_t **lease_buckets;
     uint64_t n_lease_buckets;
@@ -188,6 +191,127 @@ static inline rec_t *R(const kvd_store_t *s, uint32_t i)
 {
     return &s->chunks[i >> REC_CHUNK_SHIFT][i & (REC_CHUNK - 1)];
 }
+
+/* persist.c: the journal of the store's metadata (kvd_store.h
+ * "persistence"). The engine reports every change that a restart must
+ * see, and commits at the end of each call (and before it lets anything
+ * touch an extent that was freed in the call: scrubbing). Without a
+ * journal each hook is one test of s->persist. */
+void persist_ns_added_(kvd_store_t *s, uint32_t slot);
+void persist_ns_removed_(kvd_store_t *s, uint32_t slot);
+void persist_writing_(kvd_store_t *s, uint32_t i);
+void persist_freed_(kvd_store_t *s, uint32_t i);
+int persist_published_(kvd_store_t *s, const uint32_t *recs, size_t n, uint32_t now_s);
+void persist_commit_(kvd_store_t *s);
+void persist_tick_(kvd_store_t *s);
+void persist_close(kvd_store_t *s);
+void persist_stats(const kvd_store_t *s, kvd_store_stats_t *out);
+
+/* A namespace was registered into slot (its entry filled). */
+static inline void persist_ns_added(kvd_store_t *s, uint32_t slot)
+{
+    if (s->persist)
+        persist_ns_added_(s, slot);
+}
+/* Slot's namespace was removed (its generation bumped). */
+static inline void persist_ns_removed(kvd_store_t *s, uint32_t slot)
+{
+    if (s->persist)
+        persist_ns_removed_(s, slot);
+}
+/* Record i is a fresh reservation (WRITING, its metadata filled). */
+static inline void persist_writing(kvd_store_t *s, uint32_t i)
+{
+    if (s->persist)
+        persist_writing_(s, i);
+}
+/* Record i's extent is about to be freed (an object evicted, revoked or
+ * dropped, a quarantine ended). */
+static inline void persist_freed(kvd_store_t *s, uint32_t i)
+{
+    if (s->persist)
+        persist_freed_(s, i);
+}
+/* The records are about to be published at now_s: writes it first and
+ * returns KVD_OK, or KVD_ERR_IO when the journal cannot take it (then the
+ * publish must not happen). */
+static inline int persist_published(kvd_store_t *s, const uint32_t *recs, size_t n,
+                                    uint32_t now_s)
+{
+    return s->persist ? persist_published_(s, recs, n, now_s) : KVD_OK;
+}
+/* Writes what the current call changed, as one record. */
+static inline void persist_commit(kvd_store_t *s)
+{
+    if (s->persist)
+        persist_commit_(s);
+}
+/* Periodic work (kvd_store_expire): a slice of compaction, a retry of a
+ * journal that failed. */
+static inline void persist_tick(kvd_store_t *s)
+{
+    if (s->persist)
+        persist_tick_(s);
+}
+
+/* engine.c: rebuilding a store from a recovered image (persist.c). The
+ * store must be empty (created, tenants added, nothing else). */
+
+/* One slot of the namespace table as the journal left it. */
+typedef struct restore_ns {
+    bool live;
+    uint32_t gen;
+    uint32_t tenant;
+    uint64_t object_bytes;
+    bool rank_replicated;
+    char name[KVD_NS_NAME_MAX];
+} restore_ns_t;
+
+enum restore_kind {
+    RESTORE_READY = 1,   /* a published object */
+    RESTORE_WRITING = 2, /* a reservation when the daemon died: quarantined */
+    RESTORE_QUAR = 3,    /* an extent in quarantine: quarantined again */
+};
+
+/* One extent that is not free. */
+typedef struct restore_obj {
+    uint32_t off_pages, size_pages;
+    uint8_t kind; /* enum restore_kind; 0: nothing (a free slot of the replay) */
+    uint8_t has_parent;
+    uint16_t slot;   /* namespace slot (READY, WRITING) */
+    uint32_t tenant; /* RESTORE_QUAR: whose bytes */
+    uint32_t depth;
+    uint32_t last_access_s;
+    uint16_t hits;
+    uint8_t key[KVD_KEY_BYTES];
+    uint8_t parent_tag[KVD_KEY_TAG_BYTES];
+} restore_obj_t;
+
+typedef struct restore_counts {
+    uint64_t ready, ready_bytes;     /* objects back in the index */
+    uint64_t writing, writing_bytes; /* partial writes, quarantined */
+    uint64_t quarantined;            /* extents whose quarantine goes on */
+    uint64_t discarded;              /* not restored: no namespace, overlap, duplicate */
+    uint64_t namespaces;             /* live after the restore */
+} restore_counts_t;
+
+/* Takes the journal's hash secret and clock epoch (before anything is
+ * hashed). KVD_ERR_STATE when the store is not empty. */
+int store_restore_begin(kvd_store_t *s, const uint64_t secret[6], uint64_t epoch_ms);
+/* Fills the namespace table: n slots (the live ones registered, the rest
+ * free with their generations). */
+int store_restore_ns(kvd_store_t *s, const restore_ns_t *table, uint32_t n);
+/* Builds the extents, the index, the LRU and the quarantine from objs,
+ * sorted by offset; what does not fit (a namespace that is not there, a
+ * size that is not its, an overlap, a key twice) is left out and counted.
+ * Free space gets the scrub tag free_tag. Quarantines end one lease TTL
+ * after now_ms. Namespaces left without objects are removed. */
+int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
+                          uint16_t free_tag, uint64_t now_ms, restore_counts_t *out);
+
+/* Sorts a[0..n) by the high 32 bits of each value, stably (LSD radix;
+ * tmp holds n values). */
+void store_sort_high32(uint64_t *a, uint64_t *tmp, size_t n);
 
 /* tenant.c */
 void tenant_init(kvd_store_t *s);
@@ -212,6 +336,11 @@ uint32_t extent_alloc(kvd_store_t *s, uint32_t pages);
 /* Frees an object's extent, merging with free neighbours; tag is whose
  * bytes it held (SCRUB_CLEAN, tenant + 1, SCRUB_MIXED). */
 void extent_free(kvd_store_t *s, uint32_t i, uint16_t tag);
+
+/* Carves [off, off + pages) out of free extent f, which holds it; returns
+ * the record of the carved extent (REC_WRITING) or NIL out of memory (the
+ * store is then only fit to be destroyed). */
+uint32_t extent_carve(kvd_store_t *s, uint32_t f, uint32_t off, uint32_t pages);
 
 uint64_t extent_largest_free(const kvd_store_t *s);
 /* 0 when the free lists agree with the records, else a description. */

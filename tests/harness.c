@@ -6,6 +6,7 @@
 #include "kvd_common.h"
 #include "kvd_proto.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -79,10 +80,17 @@ int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
                           bool wait_ready, int timeout_ms)
 {
     memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/kvdock-test-XXXXXX");
+    /* in /dev/shm where there is one: the daemon's pool file, journal and
+     * lock go here too (--shm-dir), so that every start has a pool of its
+     * own and stop removes it; a test that restarts a daemon on the same
+     * files passes its own --shm-dir after these */
+    snprintf(d->dir, sizeof(d->dir), "/dev/shm/kvdock-test-XXXXXX");
     if (mkdtemp(d->dir) == NULL) {
-        perror("mkdtemp");
-        return -1;
+        snprintf(d->dir, sizeof(d->dir), "/tmp/kvdock-test-XXXXXX");
+        if (mkdtemp(d->dir) == NULL) {
+            perror("mkdtemp");
+            return -1;
+        }
     }
     snprintf(d->socket, sizeof(d->socket), "%s/kvdockd.sock", d->dir);
     snprintf(d->log, sizeof(d->log), "%s/kvdockd.log", d->dir);
@@ -96,6 +104,8 @@ int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
     argv[n++] = d->socket;
     argv[n++] = "--instance";
     argv[n++] = instance;
+    argv[n++] = "--shm-dir";
+    argv[n++] = d->dir;
     for (size_t i = 0; extra_args && extra_args[i] && n < 62; i++)
         argv[n++] = extra_args[i];
     /* the variant's own daemon flags (tests/meson.build: --ucx-tcp where
@@ -151,13 +161,21 @@ int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
     return -1;
 }
 
+/* Removes the files a daemon left in its directory (socket, log, pool
+ * file, journal, lock, what tests put there) and the directory. */
 static void remove_dir(const char *dir)
 {
-    char path[400];
-    snprintf(path, sizeof(path), "%s/kvdockd.log", dir);
-    unlink(path);
-    snprintf(path, sizeof(path), "%s/kvdockd.sock", dir);
-    unlink(path);
+    DIR *dp = opendir(dir);
+    struct dirent *e;
+    while (dp != NULL && (e = readdir(dp)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        char path[400];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (dp != NULL)
+        closedir(dp);
     rmdir(dir);
 }
 

@@ -9,8 +9,9 @@
  * driver injures at random points, a bounded number of times: SIGKILL of a
  * worker (restarted), SIGSTOP/SIGCONT of a worker (sometimes past the lease
  * TTL), SIGSTOP/SIGCONT of the daemon (shorter and longer than the linker's
- * timeout), and at most once a round (always once in even rounds) SIGKILL
- * of the daemon and a restart.
+ * timeout), and at most once a round (always once in even rounds, or in
+ * every round with --kill-daemon-every-round) SIGKILL of the daemon and a
+ * restart. --max-seconds bounds the whole run: no round starts past it.
  * Then it quiesces (stops injuring, asks every worker to finish) and
  * checks: the daemon's invariant (Stats with check), nothing leaked (no
  * lease, pin, reservation or quarantined extent once the grace passed;
@@ -18,8 +19,16 @@
  * readable byte-exact (a verifier loads them all).
  *
  * What "acknowledged" can promise:
- *  - A daemon killed loses its cache (no crash safety yet): only offloads
- *    submitted after the last daemon death are verified.
+ *  - A daemon killed keeps its cache: it is started again on the same pool
+ *    file and journal (--shm-dir, in a directory of the run's own under
+ *    /dev/shm), so every object acknowledged before its death is verified
+ *    like the others, and the restarted daemon must log what it recovered.
+ *    (--no-persist runs the daemon with an anonymous pool, as before
+ *    issue 14: then only offloads after its last death are verified.)
+ *  - Nothing visible may be wrong: besides the acknowledged objects, every
+ *    other key of the key set the store holds (a publish whose ack a
+ *    killed worker never wrote, or a partial write a restart wrongly kept)
+ *    is loaded and checked byte-exact.
  *  - An offload's ack counts pages another writer is still writing
  *    (IN_FLIGHT) as stored (kvdock.h, kvd_offload). When that writer is
  *    killed or stalled past its lease, such a page never lands although its
@@ -86,15 +95,23 @@ typedef struct opts {
     uint64_t seed;
     bool soak, keep;
     bool strict_timeouts; /* a call past timeout_ms + 1 s fails the run */
+    bool no_persist;      /* the daemon's pool dies with it (the old behaviour) */
+    bool kill_every_round;
+    int max_seconds; /* 0: no bound but the rounds' */
     double max_drift_mib, max_slope_kibs;
 } opts_t;
 
 typedef struct run {
     opts_t o;
     char dir[128], socket[192], excuse[256];
+    char shm[160]; /* the daemon's pool file, journal and lock (--shm-dir) */
     pid_t daemon;
     int daemon_gen;
-    uint64_t since_ms; /* the last daemon death (0: none) */
+    uint64_t since_ms; /* the last daemon death that lost the cache (0: none) */
+    uint64_t death_ms; /* the daemon's last SIGKILL (0: none) */
+    /* the daemon's eviction count after the driver's own evict-all: more
+     * than this is the store's own eviction (a loss is excused then) */
+    uint64_t evict_base;
     uint64_t fds_base, anon_base;
     pid_t wpid[MAX_WORKERS];
     int wgen[MAX_WORKERS];
@@ -103,7 +120,7 @@ typedef struct run {
     /* figures */
     uint64_t rounds, worker_kills, worker_stops, worker_stops_long, daemon_stops,
         daemon_stops_long, daemon_kills, failures, objects_verified, missing_excused,
-        missing_evicted;
+        missing_evicted, objects_survived, unacked_verified, recovered;
 } run_t;
 
 static void fail(run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -231,7 +248,70 @@ static int daemon_stats(const char *socket, bool check, kvd_stats_rep_t *out)
     return rc;
 }
 
+/* Evicts every object (Evict all, in the daemon's slices) on a fresh
+ * connection; *evicted gets how many went. */
+static int daemon_evict_all(const char *socket, uint64_t *evicted)
+{
+    kvd_client_t *c = NULL;
+    int rc = kvd_client_connect_unix(socket, RPC_MS, &c);
+    if (rc != KVD_OK)
+        return rc;
+    kvd_msg_t *m = calloc(2, sizeof(kvd_msg_t));
+    if (m == NULL) {
+        kvd_client_close(c);
+        return KVD_ERR_NOMEM;
+    }
+    kvd_msg_request(&m[0], 0, KVD_METHOD_HELLO);
+    kvd_strlcpy(m[0].body.hello_req.client_name, "chaos-driver",
+                sizeof(m[0].body.hello_req.client_name));
+    m[0].body.hello_req.pid = (uint32_t)getpid();
+    m[0].body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
+    rc = rc == KVD_OK ? m[1].status : rc;
+    kvd_msg_clear(&m[1]);
+    *evicted = 0;
+    uint8_t cursor[KVD_CURSOR_MAX];
+    size_t cursor_len = 0;
+    for (int i = 0; rc == KVD_OK && i < 100000; i++) {
+        kvd_msg_request(&m[0], 0, KVD_METHOD_EVICT);
+        m[0].body.evict_req.all = true;
+        memcpy(m[0].body.evict_req.cursor, cursor, cursor_len);
+        m[0].body.evict_req.cursor_len = cursor_len;
+        rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
+        rc = rc == KVD_OK ? m[1].status : rc;
+        if (rc == KVD_OK) {
+            *evicted += m[1].body.evict_rep.evicted;
+            cursor_len = m[1].body.evict_rep.next_cursor_len;
+            memcpy(cursor, m[1].body.evict_rep.next_cursor, cursor_len);
+        }
+        kvd_msg_clear(&m[1]);
+        if (cursor_len == 0)
+            break;
+    }
+    free(m);
+    kvd_client_close(c);
+    return rc;
+}
+
 /* ---------------------------------------------------------------- daemon */
+
+/* A daemon started again on the pool files must have read its journal:
+ * its log says what it recovered, and Stats agrees. */
+static void recovery_seen(run_t *r, const char *log, const kvd_stats_rep_t *st)
+{
+    FILE *f = fopen(log, "r");
+    char line[1024];
+    bool seen = false;
+    while (f && !seen && fgets(line, sizeof(line), f))
+        seen = strstr(line, "recovered ") != NULL && strstr(line, " objects (") != NULL;
+    if (f)
+        fclose(f);
+    if (!seen)
+        fail(r, "the restarted daemon did not recover its journal (log %s)", log);
+    printf("  daemon restarted: recovered %" PRIu64 " objects (%" PRIu64 " bytes)\n",
+           st->store.recovered_objects, st->store.recovered_bytes);
+    r->recovered += st->store.recovered_objects;
+}
 
 static int daemon_start(run_t *r)
 {
@@ -241,10 +321,14 @@ static int daemon_start(run_t *r)
     snprintf(inst, sizeof(inst), "chaos-%d", (int)getpid());
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%d", r->o.ttl_ms);
-    char *argv[] = {(char *)r->o.kvdockd, "--socket",    r->socket,
-                    "--instance",         inst,          "--pool-size",
-                    (char *)r->o.pool,    "--lease-ttl", ttl,
-                    "--usage-interval",   "0",           NULL};
+    char *argv[] = {(char *)r->o.kvdockd, "--socket", r->socket, "--instance", inst,
+                    "--pool-size", (char *)r->o.pool, "--lease-ttl", ttl,
+                    "--usage-interval", "0", "--shm-dir", r->shm,
+                    /* the floor out of the way: compaction starts once a
+                     * round's offloads and evictions make the journal twice
+                     * what a snapshot takes */
+                    "--journal-compact", "64K", r->o.no_persist ? "--no-persist" : NULL,
+                    NULL};
     r->daemon = spawn(argv, log);
     if (r->daemon == 0) {
         fail(r, "cannot start kvdockd: %s", strerror(errno));
@@ -260,9 +344,12 @@ static int daemon_start(run_t *r)
         }
         if (daemon_stats(r->socket, false, st) == KVD_OK &&
             st->state == KVD_HEALTH_READY) {
-            free(st);
             r->fds_base = proc_fds(r->daemon);
             r->anon_base = proc_status_kb(r->daemon, "RssAnon:");
+            r->evict_base = 0; /* a new process: its counters start anew */
+            if (r->daemon_gen > 1 && !r->o.no_persist)
+                recovery_seen(r, log, st);
+            free(st);
             return 0;
         }
         ch_sleep_ms(50);
@@ -281,7 +368,8 @@ static void daemon_reap(run_t *r)
              WIFEXITED(st) ? "exit" : "signal",
              WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), r->dir, r->daemon_gen);
         r->daemon = 0;
-        r->since_ms = ch_now_ms();
+        if (r->o.no_persist)
+            r->since_ms = ch_now_ms();
         daemon_start(r);
     }
 }
@@ -374,6 +462,28 @@ static const char *injury_kind(uint64_t k)
                     : "kill-daemon";
 }
 
+static void verify(run_t *r, bool evicted, const char *when);
+
+/* Appends the daemon's kill time to the run's deaths file. */
+static void note_death(run_t *r)
+{
+    char path[300];
+    snprintf(path, sizeof(path), "%s/deaths", r->dir);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fprintf(f, "%" PRIu64 "\n", r->death_ms);
+        fclose(f);
+    }
+}
+
+/* Sends sig to every worker that runs. */
+static void workers_signal(run_t *r, int sig)
+{
+    for (int i = 0; i < r->o.workers; i++)
+        if (r->wpid[i] > 0)
+            kill(r->wpid[i], sig);
+}
+
 static void injure(run_t *r, bool may_kill_daemon, bool kill_daemon)
 {
     uint64_t k = 9;
@@ -423,19 +533,44 @@ static void injure(run_t *r, bool may_kill_daemon, bool kill_daemon)
         r->daemon_stops_long += lng;
         excuse(r, t0, ch_now_ms());
         printf("  stop daemon for %" PRIu64 " ms\n", d);
-    } else { /* SIGKILL the daemon and start another: its cache is lost */
+    } else { /* SIGKILL the daemon and start another on its pool files */
         if (r->daemon <= 0)
             return;
+        /* the workers wait (SIGSTOP) from just before the kill until the
+         * restarted daemon was checked: otherwise they would offload again
+         * what the restart lost, before anyone looked */
+        bool check = !r->o.no_persist;
+        bool evicted = false;
+        if (check) {
+            kvd_stats_rep_t *st = malloc(sizeof(*st));
+            evicted = st && daemon_stats(r->socket, false, st) == KVD_OK &&
+                      st->store.evictions > r->evict_base;
+            free(st);
+            workers_signal(r, SIGSTOP);
+        }
         kill(r->daemon, SIGKILL);
         int st;
         wait_child(r->daemon, 5000, &st);
         r->daemon = 0;
-        r->since_ms = ch_now_ms();
+        r->death_ms = ch_now_ms();
+        if (r->o.no_persist)
+            r->since_ms = r->death_ms; /* its cache went with it */
+        else
+            note_death(r);
         r->daemon_kills++;
         pause_ms(r, rnd(r, 100, 1000));
         daemon_start(r);
-        excuse(r, t0, ch_now_ms());
         printf("  kill daemon, restarted\n");
+        if (check) {
+            /* every object acknowledged before the kill is there, byte-exact,
+             * and nothing else the store holds is wrong; a loss is excused
+             * only for a page whose writer was still at it when the kill
+             * came (the verifier reads the kill times and every offload) */
+            verify(r, evicted, "after the daemon's restart");
+            workers_signal(r, SIGCONT);
+        } else {
+            excuse(r, t0, ch_now_ms());
+        }
     }
 }
 
@@ -527,21 +662,26 @@ static void check_leaks(run_t *r, const char *when)
  * death; adds its figures. */
 static void verify(run_t *r, bool evicted, const char *when)
 {
-    char workers[16], since[32], window[32], out[256], log[256];
+    char workers[16], since[32], window[32], out[256], log[256], death[32], sfx[16],
+        deaths[300];
     snprintf(workers, sizeof(workers), "%d", r->o.workers);
     snprintf(since, sizeof(since), "%" PRIu64, r->since_ms);
+    snprintf(death, sizeof(death), "%" PRIu64, r->death_ms);
+    snprintf(deaths, sizeof(deaths), "%s/deaths", r->dir);
+    snprintf(sfx, sizeof(sfx), "%u", r->o.soak ? 0u : CH_SUFFIXES);
     /* the page's writer reserved within one TTL before the ack, and lost
      * it within one TTL after; a linker timeout either side for slack */
     snprintf(window, sizeof(window), "%d", r->o.ttl_ms + 2 * r->o.timeout_ms + 1000);
     snprintf(out, sizeof(out), "%s/verify.stats", r->dir);
     snprintf(log, sizeof(log), "%s/verify.log", r->dir);
     unlink(out);
-    char *argv[24];
+    char *argv[32];
     int a = 0;
-    char *fixed[] = {(char *)r->o.self, "--verify", "--socket",  r->socket,
-                     "--dir",           r->dir,     "--workers", workers,
-                     "--since",         since,      "--excuse",  r->excuse,
-                     "--window-ms",     window,     "--out",     out};
+    char *fixed[] = {
+        (char *)r->o.self, "--verify", "--socket", r->socket, "--dir",      r->dir,
+        "--workers",       workers,    "--since",  since,     "--excuse",   r->excuse,
+        "--window-ms",     window,     "--out",    out,       "--death-ms", death,
+        "--all-keys",      sfx,        "--deaths", deaths};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         argv[a++] = fixed[i];
     if (evicted)
@@ -563,11 +703,15 @@ static void verify(run_t *r, bool evicted, const char *when)
         return;
     }
     printf("  verified %" PRIu64 " objects byte-exact (records %" PRIu64 ", %" PRIu64
-           " before the daemon's last start); missing: %" PRIu64 " required, %" PRIu64
+           " before a start that lost the cache; %" PRIu64
+           " acknowledged before the daemon's last kill), %" PRIu64
+           " present without an ack; missing: %" PRIu64 " required, %" PRIu64
            " excused, %" PRIu64 " evicted\n",
-           v.objects_verified, v.records_read, v.records_old, v.missing_required,
-           v.missing_excused, v.missing_evicted);
+           v.objects_verified, v.records_read, v.records_old, v.objects_survived,
+           v.unacked_verified, v.missing_required, v.missing_excused, v.missing_evicted);
     r->objects_verified += v.objects_verified;
+    r->objects_survived += v.objects_survived;
+    r->unacked_verified += v.unacked_verified;
     r->missing_excused += v.missing_excused;
     r->missing_evicted += v.missing_evicted;
     if (v.failures || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
@@ -582,7 +726,14 @@ static void quiesce_and_check(run_t *r, const char *when)
     daemon_reap(r);
     kvd_stats_rep_t *st = malloc(sizeof(*st));
     store_quiet(r, st, when);
-    bool evicted = st->store.evictions > 0;
+    bool evicted = st->store.evictions > r->evict_base;
+    if (!r->o.no_persist)
+        printf("  journal: %" PRIu64 " bytes, %" PRIu64 " records and %" PRIu64
+               " compactions since the daemon's start, %" PRIu64 " errors\n",
+               st->store.journal_bytes, st->store.journal_records,
+               st->store.journal_compactions, st->store.journal_errors);
+    if (st->store.journal_errors > 0)
+        fail(r, "%s: %" PRIu64 " journal writes failed", when, st->store.journal_errors);
     if (evicted && !r->o.soak)
         printf("  note: the daemon evicted %" PRIu64
                " objects (the pool is too small for "
@@ -699,8 +850,32 @@ static int run_chaos(run_t *r)
 {
     if (daemon_start(r) != 0)
         return 1;
+    uint64_t deadline = r->o.max_seconds > 0
+                            ? ch_now_ms() + (uint64_t)r->o.max_seconds * 1000
+                            : UINT64_MAX;
     for (int round = 1; round <= r->o.rounds; round++) {
+        if (ch_now_ms() >= deadline) {
+            printf("--max-seconds %d reached after %d rounds\n", r->o.max_seconds,
+                   round - 1);
+            break;
+        }
         printf("round %d\n", round);
+        if (round > 1) {
+            /* the key set is small: empty the store, so that this round
+             * offloads (and kills the daemon under offloads) again; what
+             * was acknowledged before is no longer required */
+            uint64_t n = 0;
+            int rc = daemon_evict_all(r->socket, &n);
+            kvd_stats_rep_t *st = malloc(sizeof(*st));
+            if (rc == KVD_OK && st && daemon_stats(r->socket, false, st) == KVD_OK)
+                r->evict_base = st->store.evictions;
+            else
+                fail(r, "round %d: evicting the store: %d (%s)", round, rc,
+                     kvd_status_str(rc));
+            free(st);
+            r->since_ms = ch_now_ms();
+            printf("  store emptied: %" PRIu64 " objects evicted\n", n);
+        }
         fflush(stdout);
         for (int i = 0; i < r->o.workers; i++)
             worker_start(r, i);
@@ -708,7 +883,8 @@ static int run_chaos(run_t *r)
         int injuries = 0;
         bool daemon_killed = false;
         /* every other round kills the daemon once, at a random point */
-        bool kill_due = round % 2 == 0 && r->o.max_injuries > 0 &&
+        bool kill_due = (round % 2 == 0 || r->o.kill_every_round) &&
+                        r->o.max_injuries > 0 &&
                         (r->o.only == NULL || strstr(r->o.only, "kill-daemon") != NULL);
         int kill_at = kill_due ? (int)rnd(r, 0, (uint64_t)r->o.max_injuries - 1) : -1;
         pause_ms(r, rnd(r, 500, 2000));
@@ -738,10 +914,13 @@ static int run_chaos(run_t *r)
     printf("chaos: %" PRIu64 " rounds, %" PRIu64 " worker kills, %" PRIu64
            " worker stops (%" PRIu64 " past the lease TTL), %" PRIu64
            " daemon stops (%" PRIu64 " past the linker timeout), %" PRIu64
-           " daemon kills; %" PRIu64 " objects verified (summed over rounds), %" PRIu64
-           " excused losses; %" PRIu64 " failures\n",
+           " daemon kills (%" PRIu64 " objects recovered by the restarts); %" PRIu64
+           " objects verified (summed over rounds), %" PRIu64
+           " of them acknowledged before a daemon kill, %" PRIu64
+           " present without an ack; %" PRIu64 " excused losses; %" PRIu64 " failures\n",
            r->rounds, r->worker_kills, r->worker_stops, r->worker_stops_long,
-           r->daemon_stops, r->daemon_stops_long, r->daemon_kills, r->objects_verified,
+           r->daemon_stops, r->daemon_stops_long, r->daemon_kills, r->recovered,
+           r->objects_verified, r->objects_survived, r->unacked_verified,
            r->missing_excused, r->failures);
     return r->failures ? 1 : 0;
 }
@@ -863,7 +1042,9 @@ static void usage(void)
         "                    [--max-injuries N] [--seed N] [--pool SIZE] [--keep]\n"
         "                    [--lease-ttl-ms MS] [--timeout-ms MS]\n"
         "                    [--only kill-worker,stop-worker,stop-daemon,kill-daemon]\n"
-        "                    [--strict-timeouts]\n"
+        "                    [--strict-timeouts] [--no-persist] "
+        "[--kill-daemon-every-round]\n"
+        "                    [--max-seconds S]\n"
         "       kvdock-chaos --kvdockd PATH --soak --duration S [--csv FILE]\n"
         "                    [--max-drift-mib F] [--max-slope-kibs F]\n");
 }
@@ -916,39 +1097,52 @@ int main(int argc, char **argv)
         O_SLOPE,
         O_TTL,
         O_ONLY,
-        O_STRICT_TMO
+        O_STRICT_TMO,
+        O_DEATH,
+        O_ALL_KEYS,
+        O_NO_PERSIST,
+        O_KILL_EVERY,
+        O_MAX_SECONDS,
+        O_DEATHS
     };
-    static const struct option lo[] = {{"worker", no_argument, 0, O_WORKER},
-                                       {"verify", no_argument, 0, O_VERIFY},
-                                       {"socket", required_argument, 0, O_SOCKET},
-                                       {"dir", required_argument, 0, O_DIR},
-                                       {"index", required_argument, 0, O_INDEX},
-                                       {"gen", required_argument, 0, O_GEN},
-                                       {"suffixes", required_argument, 0, O_SUFFIXES},
-                                       {"timeout-ms", required_argument, 0, O_TMO},
-                                       {"strict", no_argument, 0, O_STRICT},
-                                       {"workers", required_argument, 0, O_WORKERS},
-                                       {"since", required_argument, 0, O_SINCE},
-                                       {"excuse", required_argument, 0, O_EXCUSE},
-                                       {"window-ms", required_argument, 0, O_WINDOW},
-                                       {"evicted", no_argument, 0, O_EVICTED},
-                                       {"out", required_argument, 0, O_OUT},
-                                       {"kvdockd", required_argument, 0, O_KVDOCKD},
-                                       {"rounds", required_argument, 0, O_ROUNDS},
-                                       {"round-seconds", required_argument, 0, O_ROUND_S},
-                                       {"max-injuries", required_argument, 0, O_MAXINJ},
-                                       {"seed", required_argument, 0, O_SEED},
-                                       {"pool", required_argument, 0, O_POOL},
-                                       {"keep", no_argument, 0, O_KEEP},
-                                       {"soak", no_argument, 0, O_SOAK},
-                                       {"duration", required_argument, 0, O_DURATION},
-                                       {"csv", required_argument, 0, O_CSV},
-                                       {"max-drift-mib", required_argument, 0, O_DRIFT},
-                                       {"max-slope-kibs", required_argument, 0, O_SLOPE},
-                                       {"lease-ttl-ms", required_argument, 0, O_TTL},
-                                       {"only", required_argument, 0, O_ONLY},
-                                       {"strict-timeouts", no_argument, 0, O_STRICT_TMO},
-                                       {0, 0, 0, 0}};
+    static const struct option lo[] = {
+        {"worker", no_argument, 0, O_WORKER},
+        {"verify", no_argument, 0, O_VERIFY},
+        {"socket", required_argument, 0, O_SOCKET},
+        {"dir", required_argument, 0, O_DIR},
+        {"index", required_argument, 0, O_INDEX},
+        {"gen", required_argument, 0, O_GEN},
+        {"suffixes", required_argument, 0, O_SUFFIXES},
+        {"timeout-ms", required_argument, 0, O_TMO},
+        {"strict", no_argument, 0, O_STRICT},
+        {"workers", required_argument, 0, O_WORKERS},
+        {"since", required_argument, 0, O_SINCE},
+        {"excuse", required_argument, 0, O_EXCUSE},
+        {"window-ms", required_argument, 0, O_WINDOW},
+        {"evicted", no_argument, 0, O_EVICTED},
+        {"out", required_argument, 0, O_OUT},
+        {"kvdockd", required_argument, 0, O_KVDOCKD},
+        {"rounds", required_argument, 0, O_ROUNDS},
+        {"round-seconds", required_argument, 0, O_ROUND_S},
+        {"max-injuries", required_argument, 0, O_MAXINJ},
+        {"seed", required_argument, 0, O_SEED},
+        {"pool", required_argument, 0, O_POOL},
+        {"keep", no_argument, 0, O_KEEP},
+        {"soak", no_argument, 0, O_SOAK},
+        {"duration", required_argument, 0, O_DURATION},
+        {"csv", required_argument, 0, O_CSV},
+        {"max-drift-mib", required_argument, 0, O_DRIFT},
+        {"max-slope-kibs", required_argument, 0, O_SLOPE},
+        {"lease-ttl-ms", required_argument, 0, O_TTL},
+        {"only", required_argument, 0, O_ONLY},
+        {"strict-timeouts", no_argument, 0, O_STRICT_TMO},
+        {"death-ms", required_argument, 0, O_DEATH},
+        {"deaths", required_argument, 0, O_DEATHS},
+        {"all-keys", required_argument, 0, O_ALL_KEYS},
+        {"no-persist", no_argument, 0, O_NO_PERSIST},
+        {"kill-daemon-every-round", no_argument, 0, O_KILL_EVERY},
+        {"max-seconds", required_argument, 0, O_MAX_SECONDS},
+        {0, 0, 0, 0}};
     bool worker = false, verifier = false;
     ch_worker_opts_t wo = {.suffixes = CH_SUFFIXES, .timeout_ms = LINKER_TIMEOUT};
     ch_verify_opts_t vo = {0};
@@ -998,6 +1192,14 @@ int main(int argc, char **argv)
         case O_TTL: r->o.ttl_ms = atoi(optarg); break;
         case O_ONLY: r->o.only = optarg; break;
         case O_STRICT_TMO: r->o.strict_timeouts = true; break;
+        case O_DEATH: vo.death_ms = strtoull(optarg, NULL, 10); break;
+        case O_DEATHS: vo.deaths = optarg; break;
+        case O_ALL_KEYS:
+            vo.all_keys_suffixes = (uint32_t)strtoul(optarg, NULL, 10);
+            break;
+        case O_NO_PERSIST: r->o.no_persist = true; break;
+        case O_KILL_EVERY: r->o.kill_every_round = true; break;
+        case O_MAX_SECONDS: r->o.max_seconds = atoi(optarg); break;
         default: usage(); return 2;
         }
     }
@@ -1029,6 +1231,16 @@ int main(int argc, char **argv)
         return 1;
     }
     snprintf(r->socket, sizeof(r->socket), "%s/kvdockd.sock", r->dir);
+    /* the pool file and journal in memory (tmpfs), removed at the end
+     * whatever happens: they are as big as the pool */
+    snprintf(r->shm, sizeof(r->shm), "/dev/shm/kvdock-chaos.XXXXXX");
+    if (mkdtemp(r->shm) == NULL) {
+        snprintf(r->shm, sizeof(r->shm), "%s/shm", r->dir);
+        if (mkdir(r->shm, 0700) != 0) {
+            perror("mkdir");
+            return 1;
+        }
+    }
     snprintf(r->excuse, sizeof(r->excuse), "%s/injuries", r->dir);
     printf("%s: %d workers, pool %s, lease TTL %d ms, linker timeout %d ms, seed %" PRIu64
            ", files in %s\n",
@@ -1036,6 +1248,13 @@ int main(int argc, char **argv)
            r->o.timeout_ms, r->o.seed, r->dir);
     fflush(stdout);
     int rc = r->o.soak ? run_soak(r) : run_chaos(r);
+    if (r->daemon > 0) { /* a run that gave up early: ours to stop */
+        kill(r->daemon, SIGKILL);
+        int st;
+        wait_child(r->daemon, 5000, &st);
+        r->daemon = 0;
+    }
+    rm_dir(r->shm);
     if (rc == 0 && !r->o.keep)
         rm_dir(r->dir);
     else

@@ -61,6 +61,9 @@ bool ch_key_parse(const char *hex, uint8_t *key);
  * In the run directory:
  *   w<I>.acks     one line per page of an offload acknowledged with
  *                 success: "<submit_ms> <ack_ms> <key hex> <checksum hex>"
+ *   w<I>.tries    one line per page of every offload, written before it is
+ *                 submitted: "<submit_ms> <key hex>"
+ *   deaths        the daemon's SIGKILL times (ms), one a line
  *   w<I>.fail     one line per failure a worker found
  *   w<I>.g<G>.stats  the counters of incarnation G of worker I
  *   w<I>.g<G>.log    its stderr
@@ -99,7 +102,9 @@ bool ch_key_parse(const char *hex, uint8_t *key);
     X(missing_excused) \
     X(missing_evicted) \
     X(records_read) \
-    X(records_old)
+    X(records_old) \
+    X(objects_survived) \
+    X(unacked_verified)
 /* clang-format on */
 
 typedef struct ch_stats {
@@ -140,10 +145,21 @@ typedef struct ch_verify_opts {
     uint64_t window_ms; /* how far from an injury a loss is excused */
     bool evicted;       /* the daemon evicted since since_ms: a loss is eviction */
     const char *out;    /* the verifier's counters (ch_stats_write) */
+    uint64_t death_ms;  /* the daemon's last SIGKILL (0: none): acks before it
+                           that are verified count as objects_survived */
+    const char *deaths; /* file of the daemon's SIGKILL times, one a line: a
+                           page lost to one is excused only when an offload
+                           of it was running then (see kill_excuses) */
+    /* every key of every prompt (suffixes of them, 0: none) that the store
+     * holds and no ack names is loaded and checked byte-exact too: nothing
+     * visible may hold other bytes (a partial write recovered as published) */
+    uint32_t all_keys_suffixes;
 } ch_verify_opts_t;
 
 /* Loads every object acknowledged since since_ms and checks it byte-exact;
- * returns the exit status (0: every required object present and exact). */
+ * then (all_keys_suffixes) every other object of the key set present;
+ * returns the exit status (0: every required object present and exact,
+ * and every present one exact). */
 int ch_verify_main(const ch_verify_opts_t *o);
 
 #endif

@@ -478,6 +478,7 @@ typedef struct worker {
     uint64_t next_rid;
     pending_t pend[W_MAX_PENDING];
     int ack_fd;
+    int try_fd; /* w<I>.tries: every page of every offload, at submit */
     char stats_path[512];
 } worker_t;
 
@@ -854,6 +855,18 @@ offload:
                         .first_depth = b,
                         .prior_key = b > 0 ? keys[b - 1] : NULL};
     p->submit_ms = ch_now_ms();
+    /* written before the offload can reserve anything: a page another
+     * writer's ack counts as stored (IN_FLIGHT) is one of these */
+    char *buf = malloc((size_t)p->n * 96);
+    size_t len = 0;
+    for (uint32_t k = 0; buf && k < p->n; k++) {
+        char hex[2 * KVD_PAGE_KEY_BYTES + 1];
+        ch_key_hex(p->keys[k], hex);
+        len += (size_t)snprintf(buf + len, 96, "%" PRIu64 " %s\n", p->submit_ms, hex);
+    }
+    if (buf == NULL || write(w->try_fd, buf, len) != (ssize_t)len)
+        ch_fail("worker %d: write of tries: %s", w->o->index, strerror(errno));
+    free(buf);
     t0 = tnow();
     rc = kvd_offload(w->lk, &t, 1, &p->ack);
     timed(w, t0, "kvd_offload");
@@ -883,11 +896,13 @@ int ch_worker_main(const ch_worker_opts_t *o)
              o->gen);
     snprintf(path, sizeof(path), "%s/w%d.acks", o->dir, o->index);
     w->ack_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    snprintf(path, sizeof(path), "%s/w%d.tries", o->dir, o->index);
+    w->try_fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     struct sigaction sa = {.sa_handler = on_term};
     sigaction(SIGTERM, &sa, NULL);
     struct sigaction sc = {.sa_handler = on_cont, .sa_flags = SA_RESTART};
     sigaction(SIGCONT, &sc, NULL);
-    if (w->ack_fd < 0 || dpool_init(&w->pool, W_UNITS) != 0) {
+    if (w->ack_fd < 0 || w->try_fd < 0 || dpool_init(&w->pool, W_UNITS) != 0) {
         ch_fail("worker %d: setup failed", o->index);
         return 1;
     }
@@ -933,6 +948,7 @@ int ch_worker_main(const ch_worker_opts_t *o)
     ch_stats_write(w->stats_path, &g_st);
     dpool_fini(&w->pool);
     close(w->ack_fd);
+    close(w->try_fd);
     free(w);
     return g_st.failures ? 1 : 0;
 }
@@ -946,12 +962,116 @@ int ch_worker_main(const ch_worker_opts_t *o)
 typedef struct vrec {
     ch_key_t key;
     uint64_t checksum;
-    bool required; /* one record of it no injury excuses */
+    bool required;     /* one record of it no injury excuses */
+    bool before_death; /* one record of it acknowledged before the daemon's last kill */
 } vrec_t;
 
 typedef struct excuse {
     uint64_t start_ms, end_ms;
 } excuse_t;
+
+/* One line of a w<I>.acks or w<I>.tries file. */
+typedef struct aline {
+    ch_key_t key;
+    int worker;
+    uint64_t submit_ms, ack_ms; /* ack_ms: acks only */
+} aline_t;
+
+static int cmp_aline_key(const void *a, const void *b)
+{
+    return memcmp(((const aline_t *)a)->key, ((const aline_t *)b)->key,
+                  KVD_PAGE_KEY_BYTES);
+}
+
+/* By worker, submit time, key: how an offload's ack is found. */
+static int cmp_aline_offload(const void *a, const void *b)
+{
+    const aline_t *x = a, *y = b;
+    if (x->worker != y->worker)
+        return x->worker < y->worker ? -1 : 1;
+    if (x->submit_ms != y->submit_ms)
+        return x->submit_ms < y->submit_ms ? -1 : 1;
+    return memcmp(x->key, y->key, KVD_PAGE_KEY_BYTES);
+}
+
+/* What tells whether a daemon kill excuses the loss of an acked page:
+ * every try and every ack (sorted), and the kills. */
+typedef struct kill_ctx {
+    aline_t *tries; /* by key */
+    size_t n_tries;
+    aline_t *acks; /* by offload */
+    size_t n_acks;
+    uint64_t *deaths;
+    size_t n_deaths;
+} kill_ctx_t;
+
+/* Reads every worker's w<I>.<ext> ("tries": submit key; "acks": submit
+ * ack key checksum). */
+static aline_t *read_alines(const ch_verify_opts_t *o, const char *ext, size_t *n_out)
+{
+    aline_t *v = NULL;
+    size_t n = 0, cap = 0;
+    bool acks = strcmp(ext, "acks") == 0;
+    for (int i = 0; i < o->workers; i++) {
+        char path[512], hex[128];
+        snprintf(path, sizeof(path), "%s/w%d.%s", o->dir, i, ext);
+        FILE *f = fopen(path, "r");
+        uint64_t submit, ack = 0, sum;
+        while (f && (acks ? fscanf(f, "%" SCNu64 " %" SCNu64 " %127s %" SCNx64, &submit,
+                                   &ack, hex, &sum) == 4
+                          : fscanf(f, "%" SCNu64 " %127s", &submit, hex) == 2)) {
+            if (n == cap) {
+                cap = cap ? 2 * cap : 4096;
+                v = realloc(v, cap * sizeof(*v));
+            }
+            if (v == NULL || !ch_key_parse(hex, v[n].key))
+                continue;
+            v[n].worker = i;
+            v[n].submit_ms = submit;
+            v[n].ack_ms = ack;
+            n++;
+        }
+        if (f)
+            fclose(f);
+    }
+    *n_out = n;
+    return v;
+}
+
+/*
+ * Whether a daemon kill excuses the loss of a page acknowledged at ack_ms.
+ * An ack counts a page another writer held (IN_FLIGHT) as stored; the kill
+ * ends that writer's reservation, so the page never lands. That writer's
+ * offload of the page was submitted before the ack and was not done (no
+ * successful ack) when the kill came. A page published before the kill
+ * (its writer's ack came first, or the reserve found it stored) has no
+ * such offload and must have survived.
+ */
+static bool kill_excuses(const kill_ctx_t *k, const uint8_t *key, uint64_t ack_ms)
+{
+    aline_t probe;
+    memcpy(probe.key, key, KVD_PAGE_KEY_BYTES);
+    aline_t *t = bsearch(&probe, k->tries, k->n_tries, sizeof(*t), cmp_aline_key);
+    if (t == NULL)
+        return false;
+    while (t > k->tries && memcmp(t[-1].key, key, KVD_PAGE_KEY_BYTES) == 0)
+        t--;
+    for (size_t d = 0; d < k->n_deaths; d++) {
+        uint64_t kill_ms = k->deaths[d];
+        if (kill_ms <= ack_ms)
+            continue;
+        for (aline_t *x = t;
+             x < k->tries + k->n_tries && memcmp(x->key, key, KVD_PAGE_KEY_BYTES) == 0;
+             x++) {
+            if (x->submit_ms > ack_ms)
+                continue;
+            aline_t *a = bsearch(x, k->acks, k->n_acks, sizeof(*a), cmp_aline_offload);
+            if (a == NULL || a->ack_ms >= kill_ms)
+                return true; /* that offload was still running at the kill */
+        }
+    }
+    return false;
+}
 
 static int cmp_key(const void *a, const void *b)
 {
@@ -973,6 +1093,27 @@ static bool excused(const excuse_t *ex, size_t n_ex, uint64_t submit, uint64_t a
 /* Reads every worker's ack records submitted since since_ms, one per key. */
 static vrec_t *read_records(const ch_verify_opts_t *o, size_t *n_out)
 {
+    kill_ctx_t kc = {0};
+    size_t cap_d = 0;
+    FILE *df = o->deaths ? fopen(o->deaths, "r") : NULL;
+    uint64_t death;
+    while (df && fscanf(df, "%" SCNu64, &death) == 1) {
+        if (kc.n_deaths == cap_d) {
+            cap_d = cap_d ? 2 * cap_d : 16;
+            kc.deaths = realloc(kc.deaths, cap_d * sizeof(*kc.deaths));
+        }
+        kc.deaths[kc.n_deaths++] = death;
+    }
+    if (df)
+        fclose(df);
+    if (kc.n_deaths > 0) {
+        kc.tries = read_alines(o, "tries", &kc.n_tries);
+        kc.acks = read_alines(o, "acks", &kc.n_acks);
+        if (kc.n_tries > 0)
+            qsort(kc.tries, kc.n_tries, sizeof(*kc.tries), cmp_aline_key);
+        if (kc.n_acks > 0)
+            qsort(kc.acks, kc.n_acks, sizeof(*kc.acks), cmp_aline_offload);
+    }
     excuse_t *ex = NULL;
     size_t n_ex = 0, cap_ex = 0;
     FILE *f = o->excuse ? fopen(o->excuse, "r") : NULL;
@@ -1009,19 +1150,25 @@ static vrec_t *read_records(const ch_verify_opts_t *o, size_t *n_out)
                 continue;
             }
             recs[n].checksum = sum;
-            recs[n].required = !excused(ex, n_ex, submit, ack, o->window_ms);
+            recs[n].required = !excused(ex, n_ex, submit, ack, o->window_ms) &&
+                               !kill_excuses(&kc, recs[n].key, ack);
+            recs[n].before_death = o->death_ms != 0 && ack < o->death_ms;
             n++;
         }
         if (f)
             fclose(f);
     }
     free(ex);
+    free(kc.tries);
+    free(kc.acks);
+    free(kc.deaths);
     if (n > 0)
         qsort(recs, n, sizeof(*recs), cmp_key);
     size_t m = 0; /* one per key: required if any record is */
     for (size_t i = 0; i < n; i++) {
         if (m > 0 && memcmp(recs[m - 1].key, recs[i].key, KVD_PAGE_KEY_BYTES) == 0) {
             recs[m - 1].required |= recs[i].required;
+            recs[m - 1].before_death |= recs[i].before_death;
             if (recs[m - 1].checksum != recs[i].checksum)
                 ch_fail("verify: two records of one key disagree on its checksum");
             continue;
@@ -1115,6 +1262,7 @@ static int verify_batch(kvd_linker_t *lk, dpool_t *p, uint64_t rid, vrec_t **rec
         if (check_unit(p, (uint32_t)units[i], keys[i], what, sizeof(what)) &&
             ch_object_checksum(keys[i]) == recs[i]->checksum) {
             g_st.objects_verified++;
+            g_st.objects_survived += recs[i]->before_death;
             continue;
         }
         ch_key_hex(keys[i], hex);
@@ -1138,6 +1286,59 @@ static int present(kvd_linker_t *lk, dpool_t *p, uint64_t rid, const uint8_t *ke
     if (rc != 0)
         return rc;
     return nb == 1 ? 1 : 0;
+}
+
+/* Every key of every prompt (CH_PREFIXES x suffixes, all CH_MAX_PAGES
+ * pages) that no ack names and the store holds is loaded and checked
+ * byte-exact: the store may hold objects whose ack was lost (a worker
+ * killed after the publish), never other bytes. */
+static void verify_unacked(const ch_verify_opts_t *o, kvd_linker_t *lk, dpool_t *p,
+                           uint64_t *rid, const vrec_t *acked, size_t n_acked)
+{
+    size_t cap = (size_t)CH_PREFIXES * o->all_keys_suffixes * CH_MAX_PAGES, n = 0;
+    vrec_t *all = calloc(cap ? cap : 1, sizeof(*all));
+    static uint32_t tokens[CH_MAX_PAGES * CH_PAGE];
+    ch_key_t keys[CH_MAX_PAGES];
+    for (uint32_t pre = 0; all && pre < CH_PREFIXES; pre++) {
+        for (uint32_t suf = 0; suf < o->all_keys_suffixes; suf++) {
+            ch_prompt_tokens(pre, suf, tokens);
+            size_t nk = 0;
+            if (kvd_page_keys(tokens, sizeof(tokens) / sizeof(tokens[0]), CH_PAGE, NULL,
+                              keys, &nk) != 0)
+                continue;
+            for (size_t k = 0; k < nk && n < cap; k++) {
+                memcpy(all[n].key, keys[k], KVD_PAGE_KEY_BYTES);
+                all[n++].checksum = ch_object_checksum(keys[k]);
+            }
+        }
+    }
+    if (n > 0)
+        qsort(all, n, sizeof(*all), cmp_key);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        bool dup = m > 0 && memcmp(all[m - 1].key, all[i].key, KVD_PAGE_KEY_BYTES) == 0;
+        bool is_acked = bsearch(&all[i], acked, n_acked, sizeof(*acked), cmp_key) != NULL;
+        if (!dup && !is_acked)
+            all[m++] = all[i];
+    }
+    uint64_t before = g_st.objects_verified;
+    for (size_t i = 0; i < m;) {
+        vrec_t *batch[V_BATCH];
+        size_t b = 0;
+        for (; i < m && b < V_BATCH; i++)
+            if (present(lk, p, (*rid)++, all[i].key) == 1)
+                batch[b++] = &all[i];
+        int vrc = b > 0 ? V_RETRY : 0;
+        for (int t = 0; vrc == V_RETRY && t < V_TRIES; t++)
+            vrc = verify_batch(lk, p, (*rid)++, batch, b);
+        if (vrc == V_RETRY)
+            ch_fail("verify: the load of %zu unacknowledged objects failed %d times", b,
+                    V_TRIES);
+    }
+    /* verify_batch counted them as verified; they are counted apart */
+    g_st.unacked_verified += g_st.objects_verified - before;
+    g_st.objects_verified = before;
+    free(all);
 }
 
 int ch_verify_main(const ch_verify_opts_t *o)
@@ -1179,6 +1380,8 @@ int ch_verify_main(const ch_verify_opts_t *o)
                 if (present(lk, p, rid++, batch[j]->key) == 0)
                     missing(o, batch[j]);
     }
+    if (rc == 0 && o->all_keys_suffixes > 0)
+        verify_unacked(o, lk, p, &rid, recs, n);
     kvd_linker_close(lk);
     if (p != NULL && dpool_free_count(p) != p->n_units)
         ch_fail("verify: %u device units never came back",

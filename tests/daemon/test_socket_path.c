@@ -125,7 +125,9 @@ int main(void)
 
     /* (e) the path replaced while the daemon runs */
     if (dt_start(&d, NULL) == 0) {
-        snprintf(moved, sizeof(moved), "%s/moved.sock", dir);
+        /* beside it: the daemon's directory may be on another file system
+         * (/dev/shm) than ours, and a rename does not cross them */
+        snprintf(moved, sizeof(moved), "%s/moved.sock", d.dir);
         DT_CHECK(rename(d.socket, moved) == 0, "rename: %s", strerror(errno));
         write_file(d.socket);
         kill(d.pid, SIGTERM);

@@ -366,7 +366,10 @@ static void case_rma(const kvd_test_daemon_t *d, const char *tcp_addr, pid_t chi
     DT_CHECK(g.cap_len >= 16, "the reply's capability has %zu bytes", g.cap_len);
 
     uint64_t elf = map_start(child, "kvdockd", "r");
-    uint64_t pool_at = map_start(child, "memfd:kvdock", "rw");
+    /* the pool: its file (kvdock-NAME.pool), or a memfd with --no-persist */
+    uint64_t pool_at = map_start(child, ".pool", "rw");
+    if (pool_at == 0)
+        pool_at = map_start(child, "memfd:kvdock", "rw");
     if (!DT_CHECK(elf != 0 && pool_at != 0,
                   "the UCX server's maps: ELF 0x%llx, pool 0x%llx",
                   (unsigned long long)elf, (unsigned long long)pool_at)) {

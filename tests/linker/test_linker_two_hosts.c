@@ -339,12 +339,18 @@ static pid_t spawn_in(const net_t *n, const char *ns, const char *const *argv,
     _exit(127);
 }
 
-/* Makes the daemon's directory (for its socket and log). 0 or -1. */
+/* Makes the daemon's directory (for its socket, log, pool file, journal
+ * and lock: --shm-dir), in /dev/shm where there is one. 0 or -1. */
 static int daemon_dir(kvd_test_daemon_t *d)
 {
     memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/kvdock-test-XXXXXX");
-    if (!DT_CHECK(mkdtemp(d->dir) != NULL, "mkdtemp")) {
+    snprintf(d->dir, sizeof(d->dir), "/dev/shm/kvdock-test-XXXXXX");
+    bool made = mkdtemp(d->dir) != NULL;
+    if (!made) {
+        snprintf(d->dir, sizeof(d->dir), "/tmp/kvdock-test-XXXXXX");
+        made = mkdtemp(d->dir) != NULL;
+    }
+    if (!DT_CHECK(made, "mkdtemp")) {
         d->dir[0] = '\0';
         return -1;
     }
@@ -364,6 +370,8 @@ static int daemon_start(const net_t *n, kvd_test_daemon_t *d, const char *token_
                           d->socket,
                           "--instance",
                           instance,
+                          "--shm-dir",
+                          d->dir,
                           "--listen",
                           listen,
                           "--ucx-tcp", /* the bytes move over UCX's tcp */

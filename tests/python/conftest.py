@@ -41,11 +41,16 @@ class Daemon:
     ``dir``; stop(), kill() (SIGKILL), restart() (same socket and args)."""
 
     def __init__(self, *extra_args, pool_size="256M", ready_timeout=60.0):
-        self.dir = tempfile.mkdtemp(prefix="kvdock-py-")
+        # the pool file, its journal and lock go here too (--shm-dir), in
+        # /dev/shm where there is one: restart() finds the same objects,
+        # cleanup() removes them
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.dir = tempfile.mkdtemp(prefix="kvdock-py-", dir=shm)
         self.socket = os.path.join(self.dir, "kvdockd.sock")
         self.log = os.path.join(self.dir, "kvdockd.log")
         self.instance = "py-%d-%d" % (os.getpid(), next(_seq))
         self.args = [KVDOCKD, "--socket", self.socket, "--instance", self.instance,
+                     "--shm-dir", self.dir,
                      "--pool-size", pool_size] + [str(a) for a in extra_args]
         env_args = os.environ.get("KVDOCK_TEST_DAEMON_ARGS", "").split()
         self.args += env_args
