@@ -243,6 +243,10 @@ def bench_lookup(args, daemon, build):
                 t0 = clock()
                 b = lk.lookup(i, [kvdock.Transfer(pool, blob)])
                 dt = clock() - t0
+            elif how == "lookup_keys":
+                t0 = clock()
+                b = lk.lookup_keys(i, pool, blob)
+                dt = clock() - t0
             else:
                 t0 = clock()
                 b = lk.lookup(i, [t_reused])
@@ -275,6 +279,7 @@ def bench_lookup(args, daemon, build):
     methods = [("Python, Transfer of a key list", lambda: py_round("list")),
                ("Python, Transfer of a key block", lambda: py_round("block")),
                ("Python, Transfer reused", lambda: py_round("reused")),
+               ("Python, lookup_keys of a block", lambda: py_round("lookup_keys")),
                ("ctypes, arguments prepared once", raw_round)]
     res = {"C kvd_lookup": []}
     res.update({name: [] for name, _ in methods})

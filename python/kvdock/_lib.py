@@ -217,7 +217,10 @@ def has(name):
 
 def last_error():
     """This thread's reason for its last failed call ("" when none)."""
-    raw = lib().kvd_last_error()
+    fn = getattr(lib(), "kvd_last_error", None)
+    if fn is None:
+        return ""  # a library older than the call
+    raw = fn()
     return raw.decode("utf-8", "replace") if raw else ""
 
 

@@ -438,6 +438,44 @@ class Linker:
         del keep
         return memoryview(out).cast("B").cast("I")[:nb.value].tolist()
 
+    def lookup_keys(self, rid, pool, keys):
+        """lookup(rid, [Transfer(pool, keys)]) for one pool and keys given
+        as one block of n * 32 bytes, without building a Transfer: the
+        engine's per-request call, its Python side at its least (one
+        kvd_transfer_t and one answer array kept per thread and reused)."""
+        if type(keys) is not bytes:
+            keys = key_block(keys)[0]
+        n_keys, rem = divmod(len(keys), KEY_BYTES)
+        if rem:
+            raise InvalidError(message="a key block of %d bytes is not a multiple of %d"
+                               % (len(keys), KEY_BYTES))
+        tls = self._cb_errors
+        scratch = getattr(tls, "lookup", None)
+        if scratch is None or len(scratch[1]) <= n_keys:
+            scratch = tls.lookup = (_lib.Transfer(), (ctypes.c_uint32 * (n_keys + 1))(),
+                                    ctypes.c_size_t())
+        c, out, nb = scratch
+        c.pool_id = pool.id if type(pool) is Pool else int(pool)
+        c.keys = keys if n_keys else None
+        c.n_keys = n_keys
+        lock = self._lock
+        with lock:
+            h = self._handle
+            if h is None or self._closing:
+                raise ClosedError(message="the linker is closed")
+            self._inflight += 1
+        try:
+            rc = self._lib.kvd_lookup(h, rid, c, 1, out, ctypes.byref(nb))
+            if rc < 0:
+                _lib.check(rc)
+        finally:
+            c.keys = None  # the block is the caller's: not kept past the call
+            with lock:
+                self._inflight -= 1
+                if self._inflight == 0 and self._closing:
+                    self._cond.notify_all()
+        return memoryview(out).cast("B").cast("I")[:nb.value].tolist()
+
     def load(self, rid, transfers):
         """LOAD: pins the stored objects of every transfer (all or nothing)
         and records the load of rid (NotFoundError when something is gone

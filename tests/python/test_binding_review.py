@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import kvdock
+from kvdock import engine
 
 PAGE = 4
 
@@ -100,3 +101,23 @@ def test_prior_key_of_the_wrong_size_names_both_sizes(daemon, linker_factory):
     with pytest.raises(kvdock.InvalidError) as e:
         kvdock.Transfer(pool, kvdock.page_keys(range(4), PAGE), prior_key=b"x" * 31)
     assert e.value.message == "prior_key is 31 bytes, not 32"
+
+
+def test_lookup_keys_answers_as_lookup(daemon, linker_factory):
+    lk = linker_factory(daemon, model_id="lkeys")
+    rows = torch.zeros(16, 8, dtype=torch.uint8)
+    pool = _pool(lk, rows, freed=[])
+    keys = kvdock.page_keys(range(16), PAGE)
+    rows[:16] = 7
+    ack = lk.offload([kvdock.Transfer(pool, keys[:3], indices=range(12))])
+    assert engine.Completions(lk.pop_completed_offloads).wait([ack], 60) == {ack: True}
+    blob = b"".join(keys)
+    assert lk.lookup_keys(1, pool, blob) == lk.lookup(1, [kvdock.Transfer(pool, keys)]) \
+        == [1, 2, 3]
+    assert lk.lookup_keys(2, pool, keys) == [1, 2, 3]  # a list is joined
+    assert lk.lookup_keys(3, pool, blob * 40) == [1, 2, 3]  # a longer block: a new answer array
+    assert lk.lookup_keys(4, pool, b"") == []
+    with pytest.raises(kvdock.InvalidError):
+        lk.lookup_keys(5, pool, blob[:-1])
+    with pytest.raises(kvdock.InvalidError):
+        lk.lookup_keys(6, 9, blob)  # no such pool
