@@ -62,9 +62,11 @@ class Daemon:
     def pid(self):
         return self.proc.pid if self.proc else None
 
-    def start(self, wait_ready=True):
+    def start(self, wait_ready=True, fresh=False):
+        """Starts the daemon (again: on its pool file and journal, so what
+        was published is back, unless fresh)."""
         with open(self.log, "ab") as out:
-            self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
+            self.proc = subprocess.Popen(self.args + (["--fresh"] if fresh else []), stdout=out, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         if wait_ready:
             self.wait_ready()
@@ -125,9 +127,9 @@ class Daemon:
     def kill(self):
         return self.stop(signal.SIGKILL)
 
-    def restart(self, wait_ready=True):
+    def restart(self, wait_ready=True, fresh=False):
         self.stop()
-        self.start(wait_ready)
+        self.start(wait_ready, fresh)
 
     def cleanup(self):
         self.stop()

@@ -290,9 +290,10 @@ def test_lookups_back_off_and_keep_the_store_client_open(daemon, monkeypatch):
             assert ask("late%d" % i) == i + 2
             assert s.view is view  # never closed
         assert s.views_opened == 1  # nor opened again
-        daemon.restart()
-        # the same client, its handle reconnected: the restarted daemon
-        # knows no namespace yet (nothing stored), which is no failure
+        daemon.restart(fresh=True)
+        # the same client, its handle reconnected: the daemon, started
+        # empty, knows no namespace yet (nothing stored), which is no
+        # failure
         assert a.sched.get_num_new_matched_tokens(Request("after", PROMPT), 0) == (0, False)
         clock.offset += 31
         assert a.sched.get_num_new_matched_tokens(Request("after", PROMPT), 0) == (0, False)
