@@ -628,7 +628,7 @@ class KvdockHiCacheStorage(HiCacheStorage):
         answers the leading run only)."""
         if not keys:
             return 0, set()
-        b = self.lk.lookup(next(self._rids), [kvdock.Transfer(view.pool, keys)])
+        b = self.lk.lookup_keys(next(self._rids), view.pool, keys)
         if view.pool.trailing_pages == 0:
             return (b[-1] if b else 0), None
         present = {x - 1 for x in b}
