@@ -258,6 +258,14 @@ static int header_check(const uint8_t *p, size_t n, const char *path, jnl_header
     return KVD_OK;
 }
 
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != 0)
+            return false;
+    return true;
+}
+
 int jnl_read(const char *path, jnl_header_t *hdr, jnl_record_fn fn, void *arg,
              jnl_scan_t *scan, char *why, size_t why_len)
 {
@@ -317,8 +325,23 @@ int jnl_read(const char *path, jnl_header_t *hdr, jnl_record_fn fn, void *arg,
         if (len > JNL_RECORD_MAX || len > n - off - JNL_RECORD_HDR)
             break; /* torn: its length runs past the end, or is garbage */
         const uint8_t *payload = p + off + JNL_RECORD_HDR;
-        if (kvd_crc32c(kvd_crc32c(0, &len, 4), payload, len) != crc)
-            break; /* torn or damaged: nothing after it is trusted */
+        if (kvd_crc32c(kvd_crc32c(0, &len, 4), payload, len) != crc) {
+            /* the last record: torn (dropping it loses at most that one
+             * batch: any later change would have a record after it). A
+             * record with more after it is damage, not a tear (a write
+             * cut short never leaves bytes behind it): the records after
+             * it, such as an extent's FREE before its reuse, would be
+             * lost, and a replay without them would serve wrong bytes */
+            if (off + JNL_RECORD_HDR + len == n || all_zero(p + off, n - off))
+                break; /* (a tail of zeros: a file extended past its records) */
+            WHY("%s: record %llu (at byte %zu) fails its checksum with %zu bytes after "
+                "it: "
+                "the journal is damaged (--fresh starts without it)",
+                path, (unsigned long long)scan->records, off,
+                n - off - JNL_RECORD_HDR - len);
+            rc = KVD_ERR_STATE;
+            break;
+        }
         rc = fn(arg, payload, len);
         off += JNL_RECORD_HDR + len;
         scan->records++;
@@ -362,6 +385,12 @@ int jnl_commit(jnl_t *j)
      * reflects the store as it was before the batch's changes */
     if (j->next.fd >= 0 && jnl_rewrite_flush(j) != KVD_OK)
         jnl_rewrite_abort(j);
+    /* a record the reader would refuse must not be written: the caller
+     * breaks the journal instead */
+    if (j->batch.len > (size_t)JNL_RECORD_HDR + JNL_RECORD_MAX) {
+        rbuf_reset(&j->batch);
+        return KVD_ERR_TOO_LARGE;
+    }
     rbuf_seal(&j->batch);
     int rc = jfile_append(&j->main, j->batch.data, j->batch.len);
     if (rc == KVD_OK) {
