@@ -483,21 +483,23 @@ int jnl_invalidate(jnl_t *j)
 {
     if (j->main.fd < 0)
         return KVD_OK;
+    /* the flag in the header; else no bytes (read as no journal); else
+     * no file: whatever worked, a restart trusts none of its records.
+     * Only when all three fail does a stale journal stay: KVD_ERR_IO */
     jnl_header_t h;
-    ssize_t n = pread(j->main.fd, &h, sizeof(h), 0);
-    if (n != (ssize_t)sizeof(h))
-        return KVD_ERR_IO;
-    h.flags |= JNL_F_INVALID;
-    header_seal(&h);
-    if (pwrite(j->main.fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h)) {
-        /* then no header at all: a restart refuses it as no journal of
-         * ours... which would stop the daemon; cut it to nothing instead,
-         * which a restart reads as no journal */
-        if (ftruncate(j->main.fd, 0) != 0)
-            return KVD_ERR_IO;
-        j->main.size = 0;
+    if (pread(j->main.fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h)) {
+        h.flags |= JNL_F_INVALID;
+        header_seal(&h);
+        if (pwrite(j->main.fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h))
+            return KVD_OK;
     }
-    return KVD_OK;
+    if (ftruncate(j->main.fd, 0) == 0) {
+        j->main.size = 0;
+        return KVD_OK;
+    }
+    if (unlink(j->path) == 0)
+        return KVD_OK;
+    return KVD_ERR_IO;
 }
 
 /* ------------------------------------------------------------- figures */

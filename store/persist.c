@@ -237,7 +237,10 @@ static void persist_break(kvd_store_t *s, int rc)
               "writing the journal %s failed (%s): it is marked invalid%s, so a restart "
               "starts empty; publishes fail until it can be rewritten",
               jnl_path(p->j), kvd_status_str(rc),
-              inv == KVD_OK ? "" : " (and that failed too: it is cut to nothing)");
+              inv == KVD_OK
+                  ? ""
+                  : " (no: its header, its bytes and its name all stayed: start the "
+                    "next daemon with --fresh)");
     p->broken = true;
     p->retry_ms = kvd_now_ns() / 1000000 + RETRY_MS;
 }
