@@ -159,6 +159,9 @@ static int lock_take(kvd_pool_t *p)
 #ifndef HUGETLBFS_MAGIC
 #define HUGETLBFS_MAGIC 0x958458f6
 #endif
+#ifndef TMPFS_MAGIC
+#define TMPFS_MAGIC 0x01021994
+#endif
 
 /* Whether the pool fits the file system of dir: a tmpfs mount's size (a
  * container's /dev/shm is often 64 MiB) would otherwise show as SIGBUS or
@@ -198,6 +201,22 @@ static int file_open(kvd_pool_t *p)
                       "/dev/hugepages, and name it with --hugepages-dir; or drop "
                       "--hugepages)",
                       p->opts.dir);
+            return KVD_ERR_UNSUPPORTED;
+        }
+    } else {
+        /* the journal is written without fsync: it is true to the pool's
+         * bytes across a process's death only where both are memory that
+         * dies with the host (tmpfs). On a disk, a reboot could keep a
+         * journal newer than the pool's pages: wrong bytes served */
+        struct statfs fs;
+        if (statfs(p->opts.dir, &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
+            KVD_ERROR(
+                "pool",
+                "the pool file and its journal need a tmpfs directory (such as "
+                "/dev/shm), and %s is none: the journal is not synced to a disk, "
+                "so a reboot could leave it ahead of the pool's bytes (choose a tmpfs "
+                "--shm-dir, or --no-persist)",
+                p->opts.dir);
             return KVD_ERR_UNSUPPORTED;
         }
     }

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "kvd_store.h"
@@ -176,6 +177,30 @@ static void test_too_big_and_hugepages(void **state)
     assert_int_equal(access(pool_path, F_OK), -1);
 }
 
+/* A directory on a disk: the journal, never synced, could outlive the
+ * pool's bytes across a reboot there; refused, nothing left behind. */
+static void test_disk_dir_refused(void **state)
+{
+    (void)state;
+    char disk[64] = "kvdock-pf-disk-XXXXXX"; /* in the test's own directory */
+    assert_non_null(mkdtemp(disk));
+    struct statfs fs;
+    assert_int_equal(statfs(disk, &fs), 0);
+    if (fs.f_type == 0x01021994 /* TMPFS_MAGIC */) {
+        rmdir(disk);
+        skip(); /* the working directory is on tmpfs here: nothing to refuse */
+    }
+    kvd_pool_opts_t o = {.instance = instance, .size_bytes = POOL_BYTES, .dir = disk};
+    kvd_pool_t *p = NULL;
+    assert_int_equal(kvd_pool_create(&o, &p), KVD_ERR_UNSUPPORTED);
+    char path[128];
+    snprintf(path, sizeof(path), "%s/kvdock-%s.pool", disk, instance);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof(path), "%s/kvdock-%s.lock", disk, instance);
+    unlink(path);
+    assert_int_equal(rmdir(disk), 0);
+}
+
 static void test_memfd_without_dir(void **state)
 {
     (void)state;
@@ -194,6 +219,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_created_then_attached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_private_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_too_big_and_hugepages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_disk_dir_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memfd_without_dir, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
