@@ -146,7 +146,7 @@ struct kvd_server {
  * a reservation crosses tenants. */
 static void scrub_pool(void *arg, uint64_t offset, uint64_t bytes)
 {
-    memset((uint8_t *)kvd_pool_base(arg) + offset, 0, bytes);
+    kvd_pool_zero(arg, offset, bytes);
 }
 
 /* ------------------------------------------------------------ counters */

@@ -159,6 +159,12 @@ int kvd_pool_fd_ro(const kvd_pool_t *p);
  * extents that cross tenants (kvd_store_set_scrub); tests write through it
  * and read through a mapping of their own, or the other way round. */
 void *kvd_pool_base(const kvd_pool_t *p);
+/* Zeroes [offset, offset + bytes) of the pool. A named tmpfs pool file is
+ * written through its descriptor, not the mapping: a same-host writer can
+ * shrink that file (only a memfd can be sealed), and a store past its end
+ * through the mapping would be a SIGBUS in the daemon; a write() grows the
+ * file back instead. */
+void kvd_pool_zero(const kvd_pool_t *p, uint64_t offset, uint64_t bytes);
 
 /* ---------------------------------------------------------------- engine */
 

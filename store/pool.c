@@ -519,6 +519,32 @@ bool kvd_pool_persistent(const kvd_pool_t *p)
     return p->path[0] != '\0';
 }
 
+void kvd_pool_zero(const kvd_pool_t *p, uint64_t offset, uint64_t bytes)
+{
+    static const uint8_t zeros[64 * 1024];
+    if (p->path[0] == '\0' || p->opts.hugepages) {
+        /* a sealed memfd cannot shrink; hugetlbfs has no write() */
+        memset(p->base + offset, 0, bytes);
+        return;
+    }
+    while (bytes > 0) {
+        size_t n = bytes < sizeof(zeros) ? (size_t)bytes : sizeof(zeros);
+        ssize_t w = pwrite(p->fd, zeros, n, (off_t)offset);
+        if (w <= 0) {
+            if (w < 0 && errno == EINTR)
+                continue;
+            /* ENOSPC on a tmpfs shrunk under us: the bytes there are
+             * gone (holes read as zeros) or still ours; never a SIGBUS */
+            KVD_WARN("pool", "zeroing %llu bytes at %llu of %s: %s",
+                     (unsigned long long)bytes, (unsigned long long)offset, p->path,
+                     w < 0 ? strerror(errno) : "nothing written");
+            return;
+        }
+        offset += (uint64_t)w;
+        bytes -= (uint64_t)w;
+    }
+}
+
 bool kvd_pool_created(const kvd_pool_t *p)
 {
     return p->created;

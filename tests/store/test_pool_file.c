@@ -177,6 +177,33 @@ static void test_too_big_and_hugepages(void **state)
     assert_int_equal(access(pool_path, F_OK), -1);
 }
 
+/* A writer that shrinks the pool file (it holds the read-write
+ * descriptor; only a memfd can be sealed): zeroing an extent past the new
+ * end grows the file back instead of a SIGBUS in the daemon. */
+static void test_zero_past_a_shrunk_end(void **state)
+{
+    (void)state;
+    kvd_pool_opts_t o = opts(POOL_BYTES);
+    kvd_pool_t *p = NULL;
+    assert_int_equal(kvd_pool_create(&o, &p), KVD_OK);
+    uint8_t *base = kvd_pool_base(p);
+    int fd = open(pool_path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t ones[8192];
+    memset(ones, 0xff, sizeof(ones));
+    assert_int_equal(pwrite(fd, ones, sizeof(ones), POOL_BYTES - sizeof(ones)),
+                     (ssize_t)sizeof(ones));
+    assert_int_equal(ftruncate(fd, 0), 0); /* the misbehaving writer */
+    kvd_pool_zero(p, POOL_BYTES - sizeof(ones), sizeof(ones)); /* no SIGBUS */
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    assert_int_equal((uint64_t)st.st_size, POOL_BYTES); /* grown back */
+    for (size_t i = 0; i < sizeof(ones); i++)
+        assert_int_equal(base[POOL_BYTES - sizeof(ones) + i], 0);
+    close(fd);
+    kvd_pool_destroy(p);
+}
+
 /* A directory on a disk: the journal, never synced, could outlive the
  * pool's bytes across a reboot there; refused, nothing left behind. */
 static void test_disk_dir_refused(void **state)
@@ -219,6 +246,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_created_then_attached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_private_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_too_big_and_hugepages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_zero_past_a_shrunk_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_dir_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memfd_without_dir, setup, teardown),
     };
