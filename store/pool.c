@@ -66,6 +66,7 @@ struct kvd_pool {
     char name[160];
     char path[4096]; /* the named file; "" for a memfd */
     int lock_fd;     /* the instance's lock; -1 for a memfd */
+    int own_fd;      /* the pool file once more, never handed out: its OFD lock */
     bool created;    /* made here (or a memfd): nothing to keep in it */
     bool attached;   /* a named file that was there, all of it allocated */
     uint64_t dev, ino;
@@ -246,6 +247,25 @@ static int file_open(kvd_pool_t *p)
     }
     p->dev = (uint64_t)st.st_dev;
     p->ino = (uint64_t)st.st_ino;
+    /* the lock file names the holder, but can be removed (an operator, a
+     * cleaner of /dev/shm) while its daemon runs: the pool file itself is
+     * locked too, by an open file description of its own that no client
+     * ever gets (they get p->fd's over SCM_RIGHTS), so it goes with this
+     * process and with nothing else */
+    p->own_fd = open(p->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (p->own_fd < 0 || fcntl(p->own_fd, F_OFD_SETLK, &fl) != 0) {
+        int err = errno;
+        if (err == EAGAIN || err == EACCES) {
+            KVD_ERROR("pool",
+                      "the pool file %s is in use by another kvdockd (its lock file was "
+                      "removed?): stop that one first",
+                      p->path);
+            return KVD_ERR_BUSY;
+        }
+        KVD_ERROR("pool", "locking %s: %s", p->path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
     if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) != 0) {
         KVD_ERROR("pool",
                   "the pool file %s is not a regular file private to uid %u (owner %u, "
@@ -291,6 +311,8 @@ static void pool_abandon(kvd_pool_t *p)
     }
     if (p->lock_fd >= 0)
         close(p->lock_fd);
+    if (p->own_fd >= 0)
+        close(p->own_fd);
     free(p);
 }
 
@@ -309,7 +331,7 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
     p->opts = *opts;
     p->size_bytes = opts->size_bytes;
     p->page_bytes = page;
-    p->fd = p->ro_fd = p->lock_fd = -1;
+    p->fd = p->ro_fd = p->lock_fd = p->own_fd = -1;
     snprintf(p->name, sizeof(p->name), "kvdock-%s", opts->instance);
 
     int rc = opts->dir != NULL ? file_open(p) : memfd_open(p);
@@ -485,6 +507,8 @@ void kvd_pool_destroy(kvd_pool_t *p)
     close(p->ro_fd);
     if (p->lock_fd >= 0)
         close(p->lock_fd); /* the lock goes with it; the files stay */
+    if (p->own_fd >= 0)
+        close(p->own_fd);
     free(p);
 }
 

@@ -177,6 +177,29 @@ static void test_too_big_and_hugepages(void **state)
     assert_int_equal(access(pool_path, F_OK), -1);
 }
 
+/* The lock file removed while its daemon runs: a second daemon of the
+ * instance still cannot attach (the pool file is locked by an open file
+ * description only the holder has); once the holder is gone, it can. */
+static void test_lock_file_removed(void **state)
+{
+    (void)state;
+    kvd_pool_opts_t o = opts(POOL_BYTES);
+    kvd_pool_t *p = NULL, *q = NULL;
+    assert_int_equal(kvd_pool_create(&o, &p), KVD_OK);
+    char lock[200];
+    snprintf(lock, sizeof(lock), "%s/kvdock-%s.lock", dir, instance);
+    assert_int_equal(unlink(lock), 0);
+    int client = open(pool_path, O_RDWR); /* a client's descriptor, as the daemon's */
+    assert_true(client >= 0);
+    assert_int_equal(kvd_pool_create(&o, &q), KVD_ERR_BUSY);
+    assert_null(q);
+    kvd_pool_destroy(p);
+    /* a client that still holds the file does not hold its lock */
+    assert_int_equal(kvd_pool_create(&o, &q), KVD_OK);
+    kvd_pool_destroy(q);
+    close(client);
+}
+
 /* A writer that shrinks the pool file (it holds the read-write
  * descriptor; only a memfd can be sealed): zeroing an extent past the new
  * end grows the file back instead of a SIGBUS in the daemon. */
@@ -246,6 +269,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_created_then_attached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_not_private_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_too_big_and_hugepages, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_lock_file_removed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zero_past_a_shrunk_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_dir_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memfd_without_dir, setup, teardown),
