@@ -784,6 +784,7 @@ static void quarantine(kvd_store_t *s, uint32_t i)
         s->quarantine_head = i;
     s->quarantine_tail = i;
     s->quarantine_pages += r->size_pages;
+    persist_quarantined(s, i); /* before the namespace's removal is written */
     ns_maybe_remove(s, slot);
 }
 

@@ -211,6 +211,13 @@ void persist_writing_(kvd_store_t *s, uint32_t i)
         put_obj(p, s, i, false);
 }
 
+void persist_quarantined_(kvd_store_t *s, uint32_t i)
+{
+    uint8_t *p = batch_put(s, quar_entry_bytes(s, i));
+    if (p)
+        put_quar(p, s, i);
+}
+
 void persist_freed_(kvd_store_t *s, uint32_t i)
 {
     e_free_t e = {.type = E_FREE, .off = R(s, i)->off_pages};

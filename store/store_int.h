@@ -201,6 +201,7 @@ void persist_ns_added_(kvd_store_t *s, uint32_t slot);
 void persist_ns_removed_(kvd_store_t *s, uint32_t slot);
 void persist_writing_(kvd_store_t *s, uint32_t i);
 void persist_freed_(kvd_store_t *s, uint32_t i);
+void persist_quarantined_(kvd_store_t *s, uint32_t i);
 int persist_published_(kvd_store_t *s, const uint32_t *recs, size_t n, uint32_t now_s);
 void persist_commit_(kvd_store_t *s);
 void persist_tick_(kvd_store_t *s);
@@ -224,6 +225,14 @@ static inline void persist_writing(kvd_store_t *s, uint32_t i)
 {
     if (s->persist)
         persist_writing_(s, i);
+}
+/* Record i went into quarantine (its tenant + 1 in hits): a restart keeps
+ * its grace and whose bytes it holds, instead of the WRITING entry's
+ * namespace slot, which may serve another tenant by then. */
+static inline void persist_quarantined(kvd_store_t *s, uint32_t i)
+{
+    if (s->persist)
+        persist_quarantined_(s, i);
 }
 /* Record i's extent is about to be freed (an object evicted, revoked or
  * dropped, a quarantine ended). */

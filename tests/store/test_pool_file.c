@@ -243,7 +243,7 @@ static void test_disk_dir_refused(void **state)
     kvd_pool_opts_t o = {.instance = instance, .size_bytes = POOL_BYTES, .dir = disk};
     kvd_pool_t *p = NULL;
     assert_int_equal(kvd_pool_create(&o, &p), KVD_ERR_UNSUPPORTED);
-    char path[128];
+    char path[256];
     snprintf(path, sizeof(path), "%s/kvdock-%s.pool", disk, instance);
     assert_int_equal(access(path, F_OK), -1);
     snprintf(path, sizeof(path), "%s/kvdock-%s.lock", disk, instance);
