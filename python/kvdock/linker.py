@@ -405,21 +405,9 @@ class Linker:
     def pools(self):
         return list(self._pools.values())
 
-    def lookup(self, rid, transfers):
-        """Every boundary (in pages from keys[0], increasing) restorable in
-        all the pools given, by each pool's hit policy."""
-        # the engine's most frequent call: its Python side is kept to the
-        # least (no callback bookkeeping, nothing converted twice; measured
-        # in bench/python/bench_binding.py)
-        if type(transfers) is list and len(transfers) == 1 and type(transfers[0]) is Transfer:
-            keep = transfers  # the usual call: one pool
-            t = keep[0]
-            c, n, cap = t._c or _c_transfer(t), 1, t.n_keys + 1
-        else:
-            c, n, keep = _c_transfers(transfers)
-            cap = (min([t.n_keys for t in keep]) if n else 0) + 1
-        out = (ctypes.c_uint32 * cap)()
-        nb = ctypes.c_size_t()
+    def _lookup(self, rid, c, n, out, nb):
+        """kvd_lookup of the prepared transfers c (n of them) into out;
+        the boundaries. No callback bookkeeping: a lookup runs none."""
         lock = self._lock
         with lock:
             h = self._handle
@@ -435,8 +423,24 @@ class Linker:
                 self._inflight -= 1
                 if self._inflight == 0 and self._closing:
                     self._cond.notify_all()
-        del keep
         return memoryview(out).cast("B").cast("I")[:nb.value].tolist()
+
+    def lookup(self, rid, transfers):
+        """Every boundary (in pages from keys[0], increasing) restorable in
+        all the pools given, by each pool's hit policy."""
+        # the engine's most frequent call: its Python side is kept to the
+        # least (nothing converted twice; measured in
+        # bench/python/bench_binding.py)
+        if type(transfers) is list and len(transfers) == 1 and type(transfers[0]) is Transfer:
+            keep = transfers  # the usual call: one pool
+            t = keep[0]
+            c, n, cap = t._c or _c_transfer(t), 1, t.n_keys + 1
+        else:
+            c, n, keep = _c_transfers(transfers)
+            cap = (min([t.n_keys for t in keep]) if n else 0) + 1
+        got = self._lookup(rid, c, n, (ctypes.c_uint32 * cap)(), ctypes.c_size_t())
+        del keep  # (alive until here: c points into the transfers)
+        return got
 
     def lookup_keys(self, rid, pool, keys):
         """lookup(rid, [Transfer(pool, keys)]) for one pool and keys given
@@ -458,23 +462,10 @@ class Linker:
         c.pool_id = pool.id if type(pool) is Pool else int(pool)
         c.keys = keys if n_keys else None
         c.n_keys = n_keys
-        lock = self._lock
-        with lock:
-            h = self._handle
-            if h is None or self._closing:
-                raise ClosedError(message="the linker is closed")
-            self._inflight += 1
         try:
-            rc = self._lib.kvd_lookup(h, rid, c, 1, out, ctypes.byref(nb))
-            if rc < 0:
-                _lib.check(rc)
+            return self._lookup(rid, c, 1, out, nb)
         finally:
             c.keys = None  # the block is the caller's: not kept past the call
-            with lock:
-                self._inflight -= 1
-                if self._inflight == 0 and self._closing:
-                    self._cond.notify_all()
-        return memoryview(out).cast("B").cast("I")[:nb.value].tolist()
 
     def load(self, rid, transfers):
         """LOAD: pins the stored objects of every transfer (all or nothing)
