@@ -209,11 +209,27 @@ static uint64_t proc_fds(pid_t pid)
 
 /* ---------------------------------------------------------------- the RPC */
 
-/* Hello then Stats (check: the store's invariant) on a fresh connection. */
+/* A fresh connection to the daemon, Hello said (proto's kvd_client_open). */
+static int driver_connect(const char *socket, kvd_client_t **c)
+{
+    bool refused;
+    return kvd_client_open(socket, NULL, "chaos-driver", NULL, 0, RPC_MS, c, &refused,
+                           NULL);
+}
+
+/* One RPC as proto's queries make them (a kvd_call_fn): the transport's
+ * status, else the daemon's. */
+static int driver_call(void *c, kvd_msg_t *req, kvd_msg_t *rep)
+{
+    int rc = kvd_client_call(c, req, rep, RPC_MS);
+    return rc == KVD_OK ? rep->status : rc;
+}
+
+/* Stats (check: the store's invariant) on a fresh connection. */
 static int daemon_stats(const char *socket, bool check, kvd_stats_rep_t *out)
 {
     kvd_client_t *c = NULL;
-    int rc = kvd_client_connect_unix(socket, RPC_MS, &c);
+    int rc = driver_connect(socket, &c);
     if (rc != KVD_OK)
         return rc;
     kvd_msg_t *m = calloc(2, sizeof(kvd_msg_t));
@@ -221,74 +237,35 @@ static int daemon_stats(const char *socket, bool check, kvd_stats_rep_t *out)
         kvd_client_close(c);
         return KVD_ERR_NOMEM;
     }
-    kvd_msg_request(&m[0], 0, KVD_METHOD_HELLO);
-    kvd_strlcpy(m[0].body.hello_req.client_name, "chaos-driver",
-                sizeof(m[0].body.hello_req.client_name));
-    m[0].body.hello_req.pid = (uint32_t)getpid();
-    m[0].body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
-    rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
-    rc = rc == KVD_OK ? m[1].status : rc;
-    kvd_msg_clear(&m[1]);
+    kvd_msg_request(&m[0], 0, KVD_METHOD_STATS);
+    m[0].body.stats_req.check = check;
+    rc = driver_call(c, &m[0], &m[1]);
     if (rc == KVD_OK) {
-        kvd_msg_request(&m[0], 0, KVD_METHOD_STATS);
-        m[0].body.stats_req.check = check;
-        rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
-        rc = rc == KVD_OK ? m[1].status : rc;
-        if (rc == KVD_OK) {
-            *out = m[1].body.stats_rep;
-            out->n_namespaces = 0;
-            out->namespaces = NULL;
-            out->n_nics = 0;
-            out->nics = NULL;
-        }
-        kvd_msg_clear(&m[1]);
+        *out = m[1].body.stats_rep;
+        out->n_namespaces = 0;
+        out->namespaces = NULL;
+        out->n_nics = 0;
+        out->nics = NULL;
     }
+    kvd_msg_clear(&m[1]);
     free(m);
     kvd_client_close(c);
     return rc;
 }
 
-/* Evicts every object (Evict all, in the daemon's slices) on a fresh
- * connection; *evicted gets how many went. */
+/* Evicts every object (Evict all, in the daemon's slices: proto's
+ * kvd_evict_run) on a fresh connection; *evicted gets how many went. */
 static int daemon_evict_all(const char *socket, uint64_t *evicted)
 {
+    *evicted = 0;
     kvd_client_t *c = NULL;
-    int rc = kvd_client_connect_unix(socket, RPC_MS, &c);
+    int rc = driver_connect(socket, &c);
     if (rc != KVD_OK)
         return rc;
-    kvd_msg_t *m = calloc(2, sizeof(kvd_msg_t));
-    if (m == NULL) {
-        kvd_client_close(c);
-        return KVD_ERR_NOMEM;
-    }
-    kvd_msg_request(&m[0], 0, KVD_METHOD_HELLO);
-    kvd_strlcpy(m[0].body.hello_req.client_name, "chaos-driver",
-                sizeof(m[0].body.hello_req.client_name));
-    m[0].body.hello_req.pid = (uint32_t)getpid();
-    m[0].body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
-    rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
-    rc = rc == KVD_OK ? m[1].status : rc;
-    kvd_msg_clear(&m[1]);
-    *evicted = 0;
-    uint8_t cursor[KVD_CURSOR_MAX];
-    size_t cursor_len = 0;
-    for (int i = 0; rc == KVD_OK && i < 100000; i++) {
-        kvd_msg_request(&m[0], 0, KVD_METHOD_EVICT);
-        m[0].body.evict_req.all = true;
-        memcpy(m[0].body.evict_req.cursor, cursor, cursor_len);
-        m[0].body.evict_req.cursor_len = cursor_len;
-        rc = kvd_client_call(c, &m[0], &m[1], RPC_MS);
-        rc = rc == KVD_OK ? m[1].status : rc;
-        if (rc == KVD_OK) {
-            *evicted += m[1].body.evict_rep.evicted;
-            cursor_len = m[1].body.evict_rep.next_cursor_len;
-            memcpy(cursor, m[1].body.evict_rep.next_cursor, cursor_len);
-        }
-        kvd_msg_clear(&m[1]);
-        if (cursor_len == 0)
-            break;
-    }
-    free(m);
+    kvd_evict_req_t all = {.all = true};
+    uint64_t skipped;
+    bool complete;
+    rc = kvd_evict_run(driver_call, c, &all, 100000, evicted, &skipped, &complete);
     kvd_client_close(c);
     return rc;
 }
