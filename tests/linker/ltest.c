@@ -26,6 +26,18 @@ bool lt_wait_done(kvd_linker_t *l, bool loads, uint64_t id, int timeout_ms)
     return false;
 }
 
+bool lt_wait_ready(kvd_linker_t *l, int timeout_ms)
+{
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        kvd_linker_health_t h = 0;
+        if (kvd_linker_health(l, &h, NULL) == KVD_OK && h == KVD_LINKER_HEALTH_READY)
+            return true;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
 int lt_load_all(kvd_linker_t *l, uint64_t rid, const kvd_transfer_t *t, uint32_t adopted)
 {
     kvd_commit_pool_t cp = {.adopted_begin = 0, .adopted_end = adopted};

@@ -13,6 +13,11 @@
  * back or timeout_ms passes; true when it came back successful. */
 bool lt_wait_done(kvd_linker_t *l, bool loads, uint64_t id, int timeout_ms);
 
+/* Asks the linker's health every 10 ms (errors while the daemon is not
+ * there yet) until the daemon says ready or timeout_ms passes; true when
+ * it did. */
+bool lt_wait_ready(kvd_linker_t *l, int timeout_ms);
+
 /* LOAD, PREPARE, COMMIT with pages [0, adopted) of the one transfer t
  * adopted, start layer-wise loading and wait for layer 0. Returns 0 or the
  * first error; the completion is for lt_wait_done. */

@@ -165,14 +165,7 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
         kvd_linker_close(l);
         return;
     }
-    kvd_linker_health_t h = 0;
-    for (int i = 0; i < 1000 && h != KVD_LINKER_HEALTH_READY; i++) {
-        if (kvd_linker_health(l, &h, NULL) != 0)
-            h = 0;
-        if (h != KVD_LINKER_HEALTH_READY)
-            nap();
-    }
-    DT_CHECK(h == KVD_LINKER_HEALTH_READY, "the linker should reach the new daemon");
+    DT_CHECK(lt_wait_ready(l, 10000), "the linker should reach the new daemon");
     DT_CHECK(offload(l, pool, keys2, &ack) == 0 && collect(l, false, ack, &ok) == 1 && ok,
              "an offload to the new daemon succeeds once");
 

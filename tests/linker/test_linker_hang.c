@@ -314,11 +314,7 @@ static void run(kvd_test_daemon_t *d)
     pthread_join(wd, NULL);
     kill(d->pid, SIGCONT);
 
-    kvd_linker_health_t h = 0;
-    for (int i = 0; i < 1000 && h != KVD_LINKER_HEALTH_READY; i++)
-        if (kvd_linker_health(l, &h, NULL) != 0 || h != KVD_LINKER_HEALTH_READY)
-            nap();
-    DT_CHECK(h == KVD_LINKER_HEALTH_READY, "the linker reaches the daemon again");
+    DT_CHECK(lt_wait_ready(l, 10000), "the linker reaches the daemon again");
     uint8_t k3[1][KVD_PAGE_KEY_BYTES];
     key_of(5000, k3);
     kvd_transfer_t o = page(pool, k3, rows0);

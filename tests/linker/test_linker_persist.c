@@ -130,14 +130,7 @@ static void run(kvd_test_daemon_t *d1, kvd_test_daemon_t *d2)
     }
     /* the linker finds it on its own (errors while it is not there yet),
      * and it serves loads once its pool is ready */
-    kvd_linker_health_t h = 0;
-    for (int i = 0; i < 2000 && h != KVD_LINKER_HEALTH_READY; i++) {
-        if (kvd_linker_health(l, &h, NULL) != 0)
-            h = 0;
-        if (h != KVD_LINKER_HEALTH_READY)
-            nap();
-    }
-    DT_CHECK(h == KVD_LINKER_HEALTH_READY, "the linker should reach the new daemon");
+    DT_CHECK(lt_wait_ready(l, 20000), "the linker should reach the new daemon");
     int found = -1;
     for (int i = 0; i < 2000 && found != PAGES; i++) {
         found = lookup(l, pool, a);

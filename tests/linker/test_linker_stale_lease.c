@@ -30,12 +30,6 @@
 static uint8_t kbuf[ROWS * BPR], vbuf[ROWS * BPR];
 static int64_t store_idx[PAGES * PS], load_idx[PAGES * PS];
 
-static void nap(void)
-{
-    struct timespec ts = {0, 10000000};
-    nanosleep(&ts, NULL);
-}
-
 static kvd_transfer_t transfer(uint32_t pool, uint8_t keys[PAGES][KVD_PAGE_KEY_BYTES],
                                int64_t *idx)
 {
@@ -127,11 +121,7 @@ int main(void)
     const char *args2[] = {"--pool-size", "64M", "--usage-interval", "0", "--socket",
                            d1.socket,     NULL};
     DT_CHECK(kvd_test_daemon_start(&d2, args2, false, 0) == 0, "daemon 2 starts");
-    kvd_linker_health_t h = KVD_LINKER_HEALTH_STARTING;
-    for (int i = 0; i < 1000 && h != KVD_LINKER_HEALTH_READY; i++)
-        if (kvd_linker_health(l, &h, NULL) != 0 || h != KVD_LINKER_HEALTH_READY)
-            nap();
-    DT_CHECK(h == KVD_LINKER_HEALTH_READY, "the linker never saw daemon 2 ready");
+    DT_CHECK(lt_wait_ready(l, 10000), "the linker never saw daemon 2 ready");
 
     DT_CHECK(offload(l, pool, keys), "offload on daemon 2");
     rc = load_prepare(l, pool, keys, 20);
