@@ -37,6 +37,7 @@ typedef enum kvd_status {
     KVD_ERR_DRAINING = -17,       /* the daemon is shutting down */
     KVD_ERR_AUTH = -18,           /* no credential, or one the daemon refuses */
     KVD_ERR_QUOTA = -19,          /* over the tenant's quota */
+    KVD_ERR_CORRUPT = -20,        /* stored bytes failed their checksum */
 } kvd_status_t;
 
 #endif /* KVD_STATUS_H */

@@ -34,6 +34,7 @@ const char *kvd_status_str(int status)
     case KVD_ERR_DRAINING: return "draining";
     case KVD_ERR_AUTH: return "not authenticated";
     case KVD_ERR_QUOTA: return "over quota";
+    case KVD_ERR_CORRUPT: return "checksum mismatch";
     }
     return "unknown status";
 }

@@ -51,6 +51,7 @@ UnknownMethodError = _make("UnknownMethodError", -16, "KVD_ERR_UNKNOWN_METHOD", 
 DrainingError = _make("DrainingError", -17, "KVD_ERR_DRAINING", "the daemon is shutting down")
 AuthError = _make("AuthError", -18, "KVD_ERR_AUTH", "no credential, or one the daemon refuses")
 QuotaError = _make("QuotaError", -19, "KVD_ERR_QUOTA", "over the tenant's quota")
+CorruptError = _make("CorruptError", -20, "KVD_ERR_CORRUPT", "stored bytes failed their checksum")
 
 
 class CallbackError(KvdockError):
@@ -65,7 +66,7 @@ _BY_STATUS = {c.status: c for c in (
     InvalidError, NoMemError, IoError, NotFoundError, ExistsError, BusyError, NoSpaceError,
     TimeoutError, ProtocolError, UnsupportedError, ClosedError, TooLargeError, StateError,
     PermissionDeniedError, UnavailableError, UnknownMethodError, DrainingError, AuthError,
-    QuotaError)}
+    QuotaError, CorruptError)}
 
 
 def error_class(status):
