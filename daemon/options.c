@@ -88,6 +88,26 @@ static const opt_def_t opt_defs[] = {
     {"no-persist", OPT_BOOL, OFF(no_persist), 0, 0, 0, NULL,
      "keep the pool in an anonymous memfd (sealed against resizing) that dies with the "
      "daemon: nothing survives a restart"},
+    {"ssd-path", OPT_STRING, OFF(ssd_path), SZ(ssd_path), 0, 0, "DIR",
+     "an SSD tier in DIR (segment files written with O_DIRECT): evicted objects spill "
+     "there and come back on a load; it survives a restart and a reboot (off unless "
+     "given)"},
+    {"ssd-size", OPT_SIZE, OFF(ssd_size_bytes), 0, 0, 0, "SIZE",
+     "the SSD tier's size, whole segments of it (needed with --ssd-path)"},
+    {"ssd-segment-size", OPT_SIZE, OFF(ssd_segment_bytes), 0, 16384, 0, "SIZE",
+     "the tier's segment files, freed whole by compaction (default 256M)"},
+    {"ssd-io", OPT_STRING, OFF(ssd_io), SZ(ssd_io), 0, 0, "auto|io_uring|psync",
+     "the tier's I/O path: io_uring, or pread/pwrite threads where io_uring is refused; "
+     "auto: io_uring when it starts (default auto)"},
+    {"ssd-spill", OPT_STRING, OFF(ssd_spill), SZ(ssd_spill), 0, 0, "all|hit",
+     "which evicted objects go to the tier: all, or only those loaded at least once "
+     "(the others are dropped) (default all)"},
+    {"ssd-queue-depth", OPT_U64, OFF(ssd_queue_depth), 0, 1, 4096, "N",
+     "the tier's I/O operations in flight at most (default 32)"},
+    {"ssd-no-fixed-buffers", OPT_BOOL, OFF(ssd_no_fixed_buffers), 0, 0, 0, NULL,
+     "do not register the pool with io_uring as fixed buffers"},
+    {"ssd-test-fail-read", OPT_U64, OFF(ssd_fail_read_every), 0, 0, 1u << 30, "N",
+     "tests: every N-th read of the tier fails as if the device answered EIO"},
     {"max-frame", OPT_SIZE, OFF(max_frame_bytes), 0, 64, KVD_FRAME_LIMIT_MAX, "SIZE",
      "largest RPC frame accepted (default 4M)"},
     {"max-batch", OPT_U64, OFF(max_batch), 0, 1, 1u << 20, "N",
@@ -323,6 +343,8 @@ static void set_defaults(kvd_opts_t *o)
     memset(o, 0, sizeof(*o));
     strcpy(o->instance, "default");
     strcpy(o->ucx, "auto");
+    strcpy(o->ssd_io, "auto");
+    strcpy(o->ssd_spill, "all");
     strcpy(o->shm_dir, "/dev/shm");
     o->journal_compact_bytes = 8 * KVD_MiB;
     o->reserve_bytes = KVD_GiB;
@@ -445,6 +467,20 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     }
     if (o->shm_dir[0] != '/') {
         fprintf(stderr, "kvdockd: --shm-dir '%s': give an absolute path\n", o->shm_dir);
+        return KVD_OPTS_ERROR;
+    }
+    if ((o->ssd_path[0] != '\0') != (o->ssd_size_bytes != 0)) {
+        fprintf(stderr, "kvdockd: --ssd-path and --ssd-size go together\n");
+        return KVD_OPTS_ERROR;
+    }
+    if (strcmp(o->ssd_io, "auto") != 0 && strcmp(o->ssd_io, "io_uring") != 0 &&
+        strcmp(o->ssd_io, "psync") != 0) {
+        fprintf(stderr, "kvdockd: --ssd-io '%s': expected auto, io_uring or psync\n",
+                o->ssd_io);
+        return KVD_OPTS_ERROR;
+    }
+    if (strcmp(o->ssd_spill, "all") != 0 && strcmp(o->ssd_spill, "hit") != 0) {
+        fprintf(stderr, "kvdockd: --ssd-spill '%s': expected all or hit\n", o->ssd_spill);
         return KVD_OPTS_ERROR;
     }
     if (!pool_size_given && o->mem_fraction == 0)

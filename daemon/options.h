@@ -30,6 +30,15 @@ typedef struct kvd_opts {
     bool fresh;              /* start empty: remove the old pool file and journal */
     bool no_persist;         /* an anonymous pool that dies with the daemon */
     uint64_t journal_compact_bytes; /* compact past this and twice a snapshot */
+    /* the SSD tier (kvd_store.h); ssd_path "" = none */
+    char ssd_path[256];
+    uint64_t ssd_size_bytes;
+    uint64_t ssd_segment_bytes;
+    char ssd_io[16];    /* "auto", "io_uring", "psync" */
+    char ssd_spill[8];  /* "all", "hit" */
+    uint64_t ssd_queue_depth;
+    bool ssd_no_fixed_buffers;
+    uint64_t ssd_fail_read_every; /* tests: every n-th read fails with EIO */
     uint64_t max_frame_bytes;
     uint64_t max_batch;
     uint64_t max_connections;

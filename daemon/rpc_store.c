@@ -370,14 +370,23 @@ static void serve_lookup(kvd_store_t *store, const kvd_opts_t *opts,
         n_min = KVD_MIN(n_min, r->pools[p].n_keys);
     }
     uint32_t *b = kvd_msg_alloc(rep, n_min * sizeof(uint32_t) + 1);
+    uint8_t *tiers = kvd_msg_alloc(rep, n_min + 1);
     size_t nb = 0;
-    int rc = b ? kvd_store_lookup(store, pools, r->n_pools, b, &nb) : KVD_ERR_NOMEM;
+    int rc = b && tiers ? kvd_store_lookup_tiers(store, pools, r->n_pools, b, tiers, &nb)
+                        : KVD_ERR_NOMEM;
     if (rc != KVD_OK) {
         set_error(req, rep, rc, 0, "lookup failed: %s", kvd_status_str(rc));
         return;
     }
     rep->body.lookup_rep.n = nb;
     rep->body.lookup_rep.boundaries = b;
+    bool any_ssd = false;
+    for (size_t k = 0; k < nb && !any_ssd; k++)
+        any_ssd = tiers[k] != KVD_TIER_DRAM;
+    uint32_t *t32 = any_ssd ? kvd_msg_alloc(rep, nb * sizeof(uint32_t)) : NULL;
+    for (size_t k = 0; t32 != NULL && k < nb; k++)
+        t32[k] = tiers[k];
+    rep->body.lookup_rep.tiers = t32;
 }
 
 static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts,
@@ -477,6 +486,13 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts,
     int rc =
         kvd_store_acquire(store, owner, r->ns, (const uint8_t(*)[KVD_KEY_BYTES])r->keys,
                           r->n, kvd_now_ns() / 1000000, &lease, locs, &bad);
+    if (rc == KVD_INPROGRESS) {
+        set_error(req, rep, rc, (uint32_t)bad + 1,
+                  "acquire: key %zu is on the SSD tier and being read into the pool; "
+                  "nothing pinned, ask again",
+                  bad);
+        return;
+    }
     if (rc == KVD_ERR_QUOTA) {
         set_error(req, rep, rc, 1,
                   "acquire: %zu pins would take tenant %s past its limit of pins or "
@@ -492,7 +508,9 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts,
                   "acquire: key %zu (%.16s...) %s; nothing pinned", bad, hex,
                   rc == KVD_ERR_NOT_FOUND  ? "is not stored"
                   : rc == KVD_ERR_BUSY     ? "is still being written"
-                  : rc == KVD_ERR_NO_SPACE ? "has as many pins as it can count (65535)"
+                  : rc == KVD_ERR_NO_SPACE ? "has as many pins as it can count (65535), or "
+                                             "no room in the pool to come back from the "
+                                             "SSD tier"
                                            : kvd_status_str(rc));
         return;
     }

@@ -65,6 +65,7 @@ typedef enum src_kind {
     SRC_SIGNAL,
     SRC_TIMER,
     SRC_UCX,
+    SRC_TIER, /* the SSD tier's completions */
     SRC_CONN,
 } src_kind_t;
 
@@ -113,6 +114,7 @@ struct kvd_server {
      * ucxd.h); its control socket is watched as `ucx_src` */
     kvd_ucxd_t *ucxd;
     src_t ucx_src;
+    src_t tier_src;
     /* the UCX server started but may serve on none of the transports it
      * found: what it left out ("tcp/lo"), for the Hellos that ask */
     char ucx_refused[256];
@@ -1351,6 +1353,58 @@ static int attach_journal(kvd_server_t *s)
     return KVD_OK;
 }
 
+/* The SSD tier (kvd_store.h "the SSD tier"), after the journal: what it
+ * found is logged in one line, with its I/O path. */
+static int attach_tier(kvd_server_t *s)
+{
+    const kvd_opts_t *o = &s->opts;
+    kvd_tier_opts_t to = {.dir = o->ssd_path,
+                          .size_bytes = o->ssd_size_bytes,
+                          .segment_bytes = o->ssd_segment_bytes,
+                          .io_path = strcmp(o->ssd_io, "io_uring") == 0 ? 1
+                                     : strcmp(o->ssd_io, "psync") == 0  ? 2
+                                                                        : 0,
+                          .queue_depth = (uint32_t)o->ssd_queue_depth,
+                          .policy = strcmp(o->ssd_spill, "hit") == 0 ? KVD_SPILL_HIT
+                                                                     : KVD_SPILL_ALL,
+                          .pool_base = kvd_pool_base(s->pool),
+                          .pool_bytes = kvd_pool_size(s->pool),
+                          .fresh = o->fresh,
+                          .no_fixed_buffers = o->ssd_no_fixed_buffers,
+                          .fail_read_every = (uint32_t)o->ssd_fail_read_every};
+    kvd_tier_recovery_t rec;
+    char why[512] = "";
+    int rc = kvd_store_tier_attach(s->store, &to, &rec, why, sizeof(why));
+    if (rc != KVD_OK) {
+        KVD_ERROR("server", "refusing to start: the SSD tier: %s (%s)",
+                  why[0] ? why : "see above", kvd_status_str(rc));
+        return rc;
+    }
+    kvd_store_stats_t st;
+    kvd_store_stats(s->store, &st);
+    char a[32], b[32];
+    KVD_INFO("server",
+             "SSD tier %s: %s in %llu segments, %s; I/O %s, queue depth %llu%s; "
+             "recovered %llu objects (%s) in %.1f ms (%llu from the checkpoint, %llu "
+             "record headers read in %llu segments, %llu torn, %llu already in DRAM or "
+             "twice, %llu of namespaces or tenants no longer there)%s%s",
+             o->ssd_path, kvd_size_format(st.ssd_bytes, a, sizeof(a)),
+             (unsigned long long)st.ssd_segments, o->ssd_spill[0] == 'h'
+                                                      ? "spilling objects loaded once"
+                                                      : "spilling every evicted object",
+             kvd_store_tier_io_path(s->store), (unsigned long long)st.ssd_queue_depth,
+             st.ssd_fixed_buffers ? ", pool registered" : "", (unsigned long long)rec.objects,
+             kvd_size_format(rec.bytes, b, sizeof(b)), (double)rec.elapsed_ns / 1e6,
+             (unsigned long long)rec.checkpoint_records,
+             (unsigned long long)rec.scanned_records, (unsigned long long)rec.segments,
+             (unsigned long long)rec.torn, (unsigned long long)rec.duplicates,
+             (unsigned long long)rec.discarded, rec.objects == 0 ? ": " : "",
+             rec.objects == 0 ? rec.note : "");
+    if (kvd_store_tier_note(s->store)[0])
+        KVD_INFO("server", "SSD tier: %s", kvd_store_tier_note(s->store));
+    return KVD_OK;
+}
+
 int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth,
                       kvd_server_t **out)
 {
@@ -1365,6 +1419,7 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     s->start_ns = kvd_now_ns();
     s->usage_prev_ns = s->start_ns;
     s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = s->ucx_src.fd = -1;
+    s->tier_src.fd = -1;
     atomic_store(&s->health, KVD_HEALTH_STARTING);
     kvd_nics_discover(&s->nics); /* empty when none, or without libibverbs */
     kvd_store_config_t scfg;
@@ -1388,6 +1443,10 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     }
 
     if (kvd_pool_persistent(pool) && (rc = attach_journal(s)) != KVD_OK) {
+        s->epfd = -1;
+        goto fail;
+    }
+    if (opts->ssd_path[0] && (rc = attach_tier(s)) != KVD_OK) {
         s->epfd = -1;
         goto fail;
     }
@@ -1419,8 +1478,10 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     struct itimerspec its = {.it_interval = {0, TICK_MS * 1000000L},
                              .it_value = {0, TICK_MS * 1000000L}};
     timerfd_settime(s->timer.fd, 0, &its, NULL);
+    s->tier_src = (src_t){SRC_TIER, kvd_store_tier_fd(s->store)};
     if ((rc = watch(s, &s->sig, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
-        (rc = watch(s, &s->timer, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK)
+        (rc = watch(s, &s->timer, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
+        (s->tier_src.fd >= 0 && (rc = watch(s, &s->tier_src, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK))
         goto fail;
     if ((rc = start_ucx(s)) != KVD_OK)
         goto fail;
@@ -1566,6 +1627,7 @@ static int on_tick(kvd_server_t *s)
         s->ucx_src.fd = -1; /* closed: epoll forgot it */
     }
     conn_timeouts(s, now);
+    kvd_store_tier_poll(s->store, now / 1000000); /* reclaim, spills, checkpoints */
     size_t expired = kvd_store_expire(s->store, now / 1000000);
     if (expired > 0)
         KVD_WARN("server",
@@ -1642,6 +1704,7 @@ int kvd_server_run(kvd_server_t *s)
                 if (on_tick(s) != 0)
                     return 1;
                 break;
+            case SRC_TIER: kvd_store_tier_poll(s->store, kvd_now_ns() / 1000000); break;
             case SRC_UCX:
                 /* a restarted UCX server reports, or one died (reaped
                  * here; on_tick starts the next) */

@@ -82,6 +82,70 @@ static void fill_acquire_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t 
         reqs[j].body.acquire_req.ns = l->pools[c->x[c->xi[j]].pool].ns_id;
 }
 
+/* Acquires answered KVD_INPROGRESS (objects being promoted from the
+ * daemon's SSD tier) are asked again, with a growing pause, until each has
+ * another answer or the deadline passes (then KVD_ERR_TIMEOUT). Every
+ * round must reach the connection of the first (epoch), else
+ * KVD_ERR_CLOSED. */
+static int ask_again(kvd_linker_t *l, lxfer_t *x, kvd_msg_t *req, kvd_msg_t *rep,
+                     const uint32_t *xi, size_t n_req, uint64_t epoch, uint64_t deadline)
+{
+    uint64_t pause_ns = 100000; /* 0.1 ms, doubling to 5 ms */
+    kvd_msg_t *sub = NULL;
+    uint32_t *sub_at = NULL, *sub_xi = NULL;
+    int rc = KVD_OK;
+    for (;;) {
+        size_t m = 0;
+        for (size_t j = 0; j < n_req; j++)
+            m += rep[j].status == KVD_INPROGRESS;
+        if (m == 0)
+            break;
+        if (kvd_now_ns() + pause_ns >= deadline) {
+            rc = KVD_ERR_TIMEOUT;
+            break;
+        }
+        if (sub == NULL) {
+            sub = calloc(2 * m, sizeof(*sub));
+            sub_at = calloc(m, sizeof(*sub_at));
+            sub_xi = calloc(m, sizeof(*sub_xi));
+            if (sub == NULL || sub_at == NULL || sub_xi == NULL) {
+                rc = KVD_ERR_NOMEM;
+                break;
+            }
+        }
+        struct timespec ts = {0, (long)pause_ns};
+        nanosleep(&ts, NULL);
+        pause_ns = KVD_MIN(2 * pause_ns, 5000000ull);
+        size_t k = 0;
+        for (size_t j = 0; j < n_req; j++) {
+            if (rep[j].status != KVD_INPROGRESS)
+                continue;
+            kvd_msg_clear(&rep[j]);
+            sub[k] = req[j];
+            sub_at[k] = (uint32_t)j;
+            sub_xi[k++] = xi[j];
+        }
+        acquire_ctx_t ctx = {.x = x, .xi = sub_xi};
+        uint64_t again = 0;
+        rc = lk_call_ns(l, fill_acquire_ns, &ctx, sub, sub + m, k, &again, deadline);
+        if (rc == KVD_OK && again != epoch)
+            rc = KVD_ERR_CLOSED;
+        for (size_t q = 0; q < k; q++) {
+            if (rc == KVD_OK)
+                rep[sub_at[q]] = sub[m + q]; /* moved: the reply's memory with it */
+            else
+                kvd_msg_clear(&sub[m + q]);
+            memset(&sub[m + q], 0, sizeof(sub[m + q]));
+        }
+        if (rc != KVD_OK)
+            break;
+    }
+    free(sub);
+    free(sub_at);
+    free(sub_xi);
+    return rc;
+}
+
 /* Pins every transfer's keys, all in one round trip: one Acquire per
  * transfer, or per piece of one when its keys are more than a request
  * may carry (lk_batch_limit); records each lease and the objects'
@@ -127,6 +191,8 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
     acquire_ctx_t ctx = {.x = x, .xi = xi};
     int call = lk_call_ns(l, fill_acquire_ns, &ctx, req, rep, n_req, &epoch, deadline),
         rc = call;
+    if (call == KVD_OK)
+        call = rc = ask_again(l, x, req, rep, xi, n_req, epoch, deadline);
     /* offsets are into the pool of the connection that gave them */
     uint64_t pool_bytes = call == KVD_OK ? lk_conn_pool_bytes(l, epoch) : 0;
     bool current = pool_bytes != 0;

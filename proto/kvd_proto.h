@@ -354,6 +354,9 @@ typedef struct kvd_lookup_req {
 typedef struct kvd_lookup_rep {
     size_t n;
     uint32_t *boundaries;
+    /* n entries (KVD_TIER_*: the slowest tier each boundary needs), or NULL
+     * when every one is in DRAM */
+    uint32_t *tiers;
 } kvd_lookup_rep_t;
 
 /* A namespace and its counters (Stats, ListPrefixes, Inspect): the
@@ -513,7 +516,36 @@ typedef struct kvd_stats_req {
     X(U64, journal_bytes, 0, GAUGE, "Bytes of the metadata journal file.")             \
     X(U64, journal_records, 0, COUNTER, "Records written to the metadata journal.")    \
     X(U64, journal_compactions, 0, COUNTER, "Snapshots put in place of the journal.")  \
-    X(U64, journal_errors, 0, COUNTER, "Journal writes that failed.")
+    X(U64, journal_errors, 0, COUNTER, "Journal writes that failed.") \
+    X(U64, ssd_bytes, 0, GAUGE, "The SSD tier's size.") \
+    X(U64, ssd_used_bytes, 0, GAUGE, "SSD tier bytes in segments in use.") \
+    X(U64, ssd_live_bytes, 0, GAUGE, "SSD tier bytes of live records.") \
+    X(U64, ssd_objects, 0, GAUGE, "Objects on the SSD tier.") \
+    X(U64, ssd_segments, 0, GAUGE, "Segments of the SSD tier.") \
+    X(U64, ssd_segments_free, 0, GAUGE, "Free segments of the SSD tier.") \
+    X(U64, spilling_bytes, 0, GAUGE, "DRAM bytes being written to the SSD tier.") \
+    X(U64, promoting_bytes, 0, GAUGE, "DRAM bytes being read from the SSD tier.") \
+    X(U64, spills, 0, COUNTER, "Objects moved to the SSD tier.") \
+    X(U64, spilled_bytes, 0, COUNTER, "Bytes moved to the SSD tier.") \
+    X(U64, spill_failures, 0, COUNTER, "Spills that failed (the object dropped).") \
+    X(U64, spill_cancelled, 0, COUNTER, "Spills undone: the object was loaded meanwhile.") \
+    X(U64, spill_drops, 0, COUNTER, "Cold objects dropped by the spill policy.") \
+    X(U64, promotions, 0, COUNTER, "Objects moved back from the SSD tier.") \
+    X(U64, promoted_bytes, 0, COUNTER, "Bytes moved back from the SSD tier.") \
+    X(U64, promote_failures, 0, COUNTER, "Promotions that failed (the object dropped).") \
+    X(U64, ssd_evictions, 0, COUNTER, "Objects evicted from the SSD tier.") \
+    X(U64, ssd_compactions, 0, COUNTER, "SSD segments freed by compaction.") \
+    X(U64, ssd_copied_bytes, 0, COUNTER, "Live bytes compaction copied.") \
+    X(U64, ssd_io_errors, 0, COUNTER, "SSD tier I/O errors.") \
+    X(U64, ssd_checksum_failures, 0, COUNTER, "SSD records that failed their checksum.") \
+    X(U64, ssd_no_space, 0, COUNTER, "SSD writes refused for space.") \
+    X(U64, ssd_queue_depth, 0, GAUGE, "The SSD tier's I/O queue depth limit.") \
+    X(U64, ssd_in_flight, 0, GAUGE, "SSD tier I/O operations in flight.") \
+    X(U64, ssd_spill_ns, 0, COUNTER, "Time spent on spills, summed per operation (ns).") \
+    X(U64, ssd_promote_ns, 0, COUNTER, "Time spent on promotions, summed per operation (ns).") \
+    X(U64, ssd_recovered_objects, 0, GAUGE, "Objects found on the SSD tier at start.") \
+    X(U64, ssd_io_path, 0, GAUGE, "The SSD tier's I/O path: 0 none, 1 io_uring, 2 pread/pwrite.") \
+    X(U64, ssd_fixed_buffers, 0, GAUGE, "1 when the pool is registered with io_uring.")
 
 typedef struct kvd_store_stats_msg {
     KVD_STORE_STATS_FIELDS(KVD_FIELD_DECL)

@@ -698,6 +698,8 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         kvdock__lookup_reply__init(r);
         r->n_boundaries = m->body.lookup_rep.n;
         r->boundaries = m->body.lookup_rep.boundaries;
+        r->n_tiers = m->body.lookup_rep.tiers ? m->body.lookup_rep.n : 0;
+        r->tiers = m->body.lookup_rep.tiers;
         env->body_case = KVDOCK__ENVELOPE__BODY_LOOKUP_REPLY;
         env->lookup_reply = r;
         return true;
@@ -1257,6 +1259,15 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
                             env->register_reply->ns_ids, &out->body.register_rep.ids);
     case KVDOCK__ENVELOPE__BODY_LOOKUP_REPLY:
         out->body.lookup_rep.n = env->lookup_reply->n_boundaries;
+        if (env->lookup_reply->n_tiers != 0 &&
+            env->lookup_reply->n_tiers != env->lookup_reply->n_boundaries)
+            return KVD_ERR_PROTOCOL;
+        if (env->lookup_reply->n_tiers != 0) {
+            int rc = u32s_from_pb(out, env->lookup_reply->n_tiers, env->lookup_reply->tiers,
+                                  &out->body.lookup_rep.tiers);
+            if (rc != KVD_OK)
+                return rc;
+        }
         return u32s_from_pb(out, env->lookup_reply->n_boundaries,
                             env->lookup_reply->boundaries,
                             &out->body.lookup_rep.boundaries);
@@ -1506,7 +1517,9 @@ int kvd_msg_decode_limited(const uint8_t *payload, size_t len,
     out->method = (kvd_method_t)env->method;
 
     if (env->error != NULL && env->error->code != 0) {
-        if (!out->reply || env->error->code > 0 ||
+        /* "in progress" is the one positive code: an Acquire of objects
+         * being promoted from the SSD tier, to be asked again */
+        if (!out->reply || (env->error->code > 0 && env->error->code != KVD_INPROGRESS) ||
             env->body_case != KVDOCK__ENVELOPE__BODY__NOT_SET) {
             rc = KVD_ERR_PROTOCOL;
             goto free_env;

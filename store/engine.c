@@ -122,6 +122,8 @@ void kvd_store_destroy(kvd_store_t *s)
 {
     if (s == NULL)
         return;
+    if (s->tier)
+        tier_close(s);
     persist_close(s);
     for (lease_t *l = s->oldest, *next; l != NULL; l = next) {
         next = l->newer;
@@ -201,9 +203,11 @@ static int ns_slot_new(kvd_store_t *s, uint32_t *slot)
     return KVD_OK;
 }
 
-int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
-                          const char *name, uint64_t object_bytes, bool rank_replicated,
-                          uint32_t *ns_id)
+/* Registers or finds tenant's namespace `name`; counts owner as a user
+ * unless add_user is false (store_ns_ensure). */
+static int ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner, const char *name,
+                       uint64_t object_bytes, bool rank_replicated, bool add_user,
+                       uint32_t *ns_id)
 {
     size_t len = strlen(name);
     if (len == 0 || len >= KVD_NS_NAME_MAX || object_bytes == 0 ||
@@ -216,7 +220,9 @@ int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
         if (e->info.object_bytes != object_bytes ||
             e->info.rank_replicated != rank_replicated)
             return KVD_ERR_INVALID;
-        if (owner == KVD_OWNER_PERMANENT)
+        if (!add_user)
+            ; /* found is all that was asked */
+        else if (owner == KVD_OWNER_PERMANENT)
             e->permanent = true;
         else if (!ns_use(s, owner, slot))
             return KVD_ERR_NOMEM;
@@ -243,12 +249,12 @@ int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
     e->info.rank_replicated = rank_replicated;
     e->pages = (uint32_t)((object_bytes + s->cfg.page_bytes - 1) / s->cfg.page_bytes);
     e->live = true;
-    e->permanent = owner == KVD_OWNER_PERMANENT;
+    e->permanent = add_user && owner == KVD_OWNER_PERMANENT;
     s->n_ns++;
     ns_index_add(s, slot);
     t->use.namespaces++;
     persist_ns_added(s, slot);
-    if (!e->permanent && !ns_use(s, owner, slot)) {
+    if (add_user && !e->permanent && !ns_use(s, owner, slot)) {
         ns_maybe_remove(s, slot);
         persist_commit(s);
         return KVD_ERR_NOMEM;
@@ -258,11 +264,29 @@ int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
     return KVD_OK;
 }
 
+int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
+                          const char *name, uint64_t object_bytes, bool rank_replicated,
+                          uint32_t *ns_id)
+{
+    return ns_register(s, tenant, owner, name, object_bytes, rank_replicated, true, ns_id);
+}
+
+int store_ns_ensure(kvd_store_t *s, uint32_t tenant, const char *name, uint64_t object_bytes,
+                    bool rank_replicated, uint32_t *slot)
+{
+    uint32_t id;
+    int rc = ns_register(s, tenant, KVD_OWNER_PERMANENT, name, object_bytes, rank_replicated,
+                         false, &id);
+    if (rc == KVD_OK)
+        ns_slot(s, id, slot);
+    return rc;
+}
+
 void ns_maybe_remove(kvd_store_t *s, uint32_t slot)
 {
     ns_entry_t *e = &s->ns[slot];
     if (!e->live || e->permanent || e->info.users != 0 || e->info.objects_ready != 0 ||
-        e->info.objects_writing != 0)
+        e->info.objects_writing != 0 || e->info.objects_ssd != 0)
         return;
     s->tenants[e->info.tenant].use.namespaces--;
     e->live = false;
@@ -506,15 +530,16 @@ static void drop_object(kvd_store_t *s, uint32_t i)
     ns_maybe_remove(s, slot);
 }
 
-/* Evicts one READY, unpinned object from the LRU's cold end, of any tenant
- * (tenant == UINT32_MAX) or of one; false when there is none. For one
+/* The object eviction takes from a list's cold end (the DRAM LRU's or the
+ * SSD tier's), of any tenant (tenant == UINT32_MAX) or of one; NIL when
+ * there is none. For one
  * tenant the window and the leaf search count only its objects, and at
  * most EVICT_TENANT_SCAN objects of the LRU are looked at, so that a tenant
  * whose objects are all hot costs bounded work, not a walk of the pool. */
-static bool evict_pick(kvd_store_t *s, uint32_t tenant)
+static uint32_t victim_of(const kvd_store_t *s, uint32_t tail, uint32_t tenant)
 {
     uint32_t deepest = NIL, leaf = NIL;
-    uint32_t i = s->lru_tail;
+    uint32_t i = tail;
     int seen = 0;
     int scan = tenant == UINT32_MAX ? EVICT_SCAN_MAX : EVICT_TENANT_SCAN;
     for (int n = 0; n < scan && i != NIL; n++, i = R(s, i)->link_prev) {
@@ -529,7 +554,14 @@ static bool evict_pick(kvd_store_t *s, uint32_t tenant)
         if ((leaf != NIL && seen >= EVICT_WINDOW) || seen >= EVICT_SCAN_MAX)
             break;
     }
-    uint32_t best = leaf != NIL ? leaf : deepest;
+    return leaf != NIL ? leaf : deepest;
+}
+
+/* Evicts (frees) the victim of the DRAM LRU, of tenant or of any; false
+ * when there is none. */
+static bool evict_pick(kvd_store_t *s, uint32_t tenant)
+{
+    uint32_t best = victim_of(s, s->lru_tail, tenant);
     if (best == NIL)
         return false;
     rec_t *r = R(s, best);
@@ -543,6 +575,8 @@ static bool evict_pick(kvd_store_t *s, uint32_t tenant)
     return true;
 }
 
+/* Evicts one READY, unpinned object from the LRU's cold end (victim_of);
+ * false when there is none. */
 static bool evict_one(kvd_store_t *s)
 {
     return evict_pick(s, UINT32_MAX);
@@ -553,9 +587,14 @@ static uint64_t used_pages(const kvd_store_t *s)
     return s->total_pages - s->free_pages;
 }
 
-/* Past the high watermark, evicts down to the low one. */
+/* Past the high watermark, evicts down to the low one; with an SSD tier,
+ * spills instead (store_spill_pump). */
 static void evict_watermarks(kvd_store_t *s)
 {
+    if (s->tier) {
+        store_spill_pump(s);
+        return;
+    }
     if ((double)used_pages(s) <= s->cfg.evict_high * (double)s->total_pages)
         return;
     double low = s->cfg.evict_low * (double)s->total_pages;
@@ -583,6 +622,306 @@ static uint32_t alloc_evicting(kvd_store_t *s, uint32_t pages)
         if ((i = extent_alloc(s, pages)) != NIL)
             return i;
     return NIL;
+}
+
+/* ------------------------------------------------------------ SSD tier */
+
+static void evict_rec(kvd_store_t *s, uint32_t i);
+
+/* The SSD LRU: objects on the tier that are not being promoted, head most
+ * recent (store_int.h). */
+static void ssd_lru_push_head(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    r->link_prev = NIL;
+    r->link_next = s->ssd_lru_head;
+    if (s->ssd_lru_head != NIL)
+        R(s, s->ssd_lru_head)->link_prev = i;
+    else
+        s->ssd_lru_tail = i;
+    s->ssd_lru_head = i;
+}
+
+static void ssd_lru_remove(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    if (r->link_prev != NIL)
+        R(s, r->link_prev)->link_next = r->link_next;
+    else
+        s->ssd_lru_head = r->link_next;
+    if (r->link_next != NIL)
+        R(s, r->link_next)->link_prev = r->link_prev;
+    else
+        s->ssd_lru_tail = r->link_prev;
+    r->link_prev = r->link_next = NIL;
+}
+
+/* Drops SSD object i (off the SSD LRU already): it leaves the index, its
+ * place on the tier is dead, its namespace may go. */
+static void drop_ssd(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    uint32_t slot = r->ns;
+    s->ns[slot].info.objects_ssd--;
+    count_child(s, i, -1);
+    index_remove(s, i);
+    tier_forget(s, i);
+    s->ssd_objects--;
+    s->ssd_pages -= r->size_pages;
+    rec_put(s, i);
+    ns_maybe_remove(s, slot);
+}
+
+void store_ssd_drop(kvd_store_t *s, uint32_t i)
+{
+    s->st.promote_failures++;
+    ssd_lru_remove(s, i);
+    drop_ssd(s, i);
+    PARANOID(s, "ssd_drop");
+}
+
+bool store_ssd_evict_one(kvd_store_t *s)
+{
+    uint32_t i = victim_of(s, s->ssd_lru_tail, UINT32_MAX);
+    if (i == NIL)
+        return false;
+    s->st.ssd_evictions++;
+    s->ns[R(s, i)->ns].info.evictions++;
+    ssd_lru_remove(s, i);
+    drop_ssd(s, i);
+    return true;
+}
+
+void store_spill_pump(kvd_store_t *s)
+{
+    double high = s->cfg.evict_high * (double)s->total_pages;
+    double low = s->cfg.evict_low * (double)s->total_pages;
+    if ((double)(used_pages(s) - s->spilling_pages) <= high)
+        return;
+    while ((double)(used_pages(s) - s->spilling_pages) > low) {
+        uint32_t i = victim_of(s, s->lru_tail, UINT32_MAX);
+        if (i == NIL)
+            return;
+        rec_t *r = R(s, i);
+        if (s->spill_policy == KVD_SPILL_HIT && r->hits == 0) {
+            s->st.spill_drops++;
+            evict_pick(s, UINT32_MAX); /* takes the same victim */
+            continue;
+        }
+        if (!tier_spill_begin(s, i))
+            return; /* the tier is busy or full: later, or on demand */
+        lru_remove(s, i);
+        r->spare |= REC_F_SPILLING;
+        s->spilling_pages += r->size_pages;
+    }
+}
+
+uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc)
+{
+    rec_t *r = R(s, i);
+    r->spare &= ~REC_F_SPILLING;
+    s->spilling_pages -= r->size_pages;
+    if (r->pins > 0) {
+        /* read while it was written: it stays, its copy is not needed */
+        s->st.spill_cancelled++;
+        return NIL;
+    }
+    if (status != KVD_OK) {
+        /* evicted as it would have been without a tier */
+        s->st.spill_failures++;
+        lru_push_head(s, i);
+        evict_rec(s, i);
+        persist_commit(s);
+        PARANOID(s, "spill_failed");
+        return NIL;
+    }
+    uint32_t j = rec_new(s);
+    if (j == NIL) {
+        lru_push_head(s, i); /* no record for it: it stays in DRAM */
+        return NIL;
+    }
+    rec_t *q = R(s, j);
+    memcpy(q->key, r->key, KVD_KEY_BYTES);
+    memcpy(q->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
+    q->has_parent = r->has_parent;
+    q->depth = r->depth;
+    q->hits = r->hits;
+    q->children = r->children;
+    q->last_access_s = r->last_access_s;
+    q->ns = r->ns;
+    q->off_pages = loc;
+    q->size_pages = r->size_pages;
+    q->state = REC_READY;
+    q->tier = KVD_TIER_SSD;
+    uint32_t slot = r->ns, t = tenant_of(s, slot);
+    ns_entry_t *e = &s->ns[slot];
+    index_remove(s, i);
+    index_insert(s, j);
+    e->info.objects_ready--;
+    e->info.objects_ssd++;
+    s->ssd_objects++;
+    s->ssd_pages += q->size_pages;
+    s->st.spills++;
+    s->st.spilled_bytes += e->info.object_bytes;
+    s->tenants[t].use.bytes -= page_bytes_of(s, r->size_pages);
+    persist_freed(s, i);
+    extent_free(s, i, (uint16_t)(t + 1));
+    ssd_lru_push_head(s, j);
+    persist_commit(s);
+    PARANOID(s, "spill");
+    return j;
+}
+
+/* Begins the promotion of SSD object i into a DRAM extent of its own;
+ * KVD_INPROGRESS when it runs (or ran already), KVD_ERR_NO_SPACE when no
+ * room can be made in DRAM, KVD_ERR_BUSY when the tier cannot take it now
+ * (the caller asks again later either way). */
+static int promote_begin(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    if (r->spare & REC_F_PROMOTING)
+        return KVD_INPROGRESS;
+    uint32_t slot = r->ns, t = tenant_of(s, slot);
+    uint32_t j = alloc_evicting(s, r->size_pages);
+    if (j == NIL)
+        return KVD_ERR_NO_SPACE;
+    rec_t *q = R(s, j);
+    uint16_t tag = q->ns; /* whose bytes the extent held (extent_alloc) */
+    memcpy(q->key, r->key, KVD_KEY_BYTES);
+    q->ns = (uint16_t)slot;
+    q->hits = tag; /* until the promotion ends */
+    q->state = REC_WRITING;
+    q->spare |= REC_F_PROMOTING;
+    if (!tier_promote_begin(s, i, j)) {
+        q->spare = 0;
+        extent_free(s, j, tag);
+        return KVD_ERR_BUSY;
+    }
+    s->tenants[t].use.bytes += page_bytes_of(s, q->size_pages);
+    s->promoting_pages += q->size_pages;
+    /* a restart while it runs finds a partial write, and quarantines it */
+    persist_writing(s, j);
+    ssd_lru_remove(s, i);
+    r->spare |= REC_F_PROMOTING;
+    r->phys_prev = j;
+    return KVD_INPROGRESS;
+}
+
+/* Frees promotion extent j: its bytes are not an object. What it holds
+ * now is tenant t's record where the read landed and the extent's former
+ * bytes elsewhere (q->hits kept whose they were). */
+static void promote_free(kvd_store_t *s, uint32_t j, uint32_t t)
+{
+    rec_t *q = R(s, j);
+    uint16_t was = q->hits, mine = (uint16_t)(t + 1);
+    s->promoting_pages -= q->size_pages;
+    s->tenants[t].use.bytes -= page_bytes_of(s, q->size_pages);
+    q->spare &= ~REC_F_PROMOTING;
+    persist_freed(s, j);
+    extent_free(s, j, was == SCRUB_CLEAN || was == mine ? mine : SCRUB_MIXED);
+}
+
+void store_promote_done(kvd_store_t *s, uint32_t i, int status)
+{
+    rec_t *r = R(s, i);
+    uint32_t j = r->phys_prev, slot = r->ns, t = tenant_of(s, slot);
+    rec_t *q = R(s, j);
+    ns_entry_t *e = &s->ns[slot];
+    r->spare &= ~REC_F_PROMOTING;
+    r->phys_prev = NIL;
+    uint32_t now = now_s(s);
+    bool unjournaled = false;
+    if (status == KVD_OK) {
+        uint16_t was = q->hits;
+        memcpy(q->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
+        q->has_parent = r->has_parent;
+        q->depth = r->depth;
+        q->hits = r->hits;
+        q->children = r->children;
+        /* not durable in DRAM: the tier's copy stays what serves it */
+        if ((unjournaled = persist_published(s, &j, 1, now) != KVD_OK))
+            q->hits = was;
+    }
+    if (status != KVD_OK || unjournaled) {
+        promote_free(s, j, t);
+        if (unjournaled) {
+            ssd_lru_push_head(s, i);
+        } else {
+            s->st.promote_failures++;
+            drop_ssd(s, i);
+        }
+        persist_commit(s);
+        PARANOID(s, "promote_failed");
+        return;
+    }
+    s->promoting_pages -= q->size_pages;
+    q->spare &= ~REC_F_PROMOTING;
+    q->state = REC_READY;
+    q->last_access_s = now;
+    index_remove(s, i);
+    index_insert(s, j);
+    tier_forget(s, i);
+    s->ssd_objects--;
+    s->ssd_pages -= r->size_pages;
+    e->info.objects_ssd--;
+    e->info.objects_ready++;
+    s->st.promotions++;
+    s->st.promoted_bytes += e->info.object_bytes;
+    rec_put(s, i);
+    lru_push_head(s, j);
+    persist_commit(s);
+    PARANOID(s, "promote");
+}
+
+bool store_ssd_insert(kvd_store_t *s, uint32_t slot, const uint8_t key[KVD_KEY_BYTES],
+                      const uint8_t *parent_tag, uint32_t depth, uint32_t last_access_s,
+                      uint16_t hits, uint32_t loc, uint32_t *out)
+{
+    if (index_find(s, slot, key) != NIL)
+        return false;
+    uint32_t j = rec_new(s);
+    if (j == NIL)
+        return false;
+    rec_t *q = R(s, j);
+    memcpy(q->key, key, KVD_KEY_BYTES);
+    if (parent_tag) {
+        memcpy(q->parent_tag, parent_tag, KVD_KEY_TAG_BYTES);
+        q->has_parent = 1;
+    }
+    q->depth = KVD_MIN(depth, REC_DEPTH_MAX);
+    q->last_access_s = last_access_s;
+    q->hits = hits;
+    q->ns = (uint16_t)slot;
+    q->off_pages = loc;
+    q->size_pages = s->ns[slot].pages;
+    q->state = REC_READY;
+    q->tier = KVD_TIER_SSD;
+    index_insert(s, j);
+    s->ns[slot].info.objects_ssd++;
+    s->ssd_objects++;
+    s->ssd_pages += q->size_pages;
+    *out = j;
+    return true;
+}
+
+void store_ssd_inserted(kvd_store_t *s, const uint32_t *recs, size_t n)
+{
+    uint64_t *refs = kvd_mem_calloc(KVD_MEM_STAGING, n ? 2 * n : 1, sizeof(uint64_t));
+    for (size_t k = 0; k < n; k++)
+        count_child(s, recs[k], +1);
+    if (refs == NULL) {
+        for (size_t k = 0; k < n; k++)
+            ssd_lru_push_head(s, recs[k]);
+        return;
+    }
+    /* oldest access first onto the head: the most recent ends there */
+    for (size_t k = 0; k < n; k++)
+        refs[k] = (uint64_t)R(s, recs[k])->last_access_s << 32 | recs[k];
+    store_sort_high32(refs, refs + n, n);
+    for (size_t k = 0; k < n; k++)
+        ssd_lru_push_head(s, (uint32_t)refs[k]);
+    kvd_mem_free(KVD_MEM_STAGING, refs, 2 * n * sizeof(uint64_t));
+    PARANOID(s, "ssd_restore");
 }
 
 /* --------------------------------------------------------------- leases */
@@ -826,7 +1165,8 @@ static void lease_end(kvd_store_t *s, lease_t *l)
         s->tenants[l->tenant].use.pins--;
         if (--r->pins == 0) {
             s->ns[r->ns].info.objects_pinned--;
-            l->recs[n_free++] = i; /* reuse the array: k >= n_free */
+            if (!(r->spare & REC_F_SPILLING)) /* its spill's end decides */
+                l->recs[n_free++] = i;        /* reuse the array: k >= n_free */
         }
     }
     if (!l->write)
@@ -1132,6 +1472,37 @@ int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
 
 /* ------------------------------------------------------------- acquire */
 
+/* An Acquire naming keys on the SSD tier (the first at index `first`):
+ * begins the promotion of each (at most ACQUIRE_PROMOTE_MAX per call) and
+ * answers KVD_INPROGRESS, naming the first; KVD_ERR_NO_SPACE naming a key
+ * that has no room in DRAM. Nothing is pinned: the caller asks again. */
+#define ACQUIRE_PROMOTE_MAX 4096
+static int acquire_promote(kvd_store_t *s, uint32_t ns, const uint8_t (*keys)[KVD_KEY_BYTES],
+                           size_t n, size_t first, size_t *first_bad)
+{
+    int rc = KVD_INPROGRESS;
+    *first_bad = first;
+    for (size_t k = first, begun = 0; k < n && begun < ACQUIRE_PROMOTE_MAX; k++) {
+        uint32_t i = index_find(s, ns, keys[k]);
+        if (i == NIL || R(s, i)->tier != KVD_TIER_SSD)
+            continue;
+        begun++;
+        int one = promote_begin(s, i);
+        if (one == KVD_ERR_NO_SPACE) {
+            *first_bad = k;
+            rc = one;
+            s->st.acquire_failures++;
+            s->ns[ns].info.acquire_failures++;
+            break;
+        }
+        if (one == KVD_ERR_BUSY)
+            break; /* the tier's queue is full: the next ask goes on */
+    }
+    persist_commit(s);
+    PARANOID(s, "acquire_promote");
+    return rc;
+}
+
 int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, uint64_t now_ms,
                       uint64_t *lease_id, kvd_loc_t *locs, size_t *first_bad)
@@ -1146,12 +1517,18 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
     }
     /* check everything first, all or nothing; the records found wait in
      * locs[].offset for the second pass */
+    size_t on_ssd = SIZE_MAX;
     for (size_t k = 0; k < n; k++) {
         uint32_t i = index_find(s, ns, keys[k]);
-        int rc = i == NIL                      ? KVD_ERR_NOT_FOUND
-                 : R(s, i)->state != REC_READY ? KVD_ERR_BUSY
-                 : R(s, i)->pins == UINT16_MAX ? KVD_ERR_NO_SPACE /* pins saturated */
-                                               : KVD_OK;
+        int rc = i == NIL                          ? KVD_ERR_NOT_FOUND
+                 : R(s, i)->state != REC_READY     ? KVD_ERR_BUSY
+                 : R(s, i)->tier == KVD_TIER_SSD   ? KVD_INPROGRESS
+                 : R(s, i)->pins == UINT16_MAX     ? KVD_ERR_NO_SPACE /* pins saturated */
+                                                   : KVD_OK;
+        if (rc == KVD_INPROGRESS) {
+            on_ssd = KVD_MIN(on_ssd, k);
+            continue;
+        }
         if (rc != KVD_OK) {
             *first_bad = k;
             s->st.acquire_failures++;
@@ -1160,6 +1537,8 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
         }
         locs[k].offset = i;
     }
+    if (on_ssd != SIZE_MAX)
+        return acquire_promote(s, ns, keys, n, on_ssd, first_bad);
     uint32_t t = tenant_of(s, ns);
     tenant_t *tn = &s->tenants[t];
     if ((tn->lim.max_pins != 0 && tn->use.pins + n > tn->lim.max_pins) ||
@@ -1194,7 +1573,8 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
         s->pins++;
         tn->use.pins++;
         if (r->pins++ == 0) {
-            lru_remove(s, i);
+            if (!(r->spare & REC_F_SPILLING)) /* a spilling one is off the LRU */
+                lru_remove(s, i);
             s->ns[ns].info.objects_pinned++;
         }
         if (r->hits < UINT16_MAX)
@@ -1234,6 +1614,20 @@ static bool restorable(const uint32_t *run_end, size_t b, uint32_t trailing)
 int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
                      uint32_t *boundaries, size_t *n_boundaries)
 {
+    return kvd_store_lookup_tiers(s, pools, n_pools, boundaries, NULL, n_boundaries);
+}
+
+/* Whether boundary b of a pool needs a page on the SSD tier, given
+ * ssd_before[k] = the pool's SSD pages among pages 0..k-1. */
+static bool needs_ssd(const uint32_t *ssd_before, size_t b, uint32_t trailing)
+{
+    size_t from = trailing == 0 || trailing >= b ? 0 : b - trailing;
+    return ssd_before[b] > ssd_before[from];
+}
+
+int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                           uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries)
+{
     if (n_pools == 0)
         return KVD_ERR_INVALID;
     size_t n = SIZE_MAX;
@@ -1245,13 +1639,17 @@ int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_po
     }
     s->st.lookups++;
     /* ok[b-1]: boundary b restorable for every pool so far */
-    uint8_t *ok = kvd_mem_calloc(KVD_MEM_STAGING, n ? n : 1, 1);
-    uint32_t *run = kvd_mem_calloc(KVD_MEM_STAGING, n ? n : 1, sizeof(uint32_t));
+    /* ok[b-1]: bit 0 restorable so far, bit 1 needs the SSD tier; run and
+     * ssd_before share one allocation */
+    size_t cells = n ? n : 1;
+    uint8_t *ok = kvd_mem_calloc(KVD_MEM_STAGING, cells, 1);
+    uint32_t *run = kvd_mem_calloc(KVD_MEM_STAGING, 2 * cells + 1, sizeof(uint32_t));
     if (ok == NULL || run == NULL) {
-        kvd_mem_free(KVD_MEM_STAGING, ok, n ? n : 1);
-        kvd_mem_free(KVD_MEM_STAGING, run, (n ? n : 1) * sizeof(uint32_t));
+        kvd_mem_free(KVD_MEM_STAGING, ok, cells);
+        kvd_mem_free(KVD_MEM_STAGING, run, (2 * cells + 1) * sizeof(uint32_t));
         return KVD_ERR_NOMEM;
     }
+    uint32_t *ssd_before = run + cells;
     memset(ok, 1, n);
     for (size_t p = 0; p < n_pools; p++) {
         uint32_t slot = 0;
@@ -1263,21 +1661,29 @@ int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_po
             bool present = i != NIL && R(s, i)->state == REC_READY;
             len = present ? len + 1 : 0;
             run[k] = len;
+            ssd_before[k + 1] = ssd_before[k] + (present && R(s, i)->tier == KVD_TIER_SSD);
             e->info.lookup_pages++;
             e->info.hit_pages += present;
             s->st.lookup_pages++;
             s->st.hit_pages += present;
         }
-        for (size_t b = 1; b <= n; b++)
-            ok[b - 1] &= restorable(run, b, pools[p].trailing_pages);
+        for (size_t b = 1; b <= n; b++) {
+            uint32_t trailing = pools[p].trailing_pages;
+            ok[b - 1] &= restorable(run, b, trailing) | 2;
+            ok[b - 1] |= needs_ssd(ssd_before, b, trailing) ? 2 : 0;
+        }
     }
     size_t m = 0;
-    for (size_t b = 1; b <= n; b++)
-        if (ok[b - 1])
-            boundaries[m++] = (uint32_t)b;
+    for (size_t b = 1; b <= n; b++) {
+        if (!(ok[b - 1] & 1))
+            continue;
+        if (tiers)
+            tiers[m] = ok[b - 1] & 2 ? KVD_TIER_SSD : KVD_TIER_DRAM;
+        boundaries[m++] = (uint32_t)b;
+    }
     *n_boundaries = m;
-    kvd_mem_free(KVD_MEM_STAGING, ok, n ? n : 1);
-    kvd_mem_free(KVD_MEM_STAGING, run, (n ? n : 1) * sizeof(uint32_t));
+    kvd_mem_free(KVD_MEM_STAGING, ok, cells);
+    kvd_mem_free(KVD_MEM_STAGING, run, (2 * cells + 1) * sizeof(uint32_t));
     return KVD_OK;
 }
 
@@ -1299,7 +1705,10 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
     out->children = r->children;
     out->last_access_ms =
         r->last_access_s ? s->epoch_ms + (uint64_t)(r->last_access_s - 1) * 1000 : 0;
-    fill_loc(s, i, &out->loc);
+    if (r->tier == KVD_TIER_SSD)
+        out->loc = (kvd_loc_t){.offset = UINT64_MAX, .size = s->ns[r->ns].info.object_bytes};
+    else
+        fill_loc(s, i, &out->loc);
 }
 
 int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES],
@@ -1341,6 +1750,17 @@ int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *ar
     for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
         const rec_t *r = R(s, i);
         if ((r->state != REC_READY && r->state != REC_WRITING) || r->quarantined ||
+            (r->spare & REC_F_PROMOTING) || (ns != UINT32_MAX && r->ns != ns))
+            continue;
+        info_of(s, i, &info);
+        int rc = fn(&info, arg);
+        if (rc != 0)
+            return rc;
+    }
+    /* then the tier's, the SSD LRU's and those being promoted */
+    for (uint32_t i = 1; s->ssd_objects > 0 && i <= s->rec_high; i++) {
+        const rec_t *r = R(s, i);
+        if (r->state != REC_READY || r->tier != KVD_TIER_SSD ||
             (ns != UINT32_MAX && r->ns != ns))
             continue;
         info_of(s, i, &info);
@@ -1370,9 +1790,16 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
     if (i == NIL)
         return KVD_ERR_NOT_FOUND;
     rec_t *r = R(s, i);
-    if (r->state != REC_READY || r->pins > 0)
+    if (r->state != REC_READY || r->pins > 0 || (r->spare & (REC_F_SPILLING | REC_F_PROMOTING)))
         return KVD_ERR_BUSY;
-    evict_rec(s, i);
+    if (r->tier == KVD_TIER_SSD) {
+        ssd_lru_remove(s, i);
+        s->ns[r->ns].info.evictions++;
+        s->st.ssd_evictions++;
+        drop_ssd(s, i);
+    } else {
+        evict_rec(s, i);
+    }
     persist_commit(s);
     PARANOID(s, "evict_key");
     return KVD_OK;
@@ -1396,6 +1823,18 @@ static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
         if ((ns == UINT32_MAX || slot == ns) &&
             (tenant == UINT32_MAX || tenant_of(s, slot) == tenant)) {
             evict_rec(s, i);
+            e++;
+        }
+    }
+    for (uint32_t i = s->ssd_lru_head, next; i != NIL; i = next) {
+        next = R(s, i)->link_next;
+        uint32_t slot = R(s, i)->ns;
+        if ((ns == UINT32_MAX || slot == ns) &&
+            (tenant == UINT32_MAX || tenant_of(s, slot) == tenant)) {
+            ssd_lru_remove(s, i);
+            s->ns[slot].info.evictions++;
+            s->st.ssd_evictions++;
+            drop_ssd(s, i);
             e++;
         }
     }
@@ -1446,6 +1885,11 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
         out->pinned_bytes += e->info.objects_pinned * bytes;
     }
     out->pins = s->pins;
+    /* promotion extents are being written (by the tier), objects or not */
+    out->promoting_bytes = page_bytes_of(s, s->promoting_pages);
+    out->writing_bytes += out->promoting_bytes;
+    out->spilling_bytes = page_bytes_of(s, s->spilling_pages);
+    out->ssd_objects = s->ssd_objects;
     out->quarantined_bytes = page_bytes_of(s, s->quarantine_pages);
     out->largest_free_bytes = page_bytes_of(s, extent_largest_free(s));
     out->fragmentation =
@@ -1457,6 +1901,8 @@ void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out)
                        (uint64_t)s->ns_cap * sizeof(ns_entry_t) + sizeof(*s) +
                        s->lease_bytes + s->owners_bytes;
     persist_stats(s, out);
+    if (s->tier)
+        tier_stats(s, out);
 }
 
 /* --------------------------------------------------------------- check */
@@ -1491,7 +1937,7 @@ static int check_tenants(const kvd_store_t *s, char *why, size_t why_len)
             goto out;
         }
         u[t].bytes += page_bytes_of(s, r->size_pages);
-        if (r->state == REC_READY && r->pins == 0)
+        if (r->state == REC_READY && r->pins == 0 && !(r->spare & REC_F_SPILLING))
             u[t].lru += r->size_pages;
     }
     for (const lease_t *l = s->oldest; l != NULL; l = l->newer) {
@@ -1542,10 +1988,60 @@ out:
     return rc;
 }
 
+/* The SSD tier's records agree with the index, the SSD LRU, the promotion
+ * extents and the counters; adds them to *objects. NULL or what is wrong. */
+static const char *check_ssd(const kvd_store_t *s, uint64_t *objects)
+{
+    static _Thread_local char why[160];
+    uint64_t n = 0, pages = 0, promoting = 0, listed = 0;
+    for (uint32_t i = 1; i <= s->rec_high && (s->ssd_objects > 0 || s->ssd_lru_head); i++) {
+        const rec_t *r = R(s, i);
+        if (r->state != REC_READY || r->tier != KVD_TIER_SSD)
+            continue;
+        n++;
+        pages += r->size_pages;
+        if (r->ns >= s->n_slots || !s->ns[r->ns].live || r->size_pages != s->ns[r->ns].pages ||
+            index_find(s, r->ns, r->key) != i || r->pins) {
+            snprintf(why, sizeof(why), "SSD object %u: bad namespace, size, index or pins", i);
+            return why;
+        }
+        if (r->spare & REC_F_PROMOTING) {
+            const rec_t *q = R(s, r->phys_prev);
+            if (r->phys_prev == NIL || q->state != REC_WRITING ||
+                !(q->spare & REC_F_PROMOTING) ||
+                memcmp(q->key, r->key, KVD_KEY_BYTES) != 0) {
+                snprintf(why, sizeof(why), "SSD object %u: its promotion extent is wrong", i);
+                return why;
+            }
+            promoting++;
+        }
+    }
+    for (uint32_t i = s->ssd_lru_head, p = NIL; i != NIL; p = i, i = R(s, i)->link_next) {
+        const rec_t *r = R(s, i);
+        if (r->tier != KVD_TIER_SSD || r->state != REC_READY ||
+            (r->spare & REC_F_PROMOTING) || r->link_prev != p || ++listed > n) {
+            snprintf(why, sizeof(why), "the SSD LRU holds record %u wrongly or loops", i);
+            return why;
+        }
+    }
+    if (n != s->ssd_objects || pages != s->ssd_pages || listed + promoting != n) {
+        snprintf(why, sizeof(why),
+                 "%llu SSD objects (%llu pages, %llu listed, %llu promoting), the counters "
+                 "say %llu (%llu pages)",
+                 (unsigned long long)n, (unsigned long long)pages,
+                 (unsigned long long)listed, (unsigned long long)promoting,
+                 (unsigned long long)s->ssd_objects, (unsigned long long)s->ssd_pages);
+        return why;
+    }
+    *objects += n;
+    return NULL;
+}
+
 int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
 {
     uint64_t pages = 0, free_p = 0, writing = 0, ready = 0, lru_expect = 0, pins = 0,
-             free_recs = 0, objects = 0, quarantined = 0, lru_pages = 0;
+             free_recs = 0, objects = 0, quarantined = 0, lru_pages = 0, promoting = 0,
+             spilling = 0;
     uint32_t prev = NIL;
     bool prev_free = false;
     for (uint32_t i = s->phys_head; i != NIL; i = R(s, i)->phys_next) {
@@ -1565,6 +2061,12 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
             quarantined += r->size_pages;
             if (index_find(s, r->ns, r->key) == i)
                 FAIL("quarantined record %u is still in the index", i);
+        } else if (r->state == REC_WRITING && (r->spare & REC_F_PROMOTING)) {
+            promoting += r->size_pages;
+            if (index_find(s, r->ns, r->key) == i || r->pins)
+                FAIL("promotion extent %u is in the index or pinned", i);
+        } else if (r->tier == KVD_TIER_SSD) {
+            FAIL("SSD object %u is in the pool's address order", i);
         } else if (r->state == REC_WRITING || r->state == REC_READY) {
             objects++;
             if (r->ns >= s->n_slots || !s->ns[r->ns].live ||
@@ -1577,10 +2079,12 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
                 if (r->pins)
                     FAIL("object %u is pinned while being written", i);
             } else {
+                bool on_lru = r->pins == 0 && !(r->spare & REC_F_SPILLING);
                 ready += r->size_pages;
                 pins += r->pins;
-                lru_expect += r->pins == 0;
-                lru_pages += r->pins == 0 ? r->size_pages : 0;
+                spilling += r->spare & REC_F_SPILLING ? r->size_pages : 0;
+                lru_expect += on_lru;
+                lru_pages += on_lru ? r->size_pages : 0;
             }
         } else {
             FAIL("record %u in the address order has state %u", i, r->state);
@@ -1592,12 +2096,20 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
         FAIL("extents cover %llu pages of %llu", (unsigned long long)pages,
              (unsigned long long)s->total_pages);
     if (free_p != s->free_pages ||
-        free_p + writing + ready + quarantined != s->total_pages)
-        FAIL("free %llu + writing %llu + ready %llu + quarantined %llu != pool %llu "
-             "pages (free counter %llu)",
+        free_p + writing + promoting + ready + quarantined != s->total_pages)
+        FAIL("free %llu + writing %llu + promoting %llu + ready %llu + quarantined %llu "
+             "!= pool %llu pages (free counter %llu)",
              (unsigned long long)free_p, (unsigned long long)writing,
-             (unsigned long long)ready, (unsigned long long)quarantined,
-             (unsigned long long)s->total_pages, (unsigned long long)s->free_pages);
+             (unsigned long long)promoting, (unsigned long long)ready,
+             (unsigned long long)quarantined, (unsigned long long)s->total_pages,
+             (unsigned long long)s->free_pages);
+    if (promoting != s->promoting_pages || spilling != s->spilling_pages)
+        FAIL("%llu pages promoting and %llu spilling, the counters say %llu and %llu",
+             (unsigned long long)promoting, (unsigned long long)spilling,
+             (unsigned long long)s->promoting_pages, (unsigned long long)s->spilling_pages);
+    const char *ssd_bad = check_ssd(s, &objects);
+    if (ssd_bad)
+        FAIL("%s", ssd_bad);
     if (quarantined != s->quarantine_pages)
         FAIL("%llu pages in quarantine, the counter says %llu",
              (unsigned long long)quarantined, (unsigned long long)s->quarantine_pages);
@@ -1685,6 +2197,7 @@ int kvd_store_foreach_from(const kvd_store_t *s, uint32_t ns, uint64_t *pos,
         }
         const rec_t *r = R(s, (uint32_t)i);
         if ((r->state != REC_READY && r->state != REC_WRITING) || r->quarantined ||
+            (r->state == REC_WRITING && (r->spare & REC_F_PROMOTING)) ||
             (ns != UINT32_MAX && r->ns != ns))
             continue;
         info_of(s, (uint32_t)i, &info);
@@ -1726,11 +2239,19 @@ static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
         }
         rec_t *r = R(s, (uint32_t)i);
         if (r->state != REC_READY || r->pins > 0 || r->quarantined ||
+            (r->spare & (REC_F_SPILLING | REC_F_PROMOTING)) ||
             (ns != UINT32_MAX && r->ns != ns) ||
             (tenant != UINT32_MAX && tenant_of(s, r->ns) != tenant))
             continue;
         /* kvd_store_evict_key's steps, checked once per slice */
         s->ns[r->ns].info.evictions++;
+        if (r->tier == KVD_TIER_SSD) {
+            s->st.ssd_evictions++;
+            ssd_lru_remove(s, (uint32_t)i);
+            drop_ssd(s, (uint32_t)i);
+            e++;
+            continue;
+        }
         s->st.evictions++;
         s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
         lru_remove(s, (uint32_t)i);
@@ -2032,7 +2553,7 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
              * the free space before it, or taking in the free rest after
              * it: either way the tail); the first goes after the loop. */
             out->discarded++;
-            R(s, index_find(s, o->slot, o->key))->spare = 1;
+            R(s, index_find(s, o->slot, o->key))->spare |= REC_F_DOOMED;
             uint32_t prev = r->phys_prev;
             bool prev_free = prev != NIL && R(s, prev)->state == REC_FREE;
             extent_free(s, i, free_tag);
@@ -2051,11 +2572,11 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
         for (size_t k = 0; k < n_ready; k++) {
             uint32_t i = (uint32_t)refs[k];
             rec_t *r = R(s, i);
-            if (!r->spare) {
+            if (!(r->spare & REC_F_DOOMED)) {
                 refs[kept++] = refs[k];
                 continue;
             }
-            r->spare = 0;
+            r->spare &= ~REC_F_DOOMED;
             ns_entry_t *e = &s->ns[r->ns];
             e->info.objects_ready--;
             s->tenants[e->info.tenant].use.bytes -= page_bytes_of(s, r->size_pages);

@@ -288,6 +288,7 @@ typedef struct kvd_ns_info {
     uint64_t published_bytes;  /* offloaded into this namespace */
     uint64_t acquired_bytes;   /* loaded (pinned for reading) */
     uint64_t acquire_failures; /* Acquires refused: a key missing or busy */
+    uint64_t objects_ssd;      /* on the SSD tier (not in objects_ready) */
 } kvd_ns_info_t;
 
 /* Namespaces that exist now. */
@@ -406,6 +407,10 @@ int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
  * nothing is pinned and *first_bad is the index of the first key that is
  * missing (KVD_ERR_NOT_FOUND), still being written (KVD_ERR_BUSY) or pinned
  * 65535 times already (KVD_ERR_NO_SPACE); KVD_ERR_NOMEM names key 0.
+ * KVD_INPROGRESS (nothing pinned; *first_bad the first such key) when
+ * keys are on the SSD tier: their promotion has begun (or is running) and
+ * the caller asks again; KVD_ERR_NO_SPACE names a key that has no room in
+ * DRAM to be promoted into.
  * KVD_ERR_QUOTA (key 0) when the pins would take ns's tenant past max_pins
  * or a lease past max_leases.
  */
@@ -448,6 +453,10 @@ typedef struct kvd_lookup_pool {
  */
 int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
                      uint32_t *boundaries, size_t *n_boundaries);
+/* The same, and tiers[m] (may be NULL) is the slowest tier boundary m
+ * needs: KVD_TIER_SSD when any page it needs is on the SSD tier. */
+int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                           uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries);
 
 /* --- inspection and eviction */
 
@@ -638,9 +647,117 @@ typedef struct kvd_store_stats {
     uint64_t journal_compactions; /* snapshots put in place of the journal */
     uint64_t journal_errors;      /* writes that failed (the journal then
                                      invalid until rewritten) */
+    /* the SSD tier (all 0 without one) */
+    uint64_t ssd_bytes;          /* the tier's size */
+    uint64_t ssd_used_bytes;     /* segments in use (live and dead records) */
+    uint64_t ssd_live_bytes;     /* records of objects on the tier */
+    uint64_t ssd_objects;        /* objects on the tier */
+    uint64_t ssd_segments, ssd_segments_free;
+    uint64_t spilling_bytes;     /* DRAM objects being written to the tier */
+    uint64_t promoting_bytes;    /* DRAM extents being read from it (in writing_bytes) */
+    uint64_t spills, spilled_bytes;     /* objects moved to the tier */
+    uint64_t spill_failures;            /* spills that failed (the object dropped) */
+    uint64_t spill_cancelled;           /* pinned while spilled: kept in DRAM */
+    uint64_t spill_drops;               /* cold objects dropped by the spill policy */
+    uint64_t promotions, promoted_bytes; /* objects moved back into DRAM */
+    uint64_t promote_failures;           /* promotions that failed: object dropped */
+    uint64_t ssd_evictions;              /* objects evicted from the tier */
+    uint64_t ssd_compactions;            /* segments freed by compaction */
+    uint64_t ssd_copied_bytes;           /* ... live bytes they moved */
+    uint64_t ssd_io_errors, ssd_checksum_failures, ssd_no_space;
+    uint64_t ssd_queue_depth;            /* the executor's limit */
+    uint64_t ssd_in_flight;              /* its ops in flight now */
+    uint64_t ssd_spill_ns, ssd_promote_ns; /* time spent, summed per op: GB/s */
+    uint64_t ssd_recovered_objects;      /* found on the tier at start */
+    uint32_t ssd_io_path;                /* 0 none, 1 io_uring, 2 pread/pwrite */
+    uint32_t ssd_fixed_buffers;          /* 1: the pool is registered with the ring */
 } kvd_store_stats_t;
 
 void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out);
+
+/* --- the SSD tier
+ *
+ * A store may have an SSD tier (kvd_store_tier_attach): a directory of
+ * segment files (segment.h) on a file system, written with O_DIRECT
+ * through io_uring or pread/pwrite threads (tier_io.h). Then
+ *   - eviction past the high watermark moves READY objects to the tier
+ *     (a spill, asynchronous: the object stays readable in DRAM until its
+ *     record is written, then its extent is freed) instead of freeing
+ *     them; under the "hit" policy objects never acquired are dropped
+ *     instead. Eviction on demand (a Reserve that needs room now) still
+ *     drops, since a spill frees nothing at once;
+ *   - the tier evicts its own objects leaf-first by chain depth from its
+ *     LRU, and frees segments whole: a segment mostly dead is compacted
+ *     (its live records copied to the head);
+ *   - Lookup counts objects on the tier as present and says per boundary
+ *     which tier it needs (kvd_store_lookup's tiers);
+ *   - Acquire of an object on the tier starts its promotion into DRAM and
+ *     answers KVD_INPROGRESS (nothing pinned): the caller asks again; a
+ *     promotion that fails (I/O error, checksum) makes the object absent;
+ *   - the tier's index is rebuilt at attach from its checkpoint and the
+ *     segments' record headers, so its objects survive the pool's loss.
+ * The tier's I/O ends on the executor's threads; the caller polls
+ * kvd_store_tier_fd and calls kvd_store_tier_poll from its thread.
+ */
+
+typedef enum kvd_spill_policy {
+    KVD_SPILL_ALL = 0, /* every evicted object goes to the tier */
+    KVD_SPILL_HIT = 1, /* only objects acquired at least once; others dropped */
+} kvd_spill_policy_t;
+
+typedef struct kvd_tier_opts {
+    const char *dir;           /* the tier's directory (created if absent) */
+    uint64_t size_bytes;       /* the tier's size: segments of it */
+    uint64_t segment_bytes;    /* 0: 256 MiB */
+    int io_path;               /* 0 auto, 1 io_uring, 2 pread/pwrite */
+    uint32_t queue_depth;      /* 0: 32 */
+    kvd_spill_policy_t policy;
+    void *pool_base;           /* the pool's mapping: where values move */
+    uint64_t pool_bytes;
+    bool fresh;                /* discard what the tier holds */
+    bool no_fixed_buffers;     /* do not register the pool with the ring */
+    uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
+    uint64_t now_ms;           /* the callers' clock; 0: now */
+} kvd_tier_opts_t;
+
+typedef struct kvd_tier_recovery {
+    uint64_t objects, bytes;  /* back on the tier */
+    uint64_t checkpoint_records; /* ... of them from the checkpoint */
+    uint64_t scanned_records;    /* ... read from segment headers */
+    uint64_t duplicates;      /* keys in DRAM already, or twice */
+    uint64_t discarded;       /* records whose namespace or tenant is gone */
+    uint64_t segments, torn;  /* segments read; those ending in a torn record */
+    uint64_t elapsed_ns;
+    char note[256];           /* why nothing was recovered, when nothing was */
+} kvd_tier_recovery_t;
+
+/*
+ * Attaches an SSD tier to s (after kvd_store_journal_attach, if any, so
+ * that DRAM objects win over older copies on the tier): opens or creates
+ * o->dir, checks it is a tier of this layout (KVD_ERR_STATE, `why` says
+ * why, when not: o->fresh discards it), takes its lock (KVD_ERR_BUSY),
+ * creates the segment files up to size_bytes (KVD_ERR_NO_SPACE when the
+ * file system cannot hold them: `why` names a size that fits), starts the
+ * executor (KVD_ERR_UNSUPPORTED when io_uring is asked for and refused)
+ * and rebuilds the tier's index.
+ */
+int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
+                          kvd_tier_recovery_t *rec, char *why, size_t why_len);
+/* The executor's completion fd (readable when kvd_store_tier_poll has
+ * work), or -1 without a tier. */
+int kvd_store_tier_fd(const kvd_store_t *s);
+/* Takes the tier's completions and moves the work on (spills, promotions,
+ * compaction, checkpoints). Returns the completions taken. */
+size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms);
+/* Writes the tier's checkpoint now (a clean stop). */
+int kvd_store_tier_checkpoint(kvd_store_t *s);
+/* Waits until the tier has nothing in flight or timeout_ms passed, polling
+ * (tests, a clean stop). */
+void kvd_store_tier_drain(kvd_store_t *s, int timeout_ms);
+/* The I/O path's name ("io_uring", "pread/pwrite") and why it is what it
+ * is; "" without a tier. */
+const char *kvd_store_tier_io_path(const kvd_store_t *s);
+const char *kvd_store_tier_note(const kvd_store_t *s);
 
 /*
  * Checks every invariant: free + writing + ready bytes = pool bytes, extents

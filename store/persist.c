@@ -318,7 +318,9 @@ static int snap_records(kvd_store_t *s, uint32_t from, uint32_t to)
     for (uint32_t i = from; i <= to && i != 0; i++) {
         const rec_t *r = R(s, i);
         uint8_t *b;
-        if (r->state == REC_READY) {
+        if (r->tier == KVD_TIER_SSD) {
+            /* on the SSD tier: its segment's record says it, not the pool */
+        } else if (r->state == REC_READY) {
             if ((b = jnl_rewrite_put(j, sizeof(e_obj_t))) == NULL)
                 return KVD_ERR_NOMEM;
             put_obj(b, s, i, true);

@@ -29,7 +29,11 @@
  * never changed in place; a segment is reused only whole, with a new
  * generation in its header, so a checkpoint entry of an older generation
  * is known stale. A write cut short (a crash) or a torn block fails a CRC
- * and ends that segment's scan.
+ * and ends that segment's scan; a place whose write failed is covered by a
+ * pad record (SEG_REC_PAD), so that the scan goes on past it. The tier
+ * acknowledges a record (frees its DRAM copy) only once every place before
+ * it in its segment is written, so a scan that stops at a torn record has
+ * seen every acknowledged one.
  *
  * Byte order: native, as the journal's; a foreign order fails the magic.
  */
@@ -46,6 +50,7 @@
 #define SEG_FILE_MAGIC    0x4753564bu /* "KVSG" */
 #define SEG_REC_MAGIC     0x4352564bu /* "KVRC" */
 #define SEG_BYTES_DEFAULT (256ull << 20)
+#define SEG_REC_PAD       1u /* seg_rec_hdr_t.flags: a place whose write failed */
 
 typedef struct seg_file_hdr {
     uint32_t magic; /* SEG_FILE_MAGIC */
@@ -76,7 +81,7 @@ typedef struct seg_rec_hdr {
     uint16_t hits;
     uint8_t has_parent;
     uint8_t rank_replicated;
-    uint32_t reserved;
+    uint32_t flags; /* SEG_REC_PAD: no object, value_bytes of nothing to skip */
     char tenant[KVD_TENANT_NAME_MAX];
     char ns[KVD_NS_NAME_MAX];
 } seg_rec_hdr_t;

@@ -57,8 +57,26 @@ typedef struct rec {
     uint32_t has_parent : 1;
     uint32_t quarantined : 1; /* a dead writer's extent, waiting out its grace;
                                  its tenant + 1 is kept in `hits` then */
-    uint32_t spare : 3;       /* 1: doomed, while a restore runs (engine.c) */
+    uint32_t spare : 3;       /* REC_F_*: states of the SSD tier, and of a restore */
 } rec_t;
+
+/* rec_t.spare flags */
+#define REC_F_DOOMED    1u /* a restore drops it (engine.c, store_restore_objects) */
+#define REC_F_SPILLING  2u /* READY in DRAM, being written to the SSD tier: off the
+                              LRU; its extent is freed once the write is done */
+#define REC_F_PROMOTING 4u /* an SSD object being read into DRAM (off the SSD
+                              LRU; phys_prev names the DRAM extent), or that
+                              DRAM extent itself (WRITING, not in the index) */
+
+/*
+ * An object on the SSD tier is a record of its own, tier = KVD_TIER_SSD and
+ * state READY, in the index like any object but in none of the pool's
+ * lists: off_pages is its place in the tier (tier.c: a block number in
+ * SEG_BLOCK units), size_pages its size in pool pages, link_prev/link_next
+ * its place in the SSD LRU, phys_next NIL. Tiers are exclusive: an object
+ * is in DRAM or on SSD, never both, so a spill moves it (a new SSD record,
+ * the DRAM extent freed) and a promotion moves it back.
+ */
 
 #define REC_DEPTH_MAX 0xffffffu
 
@@ -173,6 +191,14 @@ struct kvd_store {
     /* the journal of this store's metadata (persist.c); NULL without one */
     struct persist *persist;
 
+    /* the SSD tier (tier.c); NULL without one. Its objects' LRU (head most
+     * recent), and the DRAM pages being spilled or promoted now. */
+    struct tier *tier;
+    uint32_t ssd_lru_head, ssd_lru_tail;
+    uint64_t ssd_objects, ssd_pages;
+    uint64_t spilling_pages, promoting_pages;
+    kvd_spill_policy_t spill_policy;
+
     /* leases */
     lease_t **lease_buckets;
     uint64_t n_lease_buckets;
@@ -262,6 +288,58 @@ static inline void persist_tick(kvd_store_t *s)
     if (s->persist)
         persist_tick_(s);
 }
+
+/* tier.c: the SSD tier, called by the engine. Without a tier the engine
+ * never calls them (s->tier == NULL). */
+/* Begins writing READY DRAM object i to the tier (it is off the LRU,
+ * REC_F_SPILLING set by the caller after success); false when the tier
+ * cannot take it now (its queue is full or it has no room). */
+bool tier_spill_begin(kvd_store_t *s, uint32_t i);
+/* Begins reading SSD object i into DRAM extent j (WRITING, REC_F_PROMOTING);
+ * false when the tier cannot take it now. */
+bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j);
+/* SSD object i is leaving the tier (dropped or promoted): its place is
+ * dead space now. */
+void tier_forget(kvd_store_t *s, uint32_t i);
+void tier_close(kvd_store_t *s);
+void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out);
+
+/* engine.c: what the tier calls back. */
+/* Spill of DRAM object i ended: with KVD_OK the object moves to the tier
+ * at place `loc` (a new SSD record), its extent freed, unless it was pinned
+ * meanwhile (then it stays in DRAM and the tier's copy is forgotten: the
+ * return is NIL, and the caller counts loc as dead); an error drops it,
+ * as an eviction would have. Returns the SSD record, or NIL when the tier
+ * does not keep the copy. */
+uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc);
+/* Promotion of SSD object i ended: KVD_OK makes its DRAM extent the
+ * object (READY, journaled); an error (I/O, checksum) drops the object:
+ * absent, never wrong. */
+void store_promote_done(kvd_store_t *s, uint32_t i, int status);
+/* Drops SSD object i (on the SSD LRU, not promoting): its record failed
+ * its check (compaction read it); counted as a failed promotion. */
+void store_ssd_drop(kvd_store_t *s, uint32_t i);
+/* Evicts one SSD object, leaf-first from the SSD LRU's cold end; false
+ * when there is none that can go. */
+bool store_ssd_evict_one(kvd_store_t *s);
+/* Spills from the DRAM LRU's cold end while the pool is past its high
+ * watermark (counting what is being spilled as gone), as far as the tier
+ * takes; with the "hit" policy objects never acquired are dropped instead. */
+void store_spill_pump(kvd_store_t *s);
+/* A namespace for records found on the tier at start: tenant's `name`,
+ * registered without a user (it goes once it has neither objects nor
+ * users), or found. */
+int store_ns_ensure(kvd_store_t *s, uint32_t tenant, const char *name, uint64_t object_bytes,
+                    bool rank_replicated, uint32_t *slot);
+/* Adds an SSD record found at start (tier.c's scan); false when the key is
+ * there already (DRAM wins: the pool's journal is newer) or out of memory.
+ * *out is the record. */
+bool store_ssd_insert(kvd_store_t *s, uint32_t slot, const uint8_t key[KVD_KEY_BYTES],
+                      const uint8_t *parent_tag, uint32_t depth, uint32_t last_access_s,
+                      uint16_t hits, uint32_t loc, uint32_t *out);
+/* Ends a restore of the tier: puts the SSD records on the SSD LRU by last
+ * access, counts children. */
+void store_ssd_inserted(kvd_store_t *s, const uint32_t *recs, size_t n);
 
 /* engine.c: rebuilding a store from a recovered image (persist.c). The
  * store must be empty (created, tenants added, nothing else). */

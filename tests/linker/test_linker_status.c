@@ -48,6 +48,7 @@ static const kvd_status_t codes[] = {
     KVD_ERR_DRAINING,
     KVD_ERR_AUTH,
     KVD_ERR_QUOTA,
+    KVD_ERR_CORRUPT,
 };
 #define N_CODES (sizeof(codes) / sizeof(codes[0]))
 

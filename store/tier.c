@@ -1,0 +1,1387 @@
+/*
+ * tier.c - the SSD tier (kvd_store.h "the SSD tier"): its segments, the
+ * places of its records, spills, promotions, compaction, its checkpoint
+ * and the rebuild at start. The engine keeps the objects (store_int.h: an
+ * SSD object is a record of its own, off_pages its place here); this file
+ * decides where records go on disk and drives the executor (tier_io.h),
+ * which moves and checks the bytes. The format is segment.h's.
+ *
+ * Space: the tier is n_segs segment files of seg_blocks blocks each. One
+ * segment is the head, written at its end; the others are full, free or
+ * being compacted. A place (loc) is seg * seg_blocks + block: the record's
+ * header block, its value after it. Each segment counts its live and dead
+ * blocks and lists the records written into it (entries go stale as
+ * records leave; one is live there while it is an SSD object at a place
+ * inside the segment).
+ *
+ * Reclaim, when the head is full and spills find no free segment: a full
+ * segment without live blocks is free at once; one with at least half of
+ * its blocks dead is compacted (its live records copied to the head,
+ * TIO_COPY), one segment being held back for that; otherwise the tier
+ * evicts its own objects, leaf-first from its LRU (store_ssd_evict_one),
+ * until one of those holds.
+ *
+ * Crash safety: a record is written whole before the engine frees the
+ * DRAM copy (store_spill_done), and segments are reused only whole, under
+ * a new generation. The checkpoint (a clean stop, and every minute when
+ * something changed) lists the live records, so a restart reads it and
+ * scans only what each segment got after it; records evicted since come
+ * back at a restart, which is harmless: a key names immutable bytes and
+ * each record is checked when it is read.
+ *
+ * Threading: the caller's (the daemon's loop), as the engine's.
+ */
+#include "store_int.h"
+#include "tier_io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#define CKPT_MAGIC   0x4b43564bu /* "KVCK" */
+#define CKPT_NAME    "tier.ckpt"
+#define CKPT_EVERY_MS 60000u
+#define NO_SEG       UINT32_MAX
+#define NO_LOC       UINT32_MAX
+/* Of the executor's slots, spills use at most this share, so that
+ * promotions (a load waits on them) always find one. */
+#define SPILL_SHARE_NUM 3
+#define SPILL_SHARE_DEN 4
+/* The largest value compaction copies (bounce buffers of the executor,
+ * up to one per slot); larger records of a compacted segment are dropped. */
+#define COPY_MAX_BYTES (16u << 20)
+/* Evictions one reclaim may make to create a segment worth compacting. */
+#define RECLAIM_EVICT_MAX 256
+
+typedef enum seg_state {
+    SEG_FREE = 0,
+    SEG_HEAD = 1,
+    SEG_FULL = 2,
+    SEG_COMPACTING = 3,
+} seg_state_t;
+
+typedef struct seg {
+    int fd;
+    uint64_t generation;
+    seg_state_t state;
+    uint32_t head;       /* next free block; block 0 is the file header */
+    uint32_t live, dead; /* blocks of records, live or not */
+    uint32_t reads;      /* ops reading it now (promotions, copies from it) */
+    uint32_t writes;     /* ops writing into it now */
+    uint32_t *recs;      /* records written into it (stale entries allowed) */
+    uint32_t n_recs, cap_recs;
+    uint32_t compact_pos; /* next entry of recs a compaction copies */
+} seg_t;
+
+enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
+
+typedef struct inflight {
+    uint8_t kind;
+    bool landed; /* a write that ended, held until every place before it
+                    in its segment is written (the file's comment) */
+    int status;  /* ... how it ended */
+    uint32_t rec;     /* the record: DRAM (spill), SSD (promote, copy) */
+    uint32_t loc;     /* spill: the place written; promote, copy: read */
+    uint32_t dst_loc; /* copy: the place written */
+    uint32_t blocks;
+    uint64_t t0_ns;
+} inflight_t;
+
+struct tier {
+    char dir[PATH_MAX];
+    int dir_fd, lock_fd;
+    tio_t *io;
+    bool direct; /* the files are open with O_DIRECT */
+    uint64_t tier_id, seq;
+    uint32_t seg_blocks, n_segs, page_blocks;
+    seg_t *segs;
+    uint32_t head; /* the head segment, or NO_SEG */
+    uint32_t n_free;
+    inflight_t *ops; /* queue_depth slots, by the executor's tag */
+    uint32_t *free_ops, n_free_ops, n_ops, spills;
+    uint64_t spill_ns, promote_ns, compactions, copied_bytes;
+    uint64_t last_ckpt_ms, changes; /* records added or gone since the checkpoint */
+    uint64_t recovered;
+    char note[256];
+};
+
+static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks);
+
+/* ------------------------------------------------------------- places */
+
+static seg_t *seg_of(struct tier *t, uint32_t loc)
+{
+    return &t->segs[loc / t->seg_blocks];
+}
+
+static uint32_t rec_blocks(const struct tier *t, const rec_t *r)
+{
+    return 1 + r->size_pages * t->page_blocks;
+}
+
+static uint64_t block_bytes(uint64_t blocks)
+{
+    return blocks * SEG_BLOCK;
+}
+
+static void seg_push(seg_t *g, uint32_t rec)
+{
+    if (g->n_recs == g->cap_recs) {
+        uint32_t cap = g->cap_recs ? 2 * g->cap_recs : 256;
+        uint32_t *r = kvd_mem_realloc(KVD_MEM_INDEX, g->recs, (size_t)g->cap_recs * 4,
+                                      (size_t)cap * 4);
+        if (r == NULL)
+            return; /* compaction then cannot find it: it stays until evicted */
+        g->recs = r;
+        g->cap_recs = cap;
+    }
+    g->recs[g->n_recs++] = rec;
+}
+
+/* A segment that holds nothing live and that nobody reads or writes
+ * becomes free. */
+static void seg_maybe_free(struct tier *t, uint32_t id)
+{
+    seg_t *g = &t->segs[id];
+    if ((g->state != SEG_FULL && g->state != SEG_COMPACTING) || g->live || g->reads ||
+        g->writes)
+        return;
+    if (g->state == SEG_COMPACTING)
+        t->compactions++;
+    g->state = SEG_FREE;
+    g->head = g->live = g->dead = g->n_recs = g->compact_pos = 0;
+    t->n_free++;
+}
+
+/* Writes a segment's header block (its new generation): synchronous, one
+ * block, when a segment is begun. */
+static int seg_begin(struct tier *t, uint32_t id)
+{
+    seg_t *g = &t->segs[id];
+    void *blk;
+    if (posix_memalign(&blk, SEG_BLOCK, SEG_BLOCK) != 0)
+        return KVD_ERR_NOMEM;
+    memset(blk, 0, SEG_BLOCK);
+    seg_file_hdr_t *h = blk;
+    *h = (seg_file_hdr_t){.magic = SEG_FILE_MAGIC,
+                          .version = SEG_VERSION,
+                          .seg_bytes = block_bytes(t->seg_blocks),
+                          .seg_id = id,
+                          .block = SEG_BLOCK,
+                          .generation = g->generation + 1,
+                          .tier_id = t->tier_id,
+                          .created_ms = kvd_wall_ms()};
+    h->crc = kvd_crc32c(0, h, offsetof(seg_file_hdr_t, crc));
+    ssize_t n = pwrite(g->fd, blk, SEG_BLOCK, 0);
+    int err = errno;
+    free(blk);
+    if (n != (ssize_t)SEG_BLOCK) {
+        KVD_ERROR("tier", "segment %u: writing its header: %s", id,
+                  n < 0 ? strerror(err) : "short write");
+        return n < 0 ? kvd_status_from_errno(err) : KVD_ERR_IO;
+    }
+    g->generation++;
+    g->state = SEG_HEAD;
+    g->head = 1;
+    g->live = g->dead = g->n_recs = g->compact_pos = 0;
+    t->n_free--;
+    return KVD_OK;
+}
+
+/* A place for a record of `blocks` blocks at the head, beginning a free
+ * segment when the head is full; spills leave the last free segment to
+ * compaction (copy). NO_LOC when there is none. */
+static uint32_t place_take(struct tier *t, uint32_t blocks, bool copy)
+{
+    if (blocks >= t->seg_blocks)
+        return NO_LOC;
+    for (int tries = 0; tries < 2; tries++) {
+        if (t->head != NO_SEG) {
+            seg_t *g = &t->segs[t->head];
+            if (g->head + blocks <= t->seg_blocks) {
+                uint32_t loc = t->head * t->seg_blocks + g->head;
+                g->head += blocks;
+                g->writes++;
+                return loc;
+            }
+            g->state = SEG_FULL;
+            uint32_t was = t->head;
+            t->head = NO_SEG;
+            seg_maybe_free(t, was);
+        }
+        if (t->n_free <= (copy ? 0u : 1u))
+            return NO_LOC;
+        uint32_t id = 0;
+        while (t->segs[id].state != SEG_FREE)
+            id++;
+        if (seg_begin(t, id) != KVD_OK)
+            return NO_LOC;
+        t->head = id;
+    }
+    return NO_LOC;
+}
+
+/* Gives back the place place_take just gave (nothing was written there,
+ * and nothing was taken after it): the head leaves no hole. */
+static void place_untake(struct tier *t, uint32_t loc, uint32_t blocks)
+{
+    seg_t *g = seg_of(t, loc);
+    g->writes--;
+    if (loc % t->seg_blocks + blocks == g->head)
+        g->head -= blocks;
+    else
+        write_pad(t, loc, blocks);
+}
+
+/* ---------------------------------------------------------- executor */
+
+static inflight_t *op_take(struct tier *t, uint64_t *tag)
+{
+    if (t->n_free_ops == 0)
+        return NULL;
+    uint32_t k = t->free_ops[--t->n_free_ops];
+    *tag = k;
+    t->ops[k] = (inflight_t){.t0_ns = kvd_now_ns()};
+    return &t->ops[k];
+}
+
+static void op_put(struct tier *t, uint64_t tag)
+{
+    t->ops[tag].kind = OP_NONE;
+    t->ops[tag].landed = false;
+    t->free_ops[t->n_free_ops++] = (uint32_t)tag;
+}
+
+static bool submit(struct tier *t, const tio_op_t *op)
+{
+    return tio_submit(t->io, op, 1) == 1;
+}
+
+bool tier_spill_begin(kvd_store_t *s, uint32_t i)
+{
+    struct tier *t = s->tier;
+    const rec_t *r = R(s, i);
+    if (t->spills >= t->n_ops * SPILL_SHARE_NUM / SPILL_SHARE_DEN)
+        return false;
+    uint32_t blocks = rec_blocks(t, r);
+    uint32_t loc = place_take(t, blocks, false);
+    if (loc == NO_LOC)
+        return false;
+    uint64_t tag = 0;
+    inflight_t *f = op_take(t, &tag);
+    const ns_entry_t *e = &s->ns[r->ns];
+    tio_op_t op = {.tag = tag,
+                   .kind = TIO_WRITE,
+                   .fd = seg_of(t, loc)->fd,
+                   .file_off = block_bytes(loc % t->seg_blocks),
+                   .pool_off = (uint64_t)r->off_pages * s->cfg.page_bytes,
+                   .value_bytes = block_bytes(blocks - 1)};
+    seg_rec_hdr_t *h = &op.hdr;
+    h->magic = SEG_REC_MAGIC;
+    h->version = SEG_VERSION;
+    h->seq = t->seq++;
+    h->generation = seg_of(t, loc)->generation;
+    h->value_bytes = op.value_bytes;
+    h->object_bytes = e->info.object_bytes;
+    memcpy(h->key, r->key, KVD_KEY_BYTES);
+    memcpy(h->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
+    h->has_parent = r->has_parent;
+    h->depth = r->depth;
+    h->last_access_s = r->last_access_s;
+    h->hits = r->hits;
+    h->rank_replicated = e->info.rank_replicated;
+    snprintf(h->tenant, sizeof(h->tenant), "%s", kvd_store_tenant_name(s, e->info.tenant));
+    memcpy(h->ns, e->info.name, sizeof(h->ns));
+    if (f == NULL || !submit(t, &op)) {
+        if (f != NULL)
+            op_put(t, tag);
+        place_untake(t, loc, blocks);
+        return false;
+    }
+    *f = (inflight_t){.kind = OP_SPILL, .rec = i, .loc = loc, .blocks = blocks,
+                      .t0_ns = f->t0_ns};
+    t->spills++;
+    return true;
+}
+
+bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j)
+{
+    struct tier *t = s->tier;
+    const rec_t *r = R(s, i);
+    uint64_t tag = 0;
+    inflight_t *f = op_take(t, &tag);
+    if (f == NULL)
+        return false;
+    uint32_t blocks = rec_blocks(t, r);
+    tio_op_t op = {.tag = tag,
+                   .kind = TIO_READ,
+                   .fd = seg_of(t, r->off_pages)->fd,
+                   .file_off = block_bytes(r->off_pages % t->seg_blocks),
+                   .pool_off = (uint64_t)R(s, j)->off_pages * s->cfg.page_bytes,
+                   .value_bytes = block_bytes(blocks - 1)};
+    memcpy(op.key, r->key, KVD_KEY_BYTES);
+    if (!submit(t, &op)) {
+        op_put(t, tag);
+        return false;
+    }
+    *f = (inflight_t){.kind = OP_PROMOTE, .rec = i, .loc = r->off_pages, .blocks = blocks,
+                      .t0_ns = f->t0_ns};
+    seg_of(t, r->off_pages)->reads++;
+    return true;
+}
+
+void tier_forget(kvd_store_t *s, uint32_t i)
+{
+    struct tier *t = s->tier;
+    const rec_t *r = R(s, i);
+    seg_t *g = seg_of(t, r->off_pages);
+    uint32_t blocks = rec_blocks(t, r);
+    g->live -= KVD_MIN(g->live, blocks);
+    g->dead += blocks;
+    t->changes++;
+    seg_maybe_free(t, r->off_pages / t->seg_blocks);
+}
+
+/* ---------------------------------------------------------- reclaim */
+
+/* Whether SSD record i is live at a place inside segment id. */
+static bool live_in(const kvd_store_t *s, uint32_t i, uint32_t id)
+{
+    const rec_t *r = R(s, i);
+    return i != NIL && i <= s->rec_high && r->state == REC_READY &&
+           r->tier == KVD_TIER_SSD && r->off_pages / s->tier->seg_blocks == id;
+}
+
+/* Queues copies of a compacting segment's live records, as far as the
+ * executor and the head take them. */
+static void compact_more(kvd_store_t *s, uint32_t id)
+{
+    struct tier *t = s->tier;
+    seg_t *g = &t->segs[id];
+    while (g->compact_pos < g->n_recs) {
+        uint32_t i = g->recs[g->compact_pos];
+        if (!live_in(s, i, id) || (R(s, i)->spare & REC_F_PROMOTING)) {
+            g->compact_pos++; /* gone, or leaving (its promotion reads it) */
+            continue;
+        }
+        const rec_t *r = R(s, i);
+        uint32_t blocks = rec_blocks(t, r);
+        if (t->n_free_ops == 0)
+            return;
+        uint32_t dst = place_take(t, blocks, true);
+        if (dst == NO_LOC)
+            return;
+        uint64_t tag = 0;
+        inflight_t *f = op_take(t, &tag);
+        tio_op_t op = {.tag = tag,
+                       .kind = TIO_COPY,
+                       .fd = g->fd,
+                       .file_off = block_bytes(r->off_pages % t->seg_blocks),
+                       .value_bytes = block_bytes(blocks - 1),
+                       .dst_fd = seg_of(t, dst)->fd,
+                       .dst_off = block_bytes(dst % t->seg_blocks),
+                       .dst_generation = seg_of(t, dst)->generation};
+        memcpy(op.key, r->key, KVD_KEY_BYTES);
+        if (!submit(t, &op)) {
+            op_put(t, tag);
+            place_untake(t, dst, blocks);
+            return;
+        }
+        *f = (inflight_t){.kind = OP_COPY, .rec = i, .loc = r->off_pages, .dst_loc = dst,
+                          .blocks = blocks, .t0_ns = f->t0_ns};
+        g->reads++;
+        g->compact_pos++;
+    }
+}
+
+/* Makes free segments when spills lack them (see the file's comment). */
+static void reclaim(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        if (t->segs[id].state == SEG_COMPACTING) {
+            compact_more(s, id);
+            return; /* one at a time */
+        }
+    }
+    if (t->n_free >= 2)
+        return;
+    for (int round = 0; round <= RECLAIM_EVICT_MAX; round++) {
+        uint32_t best = NO_SEG;
+        for (uint32_t id = 0; id < t->n_segs; id++) {
+            seg_t *g = &t->segs[id];
+            if (g->state == SEG_FULL && (best == NO_SEG || g->dead > t->segs[best].dead))
+                best = id;
+        }
+        if (best == NO_SEG)
+            return;
+        seg_t *g = &t->segs[best];
+        if (g->live == 0) {
+            seg_maybe_free(t, best);
+            if (t->n_free >= 2)
+                return;
+            continue;
+        }
+        if (2ull * g->dead >= (uint64_t)g->live + g->dead) {
+            g->state = SEG_COMPACTING;
+            g->compact_pos = 0;
+            compact_more(s, best);
+            return;
+        }
+        if (!store_ssd_evict_one(s))
+            return;
+    }
+}
+
+/* ------------------------------------------------------- completions */
+
+/* The place a write op writes. */
+static uint32_t write_loc(const inflight_t *f)
+{
+    return f->kind == OP_COPY ? f->dst_loc : f->loc;
+}
+
+/* Covers a place whose write failed with a pad record, so that a scan at
+ * start goes on past it; synchronous, one block. */
+static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
+{
+    seg_t *g = seg_of(t, loc);
+    void *blk;
+    if (posix_memalign(&blk, SEG_BLOCK, SEG_BLOCK) != 0)
+        return;
+    memset(blk, 0, SEG_BLOCK);
+    seg_rec_hdr_t *h = blk;
+    h->magic = SEG_REC_MAGIC;
+    h->version = SEG_VERSION;
+    h->generation = g->generation;
+    h->seq = t->seq++;
+    h->value_bytes = block_bytes(blocks - 1);
+    h->flags = SEG_REC_PAD;
+    seg_rec_seal(blk);
+    if (pwrite(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(loc % t->seg_blocks)) !=
+        (ssize_t)SEG_BLOCK) {
+        /* the device refuses even that: nothing more goes into this
+         * segment, and what follows the hole waits for the checkpoint */
+        KVD_ERROR("tier", "segment %u: cannot cover a failed write: %s; the segment is "
+                          "closed",
+                  loc / t->seg_blocks, strerror(errno));
+        if (t->head == loc / t->seg_blocks) {
+            g->state = SEG_FULL;
+            t->head = NO_SEG;
+        }
+        t->changes++;
+        t->last_ckpt_ms = 0; /* checkpoint at the next poll */
+    }
+    free(blk);
+}
+
+static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
+{
+    struct tier *t = s->tier;
+    seg_t *g = seg_of(t, f->loc);
+    g->writes--;
+    t->spills--;
+    uint32_t j = store_spill_done(s, f->rec, d->status, f->loc);
+    if (j != NIL) {
+        g->live += f->blocks;
+        seg_push(g, j);
+        t->changes++;
+        t->spill_ns += kvd_now_ns() - f->t0_ns;
+    } else {
+        g->dead += f->blocks;
+    }
+    seg_maybe_free(t, f->loc / t->seg_blocks);
+}
+
+static void done_promote(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
+{
+    struct tier *t = s->tier;
+    seg_of(t, f->loc)->reads--;
+    if (d->status == KVD_OK)
+        t->promote_ns += kvd_now_ns() - f->t0_ns;
+    else
+        KVD_WARN("tier", "promotion from segment %u block %u failed: %s; the object is "
+                         "dropped",
+                 f->loc / t->seg_blocks, f->loc % t->seg_blocks, kvd_status_str(d->status));
+    store_promote_done(s, f->rec, d->status); /* may forget f->loc: reads is down */
+    seg_maybe_free(t, f->loc / t->seg_blocks);
+}
+
+static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
+{
+    struct tier *t = s->tier;
+    seg_t *from = seg_of(t, f->loc), *to = seg_of(t, f->dst_loc);
+    from->reads--;
+    to->writes--;
+    rec_t *r = R(s, f->rec);
+    bool still = live_in(s, f->rec, f->loc / t->seg_blocks) && r->off_pages == f->loc;
+    if (d->status == KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
+        r->off_pages = f->dst_loc;
+        from->live -= KVD_MIN(from->live, f->blocks);
+        from->dead += f->blocks;
+        to->live += f->blocks;
+        seg_push(to, f->rec);
+        t->copied_bytes += block_bytes(f->blocks);
+        t->changes++;
+    } else {
+        to->dead += f->blocks;
+        if (d->status != KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
+            KVD_WARN("tier", "compaction: the record at segment %u block %u failed: %s; "
+                             "the object is dropped",
+                     f->loc / t->seg_blocks, f->loc % t->seg_blocks,
+                     kvd_status_str(d->status));
+            store_ssd_drop(s, f->rec);
+        }
+    }
+    seg_maybe_free(t, f->loc / t->seg_blocks);
+    seg_maybe_free(t, f->dst_loc / t->seg_blocks);
+}
+
+/* Whether a write before `loc` in its segment is still in flight. */
+static bool earlier_pending(const struct tier *t, uint32_t loc)
+{
+    for (uint32_t k = 0; k < t->n_ops; k++) {
+        const inflight_t *f = &t->ops[k];
+        if ((f->kind == OP_SPILL || f->kind == OP_COPY) && !f->landed) {
+            uint32_t w = write_loc(f);
+            if (w / t->seg_blocks == loc / t->seg_blocks && w < loc)
+                return true;
+        }
+    }
+    return false;
+}
+
+/* Acknowledges the writes that landed and have every place before them
+ * written, in place order (the file's comment). */
+static void release_writes(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    for (bool more = true; more;) {
+        more = false;
+        for (uint32_t k = 0; k < t->n_ops; k++) {
+            inflight_t *f = &t->ops[k];
+            if (!f->landed || earlier_pending(t, write_loc(f)))
+                continue;
+            inflight_t copy = *f;
+            tio_done_t d = {.tag = k, .status = f->status, .kind = TIO_WRITE};
+            op_put(t, k);
+            if (copy.kind == OP_SPILL)
+                done_spill(s, &copy, &d);
+            else
+                done_copy(s, &copy, &d);
+            more = true;
+        }
+    }
+}
+
+size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
+{
+    struct tier *t = s->tier;
+    if (t == NULL)
+        return 0;
+    tio_done_t done[64];
+    size_t total = 0, n;
+    while ((n = tio_poll(t->io, done, KVD_ARRAY_SIZE(done))) > 0) {
+        for (size_t k = 0; k < n; k++) {
+            inflight_t *f = &t->ops[done[k].tag];
+            if (f->kind == OP_PROMOTE) {
+                inflight_t copy = *f;
+                op_put(t, done[k].tag);
+                done_promote(s, &copy, &done[k]);
+                continue;
+            }
+            f->landed = true;
+            f->status = done[k].status;
+            if (done[k].status != KVD_OK)
+                write_pad(t, write_loc(f), f->blocks);
+        }
+        total += n;
+    }
+    release_writes(s);
+    reclaim(s);
+    store_spill_pump(s);
+    if (now_ms == 0)
+        now_ms = kvd_now_ns() / 1000000;
+    if (t->changes > 0 && now_ms - t->last_ckpt_ms >= CKPT_EVERY_MS) {
+        t->last_ckpt_ms = now_ms;
+        kvd_store_tier_checkpoint(s);
+    }
+    return total;
+}
+
+int kvd_store_tier_fd(const kvd_store_t *s)
+{
+    return s->tier ? tio_event_fd(s->tier->io) : -1;
+}
+
+void kvd_store_tier_drain(kvd_store_t *s, int timeout_ms)
+{
+    if (s->tier == NULL)
+        return;
+    uint64_t end = kvd_now_ns() + (uint64_t)timeout_ms * 1000000;
+    while (tio_in_flight(s->tier->io) > 0 && kvd_now_ns() < end) {
+        tio_wait(s->tier->io, 10);
+        kvd_store_tier_poll(s, 0);
+    }
+    kvd_store_tier_poll(s, 0);
+}
+
+const char *kvd_store_tier_io_path(const kvd_store_t *s)
+{
+    return s->tier ? tio_backend_name(s->tier->io) : "";
+}
+
+const char *kvd_store_tier_note(const kvd_store_t *s)
+{
+    return s->tier ? s->tier->note : "";
+}
+
+void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out)
+{
+    const struct tier *t = s->tier;
+    out->ssd_bytes = block_bytes((uint64_t)t->n_segs * t->seg_blocks);
+    out->ssd_segments = t->n_segs;
+    out->ssd_segments_free = t->n_free;
+    uint64_t used = 0, live = 0;
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        used += t->segs[id].state == SEG_FREE ? 0 : t->segs[id].head;
+        live += t->segs[id].live;
+    }
+    out->ssd_used_bytes = block_bytes(used);
+    out->ssd_live_bytes = block_bytes(live);
+    out->ssd_compactions = t->compactions;
+    out->ssd_copied_bytes = t->copied_bytes;
+    out->ssd_spill_ns = t->spill_ns;
+    out->ssd_promote_ns = t->promote_ns;
+    out->ssd_recovered_objects = t->recovered;
+    tio_stats_t io;
+    tio_stats(t->io, &io);
+    out->ssd_io_errors = io.io_errors;
+    out->ssd_checksum_failures = io.checksum_failures;
+    out->ssd_no_space = io.no_space;
+    out->ssd_queue_depth = io.queue_depth;
+    out->ssd_in_flight = io.in_flight;
+    out->ssd_io_path = strcmp(tio_backend_name(t->io), "io_uring") == 0 ? 1 : 2;
+    out->ssd_fixed_buffers = tio_fixed_buffers(t->io);
+}
+
+/* ----------------------------------------------------------- checkpoint */
+
+/*
+ * The checkpoint file: ckpt_hdr_t, then n_segs ckpt_seg_t (each segment's
+ * generation and the place its scan at start begins), n_ns ckpt_ns_t,
+ * n_recs ckpt_rec_t. hdr.crc is the CRC-32C of the header before it and of
+ * everything after the header.
+ */
+typedef struct ckpt_hdr {
+    uint32_t magic, version;
+    uint64_t tier_id, seg_bytes;
+    uint32_t n_segs, n_ns;
+    uint64_t n_recs, seq, written_ms;
+    uint32_t page_blocks, crc;
+} ckpt_hdr_t;
+
+typedef struct ckpt_seg {
+    uint64_t generation;
+    uint32_t scan_from; /* records before it are in the checkpoint */
+    uint32_t used;      /* 0: the segment was free */
+} ckpt_seg_t;
+
+typedef struct ckpt_ns {
+    char tenant[KVD_TENANT_NAME_MAX];
+    char name[KVD_NS_NAME_MAX];
+    uint64_t object_bytes;
+    uint32_t rank_replicated, reserved;
+} ckpt_ns_t;
+
+typedef struct ckpt_rec {
+    uint32_t loc, ns;
+    uint8_t key[KVD_KEY_BYTES];
+    uint8_t parent_tag[KVD_KEY_TAG_BYTES];
+    uint32_t depth, last_access_s;
+    uint16_t hits;
+    uint8_t has_parent, reserved[5];
+} ckpt_rec_t;
+
+/* The lowest place of a write in flight in segment id, or its head. */
+static uint32_t scan_from_of(const struct tier *t, uint32_t id)
+{
+    uint32_t from = t->segs[id].head;
+    for (uint32_t k = 0; k < t->n_ops; k++) {
+        const inflight_t *f = &t->ops[k];
+        if ((f->kind == OP_SPILL || f->kind == OP_COPY) && write_loc(f) / t->seg_blocks == id)
+            from = KVD_MIN(from, write_loc(f) % t->seg_blocks);
+    }
+    return from;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return n < 0 ? kvd_status_from_errno(errno) : KVD_ERR_IO;
+        p += n;
+        len -= (size_t)n;
+    }
+    return KVD_OK;
+}
+
+int kvd_store_tier_checkpoint(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    if (t == NULL)
+        return KVD_OK;
+    uint32_t *ns_of = kvd_mem_calloc(KVD_MEM_STAGING, KVD_STORE_MAX_NAMESPACES, 4);
+    size_t cap_ns = 16, body_bytes;
+    ckpt_hdr_t h = {.magic = CKPT_MAGIC,
+                    .version = SEG_VERSION,
+                    .tier_id = t->tier_id,
+                    .seg_bytes = block_bytes(t->seg_blocks),
+                    .n_segs = t->n_segs,
+                    .seq = t->seq,
+                    .written_ms = kvd_wall_ms(),
+                    .page_blocks = t->page_blocks};
+    size_t seg_part = (size_t)t->n_segs * sizeof(ckpt_seg_t);
+    body_bytes = seg_part + KVD_STORE_MAX_NAMESPACES * sizeof(ckpt_ns_t) +
+                 (size_t)s->ssd_objects * sizeof(ckpt_rec_t);
+    uint8_t *body = kvd_mem_calloc(KVD_MEM_STAGING, 1, body_bytes);
+    (void)cap_ns;
+    if (ns_of == NULL || body == NULL) {
+        kvd_mem_free(KVD_MEM_STAGING, ns_of, KVD_STORE_MAX_NAMESPACES * 4);
+        kvd_mem_free(KVD_MEM_STAGING, body, body_bytes);
+        return KVD_ERR_NOMEM;
+    }
+    ckpt_seg_t *cs = (ckpt_seg_t *)body;
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        const seg_t *g = &t->segs[id];
+        cs[id] = (ckpt_seg_t){.generation = g->generation,
+                              .scan_from = g->state == SEG_FREE ? 0 : scan_from_of(t, id),
+                              .used = g->state != SEG_FREE};
+    }
+    ckpt_ns_t *cn = (ckpt_ns_t *)(body + seg_part);
+    ckpt_rec_t *cr = (ckpt_rec_t *)(cn + KVD_STORE_MAX_NAMESPACES);
+    uint64_t n = 0;
+    for (uint32_t i = 1; i <= s->rec_high && n < s->ssd_objects; i++) {
+        const rec_t *r = R(s, i);
+        if (r->state != REC_READY || r->tier != KVD_TIER_SSD)
+            continue;
+        if (ns_of[r->ns] == 0) {
+            const ns_entry_t *e = &s->ns[r->ns];
+            ckpt_ns_t *x = &cn[h.n_ns];
+            snprintf(x->tenant, sizeof(x->tenant), "%s",
+                     kvd_store_tenant_name(s, e->info.tenant));
+            memcpy(x->name, e->info.name, sizeof(x->name));
+            x->object_bytes = e->info.object_bytes;
+            x->rank_replicated = e->info.rank_replicated;
+            ns_of[r->ns] = ++h.n_ns;
+        }
+        ckpt_rec_t *c = &cr[n++];
+        *c = (ckpt_rec_t){.loc = r->off_pages,
+                          .ns = ns_of[r->ns] - 1,
+                          .depth = r->depth,
+                          .last_access_s = r->last_access_s,
+                          .hits = r->hits,
+                          .has_parent = r->has_parent};
+        memcpy(c->key, r->key, KVD_KEY_BYTES);
+        memcpy(c->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
+    }
+    h.n_recs = n;
+    /* the namespaces used are packed after the segments, then the records */
+    size_t ns_bytes = (size_t)h.n_ns * sizeof(ckpt_ns_t);
+    memmove((uint8_t *)cn + ns_bytes, cr, n * sizeof(ckpt_rec_t));
+    size_t used = seg_part + ns_bytes + n * sizeof(ckpt_rec_t);
+    h.crc = kvd_crc32c(kvd_crc32c(0, &h, offsetof(ckpt_hdr_t, crc)), body, used);
+    int rc = KVD_OK;
+    int fd = openat(t->dir_fd, CKPT_NAME ".tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0 || (rc = write_all(fd, &h, sizeof(h))) != KVD_OK ||
+        (rc = write_all(fd, body, used)) != KVD_OK || fsync(fd) != 0 ||
+        renameat(t->dir_fd, CKPT_NAME ".tmp", t->dir_fd, CKPT_NAME) != 0 ||
+        fsync(t->dir_fd) != 0) {
+        if (rc == KVD_OK)
+            rc = kvd_status_from_errno(errno);
+        KVD_WARN("tier", "writing the checkpoint in %s: %s (a restart scans more)", t->dir,
+                 kvd_status_str(rc));
+        unlinkat(t->dir_fd, CKPT_NAME ".tmp", 0);
+    } else {
+        t->changes = 0;
+    }
+    if (fd >= 0)
+        close(fd);
+    kvd_mem_free(KVD_MEM_STAGING, ns_of, KVD_STORE_MAX_NAMESPACES * 4);
+    kvd_mem_free(KVD_MEM_STAGING, body, body_bytes);
+    return rc;
+}
+
+/* ------------------------------------------------------------- restore */
+
+/* A record found at start, from the checkpoint or a segment's scan. */
+typedef struct found {
+    uint64_t seq;
+    uint32_t loc, ns; /* ns: index into the restore's namespace list */
+    uint8_t key[KVD_KEY_BYTES];
+    uint8_t parent_tag[KVD_KEY_TAG_BYTES];
+    uint32_t depth, last_access_s, blocks;
+    uint16_t hits;
+    uint8_t has_parent;
+} found_t;
+
+typedef struct restore {
+    found_t *v;
+    size_t n, cap;
+    ckpt_ns_t *ns; /* namespaces named, deduplicated */
+    uint32_t n_ns, cap_ns;
+} restore_t;
+
+static found_t *found_add(restore_t *rs)
+{
+    if (rs->n == rs->cap) {
+        size_t cap = rs->cap ? 2 * rs->cap : 4096;
+        found_t *v = kvd_mem_realloc(KVD_MEM_STAGING, rs->v, rs->cap * sizeof(found_t),
+                                     cap * sizeof(found_t));
+        if (v == NULL)
+            return NULL;
+        rs->v = v;
+        rs->cap = cap;
+    }
+    memset(&rs->v[rs->n], 0, sizeof(found_t));
+    return &rs->v[rs->n++];
+}
+
+/* The index of a namespace in the restore's list, added when new;
+ * UINT32_MAX out of memory. */
+static uint32_t ns_add(restore_t *rs, const char *tenant, const char *name, uint64_t bytes,
+                       bool rr)
+{
+    for (uint32_t k = rs->n_ns; k-- > 0;)
+        if (rs->ns[k].object_bytes == bytes && rs->ns[k].rank_replicated == rr &&
+            strcmp(rs->ns[k].name, name) == 0 && strcmp(rs->ns[k].tenant, tenant) == 0)
+            return k;
+    if (rs->n_ns == rs->cap_ns) {
+        uint32_t cap = rs->cap_ns ? 2 * rs->cap_ns : 16;
+        ckpt_ns_t *v = kvd_mem_realloc(KVD_MEM_STAGING, rs->ns, rs->cap_ns * sizeof(ckpt_ns_t),
+                                       cap * sizeof(ckpt_ns_t));
+        if (v == NULL)
+            return UINT32_MAX;
+        rs->ns = v;
+        rs->cap_ns = cap;
+    }
+    ckpt_ns_t *x = &rs->ns[rs->n_ns];
+    memset(x, 0, sizeof(*x));
+    snprintf(x->tenant, sizeof(x->tenant), "%s", tenant);
+    snprintf(x->name, sizeof(x->name), "%s", name);
+    x->object_bytes = bytes;
+    x->rank_replicated = rr;
+    return rs->n_ns++;
+}
+
+/* Reads the checkpoint: its records go into rs, and scan_from[id] says
+ * where each segment of the generation it names is to be scanned from
+ * (0: from its start). Nothing usable is no error. */
+static void ckpt_read(struct tier *t, restore_t *rs, uint32_t *scan_from,
+                      kvd_tier_recovery_t *rec)
+{
+    int fd = openat(t->dir_fd, CKPT_NAME, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat st;
+    ckpt_hdr_t h;
+    uint8_t *body = NULL;
+    size_t len = 0;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(h) ||
+        pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) || h.magic != CKPT_MAGIC ||
+        h.version != SEG_VERSION || h.tier_id != t->tier_id || h.n_segs != t->n_segs ||
+        h.seg_bytes != block_bytes(t->seg_blocks) || h.page_blocks != t->page_blocks)
+        goto out;
+    len = (size_t)st.st_size - sizeof(h);
+    if (len != (size_t)h.n_segs * sizeof(ckpt_seg_t) + (size_t)h.n_ns * sizeof(ckpt_ns_t) +
+                   h.n_recs * sizeof(ckpt_rec_t) ||
+        (body = malloc(len ? len : 1)) == NULL ||
+        pread(fd, body, len, sizeof(h)) != (ssize_t)len ||
+        kvd_crc32c(kvd_crc32c(0, &h, offsetof(ckpt_hdr_t, crc)), body, len) != h.crc) {
+        KVD_WARN("tier", "%s/%s is damaged or of another tier: the segments are scanned "
+                         "instead",
+                 t->dir, CKPT_NAME);
+        goto out;
+    }
+    const ckpt_seg_t *cs = (const ckpt_seg_t *)body;
+    const ckpt_ns_t *cn = (const ckpt_ns_t *)(cs + h.n_segs);
+    const ckpt_rec_t *cr = (const ckpt_rec_t *)(cn + h.n_ns);
+    uint32_t *map = calloc(h.n_ns ? h.n_ns : 1, sizeof(uint32_t));
+    if (map == NULL)
+        goto out;
+    for (uint32_t k = 0; k < h.n_ns; k++)
+        map[k] = ns_add(rs, cn[k].tenant, cn[k].name, cn[k].object_bytes,
+                        cn[k].rank_replicated);
+    for (uint64_t k = 0; k < h.n_recs; k++) {
+        const ckpt_rec_t *c = &cr[k];
+        uint32_t id = c->loc / t->seg_blocks;
+        if (id >= t->n_segs || c->ns >= h.n_ns || map[c->ns] == UINT32_MAX ||
+            t->segs[id].generation != cs[id].generation || !cs[id].used)
+            continue; /* its segment was begun again since */
+        found_t *f = found_add(rs);
+        if (f == NULL)
+            break;
+        f->loc = c->loc;
+        f->ns = map[c->ns];
+        memcpy(f->key, c->key, KVD_KEY_BYTES);
+        memcpy(f->parent_tag, c->parent_tag, KVD_KEY_TAG_BYTES);
+        f->depth = c->depth;
+        f->last_access_s = c->last_access_s;
+        f->hits = c->hits;
+        f->has_parent = c->has_parent;
+        f->blocks = 0; /* from the namespace's size, at insertion */
+        rec->checkpoint_records++;
+    }
+    for (uint32_t id = 0; id < t->n_segs; id++)
+        if (cs[id].used && t->segs[id].generation == cs[id].generation)
+            scan_from[id] = cs[id].scan_from;
+    free(map);
+    t->seq = KVD_MAX(t->seq, h.seq);
+out:
+    free(body);
+    close(fd);
+}
+
+/* Scans segment id's record headers from block `from` (1: its start) to
+ * the first that is not a whole record of its generation: adds them to rs
+ * and sets the segment's head there. */
+static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
+                    kvd_tier_recovery_t *rec)
+{
+    seg_t *g = &t->segs[id];
+    void *blk;
+    if (posix_memalign(&blk, SEG_BLOCK, SEG_BLOCK) != 0)
+        return KVD_ERR_NOMEM;
+    uint32_t b = KVD_MAX(from, 1u);
+    bool torn = false;
+    while (b < t->seg_blocks) {
+        ssize_t n = pread(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(b));
+        const seg_rec_hdr_t *h = blk;
+        if (n != (ssize_t)SEG_BLOCK || !seg_rec_valid(blk) || h->generation != g->generation ||
+            h->value_bytes % SEG_BLOCK != 0 ||
+            h->value_bytes / SEG_BLOCK >= (uint64_t)t->seg_blocks - b) {
+            /* a block of zeros is where the writing stopped; anything else
+             * is a record cut short */
+            const uint8_t *p = blk;
+            for (size_t k = 0; n == (ssize_t)SEG_BLOCK && k < SEG_BLOCK && !torn; k++)
+                torn = p[k] != 0;
+            break;
+        }
+        uint32_t blocks = 1 + (uint32_t)(h->value_bytes / SEG_BLOCK);
+        if (!(h->flags & SEG_REC_PAD)) {
+            char tenant[KVD_TENANT_NAME_MAX], name[KVD_NS_NAME_MAX];
+            snprintf(tenant, sizeof(tenant), "%.*s", (int)sizeof(h->tenant) - 1, h->tenant);
+            snprintf(name, sizeof(name), "%.*s", (int)sizeof(h->ns) - 1, h->ns);
+            uint32_t ns = ns_add(rs, tenant, name, h->object_bytes, h->rank_replicated);
+            found_t *f = ns == UINT32_MAX ? NULL : found_add(rs);
+            if (f == NULL) {
+                free(blk);
+                return KVD_ERR_NOMEM;
+            }
+            f->seq = h->seq;
+            f->loc = id * t->seg_blocks + b;
+            f->ns = ns;
+            memcpy(f->key, h->key, KVD_KEY_BYTES);
+            memcpy(f->parent_tag, h->parent_tag, KVD_KEY_TAG_BYTES);
+            f->depth = h->depth;
+            f->last_access_s = h->last_access_s;
+            f->hits = h->hits;
+            f->has_parent = h->has_parent;
+            f->blocks = blocks;
+            rec->scanned_records++;
+        }
+        t->seq = KVD_MAX(t->seq, h->seq + 1);
+        b += blocks;
+    }
+    g->head = KVD_MAX(b, g->head);
+    rec->torn += torn;
+    free(blk);
+    return KVD_OK;
+}
+
+static int newest_first(const void *a, const void *b)
+{
+    const found_t *x = a, *y = b;
+    return x->seq != y->seq ? (x->seq > y->seq ? -1 : 1) : (x->loc > y->loc) - (x->loc < y->loc);
+}
+
+/* Puts what was found into the store: newest first, so that a key found
+ * twice keeps its newest record (and one in DRAM already keeps DRAM's). */
+static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *rec)
+{
+    struct tier *t = s->tier;
+    qsort(rs->v, rs->n, sizeof(found_t), newest_first);
+    uint32_t *slot = malloc((rs->n_ns ? rs->n_ns : 1) * sizeof(uint32_t));
+    uint32_t *recs = malloc((rs->n ? rs->n : 1) * sizeof(uint32_t));
+    if (slot == NULL || recs == NULL) {
+        free(slot);
+        free(recs);
+        return KVD_ERR_NOMEM;
+    }
+    for (uint32_t k = 0; k < rs->n_ns; k++) {
+        uint32_t tenant;
+        slot[k] = UINT32_MAX;
+        if (kvd_store_tenant_find(s, rs->ns[k].tenant, &tenant) == KVD_OK &&
+            store_ns_ensure(s, tenant, rs->ns[k].name, rs->ns[k].object_bytes,
+                            rs->ns[k].rank_replicated, &slot[k]) != KVD_OK)
+            slot[k] = UINT32_MAX;
+    }
+    size_t n_recs = 0;
+    for (size_t k = 0; k < rs->n; k++) {
+        const found_t *f = &rs->v[k];
+        uint32_t sl = slot[f->ns], id = f->loc / t->seg_blocks, j;
+        uint32_t blocks = sl == UINT32_MAX ? 0 : 1 + s->ns[sl].pages * t->page_blocks;
+        if (sl == UINT32_MAX || (f->blocks != 0 && f->blocks != blocks) ||
+            f->loc % t->seg_blocks + blocks > t->segs[id].head) {
+            rec->discarded++;
+            continue;
+        }
+        if (!store_ssd_insert(s, sl, f->key, f->has_parent ? f->parent_tag : NULL, f->depth,
+                              f->last_access_s, f->hits, f->loc, &j)) {
+            rec->duplicates++;
+            continue;
+        }
+        t->segs[id].live += blocks;
+        seg_push(&t->segs[id], j);
+        recs[n_recs++] = j;
+        rec->objects++;
+        rec->bytes += s->ns[sl].info.object_bytes;
+    }
+    store_ssd_inserted(s, recs, n_recs);
+    /* what is not live in a used segment is dead */
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        seg_t *g = &t->segs[id];
+        if (g->state != SEG_FREE)
+            g->dead = g->head - 1 - KVD_MIN(g->live, g->head - 1);
+    }
+    /* namespaces the tier named but nothing kept */
+    for (uint32_t k = 0; k < rs->n_ns; k++)
+        if (slot[k] != UINT32_MAX)
+            ns_maybe_remove(s, slot[k]);
+    free(slot);
+    free(recs);
+    return KVD_OK;
+}
+
+/* --------------------------------------------------------------- attach */
+
+#define FAIL_WHY(code, ...)                             \
+    do {                                                \
+        if (why)                                        \
+            snprintf(why, why_len, __VA_ARGS__);        \
+        rc = (code);                                    \
+        goto fail;                                      \
+    } while (0)
+
+static void seg_name(uint32_t id, char *buf, size_t len)
+{
+    snprintf(buf, len, "seg-%06u.kvs", id);
+}
+
+/* Opens (creating) segment id, O_DIRECT where the file system has it. */
+static int seg_open(struct tier *t, uint32_t id)
+{
+    char name[32];
+    seg_name(id, name, sizeof(name));
+    int fd = openat(t->dir_fd, name, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
+    if (fd < 0 && errno == EINVAL) {
+        fd = openat(t->dir_fd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0 && t->direct) {
+            t->direct = false;
+            snprintf(t->note, sizeof(t->note), "the file system refuses O_DIRECT: the tier "
+                                               "goes through the page cache");
+        }
+    }
+    t->segs[id].fd = fd;
+    return fd < 0 ? kvd_status_from_errno(errno) : KVD_OK;
+}
+
+/* Reads segment id's header: its generation when it is one of this tier
+ * (state FULL, scanned later), FREE for a file never begun (zeros).
+ * KVD_ERR_STATE for a segment of another layout or tier. */
+static int seg_read_header(struct tier *t, uint32_t id, bool *foreign_tier)
+{
+    seg_t *g = &t->segs[id];
+    void *blk;
+    if (posix_memalign(&blk, SEG_BLOCK, SEG_BLOCK) != 0)
+        return KVD_ERR_NOMEM;
+    ssize_t n = pread(g->fd, blk, SEG_BLOCK, 0);
+    seg_file_hdr_t h;
+    memcpy(&h, blk, sizeof(h));
+    int rc = KVD_OK;
+    g->state = SEG_FREE;
+    if (n == (ssize_t)SEG_BLOCK && h.magic == SEG_FILE_MAGIC) {
+        if (h.crc != kvd_crc32c(0, &h, offsetof(seg_file_hdr_t, crc)) ||
+            h.version != SEG_VERSION || h.seg_bytes != block_bytes(t->seg_blocks) ||
+            h.block != SEG_BLOCK || h.seg_id != id)
+            rc = KVD_ERR_STATE;
+        else if (t->tier_id != 0 && h.tier_id != t->tier_id)
+            *foreign_tier = true, rc = KVD_ERR_STATE;
+        else {
+            t->tier_id = h.tier_id;
+            g->generation = h.generation;
+            g->state = SEG_FULL;
+            g->head = 1;
+        }
+    }
+    free(blk);
+    return rc;
+}
+
+/* Removes what a tier directory holds (--fresh). */
+static void tier_wipe(struct tier *t, uint32_t upto)
+{
+    char name[32];
+    for (uint32_t id = 0; id < upto; id++) {
+        seg_name(id, name, sizeof(name));
+        unlinkat(t->dir_fd, name, 0);
+    }
+    unlinkat(t->dir_fd, CKPT_NAME, 0);
+    unlinkat(t->dir_fd, CKPT_NAME ".tmp", 0);
+}
+
+/* The segments of a tier already there: ids in a row from 0. */
+static uint32_t segs_present(struct tier *t)
+{
+    char name[32];
+    uint32_t id = 0;
+    struct stat st;
+    for (;; id++) {
+        seg_name(id, name, sizeof(name));
+        if (fstatat(t->dir_fd, name, &st, 0) != 0)
+            return id;
+    }
+}
+
+static void tier_free(struct tier *t)
+{
+    if (t == NULL)
+        return;
+    tio_destroy(t->io);
+    for (uint32_t id = 0; t->segs && id < t->n_segs; id++) {
+        if (t->segs[id].fd >= 0)
+            close(t->segs[id].fd);
+        kvd_mem_free(KVD_MEM_INDEX, t->segs[id].recs, (size_t)t->segs[id].cap_recs * 4);
+    }
+    kvd_mem_free(KVD_MEM_INDEX, t->segs, (size_t)t->n_segs * sizeof(seg_t));
+    free(t->ops);
+    free(t->free_ops);
+    if (t->lock_fd >= 0)
+        close(t->lock_fd); /* drops the flock */
+    if (t->dir_fd >= 0)
+        close(t->dir_fd);
+    free(t);
+}
+
+int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
+                          kvd_tier_recovery_t *rec, char *why, size_t why_len)
+{
+    uint64_t t0 = kvd_now_ns();
+    memset(rec, 0, sizeof(*rec));
+    int rc = KVD_OK;
+    restore_t rs = {0};
+    uint32_t *scan_from = NULL;
+    if (s->tier != NULL || o->dir == NULL || s->cfg.page_bytes % SEG_BLOCK != 0)
+        return KVD_ERR_INVALID;
+    uint64_t seg_bytes = o->segment_bytes ? o->segment_bytes : SEG_BYTES_DEFAULT;
+    struct tier *t = calloc(1, sizeof(*t));
+    if (t == NULL)
+        return KVD_ERR_NOMEM;
+    t->dir_fd = t->lock_fd = -1;
+    t->direct = true;
+    t->head = NO_SEG;
+    snprintf(t->dir, sizeof(t->dir), "%s", o->dir);
+    if (seg_bytes % SEG_BLOCK != 0 || seg_bytes < 4ull * SEG_BLOCK ||
+        seg_bytes / SEG_BLOCK > UINT32_MAX)
+        FAIL_WHY(KVD_ERR_INVALID, "a segment of %llu bytes: it must be a multiple of %u",
+                 (unsigned long long)seg_bytes, SEG_BLOCK);
+    t->seg_blocks = (uint32_t)(seg_bytes / SEG_BLOCK);
+    t->page_blocks = s->cfg.page_bytes / SEG_BLOCK;
+    uint64_t n_segs = o->size_bytes / seg_bytes;
+    if (n_segs < 3)
+        FAIL_WHY(KVD_ERR_INVALID,
+                 "an SSD tier of %llu bytes holds fewer than 3 segments of %llu bytes (one "
+                 "is written, one is kept for compaction): give at least %llu",
+                 (unsigned long long)o->size_bytes, (unsigned long long)seg_bytes,
+                 (unsigned long long)(3 * seg_bytes));
+    if (n_segs * t->seg_blocks > UINT32_MAX)
+        FAIL_WHY(KVD_ERR_INVALID, "an SSD tier of %llu bytes is over the %llu a tier may "
+                                  "address",
+                 (unsigned long long)o->size_bytes,
+                 (unsigned long long)block_bytes(UINT32_MAX));
+    t->n_segs = (uint32_t)n_segs;
+    if (mkdir(o->dir, 0700) != 0 && errno != EEXIST)
+        FAIL_WHY(kvd_status_from_errno(errno), "cannot create the tier's directory %s: %s",
+                 o->dir, strerror(errno));
+    if ((t->dir_fd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
+        FAIL_WHY(kvd_status_from_errno(errno), "cannot open %s: %s", o->dir, strerror(errno));
+    t->lock_fd = openat(t->dir_fd, "tier.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (t->lock_fd < 0 || flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
+        FAIL_WHY(errno == EWOULDBLOCK ? KVD_ERR_BUSY : kvd_status_from_errno(errno),
+                 "the SSD tier in %s is in use by another daemon (%s/tier.lock)", o->dir,
+                 o->dir);
+    char pid[32];
+    int pid_len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(t->lock_fd, 0) != 0 || pwrite(t->lock_fd, pid, (size_t)pid_len, 0) < 0)
+        KVD_WARN("tier", "cannot write the pid into %s/tier.lock: %s", o->dir, strerror(errno));
+    uint32_t present = segs_present(t);
+    if (o->fresh)
+        tier_wipe(t, KVD_MAX(present, t->n_segs));
+    else if (present > t->n_segs)
+        FAIL_WHY(KVD_ERR_STATE,
+                 "%s holds %u segments, more than the %u of --ssd-size %llu: give the size it "
+                 "was made with, or --fresh to discard it",
+                 o->dir, present, t->n_segs, (unsigned long long)o->size_bytes);
+    present = o->fresh ? 0 : present;
+    /* the files still to be made must fit the file system now */
+    struct statvfs vfs;
+    if (fstatvfs(t->dir_fd, &vfs) == 0) {
+        uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize, have = 0, need = 0;
+        char name[32];
+        struct stat st;
+        for (uint32_t id = 0; id < t->n_segs; id++) {
+            seg_name(id, name, sizeof(name));
+            uint64_t got = fstatat(t->dir_fd, name, &st, 0) == 0
+                               ? (uint64_t)st.st_blocks * 512
+                               : 0;
+            have += KVD_MIN(got, seg_bytes);
+            need += seg_bytes - KVD_MIN(got, seg_bytes);
+        }
+        if (need > avail) {
+            uint64_t fits = (have + avail) / seg_bytes * seg_bytes;
+            FAIL_WHY(KVD_ERR_NO_SPACE,
+                     "an SSD tier of %llu bytes does not fit %s: %llu more bytes are needed, "
+                     "%llu are free; --ssd-size %llu fits",
+                     (unsigned long long)(n_segs * seg_bytes), o->dir,
+                     (unsigned long long)need, (unsigned long long)avail,
+                     (unsigned long long)fits);
+        }
+    }
+    t->segs = kvd_mem_calloc(KVD_MEM_INDEX, t->n_segs, sizeof(seg_t));
+    scan_from = calloc(t->n_segs, sizeof(uint32_t));
+    t->n_ops = o->queue_depth ? o->queue_depth : 32;
+    t->ops = calloc(t->n_ops, sizeof(inflight_t));
+    t->free_ops = calloc(t->n_ops, sizeof(uint32_t));
+    if (t->segs == NULL || scan_from == NULL || t->ops == NULL || t->free_ops == NULL)
+        FAIL_WHY(KVD_ERR_NOMEM, "out of memory");
+    for (uint32_t id = 0; id < t->n_segs; id++)
+        t->segs[id].fd = -1;
+    for (uint32_t k = t->n_ops; k-- > 0;)
+        t->free_ops[t->n_free_ops++] = k;
+    bool foreign = false;
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        if ((rc = seg_open(t, id)) != KVD_OK)
+            FAIL_WHY(rc, "cannot open segment %u in %s: %s", id, o->dir, kvd_status_str(rc));
+        struct stat st;
+        if (fstat(t->segs[id].fd, &st) != 0 || (uint64_t)st.st_size != seg_bytes) {
+            if ((uint64_t)st.st_size > seg_bytes && id < present)
+                FAIL_WHY(KVD_ERR_STATE, "segment %u in %s is of another size: --fresh "
+                                        "discards the tier",
+                         id, o->dir);
+            int err = posix_fallocate(t->segs[id].fd, 0, (off_t)seg_bytes);
+            if (err != 0)
+                FAIL_WHY(kvd_status_from_errno(err), "cannot allocate segment %u in %s: %s",
+                         id, o->dir, strerror(err));
+        }
+        if (id < present && seg_read_header(t, id, &foreign) != KVD_OK)
+            FAIL_WHY(KVD_ERR_STATE,
+                     "segment %u in %s is %s: --fresh discards the tier", id, o->dir,
+                     foreign ? "of another tier" : "of another layout or version, or damaged");
+        if (t->segs[id].state == SEG_FREE)
+            t->n_free++;
+    }
+    if (t->tier_id == 0 && getrandom(&t->tier_id, sizeof(t->tier_id), 0) != sizeof(t->tier_id))
+        t->tier_id = kvd_now_ns() ^ (uint64_t)getpid() << 32;
+    if (t->tier_id == 0)
+        t->tier_id = 1;
+    s->tier = t;
+    s->spill_policy = o->policy;
+    /* the index: the checkpoint, then each segment's records after it */
+    ckpt_read(t, &rs, scan_from, rec);
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        if (t->segs[id].state == SEG_FREE)
+            continue;
+        rec->segments++;
+        t->segs[id].head = KVD_MAX(scan_from[id], 1u);
+        if ((rc = seg_scan(t, id, scan_from[id], &rs, rec)) != KVD_OK)
+            FAIL_WHY(rc, "scanning segment %u: %s", id, kvd_status_str(rc));
+    }
+    if ((rc = restore_insert(s, &rs, rec)) != KVD_OK)
+        FAIL_WHY(rc, "rebuilding the tier's index: %s", kvd_status_str(rc));
+    t->recovered = rec->objects;
+    /* go on writing the segment written last, where it stopped */
+    uint64_t newest = 0;
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        seg_t *g = &t->segs[id];
+        if (g->state == SEG_FULL && g->head < t->seg_blocks && g->generation >= newest) {
+            newest = g->generation;
+            t->head = id;
+        }
+    }
+    if (t->head != NO_SEG)
+        t->segs[t->head].state = SEG_HEAD;
+    tio_opts_t io = {.backend = o->io_path == 1   ? TIO_URING
+                                : o->io_path == 2 ? TIO_PSYNC
+                                                  : TIO_AUTO,
+                     .queue_depth = t->n_ops,
+                     .pool_base = o->pool_base,
+                     .pool_bytes = o->pool_bytes,
+                     .fixed_slice_bytes = o->no_fixed_buffers ? UINT64_MAX : 0,
+                     /* compaction's bounce buffers, one per slot that copied:
+                      * a record larger is dropped rather than copied */
+                     .max_value_bytes = KVD_MIN(block_bytes(t->seg_blocks - 1),
+                                                (uint64_t)COPY_MAX_BYTES),
+                     .fail_read_every = o->fail_read_every};
+    if ((rc = tio_create(&io, &t->io)) != KVD_OK)
+        FAIL_WHY(rc, "the SSD tier's I/O could not start (%s): see the log",
+                 kvd_status_str(rc));
+    if (t->note[0] == '\0')
+        snprintf(t->note, sizeof(t->note), "%s", tio_note(t->io));
+    t->last_ckpt_ms = o->now_ms ? o->now_ms : kvd_now_ns() / 1000000;
+    rec->elapsed_ns = kvd_now_ns() - t0;
+    if (rec->objects == 0 && rec->note[0] == '\0')
+        snprintf(rec->note, sizeof(rec->note), "%s",
+                 o->fresh ? "--fresh" : present ? "no records" : "a new tier");
+    kvd_mem_free(KVD_MEM_STAGING, rs.v, rs.cap * sizeof(found_t));
+    kvd_mem_free(KVD_MEM_STAGING, rs.ns, rs.cap_ns * sizeof(ckpt_ns_t));
+    free(scan_from);
+    return KVD_OK;
+fail:
+    if (s->tier == t) {
+        /* nothing of it may stay in the store: drop what was inserted */
+        while (store_ssd_evict_one(s))
+            ;
+        s->tier = NULL;
+    }
+    kvd_mem_free(KVD_MEM_STAGING, rs.v, rs.cap * sizeof(found_t));
+    kvd_mem_free(KVD_MEM_STAGING, rs.ns, rs.cap_ns * sizeof(ckpt_ns_t));
+    free(scan_from);
+    tier_free(t);
+    return rc;
+}
+
+void tier_close(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    /* what is in flight ends first: its records are on disk or not, and a
+     * restart finds what is */
+    tio_destroy(t->io);
+    t->io = NULL;
+    for (uint32_t k = 0; k < t->n_ops; k++)
+        t->ops[k].kind = OP_NONE; /* a checkpoint starts its scans at the heads */
+    kvd_store_tier_checkpoint(s);
+    tier_free(t);
+    s->tier = NULL;
+}

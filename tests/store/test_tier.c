@@ -1,0 +1,445 @@
+/*
+ * Description: the SSD tier through the store engine, on real files and a
+ * real pool mapping: objects spill when the pool passes its watermark and
+ * come back byte-exact through Acquire's promotion (a working set twice the
+ * pool), Lookup says which tier a boundary needs, the tier comes back after
+ * a clean stop and after a crash (a child killed by SIGKILL) with the pool's
+ * bytes gone (a reboot), and faults (a flipped byte, a device that answers
+ * EIO, a truncated segment) make objects absent, never wrong. Each case runs
+ * over both I/O paths (io_uring where the kernel allows it, pread/pwrite).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "engine_util.h"
+#include "kvd_store.h"
+
+#define POOL_BYTES (1u << 20)   /* 16 objects */
+#define OBJ_BYTES  (64u << 10)
+#define SEG_BYTES  (256u << 10) /* 3 records of 64 KiB + header each */
+#define TIER_BYTES (16u * SEG_BYTES)
+#define N_OBJ      32           /* twice the pool */
+
+typedef struct fx {
+    char dir[64];
+    uint8_t *pool;
+    kvd_store_t *s;
+    uint32_t ns;
+    int io_path;
+} fx_t;
+
+static int io_path_of_state(void **state)
+{
+    return (int)(intptr_t)*state;
+}
+
+static void fill(uint8_t *p, uint32_t n)
+{
+    for (uint32_t k = 0; k < OBJ_BYTES; k++)
+        p[k] = (uint8_t)(n * 131 + k * 7 + (k >> 9));
+}
+
+static bool same(const uint8_t *p, uint32_t n)
+{
+    uint8_t want[OBJ_BYTES];
+    fill(want, n);
+    return memcmp(p, want, OBJ_BYTES) == 0;
+}
+
+/* A store on the fixture's pool with a tier in its directory. */
+static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why, size_t len)
+{
+    kvd_store_config_t cfg;
+    kvd_store_config_default(&cfg, POOL_BYTES);
+    cfg.evict_high = 0.80;
+    cfg.evict_low = 0.60;
+    assert_int_equal(kvd_store_create(&cfg, &f->s), KVD_OK);
+    kvd_tier_opts_t o = {.dir = f->dir,
+                         .size_bytes = TIER_BYTES,
+                         .segment_bytes = SEG_BYTES,
+                         .io_path = f->io_path,
+                         .queue_depth = 8,
+                         .pool_base = f->pool,
+                         .pool_bytes = POOL_BYTES,
+                         .fresh = fresh,
+                         .fail_read_every = fail_read_every};
+    kvd_tier_recovery_t rec;
+    int rc = kvd_store_tier_attach(f->s, &o, &rec, why, len);
+    if (rc != KVD_OK) {
+        kvd_store_destroy(f->s);
+        f->s = NULL;
+        return rc;
+    }
+    f->ns = reg(f->s, "kv", OBJ_BYTES);
+    return KVD_OK;
+}
+
+static void fx_init(fx_t *f, int io_path)
+{
+    memset(f, 0, sizeof(*f));
+    f->io_path = io_path;
+    snprintf(f->dir, sizeof(f->dir), "/tmp/kvd-tier-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    f->pool = mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(f->pool != MAP_FAILED);
+    char why[512] = "";
+    int rc = open_store(f, true, 0, why, sizeof(why));
+    if (rc == KVD_ERR_UNSUPPORTED) {
+        print_message("skip: io_uring cannot be set up here (%s)\n", why);
+        skip();
+    }
+    assert_int_equal(rc, KVD_OK);
+}
+
+static void fx_fini(fx_t *f)
+{
+    kvd_store_destroy(f->s);
+    munmap(f->pool, POOL_BYTES);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* Publishes object n (its bytes written into the pool first). */
+static void put(fx_t *f, uint32_t n)
+{
+    key_t32 key;
+    mkkey(key, n);
+    kvd_put_t it = {.key = key};
+    uint64_t lease;
+    uint8_t res;
+    kvd_loc_t loc;
+    assert_int_equal(kvd_store_reserve(f->s, 1, f->ns, &it, 1, 0, &lease, &res, &loc), KVD_OK);
+    assert_int_equal(res, KVD_RESERVE_ALLOCATED);
+    fill(f->pool + loc.offset, n);
+    assert_int_equal(kvd_store_publish(f->s, 1, lease, NULL, 0), KVD_OK);
+    kvd_store_tier_poll(f->s, 0);
+    check_ok(f->s);
+}
+
+/* Acquires object n, waiting for its promotion: KVD_OK with its bytes
+ * checked, or the error that ended it. */
+static int get(fx_t *f, uint32_t n)
+{
+    key_t32 key;
+    mkkey(key, n);
+    for (int round = 0; round < 2000; round++) {
+        uint64_t lease;
+        kvd_loc_t loc;
+        size_t bad;
+        int rc = kvd_store_acquire(f->s, 1, f->ns, (const uint8_t(*)[KVD_KEY_BYTES])key, 1, 0,
+                                   &lease, &loc, &bad);
+        check_ok(f->s);
+        if (rc == KVD_INPROGRESS) {
+            kvd_store_tier_drain(f->s, 100);
+            continue;
+        }
+        if (rc != KVD_OK)
+            return rc;
+        bool ok = same(f->pool + loc.offset, n);
+        assert_int_equal(kvd_store_release(f->s, 1, lease), KVD_OK);
+        assert_true(ok);
+        return KVD_OK;
+    }
+    fail_msg("object %u: still promoting after 2000 rounds", n);
+    return KVD_ERR_TIMEOUT;
+}
+
+static void put_all(fx_t *f)
+{
+    for (uint32_t n = 0; n < N_OBJ; n++) {
+        put(f, n);
+        kvd_store_tier_drain(f->s, 1000);
+    }
+    kvd_store_tier_drain(f->s, 2000);
+    check_ok(f->s);
+}
+
+/* Twice the pool's worth goes through the tier and back, byte-exact. */
+static void test_twice_dram_round_trips(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    kvd_store_stats_t st = stats(f.s);
+    assert_true(st.spills >= N_OBJ / 2);
+    assert_true(st.ssd_objects > 0);
+    assert_int_equal(st.evictions, 0); /* moved, not dropped */
+    for (uint32_t n = 0; n < N_OBJ; n++)
+        assert_int_equal(get(&f, n), KVD_OK);
+    st = stats(f.s);
+    assert_true(st.promotions > 0);
+    assert_int_equal(st.ssd_checksum_failures, 0);
+    assert_int_equal(st.promote_failures, 0);
+    fx_fini(&f);
+}
+
+/* Lookup counts objects on the tier and says a boundary needs it. */
+static void test_lookup_says_the_tier(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    key_t32 keys[N_OBJ];
+    for (uint32_t n = 0; n < N_OBJ; n++)
+        mkkey(keys[n], n);
+    kvd_lookup_pool_t p = {.ns = f.ns, .keys = (const uint8_t(*)[KVD_KEY_BYTES])keys,
+                           .n_keys = N_OBJ};
+    uint32_t b[N_OBJ];
+    uint8_t tiers[N_OBJ];
+    size_t nb;
+    assert_int_equal(kvd_store_lookup_tiers(f.s, &p, 1, b, tiers, &nb), KVD_OK);
+    assert_int_equal(nb, N_OBJ); /* every page is there, on one tier or the other */
+    /* the oldest pages went first: boundary 1 needs page 0, on SSD */
+    kvd_obj_info_t info;
+    assert_int_equal(kvd_store_inspect(f.s, f.ns, keys[0], &info), KVD_OK);
+    assert_int_equal(info.tier, KVD_TIER_SSD);
+    assert_int_equal(tiers[0], KVD_TIER_SSD);
+    assert_int_equal(tiers[N_OBJ - 1], KVD_TIER_SSD); /* ALL_PAGES includes page 0 */
+    /* a trailing window of the newest page alone is in DRAM */
+    assert_int_equal(kvd_store_inspect(f.s, f.ns, keys[N_OBJ - 1], &info), KVD_OK);
+    assert_int_equal(info.tier, KVD_TIER_DRAM);
+    p.trailing_pages = 1;
+    assert_int_equal(kvd_store_lookup_tiers(f.s, &p, 1, b, tiers, &nb), KVD_OK);
+    assert_int_equal(tiers[nb - 1], KVD_TIER_DRAM);
+    fx_fini(&f);
+}
+
+/* After a clean stop and with the pool's bytes gone, the tier's objects
+ * are back and read back exact. */
+static void test_restart_keeps_the_tier(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    uint64_t on_ssd = stats(f.s).ssd_objects;
+    kvd_store_destroy(f.s); /* writes the checkpoint */
+    memset(f.pool, 0, POOL_BYTES); /* a reboot: DRAM is gone */
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    kvd_store_stats_t st = stats(f.s);
+    assert_int_equal(st.ssd_objects, on_ssd);
+    assert_int_equal(st.ssd_recovered_objects, on_ssd);
+    size_t back = 0;
+    for (uint32_t n = 0; n < N_OBJ; n++) {
+        int rc = get(&f, n);
+        assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+        back += rc == KVD_OK;
+    }
+    assert_int_equal(back, on_ssd);
+    fx_fini(&f);
+}
+
+/* A process killed with SIGKILL after its spills were acknowledged: the
+ * records are found by scanning the segments (no checkpoint). */
+static void test_sigkill_keeps_acknowledged_spills(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s); /* the child makes its own */
+    f.s = NULL;
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char why[512];
+        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
+            _exit(3);
+        put_all(&f);
+        uint64_t n = stats(f.s).ssd_objects;
+        if (write(pipefd[1], &n, sizeof(n)) != sizeof(n))
+            _exit(4);
+        pause(); /* killed here, with nothing closed */
+        _exit(5);
+    }
+    close(pipefd[1]);
+    uint64_t on_ssd = 0;
+    assert_int_equal(read(pipefd[0], &on_ssd, sizeof(on_ssd)), sizeof(on_ssd));
+    close(pipefd[0]);
+    kill(pid, SIGKILL);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(on_ssd > 0);
+    memset(f.pool, 0, POOL_BYTES);
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    assert_true(stats(f.s).ssd_objects >= on_ssd);
+    size_t back = 0;
+    for (uint32_t n = 0; n < N_OBJ; n++)
+        back += get(&f, n) == KVD_OK;
+    assert_true(back >= on_ssd);
+    fx_fini(&f);
+}
+
+/* The path of segment id of the fixture's tier. */
+static void seg_path(const fx_t *f, uint32_t id, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s/seg-%06u.kvs", f->dir, id);
+}
+
+/* A flipped byte in every segment's values: each promotion fails its
+ * check and the object is absent afterwards; the counters say so. */
+static void test_flipped_byte_is_absent_not_wrong(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    uint64_t on_ssd = stats(f.s).ssd_objects;
+    char path[128];
+    for (uint32_t id = 0; id < TIER_BYTES / SEG_BYTES; id++) {
+        seg_path(&f, id, path, sizeof(path));
+        int fd = open(path, O_RDWR);
+        assert_true(fd >= 0);
+        /* every block of every record value but the header blocks */
+        for (uint64_t off = 4096; off < SEG_BYTES; off += 4096) {
+            uint8_t b;
+            if (pread(fd, &b, 1, (off_t)off + 100) == 1 && (off / 4096) % 17 != 1) {
+                b ^= 0x40;
+                assert_int_equal(pwrite(fd, &b, 1, (off_t)off + 100), 1);
+            }
+        }
+        close(fd);
+    }
+    size_t absent = 0;
+    for (uint32_t n = 0; n < N_OBJ; n++) {
+        int rc = get(&f, n); /* KVD_OK only with exact bytes (get asserts) */
+        assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+        absent += rc == KVD_ERR_NOT_FOUND;
+    }
+    kvd_store_stats_t st = stats(f.s);
+    assert_true(absent > 0);
+    assert_true(st.ssd_checksum_failures > 0);
+    assert_true(st.promote_failures == absent);
+    assert_true(absent <= on_ssd);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+/* A device that answers EIO to every second read: those promotions fail
+ * cleanly, the objects are dropped, the rest come back exact. */
+static void test_eio_drops_the_object(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    char why[512];
+    assert_int_equal(open_store(&f, true, 2, why, sizeof(why)), KVD_OK);
+    put_all(&f);
+    size_t absent = 0, ok = 0;
+    for (uint32_t n = 0; n < N_OBJ; n++) {
+        int rc = get(&f, n);
+        assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+        absent += rc == KVD_ERR_NOT_FOUND;
+        ok += rc == KVD_OK;
+    }
+    kvd_store_stats_t st = stats(f.s);
+    print_message("eio: %zu back, %zu absent, %llu I/O errors, %llu evictions\n", ok, absent,
+                  (unsigned long long)st.ssd_io_errors, (unsigned long long)st.evictions);
+    /* each failed read dropped its object and nothing else */
+    assert_true(absent > 0 && ok > 0);
+    assert_int_equal(ok + absent, N_OBJ);
+    assert_int_equal(st.ssd_io_errors, absent);
+    assert_int_equal(st.promote_failures, absent);
+    fx_fini(&f);
+}
+
+/* A segment cut short between a clean stop and a restart: what it lost is
+ * absent, the rest is there, nothing is wrong. */
+static void test_truncated_segment(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    kvd_store_destroy(f.s);
+    char path[128];
+    seg_path(&f, 0, path, sizeof(path));
+    assert_int_equal(truncate(path, 4096 + 4096 + 100), 0);
+    memset(f.pool, 0, POOL_BYTES);
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    for (uint32_t n = 0; n < N_OBJ; n++) {
+        int rc = get(&f, n);
+        assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+    }
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+/* More objects than the tier holds: it evicts leaf-first and compacts, and
+ * whatever is still there reads back exact. */
+static void test_tier_full_evicts_and_compacts(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    for (int round = 0; round < 4; round++)
+        for (uint32_t n = 0; n < N_OBJ; n++) {
+            put(&f, 1000 * (uint32_t)round + n);
+            kvd_store_tier_drain(f.s, 1000);
+        }
+    kvd_store_tier_drain(f.s, 2000);
+    kvd_store_stats_t st = stats(f.s);
+    assert_true(st.ssd_evictions > 0);
+    assert_true(st.ssd_used_bytes <= st.ssd_bytes);
+    for (int round = 0; round < 4; round++)
+        for (uint32_t n = 0; n < N_OBJ; n++) {
+            int rc = get(&f, 1000 * (uint32_t)round + n);
+            assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+        }
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+/* A tier the file system cannot hold is refused, naming a size that fits. */
+static void test_too_big_is_refused(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    kvd_store_config_t cfg;
+    kvd_store_config_default(&cfg, POOL_BYTES);
+    assert_int_equal(kvd_store_create(&cfg, &f.s), KVD_OK);
+    kvd_tier_opts_t o = {.dir = f.dir,
+                         .size_bytes = 8ull << 40,
+                         .segment_bytes = 1ull << 30,
+                         .pool_base = f.pool,
+                         .pool_bytes = POOL_BYTES};
+    kvd_tier_recovery_t rec;
+    char why[512] = "";
+    assert_int_equal(kvd_store_tier_attach(f.s, &o, &rec, why, sizeof(why)), KVD_ERR_NO_SPACE);
+    assert_non_null(strstr(why, "--ssd-size"));
+    assert_non_null(strstr(why, "fits"));
+    fx_fini(&f);
+}
+
+#define BOTH(t)                                                                        \
+    cmocka_unit_test_prestate(t, (void *)(intptr_t)2),                                 \
+        cmocka_unit_test_prestate(t, (void *)(intptr_t)1)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        BOTH(test_twice_dram_round_trips),
+        BOTH(test_lookup_says_the_tier),
+        BOTH(test_restart_keeps_the_tier),
+        BOTH(test_sigkill_keeps_acknowledged_spills),
+        BOTH(test_flipped_byte_is_absent_not_wrong),
+        BOTH(test_eio_drops_the_object),
+        BOTH(test_truncated_segment),
+        BOTH(test_tier_full_evicts_and_compacts),
+        cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
