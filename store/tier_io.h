@@ -69,8 +69,8 @@ void tio_destroy(tio_t *t);
 typedef enum tio_kind {
     /* hdr (the tier's header, value_crc and hdr_crc not yet filled) and
      * the value pool[pool_off, + value_bytes) are written at file_off and
-     * file_off + SEG_BLOCK; the executor computes value_crc from the pool
-     * and seals the header. */
+     * file_off + SEG_BLOCK; the executor computes value_crc from the pool,
+     * sets magic, version and value_bytes, and seals the header. */
     TIO_WRITE = 1,
     /* the record at file_off is read: its header into hdr, its value into
      * pool[pool_off, + value_bytes); the header must be valid, of `key` and
@@ -100,7 +100,10 @@ typedef struct tio_op {
 typedef struct tio_done {
     uint64_t tag;
     int status;    /* KVD_OK, KVD_ERR_IO (the system said no), KVD_ERR_CORRUPT,
-                      KVD_ERR_NO_SPACE (ENOSPC, EDQUOT, EFBIG) */
+                      KVD_ERR_NO_SPACE (ENOSPC, EDQUOT, EFBIG); KVD_ERR_INVALID
+                      (an op out of the pool, the block grain or max_value_bytes:
+                      refused by tio_submit, logged), KVD_ERR_NOMEM (no bounce
+                      buffer for a COPY) */
     int sys_errno; /* the errno behind KVD_ERR_IO / NO_SPACE; 0 else */
     tio_kind_t kind;
     seg_rec_hdr_t hdr; /* READ: the header read (when status is KVD_OK) */
