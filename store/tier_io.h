@@ -45,8 +45,8 @@ typedef enum tio_backend {
 
 typedef struct tio_opts {
     tio_backend_t backend;
-    uint32_t queue_depth;      /* ops in flight at most; 0: 32 */
-    void *pool_base;           /* the pool's mapping: values move from and to it */
+    uint32_t queue_depth; /* ops in flight at most; 0: 32 */
+    void *pool_base;      /* the pool's mapping: values move from and to it */
     uint64_t pool_bytes;
     uint64_t fixed_slice_bytes; /* fixed-buffer slices: 0: 1 GiB; UINT64_MAX: none */
     uint64_t max_value_bytes;   /* largest value a COPY moves (bounce buffers) */
@@ -88,10 +88,10 @@ typedef struct tio_op {
     tio_kind_t kind;
     int fd;
     uint64_t file_off;
-    uint64_t pool_off;    /* WRITE, READ */
-    uint64_t value_bytes; /* multiple of SEG_BLOCK */
+    uint64_t pool_off;          /* WRITE, READ */
+    uint64_t value_bytes;       /* multiple of SEG_BLOCK */
     uint8_t key[KVD_KEY_BYTES]; /* READ, COPY: the key expected */
-    int dst_fd;           /* COPY */
+    int dst_fd;                 /* COPY */
     uint64_t dst_off;
     uint64_t dst_generation;
     seg_rec_hdr_t hdr; /* WRITE: in; READ: out */
@@ -130,10 +130,10 @@ bool tio_fixed_buffers(const tio_t *t);       /* the pool is registered */
 const char *tio_note(const tio_t *t);
 
 typedef struct tio_stats {
-    uint64_t reads, writes, copies;     /* ops ended OK */
-    uint64_t read_bytes, write_bytes;   /* values moved */
+    uint64_t reads, writes, copies;   /* ops ended OK */
+    uint64_t read_bytes, write_bytes; /* values moved */
     uint64_t io_errors, checksum_failures, no_space;
-    uint32_t queue_depth;               /* its limit */
+    uint32_t queue_depth; /* its limit */
     uint32_t in_flight;
 } tio_stats_t;
 void tio_stats(const tio_t *t, tio_stats_t *out);
