@@ -68,9 +68,9 @@ typedef struct seg_file_hdr {
 typedef struct seg_rec_hdr {
     uint32_t magic; /* SEG_REC_MAGIC */
     uint32_t version;
-    uint32_t hdr_crc;   /* CRC-32C of the whole block with this field 0 */
-    uint32_t value_crc; /* CRC-32C of the value's bytes */
-    uint64_t seq;       /* the tier's write order: the newest of a key wins */
+    uint32_t hdr_crc;    /* CRC-32C of the whole block with this field 0 */
+    uint32_t value_crc;  /* CRC-32C of the value's bytes */
+    uint64_t seq;        /* the tier's write order: the newest of a key wins */
     uint64_t generation; /* its segment's, when written */
     uint64_t value_bytes;
     uint64_t object_bytes; /* the namespace's object size (<= value_bytes) */

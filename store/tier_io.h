@@ -45,8 +45,8 @@ typedef enum tio_backend {
 
 typedef struct tio_opts {
     tio_backend_t backend;
-    uint32_t queue_depth;      /* ops in flight at most; 0: 32 */
-    void *pool_base;           /* the pool's mapping: values move from and to it */
+    uint32_t queue_depth; /* ops in flight at most; 0: 32 */
+    void *pool_base;      /* the pool's mapping: values move from and to it */
     uint64_t pool_bytes;
     uint64_t fixed_slice_bytes; /* fixed-buffer slices: 0: 1 GiB; UINT64_MAX: none */
     uint64_t max_value_bytes;   /* largest value a COPY moves (bounce buffers) */
@@ -69,8 +69,8 @@ void tio_destroy(tio_t *t);
 typedef enum tio_kind {
     /* hdr (the tier's header, value_crc and hdr_crc not yet filled) and
      * the value pool[pool_off, + value_bytes) are written at file_off and
-     * file_off + SEG_BLOCK; the executor computes value_crc from the pool
-     * and seals the header. */
+     * file_off + SEG_BLOCK; the executor computes value_crc from the pool,
+     * sets magic, version and value_bytes, and seals the header. */
     TIO_WRITE = 1,
     /* the record at file_off is read: its header into hdr, its value into
      * pool[pool_off, + value_bytes); the header must be valid, of `key` and
@@ -88,10 +88,10 @@ typedef struct tio_op {
     tio_kind_t kind;
     int fd;
     uint64_t file_off;
-    uint64_t pool_off;    /* WRITE, READ */
-    uint64_t value_bytes; /* multiple of SEG_BLOCK */
+    uint64_t pool_off;          /* WRITE, READ */
+    uint64_t value_bytes;       /* multiple of SEG_BLOCK */
     uint8_t key[KVD_KEY_BYTES]; /* READ, COPY: the key expected */
-    int dst_fd;           /* COPY */
+    int dst_fd;                 /* COPY */
     uint64_t dst_off;
     uint64_t dst_generation;
     seg_rec_hdr_t hdr; /* WRITE: in; READ: out */
@@ -100,7 +100,10 @@ typedef struct tio_op {
 typedef struct tio_done {
     uint64_t tag;
     int status;    /* KVD_OK, KVD_ERR_IO (the system said no), KVD_ERR_CORRUPT,
-                      KVD_ERR_NO_SPACE (ENOSPC, EDQUOT, EFBIG) */
+                      KVD_ERR_NO_SPACE (ENOSPC, EDQUOT, EFBIG); KVD_ERR_INVALID
+                      (an op out of the pool, the block grain or max_value_bytes:
+                      refused by tio_submit, logged), KVD_ERR_NOMEM (no bounce
+                      buffer for a COPY) */
     int sys_errno; /* the errno behind KVD_ERR_IO / NO_SPACE; 0 else */
     tio_kind_t kind;
     seg_rec_hdr_t hdr; /* READ: the header read (when status is KVD_OK) */
@@ -127,10 +130,10 @@ bool tio_fixed_buffers(const tio_t *t);       /* the pool is registered */
 const char *tio_note(const tio_t *t);
 
 typedef struct tio_stats {
-    uint64_t reads, writes, copies;     /* ops ended OK */
-    uint64_t read_bytes, write_bytes;   /* values moved */
+    uint64_t reads, writes, copies;   /* ops ended OK */
+    uint64_t read_bytes, write_bytes; /* values moved */
     uint64_t io_errors, checksum_failures, no_space;
-    uint32_t queue_depth;               /* its limit */
+    uint32_t queue_depth; /* its limit */
     uint32_t in_flight;
 } tio_stats_t;
 void tio_stats(const tio_t *t, tio_stats_t *out);
