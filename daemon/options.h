@@ -34,8 +34,8 @@ typedef struct kvd_opts {
     char ssd_path[256];
     uint64_t ssd_size_bytes;
     uint64_t ssd_segment_bytes;
-    char ssd_io[16];    /* "auto", "io_uring", "psync" */
-    char ssd_spill[8];  /* "all", "hit" */
+    char ssd_io[16];   /* "auto", "io_uring", "psync" */
+    char ssd_spill[8]; /* "all", "hit" */
     uint64_t ssd_queue_depth;
     bool ssd_no_fixed_buffers;
     uint64_t ssd_fail_read_every; /* tests: every n-th read fails with EIO */

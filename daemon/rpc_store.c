@@ -506,12 +506,13 @@ static void serve_acquire(kvd_store_t *store, const kvd_opts_t *opts,
             kvd_key_to_hex(r->keys[bad], hex);
         set_error(req, rep, rc, (uint32_t)bad + 1,
                   "acquire: key %zu (%.16s...) %s; nothing pinned", bad, hex,
-                  rc == KVD_ERR_NOT_FOUND  ? "is not stored"
-                  : rc == KVD_ERR_BUSY     ? "is still being written"
-                  : rc == KVD_ERR_NO_SPACE ? "has as many pins as it can count (65535), or "
-                                             "no room in the pool to come back from the "
-                                             "SSD tier"
-                                           : kvd_status_str(rc));
+                  rc == KVD_ERR_NOT_FOUND ? "is not stored"
+                  : rc == KVD_ERR_BUSY    ? "is still being written"
+                  : rc == KVD_ERR_NO_SPACE
+                      ? "has as many pins as it can count (65535), or "
+                        "no room in the pool to come back from the "
+                        "SSD tier"
+                      : kvd_status_str(rc));
         return;
     }
     kvd_ns_info_t info = {0};

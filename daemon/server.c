@@ -1389,13 +1389,13 @@ static int attach_tier(kvd_server_t *s)
              "record headers read in %llu segments, %llu torn, %llu already in DRAM or "
              "twice, %llu of namespaces or tenants no longer there)%s%s",
              o->ssd_path, kvd_size_format(st.ssd_bytes, a, sizeof(a)),
-             (unsigned long long)st.ssd_segments, o->ssd_spill[0] == 'h'
-                                                      ? "spilling objects loaded once"
-                                                      : "spilling every evicted object",
+             (unsigned long long)st.ssd_segments,
+             o->ssd_spill[0] == 'h' ? "spilling objects loaded once"
+                                    : "spilling every evicted object",
              kvd_store_tier_io_path(s->store), (unsigned long long)st.ssd_queue_depth,
-             st.ssd_fixed_buffers ? ", pool registered" : "", (unsigned long long)rec.objects,
-             kvd_size_format(rec.bytes, b, sizeof(b)), (double)rec.elapsed_ns / 1e6,
-             (unsigned long long)rec.checkpoint_records,
+             st.ssd_fixed_buffers ? ", pool registered" : "",
+             (unsigned long long)rec.objects, kvd_size_format(rec.bytes, b, sizeof(b)),
+             (double)rec.elapsed_ns / 1e6, (unsigned long long)rec.checkpoint_records,
              (unsigned long long)rec.scanned_records, (unsigned long long)rec.segments,
              (unsigned long long)rec.torn, (unsigned long long)rec.duplicates,
              (unsigned long long)rec.discarded, rec.objects == 0 ? ": " : "",
@@ -1481,7 +1481,8 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     s->tier_src = (src_t){SRC_TIER, kvd_store_tier_fd(s->store)};
     if ((rc = watch(s, &s->sig, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
         (rc = watch(s, &s->timer, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
-        (s->tier_src.fd >= 0 && (rc = watch(s, &s->tier_src, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK))
+        (s->tier_src.fd >= 0 &&
+         (rc = watch(s, &s->tier_src, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK))
         goto fail;
     if ((rc = start_ucx(s)) != KVD_OK)
         goto fail;

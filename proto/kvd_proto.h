@@ -478,73 +478,76 @@ typedef struct kvd_stats_req {
 
 /* The store's figures (Stats): the same names as kvd_store_stats_t of
  * kvd_store.h. free + writing + ready + quarantined bytes = pool bytes. */
-#define KVD_STORE_STATS_FIELDS(X)                                                      \
-    X(U64, pool_bytes, 0, GAUGE, "Bytes of pool the store manages.")                   \
-    X(U64, free_bytes, 0, GAUGE, "Pool bytes free.")                                   \
-    X(U64, writing_bytes, 0, GAUGE, "Pool bytes reserved and being written.")          \
-    X(U64, ready_bytes, 0, GAUGE, "Pool bytes of published objects.")                  \
-    X(U64, pinned_bytes, 0, GAUGE, "Ready bytes pinned by loads.")                     \
-    X(U64, objects_ready, 0, GAUGE, "Objects published.")                              \
-    X(U64, objects_writing, 0, GAUGE, "Objects reserved, being written.")              \
-    X(U64, objects_pinned, 0, GAUGE, "Objects pinned by loads.")                       \
-    X(U64, pins, 0, GAUGE, "Pins held: the sum of every object's pin count.")          \
-    X(U64, leases, 0, GAUGE, "Leases holding reservations or pins.")                   \
-    X(U64, free_extents, 0, GAUGE, "Free extents of the pool.")                        \
-    X(U64, largest_free_bytes, 0, GAUGE, "Largest free extent.")                       \
-    X(F64, fragmentation, 0, GAUGE, "1 - largest free extent / free bytes.")           \
-    X(U64, index_bytes, 0, GAUGE, "Memory of the index (records, hash, leases).")      \
-    X(U64, evictions, 0, COUNTER, "Objects evicted.")                                  \
-    X(U64, evicted_bytes, 0, COUNTER, "Bytes evicted.")                                \
-    X(U64, reserve_allocated, 0, COUNTER, "Reserved keys allocated.")                  \
-    X(U64, reserve_exists, 0, COUNTER, "Reserved keys found stored already.")          \
-    X(U64, reserve_in_flight, 0, COUNTER, "Reserved keys another writer held.")        \
-    X(U64, reserve_no_space, 0, COUNTER, "Reserved keys refused: no space.")           \
-    X(U64, lookups, 0, COUNTER, "Lookups served.")                                     \
-    X(U64, lookup_pages, 0, COUNTER, "Pages probed by lookups.")                       \
-    X(U64, hit_pages, 0, COUNTER, "Probed pages found.")                               \
-    X(U64, acquires, 0, COUNTER, "Acquires served.")                                   \
-    X(U64, acquire_failures, 0, COUNTER, "Acquires refused: a key missing or busy.")   \
-    X(U64, leases_expired, 0, COUNTER, "Leases undone by their TTL.")                  \
-    X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published).")                \
-    X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired).")                     \
-    X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")       \
-    X(U64, reserve_quota, 0, COUNTER, "Reserved keys refused for a tenant's quota.")   \
-    X(U64, scrubbed_bytes, 0, COUNTER, "Bytes zeroed: extents handed across tenants.") \
-    X(U64, namespaces_removed, 0, COUNTER, "Namespaces gone: no users, no objects.")   \
-    X(U64, recovered_objects, 0, GAUGE, "Objects recovered from the journal.")         \
-    X(U64, recovered_bytes, 0, GAUGE, "Object bytes recovered from the journal.")      \
-    X(U64, journal_bytes, 0, GAUGE, "Bytes of the metadata journal file.")             \
-    X(U64, journal_records, 0, COUNTER, "Records written to the metadata journal.")    \
-    X(U64, journal_compactions, 0, COUNTER, "Snapshots put in place of the journal.")  \
-    X(U64, journal_errors, 0, COUNTER, "Journal writes that failed.") \
-    X(U64, ssd_bytes, 0, GAUGE, "The SSD tier's size.") \
-    X(U64, ssd_used_bytes, 0, GAUGE, "SSD tier bytes in segments in use.") \
-    X(U64, ssd_live_bytes, 0, GAUGE, "SSD tier bytes of live records.") \
-    X(U64, ssd_objects, 0, GAUGE, "Objects on the SSD tier.") \
-    X(U64, ssd_segments, 0, GAUGE, "Segments of the SSD tier.") \
-    X(U64, ssd_segments_free, 0, GAUGE, "Free segments of the SSD tier.") \
-    X(U64, spilling_bytes, 0, GAUGE, "DRAM bytes being written to the SSD tier.") \
-    X(U64, promoting_bytes, 0, GAUGE, "DRAM bytes being read from the SSD tier.") \
-    X(U64, spills, 0, COUNTER, "Objects moved to the SSD tier.") \
-    X(U64, spilled_bytes, 0, COUNTER, "Bytes moved to the SSD tier.") \
-    X(U64, spill_failures, 0, COUNTER, "Spills that failed (the object dropped).") \
-    X(U64, spill_cancelled, 0, COUNTER, "Spills undone: the object was loaded meanwhile.") \
-    X(U64, spill_drops, 0, COUNTER, "Cold objects dropped by the spill policy.") \
-    X(U64, promotions, 0, COUNTER, "Objects moved back from the SSD tier.") \
-    X(U64, promoted_bytes, 0, COUNTER, "Bytes moved back from the SSD tier.") \
+#define KVD_STORE_STATS_FIELDS(X)                                                        \
+    X(U64, pool_bytes, 0, GAUGE, "Bytes of pool the store manages.")                     \
+    X(U64, free_bytes, 0, GAUGE, "Pool bytes free.")                                     \
+    X(U64, writing_bytes, 0, GAUGE, "Pool bytes reserved and being written.")            \
+    X(U64, ready_bytes, 0, GAUGE, "Pool bytes of published objects.")                    \
+    X(U64, pinned_bytes, 0, GAUGE, "Ready bytes pinned by loads.")                       \
+    X(U64, objects_ready, 0, GAUGE, "Objects published.")                                \
+    X(U64, objects_writing, 0, GAUGE, "Objects reserved, being written.")                \
+    X(U64, objects_pinned, 0, GAUGE, "Objects pinned by loads.")                         \
+    X(U64, pins, 0, GAUGE, "Pins held: the sum of every object's pin count.")            \
+    X(U64, leases, 0, GAUGE, "Leases holding reservations or pins.")                     \
+    X(U64, free_extents, 0, GAUGE, "Free extents of the pool.")                          \
+    X(U64, largest_free_bytes, 0, GAUGE, "Largest free extent.")                         \
+    X(F64, fragmentation, 0, GAUGE, "1 - largest free extent / free bytes.")             \
+    X(U64, index_bytes, 0, GAUGE, "Memory of the index (records, hash, leases).")        \
+    X(U64, evictions, 0, COUNTER, "Objects evicted.")                                    \
+    X(U64, evicted_bytes, 0, COUNTER, "Bytes evicted.")                                  \
+    X(U64, reserve_allocated, 0, COUNTER, "Reserved keys allocated.")                    \
+    X(U64, reserve_exists, 0, COUNTER, "Reserved keys found stored already.")            \
+    X(U64, reserve_in_flight, 0, COUNTER, "Reserved keys another writer held.")          \
+    X(U64, reserve_no_space, 0, COUNTER, "Reserved keys refused: no space.")             \
+    X(U64, lookups, 0, COUNTER, "Lookups served.")                                       \
+    X(U64, lookup_pages, 0, COUNTER, "Pages probed by lookups.")                         \
+    X(U64, hit_pages, 0, COUNTER, "Probed pages found.")                                 \
+    X(U64, acquires, 0, COUNTER, "Acquires served.")                                     \
+    X(U64, acquire_failures, 0, COUNTER, "Acquires refused: a key missing or busy.")     \
+    X(U64, leases_expired, 0, COUNTER, "Leases undone by their TTL.")                    \
+    X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published).")                  \
+    X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired).")                       \
+    X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")         \
+    X(U64, reserve_quota, 0, COUNTER, "Reserved keys refused for a tenant's quota.")     \
+    X(U64, scrubbed_bytes, 0, COUNTER, "Bytes zeroed: extents handed across tenants.")   \
+    X(U64, namespaces_removed, 0, COUNTER, "Namespaces gone: no users, no objects.")     \
+    X(U64, recovered_objects, 0, GAUGE, "Objects recovered from the journal.")           \
+    X(U64, recovered_bytes, 0, GAUGE, "Object bytes recovered from the journal.")        \
+    X(U64, journal_bytes, 0, GAUGE, "Bytes of the metadata journal file.")               \
+    X(U64, journal_records, 0, COUNTER, "Records written to the metadata journal.")      \
+    X(U64, journal_compactions, 0, COUNTER, "Snapshots put in place of the journal.")    \
+    X(U64, journal_errors, 0, COUNTER, "Journal writes that failed.")                    \
+    X(U64, ssd_bytes, 0, GAUGE, "The SSD tier's size.")                                  \
+    X(U64, ssd_used_bytes, 0, GAUGE, "SSD tier bytes in segments in use.")               \
+    X(U64, ssd_live_bytes, 0, GAUGE, "SSD tier bytes of live records.")                  \
+    X(U64, ssd_objects, 0, GAUGE, "Objects on the SSD tier.")                            \
+    X(U64, ssd_segments, 0, GAUGE, "Segments of the SSD tier.")                          \
+    X(U64, ssd_segments_free, 0, GAUGE, "Free segments of the SSD tier.")                \
+    X(U64, spilling_bytes, 0, GAUGE, "DRAM bytes being written to the SSD tier.")        \
+    X(U64, promoting_bytes, 0, GAUGE, "DRAM bytes being read from the SSD tier.")        \
+    X(U64, spills, 0, COUNTER, "Objects moved to the SSD tier.")                         \
+    X(U64, spilled_bytes, 0, COUNTER, "Bytes moved to the SSD tier.")                    \
+    X(U64, spill_failures, 0, COUNTER, "Spills that failed (the object dropped).")       \
+    X(U64, spill_cancelled, 0, COUNTER,                                                  \
+      "Spills undone: the object was loaded meanwhile.")                                 \
+    X(U64, spill_drops, 0, COUNTER, "Cold objects dropped by the spill policy.")         \
+    X(U64, promotions, 0, COUNTER, "Objects moved back from the SSD tier.")              \
+    X(U64, promoted_bytes, 0, COUNTER, "Bytes moved back from the SSD tier.")            \
     X(U64, promote_failures, 0, COUNTER, "Promotions that failed (the object dropped).") \
-    X(U64, ssd_evictions, 0, COUNTER, "Objects evicted from the SSD tier.") \
-    X(U64, ssd_compactions, 0, COUNTER, "SSD segments freed by compaction.") \
-    X(U64, ssd_copied_bytes, 0, COUNTER, "Live bytes compaction copied.") \
-    X(U64, ssd_io_errors, 0, COUNTER, "SSD tier I/O errors.") \
+    X(U64, ssd_evictions, 0, COUNTER, "Objects evicted from the SSD tier.")              \
+    X(U64, ssd_compactions, 0, COUNTER, "SSD segments freed by compaction.")             \
+    X(U64, ssd_copied_bytes, 0, COUNTER, "Live bytes compaction copied.")                \
+    X(U64, ssd_io_errors, 0, COUNTER, "SSD tier I/O errors.")                            \
     X(U64, ssd_checksum_failures, 0, COUNTER, "SSD records that failed their checksum.") \
-    X(U64, ssd_no_space, 0, COUNTER, "SSD writes refused for space.") \
-    X(U64, ssd_queue_depth, 0, GAUGE, "The SSD tier's I/O queue depth limit.") \
-    X(U64, ssd_in_flight, 0, GAUGE, "SSD tier I/O operations in flight.") \
+    X(U64, ssd_no_space, 0, COUNTER, "SSD writes refused for space.")                    \
+    X(U64, ssd_queue_depth, 0, GAUGE, "The SSD tier's I/O queue depth limit.")           \
+    X(U64, ssd_in_flight, 0, GAUGE, "SSD tier I/O operations in flight.")                \
     X(U64, ssd_spill_ns, 0, COUNTER, "Time spent on spills, summed per operation (ns).") \
-    X(U64, ssd_promote_ns, 0, COUNTER, "Time spent on promotions, summed per operation (ns).") \
-    X(U64, ssd_recovered_objects, 0, GAUGE, "Objects found on the SSD tier at start.") \
-    X(U64, ssd_io_path, 0, GAUGE, "The SSD tier's I/O path: 0 none, 1 io_uring, 2 pread/pwrite.") \
+    X(U64, ssd_promote_ns, 0, COUNTER,                                                   \
+      "Time spent on promotions, summed per operation (ns).")                            \
+    X(U64, ssd_recovered_objects, 0, GAUGE, "Objects found on the SSD tier at start.")   \
+    X(U64, ssd_io_path, 0, GAUGE,                                                        \
+      "The SSD tier's I/O path: 0 none, 1 io_uring, 2 pread/pwrite.")                    \
     X(U64, ssd_fixed_buffers, 0, GAUGE, "1 when the pool is registered with io_uring.")
 
 typedef struct kvd_store_stats_msg {

@@ -1263,8 +1263,8 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
             env->lookup_reply->n_tiers != env->lookup_reply->n_boundaries)
             return KVD_ERR_PROTOCOL;
         if (env->lookup_reply->n_tiers != 0) {
-            int rc = u32s_from_pb(out, env->lookup_reply->n_tiers, env->lookup_reply->tiers,
-                                  &out->body.lookup_rep.tiers);
+            int rc = u32s_from_pb(out, env->lookup_reply->n_tiers,
+                                  env->lookup_reply->tiers, &out->body.lookup_rep.tiers);
             if (rc != KVD_OK)
                 return rc;
         }

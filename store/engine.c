@@ -268,15 +268,16 @@ int kvd_store_ns_register(kvd_store_t *s, uint32_t tenant, uint64_t owner,
                           const char *name, uint64_t object_bytes, bool rank_replicated,
                           uint32_t *ns_id)
 {
-    return ns_register(s, tenant, owner, name, object_bytes, rank_replicated, true, ns_id);
+    return ns_register(s, tenant, owner, name, object_bytes, rank_replicated, true,
+                       ns_id);
 }
 
-int store_ns_ensure(kvd_store_t *s, uint32_t tenant, const char *name, uint64_t object_bytes,
-                    bool rank_replicated, uint32_t *slot)
+int store_ns_ensure(kvd_store_t *s, uint32_t tenant, const char *name,
+                    uint64_t object_bytes, bool rank_replicated, uint32_t *slot)
 {
     uint32_t id;
-    int rc = ns_register(s, tenant, KVD_OWNER_PERMANENT, name, object_bytes, rank_replicated,
-                         false, &id);
+    int rc = ns_register(s, tenant, KVD_OWNER_PERMANENT, name, object_bytes,
+                         rank_replicated, false, &id);
     if (rc == KVD_OK)
         ns_slot(s, id, slot);
     return rc;
@@ -1477,8 +1478,9 @@ int kvd_store_revoke(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
  * answers KVD_INPROGRESS, naming the first; KVD_ERR_NO_SPACE naming a key
  * that has no room in DRAM. Nothing is pinned: the caller asks again. */
 #define ACQUIRE_PROMOTE_MAX 4096
-static int acquire_promote(kvd_store_t *s, uint32_t ns, const uint8_t (*keys)[KVD_KEY_BYTES],
-                           size_t n, size_t first, size_t *first_bad)
+static int acquire_promote(kvd_store_t *s, uint32_t ns,
+                           const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, size_t first,
+                           size_t *first_bad)
 {
     int rc = KVD_INPROGRESS;
     *first_bad = first;
@@ -1520,11 +1522,11 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
     size_t on_ssd = SIZE_MAX;
     for (size_t k = 0; k < n; k++) {
         uint32_t i = index_find(s, ns, keys[k]);
-        int rc = i == NIL                          ? KVD_ERR_NOT_FOUND
-                 : R(s, i)->state != REC_READY     ? KVD_ERR_BUSY
-                 : R(s, i)->tier == KVD_TIER_SSD   ? KVD_INPROGRESS
-                 : R(s, i)->pins == UINT16_MAX     ? KVD_ERR_NO_SPACE /* pins saturated */
-                                                   : KVD_OK;
+        int rc = i == NIL                        ? KVD_ERR_NOT_FOUND
+                 : R(s, i)->state != REC_READY   ? KVD_ERR_BUSY
+                 : R(s, i)->tier == KVD_TIER_SSD ? KVD_INPROGRESS
+                 : R(s, i)->pins == UINT16_MAX   ? KVD_ERR_NO_SPACE /* pins saturated */
+                                                 : KVD_OK;
         if (rc == KVD_INPROGRESS) {
             on_ssd = KVD_MIN(on_ssd, k);
             continue;
@@ -1661,7 +1663,8 @@ int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_
             bool present = i != NIL && R(s, i)->state == REC_READY;
             len = present ? len + 1 : 0;
             run[k] = len;
-            ssd_before[k + 1] = ssd_before[k] + (present && R(s, i)->tier == KVD_TIER_SSD);
+            ssd_before[k + 1] =
+                ssd_before[k] + (present && R(s, i)->tier == KVD_TIER_SSD);
             e->info.lookup_pages++;
             e->info.hit_pages += present;
             s->st.lookup_pages++;
@@ -1706,7 +1709,8 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
     out->last_access_ms =
         r->last_access_s ? s->epoch_ms + (uint64_t)(r->last_access_s - 1) * 1000 : 0;
     if (r->tier == KVD_TIER_SSD)
-        out->loc = (kvd_loc_t){.offset = UINT64_MAX, .size = s->ns[r->ns].info.object_bytes};
+        out->loc =
+            (kvd_loc_t){.offset = UINT64_MAX, .size = s->ns[r->ns].info.object_bytes};
     else
         fill_loc(s, i, &out->loc);
 }
@@ -1790,7 +1794,8 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
     if (i == NIL)
         return KVD_ERR_NOT_FOUND;
     rec_t *r = R(s, i);
-    if (r->state != REC_READY || r->pins > 0 || (r->spare & (REC_F_SPILLING | REC_F_PROMOTING)))
+    if (r->state != REC_READY || r->pins > 0 ||
+        (r->spare & (REC_F_SPILLING | REC_F_PROMOTING)))
         return KVD_ERR_BUSY;
     if (r->tier == KVD_TIER_SSD) {
         ssd_lru_remove(s, i);
@@ -1994,15 +1999,18 @@ static const char *check_ssd(const kvd_store_t *s, uint64_t *objects)
 {
     static _Thread_local char why[160];
     uint64_t n = 0, pages = 0, promoting = 0, listed = 0;
-    for (uint32_t i = 1; i <= s->rec_high && (s->ssd_objects > 0 || s->ssd_lru_head); i++) {
+    for (uint32_t i = 1; i <= s->rec_high && (s->ssd_objects > 0 || s->ssd_lru_head);
+         i++) {
         const rec_t *r = R(s, i);
         if (r->state != REC_READY || r->tier != KVD_TIER_SSD)
             continue;
         n++;
         pages += r->size_pages;
-        if (r->ns >= s->n_slots || !s->ns[r->ns].live || r->size_pages != s->ns[r->ns].pages ||
-            index_find(s, r->ns, r->key) != i || r->pins) {
-            snprintf(why, sizeof(why), "SSD object %u: bad namespace, size, index or pins", i);
+        if (r->ns >= s->n_slots || !s->ns[r->ns].live ||
+            r->size_pages != s->ns[r->ns].pages || index_find(s, r->ns, r->key) != i ||
+            r->pins) {
+            snprintf(why, sizeof(why),
+                     "SSD object %u: bad namespace, size, index or pins", i);
             return why;
         }
         if (r->spare & REC_F_PROMOTING) {
@@ -2010,7 +2018,8 @@ static const char *check_ssd(const kvd_store_t *s, uint64_t *objects)
             if (r->phys_prev == NIL || q->state != REC_WRITING ||
                 !(q->spare & REC_F_PROMOTING) ||
                 memcmp(q->key, r->key, KVD_KEY_BYTES) != 0) {
-                snprintf(why, sizeof(why), "SSD object %u: its promotion extent is wrong", i);
+                snprintf(why, sizeof(why), "SSD object %u: its promotion extent is wrong",
+                         i);
                 return why;
             }
             promoting++;
@@ -2025,12 +2034,13 @@ static const char *check_ssd(const kvd_store_t *s, uint64_t *objects)
         }
     }
     if (n != s->ssd_objects || pages != s->ssd_pages || listed + promoting != n) {
-        snprintf(why, sizeof(why),
-                 "%llu SSD objects (%llu pages, %llu listed, %llu promoting), the counters "
-                 "say %llu (%llu pages)",
-                 (unsigned long long)n, (unsigned long long)pages,
-                 (unsigned long long)listed, (unsigned long long)promoting,
-                 (unsigned long long)s->ssd_objects, (unsigned long long)s->ssd_pages);
+        snprintf(
+            why, sizeof(why),
+            "%llu SSD objects (%llu pages, %llu listed, %llu promoting), the counters "
+            "say %llu (%llu pages)",
+            (unsigned long long)n, (unsigned long long)pages, (unsigned long long)listed,
+            (unsigned long long)promoting, (unsigned long long)s->ssd_objects,
+            (unsigned long long)s->ssd_pages);
         return why;
     }
     *objects += n;
@@ -2106,7 +2116,8 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
     if (promoting != s->promoting_pages || spilling != s->spilling_pages)
         FAIL("%llu pages promoting and %llu spilling, the counters say %llu and %llu",
              (unsigned long long)promoting, (unsigned long long)spilling,
-             (unsigned long long)s->promoting_pages, (unsigned long long)s->spilling_pages);
+             (unsigned long long)s->promoting_pages,
+             (unsigned long long)s->spilling_pages);
     const char *ssd_bad = check_ssd(s, &objects);
     if (ssd_bad)
         FAIL("%s", ssd_bad);

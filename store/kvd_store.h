@@ -648,29 +648,29 @@ typedef struct kvd_store_stats {
     uint64_t journal_errors;      /* writes that failed (the journal then
                                      invalid until rewritten) */
     /* the SSD tier (all 0 without one) */
-    uint64_t ssd_bytes;          /* the tier's size */
-    uint64_t ssd_used_bytes;     /* segments in use (live and dead records) */
-    uint64_t ssd_live_bytes;     /* records of objects on the tier */
-    uint64_t ssd_objects;        /* objects on the tier */
+    uint64_t ssd_bytes;      /* the tier's size */
+    uint64_t ssd_used_bytes; /* segments in use (live and dead records) */
+    uint64_t ssd_live_bytes; /* records of objects on the tier */
+    uint64_t ssd_objects;    /* objects on the tier */
     uint64_t ssd_segments, ssd_segments_free;
-    uint64_t spilling_bytes;     /* DRAM objects being written to the tier */
-    uint64_t promoting_bytes;    /* DRAM extents being read from it (in writing_bytes) */
-    uint64_t spills, spilled_bytes;     /* objects moved to the tier */
-    uint64_t spill_failures;            /* spills that failed (the object dropped) */
-    uint64_t spill_cancelled;           /* pinned while spilled: kept in DRAM */
-    uint64_t spill_drops;               /* cold objects dropped by the spill policy */
+    uint64_t spilling_bytes;  /* DRAM objects being written to the tier */
+    uint64_t promoting_bytes; /* DRAM extents being read from it (in writing_bytes) */
+    uint64_t spills, spilled_bytes;      /* objects moved to the tier */
+    uint64_t spill_failures;             /* spills that failed (the object dropped) */
+    uint64_t spill_cancelled;            /* pinned while spilled: kept in DRAM */
+    uint64_t spill_drops;                /* cold objects dropped by the spill policy */
     uint64_t promotions, promoted_bytes; /* objects moved back into DRAM */
     uint64_t promote_failures;           /* promotions that failed: object dropped */
     uint64_t ssd_evictions;              /* objects evicted from the tier */
     uint64_t ssd_compactions;            /* segments freed by compaction */
     uint64_t ssd_copied_bytes;           /* ... live bytes they moved */
     uint64_t ssd_io_errors, ssd_checksum_failures, ssd_no_space;
-    uint64_t ssd_queue_depth;            /* the executor's limit */
-    uint64_t ssd_in_flight;              /* its ops in flight now */
+    uint64_t ssd_queue_depth;              /* the executor's limit */
+    uint64_t ssd_in_flight;                /* its ops in flight now */
     uint64_t ssd_spill_ns, ssd_promote_ns; /* time spent, summed per op: GB/s */
-    uint64_t ssd_recovered_objects;      /* found on the tier at start */
-    uint32_t ssd_io_path;                /* 0 none, 1 io_uring, 2 pread/pwrite */
-    uint32_t ssd_fixed_buffers;          /* 1: the pool is registered with the ring */
+    uint64_t ssd_recovered_objects;        /* found on the tier at start */
+    uint32_t ssd_io_path;                  /* 0 none, 1 io_uring, 2 pread/pwrite */
+    uint32_t ssd_fixed_buffers;            /* 1: the pool is registered with the ring */
 } kvd_store_stats_t;
 
 void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out);
@@ -706,29 +706,29 @@ typedef enum kvd_spill_policy {
 } kvd_spill_policy_t;
 
 typedef struct kvd_tier_opts {
-    const char *dir;           /* the tier's directory (created if absent) */
-    uint64_t size_bytes;       /* the tier's size: segments of it */
-    uint64_t segment_bytes;    /* 0: 256 MiB */
-    int io_path;               /* 0 auto, 1 io_uring, 2 pread/pwrite */
-    uint32_t queue_depth;      /* 0: 32 */
+    const char *dir;        /* the tier's directory (created if absent) */
+    uint64_t size_bytes;    /* the tier's size: segments of it */
+    uint64_t segment_bytes; /* 0: 256 MiB */
+    int io_path;            /* 0 auto, 1 io_uring, 2 pread/pwrite */
+    uint32_t queue_depth;   /* 0: 32 */
     kvd_spill_policy_t policy;
-    void *pool_base;           /* the pool's mapping: where values move */
+    void *pool_base; /* the pool's mapping: where values move */
     uint64_t pool_bytes;
-    bool fresh;                /* discard what the tier holds */
-    bool no_fixed_buffers;     /* do not register the pool with the ring */
-    uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
-    uint64_t now_ms;           /* the callers' clock; 0: now */
+    bool fresh;               /* discard what the tier holds */
+    bool no_fixed_buffers;    /* do not register the pool with the ring */
+    uint32_t fail_read_every; /* test hook: every n-th read fails with EIO */
+    uint64_t now_ms;          /* the callers' clock; 0: now */
 } kvd_tier_opts_t;
 
 typedef struct kvd_tier_recovery {
-    uint64_t objects, bytes;  /* back on the tier */
+    uint64_t objects, bytes;     /* back on the tier */
     uint64_t checkpoint_records; /* ... of them from the checkpoint */
     uint64_t scanned_records;    /* ... read from segment headers */
-    uint64_t duplicates;      /* keys in DRAM already, or twice */
-    uint64_t discarded;       /* records whose namespace or tenant is gone */
-    uint64_t segments, torn;  /* segments read; those ending in a torn record */
+    uint64_t duplicates;         /* keys in DRAM already, or twice */
+    uint64_t discarded;          /* records whose namespace or tenant is gone */
+    uint64_t segments, torn;     /* segments read; those ending in a torn record */
     uint64_t elapsed_ns;
-    char note[256];           /* why nothing was recovered, when nothing was */
+    char note[256]; /* why nothing was recovered, when nothing was */
 } kvd_tier_recovery_t;
 
 /*

@@ -61,12 +61,14 @@ typedef struct rec {
 } rec_t;
 
 /* rec_t.spare flags */
-#define REC_F_DOOMED    1u /* a restore drops it (engine.c, store_restore_objects) */
-#define REC_F_SPILLING  2u /* READY in DRAM, being written to the SSD tier: off the
-                              LRU; its extent is freed once the write is done */
-#define REC_F_PROMOTING 4u /* an SSD object being read into DRAM (off the SSD
-                              LRU; phys_prev names the DRAM extent), or that
-                              DRAM extent itself (WRITING, not in the index) */
+#define REC_F_DOOMED 1u /* a restore drops it (engine.c, store_restore_objects) */
+#define REC_F_SPILLING                                          \
+    2u /* READY in DRAM, being written to the SSD tier: off the \
+          LRU; its extent is freed once the write is done */
+#define REC_F_PROMOTING                                   \
+    4u /* an SSD object being read into DRAM (off the SSD \
+          LRU; phys_prev names the DRAM extent), or that  \
+          DRAM extent itself (WRITING, not in the index) */
 
 /*
  * An object on the SSD tier is a record of its own, tier = KVD_TIER_SSD and
@@ -329,8 +331,8 @@ void store_spill_pump(kvd_store_t *s);
 /* A namespace for records found on the tier at start: tenant's `name`,
  * registered without a user (it goes once it has neither objects nor
  * users), or found. */
-int store_ns_ensure(kvd_store_t *s, uint32_t tenant, const char *name, uint64_t object_bytes,
-                    bool rank_replicated, uint32_t *slot);
+int store_ns_ensure(kvd_store_t *s, uint32_t tenant, const char *name,
+                    uint64_t object_bytes, bool rank_replicated, uint32_t *slot);
 /* Adds an SSD record found at start (tier.c's scan); false when the key is
  * there already (DRAM wins: the pool's journal is newer) or out of memory.
  * *out is the record. */

@@ -46,11 +46,11 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#define CKPT_MAGIC   0x4b43564bu /* "KVCK" */
-#define CKPT_NAME    "tier.ckpt"
+#define CKPT_MAGIC    0x4b43564bu /* "KVCK" */
+#define CKPT_NAME     "tier.ckpt"
 #define CKPT_EVERY_MS 60000u
-#define NO_SEG       UINT32_MAX
-#define NO_LOC       UINT32_MAX
+#define NO_SEG        UINT32_MAX
+#define NO_LOC        UINT32_MAX
 /* Of the executor's slots, spills use at most this share, so that
  * promotions (a load waits on them) always find one. */
 #define SPILL_SHARE_NUM 3
@@ -85,9 +85,9 @@ enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
 
 typedef struct inflight {
     uint8_t kind;
-    bool landed; /* a write that ended, held until every place before it
-                    in its segment is written (the file's comment) */
-    int status;  /* ... how it ended */
+    bool landed;      /* a write that ended, held until every place before it
+                         in its segment is written (the file's comment) */
+    int status;       /* ... how it ended */
     uint32_t rec;     /* the record: DRAM (spill), SSD (promote, copy) */
     uint32_t loc;     /* spill: the place written; promote, copy: read */
     uint32_t dst_loc; /* copy: the place written */
@@ -298,7 +298,8 @@ bool tier_spill_begin(kvd_store_t *s, uint32_t i)
     h->last_access_s = r->last_access_s;
     h->hits = r->hits;
     h->rank_replicated = e->info.rank_replicated;
-    snprintf(h->tenant, sizeof(h->tenant), "%s", kvd_store_tenant_name(s, e->info.tenant));
+    snprintf(h->tenant, sizeof(h->tenant), "%s",
+             kvd_store_tenant_name(s, e->info.tenant));
     memcpy(h->ns, e->info.name, sizeof(h->ns));
     if (f == NULL || !submit(t, &op)) {
         if (f != NULL)
@@ -306,8 +307,8 @@ bool tier_spill_begin(kvd_store_t *s, uint32_t i)
         place_untake(t, loc, blocks);
         return false;
     }
-    *f = (inflight_t){.kind = OP_SPILL, .rec = i, .loc = loc, .blocks = blocks,
-                      .t0_ns = f->t0_ns};
+    *f = (inflight_t){
+        .kind = OP_SPILL, .rec = i, .loc = loc, .blocks = blocks, .t0_ns = f->t0_ns};
     t->spills++;
     return true;
 }
@@ -332,7 +333,10 @@ bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j)
         op_put(t, tag);
         return false;
     }
-    *f = (inflight_t){.kind = OP_PROMOTE, .rec = i, .loc = r->off_pages, .blocks = blocks,
+    *f = (inflight_t){.kind = OP_PROMOTE,
+                      .rec = i,
+                      .loc = r->off_pages,
+                      .blocks = blocks,
                       .t0_ns = f->t0_ns};
     seg_of(t, r->off_pages)->reads++;
     return true;
@@ -395,8 +399,12 @@ static void compact_more(kvd_store_t *s, uint32_t id)
             place_untake(t, dst, blocks);
             return;
         }
-        *f = (inflight_t){.kind = OP_COPY, .rec = i, .loc = r->off_pages, .dst_loc = dst,
-                          .blocks = blocks, .t0_ns = f->t0_ns};
+        *f = (inflight_t){.kind = OP_COPY,
+                          .rec = i,
+                          .loc = r->off_pages,
+                          .dst_loc = dst,
+                          .blocks = blocks,
+                          .t0_ns = f->t0_ns};
         g->reads++;
         g->compact_pos++;
     }
@@ -470,8 +478,9 @@ static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
         (ssize_t)SEG_BLOCK) {
         /* the device refuses even that: nothing more goes into this
          * segment, and what follows the hole waits for the checkpoint */
-        KVD_ERROR("tier", "segment %u: cannot cover a failed write: %s; the segment is "
-                          "closed",
+        KVD_ERROR("tier",
+                  "segment %u: cannot cover a failed write: %s; the segment is "
+                  "closed",
                   loc / t->seg_blocks, strerror(errno));
         if (t->head == loc / t->seg_blocks) {
             g->state = SEG_FULL;
@@ -508,9 +517,11 @@ static void done_promote(kvd_store_t *s, const inflight_t *f, const tio_done_t *
     if (d->status == KVD_OK)
         t->promote_ns += kvd_now_ns() - f->t0_ns;
     else
-        KVD_WARN("tier", "promotion from segment %u block %u failed: %s; the object is "
-                         "dropped",
-                 f->loc / t->seg_blocks, f->loc % t->seg_blocks, kvd_status_str(d->status));
+        KVD_WARN("tier",
+                 "promotion from segment %u block %u failed: %s; the object is "
+                 "dropped",
+                 f->loc / t->seg_blocks, f->loc % t->seg_blocks,
+                 kvd_status_str(d->status));
     store_promote_done(s, f->rec, d->status); /* may forget f->loc: reads is down */
     seg_maybe_free(t, f->loc / t->seg_blocks);
 }
@@ -534,8 +545,9 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     } else {
         to->dead += f->blocks;
         if (d->status != KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
-            KVD_WARN("tier", "compaction: the record at segment %u block %u failed: %s; "
-                             "the object is dropped",
+            KVD_WARN("tier",
+                     "compaction: the record at segment %u block %u failed: %s; "
+                     "the object is dropped",
                      f->loc / t->seg_blocks, f->loc % t->seg_blocks,
                      kvd_status_str(d->status));
             store_ssd_drop(s, f->rec);
@@ -717,7 +729,8 @@ static uint32_t scan_from_of(const struct tier *t, uint32_t id)
     uint32_t from = t->segs[id].head;
     for (uint32_t k = 0; k < t->n_ops; k++) {
         const inflight_t *f = &t->ops[k];
-        if ((f->kind == OP_SPILL || f->kind == OP_COPY) && write_loc(f) / t->seg_blocks == id)
+        if ((f->kind == OP_SPILL || f->kind == OP_COPY) &&
+            write_loc(f) / t->seg_blocks == id)
             from = KVD_MIN(from, write_loc(f) % t->seg_blocks);
     }
     return from;
@@ -804,15 +817,16 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
     size_t used = seg_part + ns_bytes + n * sizeof(ckpt_rec_t);
     h.crc = kvd_crc32c(kvd_crc32c(0, &h, offsetof(ckpt_hdr_t, crc)), body, used);
     int rc = KVD_OK;
-    int fd = openat(t->dir_fd, CKPT_NAME ".tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int fd = openat(t->dir_fd, CKPT_NAME ".tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                    0600);
     if (fd < 0 || (rc = write_all(fd, &h, sizeof(h))) != KVD_OK ||
         (rc = write_all(fd, body, used)) != KVD_OK || fsync(fd) != 0 ||
         renameat(t->dir_fd, CKPT_NAME ".tmp", t->dir_fd, CKPT_NAME) != 0 ||
         fsync(t->dir_fd) != 0) {
         if (rc == KVD_OK)
             rc = kvd_status_from_errno(errno);
-        KVD_WARN("tier", "writing the checkpoint in %s: %s (a restart scans more)", t->dir,
-                 kvd_status_str(rc));
+        KVD_WARN("tier", "writing the checkpoint in %s: %s (a restart scans more)",
+                 t->dir, kvd_status_str(rc));
         unlinkat(t->dir_fd, CKPT_NAME ".tmp", 0);
     } else {
         t->changes = 0;
@@ -861,8 +875,8 @@ static found_t *found_add(restore_t *rs)
 
 /* The index of a namespace in the restore's list, added when new;
  * UINT32_MAX out of memory. */
-static uint32_t ns_add(restore_t *rs, const char *tenant, const char *name, uint64_t bytes,
-                       bool rr)
+static uint32_t ns_add(restore_t *rs, const char *tenant, const char *name,
+                       uint64_t bytes, bool rr)
 {
     for (uint32_t k = rs->n_ns; k-- > 0;)
         if (rs->ns[k].object_bytes == bytes && rs->ns[k].rank_replicated == rr &&
@@ -870,8 +884,9 @@ static uint32_t ns_add(restore_t *rs, const char *tenant, const char *name, uint
             return k;
     if (rs->n_ns == rs->cap_ns) {
         uint32_t cap = rs->cap_ns ? 2 * rs->cap_ns : 16;
-        ckpt_ns_t *v = kvd_mem_realloc(KVD_MEM_STAGING, rs->ns, rs->cap_ns * sizeof(ckpt_ns_t),
-                                       cap * sizeof(ckpt_ns_t));
+        ckpt_ns_t *v =
+            kvd_mem_realloc(KVD_MEM_STAGING, rs->ns, rs->cap_ns * sizeof(ckpt_ns_t),
+                            cap * sizeof(ckpt_ns_t));
         if (v == NULL)
             return UINT32_MAX;
         rs->ns = v;
@@ -905,13 +920,14 @@ static void ckpt_read(struct tier *t, restore_t *rs, uint32_t *scan_from,
         h.seg_bytes != block_bytes(t->seg_blocks) || h.page_blocks != t->page_blocks)
         goto out;
     len = (size_t)st.st_size - sizeof(h);
-    if (len != (size_t)h.n_segs * sizeof(ckpt_seg_t) + (size_t)h.n_ns * sizeof(ckpt_ns_t) +
-                   h.n_recs * sizeof(ckpt_rec_t) ||
+    if (len != (size_t)h.n_segs * sizeof(ckpt_seg_t) +
+                   (size_t)h.n_ns * sizeof(ckpt_ns_t) + h.n_recs * sizeof(ckpt_rec_t) ||
         (body = malloc(len ? len : 1)) == NULL ||
         pread(fd, body, len, sizeof(h)) != (ssize_t)len ||
         kvd_crc32c(kvd_crc32c(0, &h, offsetof(ckpt_hdr_t, crc)), body, len) != h.crc) {
-        KVD_WARN("tier", "%s/%s is damaged or of another tier: the segments are scanned "
-                         "instead",
+        KVD_WARN("tier",
+                 "%s/%s is damaged or of another tier: the segments are scanned "
+                 "instead",
                  t->dir, CKPT_NAME);
         goto out;
     }
@@ -969,8 +985,8 @@ static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
     while (b < t->seg_blocks) {
         ssize_t n = pread(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(b));
         const seg_rec_hdr_t *h = blk;
-        if (n != (ssize_t)SEG_BLOCK || !seg_rec_valid(blk) || h->generation != g->generation ||
-            h->value_bytes % SEG_BLOCK != 0 ||
+        if (n != (ssize_t)SEG_BLOCK || !seg_rec_valid(blk) ||
+            h->generation != g->generation || h->value_bytes % SEG_BLOCK != 0 ||
             h->value_bytes / SEG_BLOCK >= (uint64_t)t->seg_blocks - b) {
             /* a block of zeros is where the writing stopped; anything else
              * is a record cut short */
@@ -982,7 +998,8 @@ static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
         uint32_t blocks = 1 + (uint32_t)(h->value_bytes / SEG_BLOCK);
         if (!(h->flags & SEG_REC_PAD)) {
             char tenant[KVD_TENANT_NAME_MAX], name[KVD_NS_NAME_MAX];
-            snprintf(tenant, sizeof(tenant), "%.*s", (int)sizeof(h->tenant) - 1, h->tenant);
+            snprintf(tenant, sizeof(tenant), "%.*s", (int)sizeof(h->tenant) - 1,
+                     h->tenant);
             snprintf(name, sizeof(name), "%.*s", (int)sizeof(h->ns) - 1, h->ns);
             uint32_t ns = ns_add(rs, tenant, name, h->object_bytes, h->rank_replicated);
             found_t *f = ns == UINT32_MAX ? NULL : found_add(rs);
@@ -1014,7 +1031,8 @@ static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
 static int newest_first(const void *a, const void *b)
 {
     const found_t *x = a, *y = b;
-    return x->seq != y->seq ? (x->seq > y->seq ? -1 : 1) : (x->loc > y->loc) - (x->loc < y->loc);
+    return x->seq != y->seq ? (x->seq > y->seq ? -1 : 1)
+                            : (x->loc > y->loc) - (x->loc < y->loc);
 }
 
 /* Puts what was found into the store: newest first, so that a key found
@@ -1022,7 +1040,8 @@ static int newest_first(const void *a, const void *b)
 static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *rec)
 {
     struct tier *t = s->tier;
-    qsort(rs->v, rs->n, sizeof(found_t), newest_first);
+    if (rs->n > 0)
+        qsort(rs->v, rs->n, sizeof(found_t), newest_first);
     uint32_t *slot = malloc((rs->n_ns ? rs->n_ns : 1) * sizeof(uint32_t));
     uint32_t *recs = malloc((rs->n ? rs->n : 1) * sizeof(uint32_t));
     if (slot == NULL || recs == NULL) {
@@ -1048,8 +1067,8 @@ static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *re
             rec->discarded++;
             continue;
         }
-        if (!store_ssd_insert(s, sl, f->key, f->has_parent ? f->parent_tag : NULL, f->depth,
-                              f->last_access_s, f->hits, f->loc, &j)) {
+        if (!store_ssd_insert(s, sl, f->key, f->has_parent ? f->parent_tag : NULL,
+                              f->depth, f->last_access_s, f->hits, f->loc, &j)) {
             rec->duplicates++;
             continue;
         }
@@ -1077,12 +1096,12 @@ static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *re
 
 /* --------------------------------------------------------------- attach */
 
-#define FAIL_WHY(code, ...)                             \
-    do {                                                \
-        if (why)                                        \
-            snprintf(why, why_len, __VA_ARGS__);        \
-        rc = (code);                                    \
-        goto fail;                                      \
+#define FAIL_WHY(code, ...)                      \
+    do {                                         \
+        if (why)                                 \
+            snprintf(why, why_len, __VA_ARGS__); \
+        rc = (code);                             \
+        goto fail;                               \
     } while (0)
 
 static void seg_name(uint32_t id, char *buf, size_t len)
@@ -1100,8 +1119,9 @@ static int seg_open(struct tier *t, uint32_t id)
         fd = openat(t->dir_fd, name, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
         if (fd >= 0 && t->direct) {
             t->direct = false;
-            snprintf(t->note, sizeof(t->note), "the file system refuses O_DIRECT: the tier "
-                                               "goes through the page cache");
+            snprintf(t->note, sizeof(t->note),
+                     "the file system refuses O_DIRECT: the tier "
+                     "goes through the page cache");
         }
     }
     t->segs[id].fd = fd;
@@ -1211,22 +1231,25 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     t->page_blocks = s->cfg.page_bytes / SEG_BLOCK;
     uint64_t n_segs = o->size_bytes / seg_bytes;
     if (n_segs < 3)
-        FAIL_WHY(KVD_ERR_INVALID,
-                 "an SSD tier of %llu bytes holds fewer than 3 segments of %llu bytes (one "
-                 "is written, one is kept for compaction): give at least %llu",
-                 (unsigned long long)o->size_bytes, (unsigned long long)seg_bytes,
-                 (unsigned long long)(3 * seg_bytes));
+        FAIL_WHY(
+            KVD_ERR_INVALID,
+            "an SSD tier of %llu bytes holds fewer than 3 segments of %llu bytes (one "
+            "is written, one is kept for compaction): give at least %llu",
+            (unsigned long long)o->size_bytes, (unsigned long long)seg_bytes,
+            (unsigned long long)(3 * seg_bytes));
     if (n_segs * t->seg_blocks > UINT32_MAX)
-        FAIL_WHY(KVD_ERR_INVALID, "an SSD tier of %llu bytes is over the %llu a tier may "
-                                  "address",
+        FAIL_WHY(KVD_ERR_INVALID,
+                 "an SSD tier of %llu bytes is over the %llu a tier may "
+                 "address",
                  (unsigned long long)o->size_bytes,
                  (unsigned long long)block_bytes(UINT32_MAX));
     t->n_segs = (uint32_t)n_segs;
     if (mkdir(o->dir, 0700) != 0 && errno != EEXIST)
-        FAIL_WHY(kvd_status_from_errno(errno), "cannot create the tier's directory %s: %s",
-                 o->dir, strerror(errno));
+        FAIL_WHY(kvd_status_from_errno(errno),
+                 "cannot create the tier's directory %s: %s", o->dir, strerror(errno));
     if ((t->dir_fd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
-        FAIL_WHY(kvd_status_from_errno(errno), "cannot open %s: %s", o->dir, strerror(errno));
+        FAIL_WHY(kvd_status_from_errno(errno), "cannot open %s: %s", o->dir,
+                 strerror(errno));
     t->lock_fd = openat(t->dir_fd, "tier.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (t->lock_fd < 0 || flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
         FAIL_WHY(errno == EWOULDBLOCK ? KVD_ERR_BUSY : kvd_status_from_errno(errno),
@@ -1235,15 +1258,17 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     char pid[32];
     int pid_len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
     if (ftruncate(t->lock_fd, 0) != 0 || pwrite(t->lock_fd, pid, (size_t)pid_len, 0) < 0)
-        KVD_WARN("tier", "cannot write the pid into %s/tier.lock: %s", o->dir, strerror(errno));
+        KVD_WARN("tier", "cannot write the pid into %s/tier.lock: %s", o->dir,
+                 strerror(errno));
     uint32_t present = segs_present(t);
     if (o->fresh)
         tier_wipe(t, KVD_MAX(present, t->n_segs));
     else if (present > t->n_segs)
-        FAIL_WHY(KVD_ERR_STATE,
-                 "%s holds %u segments, more than the %u of --ssd-size %llu: give the size it "
-                 "was made with, or --fresh to discard it",
-                 o->dir, present, t->n_segs, (unsigned long long)o->size_bytes);
+        FAIL_WHY(
+            KVD_ERR_STATE,
+            "%s holds %u segments, more than the %u of --ssd-size %llu: give the size it "
+            "was made with, or --fresh to discard it",
+            o->dir, present, t->n_segs, (unsigned long long)o->size_bytes);
     present = o->fresh ? 0 : present;
     /* the files still to be made must fit the file system now */
     struct statvfs vfs;
@@ -1253,20 +1278,20 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
         struct stat st;
         for (uint32_t id = 0; id < t->n_segs; id++) {
             seg_name(id, name, sizeof(name));
-            uint64_t got = fstatat(t->dir_fd, name, &st, 0) == 0
-                               ? (uint64_t)st.st_blocks * 512
-                               : 0;
+            uint64_t got =
+                fstatat(t->dir_fd, name, &st, 0) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
             have += KVD_MIN(got, seg_bytes);
             need += seg_bytes - KVD_MIN(got, seg_bytes);
         }
         if (need > avail) {
             uint64_t fits = (have + avail) / seg_bytes * seg_bytes;
-            FAIL_WHY(KVD_ERR_NO_SPACE,
-                     "an SSD tier of %llu bytes does not fit %s: %llu more bytes are needed, "
-                     "%llu are free; --ssd-size %llu fits",
-                     (unsigned long long)(n_segs * seg_bytes), o->dir,
-                     (unsigned long long)need, (unsigned long long)avail,
-                     (unsigned long long)fits);
+            FAIL_WHY(
+                KVD_ERR_NO_SPACE,
+                "an SSD tier of %llu bytes does not fit %s: %llu more bytes are needed, "
+                "%llu are free; --ssd-size %llu fits",
+                (unsigned long long)(n_segs * seg_bytes), o->dir,
+                (unsigned long long)need, (unsigned long long)avail,
+                (unsigned long long)fits);
         }
     }
     t->segs = kvd_mem_calloc(KVD_MEM_INDEX, t->n_segs, sizeof(seg_t));
@@ -1283,26 +1308,31 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     bool foreign = false;
     for (uint32_t id = 0; id < t->n_segs; id++) {
         if ((rc = seg_open(t, id)) != KVD_OK)
-            FAIL_WHY(rc, "cannot open segment %u in %s: %s", id, o->dir, kvd_status_str(rc));
+            FAIL_WHY(rc, "cannot open segment %u in %s: %s", id, o->dir,
+                     kvd_status_str(rc));
         struct stat st;
         if (fstat(t->segs[id].fd, &st) != 0 || (uint64_t)st.st_size != seg_bytes) {
             if ((uint64_t)st.st_size > seg_bytes && id < present)
-                FAIL_WHY(KVD_ERR_STATE, "segment %u in %s is of another size: --fresh "
-                                        "discards the tier",
+                FAIL_WHY(KVD_ERR_STATE,
+                         "segment %u in %s is of another size: --fresh "
+                         "discards the tier",
                          id, o->dir);
             int err = posix_fallocate(t->segs[id].fd, 0, (off_t)seg_bytes);
             if (err != 0)
-                FAIL_WHY(kvd_status_from_errno(err), "cannot allocate segment %u in %s: %s",
-                         id, o->dir, strerror(err));
+                FAIL_WHY(kvd_status_from_errno(err),
+                         "cannot allocate segment %u in %s: %s", id, o->dir,
+                         strerror(err));
         }
         if (id < present && seg_read_header(t, id, &foreign) != KVD_OK)
-            FAIL_WHY(KVD_ERR_STATE,
-                     "segment %u in %s is %s: --fresh discards the tier", id, o->dir,
-                     foreign ? "of another tier" : "of another layout or version, or damaged");
+            FAIL_WHY(KVD_ERR_STATE, "segment %u in %s is %s: --fresh discards the tier",
+                     id, o->dir,
+                     foreign ? "of another tier"
+                             : "of another layout or version, or damaged");
         if (t->segs[id].state == SEG_FREE)
             t->n_free++;
     }
-    if (t->tier_id == 0 && getrandom(&t->tier_id, sizeof(t->tier_id), 0) != sizeof(t->tier_id))
+    if (t->tier_id == 0 &&
+        getrandom(&t->tier_id, sizeof(t->tier_id), 0) != sizeof(t->tier_id))
         t->tier_id = kvd_now_ns() ^ (uint64_t)getpid() << 32;
     if (t->tier_id == 0)
         t->tier_id = 1;
@@ -1353,7 +1383,9 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     rec->elapsed_ns = kvd_now_ns() - t0;
     if (rec->objects == 0 && rec->note[0] == '\0')
         snprintf(rec->note, sizeof(rec->note), "%s",
-                 o->fresh ? "--fresh" : present ? "no records" : "a new tier");
+                 o->fresh  ? "--fresh"
+                 : present ? "no records"
+                           : "a new tier");
     kvd_mem_free(KVD_MEM_STAGING, rs.v, rs.cap * sizeof(found_t));
     kvd_mem_free(KVD_MEM_STAGING, rs.ns, rs.cap_ns * sizeof(ckpt_ns_t));
     free(scan_from);

@@ -29,6 +29,7 @@ CLASS_OF = {
     "STATE": "StateError", "PERMISSION": "PermissionDeniedError",
     "UNAVAILABLE": "UnavailableError", "UNKNOWN_METHOD": "UnknownMethodError",
     "DRAINING": "DrainingError", "AUTH": "AuthError", "QUOTA": "QuotaError",
+    "CORRUPT": "CorruptError",
 }
 
 

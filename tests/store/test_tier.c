@@ -26,11 +26,11 @@
 #include "engine_util.h"
 #include "kvd_store.h"
 
-#define POOL_BYTES (1u << 20)   /* 16 objects */
+#define POOL_BYTES (1u << 20) /* 16 objects */
 #define OBJ_BYTES  (64u << 10)
 #define SEG_BYTES  (256u << 10) /* 3 records of 64 KiB + header each */
 #define TIER_BYTES (16u * SEG_BYTES)
-#define N_OBJ      32           /* twice the pool */
+#define N_OBJ      32 /* twice the pool */
 
 typedef struct fx {
     char dir[64];
@@ -59,7 +59,8 @@ static bool same(const uint8_t *p, uint32_t n)
 }
 
 /* A store on the fixture's pool with a tier in its directory. */
-static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why, size_t len)
+static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why,
+                      size_t len)
 {
     kvd_store_config_t cfg;
     kvd_store_config_default(&cfg, POOL_BYTES);
@@ -92,7 +93,8 @@ static void fx_init(fx_t *f, int io_path)
     f->io_path = io_path;
     snprintf(f->dir, sizeof(f->dir), "/tmp/kvd-tier-XXXXXX");
     assert_non_null(mkdtemp(f->dir));
-    f->pool = mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    f->pool =
+        mmap(NULL, POOL_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(f->pool != MAP_FAILED);
     char why[512] = "";
     int rc = open_store(f, true, 0, why, sizeof(why));
@@ -121,7 +123,8 @@ static void put(fx_t *f, uint32_t n)
     uint64_t lease;
     uint8_t res;
     kvd_loc_t loc;
-    assert_int_equal(kvd_store_reserve(f->s, 1, f->ns, &it, 1, 0, &lease, &res, &loc), KVD_OK);
+    assert_int_equal(kvd_store_reserve(f->s, 1, f->ns, &it, 1, 0, &lease, &res, &loc),
+                     KVD_OK);
     assert_int_equal(res, KVD_RESERVE_ALLOCATED);
     fill(f->pool + loc.offset, n);
     assert_int_equal(kvd_store_publish(f->s, 1, lease, NULL, 0), KVD_OK);
@@ -139,8 +142,8 @@ static int get(fx_t *f, uint32_t n)
         uint64_t lease;
         kvd_loc_t loc;
         size_t bad;
-        int rc = kvd_store_acquire(f->s, 1, f->ns, (const uint8_t(*)[KVD_KEY_BYTES])key, 1, 0,
-                                   &lease, &loc, &bad);
+        int rc = kvd_store_acquire(f->s, 1, f->ns, (const uint8_t(*)[KVD_KEY_BYTES])key,
+                                   1, 0, &lease, &loc, &bad);
         check_ok(f->s);
         if (rc == KVD_INPROGRESS) {
             kvd_store_tier_drain(f->s, 100);
@@ -195,8 +198,8 @@ static void test_lookup_says_the_tier(void **state)
     key_t32 keys[N_OBJ];
     for (uint32_t n = 0; n < N_OBJ; n++)
         mkkey(keys[n], n);
-    kvd_lookup_pool_t p = {.ns = f.ns, .keys = (const uint8_t(*)[KVD_KEY_BYTES])keys,
-                           .n_keys = N_OBJ};
+    kvd_lookup_pool_t p = {
+        .ns = f.ns, .keys = (const uint8_t(*)[KVD_KEY_BYTES])keys, .n_keys = N_OBJ};
     uint32_t b[N_OBJ];
     uint8_t tiers[N_OBJ];
     size_t nb;
@@ -225,7 +228,7 @@ static void test_restart_keeps_the_tier(void **state)
     fx_init(&f, io_path_of_state(state));
     put_all(&f);
     uint64_t on_ssd = stats(f.s).ssd_objects;
-    kvd_store_destroy(f.s); /* writes the checkpoint */
+    kvd_store_destroy(f.s);        /* writes the checkpoint */
     memset(f.pool, 0, POOL_BYTES); /* a reboot: DRAM is gone */
     char why[512];
     assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
@@ -346,8 +349,9 @@ static void test_eio_drops_the_object(void **state)
         ok += rc == KVD_OK;
     }
     kvd_store_stats_t st = stats(f.s);
-    print_message("eio: %zu back, %zu absent, %llu I/O errors, %llu evictions\n", ok, absent,
-                  (unsigned long long)st.ssd_io_errors, (unsigned long long)st.evictions);
+    print_message("eio: %zu back, %zu absent, %llu I/O errors, %llu evictions\n", ok,
+                  absent, (unsigned long long)st.ssd_io_errors,
+                  (unsigned long long)st.evictions);
     /* each failed read dropped its object and nothing else */
     assert_true(absent > 0 && ok > 0);
     assert_int_equal(ok + absent, N_OBJ);
@@ -418,14 +422,15 @@ static void test_too_big_is_refused(void **state)
                          .pool_bytes = POOL_BYTES};
     kvd_tier_recovery_t rec;
     char why[512] = "";
-    assert_int_equal(kvd_store_tier_attach(f.s, &o, &rec, why, sizeof(why)), KVD_ERR_NO_SPACE);
+    assert_int_equal(kvd_store_tier_attach(f.s, &o, &rec, why, sizeof(why)),
+                     KVD_ERR_NO_SPACE);
     assert_non_null(strstr(why, "--ssd-size"));
     assert_non_null(strstr(why, "fits"));
     fx_fini(&f);
 }
 
-#define BOTH(t)                                                                        \
-    cmocka_unit_test_prestate(t, (void *)(intptr_t)2),                                 \
+#define BOTH(t)                                        \
+    cmocka_unit_test_prestate(t, (void *)(intptr_t)2), \
         cmocka_unit_test_prestate(t, (void *)(intptr_t)1)
 
 int main(void)
