@@ -434,18 +434,40 @@ static void index_remove(kvd_store_t *s, uint32_t i)
 
 /* ------------------------------------------------------------------ LRU */
 
+/* A list of records through link_prev/link_next, head most recent: the
+ * DRAM LRU and the SSD tier's. */
+static void list_push_head(kvd_store_t *s, uint32_t *head, uint32_t *tail, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    r->link_prev = NIL;
+    r->link_next = *head;
+    if (*head != NIL)
+        R(s, *head)->link_prev = i;
+    else
+        *tail = i;
+    *head = i;
+}
+
+static void list_remove(kvd_store_t *s, uint32_t *head, uint32_t *tail, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    if (r->link_prev != NIL)
+        R(s, r->link_prev)->link_next = r->link_next;
+    else
+        *head = r->link_next;
+    if (r->link_next != NIL)
+        R(s, r->link_next)->link_prev = r->link_prev;
+    else
+        *tail = r->link_prev;
+    r->link_prev = r->link_next = NIL;
+}
+
 static void lru_push_head(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
     s->lru_pages += r->size_pages;
     s->tenants[s->ns[r->ns].info.tenant].lru_pages += r->size_pages;
-    r->link_prev = NIL;
-    r->link_next = s->lru_head;
-    if (s->lru_head != NIL)
-        R(s, s->lru_head)->link_prev = i;
-    else
-        s->lru_tail = i;
-    s->lru_head = i;
+    list_push_head(s, &s->lru_head, &s->lru_tail, i);
 }
 
 static void lru_remove(kvd_store_t *s, uint32_t i)
@@ -453,15 +475,7 @@ static void lru_remove(kvd_store_t *s, uint32_t i)
     rec_t *r = R(s, i);
     s->lru_pages -= r->size_pages;
     s->tenants[s->ns[r->ns].info.tenant].lru_pages -= r->size_pages;
-    if (r->link_prev != NIL)
-        R(s, r->link_prev)->link_next = r->link_next;
-    else
-        s->lru_head = r->link_next;
-    if (r->link_next != NIL)
-        R(s, r->link_next)->link_prev = r->link_prev;
-    else
-        s->lru_tail = r->link_prev;
-    r->link_prev = r->link_next = NIL;
+    list_remove(s, &s->lru_head, &s->lru_tail, i);
 }
 
 static uint32_t now_s(const kvd_store_t *s)
@@ -633,28 +647,12 @@ static void evict_rec(kvd_store_t *s, uint32_t i);
  * recent (store_int.h). */
 static void ssd_lru_push_head(kvd_store_t *s, uint32_t i)
 {
-    rec_t *r = R(s, i);
-    r->link_prev = NIL;
-    r->link_next = s->ssd_lru_head;
-    if (s->ssd_lru_head != NIL)
-        R(s, s->ssd_lru_head)->link_prev = i;
-    else
-        s->ssd_lru_tail = i;
-    s->ssd_lru_head = i;
+    list_push_head(s, &s->ssd_lru_head, &s->ssd_lru_tail, i);
 }
 
 static void ssd_lru_remove(kvd_store_t *s, uint32_t i)
 {
-    rec_t *r = R(s, i);
-    if (r->link_prev != NIL)
-        R(s, r->link_prev)->link_next = r->link_next;
-    else
-        s->ssd_lru_head = r->link_next;
-    if (r->link_next != NIL)
-        R(s, r->link_next)->link_prev = r->link_prev;
-    else
-        s->ssd_lru_tail = r->link_prev;
-    r->link_prev = r->link_next = NIL;
+    list_remove(s, &s->ssd_lru_head, &s->ssd_lru_tail, i);
 }
 
 /* Drops SSD object i (off the SSD LRU already): it leaves the index, its
