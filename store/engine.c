@@ -643,6 +643,17 @@ static uint32_t alloc_evicting(kvd_store_t *s, uint32_t pages)
 
 static void evict_rec(kvd_store_t *s, uint32_t i);
 
+/* What an object keeps when it moves between the tiers (a new record):
+ * its place in its chain and its use. */
+static void copy_chain(rec_t *q, const rec_t *r)
+{
+    memcpy(q->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
+    q->has_parent = r->has_parent;
+    q->depth = r->depth;
+    q->hits = r->hits;
+    q->children = r->children;
+}
+
 /* The SSD LRU: objects on the tier that are not being promoted, head most
  * recent (store_int.h). */
 static void ssd_lru_push_head(kvd_store_t *s, uint32_t i)
@@ -684,10 +695,7 @@ bool store_ssd_evict_one(kvd_store_t *s)
     uint32_t i = victim_of(s, s->ssd_lru_tail, UINT32_MAX);
     if (i == NIL)
         return false;
-    s->st.ssd_evictions++;
-    s->ns[R(s, i)->ns].info.evictions++;
-    ssd_lru_remove(s, i);
-    drop_ssd(s, i);
+    evict_rec(s, i);
     return true;
 }
 
@@ -741,11 +749,7 @@ uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc)
     }
     rec_t *q = R(s, j);
     memcpy(q->key, r->key, KVD_KEY_BYTES);
-    memcpy(q->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
-    q->has_parent = r->has_parent;
-    q->depth = r->depth;
-    q->hits = r->hits;
-    q->children = r->children;
+    copy_chain(q, r);
     q->last_access_s = r->last_access_s;
     q->ns = r->ns;
     q->off_pages = loc;
@@ -832,11 +836,7 @@ void store_promote_done(kvd_store_t *s, uint32_t i, int status)
     bool unjournaled = false;
     if (status == KVD_OK) {
         uint16_t was = q->hits;
-        memcpy(q->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
-        q->has_parent = r->has_parent;
-        q->depth = r->depth;
-        q->hits = r->hits;
-        q->children = r->children;
+        copy_chain(q, r);
         /* not durable in DRAM: the tier's copy stays what serves it */
         if ((unjournaled = persist_published(s, &j, 1, now) != KVD_OK))
             q->hits = was;
@@ -1773,11 +1773,17 @@ int kvd_store_foreach(const kvd_store_t *s, uint32_t ns, kvd_obj_fn fn, void *ar
     return 0;
 }
 
-/* Evicts READY, unpinned object i. */
+/* Evicts READY, unpinned object i (off its LRU, DRAM's or the tier's). */
 static void evict_rec(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
     s->ns[r->ns].info.evictions++;
+    if (r->tier == KVD_TIER_SSD) {
+        s->st.ssd_evictions++;
+        ssd_lru_remove(s, i);
+        drop_ssd(s, i);
+        return;
+    }
     s->st.evictions++;
     s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
     lru_remove(s, i);
@@ -1795,14 +1801,7 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
     if (r->state != REC_READY || r->pins > 0 ||
         (r->spare & (REC_F_SPILLING | REC_F_PROMOTING)))
         return KVD_ERR_BUSY;
-    if (r->tier == KVD_TIER_SSD) {
-        ssd_lru_remove(s, i);
-        s->ns[r->ns].info.evictions++;
-        s->st.ssd_evictions++;
-        drop_ssd(s, i);
-    } else {
-        evict_rec(s, i);
-    }
+    evict_rec(s, i);
     persist_commit(s);
     PARANOID(s, "evict_key");
     return KVD_OK;
@@ -1834,10 +1833,7 @@ static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
         uint32_t slot = R(s, i)->ns;
         if ((ns == UINT32_MAX || slot == ns) &&
             (tenant == UINT32_MAX || tenant_of(s, slot) == tenant)) {
-            ssd_lru_remove(s, i);
-            s->ns[slot].info.evictions++;
-            s->st.ssd_evictions++;
-            drop_ssd(s, i);
+            evict_rec(s, i);
             e++;
         }
     }
@@ -2252,19 +2248,7 @@ static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
             (ns != UINT32_MAX && r->ns != ns) ||
             (tenant != UINT32_MAX && tenant_of(s, r->ns) != tenant))
             continue;
-        /* kvd_store_evict_key's steps, checked once per slice */
-        s->ns[r->ns].info.evictions++;
-        if (r->tier == KVD_TIER_SSD) {
-            s->st.ssd_evictions++;
-            ssd_lru_remove(s, (uint32_t)i);
-            drop_ssd(s, (uint32_t)i);
-            e++;
-            continue;
-        }
-        s->st.evictions++;
-        s->st.evicted_bytes += page_bytes_of(s, r->size_pages);
-        lru_remove(s, (uint32_t)i);
-        drop_object(s, (uint32_t)i);
+        evict_rec(s, (uint32_t)i);
         e++;
     }
     *pos = KVD_STORE_POS_END;
