@@ -669,6 +669,7 @@ typedef struct kvd_store_stats {
     uint64_t ssd_in_flight;                /* its ops in flight now */
     uint64_t ssd_spill_ns, ssd_promote_ns; /* time spent, summed per op: GB/s */
     uint64_t ssd_recovered_objects;        /* found on the tier at start */
+    uint64_t ssd_checkpoints;              /* checkpoints written */
     uint32_t ssd_io_path;                  /* 0 none, 1 io_uring, 2 pread/pwrite */
     uint32_t ssd_fixed_buffers;            /* 1: the pool is registered with the ring */
 } kvd_store_stats_t;
@@ -717,6 +718,7 @@ typedef struct kvd_tier_opts {
     bool fresh;               /* discard what the tier holds */
     bool no_fixed_buffers;    /* do not register the pool with the ring */
     uint32_t fail_read_every; /* test hook: every n-th read fails with EIO */
+    uint64_t checkpoint_ms;   /* between periodic checkpoints; 0: 60000 */
     uint64_t now_ms;          /* the callers' clock; 0: now */
 } kvd_tier_opts_t;
 

@@ -37,6 +37,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,11 +111,21 @@ struct tier {
     uint32_t *free_ops, n_free_ops, n_ops, spills;
     uint64_t spill_ns, promote_ns, compactions, copied_bytes;
     uint64_t last_ckpt_ms, changes; /* records added or gone since the checkpoint */
+    uint64_t ckpt_every_ms;
+    /* the periodic checkpoint, written on a thread (ckpt_start) */
+    struct ckpt_job *ckpt;
+    pthread_t ckpt_tid;
+    bool ckpt_running;
+    _Atomic bool ckpt_done;
+    _Atomic int ckpt_rc;
+    _Atomic uint64_t checkpoints; /* written */
     uint64_t recovered;
     char note[256];
 };
 
 static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks);
+static bool ckpt_reap(struct tier *t, bool wait);
+static void ckpt_start(kvd_store_t *s);
 
 /* ------------------------------------------------------------- places */
 
@@ -620,11 +632,13 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
     release_writes(s);
     reclaim(s);
     store_spill_pump(s);
+    persist_commit(s); /* what the pump's drops freed is written before any reuse */
+    ckpt_reap(t, false);
     if (now_ms == 0)
         now_ms = kvd_now_ns() / 1000000;
-    if (t->changes > 0 && now_ms - t->last_ckpt_ms >= CKPT_EVERY_MS) {
+    if (t->changes > 0 && now_ms - t->last_ckpt_ms >= t->ckpt_every_ms) {
         t->last_ckpt_ms = now_ms;
-        kvd_store_tier_checkpoint(s);
+        ckpt_start(s);
     }
     return total;
 }
@@ -674,6 +688,7 @@ void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out)
     out->ssd_spill_ns = t->spill_ns;
     out->ssd_promote_ns = t->promote_ns;
     out->ssd_recovered_objects = t->recovered;
+    out->ssd_checkpoints = atomic_load(&t->checkpoints);
     tio_stats_t io;
     tio_stats(t->io, &io);
     out->ssd_io_errors = io.io_errors;
@@ -751,39 +766,50 @@ static int write_all(int fd, const void *buf, size_t len)
     return KVD_OK;
 }
 
-int kvd_store_tier_checkpoint(kvd_store_t *s)
+/* A checkpoint built on the caller's thread, to be written on any. */
+typedef struct ckpt_job {
+    ckpt_hdr_t h;
+    uint8_t *body;
+    size_t body_bytes, used;
+} ckpt_job_t;
+
+static void ckpt_job_free(ckpt_job_t *j)
+{
+    kvd_mem_free(KVD_MEM_STAGING, j->body, j->body_bytes);
+    j->body = NULL;
+}
+
+/* Snapshots the tier's live records, its segments' generations and where
+ * each segment's scan at start begins. O(records of the store). */
+static int ckpt_build(kvd_store_t *s, ckpt_job_t *j)
 {
     struct tier *t = s->tier;
-    if (t == NULL)
-        return KVD_OK;
     uint32_t *ns_of = kvd_mem_calloc(KVD_MEM_STAGING, KVD_STORE_MAX_NAMESPACES, 4);
-    size_t cap_ns = 16, body_bytes;
-    ckpt_hdr_t h = {.magic = CKPT_MAGIC,
-                    .version = SEG_VERSION,
-                    .tier_id = t->tier_id,
-                    .seg_bytes = block_bytes(t->seg_blocks),
-                    .n_segs = t->n_segs,
-                    .seq = t->seq,
-                    .written_ms = kvd_wall_ms(),
-                    .page_blocks = t->page_blocks};
+    j->h = (ckpt_hdr_t){.magic = CKPT_MAGIC,
+                        .version = SEG_VERSION,
+                        .tier_id = t->tier_id,
+                        .seg_bytes = block_bytes(t->seg_blocks),
+                        .n_segs = t->n_segs,
+                        .seq = t->seq,
+                        .written_ms = kvd_wall_ms(),
+                        .page_blocks = t->page_blocks};
     size_t seg_part = (size_t)t->n_segs * sizeof(ckpt_seg_t);
-    body_bytes = seg_part + KVD_STORE_MAX_NAMESPACES * sizeof(ckpt_ns_t) +
-                 (size_t)s->ssd_objects * sizeof(ckpt_rec_t);
-    uint8_t *body = kvd_mem_calloc(KVD_MEM_STAGING, 1, body_bytes);
-    (void)cap_ns;
-    if (ns_of == NULL || body == NULL) {
+    j->body_bytes = seg_part + KVD_STORE_MAX_NAMESPACES * sizeof(ckpt_ns_t) +
+                    (size_t)s->ssd_objects * sizeof(ckpt_rec_t);
+    j->body = kvd_mem_calloc(KVD_MEM_STAGING, 1, j->body_bytes);
+    if (ns_of == NULL || j->body == NULL) {
         kvd_mem_free(KVD_MEM_STAGING, ns_of, KVD_STORE_MAX_NAMESPACES * 4);
-        kvd_mem_free(KVD_MEM_STAGING, body, body_bytes);
+        ckpt_job_free(j);
         return KVD_ERR_NOMEM;
     }
-    ckpt_seg_t *cs = (ckpt_seg_t *)body;
+    ckpt_seg_t *cs = (ckpt_seg_t *)j->body;
     for (uint32_t id = 0; id < t->n_segs; id++) {
         const seg_t *g = &t->segs[id];
         cs[id] = (ckpt_seg_t){.generation = g->generation,
                               .scan_from = g->state == SEG_FREE ? 0 : scan_from_of(t, id),
                               .used = g->state != SEG_FREE};
     }
-    ckpt_ns_t *cn = (ckpt_ns_t *)(body + seg_part);
+    ckpt_ns_t *cn = (ckpt_ns_t *)(j->body + seg_part);
     ckpt_rec_t *cr = (ckpt_rec_t *)(cn + KVD_STORE_MAX_NAMESPACES);
     uint64_t n = 0;
     for (uint32_t i = 1; i <= s->rec_high && n < s->ssd_objects; i++) {
@@ -792,13 +818,13 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
             continue;
         if (ns_of[r->ns] == 0) {
             const ns_entry_t *e = &s->ns[r->ns];
-            ckpt_ns_t *x = &cn[h.n_ns];
+            ckpt_ns_t *x = &cn[j->h.n_ns];
             snprintf(x->tenant, sizeof(x->tenant), "%s",
                      kvd_store_tenant_name(s, e->info.tenant));
             memcpy(x->name, e->info.name, sizeof(x->name));
             x->object_bytes = e->info.object_bytes;
             x->rank_replicated = e->info.rank_replicated;
-            ns_of[r->ns] = ++h.n_ns;
+            ns_of[r->ns] = ++j->h.n_ns;
         }
         ckpt_rec_t *c = &cr[n++];
         *c = (ckpt_rec_t){.loc = r->off_pages,
@@ -810,17 +836,32 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
         memcpy(c->key, r->key, KVD_KEY_BYTES);
         memcpy(c->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
     }
-    h.n_recs = n;
+    j->h.n_recs = n;
     /* the namespaces used are packed after the segments, then the records */
-    size_t ns_bytes = (size_t)h.n_ns * sizeof(ckpt_ns_t);
+    size_t ns_bytes = (size_t)j->h.n_ns * sizeof(ckpt_ns_t);
     memmove((uint8_t *)cn + ns_bytes, cr, n * sizeof(ckpt_rec_t));
-    size_t used = seg_part + ns_bytes + n * sizeof(ckpt_rec_t);
-    h.crc = kvd_crc32c(kvd_crc32c(0, &h, offsetof(ckpt_hdr_t, crc)), body, used);
+    j->used = seg_part + ns_bytes + n * sizeof(ckpt_rec_t);
+    j->h.crc =
+        kvd_crc32c(kvd_crc32c(0, &j->h, offsetof(ckpt_hdr_t, crc)), j->body, j->used);
+    kvd_mem_free(KVD_MEM_STAGING, ns_of, KVD_STORE_MAX_NAMESPACES * 4);
+    return KVD_OK;
+}
+
+/* Puts a built checkpoint in place: the segments' writes flushed to the
+ * device first (what it lists must be there after a power loss too), then
+ * a tmp file, fsync, rename, fsync of the directory. Blocking: the
+ * checkpoint thread's, or a clean stop's. */
+static int ckpt_write(struct tier *t, const ckpt_job_t *j)
+{
     int rc = KVD_OK;
-    int fd = openat(t->dir_fd, CKPT_NAME ".tmp", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0600);
-    if (fd < 0 || (rc = write_all(fd, &h, sizeof(h))) != KVD_OK ||
-        (rc = write_all(fd, body, used)) != KVD_OK || fsync(fd) != 0 ||
+    for (uint32_t id = 0; id < t->n_segs && rc == KVD_OK; id++)
+        if (t->segs[id].fd >= 0 && fdatasync(t->segs[id].fd) != 0)
+            rc = kvd_status_from_errno(errno);
+    int fd = rc != KVD_OK ? -1
+                          : openat(t->dir_fd, CKPT_NAME ".tmp",
+                                   O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (rc != KVD_OK || fd < 0 || (rc = write_all(fd, &j->h, sizeof(j->h))) != KVD_OK ||
+        (rc = write_all(fd, j->body, j->used)) != KVD_OK || fsync(fd) != 0 ||
         renameat(t->dir_fd, CKPT_NAME ".tmp", t->dir_fd, CKPT_NAME) != 0 ||
         fsync(t->dir_fd) != 0) {
         if (rc == KVD_OK)
@@ -829,12 +870,78 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
                  t->dir, kvd_status_str(rc));
         unlinkat(t->dir_fd, CKPT_NAME ".tmp", 0);
     } else {
-        t->changes = 0;
+        atomic_fetch_add(&t->checkpoints, 1);
     }
     if (fd >= 0)
         close(fd);
-    kvd_mem_free(KVD_MEM_STAGING, ns_of, KVD_STORE_MAX_NAMESPACES * 4);
-    kvd_mem_free(KVD_MEM_STAGING, body, body_bytes);
+    return rc;
+}
+
+static void *ckpt_thread(void *arg)
+{
+    struct tier *t = arg;
+    atomic_store(&t->ckpt_rc, ckpt_write(t, t->ckpt));
+    atomic_store(&t->ckpt_done, true);
+    return NULL;
+}
+
+/* Ends a checkpoint written on its thread: joins it (waiting when `wait`),
+ * frees it. False when one runs still. */
+static bool ckpt_reap(struct tier *t, bool wait)
+{
+    if (!t->ckpt_running)
+        return true;
+    if (!wait && !atomic_load(&t->ckpt_done))
+        return false;
+    pthread_join(t->ckpt_tid, NULL);
+    t->ckpt_running = false;
+    if (atomic_load(&t->ckpt_rc) != KVD_OK)
+        t->changes++; /* try again at the next period */
+    ckpt_job_free(t->ckpt);
+    free(t->ckpt);
+    t->ckpt = NULL;
+    return true;
+}
+
+/* The periodic checkpoint: built here (O(records)), written and synced on
+ * a thread of its own, so that the loop does not wait for the disk. */
+static void ckpt_start(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    if (!ckpt_reap(t, false) || (t->ckpt = calloc(1, sizeof(*t->ckpt))) == NULL)
+        return;
+    if (ckpt_build(s, t->ckpt) != KVD_OK) {
+        free(t->ckpt);
+        t->ckpt = NULL;
+        return;
+    }
+    t->changes = 0;
+    atomic_store(&t->ckpt_done, false);
+    if (pthread_create(&t->ckpt_tid, NULL, ckpt_thread, t) != 0) {
+        ckpt_job_free(t->ckpt);
+        free(t->ckpt);
+        t->ckpt = NULL;
+        t->changes++;
+        return;
+    }
+    t->ckpt_running = true;
+}
+
+int kvd_store_tier_checkpoint(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    if (t == NULL)
+        return KVD_OK;
+    ckpt_reap(t, true);
+    ckpt_job_t j;
+    int rc = ckpt_build(s, &j);
+    if (rc != KVD_OK)
+        return rc;
+    uint64_t changes = t->changes;
+    t->changes = 0;
+    if ((rc = ckpt_write(t, &j)) != KVD_OK)
+        t->changes = changes;
+    ckpt_job_free(&j);
     return rc;
 }
 
@@ -1189,6 +1296,7 @@ static void tier_free(struct tier *t)
 {
     if (t == NULL)
         return;
+    ckpt_reap(t, true);
     tio_destroy(t->io);
     for (uint32_t id = 0; t->segs && id < t->n_segs; id++) {
         if (t->segs[id].fd >= 0)
@@ -1380,6 +1488,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     if (t->note[0] == '\0')
         snprintf(t->note, sizeof(t->note), "%s", tio_note(t->io));
     t->last_ckpt_ms = o->now_ms ? o->now_ms : kvd_now_ns() / 1000000;
+    t->ckpt_every_ms = o->checkpoint_ms ? o->checkpoint_ms : CKPT_EVERY_MS;
     rec->elapsed_ns = kvd_now_ns() - t0;
     if (rec->objects == 0 && rec->note[0] == '\0')
         snprintf(rec->note, sizeof(rec->note), "%s",

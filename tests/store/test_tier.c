@@ -38,6 +38,8 @@ typedef struct fx {
     kvd_store_t *s;
     uint32_t ns;
     int io_path;
+    uint64_t checkpoint_ms;  /* 0: the default period */
+    kvd_tier_recovery_t rec; /* what the last open found */
 } fx_t;
 
 static int io_path_of_state(void **state)
@@ -75,9 +77,9 @@ static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why,
                          .pool_base = f->pool,
                          .pool_bytes = POOL_BYTES,
                          .fresh = fresh,
-                         .fail_read_every = fail_read_every};
-    kvd_tier_recovery_t rec;
-    int rc = kvd_store_tier_attach(f->s, &o, &rec, why, len);
+                         .fail_read_every = fail_read_every,
+                         .checkpoint_ms = f->checkpoint_ms};
+    int rc = kvd_store_tier_attach(f->s, &o, &f->rec, why, len);
     if (rc != KVD_OK) {
         kvd_store_destroy(f->s);
         f->s = NULL;
@@ -245,8 +247,9 @@ static void test_restart_keeps_the_tier(void **state)
     fx_fini(&f);
 }
 
-/* A process killed with SIGKILL after its spills were acknowledged: the
- * records are found by scanning the segments (no checkpoint). */
+/* A process killed with SIGKILL after its spills were acknowledged, while
+ * periodic checkpoints ran on their thread: the records are found from the
+ * last checkpoint and the segments' headers written after it. */
 static void test_sigkill_keeps_acknowledged_spills(void **state)
 {
     fx_t f;
@@ -259,9 +262,16 @@ static void test_sigkill_keeps_acknowledged_spills(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         char why[512];
+        f.checkpoint_ms = 1; /* one checkpoint after another, on their thread */
         if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
             _exit(3);
         put_all(&f);
+        /* a checkpoint written after put_all began: it lists spills */
+        uint64_t begun = stats(f.s).ssd_checkpoints;
+        for (int k = 0; k < 500 && stats(f.s).ssd_checkpoints < begun + 1; k++) {
+            usleep(10000);
+            kvd_store_tier_poll(f.s, 0);
+        }
         uint64_t n = stats(f.s).ssd_objects;
         if (write(pipefd[1], &n, sizeof(n)) != sizeof(n))
             _exit(4);
@@ -280,6 +290,9 @@ static void test_sigkill_keeps_acknowledged_spills(void **state)
     char why[512];
     assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
     assert_true(stats(f.s).ssd_objects >= on_ssd);
+    /* the periodic checkpoints ran: the restart read one, and scanned
+     * only what came after it */
+    assert_true(f.rec.checkpoint_records > 0);
     size_t back = 0;
     for (uint32_t n = 0; n < N_OBJ; n++)
         back += get(&f, n) == KVD_OK;
