@@ -94,6 +94,18 @@ bool kvd_mutex_lock_until(pthread_mutex_t *m, uint64_t deadline_ns);
 
 /* ------------------------------------------------------------- processes */
 
+/*
+ * Takes the lock file at path: opened (created 0600, never through a
+ * symlink), a regular file of this uid, flocked and holding our pid, so
+ * that one process of an instance or a tier has it at a time. *fd keeps
+ * the lock until closed. KVD_ERR_BUSY when another process holds it (its
+ * pid, as the file says, in holder); KVD_ERR_STATE for a file that is not
+ * a regular file of this uid; the system's error otherwise; each but BUSY
+ * logged under `comp`, whose caller logs the refusal in its own words.
+ */
+int kvd_lock_file(const char *comp, const char *path, int *fd, char *holder,
+                  size_t holder_len);
+
 /* Reaps child `pid`, polling up to timeout_ms: KVD_OK (its wait status in
  * *wstatus, may be NULL), KVD_ERR_NOT_FOUND (not our child, or already
  * reaped), KVD_ERR_TIMEOUT, or KVD_ERR_IO. For tools and tests. */

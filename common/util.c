@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 
@@ -249,6 +251,42 @@ int kvd_proc_mem_read(kvd_proc_mem_t *out)
     }
     fclose(f);
     *out = m;
+    return KVD_OK;
+}
+
+int kvd_lock_file(const char *comp, const char *path, int *fd, char *holder,
+                  size_t holder_len)
+{
+    holder[0] = '\0';
+    *fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (*fd < 0) {
+        int err = errno;
+        KVD_ERROR(comp, "cannot open the lock %s: %s", path, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    struct stat st;
+    if (fstat(*fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
+        KVD_ERROR(comp, "the lock %s is not a regular file of uid %u: remove it", path,
+                  (unsigned)geteuid());
+        return KVD_ERR_STATE;
+    }
+    if (flock(*fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        if (err != EWOULDBLOCK) {
+            KVD_ERROR(comp, "flock %s: %s", path, strerror(err));
+            return kvd_status_from_errno(err);
+        }
+        ssize_t n = holder_len > 1 ? pread(*fd, holder, holder_len - 1, 0) : 0;
+        holder[n > 0 ? n : 0] = '\0';
+        holder[strcspn(holder, "\n")] = '\0';
+        if (holder[0] == '\0')
+            snprintf(holder, holder_len, "(unknown)");
+        return KVD_ERR_BUSY;
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
+    if (ftruncate(*fd, 0) != 0 || pwrite(*fd, pid, (size_t)len, 0) != len)
+        KVD_WARN(comp, "writing our pid into %s: %s", path, strerror(errno));
     return KVD_OK;
 }
 

@@ -102,7 +102,7 @@ static const opt_def_t opt_defs[] = {
     {"ssd-spill", OPT_STRING, OFF(ssd_spill), SZ(ssd_spill), 0, 0, "all|hit",
      "which evicted objects go to the tier: all, or only those loaded at least once "
      "(the others are dropped) (default all)"},
-    {"ssd-queue-depth", OPT_U64, OFF(ssd_queue_depth), 0, 1, 4096, "N",
+    {"ssd-queue-depth", OPT_U64, OFF(ssd_queue_depth), 0, 1, 256, "N",
      "the tier's I/O operations in flight at most (default 32)"},
     {"ssd-no-fixed-buffers", OPT_BOOL, OFF(ssd_no_fixed_buffers), 0, 0, 0, NULL,
      "do not register the pool with io_uring as fixed buffers"},

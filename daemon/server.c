@@ -1371,6 +1371,7 @@ static int attach_tier(kvd_server_t *s)
                           .pool_bytes = kvd_pool_size(s->pool),
                           .fresh = o->fresh,
                           .no_fixed_buffers = o->ssd_no_fixed_buffers,
+                          .defer_fixed_buffers = true, /* kvd_store_tier_pool_ready */
                           .fail_read_every = (uint32_t)o->ssd_fail_read_every};
     kvd_tier_recovery_t rec;
     char why[512] = "";
@@ -1639,6 +1640,7 @@ static int on_tick(kvd_server_t *s)
         kvd_pool_ready(s->pool)) {
         atomic_store(&s->health, KVD_HEALTH_READY);
         kvd_ucxd_pool_ready(s->ucxd);
+        kvd_store_tier_pool_ready(s->store);
         char a[32];
         if (kvd_pool_attached(s->pool))
             KVD_INFO("server",

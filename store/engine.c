@@ -690,6 +690,12 @@ void store_ssd_drop(kvd_store_t *s, uint32_t i)
     PARANOID(s, "ssd_drop");
 }
 
+void store_ssd_evict(kvd_store_t *s, uint32_t i)
+{
+    evict_rec(s, i);
+    PARANOID(s, "ssd_evict");
+}
+
 bool store_ssd_evict_one(kvd_store_t *s)
 {
     uint32_t i = victim_of(s, s->ssd_lru_tail, UINT32_MAX);

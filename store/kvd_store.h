@@ -715,8 +715,12 @@ typedef struct kvd_tier_opts {
     kvd_spill_policy_t policy;
     void *pool_base; /* the pool's mapping: where values move */
     uint64_t pool_bytes;
-    bool fresh;               /* discard what the tier holds */
-    bool no_fixed_buffers;    /* do not register the pool with the ring */
+    bool fresh;            /* discard what the tier holds */
+    bool no_fixed_buffers; /* do not register the pool with the ring */
+    /* register the pool with io_uring only at kvd_store_tier_pool_ready:
+     * registering faults in and pins every page, which would populate the
+     * pool at once, past its bounded rate */
+    bool defer_fixed_buffers;
     uint32_t fail_read_every; /* test hook: every n-th read fails with EIO */
     uint64_t checkpoint_ms;   /* between periodic checkpoints; 0: 60000 */
     uint64_t now_ms;          /* the callers' clock; 0: now */
@@ -756,6 +760,9 @@ int kvd_store_tier_checkpoint(kvd_store_t *s);
 /* Waits until the tier has nothing in flight or timeout_ms passed, polling
  * (tests, a clean stop). */
 void kvd_store_tier_drain(kvd_store_t *s, int timeout_ms);
+/* The pool is populated: registers it with io_uring now, if that was
+ * deferred (defer_fixed_buffers); the outcome is logged. */
+void kvd_store_tier_pool_ready(kvd_store_t *s);
 /* The I/O path's name ("io_uring", "pread/pwrite") and why it is what it
  * is; "" without a tier. */
 const char *kvd_store_tier_io_path(const kvd_store_t *s);

@@ -122,39 +122,14 @@ static int lock_take(kvd_pool_t *p)
     char path[4096];
     const char *dir = p->opts.lock_dir ? p->opts.lock_dir : p->opts.dir;
     snprintf(path, sizeof(path), "%s/kvdock-%s.lock", dir, p->opts.instance);
-    p->lock_fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (p->lock_fd < 0) {
-        int err = errno;
-        KVD_ERROR("pool", "cannot open the instance's lock %s: %s", path, strerror(err));
-        return kvd_status_from_errno(err);
-    }
-    struct stat st;
-    if (fstat(p->lock_fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
-        KVD_ERROR("pool", "the lock %s is not a regular file of uid %u: remove it", path,
-                  (unsigned)geteuid());
-        return KVD_ERR_STATE;
-    }
-    if (flock(p->lock_fd, LOCK_EX | LOCK_NB) != 0) {
-        int err = errno;
-        if (err != EWOULDBLOCK) {
-            KVD_ERROR("pool", "flock %s: %s", path, strerror(err));
-            return kvd_status_from_errno(err);
-        }
-        char pid[32] = "";
-        ssize_t n = pread(p->lock_fd, pid, sizeof(pid) - 1, 0);
-        pid[n > 0 ? n : 0] = '\0';
-        pid[strcspn(pid, "\n")] = '\0';
+    char holder[32];
+    int rc = kvd_lock_file("pool", path, &p->lock_fd, holder, sizeof(holder));
+    if (rc == KVD_ERR_BUSY)
         KVD_ERROR("pool",
                   "instance '%s' is in use: kvdockd pid %s holds %s; stop it first, "
                   "or start this one with another --instance",
-                  p->opts.instance, pid[0] ? pid : "(unknown)", path);
-        return KVD_ERR_BUSY;
-    }
-    char pid[32];
-    int len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-    if (ftruncate(p->lock_fd, 0) != 0 || pwrite(p->lock_fd, pid, (size_t)len, 0) != len)
-        KVD_WARN("pool", "writing our pid into %s: %s", path, strerror(errno));
-    return KVD_OK;
+                  p->opts.instance, holder, path);
+    return rc;
 }
 
 #ifndef HUGETLBFS_MAGIC

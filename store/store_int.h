@@ -321,6 +321,9 @@ void store_promote_done(kvd_store_t *s, uint32_t i, int status);
 /* Drops SSD object i (on the SSD LRU, not promoting): its record failed
  * its check (compaction read it); counted as a failed promotion. */
 void store_ssd_drop(kvd_store_t *s, uint32_t i);
+/* Evicts SSD object i (on the SSD LRU, not promoting): compaction could
+ * not copy it. */
+void store_ssd_evict(kvd_store_t *s, uint32_t i);
 /* Evicts one SSD object, leaf-first from the SSD LRU's cold end; false
  * when there is none that can go. */
 bool store_ssd_evict_one(kvd_store_t *s);

@@ -60,6 +60,9 @@
 /* The largest value compaction copies (bounce buffers of the executor,
  * up to one per slot); larger records of a compacted segment are dropped. */
 #define COPY_MAX_BYTES (16u << 20)
+/* Copies in flight at most: each holds a bounce buffer of up to
+ * COPY_MAX_BYTES in the executor. */
+#define COPIES_MAX 4
 /* Evictions one reclaim may make to create a segment worth compacting. */
 #define RECLAIM_EVICT_MAX 256
 
@@ -81,6 +84,8 @@ typedef struct seg {
     uint32_t *recs;      /* records written into it (stale entries allowed) */
     uint32_t n_recs, cap_recs;
     uint32_t compact_pos; /* next entry of recs a compaction copies */
+    bool broken;          /* a failed write's place could not be covered: */
+    uint32_t broken_at;   /* ... this block; nothing after it is acknowledged */
 } seg_t;
 
 enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
@@ -105,7 +110,12 @@ struct tier {
     uint64_t tier_id, seq;
     uint32_t seg_blocks, n_segs, page_blocks;
     seg_t *segs;
-    uint32_t head; /* the head segment, or NO_SEG */
+    uint32_t head;      /* the spills' head segment, or NO_SEG */
+    uint32_t copy_head; /* compaction's */
+    uint32_t copies;    /* compaction copies in flight */
+    /* promotions waiting for an executor slot (SSD records, REC_F_PROMOTING
+     * set): started ahead of any copy or spill */
+    uint32_t *promote_q, n_promote_q, cap_promote_q;
     uint32_t n_free;
     inflight_t *ops; /* queue_depth slots, by the executor's tag */
     uint32_t *free_ops, n_free_ops, n_ops, spills;
@@ -204,29 +214,32 @@ static int seg_begin(struct tier *t, uint32_t id)
     g->state = SEG_HEAD;
     g->head = 1;
     g->live = g->dead = g->n_recs = g->compact_pos = 0;
+    g->broken = false;
     t->n_free--;
     return KVD_OK;
 }
 
-/* A place for a record of `blocks` blocks at the head, beginning a free
- * segment when the head is full; spills leave the last free segment to
- * compaction (copy). NO_LOC when there is none. */
+/* A place for a record of `blocks` blocks at the end of a head segment:
+ * spills' or compaction's (copy), each its own, so that spills never fill
+ * what compaction needs. A full head gives way to a free segment; spills
+ * leave the last free one to compaction. NO_LOC when there is none. */
 static uint32_t place_take(struct tier *t, uint32_t blocks, bool copy)
 {
+    uint32_t *head = copy ? &t->copy_head : &t->head;
     if (blocks >= t->seg_blocks)
         return NO_LOC;
     for (int tries = 0; tries < 2; tries++) {
-        if (t->head != NO_SEG) {
-            seg_t *g = &t->segs[t->head];
+        if (*head != NO_SEG) {
+            seg_t *g = &t->segs[*head];
             if (g->head + blocks <= t->seg_blocks) {
-                uint32_t loc = t->head * t->seg_blocks + g->head;
+                uint32_t loc = *head * t->seg_blocks + g->head;
                 g->head += blocks;
                 g->writes++;
                 return loc;
             }
             g->state = SEG_FULL;
-            uint32_t was = t->head;
-            t->head = NO_SEG;
+            uint32_t was = *head;
+            *head = NO_SEG;
             seg_maybe_free(t, was);
         }
         if (t->n_free <= (copy ? 0u : 1u))
@@ -236,9 +249,16 @@ static uint32_t place_take(struct tier *t, uint32_t blocks, bool copy)
             id++;
         if (seg_begin(t, id) != KVD_OK)
             return NO_LOC;
-        t->head = id;
+        *head = id;
     }
     return NO_LOC;
+}
+
+/* Slots spills and copies may take together: promotions, which a load
+ * waits for, always find the rest. */
+static uint32_t background_slots(const struct tier *t)
+{
+    return KVD_MAX(1u, t->n_ops * SPILL_SHARE_NUM / SPILL_SHARE_DEN);
 }
 
 /* Gives back the place place_take just gave (nothing was written there,
@@ -281,7 +301,7 @@ bool tier_spill_begin(kvd_store_t *s, uint32_t i)
 {
     struct tier *t = s->tier;
     const rec_t *r = R(s, i);
-    if (t->spills >= t->n_ops * SPILL_SHARE_NUM / SPILL_SHARE_DEN)
+    if (t->spills + t->copies >= background_slots(t) || t->n_promote_q > 0)
         return false;
     uint32_t blocks = rec_blocks(t, r);
     uint32_t loc = place_take(t, blocks, false);
@@ -325,7 +345,9 @@ bool tier_spill_begin(kvd_store_t *s, uint32_t i)
     return true;
 }
 
-bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j)
+/* Submits the read of SSD record i into DRAM extent j; false when the
+ * executor has no slot. */
+static bool promote_submit(kvd_store_t *s, uint32_t i, uint32_t j)
 {
     struct tier *t = s->tier;
     const rec_t *r = R(s, i);
@@ -350,8 +372,41 @@ bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j)
                       .loc = r->off_pages,
                       .blocks = blocks,
                       .t0_ns = f->t0_ns};
-    seg_of(t, r->off_pages)->reads++;
     return true;
+}
+
+bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j)
+{
+    struct tier *t = s->tier;
+    seg_t *g = seg_of(t, R(s, i)->off_pages);
+    g->reads++; /* from here until the read ends: the segment stays */
+    if (t->n_promote_q == 0 && promote_submit(s, i, j))
+        return true;
+    if (t->n_promote_q == t->cap_promote_q) {
+        uint32_t cap = t->cap_promote_q ? 2 * t->cap_promote_q : 256;
+        uint32_t *q = kvd_mem_realloc(KVD_MEM_STAGING, t->promote_q,
+                                      (size_t)t->cap_promote_q * 4, (size_t)cap * 4);
+        if (q == NULL) {
+            g->reads--;
+            return false;
+        }
+        t->promote_q = q;
+        t->cap_promote_q = cap;
+    }
+    t->promote_q[t->n_promote_q++] = i;
+    return true;
+}
+
+/* Starts the promotions waiting for a slot, oldest first. */
+static void promote_pending(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    uint32_t k = 0;
+    while (k < t->n_promote_q &&
+           promote_submit(s, t->promote_q[k], R(s, t->promote_q[k])->phys_prev))
+        k++;
+    memmove(t->promote_q, t->promote_q + k, (size_t)(t->n_promote_q - k) * 4);
+    t->n_promote_q -= k;
 }
 
 void tier_forget(kvd_store_t *s, uint32_t i)
@@ -376,8 +431,54 @@ static bool live_in(const kvd_store_t *s, uint32_t i, uint32_t id)
            r->tier == KVD_TIER_SSD && r->off_pages / s->tier->seg_blocks == id;
 }
 
+/* Submits the copy of SSD record i (live in segment id) to compaction's
+ * head: KVD_OK, KVD_ERR_BUSY when the executor or the copy limit has no
+ * room now, KVD_ERR_NO_SPACE when no place can be had. */
+static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
+{
+    struct tier *t = s->tier;
+    seg_t *g = &t->segs[id];
+    const rec_t *r = R(s, i);
+    uint32_t blocks = rec_blocks(t, r);
+    if (t->n_free_ops == 0 || t->copies >= COPIES_MAX ||
+        t->spills + t->copies >= background_slots(t))
+        return KVD_ERR_BUSY;
+    uint32_t dst = place_take(t, blocks, true);
+    if (dst == NO_LOC)
+        return KVD_ERR_NO_SPACE;
+    uint64_t tag = 0;
+    inflight_t *f = op_take(t, &tag);
+    tio_op_t op = {.tag = tag,
+                   .kind = TIO_COPY,
+                   .fd = g->fd,
+                   .file_off = block_bytes(r->off_pages % t->seg_blocks),
+                   .value_bytes = block_bytes(blocks - 1),
+                   .dst_fd = seg_of(t, dst)->fd,
+                   .dst_off = block_bytes(dst % t->seg_blocks),
+                   .dst_generation = seg_of(t, dst)->generation};
+    memcpy(op.key, r->key, KVD_KEY_BYTES);
+    if (!submit(t, &op)) {
+        op_put(t, tag);
+        place_untake(t, dst, blocks);
+        return KVD_ERR_BUSY;
+    }
+    *f = (inflight_t){.kind = OP_COPY,
+                      .rec = i,
+                      .loc = r->off_pages,
+                      .dst_loc = dst,
+                      .blocks = blocks,
+                      .t0_ns = f->t0_ns};
+    g->reads++;
+    t->copies++;
+    return KVD_OK;
+}
+
 /* Queues copies of a compacting segment's live records, as far as the
- * executor and the head take them. */
+ * executor and the copy limit take them. A record too large to copy
+ * (COPY_MAX_BYTES), or one for which no place can be had, is evicted
+ * instead: compaction always ends. Once the list is walked with nothing of
+ * the segment in flight, what is still live there (a record the list
+ * missed) is evicted too. */
 static void compact_more(kvd_store_t *s, uint32_t id)
 {
     struct tier *t = s->tier;
@@ -388,37 +489,25 @@ static void compact_more(kvd_store_t *s, uint32_t id)
             g->compact_pos++; /* gone, or leaving (its promotion reads it) */
             continue;
         }
-        const rec_t *r = R(s, i);
-        uint32_t blocks = rec_blocks(t, r);
-        if (t->n_free_ops == 0)
+        int rc = block_bytes(rec_blocks(t, R(s, i)) - 1) > COPY_MAX_BYTES
+                     ? KVD_ERR_NO_SPACE
+                     : copy_submit(s, id, i);
+        if (rc == KVD_ERR_BUSY)
             return;
-        uint32_t dst = place_take(t, blocks, true);
-        if (dst == NO_LOC)
-            return;
-        uint64_t tag = 0;
-        inflight_t *f = op_take(t, &tag);
-        tio_op_t op = {.tag = tag,
-                       .kind = TIO_COPY,
-                       .fd = g->fd,
-                       .file_off = block_bytes(r->off_pages % t->seg_blocks),
-                       .value_bytes = block_bytes(blocks - 1),
-                       .dst_fd = seg_of(t, dst)->fd,
-                       .dst_off = block_bytes(dst % t->seg_blocks),
-                       .dst_generation = seg_of(t, dst)->generation};
-        memcpy(op.key, r->key, KVD_KEY_BYTES);
-        if (!submit(t, &op)) {
-            op_put(t, tag);
-            place_untake(t, dst, blocks);
-            return;
-        }
-        *f = (inflight_t){.kind = OP_COPY,
-                          .rec = i,
-                          .loc = r->off_pages,
-                          .dst_loc = dst,
-                          .blocks = blocks,
-                          .t0_ns = f->t0_ns};
-        g->reads++;
+        if (rc == KVD_ERR_NO_SPACE)
+            store_ssd_evict(s, i);
         g->compact_pos++;
+    }
+    if (g->live == 0 || g->reads > 0 || g->writes > 0)
+        return;
+    for (uint32_t i = 1; i <= s->rec_high && g->live > 0; i++)
+        if (live_in(s, i, id) && !(R(s, i)->spare & REC_F_PROMOTING))
+            store_ssd_evict(s, i);
+    if (g->live > 0 && g->reads == 0) {
+        KVD_WARN("tier", "segment %u: %u blocks counted live that no record holds; freed",
+                 id, g->live);
+        g->live = 0;
+        seg_maybe_free(t, id);
     }
 }
 
@@ -494,10 +583,17 @@ static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
                   "segment %u: cannot cover a failed write: %s; the segment is "
                   "closed",
                   loc / t->seg_blocks, strerror(errno));
-        if (t->head == loc / t->seg_blocks) {
+        uint32_t id = loc / t->seg_blocks;
+        if (t->head == id || t->copy_head == id) {
             g->state = SEG_FULL;
-            t->head = NO_SEG;
+            t->head = t->head == id ? NO_SEG : t->head;
+            t->copy_head = t->copy_head == id ? NO_SEG : t->copy_head;
         }
+        /* what was written after the hole is not acknowledged either: a
+         * scan at start stops at the hole */
+        if (!g->broken || loc % t->seg_blocks < g->broken_at)
+            g->broken_at = loc % t->seg_blocks;
+        g->broken = true;
         t->changes++;
         t->last_ckpt_ms = 0; /* checkpoint at the next poll */
     }
@@ -525,7 +621,7 @@ static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
 static void done_promote(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
 {
     struct tier *t = s->tier;
-    seg_of(t, f->loc)->reads--;
+    seg_of(t, f->loc)->reads--; /* taken at tier_promote_begin */
     if (d->status == KVD_OK)
         t->promote_ns += kvd_now_ns() - f->t0_ns;
     else
@@ -544,6 +640,7 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     seg_t *from = seg_of(t, f->loc), *to = seg_of(t, f->dst_loc);
     from->reads--;
     to->writes--;
+    t->copies--;
     rec_t *r = R(s, f->rec);
     bool still = live_in(s, f->rec, f->loc / t->seg_blocks) && r->off_pages == f->loc;
     if (d->status == KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
@@ -595,7 +692,11 @@ static void release_writes(kvd_store_t *s)
             if (!f->landed || earlier_pending(t, write_loc(f)))
                 continue;
             inflight_t copy = *f;
-            tio_done_t d = {.tag = k, .status = f->status, .kind = TIO_WRITE};
+            const seg_t *g = seg_of(t, write_loc(f));
+            bool past_hole = g->broken && write_loc(f) % t->seg_blocks > g->broken_at;
+            tio_done_t d = {.tag = k,
+                            .status = past_hole ? KVD_ERR_IO : f->status,
+                            .kind = TIO_WRITE};
             op_put(t, k);
             if (copy.kind == OP_SPILL)
                 done_spill(s, &copy, &d);
@@ -630,13 +731,15 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
         total += n;
     }
     release_writes(s);
+    promote_pending(s);
     reclaim(s);
     store_spill_pump(s);
     persist_commit(s); /* what the pump's drops freed is written before any reuse */
     ckpt_reap(t, false);
     if (now_ms == 0)
         now_ms = kvd_now_ns() / 1000000;
-    if (t->changes > 0 && now_ms - t->last_ckpt_ms >= t->ckpt_every_ms) {
+    if (t->changes > 0 && now_ms - t->last_ckpt_ms >= t->ckpt_every_ms &&
+        ckpt_reap(t, false)) {
         t->last_ckpt_ms = now_ms;
         ckpt_start(s);
     }
@@ -653,11 +756,18 @@ void kvd_store_tier_drain(kvd_store_t *s, int timeout_ms)
     if (s->tier == NULL)
         return;
     uint64_t end = kvd_now_ns() + (uint64_t)timeout_ms * 1000000;
-    while (tio_in_flight(s->tier->io) > 0 && kvd_now_ns() < end) {
+    while ((tio_in_flight(s->tier->io) > 0 || s->tier->n_promote_q > 0) &&
+           kvd_now_ns() < end) {
         tio_wait(s->tier->io, 10);
         kvd_store_tier_poll(s, 0);
     }
     kvd_store_tier_poll(s, 0);
+}
+
+void kvd_store_tier_pool_ready(kvd_store_t *s)
+{
+    if (s->tier)
+        tio_register_fixed(s->tier->io);
 }
 
 const char *kvd_store_tier_io_path(const kvd_store_t *s)
@@ -1306,6 +1416,7 @@ static void tier_free(struct tier *t)
     kvd_mem_free(KVD_MEM_INDEX, t->segs, (size_t)t->n_segs * sizeof(seg_t));
     free(t->ops);
     free(t->free_ops);
+    kvd_mem_free(KVD_MEM_STAGING, t->promote_q, (size_t)t->cap_promote_q * 4);
     if (t->lock_fd >= 0)
         close(t->lock_fd); /* drops the flock */
     if (t->dir_fd >= 0)
@@ -1329,7 +1440,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
         return KVD_ERR_NOMEM;
     t->dir_fd = t->lock_fd = -1;
     t->direct = true;
-    t->head = NO_SEG;
+    t->head = t->copy_head = NO_SEG;
     snprintf(t->dir, sizeof(t->dir), "%s", o->dir);
     if (seg_bytes % SEG_BLOCK != 0 || seg_bytes < 4ull * SEG_BLOCK ||
         seg_bytes / SEG_BLOCK > UINT32_MAX)
@@ -1358,16 +1469,13 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     if ((t->dir_fd = open(o->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC)) < 0)
         FAIL_WHY(kvd_status_from_errno(errno), "cannot open %s: %s", o->dir,
                  strerror(errno));
-    t->lock_fd = openat(t->dir_fd, "tier.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (t->lock_fd < 0 || flock(t->lock_fd, LOCK_EX | LOCK_NB) != 0)
-        FAIL_WHY(errno == EWOULDBLOCK ? KVD_ERR_BUSY : kvd_status_from_errno(errno),
-                 "the SSD tier in %s is in use by another daemon (%s/tier.lock)", o->dir,
-                 o->dir);
-    char pid[32];
-    int pid_len = snprintf(pid, sizeof(pid), "%d\n", (int)getpid());
-    if (ftruncate(t->lock_fd, 0) != 0 || pwrite(t->lock_fd, pid, (size_t)pid_len, 0) < 0)
-        KVD_WARN("tier", "cannot write the pid into %s/tier.lock: %s", o->dir,
-                 strerror(errno));
+    char lock_path[PATH_MAX + 16], holder[32];
+    snprintf(lock_path, sizeof(lock_path), "%s/tier.lock", o->dir);
+    if ((rc = kvd_lock_file("tier", lock_path, &t->lock_fd, holder, sizeof(holder))) !=
+        KVD_OK)
+        FAIL_WHY(rc, "the SSD tier in %s %s%s (%s)", o->dir,
+                 rc == KVD_ERR_BUSY ? "is in use by kvdockd pid " : "cannot be locked",
+                 rc == KVD_ERR_BUSY ? holder : "", lock_path);
     uint32_t present = segs_present(t);
     if (o->fresh)
         tier_wipe(t, KVD_MAX(present, t->n_segs));
@@ -1459,17 +1567,8 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     if ((rc = restore_insert(s, &rs, rec)) != KVD_OK)
         FAIL_WHY(rc, "rebuilding the tier's index: %s", kvd_status_str(rc));
     t->recovered = rec->objects;
-    /* go on writing the segment written last, where it stopped */
-    uint64_t newest = 0;
-    for (uint32_t id = 0; id < t->n_segs; id++) {
-        seg_t *g = &t->segs[id];
-        if (g->state == SEG_FULL && g->head < t->seg_blocks && g->generation >= newest) {
-            newest = g->generation;
-            t->head = id;
-        }
-    }
-    if (t->head != NO_SEG)
-        t->segs[t->head].state = SEG_HEAD;
+    /* writing goes on in a segment begun anew: one written before, maybe
+     * past a torn record, stays as it is until compaction frees it */
     tio_opts_t io = {.backend = o->io_path == 1   ? TIO_URING
                                 : o->io_path == 2 ? TIO_PSYNC
                                                   : TIO_AUTO,
@@ -1481,7 +1580,8 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
                       * a record larger is dropped rather than copied */
                      .max_value_bytes = KVD_MIN(block_bytes(t->seg_blocks - 1),
                                                 (uint64_t)COPY_MAX_BYTES),
-                     .fail_read_every = o->fail_read_every};
+                     .fail_read_every = o->fail_read_every,
+                     .defer_fixed = o->defer_fixed_buffers};
     if ((rc = tio_create(&io, &t->io)) != KVD_OK)
         FAIL_WHY(rc, "the SSD tier's I/O could not start (%s): see the log",
                  kvd_status_str(rc));

@@ -7,7 +7,7 @@
  * ops submitted and not yet started (`pending`) and the completions not
  * yet polled (`done`); the completion eventfd; the backend's threads and
  * their aligned buffers (a header block per slot or worker, a bounce
- * buffer for COPY allocated on first use); the ring and its registered
+ * buffer for each COPY while it runs); the ring and its registered
  * buffers (io_uring).
  *
  * Threads:
@@ -38,8 +38,8 @@
  * do every op still pending or in the ring (disk ops: bounded), then
  * exit; completions are dropped with the queues. Memory: besides the
  * queues, a header block per slot or worker, and a bounce buffer of
- * max_value_bytes + 4 KiB per slot or worker that has done a COPY (kept:
- * compaction copies many), all charged to KVD_MEM_STAGING.
+ * max_value_bytes + 4 KiB per COPY in flight (freed at its end: the tier
+ * keeps few copies in flight), all charged to KVD_MEM_STAGING.
  */
 #include "tier_io.h"
 
@@ -102,7 +102,8 @@ struct tio {
     uint64_t read_ops; /* READ and COPY ops started: fail_read_every counts them */
     int done_fd;
     uint32_t in_flight; /* the caller's thread only */
-    bool fixed;
+    bool fixed;         /* atomic: set on the ring's thread, read anywhere */
+    bool want_register; /* atomic: tio_register_fixed asked */
     char note[TIO_NOTE_BYTES];
     tio_counters_t c;
     tio_uring_t *ur;
@@ -131,8 +132,9 @@ static void tio_buf_free(tio_buf_t *b)
     memset(b, 0, sizeof(*b));
 }
 
-/* Gives the COPY bounce buffer of a slot or worker, allocated on first
- * use: header block and the largest value. NULL when out of memory. */
+/* Gives the COPY bounce buffer of a slot or worker, allocated for each COPY
+ * and freed at its end: header block and the largest value. NULL when out
+ * of memory. */
 static uint8_t *tio_bounce(const tio_t *t, tio_buf_t *b)
 {
     if (b->raw == NULL && tio_buf_alloc(b, SEG_BLOCK + t->o.max_value_bytes) != KVD_OK) {
@@ -414,10 +416,12 @@ static int psync_copy(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err)
     int rc = psync_rw(op, false, op->fd, b, bytes, op->file_off, err);
     if (rc == KVD_OK)
         rc = tio_rec_check(op, b, b + SEG_BLOCK, &hdr);
-    if (rc != KVD_OK)
-        return rc;
-    tio_rec_regenerate(op, b);
-    return psync_rw(op, true, op->dst_fd, b, bytes, op->dst_off, err);
+    if (rc == KVD_OK) {
+        tio_rec_regenerate(op, b);
+        rc = psync_rw(op, true, op->dst_fd, b, bytes, op->dst_off, err);
+    }
+    tio_buf_free(&w->bounce); /* compaction is rare: no worker keeps one */
+    return rc;
 }
 
 /* Does one op and posts its completion. */
@@ -640,6 +644,7 @@ static void uring_end_op(tio_t *t, ur_slot_t *s, int status, const seg_rec_hdr_t
 {
     tio_uring_t *u = t->ur;
     tio_finish(t, &s->op, status, s->err, hdr);
+    tio_buf_free(&s->bounce); /* compaction is rare: no slot keeps one */
     s->next_free = u->free_head;
     u->free_head = (uint32_t)(s - u->slots);
     u->active--;
@@ -743,6 +748,8 @@ static bool uring_finished(tio_t *t)
     return done && t->ur->active == 0;
 }
 
+static void uring_register_pool(tio_t *t);
+
 /* The ring's thread: takes ops, submits their SQEs in one batch, waits for
  * at least one CQE (an op's or the wake poll's) and handles them all. */
 static void *uring_main(void *arg)
@@ -750,6 +757,19 @@ static void *uring_main(void *arg)
     tio_t *t = arg;
     tio_uring_t *u = t->ur;
     for (;;) {
+        if (__atomic_exchange_n(&t->want_register, false, __ATOMIC_ACQ_REL) &&
+            !__atomic_load_n(&t->fixed, __ATOMIC_ACQUIRE)) {
+            t->note[0] = '\0';
+            uring_register_pool(t);
+            char slice[32];
+            if (__atomic_load_n(&t->fixed, __ATOMIC_ACQUIRE))
+                KVD_INFO("tier_io",
+                         "the pool is registered: fixed buffers (slices of %s at "
+                         "most)",
+                         kvd_size_format(t->o.fixed_slice_bytes, slice, sizeof(slice)));
+            else
+                KVD_INFO("tier_io", "the pool stays in plain buffers: %s", t->note);
+        }
         uring_take_pending(t);
         if (uring_finished(t))
             break;
@@ -846,8 +866,8 @@ static void uring_register_pool(tio_t *t)
         uring_note_register_failed(t, -rc);
         return;
     }
-    t->fixed = true;
     t->ur->slice_bytes = slice;
+    __atomic_store_n(&t->fixed, true, __ATOMIC_RELEASE);
 }
 
 /* Sets up the ring: queue_depth SQ entries, a CQ for every SQE that can be
@@ -932,7 +952,11 @@ static int uring_start(tio_t *t)
     if (rc == KVD_OK)
         rc = uring_slots_init(t);
     if (rc == KVD_OK) {
-        uring_register_pool(t);
+        if (!t->o.defer_fixed)
+            uring_register_pool(t);
+        else if (t->o.fixed_slice_bytes != UINT64_MAX)
+            snprintf(t->note, sizeof(t->note),
+                     "fixed buffers once the pool is populated");
         int err = pthread_create(&u->thread, NULL, uring_main, t);
         if (err != 0) {
             KVD_ERROR("tier_io", "starting the io_uring thread: %s", strerror(err));
@@ -1165,7 +1189,15 @@ const char *tio_backend_name(const tio_t *t)
 
 bool tio_fixed_buffers(const tio_t *t)
 {
-    return t->fixed;
+    return __atomic_load_n(&t->fixed, __ATOMIC_ACQUIRE);
+}
+
+void tio_register_fixed(tio_t *t)
+{
+    if (t->ur == NULL || t->o.fixed_slice_bytes == UINT64_MAX)
+        return;
+    __atomic_store_n(&t->want_register, true, __ATOMIC_RELEASE);
+    uring_kick(t);
 }
 
 const char *tio_note(const tio_t *t)

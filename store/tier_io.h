@@ -50,6 +50,10 @@ typedef struct tio_opts {
     uint64_t pool_bytes;
     uint64_t fixed_slice_bytes; /* fixed-buffer slices: 0: 1 GiB; UINT64_MAX: none */
     uint64_t max_value_bytes;   /* largest value a COPY moves (bounce buffers) */
+    /* register the pool as fixed buffers only at tio_register_fixed (once
+     * it is populated: registering faults in and pins every page, which
+     * would populate it at once, past its bounded rate) */
+    bool defer_fixed;
     /* Test hook standing in for a failing device: every fail_every-th read
      * (READ and COPY ops, counted from 1) ends with KVD_ERR_IO as if the
      * device had answered EIO. 0: never. */
@@ -120,6 +124,11 @@ size_t tio_poll(tio_t *t, tio_done_t *out, size_t max);
 uint32_t tio_in_flight(const tio_t *t);
 /* Blocks until a completion waits or timeout_ms passed (tests, shutdown). */
 void tio_wait(tio_t *t, int timeout_ms);
+
+/* Registers the pool as fixed buffers now (io_uring, when it was deferred
+ * and is allowed); asynchronous: on the ring's thread, between batches,
+ * with the outcome in the log. No-op for pread/pwrite. */
+void tio_register_fixed(tio_t *t);
 
 int tio_event_fd(const tio_t *t);
 const char *tio_backend_name(const tio_t *t); /* "io_uring" or "pread/pwrite" */

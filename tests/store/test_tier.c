@@ -408,7 +408,12 @@ static void test_tier_full_evicts_and_compacts(void **state)
         }
     kvd_store_tier_drain(f.s, 2000);
     kvd_store_stats_t st = stats(f.s);
+    print_message("full tier: %llu evictions, %llu compactions (%llu bytes copied)\n",
+                  (unsigned long long)st.ssd_evictions,
+                  (unsigned long long)st.ssd_compactions,
+                  (unsigned long long)st.ssd_copied_bytes);
     assert_true(st.ssd_evictions > 0);
+    assert_true(st.ssd_compactions > 0 && st.ssd_copied_bytes > 0);
     assert_true(st.ssd_used_bytes <= st.ssd_bytes);
     for (int round = 0; round < 4; round++)
         for (uint32_t n = 0; n < N_OBJ; n++) {
