@@ -709,8 +709,11 @@ void store_spill_pump(kvd_store_t *s)
 {
     double high = s->cfg.evict_high * (double)s->total_pages;
     double low = s->cfg.evict_low * (double)s->total_pages;
-    if ((double)(used_pages(s) - s->spilling_pages) <= high)
+    /* once past the high watermark it goes on, call after call (the tier
+     * takes a queue's worth at a time), until the low one is reached */
+    if (!s->spilling_down && (double)(used_pages(s) - s->spilling_pages) <= high)
         return;
+    s->spilling_down = true;
     while ((double)(used_pages(s) - s->spilling_pages) > low) {
         uint32_t i = victim_of(s, s->lru_tail, UINT32_MAX);
         if (i == NIL)
@@ -727,6 +730,7 @@ void store_spill_pump(kvd_store_t *s)
         r->spare |= REC_F_SPILLING;
         s->spilling_pages += r->size_pages;
     }
+    s->spilling_down = false;
 }
 
 uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc)

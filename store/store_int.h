@@ -200,6 +200,7 @@ struct kvd_store {
     uint64_t ssd_objects, ssd_pages;
     uint64_t spilling_pages, promoting_pages;
     kvd_spill_policy_t spill_policy;
+    bool spilling_down; /* past the high watermark, not yet at the low one */
 
     /* leases */
     lease_t **lease_buckets;

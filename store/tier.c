@@ -53,10 +53,6 @@
 #define CKPT_EVERY_MS 60000u
 #define NO_SEG        UINT32_MAX
 #define NO_LOC        UINT32_MAX
-/* Of the executor's slots, spills use at most this share, so that
- * promotions (a load waits on them) always find one. */
-#define SPILL_SHARE_NUM 3
-#define SPILL_SHARE_DEN 4
 /* The largest value compaction copies (bounce buffers of the executor,
  * up to one per slot); larger records of a compacted segment are dropped. */
 #define COPY_MAX_BYTES (16u << 20)
@@ -254,11 +250,12 @@ static uint32_t place_take(struct tier *t, uint32_t blocks, bool copy)
     return NO_LOC;
 }
 
-/* Slots spills and copies may take together: promotions, which a load
- * waits for, always find the rest. */
+/* Slots spills and copies may take together: an eighth (at least one) is
+ * left to promotions, which a load waits for; they also wait in a queue of
+ * their own that goes before any spill (promote_pending). */
 static uint32_t background_slots(const struct tier *t)
 {
-    return KVD_MAX(1u, t->n_ops * SPILL_SHARE_NUM / SPILL_SHARE_DEN);
+    return t->n_ops > 1 ? t->n_ops - KVD_MAX(1u, t->n_ops / 8) : 1;
 }
 
 /* Gives back the place place_take just gave (nothing was written there,
@@ -1187,6 +1184,33 @@ out:
     close(fd);
 }
 
+/* The header block of block b of a segment, through a window of the file
+ * read in one go: SCAN_WINDOW_BYTES when records are small (so that one
+ * read brings many headers), one block when they are large (so that a
+ * scan does not read the values). NULL when it cannot be read whole. */
+#define SCAN_WINDOW_BYTES (1u << 20)
+typedef struct scan_window {
+    uint8_t *buf;
+    uint32_t first, blocks; /* what buf holds: blocks from block `first` */
+} scan_window_t;
+
+static const uint8_t *scan_block(struct tier *t, seg_t *g, scan_window_t *w, uint32_t b,
+                                 uint32_t last_blocks)
+{
+    if (b >= w->first && b < w->first + w->blocks)
+        return w->buf + block_bytes(b - w->first);
+    uint32_t want = last_blocks <= 16 ? SCAN_WINDOW_BYTES / SEG_BLOCK : 1;
+    want = KVD_MIN(want, t->seg_blocks - b);
+    ssize_t n = pread(g->fd, w->buf, block_bytes(want), (off_t)block_bytes(b));
+    if (n < (ssize_t)SEG_BLOCK) {
+        w->blocks = 0;
+        return NULL;
+    }
+    w->first = b;
+    w->blocks = (uint32_t)((size_t)n / SEG_BLOCK);
+    return w->buf;
+}
+
 /* Scans segment id's record headers from block `from` (1: its start) to
  * the first that is not a whole record of its generation: adds them to rs
  * and sets the segment's head there. */
@@ -1194,22 +1218,21 @@ static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
                     kvd_tier_recovery_t *rec)
 {
     seg_t *g = &t->segs[id];
-    void *blk;
-    if (posix_memalign(&blk, SEG_BLOCK, SEG_BLOCK) != 0)
+    scan_window_t w = {0};
+    if (posix_memalign((void **)&w.buf, SEG_BLOCK, SCAN_WINDOW_BYTES) != 0)
         return KVD_ERR_NOMEM;
-    uint32_t b = KVD_MAX(from, 1u);
+    uint32_t b = KVD_MAX(from, 1u), last_blocks = 1;
     bool torn = false;
     while (b < t->seg_blocks) {
-        ssize_t n = pread(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(b));
-        const seg_rec_hdr_t *h = blk;
-        if (n != (ssize_t)SEG_BLOCK || !seg_rec_valid(blk) ||
-            h->generation != g->generation || h->value_bytes % SEG_BLOCK != 0 ||
+        const uint8_t *blk = scan_block(t, g, &w, b, last_blocks);
+        const seg_rec_hdr_t *h = (const seg_rec_hdr_t *)blk;
+        if (blk == NULL || !seg_rec_valid(blk) || h->generation != g->generation ||
+            h->value_bytes % SEG_BLOCK != 0 ||
             h->value_bytes / SEG_BLOCK >= (uint64_t)t->seg_blocks - b) {
             /* a block of zeros is where the writing stopped; anything else
              * is a record cut short */
-            const uint8_t *p = blk;
-            for (size_t k = 0; n == (ssize_t)SEG_BLOCK && k < SEG_BLOCK && !torn; k++)
-                torn = p[k] != 0;
+            for (size_t k = 0; blk != NULL && k < SEG_BLOCK && !torn; k++)
+                torn = blk[k] != 0;
             break;
         }
         uint32_t blocks = 1 + (uint32_t)(h->value_bytes / SEG_BLOCK);
@@ -1221,7 +1244,7 @@ static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
             uint32_t ns = ns_add(rs, tenant, name, h->object_bytes, h->rank_replicated);
             found_t *f = ns == UINT32_MAX ? NULL : found_add(rs);
             if (f == NULL) {
-                free(blk);
+                free(w.buf);
                 return KVD_ERR_NOMEM;
             }
             f->seq = h->seq;
@@ -1238,10 +1261,11 @@ static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
         }
         t->seq = KVD_MAX(t->seq, h->seq + 1);
         b += blocks;
+        last_blocks = blocks;
     }
     g->head = KVD_MAX(b, g->head);
     rec->torn += torn;
-    free(blk);
+    free(w.buf);
     return KVD_OK;
 }
 
