@@ -84,5 +84,6 @@ int bench_mode_linker(int argc, char **argv);
 int bench_mode_ucx(int argc, char **argv);
 int bench_mode_list_stall(int argc, char **argv);
 int bench_mode_persist(int argc, char **argv);
+int bench_mode_ssd(int argc, char **argv);
 
 #endif

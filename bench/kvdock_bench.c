@@ -861,6 +861,8 @@ static const bench_mode_t bench_modes[] = {
      "the UCX transport alone against kvdockd's UCX server: GB/s by mode and size"},
     {"persist", bench_mode_persist,
      "the journal's cost on Publish (vs --no-persist) and the restart with 1M objects"},
+    {"ssd", bench_mode_ssd,
+     "the SSD tier in process: spill and promote GB/s vs fio, SSD load latency, restart"},
 };
 
 static void bench_usage(FILE *f)
