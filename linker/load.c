@@ -82,13 +82,46 @@ static void fill_acquire_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t 
         reqs[j].body.acquire_req.ns = l->pools[c->x[c->xi[j]].pool].ns_id;
 }
 
-/* Acquires answered KVD_INPROGRESS (objects being promoted from the
+/* Ends a reply of ask_again that will not be asked again: its status is
+ * rc from here. */
+static void reply_failed(kvd_msg_t *rep, int rc)
+{
+    kvd_msg_clear(rep);
+    rep->reply = true;
+    rep->status = rc;
+}
+
+/* Releases, on the connection of `epoch`, the leases that the replies
+ * sub[0..k) granted: they came from a connection the load cannot use. */
+static void release_granted(kvd_linker_t *l, kvd_msg_t *sub, size_t k, uint64_t epoch,
+                            uint64_t deadline)
+{
+    kvd_msg_t *rel = calloc(2 * (k ? k : 1), sizeof(*rel));
+    size_t n = 0;
+    for (size_t q = 0; rel != NULL && q < k; q++) {
+        if (sub[q].status != KVD_OK || sub[q].body.acquire_rep.lease_id == 0)
+            continue;
+        kvd_msg_request(&rel[n], 0, KVD_METHOD_RELEASE);
+        rel[n++].body.release_req.lease_id = sub[q].body.acquire_rep.lease_id;
+    }
+    if (n > 0 && lk_call_many(l, rel, rel + n, n, epoch, NULL, deadline) == KVD_OK)
+        for (size_t q = 0; q < n; q++)
+            kvd_msg_clear(&rel[n + q]);
+    free(rel); /* out of memory: the leases end with their TTL */
+}
+
+/*
+ * Acquires answered KVD_INPROGRESS (objects being promoted from the
  * daemon's SSD tier) are asked again, with a growing pause, until each has
- * another answer or the deadline passes (then KVD_ERR_TIMEOUT). Every
- * round must reach the connection of the first (epoch), else
- * KVD_ERR_CLOSED. */
-static int ask_again(kvd_linker_t *l, lxfer_t *x, kvd_msg_t *req, kvd_msg_t *rep,
-                     const uint32_t *xi, size_t n_req, uint64_t epoch, uint64_t deadline)
+ * another answer. Whatever ends the asking leaves every other reply as it
+ * is (the leases they granted are recorded by the caller, for release())
+ * and gives those still in progress a failure: KVD_ERR_TIMEOUT at the
+ * deadline, KVD_ERR_NOMEM, the call's error, or KVD_ERR_CLOSED when a round
+ * reached another connection than the first (what that one granted is
+ * released on it at once: the load cannot use a pool of two connections).
+ */
+static void ask_again(kvd_linker_t *l, lxfer_t *x, kvd_msg_t *req, kvd_msg_t *rep,
+                      const uint32_t *xi, size_t n_req, uint64_t epoch, uint64_t deadline)
 {
     uint64_t pause_ns = 100000; /* 0.1 ms, doubling to 5 ms */
     kvd_msg_t *sub = NULL;
@@ -128,22 +161,28 @@ static int ask_again(kvd_linker_t *l, lxfer_t *x, kvd_msg_t *req, kvd_msg_t *rep
         acquire_ctx_t ctx = {.x = x, .xi = sub_xi};
         uint64_t again = 0;
         rc = lk_call_ns(l, fill_acquire_ns, &ctx, sub, sub + m, k, &again, deadline);
-        if (rc == KVD_OK && again != epoch)
+        if (rc == KVD_OK && again != epoch) {
+            release_granted(l, sub + m, k, again, deadline);
             rc = KVD_ERR_CLOSED;
+        }
         for (size_t q = 0; q < k; q++) {
-            if (rc == KVD_OK)
+            if (rc == KVD_OK) {
                 rep[sub_at[q]] = sub[m + q]; /* moved: the reply's memory with it */
-            else
+            } else {
+                reply_failed(&rep[sub_at[q]], rc);
                 kvd_msg_clear(&sub[m + q]);
+            }
             memset(&sub[m + q], 0, sizeof(sub[m + q]));
         }
         if (rc != KVD_OK)
             break;
     }
+    for (size_t j = 0; rc != KVD_OK && j < n_req; j++)
+        if (rep[j].status == KVD_INPROGRESS)
+            reply_failed(&rep[j], rc);
     free(sub);
     free(sub_at);
     free(sub_xi);
-    return rc;
 }
 
 /* Pins every transfer's keys, all in one round trip: one Acquire per
@@ -192,7 +231,7 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
     int call = lk_call_ns(l, fill_acquire_ns, &ctx, req, rep, n_req, &epoch, deadline),
         rc = call;
     if (call == KVD_OK)
-        call = rc = ask_again(l, x, req, rep, xi, n_req, epoch, deadline);
+        ask_again(l, x, req, rep, xi, n_req, epoch, deadline); /* replies: per piece */
     /* offsets are into the pool of the connection that gave them */
     uint64_t pool_bytes = call == KVD_OK ? lk_conn_pool_bytes(l, epoch) : 0;
     bool current = pool_bytes != 0;

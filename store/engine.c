@@ -1800,6 +1800,17 @@ static void evict_rec(kvd_store_t *s, uint32_t i)
     drop_object(s, i);
 }
 
+/* Ends an operator's eviction: written to the journal; when it took
+ * objects of the SSD tier, the tier's checkpoint begins at once, since only
+ * a checkpoint makes a drop from the tier last across a crash (its records
+ * are still in their segments). */
+static void evict_done(kvd_store_t *s, uint64_t ssd_evictions_before)
+{
+    persist_commit(s);
+    if (s->tier != NULL && s->st.ssd_evictions != ssd_evictions_before)
+        tier_checkpoint_soon(s);
+}
+
 int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES])
 {
     if (!ns_slot(s, ns, &ns))
@@ -1811,8 +1822,9 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
     if (r->state != REC_READY || r->pins > 0 ||
         (r->spare & (REC_F_SPILLING | REC_F_PROMOTING)))
         return KVD_ERR_BUSY;
+    uint64_t before = s->st.ssd_evictions;
     evict_rec(s, i);
-    persist_commit(s);
+    evict_done(s, before);
     PARANOID(s, "evict_key");
     return KVD_OK;
 }
@@ -1822,7 +1834,7 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
 static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *evicted,
                         uint64_t *skipped)
 {
-    uint64_t e = 0, k = 0;
+    uint64_t e = 0, k = 0, before = s->st.ssd_evictions;
     /* what stays is counted first: an evicted namespace's last object may
      * remove it */
     for (uint32_t n = 0; n < s->n_slots; n++)
@@ -1849,7 +1861,7 @@ static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
     }
     *evicted = e;
     *skipped = k;
-    persist_commit(s);
+    evict_done(s, before);
     PARANOID(s, "evict");
 }
 
@@ -2243,12 +2255,12 @@ uint64_t kvd_store_pos_check(const kvd_store_t *s, uint64_t pos, uint64_t salt)
 static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *pos,
                         uint64_t max_visits, uint64_t *evicted)
 {
-    uint64_t i = *pos == 0 ? 1 : *pos, e = 0;
+    uint64_t i = *pos == 0 ? 1 : *pos, e = 0, before = s->st.ssd_evictions;
     for (uint64_t n = 0; i <= s->rec_high; i++, n++) {
         if (n == max_visits) {
             *pos = i;
             *evicted = e;
-            persist_commit(s);
+            evict_done(s, before);
             PARANOID(s, "evict_from");
             return;
         }
@@ -2263,7 +2275,7 @@ static void evict_slice(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
     }
     *pos = KVD_STORE_POS_END;
     *evicted = e;
-    persist_commit(s);
+    evict_done(s, before);
     PARANOID(s, "evict_from");
 }
 

@@ -304,6 +304,8 @@ bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j);
 /* SSD object i is leaving the tier (dropped or promoted): its place is
  * dead space now. */
 void tier_forget(kvd_store_t *s, uint32_t i);
+/* The next kvd_store_tier_poll begins a checkpoint, whatever the period. */
+void tier_checkpoint_soon(kvd_store_t *s);
 void tier_close(kvd_store_t *s);
 void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out);
 

@@ -53,8 +53,10 @@
 #define CKPT_EVERY_MS 60000u
 #define NO_SEG        UINT32_MAX
 #define NO_LOC        UINT32_MAX
-/* The largest value compaction copies (bounce buffers of the executor,
- * up to one per slot); larger records of a compacted segment are dropped. */
+/* ckpt_read: a segment free at the checkpoint and not begun since */
+#define SCAN_NOTHING UINT32_MAX
+/* The largest value compaction copies (a bounce buffer of the executor
+ * per copy in flight); larger records of a compacted segment are evicted. */
 #define COPY_MAX_BYTES (16u << 20)
 /* Copies in flight at most: each holds a bounce buffer of up to
  * COPY_MAX_BYTES in the executor. */
@@ -404,6 +406,12 @@ static void promote_pending(kvd_store_t *s)
         k++;
     memmove(t->promote_q, t->promote_q + k, (size_t)(t->n_promote_q - k) * 4);
     t->n_promote_q -= k;
+}
+
+void tier_checkpoint_soon(kvd_store_t *s)
+{
+    s->tier->changes++;
+    s->tier->last_ckpt_ms = 0;
 }
 
 void tier_forget(kvd_store_t *s, uint32_t i)
@@ -1175,8 +1183,10 @@ static void ckpt_read(struct tier *t, restore_t *rs, uint32_t *scan_from,
         rec->checkpoint_records++;
     }
     for (uint32_t id = 0; id < t->n_segs; id++)
-        if (cs[id].used && t->segs[id].generation == cs[id].generation)
-            scan_from[id] = cs[id].scan_from;
+        if (t->segs[id].state != SEG_FREE && t->segs[id].generation == cs[id].generation)
+            /* free at the checkpoint and not begun since: what it holds
+             * was dropped (an eviction, a compaction), not to come back */
+            scan_from[id] = cs[id].used ? cs[id].scan_from : SCAN_NOTHING;
     free(map);
     t->seq = KVD_MAX(t->seq, h.seq);
 out:
@@ -1581,6 +1591,10 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     /* the index: the checkpoint, then each segment's records after it */
     ckpt_read(t, &rs, scan_from, rec);
     for (uint32_t id = 0; id < t->n_segs; id++) {
+        if (scan_from[id] == SCAN_NOTHING && t->segs[id].state != SEG_FREE) {
+            t->segs[id].state = SEG_FREE;
+            t->n_free++;
+        }
         if (t->segs[id].state == SEG_FREE)
             continue;
         rec->segments++;

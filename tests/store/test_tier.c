@@ -4,7 +4,8 @@
  * come back byte-exact through Acquire's promotion (a working set twice the
  * pool), Lookup says which tier a boundary needs, the tier comes back after
  * a clean stop and after a crash (a child killed by SIGKILL) with the pool's
- * bytes gone (a reboot), and faults (a flipped byte, a device that answers
+ * bytes gone (a reboot), an operator's eviction lasts across a crash, the
+ * tier evicts and compacts when full, and faults (a flipped byte, a device that answers
  * EIO, a truncated segment) make objects absent, never wrong. Each case runs
  * over both I/O paths (io_uring where the kernel allows it, pread/pwrite).
  */
@@ -300,6 +301,54 @@ static void test_sigkill_keeps_acknowledged_spills(void **state)
     fx_fini(&f);
 }
 
+/* An operator's eviction of the tier's objects lasts across a crash: it
+ * begins a checkpoint at once, and a restart after SIGKILL finds none of
+ * them (their records are still in the segments). */
+static void test_eviction_survives_sigkill(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    f.s = NULL;
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char why[512];
+        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
+            _exit(3);
+        put_all(&f);
+        uint64_t on_ssd = stats(f.s).ssd_objects, ev, sk;
+        uint64_t begun = stats(f.s).ssd_checkpoints;
+        kvd_store_evict_ns(f.s, UINT32_MAX, &ev, &sk);
+        for (int k = 0; k < 500 && stats(f.s).ssd_checkpoints < begun + 1; k++) {
+            usleep(10000);
+            kvd_store_tier_poll(f.s, 0);
+        }
+        uint64_t n = stats(f.s).ssd_checkpoints > begun ? on_ssd : 0;
+        if (write(pipefd[1], &n, sizeof(n)) != sizeof(n))
+            _exit(4);
+        pause(); /* killed here */
+        _exit(5);
+    }
+    close(pipefd[1]);
+    uint64_t evicted_from_ssd = 0;
+    assert_int_equal(read(pipefd[0], &evicted_from_ssd, sizeof(evicted_from_ssd)),
+                     sizeof(evicted_from_ssd));
+    close(pipefd[0]);
+    kill(pid, SIGKILL);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(evicted_from_ssd > 0); /* the tier held objects; a checkpoint followed */
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_objects, 0);
+    for (uint32_t n = 0; n < N_OBJ; n++)
+        assert_int_equal(get(&f, n), KVD_ERR_NOT_FOUND);
+    fx_fini(&f);
+}
+
 /* The path of segment id of the fixture's tier. */
 static void seg_path(const fx_t *f, uint32_t id, char *buf, size_t len)
 {
@@ -458,6 +507,7 @@ int main(void)
         BOTH(test_lookup_says_the_tier),
         BOTH(test_restart_keeps_the_tier),
         BOTH(test_sigkill_keeps_acknowledged_spills),
+        BOTH(test_eviction_survives_sigkill),
         BOTH(test_flipped_byte_is_absent_not_wrong),
         BOTH(test_eio_drops_the_object),
         BOTH(test_truncated_segment),
