@@ -1364,7 +1364,8 @@ static vrec_t *unacked_present(const ch_verify_opts_t *o, kvd_linker_t *lk, dpoo
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         bool dup = m > 0 && memcmp(all[m - 1].key, all[i].key, KVD_PAGE_KEY_BYTES) == 0;
-        bool is_acked = bsearch(&all[i], acked, n_acked, sizeof(*acked), cmp_key) != NULL;
+        bool is_acked = n_acked > 0 &&
+                        bsearch(&all[i], acked, n_acked, sizeof(*acked), cmp_key) != NULL;
         if (!dup && !is_acked && present(lk, p, (*rid)++, all[i].key) == 1)
             all[m++] = all[i];
     }
