@@ -36,7 +36,25 @@
  *    injury is therefore counted as excused, not failed; every other
  *    missing page is a failure.
  *  - The key set is bounded (CH_SUFFIXES) and the pool sized so that nothing
- *    is evicted; if the daemon evicted anyway, losses count as evictions.
+ *    is evicted; if the daemon dropped objects anyway (its evictions, the
+ *    tier's, failed promotions: drops()), losses count as evictions, never
+ *    more of them than the round's drops.
+ *
+ * --ssd: the daemon gets an SSD tier (--ssd-path <run dir>/tier, --ssd-size,
+ * 4 MiB segments) and, unless --pool says otherwise, an 8 MiB pool against
+ * the workers' 27 MiB working set, so that the watermark spills objects to
+ * the tier and loads wait for their promotion. The checks are the same
+ * (every acknowledged object present, on either tier, and byte-exact; the
+ * invariant; no leak); the verifier looks every object up before it loads
+ * any (a load promotes, and the room it makes may drop another object: such
+ * a loss is bounded by the drops counted meanwhile), and nothing may have
+ * failed on the tier (no fault is injected: an I/O error, a checksum
+ * failure or a failed promotion is a defect). The restarted daemon's line
+ * "SSD tier ...: recovered N objects" must agree with its Stats.
+ * --reboot (with --ssd): each daemon kill also deletes the pool file and
+ * journal (a reboot empties tmpfs): then no acknowledged object is
+ * required, every object present must be byte-exact, and as many must be
+ * present as the tier held before the kill (reboot_bound_t).
  *
  * Bounds: a worker times each linker call (not counting a call during
  * which it was itself stopped); a call that outlasts the linker's
@@ -97,7 +115,11 @@ typedef struct opts {
     bool strict_timeouts; /* a call past timeout_ms + 1 s fails the run */
     bool no_persist;      /* the daemon's pool dies with it (the old behaviour) */
     bool kill_every_round;
-    int max_seconds; /* 0: no bound but the rounds' */
+    int max_seconds;      /* 0: no bound but the rounds' */
+    bool ssd;             /* the daemon has an SSD tier in the run's directory */
+    bool reboot;          /* with ssd: each daemon kill loses the pool and journal */
+    const char *ssd_size; /* the tier's --ssd-size */
+    bool pool_given;
     double max_drift_mib, max_slope_kibs;
 } opts_t;
 
@@ -109,10 +131,14 @@ typedef struct run {
     int daemon_gen;
     uint64_t since_ms; /* the last daemon death that lost the cache (0: none) */
     uint64_t death_ms; /* the daemon's last SIGKILL (0: none) */
-    /* the daemon's eviction count after the driver's own evict-all: more
-     * than this is the store's own eviction (a loss is excused then) */
-    uint64_t evict_base;
-    uint64_t fds_base, anon_base;
+    char tier[160];    /* the SSD tier's directory (--ssd) */
+    /* the daemon's drops (drops()) after the driver's own evict-all, or 0
+     * for a daemon started since: more than this is the store's own drop;
+     * drops_prior adds those of this round's killed incarnations. A loss of
+     * an acknowledged object is excused only when the round dropped objects,
+     * and never more losses than drops */
+    uint64_t drops_base, drops_prior;
+    uint64_t fds_base, anon_base, staging_base;
     pid_t wpid[MAX_WORKERS];
     int wgen[MAX_WORKERS];
     uint64_t wrestart_at[MAX_WORKERS]; /* 0: not waiting for a restart */
@@ -121,6 +147,9 @@ typedef struct run {
     uint64_t rounds, worker_kills, worker_stops, worker_stops_long, daemon_stops,
         daemon_stops_long, daemon_kills, failures, objects_verified, missing_excused,
         missing_evicted, objects_survived, unacked_verified, recovered;
+    /* the SSD tier's figures, summed over the daemon's incarnations (each
+     * one's counters when it was killed or stopped) */
+    uint64_t spills, promotions, ssd_drops, ssd_recovered, reboots, lost_verifying;
 } run_t;
 
 static void fail(run_t *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -272,25 +301,95 @@ static int daemon_evict_all(const char *socket, uint64_t *evicted)
 
 /* ---------------------------------------------------------------- daemon */
 
-/* A daemon started again on the pool files must have read its journal:
- * its log says what it recovered, and Stats agrees. */
-static void recovery_seen(run_t *r, const char *log, const kvd_stats_rep_t *st)
+/* The objects the store dropped, as its counters say: evicted from DRAM
+ * (on demand, past the watermark without a tier, a spill that failed), from
+ * the SSD tier (for room, or the driver's evict-all), and promotions that
+ * failed (the object is dropped, never served wrong). */
+static uint64_t drops(const kvd_stats_rep_t *st)
+{
+    return st->store.evictions + st->store.ssd_evictions + st->store.promote_failures;
+}
+
+/* The drops of this round so far, over every incarnation of the daemon
+ * (st: the running one's Stats). */
+static uint64_t round_drops(const run_t *r, const kvd_stats_rep_t *st)
+{
+    uint64_t now = drops(st);
+    return r->drops_prior + (now > r->drops_base ? now - r->drops_base : 0);
+}
+
+/* N of the SSD tier's start-up line ("SSD tier DIR: ...; recovered N
+ * objects ..."), or -1 when the log has no such line. */
+static long long tier_recovered_logged(const char *log)
 {
     FILE *f = fopen(log, "r");
-    char line[1024];
+    char line[2048];
+    long long n = -1;
+    while (f && n < 0 && fgets(line, sizeof(line), f)) {
+        const char *t = strstr(line, "SSD tier ");
+        const char *c = t ? strstr(t, "; recovered ") : NULL;
+        if (c != NULL)
+            n = strtoll(c + strlen("; recovered "), NULL, 10);
+    }
+    if (f)
+        fclose(f);
+    return n;
+}
+
+/* A daemon started again on the pool files must have read its journal:
+ * its log says what it recovered, and Stats agrees. After a reboot (the
+ * pool file and journal deleted) it must say it started on a new pool
+ * file. With a tier, its line says what the tier recovered, and Stats
+ * agrees. */
+static void recovery_seen(run_t *r, const char *log, const kvd_stats_rep_t *st,
+                          bool rebooted)
+{
+    FILE *f = fopen(log, "r");
+    char line[2048];
     bool seen = false;
     while (f && !seen && fgets(line, sizeof(line), f))
-        seen = strstr(line, "recovered ") != NULL && strstr(line, " objects (") != NULL;
+        seen = rebooted ? strstr(line, "a new pool file: nothing to recover") != NULL
+                        : strstr(line, "recovered ") != NULL &&
+                              strstr(line, " namespaces from ") != NULL;
     if (f)
         fclose(f);
     if (!seen)
-        fail(r, "the restarted daemon did not recover its journal (log %s)", log);
-    printf("  daemon restarted: recovered %" PRIu64 " objects (%" PRIu64 " bytes)\n",
-           st->store.recovered_objects, st->store.recovered_bytes);
+        fail(r, "the restarted daemon did not %s (log %s)",
+             rebooted ? "start on a new pool file after the reboot"
+                      : "recover its journal",
+             log);
+    printf("  daemon restarted: recovered %" PRIu64 " objects (%" PRIu64 " bytes)%s\n",
+           st->store.recovered_objects, st->store.recovered_bytes,
+           rebooted ? " from the journal of a new pool file (a reboot)" : "");
     r->recovered += st->store.recovered_objects;
+    if (!r->o.ssd)
+        return;
+    long long n = tier_recovered_logged(log);
+    printf("  SSD tier: recovered %lld objects (the daemon's start-up line), Stats "
+           "ssd_recovered_objects %" PRIu64 ", ssd_objects %" PRIu64 "\n",
+           n, st->store.ssd_recovered_objects, st->store.ssd_objects);
+    if (n < 0)
+        fail(r,
+             "the restarted daemon has no \"SSD tier ...: recovered N objects\" "
+             "line (log %s)",
+             log);
+    else if ((uint64_t)n != st->store.ssd_recovered_objects)
+        fail(r,
+             "the SSD tier's start-up line says %lld objects recovered, Stats %" PRIu64,
+             n, st->store.ssd_recovered_objects);
+    r->ssd_recovered += st->store.ssd_recovered_objects;
 }
 
-static int daemon_start(run_t *r)
+/* Adds what a daemon incarnation's tier did (its last Stats) to the run's
+ * figures. */
+static void tier_figures_add(run_t *r, const kvd_stats_rep_t *st)
+{
+    r->spills += st->store.spills;
+    r->promotions += st->store.promotions;
+    r->ssd_drops += st->store.ssd_evictions + st->store.promote_failures;
+}
+
+static int daemon_start(run_t *r, bool rebooted)
 {
     char log[256], inst[64];
     r->daemon_gen++;
@@ -298,14 +397,32 @@ static int daemon_start(run_t *r)
     snprintf(inst, sizeof(inst), "chaos-%d", (int)getpid());
     char ttl[32];
     snprintf(ttl, sizeof(ttl), "%d", r->o.ttl_ms);
-    char *argv[] = {(char *)r->o.kvdockd, "--socket", r->socket, "--instance", inst,
-                    "--pool-size", (char *)r->o.pool, "--lease-ttl", ttl,
-                    "--usage-interval", "0", "--shm-dir", r->shm,
-                    /* the floor out of the way: compaction starts once a
-                     * round's offloads and evictions make the journal twice
-                     * what a snapshot takes */
-                    "--journal-compact", "64K", r->o.no_persist ? "--no-persist" : NULL,
-                    NULL};
+    char *argv[40];
+    int a = 0;
+    char *fixed[] = {(char *)r->o.kvdockd, "--socket", r->socket, "--instance", inst,
+                     "--pool-size", (char *)r->o.pool, "--lease-ttl", ttl,
+                     "--usage-interval", "0", "--shm-dir", r->shm,
+                     /* the floor out of the way: compaction starts once a
+                      * round's offloads and evictions make the journal twice
+                      * what a snapshot takes */
+                     "--journal-compact", "64K"};
+    for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
+        argv[a++] = fixed[i];
+    if (r->o.no_persist)
+        argv[a++] = "--no-persist";
+    if (r->o.ssd) {
+        /* small segments, so that a round fills and compacts some; the
+         * watermarks low, so that spills (asynchronous: a spill frees its
+         * DRAM once written) keep room for the promotions of loads, and the
+         * store rarely drops on demand */
+        char *tier[] = {
+            "--ssd-path",         r->tier, "--ssd-size",   (char *)r->o.ssd_size,
+            "--ssd-segment-size", "4M",    "--evict-high", "0.75",
+            "--evict-low",        "0.6"};
+        for (size_t i = 0; i < sizeof(tier) / sizeof(tier[0]); i++)
+            argv[a++] = tier[i];
+    }
+    argv[a] = NULL;
     r->daemon = spawn(argv, log);
     if (r->daemon == 0) {
         fail(r, "cannot start kvdockd: %s", strerror(errno));
@@ -323,9 +440,10 @@ static int daemon_start(run_t *r)
             st->state == KVD_HEALTH_READY) {
             r->fds_base = proc_fds(r->daemon);
             r->anon_base = proc_status_kb(r->daemon, "RssAnon:");
-            r->evict_base = 0; /* a new process: its counters start anew */
+            r->staging_base = st->memory.staging_bytes;
+            r->drops_base = 0; /* a new process: its counters start anew */
             if (r->daemon_gen > 1 && !r->o.no_persist)
-                recovery_seen(r, log, st);
+                recovery_seen(r, log, st, rebooted);
             free(st);
             return 0;
         }
@@ -347,7 +465,7 @@ static void daemon_reap(run_t *r)
         r->daemon = 0;
         if (r->o.no_persist)
             r->since_ms = ch_now_ms();
-        daemon_start(r);
+        daemon_start(r, false);
     }
 }
 
@@ -439,7 +557,40 @@ static const char *injury_kind(uint64_t k)
                     : "kill-daemon";
 }
 
-static void verify(run_t *r, bool evicted, const char *when);
+/*
+ * What a reboot must keep: the tier's objects at the last Stats before the
+ * kill. The Stats say how many, not which, so the check is on counts:
+ * after the restart the objects present (every one verified byte-exact,
+ * plus those the verifier's own loads made room by dropping, bounded by
+ * the drops counted) are at least ssd_objects - promoting. Exact but for
+ * what the daemon does between those Stats and the kill, a few ms with the
+ * workers stopped: spills that end (they only add to the tier) and
+ * promotions in flight (subtracted: they move an object to DRAM, which
+ * the reboot loses); tier eviction needs a spill short of room, and the
+ * tier is sized for the key set several times over.
+ */
+typedef struct reboot_bound {
+    bool known; /* the Stats before the kill answered */
+    uint64_t ssd_objects, promoting;
+} reboot_bound_t;
+
+static void verify(run_t *r, const char *when, const reboot_bound_t *rb);
+
+/* Removes the files of dir (not dir itself, nor its folders). */
+static void rm_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        unlink(path);
+    }
+    if (d)
+        closedir(d);
+}
 
 /* Appends the daemon's kill time to the run's deaths file. */
 static void note_death(run_t *r)
@@ -459,6 +610,22 @@ static void workers_signal(run_t *r, int sig)
     for (int i = 0; i < r->o.workers; i++)
         if (r->wpid[i] > 0)
             kill(r->wpid[i], sig);
+}
+
+/* SIGKILLs every worker that runs and reaps it; none is restarted until
+ * the caller starts it. */
+static void workers_kill(run_t *r)
+{
+    for (int i = 0; i < r->o.workers; i++) {
+        int st;
+        r->wrestart_at[i] = 0;
+        if (r->wpid[i] <= 0)
+            continue;
+        kill(r->wpid[i], SIGKILL);
+        wait_child(r->wpid[i], 5000, &st);
+        r->wpid[i] = 0;
+        r->worker_kills++;
+    }
 }
 
 static void injure(run_t *r, bool may_kill_daemon, bool kill_daemon)
@@ -517,13 +684,35 @@ static void injure(run_t *r, bool may_kill_daemon, bool kill_daemon)
          * restarted daemon was checked: otherwise they would offload again
          * what the restart lost, before anyone looked */
         bool check = !r->o.no_persist;
-        bool evicted = false;
+        reboot_bound_t rb = {0};
         if (check) {
             kvd_stats_rep_t *st = malloc(sizeof(*st));
-            evicted = st && daemon_stats(r->socket, false, st) == KVD_OK &&
-                      st->store.evictions > r->evict_base;
+            if (r->o.ssd) {
+                /* killed first (restarted once the restart was checked),
+                 * and a moment for what they asked to be served: the Stats
+                 * then see the tier as the kill finds it. Not stopped: a
+                 * worker stopped across the restart and the verifier
+                 * (seconds, with promotions) outlasts its lease and the
+                 * restart's quarantine of its partial writes, and its
+                 * copy, resumed, lands in a freed extent the small pool
+                 * has given another object since (seed 1: another key's
+                 * bytes spilled with a valid CRC). Its offloads running at
+                 * the kill are excused as the daemon's kill excuses them
+                 * (kill_excuses: no ack before it) */
+                workers_kill(r);
+                pause_ms(r, 200);
+            }
+            if (st && daemon_stats(r->socket, false, st) == KVD_OK) {
+                r->drops_prior = round_drops(r, st);
+                tier_figures_add(r, st);
+                rb.ssd_objects = st->store.ssd_objects;
+                rb.promoting =
+                    (st->store.promoting_bytes + CH_OBJECT_BYTES - 1) / CH_OBJECT_BYTES;
+                rb.known = true;
+            }
             free(st);
-            workers_signal(r, SIGSTOP);
+            if (!r->o.ssd)
+                workers_signal(r, SIGSTOP);
         }
         kill(r->daemon, SIGKILL);
         int st;
@@ -535,16 +724,35 @@ static void injure(run_t *r, bool may_kill_daemon, bool kill_daemon)
         else
             note_death(r);
         r->daemon_kills++;
+        bool rebooted = r->o.reboot && check;
+        if (rebooted) {
+            /* a reboot: tmpfs is gone, with the pool file and the journal
+             * (and the lock); the tier on its disk stays */
+            rm_files(r->shm);
+            r->since_ms = r->death_ms; /* DRAM's objects went with it */
+            r->drops_prior = 0;
+            r->reboots++;
+        }
         pause_ms(r, rnd(r, 100, 1000));
-        daemon_start(r);
-        printf("  kill daemon, restarted\n");
+        daemon_start(r, rebooted);
+        printf("  kill daemon%s, restarted\n",
+               rebooted ? ", its pool file and journal deleted (a reboot)" : "");
         if (check) {
             /* every object acknowledged before the kill is there, byte-exact,
              * and nothing else the store holds is wrong; a loss is excused
              * only for a page whose writer was still at it when the kill
-             * came (the verifier reads the kill times and every offload) */
-            verify(r, evicted, "after the daemon's restart");
-            workers_signal(r, SIGCONT);
+             * came (the verifier reads the kill times and every offload).
+             * After a reboot nothing acknowledged is required (DRAM's
+             * objects are gone), every object present must be byte-exact,
+             * and the tier's must be there (verify, reboot_bound_t) */
+            verify(r, "after the daemon's restart", rebooted ? &rb : NULL);
+            if (r->o.ssd) {
+                for (int i = 0; i < r->o.workers; i++)
+                    worker_start(r, i);
+                /* time to take their SIGTERM handler: a round may end now */
+                pause_ms(r, 1000);
+            } else
+                workers_signal(r, SIGCONT);
         } else {
             excuse(r, t0, ch_now_ms());
         }
@@ -620,32 +828,89 @@ static bool store_quiet(run_t *r, kvd_stats_rep_t *st, const char *when)
 }
 
 /* The daemon's fds and heap after quiesce, against their values at start:
- * every connection closed, so fds are back to the start's (a few spare). */
-static void check_leaks(run_t *r, const char *when)
+ * every connection closed, so fds are back to the start's (a few spare).
+ * The heap may grow by 64 MiB, and by what the daemon's Stats count as
+ * staging since its start (st): the SSD tier keeps a bounce buffer of up
+ * to a segment (16 MiB at most) per I/O slot that compacted, allocated on
+ * first use and kept; it is bounded and accounted, not a leak (all of it is
+ * resident where calloc writes it: glibc does under MALLOC_PERTURB_, which
+ * meson test sets). */
+static void check_leaks(run_t *r, const kvd_stats_rep_t *st, const char *when)
 {
     uint64_t fds = proc_fds(r->daemon), anon = proc_status_kb(r->daemon, "RssAnon:");
+    uint64_t staged = st->memory.staging_bytes > r->staging_base
+                          ? st->memory.staging_bytes - r->staging_base
+                          : 0;
     printf("  daemon: fds %" PRIu64 " (at start %" PRIu64
-           "), RssAnon %.1f MiB (at start %.1f)\n",
-           fds, r->fds_base, anon / 1048576.0, r->anon_base / 1048576.0);
+           "), RssAnon %.1f MiB (at start %.1f), staging %.1f MiB (at start %.1f)\n",
+           fds, r->fds_base, anon / 1048576.0, r->anon_base / 1048576.0,
+           st->memory.staging_bytes / 1048576.0, r->staging_base / 1048576.0);
     if (fds > r->fds_base + 4)
         fail(r, "%s: the daemon holds %" PRIu64 " fds, %" PRIu64 " at its start", when,
              fds, r->fds_base);
-    if (anon > r->anon_base + (64ull << 20))
-        fail(r, "%s: the daemon's heap grew from %.1f to %.1f MiB", when,
-             r->anon_base / 1048576.0, anon / 1048576.0);
+    if (anon > r->anon_base + (64ull << 20) + staged)
+        fail(r,
+             "%s: the daemon's heap grew from %.1f to %.1f MiB (staging buffers grew by "
+             "%.1f MiB)",
+             when, r->anon_base / 1048576.0, anon / 1048576.0, staged / 1048576.0);
+}
+
+/* The tier's figures (--ssd): one line. */
+static void print_tier(const kvd_stats_rep_t *st)
+{
+    printf("  SSD tier: %" PRIu64 " objects (%" PRIu64 " of %" PRIu64
+           " segments free), %" PRIu64 " spills (%" PRIu64 " failed, %" PRIu64
+           " cancelled), %" PRIu64 " promotions (%" PRIu64 " failed), %" PRIu64
+           " tier evictions, %" PRIu64 " compactions, %" PRIu64
+           " checksum failures, %" PRIu64 " I/O errors; DRAM evictions %" PRIu64 "\n",
+           st->store.ssd_objects, st->store.ssd_segments_free, st->store.ssd_segments,
+           st->store.spills, st->store.spill_failures, st->store.spill_cancelled,
+           st->store.promotions, st->store.promote_failures, st->store.ssd_evictions,
+           st->store.ssd_compactions, st->store.ssd_checksum_failures,
+           st->store.ssd_io_errors, st->store.evictions);
+}
+
+/* Nothing in a run injures the tier's I/O: an I/O error, a record failing
+ * its checksum or a failed promotion (an acknowledged object dropped) is a
+ * defect. */
+static void check_tier(run_t *r, const kvd_stats_rep_t *st, const char *when)
+{
+    if (st->store.ssd_io_errors || st->store.ssd_checksum_failures ||
+        st->store.promote_failures || st->store.spill_failures)
+        fail(r,
+             "%s: the SSD tier failed with no I/O fault injected: %" PRIu64
+             " I/O errors, %" PRIu64 " checksum failures, %" PRIu64
+             " failed promotions, %" PRIu64 " failed spills",
+             when, st->store.ssd_io_errors, st->store.ssd_checksum_failures,
+             st->store.promote_failures, st->store.spill_failures);
 }
 
 /* Runs the verifier over every acknowledgement since the last daemon
- * death; adds its figures. */
-static void verify(run_t *r, bool evicted, const char *when)
+ * death that lost the cache (and every other object of the key set the
+ * store holds); adds its figures. A loss of an acknowledged object is
+ * excused as a drop only when this round dropped objects, and then there
+ * are at most as many such losses as drops; an object present at the
+ * verifier's lookup and gone by its load (its own loads promote, and make
+ * room) only while the daemon dropped that many meanwhile. rb: after a
+ * reboot, what the tier must have kept (reboot_bound_t). */
+static void verify(run_t *r, const char *when, const reboot_bound_t *rb)
 {
+    kvd_stats_rep_t *st = malloc(sizeof(*st));
+    bool before_ok = st && daemon_stats(r->socket, false, st) == KVD_OK;
+    uint64_t dropped = before_ok ? round_drops(r, st) : 0;
+    uint64_t drops0 = before_ok ? drops(st) : 0;
+    bool evicted = dropped > 0;
+    if (!before_ok)
+        fail(r, "%s: Stats before the verifier failed", when);
     char workers[16], since[32], window[32], out[256], log[256], death[32], sfx[16],
-        deaths[300];
+        deaths[300], batch[16];
     snprintf(workers, sizeof(workers), "%d", r->o.workers);
     snprintf(since, sizeof(since), "%" PRIu64, r->since_ms);
     snprintf(death, sizeof(death), "%" PRIu64, r->death_ms);
     snprintf(deaths, sizeof(deaths), "%s/deaths", r->dir);
     snprintf(sfx, sizeof(sfx), "%u", r->o.soak ? 0u : CH_SUFFIXES);
+    /* each load over a tier promotes its objects into the small pool */
+    snprintf(batch, sizeof(batch), "%d", r->o.ssd ? 16 : 128);
     /* the page's writer reserved within one TTL before the ack, and lost
      * it within one TTL after; a linker timeout either side for slack */
     snprintf(window, sizeof(window), "%d", r->o.ttl_ms + 2 * r->o.timeout_ms + 1000);
@@ -658,42 +923,87 @@ static void verify(run_t *r, bool evicted, const char *when)
         (char *)r->o.self, "--verify", "--socket", r->socket, "--dir",      r->dir,
         "--workers",       workers,    "--since",  since,     "--excuse",   r->excuse,
         "--window-ms",     window,     "--out",    out,       "--death-ms", death,
-        "--all-keys",      sfx,        "--deaths", deaths};
+        "--all-keys",      sfx,        "--deaths", deaths,    "--batch",    batch};
     for (size_t i = 0; i < sizeof(fixed) / sizeof(fixed[0]); i++)
         argv[a++] = fixed[i];
     if (evicted)
         argv[a++] = "--evicted";
     argv[a] = NULL;
     pid_t pid = spawn(argv, log);
-    int st = 0;
-    if (pid == 0 || !wait_child(pid, 300000, &st)) {
+    int wst = 0;
+    if (pid == 0 || !wait_child(pid, 300000, &wst)) {
         fail(r, "%s: the verifier did not finish", when);
         if (pid > 0) {
             kill(pid, SIGKILL);
-            wait_child(pid, 5000, &st);
+            wait_child(pid, 5000, &wst);
         }
+        free(st);
         return;
     }
     ch_stats_t v = {0};
     if (!ch_stats_add(out, &v)) {
-        fail(r, "%s: the verifier left no figures (status %d, log %s)", when, st, log);
+        fail(r, "%s: the verifier left no figures (status %d, log %s)", when, wst, log);
+        free(st);
         return;
     }
+    uint64_t during = 0;
+    if (st && daemon_stats(r->socket, false, st) == KVD_OK)
+        during = drops(st) > drops0 ? drops(st) - drops0 : 0;
+    else
+        fail(r, "%s: Stats after the verifier failed", when);
     printf("  verified %" PRIu64 " objects byte-exact (records %" PRIu64 ", %" PRIu64
            " before a start that lost the cache; %" PRIu64
            " acknowledged before the daemon's last kill), %" PRIu64
            " present without an ack; missing: %" PRIu64 " required, %" PRIu64
-           " excused, %" PRIu64 " evicted\n",
+           " excused, %" PRIu64 " evicted (%" PRIu64 " drops this round)",
            v.objects_verified, v.records_read, v.records_old, v.objects_survived,
-           v.unacked_verified, v.missing_required, v.missing_excused, v.missing_evicted);
+           v.unacked_verified, v.missing_required, v.missing_excused, v.missing_evicted,
+           dropped);
+    if (r->o.ssd)
+        printf("; %" PRIu64 " gone between lookup and load (%" PRIu64 " drops meanwhile)",
+               v.lost_verifying, during);
+    printf("\n");
     r->objects_verified += v.objects_verified;
     r->objects_survived += v.objects_survived;
     r->unacked_verified += v.unacked_verified;
     r->missing_excused += v.missing_excused;
     r->missing_evicted += v.missing_evicted;
-    if (v.failures || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    r->lost_verifying += v.lost_verifying;
+    if (v.failures || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0)
         fail(r, "%s: the verifier found %" PRIu64 " failures (log %s)", when, v.failures,
              log);
+    if (v.missing_evicted > dropped)
+        fail(r,
+             "%s: %" PRIu64 " acknowledged objects missing, the daemon dropped %" PRIu64
+             " this round (log %s)",
+             when, v.missing_evicted, dropped, log);
+    if (v.lost_verifying > during)
+        fail(r,
+             "%s: %" PRIu64 " objects present at the verifier's lookup were gone by its "
+             "load; the daemon dropped %" PRIu64 " meanwhile (log %s)",
+             when, v.lost_verifying, during, log);
+    if (rb != NULL && rb->known) {
+        uint64_t want =
+            rb->ssd_objects > rb->promoting ? rb->ssd_objects - rb->promoting : 0;
+        uint64_t got = v.objects_verified + v.unacked_verified + v.lost_verifying;
+        printf("  after the reboot: %" PRIu64 " objects present (all on the tier), the "
+               "tier held %" PRIu64 " at the Stats before the kill (%" PRIu64
+               " being promoted)\n",
+               got, rb->ssd_objects, rb->promoting);
+        if (got < want)
+            fail(r,
+                 "%s: %" PRIu64
+                 " objects present after the reboot, the tier held %" PRIu64 " (%" PRIu64
+                 " being promoted) before the kill",
+                 when, got, rb->ssd_objects, rb->promoting);
+        if (rb->ssd_objects > 0 && got == 0)
+            fail(r, "%s: nothing present after the reboot", when);
+    }
+    if (r->o.ssd && st != NULL) {
+        print_tier(st);
+        check_tier(r, st, when);
+    }
+    free(st);
 }
 
 /* Quiesce, then every check of a round. */
@@ -703,7 +1013,7 @@ static void quiesce_and_check(run_t *r, const char *when)
     daemon_reap(r);
     kvd_stats_rep_t *st = malloc(sizeof(*st));
     store_quiet(r, st, when);
-    bool evicted = st->store.evictions > r->evict_base;
+    bool evicted = round_drops(r, st) > 0;
     if (!r->o.no_persist)
         printf("  journal: %" PRIu64 " bytes, %" PRIu64 " records and %" PRIu64
                " compactions since the daemon's start, %" PRIu64 " errors\n",
@@ -716,8 +1026,12 @@ static void quiesce_and_check(run_t *r, const char *when)
                " objects (the pool is too small for "
                "the key set)\n",
                st->store.evictions);
-    check_leaks(r, when);
-    verify(r, evicted, when);
+    if (evicted && r->o.ssd)
+        printf("  note: the daemon dropped %" PRIu64 " objects this round (%" PRIu64
+               " from DRAM, %" PRIu64 " from the tier, since its start)\n",
+               round_drops(r, st), st->store.evictions, st->store.ssd_evictions);
+    check_leaks(r, st, when);
+    verify(r, when, NULL);
     store_quiet(r, st, "after the verifier");
     free(st);
 }
@@ -771,6 +1085,10 @@ static void show_slow_calls(const char *path)
 /* Stops the daemon (SIGTERM: exit 0 within 10 s) and scans every log. */
 static void finish(run_t *r, ch_stats_t *ws)
 {
+    kvd_stats_rep_t *last = r->o.ssd && r->daemon > 0 ? malloc(sizeof(*last)) : NULL;
+    if (last && daemon_stats(r->socket, false, last) == KVD_OK)
+        tier_figures_add(r, last);
+    free(last);
     if (r->daemon > 0) {
         kill(r->daemon, SIGTERM);
         int st = 0;
@@ -825,7 +1143,7 @@ static void print_workers(const ch_stats_t *w)
 
 static int run_chaos(run_t *r)
 {
-    if (daemon_start(r) != 0)
+    if (daemon_start(r, false) != 0)
         return 1;
     uint64_t deadline = r->o.max_seconds > 0
                             ? ch_now_ms() + (uint64_t)r->o.max_seconds * 1000
@@ -844,9 +1162,10 @@ static int run_chaos(run_t *r)
             uint64_t n = 0;
             int rc = daemon_evict_all(r->socket, &n);
             kvd_stats_rep_t *st = malloc(sizeof(*st));
-            if (rc == KVD_OK && st && daemon_stats(r->socket, false, st) == KVD_OK)
-                r->evict_base = st->store.evictions;
-            else
+            if (rc == KVD_OK && st && daemon_stats(r->socket, false, st) == KVD_OK) {
+                r->drops_base = drops(st);
+                r->drops_prior = 0;
+            } else
                 fail(r, "round %d: evicting the store: %d (%s)", round, rc,
                      kvd_status_str(rc));
             free(st);
@@ -873,6 +1192,10 @@ static int run_chaos(run_t *r)
             fflush(stdout);
             pause_ms(r, rnd(r, 300, 2500));
         }
+        /* the round's kill is due: the injuries before it ran out of time
+         * (long stops on a busy host), so it comes now, under the workers */
+        if (kill_due && !daemon_killed)
+            injure(r, true, true);
         if (ch_now_ms() < end)
             pause_ms(r, end - ch_now_ms());
         char when[32];
@@ -899,6 +1222,17 @@ static int run_chaos(run_t *r)
            r->daemon_stops, r->daemon_stops_long, r->daemon_kills, r->recovered,
            r->objects_verified, r->objects_survived, r->unacked_verified,
            r->missing_excused, r->failures);
+    if (r->o.ssd)
+        printf(
+            "chaos: SSD tier: %" PRIu64 " spills, %" PRIu64 " promotions, %" PRIu64
+            " objects dropped by the tier (evictions, the driver's evict-all included, "
+            "and failed promotions), %" PRIu64
+            " objects recovered from the tier by the restarts (%" PRIu64
+            " of them reboots: pool file and journal deleted), %" PRIu64
+            " objects gone between the verifier's lookup and load, %" PRIu64
+            " losses excused by drops\n",
+            r->spills, r->promotions, r->ssd_drops, r->ssd_recovered, r->reboots,
+            r->lost_verifying, r->missing_evicted);
     return r->failures ? 1 : 0;
 }
 
@@ -926,7 +1260,7 @@ static double slope(const sample_t *s, size_t from, size_t n)
 
 static int run_soak(run_t *r)
 {
-    if (daemon_start(r) != 0)
+    if (daemon_start(r, false) != 0)
         return 1;
     FILE *csv = fopen(r->o.csv, "w");
     if (csv == NULL) {
@@ -1021,24 +1355,14 @@ static void usage(void)
         "                    [--only kill-worker,stop-worker,stop-daemon,kill-daemon]\n"
         "                    [--strict-timeouts] [--no-persist] "
         "[--kill-daemon-every-round]\n"
-        "                    [--max-seconds S]\n"
+        "                    [--max-seconds S] [--ssd [--ssd-size SIZE] [--reboot]]\n"
         "       kvdock-chaos --kvdockd PATH --soak --duration S [--csv FILE]\n"
         "                    [--max-drift-mib F] [--max-slope-kibs F]\n");
 }
 
 static void rm_dir(const char *dir)
 {
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char path[512];
-        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-        unlink(path);
-    }
-    if (d)
-        closedir(d);
+    rm_files(dir);
     rmdir(dir);
 }
 
@@ -1080,7 +1404,11 @@ int main(int argc, char **argv)
         O_NO_PERSIST,
         O_KILL_EVERY,
         O_MAX_SECONDS,
-        O_DEATHS
+        O_DEATHS,
+        O_SSD,
+        O_SSD_SIZE,
+        O_REBOOT,
+        O_BATCH
     };
     static const struct option lo[] = {
         {"worker", no_argument, 0, O_WORKER},
@@ -1119,6 +1447,11 @@ int main(int argc, char **argv)
         {"no-persist", no_argument, 0, O_NO_PERSIST},
         {"kill-daemon-every-round", no_argument, 0, O_KILL_EVERY},
         {"max-seconds", required_argument, 0, O_MAX_SECONDS},
+        {"pool-size", required_argument, 0, O_POOL},
+        {"ssd", no_argument, 0, O_SSD},
+        {"ssd-size", required_argument, 0, O_SSD_SIZE},
+        {"reboot", no_argument, 0, O_REBOOT},
+        {"batch", required_argument, 0, O_BATCH},
         {0, 0, 0, 0}};
     bool worker = false, verifier = false;
     ch_worker_opts_t wo = {.suffixes = CH_SUFFIXES, .timeout_ms = LINKER_TIMEOUT};
@@ -1135,7 +1468,8 @@ int main(int argc, char **argv)
                     .max_drift_mib = 8,
                     .max_slope_kibs = 8,
                     .ttl_ms = LEASE_TTL_MS,
-                    .timeout_ms = LINKER_TIMEOUT};
+                    .timeout_ms = LINKER_TIMEOUT,
+                    .ssd_size = "64M"};
     int c;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
         switch (c) {
@@ -1159,7 +1493,14 @@ int main(int argc, char **argv)
         case O_ROUND_S: r->o.round_s = atoi(optarg); break;
         case O_MAXINJ: r->o.max_injuries = atoi(optarg); break;
         case O_SEED: wo.seed = r->o.seed = strtoull(optarg, NULL, 10); break;
-        case O_POOL: r->o.pool = optarg; break;
+        case O_POOL:
+            r->o.pool = optarg;
+            r->o.pool_given = true;
+            break;
+        case O_SSD: r->o.ssd = true; break;
+        case O_SSD_SIZE: r->o.ssd_size = optarg; break;
+        case O_REBOOT: r->o.reboot = true; break;
+        case O_BATCH: vo.batch = (uint32_t)strtoul(optarg, NULL, 10); break;
         case O_KEEP: r->o.keep = true; break;
         case O_SOAK: r->o.soak = true; break;
         case O_DURATION: r->o.duration_s = atoi(optarg); break;
@@ -1187,7 +1528,8 @@ int main(int argc, char **argv)
         return vo.socket && vo.dir && vo.out ? ch_verify_main(&vo) : 2;
     }
     if (r->o.kvdockd == NULL || r->o.workers < 1 || r->o.workers > MAX_WORKERS ||
-        r->o.rounds < 1 || r->o.duration_s < 1 ||
+        r->o.rounds < 1 || r->o.duration_s < 1 || (r->o.reboot && !r->o.ssd) ||
+        (r->o.ssd && r->o.no_persist) ||
         (r->o.only != NULL && strstr(r->o.only, "-worker") == NULL &&
          strstr(r->o.only, "-daemon") == NULL)) {
         usage();
@@ -1219,10 +1561,21 @@ int main(int argc, char **argv)
         }
     }
     snprintf(r->excuse, sizeof(r->excuse), "%s/injuries", r->dir);
+    /* the tier on the disk of the run's directory (O_DIRECT: not tmpfs);
+     * the pool a fraction of the workers' working set (CH_PREFIXES x
+     * (CH_PREFIX_PAGES + CH_SUFFIXES x CH_SUFFIX_PAGES) objects of 16 KiB:
+     * 27 MiB), so that objects spill and loads promote */
+    snprintf(r->tier, sizeof(r->tier), "%s/tier", r->dir);
+    if (r->o.ssd && !r->o.pool_given)
+        r->o.pool = "8M";
     printf("%s: %d workers, pool %s, lease TTL %d ms, linker timeout %d ms, seed %" PRIu64
-           ", files in %s\n",
+           ", files in %s",
            r->o.soak ? "soak" : "chaos", r->o.workers, r->o.pool, r->o.ttl_ms,
            r->o.timeout_ms, r->o.seed, r->dir);
+    if (r->o.ssd)
+        printf("; SSD tier %s in %s%s", r->o.ssd_size, r->tier,
+               r->o.reboot ? ", each daemon kill a reboot" : "");
+    printf("\n");
     fflush(stdout);
     int rc = r->o.soak ? run_soak(r) : run_chaos(r);
     if (r->daemon > 0) { /* a run that gave up early: ours to stop */
@@ -1232,9 +1585,10 @@ int main(int argc, char **argv)
         r->daemon = 0;
     }
     rm_dir(r->shm);
-    if (rc == 0 && !r->o.keep)
+    if (rc == 0 && !r->o.keep) {
+        rm_dir(r->tier);
         rm_dir(r->dir);
-    else
+    } else
         printf("files kept in %s\n", r->dir);
     free(r);
     return rc;

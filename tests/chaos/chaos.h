@@ -104,7 +104,8 @@ bool ch_key_parse(const char *hex, uint8_t *key);
     X(records_read) \
     X(records_old) \
     X(objects_survived) \
-    X(unacked_verified)
+    X(unacked_verified) \
+    X(lost_verifying)
 /* clang-format on */
 
 typedef struct ch_stats {
@@ -154,10 +155,14 @@ typedef struct ch_verify_opts {
      * holds and no ack names is loaded and checked byte-exact too: nothing
      * visible may hold other bytes (a partial write recovered as published) */
     uint32_t all_keys_suffixes;
+    /* objects per load (at most 128; 0: 128): small over an SSD tier, where
+     * each load promotes its objects into a small pool */
+    uint32_t batch;
 } ch_verify_opts_t;
 
-/* Loads every object acknowledged since since_ms and checks it byte-exact;
- * then (all_keys_suffixes) every other object of the key set present;
+/* Looks up every object acknowledged since since_ms, then (all_keys_suffixes)
+ * every other object of the key set; then loads those present and checks
+ * each byte-exact (lost_verifying: present at the lookup, gone by the load);
  * returns the exit status (0: every required object present and exact,
  * and every present one exact). */
 int ch_verify_main(const ch_verify_opts_t *o);
