@@ -830,11 +830,11 @@ static bool store_quiet(run_t *r, kvd_stats_rep_t *st, const char *when)
 /* The daemon's fds and heap after quiesce, against their values at start:
  * every connection closed, so fds are back to the start's (a few spare).
  * The heap may grow by 64 MiB, and by what the daemon's Stats count as
- * staging since its start (st): the SSD tier keeps a bounce buffer of up
- * to a segment (16 MiB at most) per I/O slot that compacted, allocated on
- * first use and kept; it is bounded and accounted, not a leak (all of it is
- * resident where calloc writes it: glibc does under MALLOC_PERTURB_, which
- * meson test sets). */
+ * staging since its start (st): the SSD tier's buffers in use then (its
+ * executor's header blocks, the promotion queue, a checkpoint being
+ * written) are bounded and accounted, not a leak (all of it is resident
+ * where calloc writes it: glibc does under MALLOC_PERTURB_, which meson
+ * test sets). */
 static void check_leaks(run_t *r, const kvd_stats_rep_t *st, const char *when)
 {
     uint64_t fds = proc_fds(r->daemon), anon = proc_status_kb(r->daemon, "RssAnon:");
