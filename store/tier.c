@@ -404,6 +404,8 @@ static void promote_pending(kvd_store_t *s)
     while (k < t->n_promote_q &&
            promote_submit(s, t->promote_q[k], R(s, t->promote_q[k])->phys_prev))
         k++;
+    if (k == 0)
+        return;
     memmove(t->promote_q, t->promote_q + k, (size_t)(t->n_promote_q - k) * 4);
     t->n_promote_q -= k;
 }
