@@ -729,12 +729,14 @@ static int restart_attach(ssd_rig_t *g, const ssd_opts_t *o, const char *dir,
         return rc;
     printf("restart (%s): kvd_store_create + kvd_store_tier_attach %.3f s (attach %.3f "
            "s, CPU %.2f s): %llu objects back of %llu on the tier%s (%llu from the "
-           "checkpoint, %llu record headers scanned, %llu segments, %llu duplicates, "
+           "checkpoint, %llu from summaries, %llu record headers scanned, %llu "
+           "segments, %llu duplicates, "
            "%llu discarded, %llu torn)\n",
            how, ssd_s(open_ns), ssd_s(rec.elapsed_ns), ssd_s(ssd_cpu_ns() - c0),
            (unsigned long long)rec.objects, (unsigned long long)on_tier,
            rec.objects == on_tier ? "" : " MISMATCH",
            (unsigned long long)rec.checkpoint_records,
+           (unsigned long long)rec.summary_records,
            (unsigned long long)rec.scanned_records, (unsigned long long)rec.segments,
            (unsigned long long)rec.duplicates, (unsigned long long)rec.discarded,
            (unsigned long long)rec.torn);
@@ -798,7 +800,20 @@ static int run_restart(const ssd_opts_t *o, const char *work, bool have_fio)
         snprintf(ckpt, sizeof(ckpt), "%s/tier.ckpt", dir);
         if (unlink(ckpt) != 0)
             fprintf(stderr, "kvdock-bench ssd: unlink %s: %s\n", ckpt, strerror(errno));
-        rc = restart_attach(&g, o, dir, tier, n, on_tier, "no checkpoint: scan");
+        rc = restart_attach(&g, o, dir, tier, n, on_tier, "no checkpoint: summaries");
+    }
+    if (rc == KVD_OK) {
+        /* neither: every record header is read */
+        rig_close_store(&g);
+        char path[PATH_MAX + 32];
+        snprintf(path, sizeof(path), "%s/tier.ckpt", dir);
+        unlink(path);
+        for (uint64_t id = 0; id <= tier / seg; id++) {
+            snprintf(path, sizeof(path), "%s/seg-%06u.sum", dir, (unsigned)id);
+            unlink(path);
+        }
+        rc = restart_attach(&g, o, dir, tier, n, on_tier,
+                            "no checkpoint, no summaries: scan");
     }
     ssd_lat_t lat = {0};
     if (rc == KVD_OK)

@@ -1387,7 +1387,8 @@ static int attach_tier(kvd_server_t *s)
     KVD_INFO("server",
              "SSD tier %s: %s in %llu segments, %s; I/O %s, queue depth %llu%s; "
              "recovered %llu objects (%s) in %.1f ms (%llu from the checkpoint, %llu "
-             "record headers read in %llu segments, %llu torn, %llu already in DRAM or "
+             "from segment summaries, %llu record headers read in %llu segments, %llu "
+             "torn, %llu already in DRAM or "
              "twice, %llu of namespaces or tenants no longer there)%s%s",
              o->ssd_path, kvd_size_format(st.ssd_bytes, a, sizeof(a)),
              (unsigned long long)st.ssd_segments,
@@ -1397,6 +1398,7 @@ static int attach_tier(kvd_server_t *s)
              st.ssd_fixed_buffers ? ", pool registered" : "",
              (unsigned long long)rec.objects, kvd_size_format(rec.bytes, b, sizeof(b)),
              (double)rec.elapsed_ns / 1e6, (unsigned long long)rec.checkpoint_records,
+             (unsigned long long)rec.summary_records,
              (unsigned long long)rec.scanned_records, (unsigned long long)rec.segments,
              (unsigned long long)rec.torn, (unsigned long long)rec.duplicates,
              (unsigned long long)rec.discarded, rec.objects == 0 ? ": " : "",

@@ -730,6 +730,7 @@ typedef struct kvd_tier_recovery {
     uint64_t objects, bytes;     /* back on the tier */
     uint64_t checkpoint_records; /* ... of them from the checkpoint */
     uint64_t scanned_records;    /* ... read from segment headers */
+    uint64_t summary_records;    /* ... read from segments' summaries */
     uint64_t duplicates;         /* keys in DRAM already, or twice */
     uint64_t discarded;          /* records whose namespace or tenant is gone */
     uint64_t segments, torn;     /* segments read; those ending in a torn record */

@@ -7,6 +7,13 @@
  * A tier is a directory holding
  *   seg-NNNNNN.kvs   segment files, SEG_BYTES_DEFAULT each (a few hundred
  *                    MiB), written append-only with O_DIRECT;
+ *   seg-NNNNNN.sum   a closed segment's summary: every record written into
+ *                    it (seg_sum_hdr_t, then namespaces, then entries,
+ *                    CRC-32C), written when its last write has ended, so
+ *                    that a restart reads it instead of the segment's
+ *                    headers (a scan of small records reads the whole tier);
+ *                    one of an older generation is ignored, one missing
+ *                    (a crash before it was written) means a scan;
  *   tier.ckpt        the checkpoint: every live record as of when it was
  *                    written (tmp file, fsync, rename, fsync of the
  *                    directory), so a restart reads it and scans only what
@@ -88,6 +95,39 @@ typedef struct seg_rec_hdr {
 
 _Static_assert(sizeof(seg_rec_hdr_t) <= SEG_BLOCK, "a record header fits its block");
 _Static_assert(sizeof(seg_file_hdr_t) <= SEG_BLOCK, "a segment header fits its block");
+
+#define SEG_SUM_MAGIC 0x4d53564bu /* "KVSM" */
+
+typedef struct seg_sum_hdr {
+    uint32_t magic; /* SEG_SUM_MAGIC */
+    uint32_t version;
+    uint64_t tier_id;
+    uint64_t generation; /* the segment's, when the summary was written */
+    uint32_t seg_id;
+    uint32_t end_block; /* where writing stopped: the segment's head */
+    uint32_t n_ns, n_ent;
+    uint32_t reserved, crc; /* CRC-32C of the bytes before it and the body */
+} seg_sum_hdr_t;
+
+/* A namespace of a summary (tier.c's checkpoint has the same). */
+typedef struct seg_sum_ns {
+    char tenant[KVD_TENANT_NAME_MAX];
+    char name[KVD_NS_NAME_MAX];
+    uint64_t object_bytes;
+    uint32_t rank_replicated, reserved;
+} seg_sum_ns_t;
+
+/* One record written into a segment, in block order. */
+typedef struct seg_sum_ent {
+    uint32_t block, blocks; /* its header block, and its length */
+    uint64_t seq;           /* its header's (0 for a compaction's copy) */
+    uint8_t key[KVD_KEY_BYTES];
+    uint8_t parent_tag[KVD_KEY_TAG_BYTES];
+    uint32_t depth, last_access_s;
+    uint16_t hits, ns;       /* ns: index into the summary's namespaces */
+    uint8_t has_parent, pad; /* pad: its write failed (a pad record) */
+    uint8_t reserved[2];
+} seg_sum_ent_t;
 
 /* Fills hdr_crc of a block (SEG_BLOCK bytes starting with a seg_rec_hdr_t). */
 void seg_rec_seal(void *block);

@@ -84,6 +84,13 @@ typedef struct seg {
     uint32_t compact_pos; /* next entry of recs a compaction copies */
     bool broken;          /* a failed write's place could not be covered: */
     uint32_t broken_at;   /* ... this block; nothing after it is acknowledged */
+    /* its summary (segment.h), built as places are taken, written once the
+     * segment is closed and its last write ended (sum_done) */
+    seg_sum_ent_t *sum;
+    uint32_t n_sum, cap_sum;
+    seg_sum_ns_t *sum_ns;
+    uint32_t n_sum_ns, cap_sum_ns;
+    bool sum_done;
 } seg_t;
 
 enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
@@ -128,6 +135,7 @@ struct tier {
     _Atomic int ckpt_rc;
     _Atomic uint64_t checkpoints; /* written */
     uint64_t recovered;
+    bool closing; /* tier_close: head segments get their summaries too */
     char note[256];
 };
 
@@ -164,6 +172,150 @@ static void seg_push(seg_t *g, uint32_t rec)
         g->cap_recs = cap;
     }
     g->recs[g->n_recs++] = rec;
+}
+
+/* ------------------------------------------------------------- summaries */
+
+static void seg_name(uint32_t id, char *buf, size_t len);
+static int write_all(int fd, const void *buf, size_t len);
+static void sum_name(uint32_t id, char *buf, size_t len)
+{
+    snprintf(buf, len, "seg-%06u.sum", id);
+}
+
+/* Frees segment g's summary buffers. */
+static void sum_free(seg_t *g)
+{
+    kvd_mem_free(KVD_MEM_INDEX, g->sum, (size_t)g->cap_sum * sizeof(*g->sum));
+    kvd_mem_free(KVD_MEM_INDEX, g->sum_ns, (size_t)g->cap_sum_ns * sizeof(*g->sum_ns));
+    g->sum = NULL;
+    g->sum_ns = NULL;
+    g->n_sum = g->cap_sum = g->n_sum_ns = g->cap_sum_ns = 0;
+}
+
+/* Grows an array of `size`-byte items to hold one more; false out of memory. */
+static bool grow(void **v, uint32_t n, uint32_t *cap, size_t size)
+{
+    if (n < *cap)
+        return true;
+    uint32_t c = *cap ? 2 * *cap : 64;
+    void *p = kvd_mem_realloc(KVD_MEM_INDEX, *v, (size_t)*cap * size, (size_t)c * size);
+    if (p == NULL)
+        return false;
+    *v = p;
+    *cap = c;
+    return true;
+}
+
+/* Notes in segment g's summary the record of object r (of store s) at
+ * place `block`. Out of memory the summary is given up: a restart then
+ * scans the segment. */
+static void sum_add(kvd_store_t *s, seg_t *g, uint32_t block, uint32_t blocks,
+                    uint64_t seq, const rec_t *r)
+{
+    if (g->sum_done)
+        return;
+    const ns_entry_t *e = &s->ns[r->ns];
+    const char *tenant = kvd_store_tenant_name(s, e->info.tenant);
+    uint32_t k = 0;
+    while (k < g->n_sum_ns && !(g->sum_ns[k].object_bytes == e->info.object_bytes &&
+                                strcmp(g->sum_ns[k].name, e->info.name) == 0 &&
+                                strcmp(g->sum_ns[k].tenant, tenant) == 0))
+        k++;
+    if (k == g->n_sum_ns) {
+        if (k == UINT16_MAX ||
+            !grow((void **)&g->sum_ns, g->n_sum_ns, &g->cap_sum_ns, sizeof(*g->sum_ns))) {
+            sum_free(g);
+            g->sum_done = true;
+            return;
+        }
+        seg_sum_ns_t *x = &g->sum_ns[g->n_sum_ns++];
+        memset(x, 0, sizeof(*x));
+        snprintf(x->tenant, sizeof(x->tenant), "%s", tenant);
+        memcpy(x->name, e->info.name, sizeof(x->name));
+        x->object_bytes = e->info.object_bytes;
+        x->rank_replicated = e->info.rank_replicated;
+    }
+    if (!grow((void **)&g->sum, g->n_sum, &g->cap_sum, sizeof(*g->sum))) {
+        sum_free(g);
+        g->sum_done = true;
+        return;
+    }
+    seg_sum_ent_t *x = &g->sum[g->n_sum++];
+    *x = (seg_sum_ent_t){.block = block,
+                         .blocks = blocks,
+                         .seq = seq,
+                         .depth = r->depth,
+                         .last_access_s = r->last_access_s,
+                         .hits = r->hits,
+                         .ns = (uint16_t)k,
+                         .has_parent = r->has_parent};
+    memcpy(x->key, r->key, KVD_KEY_BYTES);
+    memcpy(x->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
+}
+
+/* The place at `block` was not written after all (given back, or covered
+ * by a pad record). */
+static void sum_unlist(seg_t *g, uint32_t block)
+{
+    if (g->n_sum > 0 && g->sum[g->n_sum - 1].block == block) {
+        g->n_sum--;
+        return;
+    }
+    uint32_t lo = 0, hi = g->n_sum;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (g->sum[mid].block < block)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < g->n_sum && g->sum[lo].block == block)
+        g->sum[lo].pad = 1;
+}
+
+/* Writes segment id's summary once it is closed and its writes ended (a
+ * tmp file and a rename: a reader sees it whole or not at all; no fsync,
+ * since a summary lost to a power loss only means a scan). */
+static void sum_maybe_write(struct tier *t, uint32_t id)
+{
+    seg_t *g = &t->segs[id];
+    if (g->sum_done || g->writes > 0 || g->state == SEG_FREE ||
+        (g->state == SEG_HEAD && !t->closing))
+        return;
+    g->sum_done = true;
+    seg_sum_hdr_t h = {.magic = SEG_SUM_MAGIC,
+                       .version = SEG_VERSION,
+                       .tier_id = t->tier_id,
+                       .generation = g->generation,
+                       .seg_id = id,
+                       .end_block = g->head,
+                       .n_ns = g->n_sum_ns,
+                       .n_ent = g->n_sum};
+    size_t ns_bytes = (size_t)g->n_sum_ns * sizeof(*g->sum_ns),
+           ent_bytes = (size_t)g->n_sum * sizeof(*g->sum);
+    uint32_t crc = kvd_crc32c(0, &h, offsetof(seg_sum_hdr_t, crc));
+    crc = kvd_crc32c(crc, g->sum_ns, ns_bytes);
+    h.crc = kvd_crc32c(crc, g->sum, ent_bytes);
+    char name[32], tmp[40];
+    sum_name(id, name, sizeof(name));
+    snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+    int fd = openat(t->dir_fd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int rc = fd < 0 ? kvd_status_from_errno(errno) : write_all(fd, &h, sizeof(h));
+    if (rc == KVD_OK && ns_bytes)
+        rc = write_all(fd, g->sum_ns, ns_bytes);
+    if (rc == KVD_OK && ent_bytes)
+        rc = write_all(fd, g->sum, ent_bytes);
+    if (fd >= 0)
+        close(fd);
+    if (rc == KVD_OK && renameat(t->dir_fd, tmp, t->dir_fd, name) != 0)
+        rc = kvd_status_from_errno(errno);
+    if (rc != KVD_OK) {
+        KVD_WARN("tier", "writing the summary of segment %u: %s (a restart scans it)", id,
+                 kvd_status_str(rc));
+        unlinkat(t->dir_fd, tmp, 0);
+    }
+    sum_free(g);
 }
 
 /* A segment that holds nothing live and that nobody reads or writes
@@ -211,6 +363,11 @@ static int seg_begin(struct tier *t, uint32_t id)
     g->generation++;
     g->state = SEG_HEAD;
     g->head = 1;
+    char name[32];
+    sum_name(id, name, sizeof(name));
+    unlinkat(t->dir_fd, name, 0); /* of a generation gone */
+    sum_free(g);
+    g->sum_done = false;
     g->live = g->dead = g->n_recs = g->compact_pos = 0;
     g->broken = false;
     t->n_free--;
@@ -238,6 +395,7 @@ static uint32_t place_take(struct tier *t, uint32_t blocks, bool copy)
             g->state = SEG_FULL;
             uint32_t was = *head;
             *head = NO_SEG;
+            sum_maybe_write(t, was);
             seg_maybe_free(t, was);
         }
         if (t->n_free <= (copy ? 0u : 1u))
@@ -266,10 +424,12 @@ static void place_untake(struct tier *t, uint32_t loc, uint32_t blocks)
 {
     seg_t *g = seg_of(t, loc);
     g->writes--;
-    if (loc % t->seg_blocks + blocks == g->head)
+    if (loc % t->seg_blocks + blocks == g->head) {
         g->head -= blocks;
-    else
+        sum_unlist(g, loc % t->seg_blocks);
+    } else {
         write_pad(t, loc, blocks);
+    }
 }
 
 /* ---------------------------------------------------------- executor */
@@ -306,6 +466,7 @@ bool tier_spill_begin(kvd_store_t *s, uint32_t i)
     uint32_t loc = place_take(t, blocks, false);
     if (loc == NO_LOC)
         return false;
+    sum_add(s, seg_of(t, loc), loc % t->seg_blocks, blocks, t->seq, r); /* seq: h->seq */
     uint64_t tag = 0;
     inflight_t *f = op_take(t, &tag);
     const ns_entry_t *e = &s->ns[r->ns];
@@ -453,6 +614,7 @@ static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
     uint32_t dst = place_take(t, blocks, true);
     if (dst == NO_LOC)
         return KVD_ERR_NO_SPACE;
+    sum_add(s, seg_of(t, dst), dst % t->seg_blocks, blocks, 0, r);
     uint64_t tag = 0;
     inflight_t *f = op_take(t, &tag);
     tio_op_t op = {.tag = tag,
@@ -570,6 +732,7 @@ static uint32_t write_loc(const inflight_t *f)
 static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
 {
     seg_t *g = seg_of(t, loc);
+    sum_unlist(g, loc % t->seg_blocks);
     void *blk;
     if (posix_memalign(&blk, SEG_BLOCK, SEG_BLOCK) != 0)
         return;
@@ -595,6 +758,9 @@ static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
             g->state = SEG_FULL;
             t->head = t->head == id ? NO_SEG : t->head;
             t->copy_head = t->copy_head == id ? NO_SEG : t->copy_head;
+            /* its summary must not claim what follows the hole */
+            sum_free(g);
+            g->sum_done = true;
         }
         /* what was written after the hole is not acknowledged either: a
          * scan at start stops at the hole */
@@ -622,6 +788,7 @@ static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     } else {
         g->dead += f->blocks;
     }
+    sum_maybe_write(t, f->loc / t->seg_blocks);
     seg_maybe_free(t, f->loc / t->seg_blocks);
 }
 
@@ -669,6 +836,7 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
             store_ssd_drop(s, f->rec);
         }
     }
+    sum_maybe_write(t, f->dst_loc / t->seg_blocks);
     seg_maybe_free(t, f->loc / t->seg_blocks);
     seg_maybe_free(t, f->dst_loc / t->seg_blocks);
 }
@@ -839,12 +1007,7 @@ typedef struct ckpt_seg {
     uint32_t used;      /* 0: the segment was free */
 } ckpt_seg_t;
 
-typedef struct ckpt_ns {
-    char tenant[KVD_TENANT_NAME_MAX];
-    char name[KVD_NS_NAME_MAX];
-    uint64_t object_bytes;
-    uint32_t rank_replicated, reserved;
-} ckpt_ns_t;
+typedef seg_sum_ns_t ckpt_ns_t; /* a namespace by name, as summaries keep them */
 
 typedef struct ckpt_rec {
     uint32_t loc, ns;
@@ -1281,6 +1444,76 @@ static int seg_scan(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
     return KVD_OK;
 }
 
+/* Reads segment id's summary, when one of its generation is there: adds
+ * the records of block `from` on to rs, sets the segment's head where
+ * writing stopped and returns true; false (the caller scans) otherwise. */
+static bool sum_read(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
+                     kvd_tier_recovery_t *rec)
+{
+    seg_t *g = &t->segs[id];
+    char name[32];
+    sum_name(id, name, sizeof(name));
+    int fd = openat(t->dir_fd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return false;
+    struct stat st;
+    seg_sum_hdr_t h;
+    uint8_t *body = NULL;
+    bool ok = false;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(h) ||
+        pread(fd, &h, sizeof(h), 0) != (ssize_t)sizeof(h) || h.magic != SEG_SUM_MAGIC ||
+        h.version != SEG_VERSION || h.tier_id != t->tier_id || h.seg_id != id ||
+        h.generation != g->generation || h.end_block > t->seg_blocks)
+        goto out;
+    size_t len =
+        (size_t)h.n_ns * sizeof(seg_sum_ns_t) + (size_t)h.n_ent * sizeof(seg_sum_ent_t);
+    if ((size_t)st.st_size != sizeof(h) + len || (body = malloc(len ? len : 1)) == NULL ||
+        pread(fd, body, len, sizeof(h)) != (ssize_t)len)
+        goto out;
+    uint32_t crc = kvd_crc32c(0, &h, offsetof(seg_sum_hdr_t, crc));
+    if (kvd_crc32c(crc, body, len) != h.crc)
+        goto out;
+    const seg_sum_ns_t *ns = (const seg_sum_ns_t *)body;
+    const seg_sum_ent_t *ent = (const seg_sum_ent_t *)(ns + h.n_ns);
+    uint32_t *map = calloc(h.n_ns ? h.n_ns : 1, sizeof(uint32_t));
+    if (map == NULL)
+        goto out;
+    for (uint32_t k = 0; k < h.n_ns; k++)
+        map[k] = ns_add(rs, ns[k].tenant, ns[k].name, ns[k].object_bytes,
+                        ns[k].rank_replicated);
+    ok = true;
+    for (uint32_t k = 0; k < h.n_ent && ok; k++) {
+        const seg_sum_ent_t *x = &ent[k];
+        if (x->pad || x->block < from || x->ns >= h.n_ns || map[x->ns] == UINT32_MAX ||
+            x->block + x->blocks > h.end_block)
+            continue;
+        found_t *f = found_add(rs);
+        if (f == NULL) {
+            ok = false;
+            break;
+        }
+        f->seq = x->seq;
+        f->loc = id * t->seg_blocks + x->block;
+        f->ns = map[x->ns];
+        memcpy(f->key, x->key, KVD_KEY_BYTES);
+        memcpy(f->parent_tag, x->parent_tag, KVD_KEY_TAG_BYTES);
+        f->depth = x->depth;
+        f->last_access_s = x->last_access_s;
+        f->hits = x->hits;
+        f->has_parent = x->has_parent;
+        f->blocks = x->blocks;
+        t->seq = KVD_MAX(t->seq, x->seq + 1);
+        rec->summary_records++;
+    }
+    free(map);
+    if (ok)
+        g->head = KVD_MAX(g->head, h.end_block);
+out:
+    free(body);
+    close(fd);
+    return ok;
+}
+
 static int newest_first(const void *a, const void *b)
 {
     const found_t *x = a, *y = b;
@@ -1448,6 +1681,7 @@ static void tier_free(struct tier *t)
         if (t->segs[id].fd >= 0)
             close(t->segs[id].fd);
         kvd_mem_free(KVD_MEM_INDEX, t->segs[id].recs, (size_t)t->segs[id].cap_recs * 4);
+        sum_free(&t->segs[id]);
     }
     kvd_mem_free(KVD_MEM_INDEX, t->segs, (size_t)t->n_segs * sizeof(seg_t));
     free(t->ops);
@@ -1601,7 +1835,11 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
             continue;
         rec->segments++;
         t->segs[id].head = KVD_MAX(scan_from[id], 1u);
-        if ((rc = seg_scan(t, id, scan_from[id], &rs, rec)) != KVD_OK)
+        /* a segment summarised needs no scan; one written here before (a
+         * summary or not) gets none from this run */
+        t->segs[id].sum_done = true;
+        if (!sum_read(t, id, t->segs[id].head, &rs, rec) &&
+            (rc = seg_scan(t, id, scan_from[id], &rs, rec)) != KVD_OK)
             FAIL_WHY(rc, "scanning segment %u: %s", id, kvd_status_str(rc));
     }
     if ((rc = restore_insert(s, &rs, rec)) != KVD_OK)
@@ -1660,8 +1898,14 @@ void tier_close(kvd_store_t *s)
      * restart finds what is */
     tio_destroy(t->io);
     t->io = NULL;
-    for (uint32_t k = 0; k < t->n_ops; k++)
+    for (uint32_t k = 0; k < t->n_ops; k++) {
+        if (t->ops[k].kind == OP_SPILL || t->ops[k].kind == OP_COPY)
+            seg_of(t, write_loc(&t->ops[k]))->writes--;
         t->ops[k].kind = OP_NONE; /* a checkpoint starts its scans at the heads */
+    }
+    t->closing = true;
+    for (uint32_t id = 0; id < t->n_segs; id++)
+        sum_maybe_write(t, id);
     kvd_store_tier_checkpoint(s);
     tier_free(t);
     s->tier = NULL;

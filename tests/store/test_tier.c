@@ -248,6 +248,43 @@ static void test_restart_keeps_the_tier(void **state)
     fx_fini(&f);
 }
 
+/* Without the checkpoint a restart reads the segments' summaries, not their
+ * record headers; without those too, it scans, and finds the same. */
+static void test_summaries_spare_the_scan(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    uint64_t on_ssd = stats(f.s).ssd_objects;
+    kvd_store_destroy(f.s); /* summaries of every segment written, and the checkpoint */
+    char path[160], why[512];
+    snprintf(path, sizeof(path), "%s/tier.ckpt", f.dir);
+    assert_int_equal(unlink(path), 0);
+    memset(f.pool, 0, POOL_BYTES);
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_objects, on_ssd);
+    assert_true(f.rec.summary_records >= on_ssd);
+    assert_int_equal(f.rec.scanned_records, 0);
+    assert_int_equal(f.rec.checkpoint_records, 0);
+    kvd_store_destroy(f.s);
+    /* every summary and the checkpoint gone: the scan finds as many */
+    for (uint32_t id = 0; id < TIER_BYTES / SEG_BYTES; id++) {
+        snprintf(path, sizeof(path), "%s/seg-%06u.sum", f.dir, id);
+        unlink(path);
+    }
+    snprintf(path, sizeof(path), "%s/tier.ckpt", f.dir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_objects, on_ssd);
+    assert_int_equal(f.rec.summary_records, 0);
+    assert_true(f.rec.scanned_records >= on_ssd);
+    size_t back = 0;
+    for (uint32_t n = 0; n < N_OBJ; n++)
+        back += get(&f, n) == KVD_OK;
+    assert_true(back >= on_ssd);
+    fx_fini(&f);
+}
+
 /* A process killed with SIGKILL after its spills were acknowledged, while
  * periodic checkpoints ran on their thread: the records are found from the
  * last checkpoint and the segments' headers written after it. */
@@ -507,6 +544,7 @@ int main(void)
         BOTH(test_lookup_says_the_tier),
         BOTH(test_restart_keeps_the_tier),
         BOTH(test_sigkill_keeps_acknowledged_spills),
+        BOTH(test_summaries_spare_the_scan),
         BOTH(test_eviction_survives_sigkill),
         BOTH(test_flipped_byte_is_absent_not_wrong),
         BOTH(test_eio_drops_the_object),
