@@ -123,7 +123,11 @@ struct tier {
     uint32_t *promote_q, n_promote_q, cap_promote_q;
     uint32_t n_free;
     inflight_t *ops; /* queue_depth slots, by the executor's tag */
-    uint32_t *free_ops, n_free_ops, n_ops, spills;
+    /* n_ops = 2 x the executor's queue depth (qd): a write that landed
+     * keeps its entry until those before it land (release_writes), and
+     * must not keep the executor from the next. spills and copies count
+     * those not landed yet. */
+    uint32_t *free_ops, n_free_ops, n_ops, qd, spills;
     uint64_t spill_ns, promote_ns, compactions, copied_bytes;
     uint64_t last_ckpt_ms, changes; /* records added or gone since the checkpoint */
     uint64_t ckpt_every_ms;
@@ -415,7 +419,7 @@ static uint32_t place_take(struct tier *t, uint32_t blocks, bool copy)
  * their own that goes before any spill (promote_pending). */
 static uint32_t background_slots(const struct tier *t)
 {
-    return t->n_ops > 1 ? t->n_ops - KVD_MAX(1u, t->n_ops / 8) : 1;
+    return t->qd > 1 ? t->qd - KVD_MAX(1u, t->qd / 8) : 1;
 }
 
 /* Gives back the place place_take just gave (nothing was written there,
@@ -778,7 +782,6 @@ static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     struct tier *t = s->tier;
     seg_t *g = seg_of(t, f->loc);
     g->writes--;
-    t->spills--;
     uint32_t j = store_spill_done(s, f->rec, d->status, f->loc);
     if (j != NIL) {
         g->live += f->blocks;
@@ -814,7 +817,6 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     seg_t *from = seg_of(t, f->loc), *to = seg_of(t, f->dst_loc);
     from->reads--;
     to->writes--;
-    t->copies--;
     rec_t *r = R(s, f->rec);
     bool still = live_in(s, f->rec, f->loc / t->seg_blocks) && r->off_pages == f->loc;
     if (d->status == KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
@@ -900,6 +902,10 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
             }
             f->landed = true;
             f->status = done[k].status;
+            if (f->kind == OP_SPILL)
+                t->spills--;
+            else
+                t->copies--;
             if (done[k].status != KVD_OK)
                 write_pad(t, write_loc(f), f->blocks);
         }
@@ -1782,7 +1788,8 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     }
     t->segs = kvd_mem_calloc(KVD_MEM_INDEX, t->n_segs, sizeof(seg_t));
     scan_from = calloc(t->n_segs, sizeof(uint32_t));
-    t->n_ops = o->queue_depth ? o->queue_depth : 32;
+    t->qd = o->queue_depth ? o->queue_depth : 32;
+    t->n_ops = 2 * t->qd;
     t->ops = calloc(t->n_ops, sizeof(inflight_t));
     t->free_ops = calloc(t->n_ops, sizeof(uint32_t));
     if (t->segs == NULL || scan_from == NULL || t->ops == NULL || t->free_ops == NULL)
@@ -1850,7 +1857,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     tio_opts_t io = {.backend = o->io_path == 1   ? TIO_URING
                                 : o->io_path == 2 ? TIO_PSYNC
                                                   : TIO_AUTO,
-                     .queue_depth = t->n_ops,
+                     .queue_depth = t->qd,
                      .pool_base = o->pool_base,
                      .pool_bytes = o->pool_bytes,
                      .fixed_slice_bytes = o->no_fixed_buffers ? UINT64_MAX : 0,

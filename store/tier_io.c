@@ -53,6 +53,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #define TIO_QD_DEFAULT      32u
@@ -360,6 +361,35 @@ struct tio_psync {
  * and EINTR. KVD_OK; KVD_ERR_CORRUPT when a read meets the end of the
  * file (a truncated record); else the errno's status, the errno in *err.
  * Logs failures. */
+/* A record's header block and its value in one call each time (pwritev,
+ * preadv: they are neighbours in the file), looping for short counts. */
+static int psync_rw2(const tio_op_t *op, bool is_write, int fd, uint8_t *block,
+                     uint8_t *value, uint64_t value_len, uint64_t off, int *err)
+{
+    uint64_t len = SEG_BLOCK + value_len, done = 0;
+    while (done < len) {
+        struct iovec iov[2];
+        int n_iov = 0;
+        if (done < SEG_BLOCK)
+            iov[n_iov++] = (struct iovec){block + done, SEG_BLOCK - done};
+        uint64_t vdone = done < SEG_BLOCK ? 0 : done - SEG_BLOCK;
+        if (vdone < value_len)
+            iov[n_iov++] = (struct iovec){value + vdone,
+                                          (size_t)KVD_MIN(value_len - vdone, TIO_RW_MAX)};
+        ssize_t n = is_write ? pwritev(fd, iov, n_iov, (off_t)(off + done))
+                             : preadv(fd, iov, n_iov, (off_t)(off + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            *err = n < 0 ? errno : (is_write ? ENOSPC : 0);
+            tio_log_io(op, is_write, fd, off + done, *err);
+            return *err == 0 ? KVD_ERR_CORRUPT : tio_errno_status(*err);
+        }
+        done += (uint64_t)n;
+    }
+    return KVD_OK;
+}
+
 static int psync_rw(const tio_op_t *op, bool is_write, int fd, uint8_t *buf, uint64_t len,
                     uint64_t off, int *err)
 {
@@ -384,11 +414,9 @@ static int psync_rw(const tio_op_t *op, bool is_write, int fd, uint8_t *buf, uin
 static int psync_write(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err)
 {
     tio_rec_build(t, op, w->block.p);
-    int rc = psync_rw(op, true, op->fd, w->block.p, SEG_BLOCK, op->file_off, err);
-    if (rc == KVD_OK)
-        rc = psync_rw(op, true, op->fd, (uint8_t *)t->o.pool_base + op->pool_off,
-                      op->value_bytes, op->file_off + SEG_BLOCK, err);
-    return rc;
+    return psync_rw2(op, true, op->fd, w->block.p,
+                     (uint8_t *)t->o.pool_base + op->pool_off, op->value_bytes,
+                     op->file_off, err);
 }
 
 /* READ with pread: header block and value, then the checks. */
@@ -396,10 +424,8 @@ static int psync_read(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err,
                       seg_rec_hdr_t *hdr)
 {
     uint8_t *value = (uint8_t *)t->o.pool_base + op->pool_off;
-    int rc = psync_rw(op, false, op->fd, w->block.p, SEG_BLOCK, op->file_off, err);
-    if (rc == KVD_OK)
-        rc = psync_rw(op, false, op->fd, value, op->value_bytes, op->file_off + SEG_BLOCK,
-                      err);
+    int rc = psync_rw2(op, false, op->fd, w->block.p, value, op->value_bytes,
+                       op->file_off, err);
     if (rc == KVD_OK)
         rc = tio_rec_check(op, w->block.p, value, hdr);
     return rc;
@@ -525,6 +551,10 @@ typedef struct ur_part {
     int fd;
     int buf_index; /* the registered buffer holding buf; -1: a plain one */
     bool is_write;
+    /* a header block and a value in one readv/writev (plain buffers: they
+     * are neighbours in the file): buf is then the block, len counts both */
+    uint8_t *value;
+    struct iovec iov[2]; /* of the SQE in flight */
 } ur_part_t;
 
 /* An op in the ring: its parts, the first failure among them, its buffers. */
@@ -583,7 +613,20 @@ static void uring_part_submit(tio_uring_t *u, ur_slot_t *s, uint32_t k)
     uint8_t *buf = p->buf + p->done;
     unsigned len = (unsigned)KVD_MIN(p->len - p->done, TIO_RW_MAX);
     uint64_t off = p->off + p->done;
-    if (p->buf_index >= 0 && p->is_write)
+    if (p->value != NULL) {
+        unsigned n = 0;
+        if (p->done < SEG_BLOCK)
+            p->iov[n++] = (struct iovec){p->buf + p->done, SEG_BLOCK - p->done};
+        uint64_t vdone = p->done < SEG_BLOCK ? 0 : p->done - SEG_BLOCK;
+        if (vdone < p->len - SEG_BLOCK)
+            p->iov[n++] =
+                (struct iovec){p->value + vdone,
+                               (size_t)KVD_MIN(p->len - SEG_BLOCK - vdone, TIO_RW_MAX)};
+        if (p->is_write)
+            io_uring_prep_writev(sqe, p->fd, p->iov, n, off);
+        else
+            io_uring_prep_readv(sqe, p->fd, p->iov, n, off);
+    } else if (p->buf_index >= 0 && p->is_write)
         io_uring_prep_write_fixed(sqe, p->fd, buf, len, off, p->buf_index);
     else if (p->buf_index >= 0)
         io_uring_prep_read_fixed(sqe, p->fd, buf, len, off, p->buf_index);
@@ -623,20 +666,45 @@ static void uring_start_op(tio_t *t, const tio_op_t *op)
     if (op->kind == TIO_COPY) {
         s->n_parts = s->pending = 1;
         uring_part_start(u, s, 0,
-                         (ur_part_t){s->bounce.p, SEG_BLOCK + op->value_bytes, 0,
-                                     op->file_off, op->fd, -1, false});
+                         (ur_part_t){.buf = s->bounce.p,
+                                     .len = SEG_BLOCK + op->value_bytes,
+                                     .off = op->file_off,
+                                     .fd = op->fd,
+                                     .buf_index = -1});
         return;
     }
     if (w)
         tio_rec_build(t, op, s->block.p);
+    int index = uring_buf_index(t, op->pool_off, op->value_bytes);
+    if (op->value_bytes > 0 && index < 0) {
+        /* plain buffers: header and value in one SQE */
+        s->n_parts = s->pending = 1;
+        uring_part_start(u, s, 0,
+                         (ur_part_t){.buf = s->block.p,
+                                     .len = SEG_BLOCK + op->value_bytes,
+                                     .off = op->file_off,
+                                     .fd = op->fd,
+                                     .buf_index = -1,
+                                     .is_write = w,
+                                     .value = value});
+        return;
+    }
     s->n_parts = s->pending = op->value_bytes > 0 ? 2 : 1;
     uring_part_start(u, s, 0,
-                     (ur_part_t){s->block.p, SEG_BLOCK, 0, op->file_off, op->fd, -1, w});
+                     (ur_part_t){.buf = s->block.p,
+                                 .len = SEG_BLOCK,
+                                 .off = op->file_off,
+                                 .fd = op->fd,
+                                 .buf_index = -1,
+                                 .is_write = w});
     if (s->n_parts == 2)
-        uring_part_start(
-            u, s, 1,
-            (ur_part_t){value, op->value_bytes, 0, op->file_off + SEG_BLOCK, op->fd,
-                        uring_buf_index(t, op->pool_off, op->value_bytes), w});
+        uring_part_start(u, s, 1,
+                         (ur_part_t){.buf = value,
+                                     .len = op->value_bytes,
+                                     .off = op->file_off + SEG_BLOCK,
+                                     .fd = op->fd,
+                                     .buf_index = index,
+                                     .is_write = w});
 }
 
 /* Ends the op of slot s and frees the slot. */
@@ -671,8 +739,12 @@ static void uring_phase_done(tio_t *t, ur_slot_t *s)
         s->copy_writing = true;
         s->n_parts = s->pending = 1;
         uring_part_start(t->ur, s, 0,
-                         (ur_part_t){s->bounce.p, SEG_BLOCK + op->value_bytes, 0,
-                                     op->dst_off, op->dst_fd, -1, true});
+                         (ur_part_t){.buf = s->bounce.p,
+                                     .len = SEG_BLOCK + op->value_bytes,
+                                     .off = op->dst_off,
+                                     .fd = op->dst_fd,
+                                     .buf_index = -1,
+                                     .is_write = true});
     }
 }
 
