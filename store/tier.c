@@ -91,6 +91,7 @@ typedef struct seg {
     seg_sum_ns_t *sum_ns;
     uint32_t n_sum_ns, cap_sum_ns;
     bool sum_done;
+    bool sum_pending; /* its .sum.tmp waits for the next checkpoint's rename */
 } seg_t;
 
 enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
@@ -278,9 +279,10 @@ static void sum_unlist(seg_t *g, uint32_t block)
         g->sum[lo].pad = 1;
 }
 
-/* Writes segment id's summary once it is closed and its writes ended (a
- * tmp file and a rename: a reader sees it whole or not at all; no fsync,
- * since a summary lost to a power loss only means a scan). */
+/* Writes segment id's summary once it is closed and its writes ended, as
+ * seg-NNNNNN.sum.tmp: the next checkpoint renames it in place after it
+ * flushed the segments (ckpt_write), so that a summary never lists records
+ * the device may not have (a power loss); until then a restart scans. */
 static void sum_maybe_write(struct tier *t, uint32_t id)
 {
     seg_t *g = &t->segs[id];
@@ -312,12 +314,12 @@ static void sum_maybe_write(struct tier *t, uint32_t id)
         rc = write_all(fd, g->sum, ent_bytes);
     if (fd >= 0)
         close(fd);
-    if (rc == KVD_OK && renameat(t->dir_fd, tmp, t->dir_fd, name) != 0)
-        rc = kvd_status_from_errno(errno);
     if (rc != KVD_OK) {
         KVD_WARN("tier", "writing the summary of segment %u: %s (a restart scans it)", id,
                  kvd_status_str(rc));
         unlinkat(t->dir_fd, tmp, 0);
+    } else {
+        g->sum_pending = true;
     }
     sum_free(g);
 }
@@ -367,11 +369,13 @@ static int seg_begin(struct tier *t, uint32_t id)
     g->generation++;
     g->state = SEG_HEAD;
     g->head = 1;
-    char name[32];
+    char name[32], tmp[40];
     sum_name(id, name, sizeof(name));
+    snprintf(tmp, sizeof(tmp), "%s.tmp", name);
     unlinkat(t->dir_fd, name, 0); /* of a generation gone */
+    unlinkat(t->dir_fd, tmp, 0);
     sum_free(g);
-    g->sum_done = false;
+    g->sum_done = g->sum_pending = false;
     g->live = g->dead = g->n_recs = g->compact_pos = 0;
     g->broken = false;
     t->n_free--;
@@ -762,10 +766,10 @@ static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
             g->state = SEG_FULL;
             t->head = t->head == id ? NO_SEG : t->head;
             t->copy_head = t->copy_head == id ? NO_SEG : t->copy_head;
-            /* its summary must not claim what follows the hole */
-            sum_free(g);
-            g->sum_done = true;
         }
+        /* its summary must not claim what follows the hole */
+        sum_free(g);
+        g->sum_done = true;
         /* what was written after the hole is not acknowledged either: a
          * scan at start stops at the hole */
         if (!g->broken || loc % t->seg_blocks < g->broken_at)
@@ -1057,12 +1061,16 @@ typedef struct ckpt_job {
     ckpt_hdr_t h;
     uint8_t *body;
     size_t body_bytes, used;
+    uint32_t *sums, n_sums; /* segments whose summaries it puts in place */
 } ckpt_job_t;
 
 static void ckpt_job_free(ckpt_job_t *j)
 {
     kvd_mem_free(KVD_MEM_STAGING, j->body, j->body_bytes);
+    free(j->sums);
     j->body = NULL;
+    j->sums = NULL;
+    j->n_sums = 0;
 }
 
 /* Snapshots the tier's live records, its segments' generations and where
@@ -1088,6 +1096,13 @@ static int ckpt_build(kvd_store_t *s, ckpt_job_t *j)
         ckpt_job_free(j);
         return KVD_ERR_NOMEM;
     }
+    j->sums = malloc(t->n_segs * sizeof(uint32_t));
+    j->n_sums = 0;
+    for (uint32_t id = 0; j->sums != NULL && id < t->n_segs; id++)
+        if (t->segs[id].sum_pending) {
+            t->segs[id].sum_pending = false;
+            j->sums[j->n_sums++] = id;
+        }
     ckpt_seg_t *cs = (ckpt_seg_t *)j->body;
     for (uint32_t id = 0; id < t->n_segs; id++) {
         const seg_t *g = &t->segs[id];
@@ -1143,6 +1158,15 @@ static int ckpt_write(struct tier *t, const ckpt_job_t *j)
     for (uint32_t id = 0; id < t->n_segs && rc == KVD_OK; id++)
         if (t->segs[id].fd >= 0 && fdatasync(t->segs[id].fd) != 0)
             rc = kvd_status_from_errno(errno);
+    /* the summaries of segments closed since the last checkpoint: their
+     * records are on the device now. One whose segment was begun again
+     * meanwhile carries the old generation, which a restart ignores. */
+    for (uint32_t k = 0; k < j->n_sums && rc == KVD_OK; k++) {
+        char name[32], tmp[40];
+        sum_name(j->sums[k], name, sizeof(name));
+        snprintf(tmp, sizeof(tmp), "%s.tmp", name);
+        renameat(t->dir_fd, tmp, t->dir_fd, name);
+    }
     int fd = rc != KVD_OK ? -1
                           : openat(t->dir_fd, CKPT_NAME ".tmp",
                                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -1906,8 +1930,14 @@ void tier_close(kvd_store_t *s)
     tio_destroy(t->io);
     t->io = NULL;
     for (uint32_t k = 0; k < t->n_ops; k++) {
-        if (t->ops[k].kind == OP_SPILL || t->ops[k].kind == OP_COPY)
-            seg_of(t, write_loc(&t->ops[k]))->writes--;
+        if (t->ops[k].kind == OP_SPILL || t->ops[k].kind == OP_COPY) {
+            /* how its write ended is not known: its segment's summary is
+             * given up (the scan checks the headers) */
+            seg_t *g = seg_of(t, write_loc(&t->ops[k]));
+            g->writes--;
+            sum_free(g);
+            g->sum_done = true;
+        }
         t->ops[k].kind = OP_NONE; /* a checkpoint starts its scans at the heads */
     }
     t->closing = true;

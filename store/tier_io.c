@@ -820,7 +820,7 @@ static bool uring_finished(tio_t *t)
     return done && t->ur->active == 0;
 }
 
-static void uring_register_pool(tio_t *t);
+static void uring_register_pool(tio_t *t, char *note);
 
 /* The ring's thread: takes ops, submits their SQEs in one batch, waits for
  * at least one CQE (an op's or the wake poll's) and handles them all. */
@@ -831,8 +831,9 @@ static void *uring_main(void *arg)
     for (;;) {
         if (__atomic_exchange_n(&t->want_register, false, __ATOMIC_ACQ_REL) &&
             !__atomic_load_n(&t->fixed, __ATOMIC_ACQUIRE)) {
-            t->note[0] = '\0';
-            uring_register_pool(t);
+            /* the loop may read t->note: this thread keeps its own */
+            char note[TIO_NOTE_BYTES] = "";
+            uring_register_pool(t, note);
             char slice[32];
             if (__atomic_load_n(&t->fixed, __ATOMIC_ACQUIRE))
                 KVD_INFO("tier_io",
@@ -840,7 +841,7 @@ static void *uring_main(void *arg)
                          "most)",
                          kvd_size_format(t->o.fixed_slice_bytes, slice, sizeof(slice)));
             else
-                KVD_INFO("tier_io", "the pool stays in plain buffers: %s", t->note);
+                KVD_INFO("tier_io", "the pool stays in plain buffers: %s", note);
         }
         uring_take_pending(t);
         if (uring_finished(t))
@@ -872,15 +873,14 @@ static void uring_kick(tio_t *t)
 /* Whether RLIMIT_MEMLOCK lets the whole pool be pinned; the note says why
  * not. (A process with CAP_IPC_LOCK is not charged by the kernel, but the
  * limit is what the operator set: it is respected regardless.) */
-static bool uring_memlock_allows(tio_t *t)
+static bool uring_memlock_allows(tio_t *t, char *note)
 {
     struct rlimit rl;
     char need[32], have[32];
     if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
         t->o.pool_bytes <= rl.rlim_cur)
         return true;
-    snprintf(t->note, sizeof(t->note),
-             "fixed buffers need %s of RLIMIT_MEMLOCK, %s allowed",
+    snprintf(note, TIO_NOTE_BYTES, "fixed buffers need %s of RLIMIT_MEMLOCK, %s allowed",
              kvd_size_format(t->o.pool_bytes, need, sizeof(need)),
              kvd_size_format(rl.rlim_cur, have, sizeof(have)));
     return false;
@@ -890,17 +890,16 @@ static bool uring_memlock_allows(tio_t *t)
  * pinned pages went over RLIMIT_MEMLOCK with what this user has locked
  * already (the kernel charges more than the pool alone), so it names the
  * limit. */
-static void uring_note_register_failed(tio_t *t, int err)
+static void uring_note_register_failed(tio_t *t, int err, char *note)
 {
     struct rlimit rl;
     char need[32], have[32];
     if (err != ENOMEM || getrlimit(RLIMIT_MEMLOCK, &rl) != 0 ||
         rl.rlim_cur == RLIM_INFINITY) {
-        snprintf(t->note, sizeof(t->note), "io_uring_register_buffers: %s",
-                 strerror(err));
+        snprintf(note, TIO_NOTE_BYTES, "io_uring_register_buffers: %s", strerror(err));
         return;
     }
-    snprintf(t->note, sizeof(t->note),
+    snprintf(note, TIO_NOTE_BYTES,
              "io_uring_register_buffers: %s (pinning %s, RLIMIT_MEMLOCK %s)",
              strerror(err), kvd_size_format(t->o.pool_bytes, need, sizeof(need)),
              kvd_size_format(rl.rlim_cur, have, sizeof(have)));
@@ -909,23 +908,23 @@ static void uring_note_register_failed(tio_t *t, int err)
 /* Registers the pool as fixed buffers of fixed_slice_bytes each when it is
  * asked for and allowed; else leaves it plain with the reason in the
  * note. */
-static void uring_register_pool(tio_t *t)
+static void uring_register_pool(tio_t *t, char *note)
 {
     uint64_t slice = t->o.fixed_slice_bytes;
     if (slice == UINT64_MAX)
         return;
     uint64_t n = (t->o.pool_bytes + slice - 1) / slice;
     if (n > TIO_REG_BUFFERS_MAX) {
-        snprintf(t->note, sizeof(t->note),
+        snprintf(note, TIO_NOTE_BYTES,
                  "fixed buffers: %" PRIu64 " slices, the kernel takes %u", n,
                  TIO_REG_BUFFERS_MAX);
         return;
     }
-    if (!uring_memlock_allows(t))
+    if (!uring_memlock_allows(t, note))
         return;
     struct iovec *iov = kvd_mem_calloc(KVD_MEM_OTHER, n, sizeof(*iov));
     if (iov == NULL) {
-        snprintf(t->note, sizeof(t->note), "fixed buffers: no memory");
+        snprintf(note, TIO_NOTE_BYTES, "fixed buffers: no memory");
         return;
     }
     for (uint64_t k = 0; k < n; k++) {
@@ -935,7 +934,7 @@ static void uring_register_pool(tio_t *t)
     int rc = io_uring_register_buffers(&t->ur->ring, iov, (unsigned)n);
     kvd_mem_free(KVD_MEM_OTHER, iov, n * sizeof(*iov));
     if (rc < 0) {
-        uring_note_register_failed(t, -rc);
+        uring_note_register_failed(t, -rc, note);
         return;
     }
     t->ur->slice_bytes = slice;
@@ -1025,7 +1024,7 @@ static int uring_start(tio_t *t)
         rc = uring_slots_init(t);
     if (rc == KVD_OK) {
         if (!t->o.defer_fixed)
-            uring_register_pool(t);
+            uring_register_pool(t, t->note); /* before the ring's thread starts */
         else if (t->o.fixed_slice_bytes != UINT64_MAX)
             snprintf(t->note, sizeof(t->note),
                      "fixed buffers once the pool is populated");
