@@ -1197,6 +1197,19 @@ static void *ckpt_thread(void *arg)
 
 /* Ends a checkpoint written on its thread: joins it (waiting when `wait`),
  * frees it. False when one runs still. */
+/* A checkpoint that was not written: what it was to put in place waits
+ * for the next, which comes a second after this one began rather than a
+ * period (an operator's eviction is durable only once one is written). */
+static void ckpt_failed(struct tier *t, const ckpt_job_t *j)
+{
+    t->changes++;
+    for (uint32_t k = 0; j != NULL && k < j->n_sums; k++)
+        t->segs[j->sums[k]].sum_pending = true;
+    t->last_ckpt_ms = t->last_ckpt_ms > t->ckpt_every_ms
+                          ? t->last_ckpt_ms - t->ckpt_every_ms + 1000
+                          : 0;
+}
+
 static bool ckpt_reap(struct tier *t, bool wait)
 {
     if (!t->ckpt_running)
@@ -1206,7 +1219,7 @@ static bool ckpt_reap(struct tier *t, bool wait)
     pthread_join(t->ckpt_tid, NULL);
     t->ckpt_running = false;
     if (atomic_load(&t->ckpt_rc) != KVD_OK)
-        t->changes++; /* try again at the next period */
+        ckpt_failed(t, t->ckpt);
     ckpt_job_free(t->ckpt);
     free(t->ckpt);
     t->ckpt = NULL;
@@ -1218,20 +1231,22 @@ static bool ckpt_reap(struct tier *t, bool wait)
 static void ckpt_start(kvd_store_t *s)
 {
     struct tier *t = s->tier;
-    if (!ckpt_reap(t, false) || (t->ckpt = calloc(1, sizeof(*t->ckpt))) == NULL)
+    if (!ckpt_reap(t, false))
         return;
-    if (ckpt_build(s, t->ckpt) != KVD_OK) {
+    if ((t->ckpt = calloc(1, sizeof(*t->ckpt))) == NULL ||
+        ckpt_build(s, t->ckpt) != KVD_OK) {
         free(t->ckpt);
         t->ckpt = NULL;
+        ckpt_failed(t, NULL);
         return;
     }
     t->changes = 0;
     atomic_store(&t->ckpt_done, false);
     if (pthread_create(&t->ckpt_tid, NULL, ckpt_thread, t) != 0) {
+        ckpt_failed(t, t->ckpt);
         ckpt_job_free(t->ckpt);
         free(t->ckpt);
         t->ckpt = NULL;
-        t->changes++;
         return;
     }
     t->ckpt_running = true;
@@ -1249,8 +1264,10 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
         return rc;
     uint64_t changes = t->changes;
     t->changes = 0;
-    if ((rc = ckpt_write(t, &j)) != KVD_OK)
-        t->changes = changes;
+    if ((rc = ckpt_write(t, &j)) != KVD_OK) {
+        ckpt_failed(t, &j);
+        t->changes += changes;
+    }
     ckpt_job_free(&j);
     return rc;
 }
