@@ -1829,6 +1829,24 @@ int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_B
     return KVD_OK;
 }
 
+/* Evicts the objects of a list (the DRAM LRU or the SSD tier's) from
+ * `head` on that are of slot ns, of tenant, or of any (UINT32_MAX);
+ * returns how many. */
+static uint64_t evict_list(kvd_store_t *s, uint32_t head, uint32_t ns, uint32_t tenant)
+{
+    uint64_t e = 0;
+    for (uint32_t i = head, next; i != NIL; i = next) {
+        next = R(s, i)->link_next;
+        uint32_t slot = R(s, i)->ns;
+        if ((ns == UINT32_MAX || slot == ns) &&
+            (tenant == UINT32_MAX || tenant_of(s, slot) == tenant)) {
+            evict_rec(s, i);
+            e++;
+        }
+    }
+    return e;
+}
+
 /* Evicts what is evictable of one slot (ns), one tenant, or all (both
  * UINT32_MAX); counts what went and what had to stay. */
 static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *evicted,
@@ -1841,24 +1859,8 @@ static void evict_where(kvd_store_t *s, uint32_t ns, uint32_t tenant, uint64_t *
         if (s->ns[n].live && (ns == UINT32_MAX || n == ns) &&
             (tenant == UINT32_MAX || s->ns[n].info.tenant == tenant))
             k += s->ns[n].info.objects_writing + s->ns[n].info.objects_pinned;
-    for (uint32_t i = s->lru_head, next; i != NIL; i = next) {
-        next = R(s, i)->link_next;
-        uint32_t slot = R(s, i)->ns;
-        if ((ns == UINT32_MAX || slot == ns) &&
-            (tenant == UINT32_MAX || tenant_of(s, slot) == tenant)) {
-            evict_rec(s, i);
-            e++;
-        }
-    }
-    for (uint32_t i = s->ssd_lru_head, next; i != NIL; i = next) {
-        next = R(s, i)->link_next;
-        uint32_t slot = R(s, i)->ns;
-        if ((ns == UINT32_MAX || slot == ns) &&
-            (tenant == UINT32_MAX || tenant_of(s, slot) == tenant)) {
-            evict_rec(s, i);
-            e++;
-        }
-    }
+    e += evict_list(s, s->lru_head, ns, tenant);
+    e += evict_list(s, s->ssd_lru_head, ns, tenant);
     *evicted = e;
     *skipped = k;
     evict_done(s, before);

@@ -1335,6 +1335,18 @@ static uint32_t ns_add(restore_t *rs, const char *tenant, const char *name,
     return rs->n_ns++;
 }
 
+/* The restore's index of each of n namespaces of a file (a checkpoint's,
+ * a summary's), UINT32_MAX where memory ran out; NULL without memory. The
+ * caller frees it. */
+static uint32_t *ns_map(restore_t *rs, const seg_sum_ns_t *ns, uint32_t n)
+{
+    uint32_t *map = calloc(n ? n : 1, sizeof(uint32_t));
+    for (uint32_t k = 0; map != NULL && k < n; k++)
+        map[k] = ns_add(rs, ns[k].tenant, ns[k].name, ns[k].object_bytes,
+                        ns[k].rank_replicated);
+    return map;
+}
+
 /* Reads the checkpoint: its records go into rs, and scan_from[id] says
  * where each segment of the generation it names is to be scanned from
  * (0: from its start). Nothing usable is no error. */
@@ -1368,12 +1380,9 @@ static void ckpt_read(struct tier *t, restore_t *rs, uint32_t *scan_from,
     const ckpt_seg_t *cs = (const ckpt_seg_t *)body;
     const ckpt_ns_t *cn = (const ckpt_ns_t *)(cs + h.n_segs);
     const ckpt_rec_t *cr = (const ckpt_rec_t *)(cn + h.n_ns);
-    uint32_t *map = calloc(h.n_ns ? h.n_ns : 1, sizeof(uint32_t));
+    uint32_t *map = ns_map(rs, cn, h.n_ns);
     if (map == NULL)
         goto out;
-    for (uint32_t k = 0; k < h.n_ns; k++)
-        map[k] = ns_add(rs, cn[k].tenant, cn[k].name, cn[k].object_bytes,
-                        cn[k].rank_replicated);
     for (uint64_t k = 0; k < h.n_recs; k++) {
         const ckpt_rec_t *c = &cr[k];
         uint32_t id = c->loc / t->seg_blocks;
@@ -1522,12 +1531,9 @@ static bool sum_read(struct tier *t, uint32_t id, uint32_t from, restore_t *rs,
         goto out;
     const seg_sum_ns_t *ns = (const seg_sum_ns_t *)body;
     const seg_sum_ent_t *ent = (const seg_sum_ent_t *)(ns + h.n_ns);
-    uint32_t *map = calloc(h.n_ns ? h.n_ns : 1, sizeof(uint32_t));
+    uint32_t *map = ns_map(rs, ns, h.n_ns);
     if (map == NULL)
         goto out;
-    for (uint32_t k = 0; k < h.n_ns; k++)
-        map[k] = ns_add(rs, ns[k].tenant, ns[k].name, ns[k].object_bytes,
-                        ns[k].rank_replicated);
     ok = true;
     for (uint32_t k = 0; k < h.n_ent && ok; k++) {
         const seg_sum_ent_t *x = &ent[k];

@@ -390,26 +390,6 @@ static int psync_rw2(const tio_op_t *op, bool is_write, int fd, uint8_t *block,
     return KVD_OK;
 }
 
-static int psync_rw(const tio_op_t *op, bool is_write, int fd, uint8_t *buf, uint64_t len,
-                    uint64_t off, int *err)
-{
-    uint64_t done = 0;
-    while (done < len) {
-        size_t chunk = (size_t)KVD_MIN(len - done, TIO_RW_MAX);
-        ssize_t n = is_write ? pwrite(fd, buf + done, chunk, (off_t)(off + done))
-                             : pread(fd, buf + done, chunk, (off_t)(off + done));
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            *err = n < 0 ? errno : (is_write ? ENOSPC : 0);
-            tio_log_io(op, is_write, fd, off + done, *err);
-            return *err == 0 ? KVD_ERR_CORRUPT : tio_errno_status(*err);
-        }
-        done += (uint64_t)n;
-    }
-    return KVD_OK;
-}
-
 /* WRITE with pwrite: the sealed header block, then the value. */
 static int psync_write(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err)
 {
@@ -435,16 +415,17 @@ static int psync_read(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err,
 static int psync_copy(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err)
 {
     seg_rec_hdr_t hdr;
-    uint64_t bytes = SEG_BLOCK + op->value_bytes;
     uint8_t *b = tio_bounce(t, &w->bounce);
     if (b == NULL)
         return KVD_ERR_NOMEM;
-    int rc = psync_rw(op, false, op->fd, b, bytes, op->file_off, err);
+    int rc = psync_rw2(op, false, op->fd, b, b + SEG_BLOCK, op->value_bytes, op->file_off,
+                       err);
     if (rc == KVD_OK)
         rc = tio_rec_check(op, b, b + SEG_BLOCK, &hdr);
     if (rc == KVD_OK) {
         tio_rec_regenerate(op, b);
-        rc = psync_rw(op, true, op->dst_fd, b, bytes, op->dst_off, err);
+        rc = psync_rw2(op, true, op->dst_fd, b, b + SEG_BLOCK, op->value_bytes,
+                       op->dst_off, err);
     }
     tio_buf_free(&w->bounce); /* compaction is rare: no worker keeps one */
     return rc;
