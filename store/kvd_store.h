@@ -721,9 +721,10 @@ typedef struct kvd_tier_opts {
      * registering faults in and pins every page, which would populate the
      * pool at once, past its bounded rate */
     bool defer_fixed_buffers;
-    uint32_t fail_read_every; /* test hook: every n-th read fails with EIO */
-    uint64_t checkpoint_ms;   /* between periodic checkpoints; 0: 60000 */
-    uint64_t now_ms;          /* the callers' clock; 0: now */
+    uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
+    uint64_t checkpoint_ms;    /* between periodic checkpoints; 0: 60000 */
+    uint32_t checkpoint_slice; /* records a poll's checkpoint slice looks at; 0: 65536 */
+    uint64_t now_ms;           /* the callers' clock; 0: now */
 } kvd_tier_opts_t;
 
 typedef struct kvd_tier_recovery {

@@ -132,7 +132,8 @@ struct tier {
     uint64_t spill_ns, promote_ns, compactions, copied_bytes;
     uint64_t last_ckpt_ms, changes; /* records added or gone since the checkpoint */
     uint64_t ckpt_every_ms;
-    /* the periodic checkpoint, written on a thread (ckpt_start) */
+    uint32_t ckpt_slice;
+    /* the periodic checkpoint, built in slices, written on a thread (ckpt_step) */
     struct ckpt_job *ckpt;
     pthread_t ckpt_tid;
     bool ckpt_running;
@@ -146,7 +147,7 @@ struct tier {
 
 static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks);
 static bool ckpt_reap(struct tier *t, bool wait);
-static void ckpt_start(kvd_store_t *s);
+static void ckpt_step(kvd_store_t *s, bool due);
 
 /* ------------------------------------------------------------- places */
 
@@ -923,11 +924,11 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
     ckpt_reap(t, false);
     if (now_ms == 0)
         now_ms = kvd_now_ns() / 1000000;
-    if (t->changes > 0 && now_ms - t->last_ckpt_ms >= t->ckpt_every_ms &&
-        ckpt_reap(t, false)) {
+    bool due = t->changes > 0 && now_ms - t->last_ckpt_ms >= t->ckpt_every_ms &&
+               ckpt_reap(t, false);
+    if (due && t->ckpt == NULL)
         t->last_ckpt_ms = now_ms;
-        ckpt_start(s);
-    }
+    ckpt_step(s, due);
     return total;
 }
 
@@ -1056,29 +1057,50 @@ static int write_all(int fd, const void *buf, size_t len)
     return KVD_OK;
 }
 
-/* A checkpoint built on the caller's thread, to be written on any. */
+/*
+ * A checkpoint: built on the caller's thread in slices (CKPT_SLICE
+ * records of the store per poll, so that no poll holds the loop long),
+ * then written on any. It stays true to what a restart must find though
+ * the store changes between slices: the segments' generations and where
+ * each one's scan begins are taken when the build begins, so a record
+ * written after that is found by the scan (or a summary); one that leaves
+ * the tier after its slice comes back at a restart, which is harmless (a
+ * key names immutable bytes; an operator's eviction begins a checkpoint of
+ * its own); a record's namespace is the one of its slot at its slice (a
+ * slot reused meanwhile, with a new generation, gets an entry of its own).
+ */
+#define CKPT_SLICE 65536u
+
 typedef struct ckpt_job {
     ckpt_hdr_t h;
-    uint8_t *body;
-    size_t body_bytes, used;
+    ckpt_seg_t *segs;
+    ckpt_ns_t *ns; /* KVD_STORE_MAX_NAMESPACES of room; h.n_ns used */
+    ckpt_rec_t *recs;
+    uint64_t cap_recs;
     uint32_t *sums, n_sums; /* segments whose summaries it puts in place */
+    /* building: the next record of the store to look at, and each slot's
+     * entry (+ 1) with the slot's generation when it was made */
+    uint32_t pos;
+    uint32_t ns_of[KVD_STORE_MAX_NAMESPACES], ns_gen[KVD_STORE_MAX_NAMESPACES];
 } ckpt_job_t;
 
 static void ckpt_job_free(ckpt_job_t *j)
 {
-    kvd_mem_free(KVD_MEM_STAGING, j->body, j->body_bytes);
+    free(j->segs);
+    kvd_mem_free(KVD_MEM_STAGING, j->ns, KVD_STORE_MAX_NAMESPACES * sizeof(ckpt_ns_t));
+    kvd_mem_free(KVD_MEM_STAGING, j->recs, j->cap_recs * sizeof(ckpt_rec_t));
     free(j->sums);
-    j->body = NULL;
-    j->sums = NULL;
-    j->n_sums = 0;
+    free(j);
 }
 
-/* Snapshots the tier's live records, its segments' generations and where
- * each segment's scan at start begins. O(records of the store). */
-static int ckpt_build(kvd_store_t *s, ckpt_job_t *j)
+/* Begins a checkpoint: the header, the segments as they are now, the
+ * summaries waiting for it. NULL out of memory. */
+static ckpt_job_t *ckpt_begin(kvd_store_t *s)
 {
     struct tier *t = s->tier;
-    uint32_t *ns_of = kvd_mem_calloc(KVD_MEM_STAGING, KVD_STORE_MAX_NAMESPACES, 4);
+    ckpt_job_t *j = calloc(1, sizeof(*j));
+    if (j == NULL)
+        return NULL;
     j->h = (ckpt_hdr_t){.magic = CKPT_MAGIC,
                         .version = SEG_VERSION,
                         .tier_id = t->tier_id,
@@ -1087,49 +1109,66 @@ static int ckpt_build(kvd_store_t *s, ckpt_job_t *j)
                         .seq = t->seq,
                         .written_ms = kvd_wall_ms(),
                         .page_blocks = t->page_blocks};
-    size_t seg_part = (size_t)t->n_segs * sizeof(ckpt_seg_t);
-    j->body_bytes = seg_part + KVD_STORE_MAX_NAMESPACES * sizeof(ckpt_ns_t) +
-                    (size_t)s->ssd_objects * sizeof(ckpt_rec_t);
-    j->body = kvd_mem_calloc(KVD_MEM_STAGING, 1, j->body_bytes);
-    if (ns_of == NULL || j->body == NULL) {
-        kvd_mem_free(KVD_MEM_STAGING, ns_of, KVD_STORE_MAX_NAMESPACES * 4);
-        ckpt_job_free(j);
-        return KVD_ERR_NOMEM;
-    }
+    j->segs = calloc(t->n_segs, sizeof(ckpt_seg_t));
+    j->ns = kvd_mem_calloc(KVD_MEM_STAGING, KVD_STORE_MAX_NAMESPACES, sizeof(ckpt_ns_t));
     j->sums = malloc(t->n_segs * sizeof(uint32_t));
-    j->n_sums = 0;
-    for (uint32_t id = 0; j->sums != NULL && id < t->n_segs; id++)
-        if (t->segs[id].sum_pending) {
+    if (j->segs == NULL || j->ns == NULL || j->sums == NULL) {
+        ckpt_job_free(j);
+        return NULL;
+    }
+    for (uint32_t id = 0; id < t->n_segs; id++) {
+        const seg_t *g = &t->segs[id];
+        j->segs[id] =
+            (ckpt_seg_t){.generation = g->generation,
+                         .scan_from = g->state == SEG_FREE ? 0 : scan_from_of(t, id),
+                         .used = g->state != SEG_FREE};
+        if (g->sum_pending) {
             t->segs[id].sum_pending = false;
             j->sums[j->n_sums++] = id;
         }
-    ckpt_seg_t *cs = (ckpt_seg_t *)j->body;
-    for (uint32_t id = 0; id < t->n_segs; id++) {
-        const seg_t *g = &t->segs[id];
-        cs[id] = (ckpt_seg_t){.generation = g->generation,
-                              .scan_from = g->state == SEG_FREE ? 0 : scan_from_of(t, id),
-                              .used = g->state != SEG_FREE};
     }
-    ckpt_ns_t *cn = (ckpt_ns_t *)(j->body + seg_part);
-    ckpt_rec_t *cr = (ckpt_rec_t *)(cn + KVD_STORE_MAX_NAMESPACES);
-    uint64_t n = 0;
-    for (uint32_t i = 1; i <= s->rec_high && n < s->ssd_objects; i++) {
-        const rec_t *r = R(s, i);
+    j->pos = 1;
+    return j;
+}
+
+/* Adds the SSD records among the next max_visits records of the store;
+ * true once every record was looked at, false on (KVD_ERR_NOMEM in *rc)
+ * or when more is left. */
+static bool ckpt_slice(kvd_store_t *s, ckpt_job_t *j, uint64_t max_visits, int *rc)
+{
+    *rc = KVD_OK;
+    for (uint64_t n = 0; j->pos <= s->rec_high && n < max_visits; j->pos++, n++) {
+        const rec_t *r = R(s, j->pos);
         if (r->state != REC_READY || r->tier != KVD_TIER_SSD)
             continue;
-        if (ns_of[r->ns] == 0) {
-            const ns_entry_t *e = &s->ns[r->ns];
-            ckpt_ns_t *x = &cn[j->h.n_ns];
+        const ns_entry_t *e = &s->ns[r->ns];
+        if (j->ns_of[r->ns] == 0 || j->ns_gen[r->ns] != e->gen) {
+            if (j->h.n_ns == KVD_STORE_MAX_NAMESPACES)
+                continue; /* more names than slots: left to the scan */
+            ckpt_ns_t *x = &j->ns[j->h.n_ns];
             snprintf(x->tenant, sizeof(x->tenant), "%s",
                      kvd_store_tenant_name(s, e->info.tenant));
             memcpy(x->name, e->info.name, sizeof(x->name));
             x->object_bytes = e->info.object_bytes;
             x->rank_replicated = e->info.rank_replicated;
-            ns_of[r->ns] = ++j->h.n_ns;
+            j->ns_of[r->ns] = ++j->h.n_ns;
+            j->ns_gen[r->ns] = e->gen;
         }
-        ckpt_rec_t *c = &cr[n++];
+        if (j->h.n_recs == j->cap_recs) {
+            uint64_t cap = j->cap_recs ? 2 * j->cap_recs : 4096;
+            ckpt_rec_t *v = kvd_mem_realloc(KVD_MEM_STAGING, j->recs,
+                                            j->cap_recs * sizeof(ckpt_rec_t),
+                                            cap * sizeof(ckpt_rec_t));
+            if (v == NULL) {
+                *rc = KVD_ERR_NOMEM;
+                return false;
+            }
+            j->recs = v;
+            j->cap_recs = cap;
+        }
+        ckpt_rec_t *c = &j->recs[j->h.n_recs++];
         *c = (ckpt_rec_t){.loc = r->off_pages,
-                          .ns = ns_of[r->ns] - 1,
+                          .ns = j->ns_of[r->ns] - 1,
                           .depth = r->depth,
                           .last_access_s = r->last_access_s,
                           .hits = r->hits,
@@ -1137,22 +1176,15 @@ static int ckpt_build(kvd_store_t *s, ckpt_job_t *j)
         memcpy(c->key, r->key, KVD_KEY_BYTES);
         memcpy(c->parent_tag, r->parent_tag, KVD_KEY_TAG_BYTES);
     }
-    j->h.n_recs = n;
-    /* the namespaces used are packed after the segments, then the records */
-    size_t ns_bytes = (size_t)j->h.n_ns * sizeof(ckpt_ns_t);
-    memmove((uint8_t *)cn + ns_bytes, cr, n * sizeof(ckpt_rec_t));
-    j->used = seg_part + ns_bytes + n * sizeof(ckpt_rec_t);
-    j->h.crc =
-        kvd_crc32c(kvd_crc32c(0, &j->h, offsetof(ckpt_hdr_t, crc)), j->body, j->used);
-    kvd_mem_free(KVD_MEM_STAGING, ns_of, KVD_STORE_MAX_NAMESPACES * 4);
-    return KVD_OK;
+    return j->pos > s->rec_high;
 }
 
 /* Puts a built checkpoint in place: the segments' writes flushed to the
- * device first (what it lists must be there after a power loss too), then
- * a tmp file, fsync, rename, fsync of the directory. Blocking: the
- * checkpoint thread's, or a clean stop's. */
-static int ckpt_write(struct tier *t, const ckpt_job_t *j)
+ * device first (what it lists must be there after a power loss too), the
+ * summaries waiting for that renamed in place, then a tmp file (its CRC
+ * computed here, off the loop), fsync, rename, fsync of the directory.
+ * Blocking: the checkpoint thread's, or a clean stop's. */
+static int ckpt_write(struct tier *t, ckpt_job_t *j)
 {
     int rc = KVD_OK;
     for (uint32_t id = 0; id < t->n_segs && rc == KVD_OK; id++)
@@ -1167,11 +1199,20 @@ static int ckpt_write(struct tier *t, const ckpt_job_t *j)
         snprintf(tmp, sizeof(tmp), "%s.tmp", name);
         renameat(t->dir_fd, tmp, t->dir_fd, name);
     }
+    size_t segs = (size_t)j->h.n_segs * sizeof(ckpt_seg_t),
+           ns = (size_t)j->h.n_ns * sizeof(ckpt_ns_t),
+           recs = (size_t)j->h.n_recs * sizeof(ckpt_rec_t);
+    uint32_t crc = kvd_crc32c(0, &j->h, offsetof(ckpt_hdr_t, crc));
+    crc = kvd_crc32c(crc, j->segs, segs);
+    crc = kvd_crc32c(crc, j->ns, ns);
+    j->h.crc = kvd_crc32c(crc, j->recs, recs);
     int fd = rc != KVD_OK ? -1
                           : openat(t->dir_fd, CKPT_NAME ".tmp",
                                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (rc != KVD_OK || fd < 0 || (rc = write_all(fd, &j->h, sizeof(j->h))) != KVD_OK ||
-        (rc = write_all(fd, j->body, j->used)) != KVD_OK || fsync(fd) != 0 ||
+        (rc = write_all(fd, j->segs, segs)) != KVD_OK ||
+        (rc = write_all(fd, j->ns, ns)) != KVD_OK ||
+        (recs > 0 && (rc = write_all(fd, j->recs, recs)) != KVD_OK) || fsync(fd) != 0 ||
         renameat(t->dir_fd, CKPT_NAME ".tmp", t->dir_fd, CKPT_NAME) != 0 ||
         fsync(t->dir_fd) != 0) {
         if (rc == KVD_OK)
@@ -1195,8 +1236,6 @@ static void *ckpt_thread(void *arg)
     return NULL;
 }
 
-/* Ends a checkpoint written on its thread: joins it (waiting when `wait`),
- * frees it. False when one runs still. */
 /* A checkpoint that was not written: what it was to put in place waits
  * for the next, which comes a second after this one began rather than a
  * period (an operator's eviction is durable only once one is written). */
@@ -1210,42 +1249,57 @@ static void ckpt_failed(struct tier *t, const ckpt_job_t *j)
                           : 0;
 }
 
+/* Ends the checkpoint of t->ckpt once it was written on its thread (or at
+ * once, `wait`), or drops one still being built (`wait`: a clean stop
+ * builds its own). True when none is left. */
 static bool ckpt_reap(struct tier *t, bool wait)
 {
-    if (!t->ckpt_running)
+    if (t->ckpt == NULL)
         return true;
-    if (!wait && !atomic_load(&t->ckpt_done))
-        return false;
-    pthread_join(t->ckpt_tid, NULL);
-    t->ckpt_running = false;
-    if (atomic_load(&t->ckpt_rc) != KVD_OK)
+    if (!t->ckpt_running) {
+        if (!wait)
+            return false; /* being built */
         ckpt_failed(t, t->ckpt);
+    } else {
+        if (!wait && !atomic_load(&t->ckpt_done))
+            return false;
+        pthread_join(t->ckpt_tid, NULL);
+        t->ckpt_running = false;
+        if (atomic_load(&t->ckpt_rc) != KVD_OK)
+            ckpt_failed(t, t->ckpt);
+    }
     ckpt_job_free(t->ckpt);
-    free(t->ckpt);
     t->ckpt = NULL;
     return true;
 }
 
-/* The periodic checkpoint: built here (O(records)), written and synced on
- * a thread of its own, so that the loop does not wait for the disk. */
-static void ckpt_start(kvd_store_t *s)
+/* The periodic checkpoint: begun when due, built a slice per poll, then
+ * written and synced on a thread of its own, so that the loop neither
+ * walks the whole store at once nor waits for the disk. */
+static void ckpt_step(kvd_store_t *s, bool due)
 {
     struct tier *t = s->tier;
-    if (!ckpt_reap(t, false))
+    if (t->ckpt == NULL) {
+        if (!due)
+            return;
+        if ((t->ckpt = ckpt_begin(s)) == NULL) {
+            ckpt_failed(t, NULL);
+            return;
+        }
+        t->changes = 0;
+    }
+    if (t->ckpt_running)
         return;
-    if ((t->ckpt = calloc(1, sizeof(*t->ckpt))) == NULL ||
-        ckpt_build(s, t->ckpt) != KVD_OK) {
-        free(t->ckpt);
-        t->ckpt = NULL;
-        ckpt_failed(t, NULL);
+    int rc;
+    if (!ckpt_slice(s, t->ckpt, t->ckpt_slice, &rc)) {
+        if (rc != KVD_OK)
+            ckpt_reap(t, true); /* out of memory: dropped, tried again later */
         return;
     }
-    t->changes = 0;
     atomic_store(&t->ckpt_done, false);
     if (pthread_create(&t->ckpt_tid, NULL, ckpt_thread, t) != 0) {
         ckpt_failed(t, t->ckpt);
         ckpt_job_free(t->ckpt);
-        free(t->ckpt);
         t->ckpt = NULL;
         return;
     }
@@ -1258,17 +1312,20 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
     if (t == NULL)
         return KVD_OK;
     ckpt_reap(t, true);
-    ckpt_job_t j;
-    int rc = ckpt_build(s, &j);
-    if (rc != KVD_OK)
-        return rc;
+    ckpt_job_t *j = ckpt_begin(s);
+    int rc = j == NULL ? KVD_ERR_NOMEM : KVD_OK;
+    if (j != NULL && !ckpt_slice(s, j, UINT64_MAX, &rc))
+        ckpt_failed(t, j);
     uint64_t changes = t->changes;
-    t->changes = 0;
-    if ((rc = ckpt_write(t, &j)) != KVD_OK) {
-        ckpt_failed(t, &j);
-        t->changes += changes;
+    if (rc == KVD_OK) {
+        t->changes = 0;
+        if ((rc = ckpt_write(t, j)) != KVD_OK) {
+            ckpt_failed(t, j);
+            t->changes += changes;
+        }
     }
-    ckpt_job_free(&j);
+    if (j != NULL)
+        ckpt_job_free(j);
     return rc;
 }
 
@@ -1921,6 +1978,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
         snprintf(t->note, sizeof(t->note), "%s", tio_note(t->io));
     t->last_ckpt_ms = o->now_ms ? o->now_ms : kvd_now_ns() / 1000000;
     t->ckpt_every_ms = o->checkpoint_ms ? o->checkpoint_ms : CKPT_EVERY_MS;
+    t->ckpt_slice = o->checkpoint_slice ? o->checkpoint_slice : CKPT_SLICE;
     rec->elapsed_ns = kvd_now_ns() - t0;
     if (rec->objects == 0 && rec->note[0] == '\0')
         snprintf(rec->note, sizeof(rec->note), "%s",

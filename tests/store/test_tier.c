@@ -79,7 +79,8 @@ static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why,
                          .pool_bytes = POOL_BYTES,
                          .fresh = fresh,
                          .fail_read_every = fail_read_every,
-                         .checkpoint_ms = f->checkpoint_ms};
+                         .checkpoint_ms = f->checkpoint_ms,
+                         .checkpoint_slice = f->checkpoint_ms ? 5 : 0};
     int rc = kvd_store_tier_attach(f->s, &o, &f->rec, why, len);
     if (rc != KVD_OK) {
         kvd_store_destroy(f->s);
@@ -300,7 +301,9 @@ static void test_sigkill_keeps_acknowledged_spills(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         char why[512];
-        f.checkpoint_ms = 1; /* one checkpoint after another, on their thread */
+        /* one checkpoint after another, each built over several polls (5
+         * records a slice) while spills go on, and written on its thread */
+        f.checkpoint_ms = 1;
         if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
             _exit(3);
         put_all(&f);
