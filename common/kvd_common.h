@@ -283,4 +283,28 @@ void kvd_utf8_copy(char *dst, const char *src, size_t dst_len);
 const char *kvd_escape(char *dst, size_t dst_len, const char *src, size_t src_len);
 #define KVD_ESCAPED_MAX(n) (4 * (size_t)(n) + 1)
 
+/* ------------------------------------------------------------- cluster */
+
+/*
+ * The cluster's page directory is sharded across the live daemons by
+ * rendezvous (highest-random-weight) hashing: the owner of an entry is the
+ * member whose score for it is highest. A member that leaves moves only
+ * its own share (to the members that scored next), one that joins takes
+ * about 1/N of every other's; no table is shared. Daemons, tools and the
+ * simulator in bench/ all call these, so they agree on every owner.
+ *
+ * kvd_dir_hash hashes what names an entry (the tenant's and the
+ * namespace's names and the page key); kvd_node_hash a member's id;
+ * kvd_rendezvous_score mixes the two (64-bit, well spread even for ids
+ * that differ in one byte).
+ */
+uint64_t kvd_dir_hash(const char *tenant, const char *ns,
+                      const uint8_t key[KVD_KEY_BYTES]);
+uint64_t kvd_node_hash(const char *node_id);
+uint64_t kvd_rendezvous_score(uint64_t dir_hash, uint64_t node_hash);
+/* The index in node_hashes[0..n) of the owner of dir_hash (the highest
+ * score; a tie goes to the lower index, so callers pass members in one
+ * order, sorted by id). SIZE_MAX when n is 0. */
+size_t kvd_rendezvous_owner(uint64_t dir_hash, const uint64_t *node_hashes, size_t n);
+
 #endif /* KVD_COMMON_H */
