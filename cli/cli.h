@@ -35,7 +35,8 @@ typedef struct cli {
 
 /* A command's own options and its positional arguments. */
 typedef struct cli_args {
-    bool check, tree, all;
+    bool check, tree, all, cluster;
+    const char *tenant;
     const char *namespaces[KVD_LOOKUP_POOLS_MAX];
     size_t n_namespaces;
     const char *key, *page_size, *prior, *tokens_file, *trailing, *limit;

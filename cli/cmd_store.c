@@ -272,12 +272,115 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
 
 /* ------------------------------------------------------------------ show */
 
+/*
+ * show KEY --cluster: asks the daemon to look the key up in the cluster's
+ * directory (a routed DirLookup), in the namespace given (of --tenant,
+ * default "default") or in every namespace the daemon knows (its Stats).
+ */
+static int show_cluster(const cli_t *cli, const cli_args_t *a)
+{
+    kvd_key_t key;
+    if (parse_key(a->args[0], key) != 0)
+        return EXIT_USAGE;
+    kvd_msg_t req, rep = {0}, st = {0};
+    kvd_msg_request(&req, 0, KVD_METHOD_DIR_LOOKUP);
+    kvd_dir_lookup_req_t *r = &req.body.dir_lookup_req;
+    if (a->n_namespaces == 1) {
+        r->queries = kvd_msg_alloc(&req, sizeof(*r->queries));
+        if (r->queries == NULL)
+            return 1;
+        kvd_strlcpy(r->queries[0].tenant, a->tenant ? a->tenant : "default",
+                    sizeof(r->queries[0].tenant));
+        kvd_strlcpy(r->queries[0].ns_name, a->namespaces[0],
+                    sizeof(r->queries[0].ns_name));
+        r->n = 1;
+    } else {
+        if (cli_call_empty(cli, KVD_METHOD_STATS, &st) != KVD_OK) {
+            kvd_msg_clear(&st);
+            kvd_msg_clear(&req);
+            return 1;
+        }
+        const kvd_stats_rep_t *s = &st.body.stats_rep;
+        r->queries = kvd_msg_alloc(&req, (s->n_namespaces + 1) * sizeof(*r->queries));
+        if (r->queries == NULL) {
+            kvd_msg_clear(&st);
+            kvd_msg_clear(&req);
+            return 1;
+        }
+        for (size_t i = 0; i < s->n_namespaces; i++) {
+            if (a->tenant && strcmp(s->namespaces[i].tenant, a->tenant) != 0)
+                continue;
+            kvd_strlcpy(r->queries[r->n].tenant, s->namespaces[i].tenant,
+                        sizeof(r->queries[0].tenant));
+            kvd_strlcpy(r->queries[r->n].ns_name, s->namespaces[i].name,
+                        sizeof(r->queries[0].ns_name));
+            r->n++;
+        }
+    }
+    for (size_t q = 0; q < r->n; q++) {
+        r->queries[q].added = (kvd_key_t *)key;
+        r->queries[q].n_added = 1;
+    }
+    int rc = cli_call(cli, &req, &rep);
+    kvd_msg_clear(&st);
+    if (rc != KVD_OK) {
+        kvd_msg_clear(&rep);
+        kvd_msg_clear(&req);
+        return 1;
+    }
+    const kvd_dir_lookup_rep_t *d = &rep.body.dir_lookup_rep;
+    size_t found = 0;
+    if (cli->json) {
+        fputs("{\"key\":\"", stdout);
+        cli_print_hex(key, KVD_KEY_BYTES);
+        fputs("\",\"holders\":[", stdout);
+    }
+    for (size_t q = 0; q < r->n && q < d->n; q++) {
+        uint64_t bits = d->n_holders[q] ? d->holders[q][0] : 0;
+        if (bits == 0)
+            continue;
+        if (cli->json) {
+            printf("%s{\"tenant\":", found ? "," : "");
+            kvd_json_str(stdout, r->queries[q].tenant);
+            fputs(",\"namespace\":", stdout);
+            kvd_json_str(stdout, r->queries[q].ns_name);
+            fputs(",\"nodes\":[", stdout);
+        } else {
+            printf("namespace %s (tenant %s):", r->queries[q].ns_name,
+                   r->queries[q].tenant);
+        }
+        bool first = true;
+        for (size_t b = 0; b < d->n_nodes; b++) {
+            if (!(bits >> b & 1))
+                continue;
+            if (cli->json) {
+                fputs(first ? "" : ",", stdout);
+                kvd_json_str(stdout, d->nodes[b]);
+            } else {
+                printf(" %s", d->nodes[b]);
+            }
+            first = false;
+        }
+        fputs(cli->json ? "]}" : "\n", stdout);
+        found++;
+    }
+    if (cli->json)
+        fputs("]}\n", stdout);
+    else if (found == 0)
+        printf("no member of the cluster holds it\n");
+    kvd_msg_clear(&rep);
+    kvd_msg_clear(&req);
+    return found ? 0 : 1;
+}
+
 int cmd_show(const cli_t *cli, const cli_args_t *a)
 {
     if (a->n_args != 1 || a->n_namespaces > 1) {
         fprintf(stderr, "kvdock show: takes one KEY and at most one --namespace\n");
         return EXIT_USAGE;
     }
+    if (a->cluster)
+        return show_cluster(cli, a);
     kvd_msg_t req, rep = {0};
     kvd_msg_request(&req, 0, KVD_METHOD_INSPECT);
     if (parse_key(a->args[0], req.body.inspect_req.key) != 0)

@@ -38,7 +38,9 @@ static const cli_cmd_t commands[] = {
      "stored prefixes: namespace, root, pages, bytes, which pools hold state\n"
      "at which boundaries, last access, hits",
      cmd_prefixes},
-    {"show", "KEY [--namespace N]", "one stored key in every namespace holding it",
+    {"show", "KEY [--namespace N] [--cluster [--tenant T]]",
+     "one stored key in every namespace holding it;\n"
+     "--cluster: which members of the cluster hold it (from the directory)",
      cmd_show},
     {"lookup", "--namespace N [--namespace N2 ...] [--trailing T[,T2...]] KEYS...",
      "the restorable boundaries (pages) for these page keys;\n"
@@ -159,6 +161,8 @@ static int parse_command(int argc, char **argv, cli_t *cli, cli_args_t *a)
         {"tokens-file", required_argument, NULL, 'f'},
         {"trailing", required_argument, NULL, 'r'},
         {"limit", required_argument, NULL, 'l'},
+        {"cluster", no_argument, NULL, 'c'},
+        {"tenant", required_argument, NULL, 'e'},
         {NULL, 0, NULL, 0},
     };
     /* a fresh scan: optind = 0 makes glibc forget the "+" of the first one */
@@ -184,6 +188,8 @@ static int parse_command(int argc, char **argv, cli_t *cli, cli_args_t *a)
         case 'f': a->tokens_file = optarg; break;
         case 'r': a->trailing = optarg; break;
         case 'l': a->limit = optarg; break;
+        case 'c': a->cluster = true; break;
+        case 'e': a->tenant = optarg; break;
         default:
             fprintf(stderr, "kvdock %s: unknown option (see kvdock --help)\n", argv[0]);
             return EXIT_USAGE;

@@ -88,9 +88,9 @@ int kvd_etcd_put(kvd_etcd_t *e, const char *key, size_t key_len, const char *val
  * *current (may be NULL) gets the key as it is now (n = 0 if absent),
  * which the caller frees with kvd_etcd_kvs_free.
  */
-int kvd_etcd_cas(kvd_etcd_t *e, const char *key, size_t key_len, int64_t expect_mod_revision,
-                 const char *value, size_t value_len, int64_t lease, bool *done,
-                 kvd_etcd_kvs_t *current);
+int kvd_etcd_cas(kvd_etcd_t *e, const char *key, size_t key_len,
+                 int64_t expect_mod_revision, const char *value, size_t value_len,
+                 int64_t lease, bool *done, kvd_etcd_kvs_t *current);
 /* Reads one key (n = 0 if absent). */
 int kvd_etcd_get(kvd_etcd_t *e, const char *key, size_t key_len, kvd_etcd_kvs_t *out);
 /* Reads every key that starts with prefix, sorted by key. */
@@ -105,7 +105,7 @@ void kvd_etcd_kvs_free(kvd_etcd_kvs_t *kvs);
 typedef struct kvd_etcd_watch kvd_etcd_watch_t;
 
 typedef struct kvd_etcd_event {
-    bool is_delete;   /* DELETE (kv has only key and mod_revision), else PUT */
+    bool is_delete; /* DELETE (kv has only key and mod_revision), else PUT */
     kvd_etcd_kv_t kv;
 } kvd_etcd_event_t;
 

@@ -26,6 +26,8 @@
 #include "server.h"
 #include "auth.h"
 #include "cluster.h"
+#include "dirsvc.h"
+#include "peers.h"
 #include "metrics.h"
 #include "rpc_store.h"
 #include "nics.h"
@@ -68,6 +70,7 @@ typedef enum src_kind {
     SRC_UCX,
     SRC_TIER,    /* the SSD tier's completions */
     SRC_CLUSTER, /* the cluster's view changed (cluster.h) */
+    SRC_PEERS,   /* requests to peer daemons ended (peers.h) */
     SRC_CONN,
 } src_kind_t;
 
@@ -122,6 +125,9 @@ struct kvd_server {
     kvd_cluster_t *cluster;
     src_t cluster_src;
     kvd_cluster_view_t view;
+    kvd_peers_t *peers; /* calls to the other daemons, and their ends */
+    src_t peers_src;
+    kvd_dirsvc_t *dirsvc; /* the directory: this daemon's share and announcements */
     /* the UCX server started but may serve on none of the transports it
      * found: what it left out ("tcp/lo"), for the Hellos that ask */
     char ucx_refused[256];
@@ -686,6 +692,98 @@ static void on_cluster(kvd_server_t *s)
         return; /* the old view stays until the next change */
     kvd_cluster_view_free(&s->view);
     s->view = v;
+    kvd_dirsvc_view(s->dirsvc, &s->view);
+}
+
+static void conn_flush(kvd_server_t *s, conn_t *c);
+
+/* A routed DirLookup waiting for the owners' answers: the connection (by
+ * id: it may be gone by then) and the request it answers. */
+typedef struct deferred {
+    kvd_server_t *s;
+    uint64_t conn_id;
+    uint64_t req_id;
+    uint64_t t0;
+} deferred_t;
+
+static conn_t *conn_by_id(kvd_server_t *s, uint64_t id)
+{
+    for (conn_t *c = s->conns; c != NULL; c = c->next)
+        if (c->id == id && !c->dead)
+            return c;
+    return NULL;
+}
+
+static void routed_done(void *arg, kvd_msg_t *rep)
+{
+    deferred_t *d = arg;
+    kvd_server_t *s = d->s;
+    conn_t *c = conn_by_id(s, d->conn_id);
+    if (c != NULL) {
+        rep->id = d->req_id;
+        rep->method = KVD_METHOD_DIR_LOOKUP;
+        rep->reply = true;
+        conn_reply(s, c, rep);
+        conn_flush(s, c);
+    }
+    kvd_counters_record(&s->counters, KVD_METHOD_DIR_LOOKUP, rep->status != KVD_OK,
+                        kvd_now_ns() - d->t0);
+    kvd_mem_free(KVD_MEM_OTHER, d, sizeof(*d));
+}
+
+/*
+ * The directory's methods. DirAnnounce and DirLookup with local come from
+ * peer daemons only (the cluster's token); a routed DirLookup (the CLI's
+ * `show --cluster`) from a peer or an operator, or from a tenant about its
+ * own namespaces. Returns true when the reply is deferred (a routed
+ * lookup: routed_done sends it).
+ */
+static bool serve_dir(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep,
+                      uint64_t t0)
+{
+    if (s->dirsvc == NULL) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNSUPPORTED,
+                      "no cluster: kvdockd runs without --cluster-etcd");
+        return false;
+    }
+    bool local = req->method == KVD_METHOD_DIR_ANNOUNCE || req->body.dir_lookup_req.local;
+    if (local && !c->ctx.is_peer) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_PERMISSION,
+                      "%s is for the cluster's daemons (their token) only",
+                      kvd_method_name(req->method));
+        return false;
+    }
+    if (req->method == KVD_METHOD_DIR_ANNOUNCE) {
+        kvd_dirsvc_serve_announce(s->dirsvc, req, rep);
+        return false;
+    }
+    if (local) {
+        kvd_dirsvc_serve_local(s->dirsvc, req, rep);
+        return false;
+    }
+    const kvd_dir_lookup_req_t *r = &req->body.dir_lookup_req;
+    if (!c->ctx.is_operator) {
+        const char *mine = kvd_store_tenant_name(s->store, c->ctx.tenant);
+        for (size_t q = 0; q < r->n; q++)
+            if (mine == NULL || strcmp(r->queries[q].tenant, mine) != 0) {
+                kvd_msg_error(rep, req->id, req->method, KVD_ERR_PERMISSION,
+                              "a lookup names another tenant's namespace");
+                return false;
+            }
+    }
+    deferred_t *d = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*d));
+    if (d == NULL) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
+        return false;
+    }
+    *d = (deferred_t){s, c->id, req->id, t0};
+    int rc = kvd_dirsvc_route(s->dirsvc, r, routed_done, d);
+    if (rc != KVD_OK) {
+        kvd_mem_free(KVD_MEM_OTHER, d, sizeof(*d));
+        kvd_msg_error(rep, req->id, req->method, rc, "directory: %s", kvd_status_str(rc));
+        return false;
+    }
+    return true;
 }
 
 static int start_cluster(kvd_server_t *s)
@@ -706,6 +804,26 @@ static int start_cluster(kvd_server_t *s)
                   kvd_status_str(rc));
         return rc;
     }
+    uint8_t tok[KVD_TOKEN_MAX];
+    size_t tok_len = 0;
+    char why[256];
+    rc = kvd_token_read(s->opts.cluster_token_file, true, tok, sizeof(tok), &tok_len, why,
+                        sizeof(why));
+    if (rc != KVD_OK) {
+        KVD_ERROR("server", "--cluster-token-file: %s", why);
+        return rc;
+    }
+    rc = kvd_peers_start(s->opts.node_id, tok, tok_len, 1000, &s->peers);
+    explicit_bzero(tok, sizeof(tok));
+    if (rc == KVD_OK)
+        rc = kvd_dirsvc_create(s->store, s->peers, s->opts.node_id, &s->dirsvc);
+    if (rc != KVD_OK) {
+        KVD_ERROR("server", "cannot start the cluster directory: %s", kvd_status_str(rc));
+        return rc;
+    }
+    s->peers_src = (src_t){SRC_PEERS, kvd_peers_fd(s->peers)};
+    if ((rc = watch(s, &s->peers_src, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK)
+        return rc;
     s->cluster_src = (src_t){SRC_CLUSTER, kvd_cluster_fd(s->cluster)};
     KVD_INFO("server", "cluster '%s': joining as %s (%s) through etcd %s",
              s->opts.cluster_name, s->opts.node_id, s->opts.advertise,
@@ -767,6 +885,14 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         break;
     case KVD_METHOD_STATS: serve_stats(s, c, req, rep); break;
     case KVD_METHOD_CLUSTER: serve_cluster(s, req, rep); break;
+    case KVD_METHOD_DIR_ANNOUNCE:
+    case KVD_METHOD_DIR_LOOKUP:
+        if (serve_dir(s, c, req, rep, t0)) {
+            kvd_msg_clear(req);
+            kvd_msg_clear(rep);
+            return; /* answered when the owners have */
+        }
+        break;
     case KVD_METHOD_RESERVE:
     case KVD_METHOD_ACQUIRE:
         if (server_health(s) != KVD_HEALTH_READY) {
@@ -1500,7 +1626,7 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     s->start_ns = kvd_now_ns();
     s->usage_prev_ns = s->start_ns;
     s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = s->ucx_src.fd = -1;
-    s->tier_src.fd = s->cluster_src.fd = -1;
+    s->tier_src.fd = s->cluster_src.fd = s->peers_src.fd = -1;
     atomic_store(&s->health, KVD_HEALTH_STARTING);
     kvd_nics_discover(&s->nics); /* empty when none, or without libibverbs */
     kvd_store_config_t scfg;
@@ -1597,6 +1723,9 @@ void kvd_server_destroy(kvd_server_t *s)
     while (s->conns)
         conn_close(s, s->conns, "daemon exiting");
     free_dead(s);
+    /* the peers' last callbacks find no connection to answer */
+    kvd_peers_stop(s->peers);
+    kvd_dirsvc_destroy(s->dirsvc);
     close_listeners(s);
     if (s->sig.fd >= 0)
         close(s->sig.fd);
@@ -1745,7 +1874,9 @@ static int on_tick(kvd_server_t *s)
     if (s->cluster != NULL) {
         kvd_store_stats_t st;
         kvd_store_stats(s->store, &st);
-        kvd_cluster_set_load(s->cluster, st.objects_ready + st.ssd_objects, 0);
+        kvd_dirsvc_tick(s->dirsvc);
+        kvd_cluster_set_load(s->cluster, st.objects_ready + st.ssd_objects,
+                             kvd_dirsvc_entries(s->dirsvc));
     }
     metrics_publish(s);
     return 0;
@@ -1799,6 +1930,7 @@ int kvd_server_run(kvd_server_t *s)
                 break;
             case SRC_TIER: kvd_store_tier_poll(s->store, kvd_now_ns() / 1000000); break;
             case SRC_CLUSTER: on_cluster(s); break;
+            case SRC_PEERS: kvd_peers_poll(s->peers); break;
             case SRC_UCX:
                 /* a restarted UCX server reports, or one died (reaped
                  * here; on_tick starts the next) */

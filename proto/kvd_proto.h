@@ -631,6 +631,7 @@ typedef struct kvd_dir_announce_rep {
 typedef struct kvd_dir_lookup_req {
     size_t n;
     kvd_dir_keys_t *queries;
+    bool local; /* this daemon's share only (peers); else routed to the owners */
 } kvd_dir_lookup_req_t;
 
 #define KVD_DIR_NODES_MAX 64 /* holders one reply can name (a bit each) */

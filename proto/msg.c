@@ -550,6 +550,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         kvdock__dir_lookup_request__init(r);
         r->n_queries = in->n;
         r->queries = dir_keys_to_pb(scr, in->queries, in->n);
+        r->local = in->local;
         env->body_case = KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REQUEST;
         env->dir_lookup_request = r;
         return in->n == 0 || r->queries != NULL;
@@ -1296,6 +1297,7 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
     case KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REQUEST: {
         const Kvdock__DirLookupRequest *r = env->dir_lookup_request;
         out->body.dir_lookup_req.n = r->n_queries;
+        out->body.dir_lookup_req.local = r->local;
         return dir_keys_from_pb(out, r->n_queries, r->queries,
                                 &out->body.dir_lookup_req.queries);
     }

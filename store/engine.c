@@ -331,6 +331,12 @@ bool kvd_store_ns_next(const kvd_store_t *s, uint32_t *pos, uint32_t *ns_id)
     return false;
 }
 
+void kvd_store_set_presence(kvd_store_t *s, kvd_presence_fn fn, void *arg)
+{
+    s->presence = fn;
+    s->presence_arg = arg;
+}
+
 void kvd_store_set_scrub(kvd_store_t *s, kvd_scrub_fn fn, void *arg)
 {
     s->scrub = fn;
@@ -531,6 +537,8 @@ static void drop_object(kvd_store_t *s, uint32_t i)
     rec_t *r = R(s, i);
     uint32_t slot = r->ns;
     ns_entry_t *e = &s->ns[slot];
+    if (r->state == REC_READY && s->presence != NULL)
+        s->presence(s->presence_arg, ns_id_of(s, slot), r->key, false);
     if (r->state == REC_READY) {
         e->info.objects_ready--;
         count_child(s, i, -1);
@@ -672,6 +680,8 @@ static void drop_ssd(kvd_store_t *s, uint32_t i)
 {
     rec_t *r = R(s, i);
     uint32_t slot = r->ns;
+    if (s->presence != NULL)
+        s->presence(s->presence_arg, ns_id_of(s, slot), r->key, false);
     s->ns[slot].info.objects_ssd--;
     count_child(s, i, -1);
     index_remove(s, i);
@@ -1451,6 +1461,8 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
         s->ns[r->ns].info.published_bytes += s->ns[r->ns].info.object_bytes;
         s->ns[r->ns].info.objects_writing--;
         s->ns[r->ns].info.objects_ready++;
+        if (s->presence != NULL)
+            s->presence(s->presence_arg, ns_id_of(s, r->ns), r->key, true);
     }
     /* children are counted once every page of the batch is READY, so a
      * chain published in one batch counts its own links too */

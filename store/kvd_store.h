@@ -361,6 +361,21 @@ int kvd_store_tenant_usage(const kvd_store_t *s, uint32_t id, kvd_tenant_limits_
 typedef void (*kvd_scrub_fn)(void *arg, uint64_t offset, uint64_t bytes);
 void kvd_store_set_scrub(kvd_store_t *s, kvd_scrub_fn fn, void *arg);
 
+/*
+ * Tells fn when a key becomes readable in namespace ns (a Publish:
+ * present) and when it stops being readable on every tier (evicted from
+ * DRAM without a tier, evicted from the tier, a failed promotion, an
+ * operator's eviction: !present). Moves between DRAM and the SSD tier are
+ * not told: the key stays readable. Objects restored at start are not
+ * told either (walk them with kvd_store_foreach_from). fn runs inside the
+ * store's call, while ns still exists (kvd_store_ns_info answers for it):
+ * it must not call back into the store but for kvd_store_ns_info and
+ * kvd_store_tenant_name.
+ */
+typedef void (*kvd_presence_fn)(void *arg, uint32_t ns, const uint8_t key[KVD_KEY_BYTES],
+                                bool present);
+void kvd_store_set_presence(kvd_store_t *s, kvd_presence_fn fn, void *arg);
+
 /* --- lifecycle */
 
 /*

@@ -189,6 +189,8 @@ struct kvd_store {
 
     kvd_scrub_fn scrub;
     void *scrub_arg;
+    kvd_presence_fn presence; /* objects appearing and going (the cluster's directory) */
+    void *presence_arg;
 
     /* the journal of this store's metadata (persist.c); NULL without one */
     struct persist *persist;

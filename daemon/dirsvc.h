@@ -1,0 +1,66 @@
+/*
+ * dirsvc.h - the cluster directory as a service of this daemon: its share
+ * (directory.h) served to peers, its store announced to the owners, and
+ * lookups routed to the owners. Private to daemon/; runs on the event loop.
+ *
+ * Who owns an entry: kvd_rendezvous_owner over the live members (the
+ * cluster view, sorted by id) while the cluster is READY; while it is not
+ * (joining, degraded) nothing is announced or asked, and a routed lookup
+ * answers from this daemon's own store alone.
+ *
+ * Announcing (the holder's side):
+ *   - every key the store publishes or loses (kvd_store_set_presence) is
+ *     queued and sent on the next tick, one DirAnnounce per owner, in the
+ *     order the store told them;
+ *   - after a membership change (a member joined, left, or restarted: a
+ *     new start time under the same id), the store is walked in slices
+ *     and every key whose owner changed is announced to its new owner;
+ *   - the first announcement to each owner after this daemon started is
+ *     a reset (the owner forgets what an earlier life of this daemon told
+ *     it), and so is the first after that owner restarted.
+ * Owning (the owner's side):
+ *   - a member that leaves is taken out of every entry;
+ *   - a member that joins takes the entries it now owns: this share drops
+ *     them (their holders announce them to it).
+ */
+#ifndef KVD_DAEMON_DIRSVC_H
+#define KVD_DAEMON_DIRSVC_H
+
+#include "cluster.h"
+#include "kvd_store.h"
+#include "peers.h"
+
+typedef struct kvd_dirsvc kvd_dirsvc_t;
+
+/* Installs itself as the store's presence observer. */
+int kvd_dirsvc_create(kvd_store_t *store, kvd_peers_t *peers, const char *self_id,
+                      kvd_dirsvc_t **out);
+void kvd_dirsvc_destroy(kvd_dirsvc_t *d);
+
+/* The cluster's view changed (a copy the caller keeps alive until the
+ * next call). */
+void kvd_dirsvc_view(kvd_dirsvc_t *d, const kvd_cluster_view_t *view);
+/* Sends what is queued and walks one slice of a re-announce. */
+void kvd_dirsvc_tick(kvd_dirsvc_t *d);
+
+/* The peer methods: DirAnnounce, and DirLookup with local set. */
+void kvd_dirsvc_serve_announce(kvd_dirsvc_t *d, const kvd_msg_t *req, kvd_msg_t *rep);
+void kvd_dirsvc_serve_local(kvd_dirsvc_t *d, const kvd_msg_t *req, kvd_msg_t *rep);
+
+/*
+ * A DirLookup without local: asks each key's owner once (one batched
+ * request per owner), merges their answers with this daemon's own store,
+ * and calls fn on the loop with the reply (rep's dir_lookup_rep, or an
+ * error in it; fn takes nothing from rep after it returns). fn may run
+ * before this returns (nothing to ask). Owners that fail or time out
+ * count as knowing nothing.
+ */
+typedef void (*kvd_dirsvc_done_fn)(void *arg, kvd_msg_t *rep);
+int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
+                     kvd_dirsvc_done_fn fn, void *arg);
+
+/* Entries of this daemon's share; announcements waiting to go. */
+uint64_t kvd_dirsvc_entries(const kvd_dirsvc_t *d);
+uint64_t kvd_dirsvc_queued(const kvd_dirsvc_t *d);
+
+#endif
