@@ -16,6 +16,7 @@ typedef struct kvd_rpc_ctx {
     uint32_t tenant;  /* the store's tenant id; 0 is the default tenant */
     bool is_operator; /* may act across tenants (evict --all, list all) */
     bool read_only;   /* may look up and load, not write or evict */
+    bool is_peer;     /* another daemon of the cluster: the directory's methods */
 } kvd_rpc_ctx_t;
 
 /* Serves one store request of the connection ctx describes; fills rep (an
