@@ -202,9 +202,35 @@ static void remove_tree(const char *dir)
         nftw(dir, remove_one, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+/* The cluster whose files the exit and signal paths remove. */
+static kc_cluster_t *active;
+
+static void remove_files(kc_cluster_t *c)
+{
+    for (int i = 0; i < c->n; i++) {
+        remove_tree(c->node[i].dir);
+        c->node[i].dir[0] = '\0';
+    }
+    remove_tree(c->etcd.dir);
+    c->etcd.dir[0] = '\0';
+    if (c->client_token_file[0])
+        unlink(c->client_token_file);
+    if (c->peer_token_file[0])
+        unlink(c->peer_token_file);
+    c->client_token_file[0] = c->peer_token_file[0] = '\0';
+}
+
+static void remove_active_files(void)
+{
+    if (active != NULL)
+        remove_files(active);
+}
+
 int kc_setup(kc_cluster_t *c, int n, bool with_etcd)
 {
     memset(c, 0, sizeof(*c));
+    active = c;
+    kc_net_at_teardown(remove_active_files);
     char why[512];
     int rc = kc_net_create(&c->net, n, why, sizeof(why));
     if (rc == KVD_TEST_SKIP) {
@@ -266,13 +292,9 @@ void kc_teardown(kc_cluster_t *c)
         fprintf(stderr, "---- log of etcd (%s)\n", c->etcd.url);
         kvd_dump_file(c->etcd.log);
     }
-    for (int i = 0; i < c->n; i++)
-        remove_tree(c->node[i].dir);
-    remove_tree(c->etcd.dir);
-    if (c->client_token_file[0])
-        unlink(c->client_token_file);
-    if (c->peer_token_file[0])
-        unlink(c->peer_token_file);
+    remove_files(c);
+    kc_net_at_teardown(NULL);
+    active = NULL;
     kc_net_destroy(&c->net);
 }
 

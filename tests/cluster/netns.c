@@ -29,6 +29,12 @@ static const char SUFFIXES[] = "bnhp";
 
 static kc_net_t *active_net; /* what the exit and signal paths tear down */
 static pid_t tracked[TRACK_MAX];
+static void (*teardown_hook)(void);
+
+void kc_net_at_teardown(void (*fn)(void))
+{
+    teardown_hook = fn;
+}
 
 const char *kc_ip_path(void)
 {
@@ -232,6 +238,12 @@ void kc_net_destroy(kc_net_t *net)
 
 static void teardown_at_exit(void)
 {
+    kill_tracked();
+    if (teardown_hook != NULL) {
+        void (*fn)(void) = teardown_hook;
+        teardown_hook = NULL;
+        fn();
+    }
     if (active_net != NULL)
         kc_net_destroy(active_net);
     else

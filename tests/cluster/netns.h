@@ -92,4 +92,10 @@ int kc_run_in(const char *ns, int (*fn)(void *arg), void *arg, int timeout_ms);
 void kc_net_track(pid_t pid);
 void kc_net_untrack(pid_t pid);
 
+/* A function the exit and signal paths call after the tracked processes
+ * are killed and before the namespaces go (the cluster's directories and
+ * token files: a pool file in /dev/shm is memory). One at a time; NULL
+ * clears it. */
+void kc_net_at_teardown(void (*fn)(void));
+
 #endif
