@@ -300,6 +300,12 @@ void kc_teardown(kc_cluster_t *c)
 
 /* -------------------------------------------------------------- daemons */
 
+void kc_node_default_id(kc_cluster_t *c, int i)
+{
+    c->node[i].default_id = true;
+    kvd_strlcpy(c->node[i].node_id, c->node[i].addr, sizeof(c->node[i].node_id));
+}
+
 int kc_node_start(kc_cluster_t *c, int i, bool cluster, const char *const *extra)
 {
     kc_node_t *d = &c->node[i];
@@ -346,8 +352,6 @@ int kc_node_start(kc_cluster_t *c, int i, bool cluster, const char *const *extra
                             d->addr,
                             "--cluster-token-file",
                             c->peer_token_file,
-                            "--node-id",
-                            d->node_id,
                             "--cluster-name",
                             c->name,
                             "--cluster-ttl",
@@ -355,6 +359,10 @@ int kc_node_start(kc_cluster_t *c, int i, bool cluster, const char *const *extra
                             NULL};
         for (size_t k = 0; cl[k]; k++)
             argv[n++] = cl[k];
+        if (!d->default_id) {
+            argv[n++] = "--node-id";
+            argv[n++] = d->node_id;
+        }
     }
     for (size_t k = 0; extra && extra[k] && n < 62; k++)
         argv[n++] = extra[k];
@@ -498,6 +506,7 @@ int kc_view(const kc_cluster_t *c, int i, kc_view_t *v, char *why, size_t why_le
         kvd_strlcpy(x->address, addr, sizeof(x->address));
         x->self = cJSON_IsTrue(self);
         json_u64(m, "pool_bytes", &x->pool_bytes);
+        json_u64(m, "objects", &x->objects);
         json_u64(m, "directory_entries", &x->directory_entries);
         if (v->n > 0 && strcmp(v->m[v->n - 1].node, x->node) >= 0)
             v->sorted = false;

@@ -48,13 +48,14 @@ typedef struct kc_etcd {
 
 typedef struct kc_node {
     pid_t pid;
-    bool cluster; /* started with --cluster-etcd */
+    bool cluster;    /* started with --cluster-etcd */
+    bool default_id; /* started without --node-id: its id is its address */
     char ns[KC_NAME_MAX];
     char dir[64];
     char socket[108];
     char log[128];
     char addr[32];    /* "10.X.Y.Z:7400" */
-    char node_id[32]; /* "node-<i>" */
+    char node_id[32]; /* "node-<i>", or addr with default_id */
     char instance[32];
 } kc_node_t;
 
@@ -85,6 +86,10 @@ int kc_setup(kc_cluster_t *c, int n, bool with_etcd);
 /* Stops every daemon (SIGTERM, checks a clean exit) and etcd, prints the
  * logs when a check failed, removes the directories, files and the net. */
 void kc_teardown(kc_cluster_t *c);
+
+/* Daemon i is started without --node-id from now on: its id is its
+ * advertise address (the default). */
+void kc_node_default_id(kc_cluster_t *c, int i);
 
 /*
  * Starts daemon i in its namespace with the harness's flags (--socket,
@@ -124,6 +129,7 @@ typedef struct kc_member {
     char address[32];
     bool self;
     uint64_t pool_bytes;
+    uint64_t objects;
     uint64_t directory_entries;
 } kc_member_t;
 typedef struct kc_view {

@@ -3,8 +3,11 @@
  * daemons in three network namespaces and one etcd:
  * (a) joined: each daemon's `kvdock cluster --json` says "ready", lists the
  *     same three members (by node id, sorted, with their advertise
- *     addresses, self only on itself) at the same epoch; `health --json`
- *     says cluster "ready"; the table form exits 0 and names every member;
+ *     addresses and pool sizes, self only on itself) at the same epoch;
+ *     node 2 has no --node-id, so its id is its advertise address;
+ *     `health --json` says cluster "ready"; the table form exits 0 and
+ *     names every member; 4 objects published on node 2 show in its
+ *     "objects" as node-0 lists it (the heartbeat, a bounded wait);
  * (b) node-1 SIGKILLed (no chance to revoke its lease): it leaves the list
  *     of both others and the epoch rises; the wait is bounded by 4 x the
  *     TTL plus start-up slack and its measured length is printed, never
@@ -17,6 +20,7 @@
  * daemon has no --cluster-etcd yet.
  */
 #include "cluster.h"
+#include "test_store_util.h"
 
 #include <signal.h>
 #include <stdio.h>
@@ -28,6 +32,52 @@ static char out[1 << 16];
 
 #define ALL      0x7u
 #define NO_NODE1 0x5u
+
+/* Publishes 4 objects on node 2 (its Unix socket) and waits until node-0
+ * lists node 2 with 4 objects. */
+static void published_objects_show(void)
+{
+    enum { N = 4 };
+    kvd_ns_spec_t spec = ts_spec(TS_KV_NS, TS_KV_BYTES);
+    ts_client_t t;
+    kvd_key_t keys[N];
+    if (ts_make_keys(700, N, 16, keys) != 0 ||
+        ts_open(&t, cl.node[2].socket, &spec, 1, true))
+        return;
+    kvd_put_item_t items[N];
+    ts_chain_items(keys, N, NULL, 0, items);
+    uint64_t lease = 0, offsets[N];
+    uint8_t results[N];
+    ts_err_t err;
+    bool ok = DT_CHECK(ts_reserve(t.c, t.ns[0], TS_KV_BYTES, items, N, &lease, results,
+                                  offsets, &err) == KVD_OK,
+                       "(a) reserve on node 2: %s", err.text);
+    for (size_t i = 0; ok && i < N; i++)
+        if (t.pool && ts_in_pool(offsets[i], TS_KV_BYTES, t.pool_bytes))
+            ts_fill(t.pool + offsets[i], TS_KV_BYTES, keys[i], 1);
+    ok = ok && DT_CHECK(ts_publish(t.c, lease, keys, N, &err) == KVD_OK,
+                        "(a) publish on node 2: %s", err.text);
+    ts_close(&t);
+    if (!ok)
+        return;
+    uint64_t t0 = kc_now_ms(), bound = 4ull * (uint64_t)cl.ttl_s * 1000 + 10000, seen = 0;
+    while (kc_now_ms() < t0 + bound) {
+        kc_view_t v;
+        char why[512];
+        seen = UINT64_MAX;
+        if (kc_view(&cl, 0, &v, why, sizeof(why)) == 0)
+            for (size_t k = 0; k < v.n; k++)
+                if (strcmp(v.m[k].node, cl.node[2].node_id) == 0)
+                    seen = v.m[k].objects;
+        if (seen == N)
+            break;
+        kvd_sleep_ns(200000000);
+    }
+    if (DT_CHECK(seen == N, "(a) node-0 lists %s with %llu objects, want %d",
+                 cl.node[2].node_id, (unsigned long long)seen, N))
+        printf("(a) 4 objects published on %s listed by node-0 after %llu ms\n",
+               cl.node[2].node_id, (unsigned long long)(kc_now_ms() - t0));
+}
 
 static void joined(uint64_t *epoch)
 {
@@ -54,6 +104,7 @@ static void joined(uint64_t *epoch)
                          (unsigned long long)v.m[k].pool_bytes,
                          (unsigned long long)DT_POOL_BYTES);
     }
+    published_objects_show();
     int rc = kc_cli(&cl, 1, out, sizeof(out), (const char *[]){"cluster", NULL});
     DT_CHECK(rc == 0, "(a) kvdock cluster (table): exit %d", rc);
     for (int i = 0; i < 3; i++)
@@ -130,6 +181,8 @@ int main(void)
     if (rc == KVD_TEST_SKIP)
         return KVD_TEST_SKIP;
     uint64_t epoch = 0;
+    if (rc == 0)
+        kc_node_default_id(&cl, 2);
     if (rc == 0 && kc_node_start(&cl, 0, true, NULL) == 0 &&
         kc_node_start(&cl, 1, true, NULL) == 0 &&
         kc_node_start(&cl, 2, true, NULL) == 0) {
