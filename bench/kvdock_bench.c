@@ -863,6 +863,8 @@ static const bench_mode_t bench_modes[] = {
      "the journal's cost on Publish (vs --no-persist) and the restart with 1M objects"},
     {"ssd", bench_mode_ssd,
      "the SSD tier in process: spill and promote GB/s vs fio, SSD load latency, restart"},
+    {"cluster-sim", bench_mode_cluster_sim,
+     "the cluster directory on paper: entries per daemon, what a member leaving moves"},
 };
 
 static void bench_usage(FILE *f)
@@ -871,7 +873,7 @@ static void bench_usage(FILE *f)
                "Benchmarks of kvdock; they measure and print, they do not assert.\n\n"
                "Modes:\n");
     for (size_t i = 0; i < KVD_ARRAY_SIZE(bench_modes); i++)
-        fprintf(f, "  %-10s %s\n", bench_modes[i].name, bench_modes[i].help);
+        fprintf(f, "  %-11s %s\n", bench_modes[i].name, bench_modes[i].help);
 }
 
 int main(int argc, char **argv)
