@@ -19,7 +19,9 @@
  * own allocations are not.
  *
  * Threading: a client and its watches belong to one thread at a time;
- * curl_global_init runs once per process (pthread_once).
+ * curl_global_init runs once per process (pthread_once). A watch uses its
+ * client's request headers and error string: stop every watch before the
+ * client is destroyed.
  */
 #include "etcd.h"
 
@@ -658,15 +660,20 @@ static cJSON *etcd_put_request(const char *key, size_t key_len, const char *valu
     return put;
 }
 
+/* etcd refuses requests over 1.5 MiB (--max-request-bytes); what is far
+ * over it is refused here, before base64 (which takes an int) sees it. */
+#define ETCD_MAX_BYTES (8u << 20)
+
 static bool etcd_key_ok(const char *key, size_t key_len)
 {
-    return key && key_len > 0;
+    return key && key_len > 0 && key_len <= ETCD_MAX_BYTES;
 }
 
 int kvd_etcd_put(kvd_etcd_t *e, const char *key, size_t key_len, const char *value,
                  size_t value_len, int64_t lease, int64_t *revision)
 {
-    if (!e || !etcd_key_ok(key, key_len) || (!value && value_len))
+    if (!e || !etcd_key_ok(key, key_len) || (!value && value_len) ||
+        value_len > ETCD_MAX_BYTES)
         return KVD_ERR_INVALID;
     cJSON *req = etcd_put_request(key, key_len, value ? value : "", value_len, lease);
     cJSON *reply = NULL;
@@ -688,7 +695,7 @@ int kvd_etcd_cas(kvd_etcd_t *e, const char *key, size_t key_len,
                  int64_t lease, bool *done, kvd_etcd_kvs_t *current)
 {
     if (!e || !etcd_key_ok(key, key_len) || (!value && value_len) || !done ||
-        expect_mod_revision < 0)
+        expect_mod_revision < 0 || value_len > ETCD_MAX_BYTES)
         return KVD_ERR_INVALID;
     if (current)
         memset(current, 0, sizeof(*current)); /* freeable whatever happens */
@@ -783,7 +790,7 @@ int kvd_etcd_get(kvd_etcd_t *e, const char *key, size_t key_len, kvd_etcd_kvs_t 
 int kvd_etcd_get_prefix(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
                         kvd_etcd_kvs_t *out)
 {
-    if (!e || (!prefix && prefix_len) || !out)
+    if (!e || (!prefix && prefix_len) || prefix_len > ETCD_MAX_BYTES || !out)
         return KVD_ERR_INVALID;
     memset(out, 0, sizeof(*out));
     if (prefix_len == 0) /* every key: ["\0", "\0") in etcd's terms */
@@ -1045,13 +1052,16 @@ static int etcd_watch_try(kvd_etcd_watch_t *w, const char *url, const char *body
 int kvd_etcd_watch_start(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
                          int64_t start_revision, kvd_etcd_watch_t **out)
 {
-    if (!e || (!prefix && prefix_len) || !out)
+    if (!e || (!prefix && prefix_len) || prefix_len > ETCD_MAX_BYTES || !out)
         return KVD_ERR_INVALID;
     cJSON *req = cJSON_CreateObject();
     cJSON *create = cJSON_AddObjectToObject(req, "create_request");
+    /* an empty prefix watches every key: ["\0", "\0") */
     char *end = malloc(prefix_len ? prefix_len : 1);
-    size_t end_len = prefix_len ? etcd_prefix_end(prefix, prefix_len, end) : 1;
-    if (end && !prefix_len)
+    size_t end_len = 1;
+    if (end && prefix_len)
+        end_len = etcd_prefix_end(prefix, prefix_len, end);
+    else if (end)
         end[0] = '\0';
     bool ok = create && end &&
               etcd_json_add_bytes(create, "key", prefix_len ? prefix : "",
