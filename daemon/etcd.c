@@ -501,14 +501,17 @@ static int etcd_call(kvd_etcd_t *e, const char *path, cJSON *req, cJSON **reply)
         }
         int idx = (e->current + tried) % e->n_endpoints;
         snprintf(url, sizeof(url), "%s%s", e->endpoints[idx], path);
-        long left = (long)(deadline - now);
-        /* the connect of one endpoint may not take the time of the others */
-        long connect = left / (e->n_endpoints - tried);
+        /* one endpoint that accepts and never answers (a stopped etcd) may
+         * not take the time of the others: each gets its share of what is
+         * left, the last one all of it */
+        long share = (long)(deadline - now) / (e->n_endpoints - tried);
+        if (share < 1)
+            share = 1;
         etcd_buf_t b = {.limit = ETCD_MAX_REPLY};
         curl_easy_reset(e->curl);
         etcd_curl_common(e->curl, url, e->headers, body);
-        curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, left > 0 ? left : 1L);
-        curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, connect > 0 ? connect : 1L);
+        curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, share);
+        curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, share);
         curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, etcd_write_reply);
         curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, &b);
         CURLcode cc = curl_easy_perform(e->curl);
@@ -1027,7 +1030,7 @@ static int etcd_watch_try(kvd_etcd_watch_t *w, const char *url, const char *body
     if (!w->multi || !w->easy)
         return KVD_ERR_NOMEM;
     etcd_curl_common(w->easy, url, w->e->headers, body);
-    long left = (long)(deadline - etcd_now_ms());
+    long left = (long)deadline - (long)etcd_now_ms();
     curl_easy_setopt(w->easy, CURLOPT_CONNECTTIMEOUT_MS, left > 0 ? left : 1L);
     curl_easy_setopt(w->easy, CURLOPT_WRITEFUNCTION, etcd_watch_write);
     curl_easy_setopt(w->easy, CURLOPT_WRITEDATA, w);
@@ -1079,7 +1082,12 @@ int kvd_etcd_watch_start(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
     int rc = KVD_ERR_UNAVAILABLE;
     e->err[0] = '\0';
     char url[ETCD_MAX_URL + 64];
-    for (int tried = 0; tried < e->n_endpoints && etcd_now_ms() < deadline; tried++) {
+    for (int tried = 0; tried < e->n_endpoints; tried++) {
+        uint64_t now = etcd_now_ms();
+        if (now >= deadline)
+            break;
+        /* each endpoint gets its share of what is left (see etcd_call) */
+        uint64_t share = (deadline - now) / (uint64_t)(e->n_endpoints - tried);
         int idx = (e->current + tried) % e->n_endpoints;
         snprintf(url, sizeof(url), "%s/v3/watch", e->endpoints[idx]);
         kvd_etcd_watch_t *w = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*w));
@@ -1090,7 +1098,7 @@ int kvd_etcd_watch_start(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
         w->e = e;
         w->line.limit = ETCD_MAX_LINE;
         w->revision = start_revision > 0 ? start_revision - 1 : -1;
-        rc = etcd_watch_try(w, url, body, deadline);
+        rc = etcd_watch_try(w, url, body, now + (share ? share : 1));
         if (rc == KVD_OK) {
             e->current = idx;
             *out = w;
