@@ -466,12 +466,15 @@ static int etcd_error_reply(kvd_etcd_t *e, const char *url, long http, const cha
     etcd_set_err(e, "%s: HTTP %ld: %.300s", url, http,
                  cJSON_IsString(msg) ? msg->valuestring : "(no message)");
     cJSON_Delete(j);
-    switch (grpc) {
-    case 3: /* InvalidArgument */
-    case 11: /* OutOfRange */ return KVD_ERR_INVALID;
-    case 5: /* NotFound: the lease is gone */ return KVD_ERR_NOT_FOUND;
-    default: return KVD_ERR_PROTOCOL;
-    }
+    if (grpc == 3 || grpc == 11) /* InvalidArgument, OutOfRange */
+        return KVD_ERR_INVALID;
+    if (grpc == 5) /* NotFound: the lease is gone */
+        return KVD_ERR_NOT_FOUND;
+    /* DeadlineExceeded, ResourceExhausted ("too many requests"), Aborted,
+     * Unavailable: etcd may answer later */
+    if (grpc == 4 || grpc == 8 || grpc == 10 || grpc == 14)
+        return KVD_ERR_UNAVAILABLE;
+    return KVD_ERR_PROTOCOL;
 }
 
 /*
@@ -953,8 +956,9 @@ static size_t etcd_watch_write(char *p, size_t size, size_t n, void *arg)
     long http = 0;
     curl_easy_getinfo(w->easy, CURLINFO_RESPONSE_CODE, &http);
     if (http != 200) {
-        etcd_watch_end(w, http >= 500 ? KVD_ERR_UNAVAILABLE : KVD_ERR_PROTOCOL,
-                       "the gateway refused the watch");
+        etcd_watch_end(
+            w, http >= 500 || http == 429 ? KVD_ERR_UNAVAILABLE : KVD_ERR_PROTOCOL,
+            "the gateway refused the watch");
         return 0;
     }
     if (!etcd_buf_append(&w->line, p, total)) {

@@ -12,10 +12,11 @@
  * within bounded polls and calls answer UNAVAILABLE, and after a restart on
  * the same data they work again; a dead endpoint in front of a live one is
  * passed over. A fake gateway in a thread answers non-JSON, JSON without
- * the fields, JSON of the wrong types, bad base64, a 500, a close, silence
- * and an endless watch line: each call fails with PROTOCOL or UNAVAILABLE
- * and nothing crashes or hangs. Every byte the client charged is given
- * back. Skips (77) where /usr/bin/etcd is missing.
+ * the fields, JSON of the wrong types, bad base64, a 500, a 400 that is
+ * not JSON, etcd's 429, a close, silence and an endless watch line: each
+ * call fails with PROTOCOL or UNAVAILABLE and nothing crashes or hangs; a
+ * watch stream split in small pieces still yields whole events. Every byte the client
+ * charged is given back. Skips (77) where /usr/bin/etcd is missing.
  */
 #include "dtest.h"
 #include "etcd.h"
@@ -33,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -69,6 +71,7 @@ static int etcd_spawn(etcd_proc_t *p)
             dup2(fd, 1);
             dup2(fd, 2);
         }
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* no etcd outlives a killed test */
         execl(ETCD_BIN, ETCD_BIN, "--name", "t", "--data-dir", data,
               "--listen-client-urls", client, "--advertise-client-urls", client,
               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -486,6 +489,8 @@ enum fake_mode {
     FAKE_500,
     FAKE_CLOSE,
     FAKE_SILENT,
+    FAKE_400_NOT_JSON,
+    FAKE_429,
     FAKE_HUGE_LINE,
     FAKE_WATCH_SPLIT,
     FAKE_MODES
@@ -562,6 +567,12 @@ static void fake_serve(fake_t *f, int fd)
         break;
     case FAKE_500: fake_reply(fd, 500, "{\"error\":\"down\"}"); break;
     case FAKE_CLOSE: break;
+    case FAKE_400_NOT_JSON: fake_reply(fd, 400, "<html>no</html>"); break;
+    case FAKE_429: /* etcd's "too many requests": try again later */
+        fake_reply(fd, 429,
+                   "{\"error\":\"etcdserver: too many requests\",\"message\":"
+                   "\"etcdserver: too many requests\",\"code\":8}");
+        break;
     case FAKE_SILENT: /* hold the connection until the client gives up */
         for (int i = 0; i < 100 && !atomic_load(&f->stop); i++) {
             struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -648,7 +659,7 @@ static void fake_stop(fake_t *f)
  * gone) and grant no ID. */
 static bool bad_status(int rc, int mode)
 {
-    if (mode == FAKE_500 || mode == FAKE_CLOSE || mode == FAKE_SILENT)
+    if (mode == FAKE_500 || mode == FAKE_CLOSE || mode == FAKE_SILENT || mode == FAKE_429)
         return rc == KVD_ERR_UNAVAILABLE;
     return rc == KVD_ERR_PROTOCOL;
 }
