@@ -10,12 +10,14 @@
  * prefix in order, nothing else, and nothing is lost between a range and a
  * watch from its revision + 1; with etcd SIGKILLed a watch ends CLOSED
  * within bounded polls and calls answer UNAVAILABLE, and after a restart on
- * the same data they work again; a dead endpoint in front of a live one is
- * passed over. A fake gateway in a thread answers non-JSON, JSON without
- * the fields, JSON of the wrong types, bad base64, a 500, a 400 that is
- * not JSON, etcd's 429, a close, silence and an endless watch line: each
- * call fails with PROTOCOL or UNAVAILABLE and nothing crashes or hangs; a
- * watch stream split in small pieces still yields whole events. Every byte the client
+ * the same data they work again; a dead endpoint and a silent one in front
+ * of a live one are passed over.
+ *
+ * A fake gateway in a thread answers non-JSON, JSON without the fields,
+ * JSON of the wrong types, bad base64, a 500, a 400 that is not JSON,
+ * etcd's 429, a close, silence and an endless watch line: each call fails
+ * with PROTOCOL or UNAVAILABLE and nothing crashes or hangs; a watch stream
+ * split in small pieces still yields whole events. Every byte the client
  * charged is given back. Skips (77) where /usr/bin/etcd is missing.
  */
 #include "dtest.h"
