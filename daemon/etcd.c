@@ -19,7 +19,9 @@
  * own allocations are not.
  *
  * Threading: a client and its watches belong to one thread at a time;
- * curl_global_init runs once per process (pthread_once).
+ * curl_global_init runs once per process (pthread_once). A watch uses its
+ * client's request headers and error string: stop every watch before the
+ * client is destroyed.
  */
 #include "etcd.h"
 
@@ -464,12 +466,15 @@ static int etcd_error_reply(kvd_etcd_t *e, const char *url, long http, const cha
     etcd_set_err(e, "%s: HTTP %ld: %.300s", url, http,
                  cJSON_IsString(msg) ? msg->valuestring : "(no message)");
     cJSON_Delete(j);
-    switch (grpc) {
-    case 3: /* InvalidArgument */
-    case 11: /* OutOfRange */ return KVD_ERR_INVALID;
-    case 5: /* NotFound: the lease is gone */ return KVD_ERR_NOT_FOUND;
-    default: return KVD_ERR_PROTOCOL;
-    }
+    if (grpc == 3 || grpc == 11) /* InvalidArgument, OutOfRange */
+        return KVD_ERR_INVALID;
+    if (grpc == 5) /* NotFound: the lease is gone */
+        return KVD_ERR_NOT_FOUND;
+    /* DeadlineExceeded, ResourceExhausted ("too many requests"), Aborted,
+     * Unavailable: etcd may answer later */
+    if (grpc == 4 || grpc == 8 || grpc == 10 || grpc == 14)
+        return KVD_ERR_UNAVAILABLE;
+    return KVD_ERR_PROTOCOL;
 }
 
 /*
@@ -499,14 +504,17 @@ static int etcd_call(kvd_etcd_t *e, const char *path, cJSON *req, cJSON **reply)
         }
         int idx = (e->current + tried) % e->n_endpoints;
         snprintf(url, sizeof(url), "%s%s", e->endpoints[idx], path);
-        long left = (long)(deadline - now);
-        /* the connect of one endpoint may not take the time of the others */
-        long connect = left / (e->n_endpoints - tried);
+        /* one endpoint that accepts and never answers (a stopped etcd) may
+         * not take the time of the others: each gets its share of what is
+         * left, the last one all of it */
+        long share = (long)(deadline - now) / (e->n_endpoints - tried);
+        if (share < 1)
+            share = 1;
         etcd_buf_t b = {.limit = ETCD_MAX_REPLY};
         curl_easy_reset(e->curl);
         etcd_curl_common(e->curl, url, e->headers, body);
-        curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, left > 0 ? left : 1L);
-        curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, connect > 0 ? connect : 1L);
+        curl_easy_setopt(e->curl, CURLOPT_TIMEOUT_MS, share);
+        curl_easy_setopt(e->curl, CURLOPT_CONNECTTIMEOUT_MS, share);
         curl_easy_setopt(e->curl, CURLOPT_WRITEFUNCTION, etcd_write_reply);
         curl_easy_setopt(e->curl, CURLOPT_WRITEDATA, &b);
         CURLcode cc = curl_easy_perform(e->curl);
@@ -658,15 +666,20 @@ static cJSON *etcd_put_request(const char *key, size_t key_len, const char *valu
     return put;
 }
 
+/* etcd refuses requests over 1.5 MiB (--max-request-bytes); what is far
+ * over it is refused here, before base64 (which takes an int) sees it. */
+#define ETCD_MAX_BYTES (8u << 20)
+
 static bool etcd_key_ok(const char *key, size_t key_len)
 {
-    return key && key_len > 0;
+    return key && key_len > 0 && key_len <= ETCD_MAX_BYTES;
 }
 
 int kvd_etcd_put(kvd_etcd_t *e, const char *key, size_t key_len, const char *value,
                  size_t value_len, int64_t lease, int64_t *revision)
 {
-    if (!e || !etcd_key_ok(key, key_len) || (!value && value_len))
+    if (!e || !etcd_key_ok(key, key_len) || (!value && value_len) ||
+        value_len > ETCD_MAX_BYTES)
         return KVD_ERR_INVALID;
     cJSON *req = etcd_put_request(key, key_len, value ? value : "", value_len, lease);
     cJSON *reply = NULL;
@@ -688,7 +701,7 @@ int kvd_etcd_cas(kvd_etcd_t *e, const char *key, size_t key_len,
                  int64_t lease, bool *done, kvd_etcd_kvs_t *current)
 {
     if (!e || !etcd_key_ok(key, key_len) || (!value && value_len) || !done ||
-        expect_mod_revision < 0)
+        expect_mod_revision < 0 || value_len > ETCD_MAX_BYTES)
         return KVD_ERR_INVALID;
     if (current)
         memset(current, 0, sizeof(*current)); /* freeable whatever happens */
@@ -783,7 +796,7 @@ int kvd_etcd_get(kvd_etcd_t *e, const char *key, size_t key_len, kvd_etcd_kvs_t 
 int kvd_etcd_get_prefix(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
                         kvd_etcd_kvs_t *out)
 {
-    if (!e || (!prefix && prefix_len) || !out)
+    if (!e || (!prefix && prefix_len) || prefix_len > ETCD_MAX_BYTES || !out)
         return KVD_ERR_INVALID;
     memset(out, 0, sizeof(*out));
     if (prefix_len == 0) /* every key: ["\0", "\0") in etcd's terms */
@@ -943,8 +956,9 @@ static size_t etcd_watch_write(char *p, size_t size, size_t n, void *arg)
     long http = 0;
     curl_easy_getinfo(w->easy, CURLINFO_RESPONSE_CODE, &http);
     if (http != 200) {
-        etcd_watch_end(w, http >= 500 ? KVD_ERR_UNAVAILABLE : KVD_ERR_PROTOCOL,
-                       "the gateway refused the watch");
+        etcd_watch_end(
+            w, http >= 500 || http == 429 ? KVD_ERR_UNAVAILABLE : KVD_ERR_PROTOCOL,
+            "the gateway refused the watch");
         return 0;
     }
     if (!etcd_buf_append(&w->line, p, total)) {
@@ -1020,7 +1034,7 @@ static int etcd_watch_try(kvd_etcd_watch_t *w, const char *url, const char *body
     if (!w->multi || !w->easy)
         return KVD_ERR_NOMEM;
     etcd_curl_common(w->easy, url, w->e->headers, body);
-    long left = (long)(deadline - etcd_now_ms());
+    long left = (long)deadline - (long)etcd_now_ms();
     curl_easy_setopt(w->easy, CURLOPT_CONNECTTIMEOUT_MS, left > 0 ? left : 1L);
     curl_easy_setopt(w->easy, CURLOPT_WRITEFUNCTION, etcd_watch_write);
     curl_easy_setopt(w->easy, CURLOPT_WRITEDATA, w);
@@ -1045,13 +1059,16 @@ static int etcd_watch_try(kvd_etcd_watch_t *w, const char *url, const char *body
 int kvd_etcd_watch_start(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
                          int64_t start_revision, kvd_etcd_watch_t **out)
 {
-    if (!e || (!prefix && prefix_len) || !out)
+    if (!e || (!prefix && prefix_len) || prefix_len > ETCD_MAX_BYTES || !out)
         return KVD_ERR_INVALID;
     cJSON *req = cJSON_CreateObject();
     cJSON *create = cJSON_AddObjectToObject(req, "create_request");
+    /* an empty prefix watches every key: ["\0", "\0") */
     char *end = malloc(prefix_len ? prefix_len : 1);
-    size_t end_len = prefix_len ? etcd_prefix_end(prefix, prefix_len, end) : 1;
-    if (end && !prefix_len)
+    size_t end_len = 1;
+    if (end && prefix_len)
+        end_len = etcd_prefix_end(prefix, prefix_len, end);
+    else if (end)
         end[0] = '\0';
     bool ok = create && end &&
               etcd_json_add_bytes(create, "key", prefix_len ? prefix : "",
@@ -1069,7 +1086,12 @@ int kvd_etcd_watch_start(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
     int rc = KVD_ERR_UNAVAILABLE;
     e->err[0] = '\0';
     char url[ETCD_MAX_URL + 64];
-    for (int tried = 0; tried < e->n_endpoints && etcd_now_ms() < deadline; tried++) {
+    for (int tried = 0; tried < e->n_endpoints; tried++) {
+        uint64_t now = etcd_now_ms();
+        if (now >= deadline)
+            break;
+        /* each endpoint gets its share of what is left (see etcd_call) */
+        uint64_t share = (deadline - now) / (uint64_t)(e->n_endpoints - tried);
         int idx = (e->current + tried) % e->n_endpoints;
         snprintf(url, sizeof(url), "%s/v3/watch", e->endpoints[idx]);
         kvd_etcd_watch_t *w = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*w));
@@ -1080,7 +1102,7 @@ int kvd_etcd_watch_start(kvd_etcd_t *e, const char *prefix, size_t prefix_len,
         w->e = e;
         w->line.limit = ETCD_MAX_LINE;
         w->revision = start_revision > 0 ? start_revision - 1 : -1;
-        rc = etcd_watch_try(w, url, body, deadline);
+        rc = etcd_watch_try(w, url, body, now + (share ? share : 1));
         if (rc == KVD_OK) {
             e->current = idx;
             *out = w;

@@ -10,12 +10,15 @@
  * prefix in order, nothing else, and nothing is lost between a range and a
  * watch from its revision + 1; with etcd SIGKILLed a watch ends CLOSED
  * within bounded polls and calls answer UNAVAILABLE, and after a restart on
- * the same data they work again; a dead endpoint in front of a live one is
- * passed over. A fake gateway in a thread answers non-JSON, JSON without
- * the fields, JSON of the wrong types, bad base64, a 500, a close, silence
- * and an endless watch line: each call fails with PROTOCOL or UNAVAILABLE
- * and nothing crashes or hangs. Every byte the client charged is given
- * back. Skips (77) where /usr/bin/etcd is missing.
+ * the same data they work again; a dead endpoint and a silent one in front
+ * of a live one are passed over.
+ *
+ * A fake gateway in a thread answers non-JSON, JSON without the fields,
+ * JSON of the wrong types, bad base64, a 500, a 400 that is not JSON,
+ * etcd's 429, a close, silence and an endless watch line: each call fails
+ * with PROTOCOL or UNAVAILABLE and nothing crashes or hangs; a watch stream
+ * split in small pieces still yields whole events. Every byte the client
+ * charged is given back. Skips (77) where /usr/bin/etcd is missing.
  */
 #include "dtest.h"
 #include "etcd.h"
@@ -25,6 +28,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -32,6 +36,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -68,6 +73,7 @@ static int etcd_spawn(etcd_proc_t *p)
             dup2(fd, 1);
             dup2(fd, 2);
         }
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* no etcd outlives a killed test */
         execl(ETCD_BIN, ETCD_BIN, "--name", "t", "--data-dir", data,
               "--listen-client-urls", client, "--advertise-client-urls", client,
               "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -475,30 +481,6 @@ static void test_kill_restart(etcd_proc_t *p, kvd_etcd_t *e)
     kvd_etcd_watch_stop(w);
 }
 
-static void test_failover(etcd_proc_t *p)
-{
-    char eps[160];
-    snprintf(eps, sizeof(eps), "http://127.0.0.1:%d,%s/", dt_free_port(), p->url);
-    kvd_etcd_t *e = NULL;
-    if (!DT_CHECK(kvd_etcd_create(eps, CALL_TIMEOUT, &e) == KVD_OK, "create %s", eps))
-        return;
-    kvd_etcd_kvs_t got;
-    DT_CHECK(kvd_etcd_put(e, S("t/f"), S("f"), 0, NULL) == KVD_OK,
-             "put through the live one: %s", kvd_etcd_error(e));
-    DT_CHECK(strcmp(kvd_etcd_endpoint(e), p->url) == 0, "endpoint %s",
-             kvd_etcd_endpoint(e));
-    DT_CHECK(kvd_etcd_get(e, S("t/f"), &got) == KVD_OK && got.n == 1, "get");
-    kvd_etcd_kvs_free(&got);
-    kvd_etcd_watch_t *w = NULL;
-    DT_CHECK(kvd_etcd_watch_start(e, S("t/f"), 0, &w) == KVD_OK, "watch");
-    kvd_etcd_watch_stop(w);
-    kvd_etcd_destroy(e);
-
-    DT_CHECK(kvd_etcd_create("ftp://x", CALL_TIMEOUT, &e) == KVD_ERR_INVALID,
-             "bad scheme");
-    DT_CHECK(kvd_etcd_create("", CALL_TIMEOUT, &e) == KVD_ERR_INVALID, "no endpoint");
-}
-
 /* ------------------------------------------------------------ fake gateway */
 
 enum fake_mode {
@@ -509,7 +491,10 @@ enum fake_mode {
     FAKE_500,
     FAKE_CLOSE,
     FAKE_SILENT,
+    FAKE_400_NOT_JSON,
+    FAKE_429,
     FAKE_HUGE_LINE,
+    FAKE_WATCH_SPLIT,
     FAKE_MODES
 };
 
@@ -584,6 +569,12 @@ static void fake_serve(fake_t *f, int fd)
         break;
     case FAKE_500: fake_reply(fd, 500, "{\"error\":\"down\"}"); break;
     case FAKE_CLOSE: break;
+    case FAKE_400_NOT_JSON: fake_reply(fd, 400, "<html>no</html>"); break;
+    case FAKE_429: /* etcd's "too many requests": try again later */
+        fake_reply(fd, 429,
+                   "{\"error\":\"etcdserver: too many requests\",\"message\":"
+                   "\"etcdserver: too many requests\",\"code\":8}");
+        break;
     case FAKE_SILENT: /* hold the connection until the client gives up */
         for (int i = 0; i < 100 && !atomic_load(&f->stop); i++) {
             struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -592,6 +583,26 @@ static void fake_serve(fake_t *f, int fd)
                 break;
         }
         break;
+    case FAKE_WATCH_SPLIT: {
+        /* a watch stream in 7-byte pieces, so that lines are split across
+         * the client's reads (TCP_NODELAY, a pause between the pieces) */
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        const char *stream =
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            "Connection: close\r\n\r\n"
+            "{\"result\":{\"header\":{\"revision\":\"39\"},\"created\":true}}\n"
+            "{\"result\":{\"header\":{\"revision\":\"41\"},\"events\":["
+            "{\"kv\":{\"key\":\"ay9h\",\"mod_revision\":\"40\",\"value\":\"dgB3\"}},"
+            "{\"type\":\"DELETE\",\"kv\":{\"key\":\"ay9h\",\"mod_revision\":\"41\"}}]}}\n"
+            "{\"result\":{\"header\":{\"revision\":\"42\"}}}\n";
+        for (size_t off = 0, len = strlen(stream); off < len && !atomic_load(&f->stop);
+             off += 7) {
+            fake_send(fd, stream + off, len - off < 7 ? len - off : 7);
+            usleep(1000);
+        }
+        break;
+    }
     case FAKE_HUGE_LINE: {
         const char *head =
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -650,23 +661,20 @@ static void fake_stop(fake_t *f)
  * gone) and grant no ID. */
 static bool bad_status(int rc, int mode)
 {
-    if (mode == FAKE_500 || mode == FAKE_CLOSE || mode == FAKE_SILENT)
+    if (mode == FAKE_500 || mode == FAKE_CLOSE || mode == FAKE_SILENT || mode == FAKE_429)
         return rc == KVD_ERR_UNAVAILABLE;
     return rc == KVD_ERR_PROTOCOL;
 }
 
-static void test_garbage(void)
+static void test_garbage(fake_t *f)
 {
-    fake_t f;
-    if (!DT_CHECK(fake_start(&f) == 0, "fake gateway"))
-        return;
     char url[64];
-    snprintf(url, sizeof(url), "http://127.0.0.1:%d", f.port);
+    snprintf(url, sizeof(url), "http://127.0.0.1:%d", f->port);
     kvd_etcd_t *e = NULL;
     if (!DT_CHECK(kvd_etcd_create(url, 500, &e) == KVD_OK, "create"))
-        goto out;
+        return;
     for (int mode = 0; mode < FAKE_HUGE_LINE; mode++) {
-        atomic_store(&f.mode, mode);
+        atomic_store(&f->mode, mode);
         kvd_etcd_kvs_t got;
         int64_t id = 0, rev = 0;
         int ttl = 0;
@@ -716,7 +724,7 @@ static void test_garbage(void)
     }
 
     /* an endless line: the watch ends with PROTOCOL, not a growing buffer */
-    atomic_store(&f.mode, FAKE_HUGE_LINE);
+    atomic_store(&f->mode, FAKE_HUGE_LINE);
     kvd_etcd_watch_t *w = NULL;
     int rc = kvd_etcd_watch_start(e, S("k"), 0, &w);
     if (DT_CHECK(rc == KVD_OK, "huge line: watch_start %s", kvd_status_str(rc))) {
@@ -727,9 +735,61 @@ static void test_garbage(void)
                  kvd_status_str(rc));
         kvd_etcd_watch_stop(w);
     }
+
+    /* lines split across reads: each event whole, in order, and the
+     * progress notification's revision after them */
+    atomic_store(&f->mode, FAKE_WATCH_SPLIT);
+    w = NULL;
+    rc = kvd_etcd_watch_start(e, S("k/"), 40, &w);
+    if (DT_CHECK(rc == KVD_OK, "split stream: watch_start %s", kvd_status_str(rc))) {
+        kvd_etcd_event_t all[4];
+        size_t n = 0;
+        rc = collect(w, all, 4, &n, 1000);
+        DT_CHECK(rc == KVD_ERR_CLOSED, "the stream's end: CLOSED, got %s",
+                 kvd_status_str(rc));
+        if (DT_CHECK(n == 2, "split stream: 2 events, got %zu", n)) {
+            DT_CHECK(!all[0].is_delete && kv_is(&all[0].kv, S("k/a"), S("v\0w")) &&
+                         all[0].kv.mod_revision == 40,
+                     "split stream: the put");
+            DT_CHECK(all[1].is_delete && kv_is(&all[1].kv, S("k/a"), "", 0) &&
+                         all[1].kv.mod_revision == 41,
+                     "split stream: the delete");
+        }
+        events_clear(all, n < 4 ? n : 4);
+        DT_CHECK(kvd_etcd_watch_revision(w) == 42,
+                 "revision of the progress notification: %lld",
+                 (long long)kvd_etcd_watch_revision(w));
+        kvd_etcd_watch_stop(w);
+    }
     kvd_etcd_destroy(e);
-out:
-    fake_stop(&f);
+}
+
+/* A dead endpoint, then one that accepts and never answers, in front of
+ * the live one: each is passed over within the call's timeout. */
+static void test_failover(etcd_proc_t *p, fake_t *f)
+{
+    atomic_store(&f->mode, FAKE_SILENT);
+    char eps[200];
+    snprintf(eps, sizeof(eps), "http://127.0.0.1:%d, http://127.0.0.1:%d,%s/",
+             dt_free_port(), f->port, p->url);
+    kvd_etcd_t *e = NULL;
+    if (!DT_CHECK(kvd_etcd_create(eps, CALL_TIMEOUT, &e) == KVD_OK, "create %s", eps))
+        return;
+    kvd_etcd_kvs_t got;
+    DT_CHECK(kvd_etcd_put(e, S("t/f"), S("f"), 0, NULL) == KVD_OK,
+             "put through the live one: %s", kvd_etcd_error(e));
+    DT_CHECK(strcmp(kvd_etcd_endpoint(e), p->url) == 0, "endpoint %s",
+             kvd_etcd_endpoint(e));
+    DT_CHECK(kvd_etcd_get(e, S("t/f"), &got) == KVD_OK && got.n == 1, "get");
+    kvd_etcd_kvs_free(&got);
+    kvd_etcd_watch_t *w = NULL;
+    DT_CHECK(kvd_etcd_watch_start(e, S("t/f"), 0, &w) == KVD_OK, "watch");
+    kvd_etcd_watch_stop(w);
+    kvd_etcd_destroy(e);
+
+    DT_CHECK(kvd_etcd_create("ftp://x", CALL_TIMEOUT, &e) == KVD_ERR_INVALID,
+             "bad scheme");
+    DT_CHECK(kvd_etcd_create("", CALL_TIMEOUT, &e) == KVD_ERR_INVALID, "no endpoint");
 }
 
 int main(void)
@@ -739,12 +799,18 @@ int main(void)
         return KVD_TEST_SKIP;
     }
     uint64_t mem0 = kvd_mem_bytes(KVD_MEM_OTHER);
-    test_garbage();
+    fake_t f;
+    if (fake_start(&f) != 0) {
+        DT_CHECK(false, "the fake gateway starts");
+        return dt_exit_status("etcd");
+    }
+    test_garbage(&f);
 
     etcd_proc_t p;
     if (etcd_start(&p) != 0) {
         DT_CHECK(false, "etcd starts");
         etcd_stop(&p);
+        fake_stop(&f);
         return dt_exit_status("etcd");
     }
     kvd_etcd_t *e = NULL;
@@ -754,11 +820,12 @@ int main(void)
         test_watch(e);
         test_watch_compacted(&p, e);
         test_leases(e);
-        test_failover(&p);
+        test_failover(&p, &f);
         test_kill_restart(&p, e);
         kvd_etcd_destroy(e);
     }
     etcd_stop(&p);
+    fake_stop(&f);
     DT_CHECK(kvd_mem_bytes(KVD_MEM_OTHER) == mem0,
              "every charged byte given back (%llu left)",
              (unsigned long long)(kvd_mem_bytes(KVD_MEM_OTHER) - mem0));
