@@ -486,6 +486,22 @@ uint64_t kvd_dirsvc_entries(const kvd_dirsvc_t *d)
     return kvd_dir_entries(d->share);
 }
 
+const char *kvd_dirsvc_address(const kvd_dirsvc_t *d, const char *node_id)
+{
+    const mem_t *m = d->ready ? mem_find(d->mem, d->n_mem, node_id) : NULL;
+    return m ? m->address : NULL;
+}
+
+bool kvd_dirsvc_is_self(const kvd_dirsvc_t *d, const char *node_id)
+{
+    return strcmp(d->self, node_id) == 0;
+}
+
+bool kvd_dirsvc_ready(const kvd_dirsvc_t *d)
+{
+    return d->ready;
+}
+
 uint64_t kvd_dirsvc_queued(const kvd_dirsvc_t *d)
 {
     return d->n_q;

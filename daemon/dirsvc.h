@@ -59,6 +59,12 @@ typedef void (*kvd_dirsvc_done_fn)(void *arg, kvd_msg_t *rep);
 int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
                      kvd_dirsvc_done_fn fn, void *arg);
 
+/* The RPC address of a live member (NULL when it is not one); whether an
+ * id is this daemon's own; whether the cluster can be asked now. */
+const char *kvd_dirsvc_address(const kvd_dirsvc_t *d, const char *node_id);
+bool kvd_dirsvc_is_self(const kvd_dirsvc_t *d, const char *node_id);
+bool kvd_dirsvc_ready(const kvd_dirsvc_t *d);
+
 /* Entries of this daemon's share; announcements waiting to go. */
 uint64_t kvd_dirsvc_entries(const kvd_dirsvc_t *d);
 uint64_t kvd_dirsvc_queued(const kvd_dirsvc_t *d);

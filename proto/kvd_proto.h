@@ -112,6 +112,7 @@ typedef enum kvd_method {
     KVD_METHOD_CLUSTER = 14,
     KVD_METHOD_DIR_ANNOUNCE = 15, /* peer daemons only */
     KVD_METHOD_DIR_LOOKUP = 16,   /* peer daemons only */
+    KVD_METHOD_FETCH = 17,        /* peer daemons only */
     KVD_METHOD_COUNT
 } kvd_method_t;
 
@@ -644,6 +645,23 @@ typedef struct kvd_dir_lookup_rep {
     uint64_t **holders;
 } kvd_dir_lookup_rep_t;
 
+typedef struct kvd_fetch_req {
+    char tenant[KVD_TENANT_NAME_BYTES];
+    char ns_name[KVD_NS_NAME_BYTES];
+    size_t n;
+    kvd_key_t *keys;
+} kvd_fetch_req_t;
+
+typedef struct kvd_fetch_rep {
+    uint64_t object_bytes;
+    size_t n;         /* = the request's keys */
+    uint8_t *present; /* n bytes */
+    size_t data_len;  /* object_bytes per present key */
+    const uint8_t *data;
+    size_t n_depths; /* one per present key */
+    uint32_t *depths;
+} kvd_fetch_rep_t;
+
 typedef struct kvd_method_stats {
     uint64_t calls;
     uint64_t errors;
@@ -782,6 +800,8 @@ typedef struct kvd_msg {
         kvd_dir_announce_rep_t dir_announce_rep;
         kvd_dir_lookup_req_t dir_lookup_req;
         kvd_dir_lookup_rep_t dir_lookup_rep;
+        kvd_fetch_req_t fetch_req;
+        kvd_fetch_rep_t fetch_rep;
     } body;
     kvd_arena_block_t *arena; /* owned memory of the variable-length parts */
 } kvd_msg_t;

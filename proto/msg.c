@@ -26,9 +26,9 @@
 const char *kvd_method_name(kvd_method_t m)
 {
     static const char *const names[KVD_METHOD_COUNT] = {
-        "none",    "hello",   "health",  "stats",        "register",  "lookup",
-        "reserve", "publish", "revoke",  "acquire",      "release",   "list_prefixes",
-        "inspect", "evict",   "cluster", "dir_announce", "dir_lookup"};
+        "none",    "hello",   "health",  "stats",        "register",   "lookup",
+        "reserve", "publish", "revoke",  "acquire",      "release",    "list_prefixes",
+        "inspect", "evict",   "cluster", "dir_announce", "dir_lookup", "fetch"};
     return (unsigned)m < KVD_METHOD_COUNT ? names[m] : "unknown";
 }
 
@@ -518,6 +518,19 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         env->hello_request = h;
         return !in->n_namespaces || h->namespaces;
     }
+    case KVD_METHOD_FETCH: {
+        const kvd_fetch_req_t *in = &m->body.fetch_req;
+        Kvdock__FetchRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__fetch_request__init(r);
+        r->tenant = (char *)in->tenant;
+        r->ns_name = (char *)in->ns_name;
+        r->keys = keys_to_pb(in->keys, in->n);
+        env->body_case = KVDOCK__ENVELOPE__BODY_FETCH_REQUEST;
+        env->fetch_request = r;
+        return true;
+    }
     case KVD_METHOD_CLUSTER: {
         Kvdock__ClusterRequest *r = arena_array(scr, 1, sizeof(*r));
         if (!r)
@@ -913,6 +926,21 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         env->cluster_reply = r;
         return in->n_members == 0 || r->members != NULL;
     }
+    case KVD_METHOD_FETCH: {
+        const kvd_fetch_rep_t *in = &m->body.fetch_rep;
+        Kvdock__FetchReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__fetch_reply__init(r);
+        r->object_bytes = in->object_bytes;
+        r->present = (ProtobufCBinaryData){in->n, in->present};
+        r->data = (ProtobufCBinaryData){in->data_len, (uint8_t *)in->data};
+        r->n_depths = in->n_depths;
+        r->depths = in->depths;
+        env->body_case = KVDOCK__ENVELOPE__BODY_FETCH_REPLY;
+        env->fetch_reply = r;
+        return true;
+    }
     case KVD_METHOD_DIR_ANNOUNCE: {
         Kvdock__DirAnnounceReply *r = arena_array(scr, 1, sizeof(*r));
         if (!r)
@@ -1236,6 +1264,7 @@ static Kvdock__Envelope__BodyCase expected_body(kvd_method_t method, bool reply)
         [KVD_METHOD_CLUSTER] = KVDOCK__ENVELOPE__BODY_CLUSTER_REQUEST,
         [KVD_METHOD_DIR_ANNOUNCE] = KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST,
         [KVD_METHOD_DIR_LOOKUP] = KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REQUEST,
+        [KVD_METHOD_FETCH] = KVDOCK__ENVELOPE__BODY_FETCH_REQUEST,
     };
     static const Kvdock__Envelope__BodyCase rep[KVD_METHOD_COUNT] = {
         [KVD_METHOD_HELLO] = KVDOCK__ENVELOPE__BODY_HELLO_REPLY,
@@ -1254,6 +1283,7 @@ static Kvdock__Envelope__BodyCase expected_body(kvd_method_t method, bool reply)
         [KVD_METHOD_CLUSTER] = KVDOCK__ENVELOPE__BODY_CLUSTER_REPLY,
         [KVD_METHOD_DIR_ANNOUNCE] = KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REPLY,
         [KVD_METHOD_DIR_LOOKUP] = KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REPLY,
+        [KVD_METHOD_FETCH] = KVDOCK__ENVELOPE__BODY_FETCH_REPLY,
     };
     return reply ? rep[method] : req[method];
 }
@@ -1283,6 +1313,14 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         out->body.stats_req.check = env->stats_request->check;
         return KVD_OK;
     case KVDOCK__ENVELOPE__BODY_CLUSTER_REQUEST: return KVD_OK;
+    case KVDOCK__ENVELOPE__BODY_FETCH_REQUEST: {
+        const Kvdock__FetchRequest *r = env->fetch_request;
+        kvd_fetch_req_t *l = &out->body.fetch_req;
+        int rc = copy_str(l->tenant, sizeof(l->tenant), r->tenant);
+        if (rc == KVD_OK)
+            rc = copy_str(l->ns_name, sizeof(l->ns_name), r->ns_name);
+        return rc != KVD_OK ? rc : keys_from_pb(out, r->keys, &l->keys, &l->n);
+    }
     case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST: {
         const Kvdock__DirAnnounceRequest *r = env->dir_announce_request;
         kvd_dir_announce_req_t *l = &out->body.dir_announce_req;
@@ -1455,6 +1493,30 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         c->n_members = rc == KVD_OK ? r->n_members : 0;
         return rc;
     }
+    case KVDOCK__ENVELOPE__BODY_FETCH_REPLY: {
+        const Kvdock__FetchReply *r = env->fetch_reply;
+        kvd_fetch_rep_t *f = &out->body.fetch_rep;
+        f->object_bytes = r->object_bytes;
+        const uint8_t *p = NULL;
+        int rc = bytes_from_pb(out, r->present, &p, &f->n);
+        f->present = (uint8_t *)p;
+        size_t n_present = 0;
+        for (size_t i = 0; rc == KVD_OK && i < f->n; i++)
+            n_present += f->present[i] != 0;
+        /* every present key's bytes and depth, nothing more or less */
+        if (rc == KVD_OK && n_present > 0 &&
+            (r->n_depths != n_present || f->object_bytes == 0 ||
+             r->data.len / f->object_bytes != n_present || r->data.len % f->object_bytes))
+            rc = KVD_ERR_PROTOCOL;
+        if (rc == KVD_OK && n_present == 0 && (r->data.len != 0 || r->n_depths != 0))
+            rc = KVD_ERR_PROTOCOL;
+        if (rc == KVD_OK)
+            rc = bytes_from_pb(out, r->data, &f->data, &f->data_len);
+        if (rc == KVD_OK)
+            rc = u32s_from_pb(out, r->n_depths, r->depths, &f->depths);
+        f->n_depths = r->n_depths;
+        return rc;
+    }
     case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REPLY:
         out->body.dir_announce_rep.entries = env->dir_announce_reply->entries;
         return KVD_OK;
@@ -1608,6 +1670,8 @@ static bool within_limits(const Kvdock__Envelope *env, const kvd_msg_limits_t *l
         return keys_within(env->finish_request->keys, max);
     case KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST:
         return keys_within(env->acquire_request->keys, max);
+    case KVDOCK__ENVELOPE__BODY_FETCH_REQUEST:
+        return keys_within(env->fetch_request->keys, max);
     case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST: {
         /* a batch per namespace; keys across the whole frame bounded by the
          * frame size itself (each is 32 bytes on the wire) */

@@ -1647,8 +1647,8 @@ static bool needs_ssd(const uint32_t *ssd_before, size_t b, uint32_t trailing)
     return ssd_before[b] > ssd_before[from];
 }
 
-int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
-                           uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries)
+static int lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                  uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries, bool count)
 {
     if (n_pools == 0)
         return KVD_ERR_INVALID;
@@ -1659,19 +1659,21 @@ int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_
             return KVD_ERR_NOT_FOUND;
         n = KVD_MIN(n, pools[p].n_keys);
     }
-    s->st.lookups++;
+    s->st.lookups += count;
     /* ok[b-1]: boundary b restorable for every pool so far */
-    /* ok[b-1]: bit 0 restorable so far, bit 1 needs the SSD tier; run and
-     * ssd_before share one allocation */
+    /* ok[b-1]: bit 0 restorable so far, bit 1 needs the SSD tier, bit 2
+     * another daemon; run, ssd_before and remote_before share one
+     * allocation */
     size_t cells = n ? n : 1;
     uint8_t *ok = kvd_mem_calloc(KVD_MEM_STAGING, cells, 1);
-    uint32_t *run = kvd_mem_calloc(KVD_MEM_STAGING, 2 * cells + 1, sizeof(uint32_t));
+    uint32_t *run = kvd_mem_calloc(KVD_MEM_STAGING, 3 * cells + 2, sizeof(uint32_t));
     if (ok == NULL || run == NULL) {
         kvd_mem_free(KVD_MEM_STAGING, ok, cells);
-        kvd_mem_free(KVD_MEM_STAGING, run, (2 * cells + 1) * sizeof(uint32_t));
+        kvd_mem_free(KVD_MEM_STAGING, run, (3 * cells + 2) * sizeof(uint32_t));
         return KVD_ERR_NOMEM;
     }
     uint32_t *ssd_before = run + cells;
+    uint32_t *remote_before = ssd_before + cells + 1;
     memset(ok, 1, n);
     for (size_t p = 0; p < n_pools; p++) {
         uint32_t slot = 0;
@@ -1681,10 +1683,14 @@ int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_
         for (size_t k = 0; k < n; k++) {
             uint32_t i = index_find(s, slot, pools[p].keys[k]);
             bool present = i != NIL && R(s, i)->state == REC_READY;
-            len = present ? len + 1 : 0;
+            bool remote = !present && pools[p].remote != NULL && pools[p].remote[k];
+            len = present || remote ? len + 1 : 0;
             run[k] = len;
             ssd_before[k + 1] =
                 ssd_before[k] + (present && R(s, i)->tier == KVD_TIER_SSD);
+            remote_before[k + 1] = remote_before[k] + remote;
+            if (!count)
+                continue;
             e->info.lookup_pages++;
             e->info.hit_pages += present;
             s->st.lookup_pages++;
@@ -1692,8 +1698,9 @@ int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_
         }
         for (size_t b = 1; b <= n; b++) {
             uint32_t trailing = pools[p].trailing_pages;
-            ok[b - 1] &= restorable(run, b, trailing) | 2;
+            ok[b - 1] &= restorable(run, b, trailing) | 6;
             ok[b - 1] |= needs_ssd(ssd_before, b, trailing) ? 2 : 0;
+            ok[b - 1] |= needs_ssd(remote_before, b, trailing) ? 4 : 0;
         }
     }
     size_t m = 0;
@@ -1701,13 +1708,27 @@ int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_
         if (!(ok[b - 1] & 1))
             continue;
         if (tiers)
-            tiers[m] = ok[b - 1] & 2 ? KVD_TIER_SSD : KVD_TIER_DRAM;
+            tiers[m] = ok[b - 1] & 4   ? KVD_TIER_REMOTE
+                       : ok[b - 1] & 2 ? KVD_TIER_SSD
+                                       : KVD_TIER_DRAM;
         boundaries[m++] = (uint32_t)b;
     }
     *n_boundaries = m;
     kvd_mem_free(KVD_MEM_STAGING, ok, cells);
-    kvd_mem_free(KVD_MEM_STAGING, run, (2 * cells + 1) * sizeof(uint32_t));
+    kvd_mem_free(KVD_MEM_STAGING, run, (3 * cells + 2) * sizeof(uint32_t));
     return KVD_OK;
+}
+
+int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                           uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries)
+{
+    return lookup(s, pools, n_pools, boundaries, tiers, n_boundaries, true);
+}
+
+int kvd_store_lookup_remote(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                            uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries)
+{
+    return lookup(s, pools, n_pools, boundaries, tiers, n_boundaries, false);
 }
 
 /* ---------------------------------------------------------- inspection */

@@ -195,6 +195,7 @@ typedef enum kvd_obj_state {
 typedef enum kvd_tier {
     KVD_TIER_DRAM = 0,
     KVD_TIER_SSD = 1,
+    KVD_TIER_REMOTE = 2, /* on another daemon of the cluster (a lookup's answer only) */
 } kvd_tier_t;
 
 /* kvd_reserve_result_t, the per-key answer of kvd_store_reserve, is in
@@ -458,6 +459,9 @@ typedef struct kvd_lookup_pool {
     const uint8_t (*keys)[KVD_KEY_BYTES]; /* page keys of the prompt's tail, in order */
     size_t n_keys;
     uint32_t trailing_pages; /* 0: ALL_PAGES; n: TRAILING_PAGES(n) */
+    /* n_keys flags, or NULL: non-zero where another daemon of the cluster
+     * holds a key this store lacks (kvd_store_lookup_remote) */
+    const uint8_t *remote;
 } kvd_lookup_pool_t;
 
 /*
@@ -472,6 +476,11 @@ int kvd_store_lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_po
  * needs: KVD_TIER_SSD when any page it needs is on the SSD tier. */
 int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
                            uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries);
+/* The same lookup again, with each pool's `remote` flags counting as
+ * present (tier KVD_TIER_REMOTE where a boundary needs one): what the
+ * cluster can restore. Counts nothing (the first lookup did). */
+int kvd_store_lookup_remote(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
+                            uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries);
 
 /* --- inspection and eviction */
 
