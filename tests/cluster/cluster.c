@@ -30,14 +30,6 @@ uint64_t kc_now_ms(void)
 
 static char help_out[1 << 16];
 
-bool kc_daemon_has_flag(const char *flag)
-{
-    char *argv[] = {(char *)kvd_test_bin("kvdockd"), "--help", NULL};
-    if (kvd_test_run(argv, help_out, sizeof(help_out), KC_CLI_MS) != 0)
-        return false;
-    return strstr(help_out, flag) != NULL;
-}
-
 bool kc_cli_has_flag(const char *cmd, const char *flag)
 {
     char *argv[] = {(char *)kvd_test_bin("kvdock"), "--help", NULL};

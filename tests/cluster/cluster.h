@@ -70,9 +70,8 @@ typedef struct kc_cluster {
     int ttl_s;                  /* --cluster-ttl */
 } kc_cluster_t;
 
-/* True when `kvdockd --help` names flag (a feature not built yet skips). */
-bool kc_daemon_has_flag(const char *flag);
-/* True when the line of `kvdock --help` for command cmd names flag. */
+/* True when the line of `kvdock --help` for command cmd names flag (a
+ * feature not built yet skips). */
 bool kc_cli_has_flag(const char *cmd, const char *flag);
 
 /*

@@ -272,6 +272,11 @@ static void install_teardown(void)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    sigaction(SIGQUIT, &sa, NULL);
+    /* a reader of the test's output that goes away (`| head`) must not end
+     * it without its teardown: writes fail with EPIPE instead */
+    signal(SIGPIPE, SIG_IGN);
 }
 
 /* Picks 10.X.Y.0/24 from the pid, moved on past subnets that have an

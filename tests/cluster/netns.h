@@ -13,8 +13,10 @@
  * machine's own networks) never collide.
  *
  * Teardown removes all of it: kc_net_destroy, and also at exit and on
- * SIGINT/SIGTERM (the handlers also SIGKILL the processes registered with
- * kc_net_track, by their pid). A create that finds leftovers of its own
+ * SIGINT, SIGTERM, SIGHUP and SIGQUIT (the handlers also SIGKILL the
+ * processes registered with kc_net_track, by their pid); SIGPIPE is
+ * ignored. Only SIGKILL leaves something behind, which the next run of
+ * the same pid mod 10^5 removes. A create that finds leftovers of its own
  * prefix (a crashed run of the same pid mod 10^5) removes them first.
  *
  * Threading: one net per process, made and destroyed by the main thread.

@@ -15,8 +15,7 @@
  * Registered on its own (cluster/directory) so that it can be enabled when
  * the directory lands: it skips (77) while `kvdock show` has no --cluster
  * (KVDOCK_TEST_CLUSTER_DIRECTORY=1 runs it all the same, for the work in
- * progress) or kvdockd no --cluster-etcd, and where namespaces or etcd
- * are missing.
+ * progress), and where namespaces or etcd are missing.
  */
 #include "cluster.h"
 #include "test_store_util.h"
@@ -206,10 +205,6 @@ static void evicted_on_c(void)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (!kc_daemon_has_flag("--cluster-etcd")) {
-        printf("SKIP: kvdockd has no --cluster-etcd yet (its --help does not name it)\n");
-        return KVD_TEST_SKIP;
-    }
     const char *force = getenv("KVDOCK_TEST_CLUSTER_DIRECTORY");
     if (!kc_cli_has_flag("show", "--cluster") && !(force && strcmp(force, "1") == 0)) {
         printf("SKIP: the directory is not built yet (`kvdock show` has no --cluster)\n");

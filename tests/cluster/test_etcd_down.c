@@ -9,8 +9,7 @@
  * (c) etcd restarted on the same data directory: cluster "ready" again on
  *     every daemon with the same three members, and node-0 still has the
  *     chain published while etcd was down.
- * Skips (77) where namespaces cannot be made, etcd is missing, or the
- * daemon has no --cluster-etcd yet.
+ * Skips (77) where namespaces cannot be made or etcd is missing.
  */
 #include "cluster.h"
 #include "test_store_util.h"
@@ -151,10 +150,6 @@ static void etcd_down_and_back(void)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (!kc_daemon_has_flag("--cluster-etcd")) {
-        printf("SKIP: kvdockd has no --cluster-etcd yet (its --help does not name it)\n");
-        return KVD_TEST_SKIP;
-    }
     int rc = kc_setup(&cl, 3, true);
     if (rc == KVD_TEST_SKIP)
         return KVD_TEST_SKIP;

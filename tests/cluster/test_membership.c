@@ -16,8 +16,7 @@
  *     epoch higher than the last;
  * (d) a daemon that was never in a cluster says "off" in health and in
  *     `kvdock cluster --json`.
- * Skips (77) where namespaces cannot be made, etcd is missing, or the
- * daemon has no --cluster-etcd yet.
+ * Skips (77) where namespaces cannot be made or etcd is missing.
  */
 #include "cluster.h"
 #include "test_store_util.h"
@@ -173,10 +172,6 @@ static void off(void)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    if (!kc_daemon_has_flag("--cluster-etcd")) {
-        printf("SKIP: kvdockd has no --cluster-etcd yet (its --help does not name it)\n");
-        return KVD_TEST_SKIP;
-    }
     int rc = kc_setup(&cl, 3, true);
     if (rc == KVD_TEST_SKIP)
         return KVD_TEST_SKIP;
