@@ -468,6 +468,7 @@ void kvd_dirsvc_serve_announce(kvd_dirsvc_t *d, const kvd_msg_t *req, kvd_msg_t 
     uint64_t entries = 0;
     int rc = kvd_dir_announce(d->share, &req->body.dir_announce_req, &entries);
     if (rc != KVD_OK) {
+        kvd_msg_clear(rep); /* what the reply held so far */
         kvd_msg_error(rep, req->id, req->method, rc, "directory: %s", kvd_status_str(rc));
         return;
     }
@@ -477,8 +478,10 @@ void kvd_dirsvc_serve_announce(kvd_dirsvc_t *d, const kvd_msg_t *req, kvd_msg_t 
 void kvd_dirsvc_serve_local(kvd_dirsvc_t *d, const kvd_msg_t *req, kvd_msg_t *rep)
 {
     int rc = kvd_dir_lookup_local(d->share, &req->body.dir_lookup_req, rep);
-    if (rc != KVD_OK)
+    if (rc != KVD_OK) {
+        kvd_msg_clear(rep); /* what the reply held so far */
         kvd_msg_error(rep, req->id, req->method, rc, "directory: %s", kvd_status_str(rc));
+    }
 }
 
 uint64_t kvd_dirsvc_entries(const kvd_dirsvc_t *d)

@@ -12,9 +12,9 @@
 #include <string.h>
 #include <sys/random.h>
 
-#define FAIL_HOLD_MS 2000                   /* a failed key answers NOT_FOUND this long */
-#define FRAME_SLACK  (64u * 1024u)           /* a Fetch reply's frame beside its bytes */
-#define OWNER_REMOTE (UINT64_MAX - 1)        /* the owner of a fetch's reservations */
+#define FAIL_HOLD_MS 2000             /* a failed key answers NOT_FOUND this long */
+#define FRAME_SLACK  (64u * 1024u)    /* a Fetch reply's frame beside its bytes */
+#define OWNER_REMOTE (UINT64_MAX - 1) /* the owner of a fetch's reservations */
 
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_FAILED };
 
@@ -152,11 +152,11 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
     fetch_t *f = arg;
     job_t *j = f->job;
     kvd_remote_t *r = j->r;
-    const kvd_fetch_rep_t *fr = status == KVD_OK && rep->status == KVD_OK &&
-                                        rep->body.fetch_rep.n == f->n &&
-                                        rep->body.fetch_rep.object_bytes == j->object_bytes
-                                    ? &rep->body.fetch_rep
-                                    : NULL;
+    const kvd_fetch_rep_t *fr =
+        status == KVD_OK && rep->status == KVD_OK && rep->body.fetch_rep.n == f->n &&
+                rep->body.fetch_rep.object_bytes == j->object_bytes
+            ? &rep->body.fetch_rep
+            : NULL;
     size_t n_in = 0;
     kvd_put_t *puts = kvd_mem_calloc(KVD_MEM_STAGING, f->n + 1, sizeof(*puts));
     size_t *src = kvd_mem_calloc(KVD_MEM_STAGING, f->n + 1, sizeof(*src));
@@ -171,11 +171,12 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
             const uint8_t *key = j->keys[f->at[i]];
             /* the chain: the key before it in the Acquire, when the holder
              * says it is one deeper */
-            const uint8_t *parent =
-                i > 0 && fr->present[i - 1] && d > 0 && fr->depths[d] == fr->depths[d - 1] + 1
-                    ? j->keys[f->at[i - 1]]
-                    : NULL;
-            puts[n_in] = (kvd_put_t){.key = key, .parent = parent, .depth = fr->depths[d]};
+            const uint8_t *parent = i > 0 && fr->present[i - 1] && d > 0 &&
+                                            fr->depths[d] == fr->depths[d - 1] + 1
+                                        ? j->keys[f->at[i - 1]]
+                                        : NULL;
+            puts[n_in] =
+                (kvd_put_t){.key = key, .parent = parent, .depth = fr->depths[d]};
             src[n_in++] = d++;
             ok[i] = true;
         }
@@ -185,8 +186,8 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
         int rc = kvd_store_reserve(r->store, OWNER_REMOTE, j->ns, puts, n_in,
                                    kvd_now_ns() / 1000000, &lease, results, locs);
         size_t n_pub = 0;
-        kvd_key_t *pub = rc == KVD_OK ? kvd_mem_calloc(KVD_MEM_STAGING, n_in, sizeof(*pub))
-                                      : NULL;
+        kvd_key_t *pub =
+            rc == KVD_OK ? kvd_mem_calloc(KVD_MEM_STAGING, n_in, sizeof(*pub)) : NULL;
         for (size_t k = 0; k < n_in; k++) {
             if (rc != KVD_OK || results[k] != KVD_RESERVE_ALLOCATED || pub == NULL ||
                 locs[k].size < j->object_bytes)
@@ -209,8 +210,9 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
     for (size_t i = 0; i < f->n; i++) {
         /* present now (published here, or written by another meanwhile) */
         kvd_obj_info_t info;
-        bool here = kvd_store_inspect(r->store, j->ns, j->keys[f->at[i]], &info) == KVD_OK &&
-                    info.state == KVD_OBJ_READY;
+        bool here =
+            kvd_store_inspect(r->store, j->ns, j->keys[f->at[i]], &info) == KVD_OK &&
+            info.state == KVD_OBJ_READY;
         key_done(r, j->ns, j->keys[f->at[i]], here && (ok == NULL || ok[i] || here));
     }
     kvd_mem_free(KVD_MEM_STAGING, puts, (f->n + 1) * sizeof(*puts));
@@ -261,8 +263,9 @@ static void on_holders(void *arg, kvd_msg_t *rep)
     job_t *j = arg;
     kvd_remote_t *r = j->r;
     const kvd_dir_lookup_rep_t *d =
-        rep->status == KVD_OK && rep->body.dir_lookup_rep.n == 1 ? &rep->body.dir_lookup_rep
-                                                                 : NULL;
+        rep->status == KVD_OK && rep->body.dir_lookup_rep.n == 1
+            ? &rep->body.dir_lookup_rep
+            : NULL;
     size_t per_frame = j->object_bytes + FRAME_SLACK <= r->max_frame
                            ? (r->max_frame - FRAME_SLACK) / j->object_bytes
                            : 0;
@@ -330,7 +333,10 @@ int kvd_remote_want(kvd_remote_t *r, uint32_t ns, const kvd_key_t *keys, size_t 
                 kvd_mem_free(KVD_MEM_STAGING, k, n * sizeof(kvd_key_t));
                 return busy ? KVD_INPROGRESS : KVD_ERR_NOT_FOUND;
             }
-            *j = (job_t){.r = r, .ns = ns, .object_bytes = info.object_bytes, .keys = k,
+            *j = (job_t){.r = r,
+                         .ns = ns,
+                         .object_bytes = info.object_bytes,
+                         .keys = k,
                          .refs = 1};
             kvd_strlcpy(j->tenant, tenant ? tenant : "", sizeof(j->tenant));
             kvd_strlcpy(j->ns_name, info.name, sizeof(j->ns_name));
@@ -376,8 +382,10 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
         f->present = kvd_msg_alloc(rep, q->n + 1);
         f->n = q->n;
         f->object_bytes = 1;
-        if (f->present == NULL)
+        if (f->present == NULL) {
+            kvd_msg_clear(rep); /* what the reply held so far */
             kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
+        }
         return;
     }
     size_t room = r->max_frame > FRAME_SLACK + info.object_bytes
@@ -388,6 +396,7 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
     f->present = kvd_msg_alloc(rep, q->n + 1);
     if (o == NULL || f->present == NULL) {
         kvd_mem_free(KVD_MEM_STAGING, o, (q->n + 1) * sizeof(*o));
+        kvd_msg_clear(rep); /* what the reply held so far */
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
         return;
     }
@@ -404,6 +413,7 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
     f->depths = kvd_msg_alloc(rep, want * sizeof(uint32_t) + 1);
     if (data == NULL || f->depths == NULL) {
         kvd_mem_free(KVD_MEM_STAGING, o, (q->n + 1) * sizeof(*o));
+        kvd_msg_clear(rep); /* what the reply held so far */
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
         return;
     }
@@ -411,7 +421,8 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
     for (size_t i = 0; i < q->n; i++) {
         if (!f->present[i])
             continue;
-        memcpy(data + d * info.object_bytes, r->pool + o[i].loc.offset, info.object_bytes);
+        memcpy(data + d * info.object_bytes, r->pool + o[i].loc.offset,
+               info.object_bytes);
         f->depths[d++] = o[i].depth;
     }
     kvd_mem_free(KVD_MEM_STAGING, o, (q->n + 1) * sizeof(*o));

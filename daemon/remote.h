@@ -33,11 +33,11 @@
 typedef struct kvd_remote kvd_remote_t;
 
 typedef struct kvd_remote_stats {
-    uint64_t fetches;        /* Fetch requests sent */
-    uint64_t fetched;        /* objects brought in */
+    uint64_t fetches; /* Fetch requests sent */
+    uint64_t fetched; /* objects brought in */
     uint64_t fetched_bytes;
-    uint64_t failed;         /* keys whose fetch failed or had no holder */
-    uint64_t served;         /* objects this daemon's Fetch replies carried */
+    uint64_t failed; /* keys whose fetch failed or had no holder */
+    uint64_t served; /* objects this daemon's Fetch replies carried */
     uint64_t served_bytes;
 } kvd_remote_stats_t;
 

@@ -28,6 +28,7 @@
 #include "cluster.h"
 #include "dirsvc.h"
 #include "peers.h"
+#include "remote.h"
 #include "metrics.h"
 #include "rpc_store.h"
 #include "nics.h"
@@ -128,6 +129,7 @@ struct kvd_server {
     kvd_peers_t *peers; /* calls to the other daemons, and their ends */
     src_t peers_src;
     kvd_dirsvc_t *dirsvc; /* the directory: this daemon's share and announcements */
+    kvd_remote_t *remote; /* remote loads: objects of other members fetched here */
     /* the UCX server started but may serve on none of the transports it
      * found: what it left out ("tcp/lo"), for the Hellos that ask */
     char ucx_refused[256];
@@ -731,6 +733,158 @@ static void routed_done(void *arg, kvd_msg_t *rep)
     kvd_mem_free(KVD_MEM_OTHER, d, sizeof(*d));
 }
 
+/* ---- a worker's Lookup and Acquire across the cluster */
+
+/* A Lookup that the local store could not answer in full, waiting for
+ * the directory: its connection, its request's pools (copied), the time
+ * it began. */
+typedef struct lookup_wait {
+    kvd_server_t *s;
+    uint64_t conn_id;
+    uint64_t req_id;
+    uint64_t t0;
+    size_t n_pools;
+    kvd_lookup_pool_t pools[KVD_LOOKUP_POOLS_MAX];
+    kvd_msg_t keep; /* its arena holds the pools' keys */
+} lookup_wait_t;
+
+static void lookup_done(void *arg, kvd_msg_t *dir)
+{
+    lookup_wait_t *w = arg;
+    kvd_server_t *s = w->s;
+    kvd_msg_t rep = {0};
+    rep.id = w->req_id;
+    rep.method = KVD_METHOD_LOOKUP;
+    rep.reply = true;
+    const kvd_dir_lookup_rep_t *d =
+        dir->status == KVD_OK ? &dir->body.dir_lookup_rep : NULL;
+    size_t n_min = SIZE_MAX;
+    for (size_t p = 0; p < w->n_pools; p++) {
+        n_min = KVD_MIN(n_min, w->pools[p].n_keys);
+        uint8_t *remote = kvd_msg_alloc(&w->keep, w->pools[p].n_keys + 1);
+        for (size_t k = 0;
+             remote && d && p < d->n && k < w->pools[p].n_keys && k < d->n_holders[p];
+             k++) {
+            uint64_t bits = d->holders[p][k];
+            /* held by a member other than this daemon */
+            for (size_t b = 0; b < d->n_nodes && !remote[k]; b++)
+                remote[k] = bits >> b & 1 && !kvd_dirsvc_is_self(s->dirsvc, d->nodes[b]);
+        }
+        w->pools[p].remote = remote;
+    }
+    uint32_t *b = kvd_msg_alloc(&rep, n_min * sizeof(uint32_t) + 1);
+    uint8_t *tiers = kvd_msg_alloc(&rep, n_min + 1);
+    uint32_t *t32 = kvd_msg_alloc(&rep, n_min * sizeof(uint32_t) + 1);
+    size_t nb = 0;
+    int rc = b && tiers && t32
+                 ? kvd_store_lookup_remote(s->store, w->pools, w->n_pools, b, tiers, &nb)
+                 : KVD_ERR_NOMEM;
+    if (rc != KVD_OK) {
+        kvd_msg_clear(&rep);
+        kvd_msg_error(&rep, w->req_id, KVD_METHOD_LOOKUP, rc, "lookup failed: %s",
+                      kvd_status_str(rc));
+    } else {
+        bool any = false;
+        for (size_t k = 0; k < nb; k++)
+            any |= (t32[k] = tiers[k]) != KVD_TIER_DRAM;
+        rep.body.lookup_rep.n = nb;
+        rep.body.lookup_rep.boundaries = b;
+        rep.body.lookup_rep.tiers = any ? t32 : NULL;
+    }
+    conn_t *c = conn_by_id(s, w->conn_id);
+    if (c != NULL) {
+        conn_reply(s, c, &rep);
+        conn_flush(s, c);
+    }
+    kvd_counters_record(&s->counters, KVD_METHOD_LOOKUP, rep.status != KVD_OK,
+                        kvd_now_ns() - w->t0);
+    kvd_msg_clear(&rep);
+    kvd_msg_clear(&w->keep);
+    kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
+}
+
+/*
+ * After the local store answered a worker's Lookup (rep): when the cluster
+ * is ready and the answer does not reach the end of the keys, asks the
+ * directory who holds them and answers with what local and remote objects
+ * restore together (tier KVD_TIER_REMOTE where a boundary needs another
+ * member; its Acquire then fetches them here). Returns true when the reply
+ * is deferred.
+ */
+static bool lookup_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
+                           const kvd_msg_t *rep, uint64_t t0)
+{
+    if (s->dirsvc == NULL || c->ctx.is_peer || rep->status != KVD_OK ||
+        !kvd_dirsvc_ready(s->dirsvc))
+        return false;
+    const kvd_lookup_req_t *r = &req->body.lookup_req;
+    size_t n_min = SIZE_MAX;
+    for (size_t p = 0; p < r->n_pools; p++)
+        n_min = KVD_MIN(n_min, r->pools[p].n_keys);
+    const kvd_lookup_rep_t *lr = &rep->body.lookup_rep;
+    if (n_min == 0 || (lr->n > 0 && lr->boundaries[lr->n - 1] == n_min))
+        return false; /* everything restorable here already */
+    lookup_wait_t *w = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*w));
+    kvd_msg_t q = {0};
+    kvd_dir_keys_t *dk = kvd_msg_alloc(&q, r->n_pools * sizeof(*dk) + 1);
+    bool ok = w != NULL && dk != NULL && r->n_pools <= KVD_LOOKUP_POOLS_MAX;
+    for (size_t p = 0; ok && p < r->n_pools; p++) {
+        kvd_ns_info_t info;
+        const char *tenant = NULL;
+        ok = kvd_store_ns_info(s->store, r->pools[p].ns, &info) == KVD_OK &&
+             (tenant = kvd_store_tenant_name(s->store, info.tenant)) != NULL;
+        kvd_key_t *keys =
+            ok ? kvd_msg_alloc(&w->keep, r->pools[p].n_keys * sizeof(kvd_key_t) + 1)
+               : NULL;
+        ok = ok && keys != NULL;
+        if (!ok)
+            break;
+        memcpy(keys, r->pools[p].keys, r->pools[p].n_keys * sizeof(kvd_key_t));
+        w->pools[p] = (kvd_lookup_pool_t){.ns = r->pools[p].ns,
+                                          .keys = (const uint8_t(*)[KVD_KEY_BYTES])keys,
+                                          .n_keys = r->pools[p].n_keys,
+                                          .trailing_pages = r->pools[p].trailing_pages};
+        kvd_strlcpy(dk[p].tenant, tenant, sizeof(dk[p].tenant));
+        kvd_strlcpy(dk[p].ns_name, info.name, sizeof(dk[p].ns_name));
+        dk[p].added = keys;
+        dk[p].n_added = r->pools[p].n_keys;
+    }
+    if (ok) {
+        w->s = s;
+        w->conn_id = c->id;
+        w->req_id = req->id;
+        w->t0 = t0;
+        w->n_pools = r->n_pools;
+        kvd_dir_lookup_req_t dq = {.n = r->n_pools, .queries = dk};
+        ok = kvd_dirsvc_route(s->dirsvc, &dq, lookup_done, w) == KVD_OK;
+    }
+    kvd_msg_clear(&q);
+    if (!ok && w != NULL) {
+        kvd_msg_clear(&w->keep);
+        kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
+    }
+    return ok; /* the local answer stands when the cluster cannot be asked */
+}
+
+/* After the local store refused a worker's Acquire (rep): keys another
+ * member holds are fetched here, and the Acquire answers KVD_INPROGRESS
+ * (ask again) while they come. */
+static void acquire_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
+                            kvd_msg_t *rep)
+{
+    if (s->remote == NULL || c->ctx.is_peer || rep->status != KVD_ERR_NOT_FOUND ||
+        !kvd_dirsvc_ready(s->dirsvc))
+        return;
+    const kvd_acquire_req_t *r = &req->body.acquire_req;
+    int rc = kvd_remote_want(s->remote, r->ns, r->keys, r->n, kvd_now_ns() / 1000000);
+    if (rc == KVD_ERR_NOT_FOUND)
+        return; /* nobody has them: the store's refusal stands */
+    kvd_msg_clear(rep);
+    kvd_msg_error(rep, req->id, req->method, KVD_INPROGRESS,
+                  "acquire: keys held by other members of the cluster are being "
+                  "fetched into this pool; nothing pinned, ask again");
+}
+
 /*
  * The directory's methods. DirAnnounce and DirLookup with local come from
  * peer daemons only (the cluster's token); a routed DirLookup (the CLI's
@@ -746,7 +900,7 @@ static bool serve_dir(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_
                       "no cluster: kvdockd runs without --cluster-etcd");
         return false;
     }
-    bool local = req->method == KVD_METHOD_DIR_ANNOUNCE || req->body.dir_lookup_req.local;
+    bool local = req->method != KVD_METHOD_DIR_LOOKUP || req->body.dir_lookup_req.local;
     if (local && !c->ctx.is_peer) {
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_PERMISSION,
                       "%s is for the cluster's daemons (their token) only",
@@ -755,6 +909,10 @@ static bool serve_dir(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_
     }
     if (req->method == KVD_METHOD_DIR_ANNOUNCE) {
         kvd_dirsvc_serve_announce(s->dirsvc, req, rep);
+        return false;
+    }
+    if (req->method == KVD_METHOD_FETCH) {
+        kvd_remote_serve_fetch(s->remote, req, rep);
         return false;
     }
     if (local) {
@@ -817,6 +975,9 @@ static int start_cluster(kvd_server_t *s)
     explicit_bzero(tok, sizeof(tok));
     if (rc == KVD_OK)
         rc = kvd_dirsvc_create(s->store, s->peers, s->opts.node_id, &s->dirsvc);
+    if (rc == KVD_OK)
+        rc = kvd_remote_create(s->store, kvd_pool_base(s->pool), s->dirsvc, s->peers,
+                               s->opts.max_frame_bytes, &s->remote);
     if (rc != KVD_OK) {
         KVD_ERROR("server", "cannot start the cluster directory: %s", kvd_status_str(rc));
         return rc;
@@ -887,6 +1048,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     case KVD_METHOD_CLUSTER: serve_cluster(s, req, rep); break;
     case KVD_METHOD_DIR_ANNOUNCE:
     case KVD_METHOD_DIR_LOOKUP:
+    case KVD_METHOD_FETCH:
         if (serve_dir(s, c, req, rep, t0)) {
             kvd_msg_clear(req);
             kvd_msg_clear(rep);
@@ -912,6 +1074,13 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     case KVD_METHOD_INSPECT:
     case KVD_METHOD_EVICT:
         kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, req, rep);
+        if (req->method == KVD_METHOD_ACQUIRE)
+            acquire_cluster(s, c, req, rep);
+        if (req->method == KVD_METHOD_LOOKUP && lookup_cluster(s, c, req, rep, t0)) {
+            kvd_msg_clear(req);
+            kvd_msg_clear(rep);
+            return; /* answered when the directory has */
+        }
         break;
     default:
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_UNKNOWN_METHOD,
@@ -1725,6 +1894,7 @@ void kvd_server_destroy(kvd_server_t *s)
     free_dead(s);
     /* the peers' last callbacks find no connection to answer */
     kvd_peers_stop(s->peers);
+    kvd_remote_destroy(s->remote);
     kvd_dirsvc_destroy(s->dirsvc);
     close_listeners(s);
     if (s->sig.fd >= 0)

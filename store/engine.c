@@ -1725,8 +1725,9 @@ int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_
     return lookup(s, pools, n_pools, boundaries, tiers, n_boundaries, true);
 }
 
-int kvd_store_lookup_remote(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
-                            uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries)
+int kvd_store_lookup_remote(kvd_store_t *s, const kvd_lookup_pool_t *pools,
+                            size_t n_pools, uint32_t *boundaries, uint8_t *tiers,
+                            size_t *n_boundaries)
 {
     return lookup(s, pools, n_pools, boundaries, tiers, n_boundaries, false);
 }

@@ -479,8 +479,9 @@ int kvd_store_lookup_tiers(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_
 /* The same lookup again, with each pool's `remote` flags counting as
  * present (tier KVD_TIER_REMOTE where a boundary needs one): what the
  * cluster can restore. Counts nothing (the first lookup did). */
-int kvd_store_lookup_remote(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools,
-                            uint32_t *boundaries, uint8_t *tiers, size_t *n_boundaries);
+int kvd_store_lookup_remote(kvd_store_t *s, const kvd_lookup_pool_t *pools,
+                            size_t n_pools, uint32_t *boundaries, uint8_t *tiers,
+                            size_t *n_boundaries);
 
 /* --- inspection and eviction */
 
