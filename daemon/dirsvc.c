@@ -500,6 +500,15 @@ bool kvd_dirsvc_is_self(const kvd_dirsvc_t *d, const char *node_id)
     return strcmp(d->self, node_id) == 0;
 }
 
+void kvd_dirsvc_counters(const kvd_dirsvc_t *d, kvd_cluster_counters_t *out)
+{
+    out->directory_entries = kvd_dir_entries(d->share);
+    out->announced_keys = d->announced;
+    out->announce_failures = d->announce_failures;
+    out->announce_queued = d->n_q;
+    out->peer_pending = kvd_peers_pending(d->peers);
+}
+
 bool kvd_dirsvc_ready(const kvd_dirsvc_t *d)
 {
     return d->ready;

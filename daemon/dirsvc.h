@@ -65,6 +65,10 @@ const char *kvd_dirsvc_address(const kvd_dirsvc_t *d, const char *node_id);
 bool kvd_dirsvc_is_self(const kvd_dirsvc_t *d, const char *node_id);
 bool kvd_dirsvc_ready(const kvd_dirsvc_t *d);
 
+/* Its counters (directory_entries, announced_keys, announce_failures,
+ * announce_queued, peer_pending) into out; the others are left alone. */
+void kvd_dirsvc_counters(const kvd_dirsvc_t *d, kvd_cluster_counters_t *out);
+
 /* Entries of this daemon's share; announcements waiting to go. */
 uint64_t kvd_dirsvc_entries(const kvd_dirsvc_t *d);
 uint64_t kvd_dirsvc_queued(const kvd_dirsvc_t *d);

@@ -683,6 +683,15 @@ static void serve_cluster(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
         memcpy(r->members, v.members, v.n * sizeof(*r->members));
     r->n_members = v.n;
     kvd_cluster_view_free(&v);
+    kvd_dirsvc_counters(s->dirsvc, &r->counters);
+    kvd_remote_stats_t rs;
+    kvd_remote_stats(s->remote, &rs);
+    r->counters.fetches = rs.fetches;
+    r->counters.fetched_objects = rs.fetched;
+    r->counters.fetched_bytes = rs.fetched_bytes;
+    r->counters.fetch_failures = rs.failed;
+    r->counters.served_objects = rs.served;
+    r->counters.served_bytes = rs.served_bytes;
 }
 
 /* The cluster's thread says the view changed: take the new one. */

@@ -100,6 +100,8 @@ static void init_data(void)
     }
 }
 
+static kvd_dir_keys_t dkeys[1];
+
 /* A request of each method; ns and lease are what the fuzzer's maps take
  * (fuzz_store.c: 0x80000000 + k, 2^63 + k), or plain ids elsewhere. */
 static void request(kvd_msg_t *m, kvd_method_t method, uint32_t ns, uint64_t lease)
@@ -146,6 +148,27 @@ static void request(kvd_msg_t *m, kvd_method_t method, uint32_t ns, uint64_t lea
         memcpy(m->body.inspect_req.key, keys[1], KVD_KEY_BYTES);
         break;
     case KVD_METHOD_EVICT: m->body.evict_req.all = true; break;
+    case KVD_METHOD_DIR_ANNOUNCE:
+        dkeys[0] = (kvd_dir_keys_t){
+            .n_added = 2, .added = keys, .n_removed = 1, .removed = keys + 2};
+        strcpy(dkeys[0].tenant, "default");
+        strcpy(dkeys[0].ns_name, "m/kv");
+        m->body.dir_announce_req = (kvd_dir_announce_req_t){.holder = "node-1",
+                                                            .holder_started_ms = 1,
+                                                            .reset = true,
+                                                            .n = 1,
+                                                            .batches = dkeys};
+        break;
+    case KVD_METHOD_DIR_LOOKUP:
+        dkeys[0] = (kvd_dir_keys_t){.n_added = 3, .added = keys};
+        strcpy(dkeys[0].tenant, "default");
+        strcpy(dkeys[0].ns_name, "m/kv");
+        m->body.dir_lookup_req = (kvd_dir_lookup_req_t){.n = 1, .queries = dkeys};
+        break;
+    case KVD_METHOD_FETCH:
+        m->body.fetch_req = (kvd_fetch_req_t){
+            .tenant = "default", .ns_name = "m/kv", .n = 2, .keys = keys};
+        break;
     default: break;
     }
 }
@@ -175,7 +198,8 @@ static void reply(kvd_msg_t *m, kvd_method_t method)
         break;
     }
     case KVD_METHOD_HEALTH:
-        m->body.health_rep = (kvd_health_rep_t){KVD_HEALTH_READY, 1 << 20, 4096, 100};
+        m->body.health_rep =
+            (kvd_health_rep_t){KVD_HEALTH_READY, 1 << 20, 4096, 100, KVD_CLUSTER_READY};
         break;
     case KVD_METHOD_STATS:
         strcpy(m->body.stats_rep.daemon_version, "0.1.0");

@@ -87,7 +87,9 @@ int kvd_json_cluster(FILE *f, const kvd_cluster_rep_t *c)
                 (unsigned long long)m->started_unix_ms,
                 (unsigned long long)m->heartbeat_ms_ago, m->self ? "true" : "false");
     }
-    fputs("]}", f);
+    fputs("],\"counters\":{", f);
+    kvd_json_fields(f, &kvd_cluster_counter_fields, &c->counters);
+    fputs("}}", f);
     return json_status(f);
 }
 

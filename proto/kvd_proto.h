@@ -212,14 +212,15 @@ typedef struct kvd_field_list {
 } kvd_field_list_t;
 
 /* The descriptor tables of the structs below. */
-extern const kvd_field_list_t kvd_ns_spec_fields;     /* kvd_ns_spec_t */
-extern const kvd_field_list_t kvd_store_stats_fields; /* kvd_store_stats_msg_t */
-extern const kvd_field_list_t kvd_mem_stats_fields;   /* kvd_mem_stats_t */
-extern const kvd_field_list_t kvd_ns_fields;          /* kvd_ns_msg_t */
-extern const kvd_field_list_t kvd_tenant_fields;      /* kvd_tenant_msg_t */
-extern const kvd_field_list_t kvd_member_fields;      /* kvd_member_msg_t */
-extern const kvd_field_list_t kvd_obj_fields;         /* kvd_obj_msg_t */
-extern const kvd_field_list_t kvd_nic_fields;         /* kvd_nic_msg_t */
+extern const kvd_field_list_t kvd_ns_spec_fields;         /* kvd_ns_spec_t */
+extern const kvd_field_list_t kvd_store_stats_fields;     /* kvd_store_stats_msg_t */
+extern const kvd_field_list_t kvd_mem_stats_fields;       /* kvd_mem_stats_t */
+extern const kvd_field_list_t kvd_ns_fields;              /* kvd_ns_msg_t */
+extern const kvd_field_list_t kvd_tenant_fields;          /* kvd_tenant_msg_t */
+extern const kvd_field_list_t kvd_member_fields;          /* kvd_member_msg_t */
+extern const kvd_field_list_t kvd_cluster_counter_fields; /* kvd_cluster_counters_t */
+extern const kvd_field_list_t kvd_obj_fields;             /* kvd_obj_msg_t */
+extern const kvd_field_list_t kvd_nic_fields;             /* kvd_nic_msg_t */
 
 /* An integer field (U32, U64; BOOL as 0 or 1; I32 below 0 as 0) of obj;
  * 0 for the others. */
@@ -598,6 +599,25 @@ typedef struct kvd_member_msg {
     KVD_MEMBER_FIELDS(KVD_FIELD_DECL)
 } kvd_member_msg_t;
 
+/* What a daemon did for the cluster (ClusterReply.counters), in the
+ * proto's field order. */
+#define KVD_CLUSTER_COUNTER_FIELDS(X)                                                 \
+    X(U64, directory_entries, 0, GAUGE, "Entries of this daemon's directory share.")  \
+    X(U64, announced_keys, 0, COUNTER, "Keys told to their directory owners.")        \
+    X(U64, announce_failures, 0, COUNTER, "Announcements that did not arrive.")       \
+    X(U64, announce_queued, 0, GAUGE, "Keys waiting for the next announcement.")      \
+    X(U64, peer_pending, 0, GAUGE, "Calls to peer daemons queued or in flight.")      \
+    X(U64, fetches, 0, COUNTER, "Fetch requests sent for remote loads.")              \
+    X(U64, fetched_objects, 0, COUNTER, "Objects fetched from other members.")        \
+    X(U64, fetched_bytes, 0, COUNTER, "Bytes fetched from other members.")            \
+    X(U64, fetch_failures, 0, COUNTER, "Keys no member held, or whose fetch failed.") \
+    X(U64, served_objects, 0, COUNTER, "Objects sent to other members.")              \
+    X(U64, served_bytes, 0, COUNTER, "Bytes sent to other members.")
+
+typedef struct kvd_cluster_counters {
+    KVD_CLUSTER_COUNTER_FIELDS(KVD_FIELD_DECL)
+} kvd_cluster_counters_t;
+
 typedef struct kvd_cluster_rep {
     kvd_cluster_state_t state;
     char node_id[KVD_NODE_ID_BYTES];
@@ -605,6 +625,7 @@ typedef struct kvd_cluster_rep {
     char etcd[KVD_ERROR_MAX]; /* the endpoint in use, or what went wrong */
     size_t n_members;
     kvd_member_msg_t *members;
+    kvd_cluster_counters_t counters;
 } kvd_cluster_rep_t;
 
 /* Keys of one namespace in directory traffic (packed 32-byte keys). */

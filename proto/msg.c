@@ -1491,6 +1491,11 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
             c->members = array_from_pb(out, &member_msg, r->n_members,
                                        (void *const *)r->members, &rc);
         c->n_members = rc == KVD_OK ? r->n_members : 0;
+        if (rc == KVD_OK && r->counters != NULL) {
+            const Kvdock__ClusterCounters *o = r->counters;
+            kvd_cluster_counters_t *s = &c->counters;
+            KVD_CLUSTER_COUNTER_FIELDS(FIELD_FROM_PB)
+        }
         return rc;
     }
     case KVDOCK__ENVELOPE__BODY_FETCH_REPLY: {
