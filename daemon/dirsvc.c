@@ -16,11 +16,14 @@
 
 #include <string.h>
 
-#define FRAME_KEYS_MAX     65536      /* keys in one DirAnnounce (2 MiB of keys) */
-#define FRAME_BATCHES_MAX  1024       /* batches in one DirAnnounce (under --max-batch) */
-#define QUEUE_MAX          (1u << 20) /* events queued before a full re-announce instead */
-#define WALK_SLICE         65536      /* records one tick's walk looks at */
-#define ROUTE_TIMEOUT_NOTE "owners that fail count as knowing nothing"
+#define FRAME_KEYS_MAX    65536      /* keys in one DirAnnounce (2 MiB of keys) */
+#define FRAME_BATCHES_MAX 1024       /* batches in one DirAnnounce (under --max-batch) */
+#define QUEUE_MAX         (1u << 20) /* events queued before a full re-announce instead */
+#define WALK_SLICE        65536      /* records one tick's walk looks at */
+/* A routed lookup answers by then with what came: a worker's Lookup waits
+ * on it, and an owner that hangs must not hold that up for a peer call's
+ * whole timeout. */
+#define ROUTE_DEADLINE_NS (200ull * 1000 * 1000)
 
 typedef struct hname {
     char tenant[KVD_TENANT_NAME_BYTES];
@@ -65,7 +68,9 @@ struct kvd_dirsvc {
     uint64_t full_gen;
     walk_mode_t walk;
     uint64_t walk_pos;
-    bool redo_full; /* an announcement failed: a full round once the walk ends */
+    bool redo_full;       /* an announcement failed: a full round once the walk ends */
+    struct route *routes; /* routed lookups not yet answered */
+    uint64_t route_timeouts;
     uint64_t announced, announce_failures;
 };
 
@@ -103,6 +108,7 @@ static uint32_t name_of_ns(kvd_dirsvc_t *d, uint32_t ns_id)
 /* ------------------------------------------------------------- queue */
 
 static void start_full(kvd_dirsvc_t *d);
+static void routes_expire(kvd_dirsvc_t *d, uint64_t now_ns);
 
 static void queue_push(kvd_dirsvc_t *d, uint32_t name, const uint8_t *key, bool present)
 {
@@ -330,6 +336,7 @@ static void walk_slice(kvd_dirsvc_t *d)
 
 void kvd_dirsvc_tick(kvd_dirsvc_t *d)
 {
+    routes_expire(d, kvd_now_ns());
     if (!d->ready)
         return;
     if (d->redo_full && d->walk == WALK_NONE) {
@@ -527,7 +534,10 @@ typedef struct route {
     kvd_dirsvc_t *d;
     kvd_dirsvc_done_fn fn;
     void *arg;
-    kvd_msg_t rep; /* the merged reply; its arena holds everything below */
+    bool answered;             /* fn ran (all answers in, or the deadline) */
+    uint64_t deadline_ns;      /* fn runs by then with what came */
+    struct route *prev, *next; /* the service's routes not yet answered */
+    kvd_msg_t rep;             /* the merged reply; its arena holds everything below */
     size_t waiting;
     /* per sub-request (one per remote owner): where its keys came from */
     size_t n_subs;
@@ -548,11 +558,43 @@ static int node_bit(kvd_dir_lookup_rep_t *r, const char *id)
     return (int)r->n_nodes++;
 }
 
+/* Answers (once: all owners answered, or the deadline came); frees the
+ * route when no owner's answer is still to come. */
+static void route_answer(route_t *rt)
+{
+    if (!rt->answered) {
+        rt->answered = true;
+        kvd_dirsvc_t *d = rt->d;
+        if (rt->prev != NULL)
+            rt->prev->next = rt->next;
+        else
+            d->routes = rt->next;
+        if (rt->next != NULL)
+            rt->next->prev = rt->prev;
+        rt->fn(rt->arg, &rt->rep);
+    }
+    if (rt->waiting == 0) {
+        kvd_msg_clear(&rt->rep);
+        kvd_mem_free(KVD_MEM_STAGING, rt, sizeof(*rt));
+    }
+}
+
 static void route_finish(route_t *rt)
 {
-    rt->fn(rt->arg, &rt->rep);
-    kvd_msg_clear(&rt->rep);
-    kvd_mem_free(KVD_MEM_STAGING, rt, sizeof(*rt));
+    route_answer(rt);
+}
+
+/* Answers the routes whose deadline passed with what their owners said so
+ * far (those late count as knowing nothing). */
+static void routes_expire(kvd_dirsvc_t *d, uint64_t now_ns)
+{
+    for (route_t *rt = d->routes, *next; rt != NULL; rt = next) {
+        next = rt->next;
+        if (rt->deadline_ns <= now_ns) {
+            d->route_timeouts++;
+            route_answer(rt);
+        }
+    }
 }
 
 /* Merges a sub-request's answer (ans, for sub s) into the reply. */
@@ -584,7 +626,7 @@ static void route_sub_done(void *arg, int status, kvd_msg_t *rep)
 {
     sub_arg_t *sa = arg;
     route_t *rt = sa->rt;
-    if (status == KVD_OK && rep->status == KVD_OK)
+    if (status == KVD_OK && rep->status == KVD_OK && !rt->answered)
         route_merge(rt, sa->s, &rep->body.dir_lookup_rep);
     if (--rt->waiting == 0)
         route_finish(rt);
@@ -599,6 +641,11 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
     rt->d = d;
     rt->fn = fn;
     rt->arg = arg;
+    rt->deadline_ns = kvd_now_ns() + ROUTE_DEADLINE_NS;
+    rt->next = d->routes;
+    if (d->routes != NULL)
+        d->routes->prev = rt;
+    d->routes = rt;
     kvd_msg_t *m = &rt->rep;
     kvd_dir_lookup_rep_t *r = &m->body.dir_lookup_rep;
     size_t nm = d->ready ? d->n_mem : 0;
@@ -637,6 +684,9 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
         }
     }
     if (!ok) {
+        d->routes = rt->next;
+        if (rt->next != NULL)
+            rt->next->prev = NULL;
         kvd_msg_clear(m);
         kvd_mem_free(KVD_MEM_STAGING, rt, sizeof(*rt));
         return KVD_ERR_NOMEM;

@@ -1,11 +1,17 @@
 /*
  * peers.c - the requests of this daemon to its cluster's other daemons
- * (peers.h): one FIFO of jobs, one thread that calls, one list of ended
- * jobs that the loop's kvd_peers_poll finishes.
+ * (peers.h): a FIFO of jobs per peer, PEER_THREADS threads that call, one
+ * list of ended jobs that the loop's kvd_peers_poll finishes.
  *
- * Locks: `mu` guards the queue, the ended list and the close requests;
- * the thread holds it only to take or hand back a job, never across a
- * call. Connections belong to the thread alone.
+ * A peer is served by one thread at a time (busy), which keeps its
+ * requests in order and its connection single-threaded; the other threads
+ * serve the other peers meanwhile, so one peer that hangs until the
+ * timeout delays only its own requests.
+ *
+ * Locks: `mu` guards every queue, the ended list and each peer's busy and
+ * closing flags; a thread holds it only to take or hand back a job, never
+ * across a call. A peer's connection belongs to the thread that holds the
+ * peer busy (or, when none does, to whoever holds mu).
  */
 #include "peers.h"
 
@@ -15,11 +21,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define CONNS_MAX 1024 /* peers one daemon keeps a connection to */
+#define PEERS_MAX    1024 /* peers one daemon keeps a queue and a connection for */
+#define PEER_THREADS 4
 
 typedef struct job {
-    char node_id[KVD_NODE_ID_BYTES];
-    char address[KVD_ADDR_BYTES];
     kvd_msg_t req;
     kvd_msg_t rep;
     int status;
@@ -28,11 +33,14 @@ typedef struct job {
     struct job *next;
 } job_t;
 
-typedef struct conn {
+typedef struct peer {
     char node_id[KVD_NODE_ID_BYTES];
     char address[KVD_ADDR_BYTES];
     kvd_client_t *c;
-} conn_t;
+    job_t *head, *tail;
+    bool busy;    /* a thread is calling it */
+    bool closing; /* close its connection when the call in flight ends */
+} peer_t;
 
 struct kvd_peers {
     char self_id[KVD_NODE_ID_BYTES];
@@ -40,20 +48,16 @@ struct kvd_peers {
     size_t token_len;
     int timeout_ms;
     int efd;
-    pthread_t thread;
-    bool started;
+    pthread_t threads[PEER_THREADS];
+    size_t n_threads;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool stop;
-    job_t *head, *tail; /* queued */
-    job_t *ended;       /* for the loop (LIFO; each carries its own outcome) */
-    /* node ids whose connection the thread closes before its next job */
-    char closing[16][KVD_NODE_ID_BYTES];
-    size_t n_closing;
+    peer_t *peers; /* PEERS_MAX */
+    size_t n_peers;
+    size_t next;  /* where the threads look first: fairness across peers */
+    job_t *ended; /* for the loop (LIFO; poll reverses it) */
     _Atomic size_t pending;
-    /* the thread's */
-    conn_t *conns;
-    size_t n_conns;
 };
 
 static void job_free(job_t *j)
@@ -74,101 +78,103 @@ static void end_locked(kvd_peers_t *p, job_t *j, int status)
     (void)w;
 }
 
-static conn_t *conn_of(kvd_peers_t *p, const char *id, const char *address)
+/* The peer of node_id (made when missing; NULL when the table is full).
+ * Called with mu held. */
+static peer_t *peer_of(kvd_peers_t *p, const char *id, const char *address)
 {
-    for (size_t i = 0; i < p->n_conns; i++)
-        if (strcmp(p->conns[i].node_id, id) == 0) {
-            if (strcmp(p->conns[i].address, address) != 0) {
-                /* it came back elsewhere: start over */
-                kvd_client_close(p->conns[i].c);
-                p->conns[i].c = NULL;
-                kvd_strlcpy(p->conns[i].address, address, sizeof(p->conns[i].address));
+    for (size_t i = 0; i < p->n_peers; i++) {
+        peer_t *q = &p->peers[i];
+        if (strcmp(q->node_id, id) != 0)
+            continue;
+        if (strcmp(q->address, address) != 0) {
+            /* it came back elsewhere: the next call reconnects */
+            kvd_strlcpy(q->address, address, sizeof(q->address));
+            if (q->busy)
+                q->closing = true;
+            else if (q->c != NULL) {
+                kvd_client_close(q->c);
+                q->c = NULL;
             }
-            return &p->conns[i];
         }
-    if (p->n_conns == CONNS_MAX)
+        return q;
+    }
+    if (p->n_peers == PEERS_MAX)
         return NULL;
-    conn_t *c = &p->conns[p->n_conns++];
-    memset(c, 0, sizeof(*c));
-    kvd_strlcpy(c->node_id, id, sizeof(c->node_id));
-    kvd_strlcpy(c->address, address, sizeof(c->address));
-    return c;
+    peer_t *q = &p->peers[p->n_peers++];
+    memset(q, 0, sizeof(*q));
+    kvd_strlcpy(q->node_id, id, sizeof(q->node_id));
+    kvd_strlcpy(q->address, address, sizeof(q->address));
+    return q;
 }
 
-static void conn_close_id(kvd_peers_t *p, const char *id)
+/* One call on the peer's connection, opened (with Hello) first when there
+ * is none; a failed call closes it, so the next job reopens. The caller
+ * holds the peer busy. */
+static int call(kvd_peers_t *p, peer_t *q, char *address, job_t *j)
 {
-    for (size_t i = 0; i < p->n_conns; i++)
-        if (strcmp(p->conns[i].node_id, id) == 0) {
-            kvd_client_close(p->conns[i].c);
-            p->conns[i] = p->conns[--p->n_conns];
-            return;
-        }
-}
-
-/* One call on the peer's connection, opened (and said Hello on) first
- * when there is none; a failed call closes it, so the next job reopens. */
-static int call(kvd_peers_t *p, job_t *j)
-{
-    conn_t *c = conn_of(p, j->node_id, j->address);
-    if (c == NULL)
-        return KVD_ERR_NO_SPACE;
-    if (c->c == NULL) {
+    if (q->c == NULL) {
         char name[KVD_NAME_MAX];
         snprintf(name, sizeof(name), "kvdockd %s", p->self_id);
         bool refused = false;
-        int rc = kvd_client_open(NULL, c->address, name, p->token, p->token_len,
-                                 p->timeout_ms, &c->c, &refused, NULL);
+        int rc = kvd_client_open(NULL, address, name, p->token, p->token_len,
+                                 p->timeout_ms, &q->c, &refused, NULL);
         if (rc != KVD_OK) {
-            c->c = NULL;
+            q->c = NULL;
             return rc;
         }
     }
-    int rc = kvd_client_call(c->c, &j->req, &j->rep, p->timeout_ms);
+    int rc = kvd_client_call(q->c, &j->req, &j->rep, p->timeout_ms);
     if (rc != KVD_OK) {
-        kvd_client_close(c->c);
-        c->c = NULL;
+        kvd_client_close(q->c);
+        q->c = NULL;
     }
     return rc;
+}
+
+/* A peer with a job and no thread on it, round-robin; NULL when none.
+ * Called with mu held. */
+static peer_t *next_peer(kvd_peers_t *p)
+{
+    for (size_t k = 0; k < p->n_peers; k++) {
+        size_t i = (p->next + k) % p->n_peers;
+        if (p->peers[i].head != NULL && !p->peers[i].busy) {
+            p->next = i + 1;
+            return &p->peers[i];
+        }
+    }
+    return NULL;
 }
 
 static void *peers_main(void *arg)
 {
     kvd_peers_t *p = arg;
     pthread_mutex_lock(&p->mu);
-    for (;;) {
-        while (p->n_closing > 0) {
-            char id[KVD_NODE_ID_BYTES];
-            kvd_strlcpy(id, p->closing[--p->n_closing], sizeof(id));
-            pthread_mutex_unlock(&p->mu);
-            conn_close_id(p, id);
-            pthread_mutex_lock(&p->mu);
-        }
-        if (p->stop)
-            break;
-        job_t *j = p->head;
-        if (j == NULL) {
+    while (!p->stop) {
+        peer_t *q = next_peer(p);
+        if (q == NULL) {
             pthread_cond_wait(&p->cv, &p->mu);
             continue;
         }
-        p->head = j->next;
-        if (p->head == NULL)
-            p->tail = NULL;
+        job_t *j = q->head;
+        q->head = j->next;
+        if (q->head == NULL)
+            q->tail = NULL;
+        q->busy = true;
+        char address[KVD_ADDR_BYTES];
+        kvd_strlcpy(address, q->address, sizeof(address));
         pthread_mutex_unlock(&p->mu);
-        int rc = call(p, j);
+        int rc = call(p, q, address, j);
         pthread_mutex_lock(&p->mu);
+        q->busy = false;
+        if (q->closing) {
+            q->closing = false;
+            kvd_client_close(q->c);
+            q->c = NULL;
+        }
         end_locked(p, j, rc);
+        pthread_cond_broadcast(&p->cv); /* its next job may go now */
     }
-    /* what is still queued fails: the loop frees it in its last poll */
-    while (p->head != NULL) {
-        job_t *j = p->head;
-        p->head = j->next;
-        end_locked(p, j, KVD_ERR_DRAINING);
-    }
-    p->tail = NULL;
     pthread_mutex_unlock(&p->mu);
-    for (size_t i = 0; i < p->n_conns; i++)
-        kvd_client_close(p->conns[i].c);
-    p->n_conns = 0;
     return NULL;
 }
 
@@ -180,7 +186,7 @@ int kvd_peers_start(const char *self_id, const uint8_t *token, size_t token_len,
     kvd_peers_t *p = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*p));
     if (p == NULL)
         return KVD_ERR_NOMEM;
-    p->conns = kvd_mem_calloc(KVD_MEM_OTHER, CONNS_MAX, sizeof(*p->conns));
+    p->peers = kvd_mem_calloc(KVD_MEM_OTHER, PEERS_MAX, sizeof(*p->peers));
     p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     kvd_strlcpy(p->self_id, self_id, sizeof(p->self_id));
     memcpy(p->token, token, token_len);
@@ -188,12 +194,15 @@ int kvd_peers_start(const char *self_id, const uint8_t *token, size_t token_len,
     p->timeout_ms = timeout_ms;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    if (p->conns == NULL || p->efd < 0 ||
-        pthread_create(&p->thread, NULL, peers_main, p) != 0) {
+    bool ok = p->peers != NULL && p->efd >= 0;
+    for (size_t i = 0; ok && i < PEER_THREADS; i++) {
+        ok = pthread_create(&p->threads[i], NULL, peers_main, p) == 0;
+        p->n_threads += ok;
+    }
+    if (!ok) {
         kvd_peers_stop(p);
         return KVD_ERR_NOMEM;
     }
-    p->started = true;
     *out = p;
     return KVD_OK;
 }
@@ -202,21 +211,34 @@ void kvd_peers_stop(kvd_peers_t *p)
 {
     if (p == NULL)
         return;
-    if (p->started) {
-        pthread_mutex_lock(&p->mu);
-        p->stop = true;
-        pthread_cond_signal(&p->cv);
-        pthread_mutex_unlock(&p->mu);
-        pthread_join(p->thread, NULL);
-        kvd_peers_poll(p); /* every callback runs once, failed ones too */
+    pthread_mutex_lock(&p->mu);
+    p->stop = true;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (size_t i = 0; i < p->n_threads; i++)
+        pthread_join(p->threads[i], NULL);
+    /* what is still queued fails; every callback runs once */
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; p->peers != NULL && i < p->n_peers; i++) {
+        peer_t *q = &p->peers[i];
+        while (q->head != NULL) {
+            job_t *j = q->head;
+            q->head = j->next;
+            end_locked(p, j, KVD_ERR_DRAINING);
+        }
+        kvd_client_close(q->c);
+        q->c = NULL;
     }
-    if (p->efd >= 0)
+    pthread_mutex_unlock(&p->mu);
+    if (p->efd >= 0) {
+        kvd_peers_poll(p);
         close(p->efd);
+    }
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     explicit_bzero(p->token, sizeof(p->token));
-    if (p->conns != NULL)
-        kvd_mem_free(KVD_MEM_OTHER, p->conns, CONNS_MAX * sizeof(*p->conns));
+    if (p->peers != NULL)
+        kvd_mem_free(KVD_MEM_OTHER, p->peers, PEERS_MAX * sizeof(*p->peers));
     kvd_mem_free(KVD_MEM_OTHER, p, sizeof(*p));
 }
 
@@ -238,22 +260,21 @@ int kvd_peers_send(kvd_peers_t *p, const char *node_id, const char *address,
         kvd_msg_clear(req);
         return KVD_ERR_NOMEM;
     }
-    kvd_strlcpy(j->node_id, node_id, sizeof(j->node_id));
-    kvd_strlcpy(j->address, address, sizeof(j->address));
     j->req = *req;
     memset(req, 0, sizeof(*req));
     j->fn = fn;
     j->arg = arg;
     atomic_fetch_add(&p->pending, 1);
     pthread_mutex_lock(&p->mu);
-    if (p->stop) {
-        end_locked(p, j, KVD_ERR_DRAINING);
+    peer_t *q = p->stop ? NULL : peer_of(p, node_id, address);
+    if (q == NULL) {
+        end_locked(p, j, p->stop ? KVD_ERR_DRAINING : KVD_ERR_NO_SPACE);
     } else {
-        if (p->tail != NULL)
-            p->tail->next = j;
+        if (q->tail != NULL)
+            q->tail->next = j;
         else
-            p->head = j;
-        p->tail = j;
+            q->head = j;
+        q->tail = j;
         pthread_cond_signal(&p->cv);
     }
     pthread_mutex_unlock(&p->mu);
@@ -290,20 +311,23 @@ void kvd_peers_poll(kvd_peers_t *p)
 void kvd_peers_forget(kvd_peers_t *p, const char *node_id)
 {
     pthread_mutex_lock(&p->mu);
-    job_t **link = &p->head, *last = NULL;
-    while (*link != NULL) {
-        job_t *j = *link;
-        if (strcmp(j->node_id, node_id) == 0) {
-            *link = j->next;
+    for (size_t i = 0; i < p->n_peers; i++) {
+        peer_t *q = &p->peers[i];
+        if (strcmp(q->node_id, node_id) != 0)
+            continue;
+        while (q->head != NULL) {
+            job_t *j = q->head;
+            q->head = j->next;
             end_locked(p, j, KVD_ERR_DRAINING);
-        } else {
-            last = j;
-            link = &j->next;
         }
+        q->tail = NULL;
+        if (q->busy) {
+            q->closing = true;
+        } else {
+            kvd_client_close(q->c);
+            q->c = NULL;
+        }
+        break;
     }
-    p->tail = last;
-    if (p->n_closing < KVD_ARRAY_SIZE(p->closing))
-        kvd_strlcpy(p->closing[p->n_closing++], node_id, sizeof(p->closing[0]));
-    pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
 }

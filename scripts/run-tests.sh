@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 passed=0 failed=0 skipped=0
 failures=()
 
-# The ThreadSanitizer tree runs the linker, daemon and simulator suites
+# The ThreadSanitizer tree runs the linker, daemon, simulator and cluster suites
 # and the SSD tier's store tests (where the threads are: the tier's I/O
 # executor and checkpoint thread), less the tests named here with the
 # reason:
@@ -45,7 +45,7 @@ for dir in "$@"; do
             [ $skip = 1 ] && echo "skipped under TSan: $name" && continue
             tests+=("$name")
         done < <(meson test -C "$dir" --list 2>/dev/null | sed -n 's/^.* \/ //p' |
-                 grep -E '^(linker|daemon|sim)/|^store/tier')
+                 grep -E '^(linker|daemon|sim|cluster)/|^store/tier')
         UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none \
         TSAN_OPTIONS="halt_on_error=0 exitcode=66 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
             meson test -C "$dir" --num-processes 2 --print-errorlogs "${tests[@]}"
