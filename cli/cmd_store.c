@@ -211,33 +211,11 @@ static void tree_print(const kvd_list_rep_t *l, size_t i, int indent, int budget
     }
 }
 
-int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
+/* Prints one daemon's listing as prefixes does. */
+static void print_listing(const cli_t *cli, const cli_args_t *a, const kvd_list_rep_t *l)
 {
-    if (a->n_args > 0 || a->n_namespaces > 1) {
-        fprintf(stderr,
-                "kvdock prefixes: takes at most one --namespace and no arguments\n");
-        return EXIT_USAGE;
-    }
-    uint64_t limit = 0;
-    if (a->limit && kvd_u64_parse(a->limit, 1, UINT32_MAX, &limit) != KVD_OK) {
-        fprintf(stderr, "kvdock prefixes: --limit must be a positive integer\n");
-        return EXIT_USAGE;
-    }
-    /* every page the daemon has, up to --limit entries */
-    kvd_list_pages_t pages;
-    int rc =
-        kvd_list_fetch(cli_call_fn, (void *)cli,
-                       a->n_namespaces ? a->namespaces[0] : NULL, a->tree, limit, &pages);
-    if (rc == KVD_ERR_NOMEM)
-        fprintf(stderr, "kvdock prefixes: out of memory\n");
-    if (rc != KVD_OK) {
-        kvd_list_pages_free(&pages);
-        return 1;
-    }
-    const kvd_list_rep_t *l = &pages.all;
     if (cli->json) {
         kvd_json_list(stdout, l);
-        putchar('\n');
     } else if (a->tree) {
         for (size_t i = 0; i < l->n_nodes; i++) {
             const kvd_obj_msg_t *o = &l->nodes[i];
@@ -266,8 +244,93 @@ int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
     if (l->truncated && !cli->json)
         printf("(truncated at %zu entries: use --namespace or a larger --limit)\n",
                l->n_prefixes);
+}
+
+/* Fetches and prints one daemon's listing; false when it could not. */
+static bool one_listing(const cli_t *cli, const cli_args_t *a, uint64_t limit)
+{
+    kvd_list_pages_t pages;
+    int rc =
+        kvd_list_fetch(cli_call_fn, (void *)cli,
+                       a->n_namespaces ? a->namespaces[0] : NULL, a->tree, limit, &pages);
+    if (rc == KVD_ERR_NOMEM)
+        fprintf(stderr, "kvdock prefixes: out of memory\n");
+    if (rc == KVD_OK)
+        print_listing(cli, a, &pages.all);
     kvd_list_pages_free(&pages);
-    return 0;
+    return rc == KVD_OK;
+}
+
+/*
+ * prefixes --cluster: the listing of every member, each asked at its own
+ * address (from the daemon's `cluster` view) with the same credential.
+ * A member that cannot be reached is named, and the exit status is 1.
+ */
+static int prefixes_cluster(const cli_t *cli, const cli_args_t *a, uint64_t limit)
+{
+    kvd_msg_t rep = {0};
+    if (cli_call_empty(cli, KVD_METHOD_CLUSTER, &rep) != KVD_OK) {
+        kvd_msg_clear(&rep);
+        return 1;
+    }
+    const kvd_cluster_rep_t *c = &rep.body.cluster_rep;
+    if (c->state == KVD_CLUSTER_OFF) {
+        fprintf(stderr, "kvdock prefixes --cluster: %s\n", c->etcd);
+        kvd_msg_clear(&rep);
+        return 1;
+    }
+    bool all = true;
+    if (cli->json)
+        fputs("{\"members\":[", stdout);
+    for (size_t i = 0; i < c->n_members; i++) {
+        const kvd_member_msg_t *m = &c->members[i];
+        cli_t one = *cli;
+        one.connect = m->address;
+        one.socket_path[0] = '\0';
+        if (cli->json) {
+            printf("%s{\"node\":", i ? "," : "");
+            kvd_json_str(stdout, m->node_id);
+            fputs(",\"address\":", stdout);
+            kvd_json_str(stdout, m->address);
+            fputs(",\"listing\":", stdout);
+        } else {
+            printf("%s== %s (%s)\n", i ? "\n" : "", m->node_id, m->address);
+        }
+        /* the member itself is asked where this CLI reached it */
+        bool ok = one_listing(m->self ? cli : &one, a, limit);
+        if (!ok && cli->json)
+            fputs("null", stdout);
+        if (!ok && !cli->json)
+            printf("(not reachable)\n");
+        if (cli->json)
+            fputs("}", stdout);
+        all &= ok;
+    }
+    if (cli->json)
+        fputs("]}\n", stdout);
+    kvd_msg_clear(&rep);
+    return all ? 0 : 1;
+}
+
+int cmd_prefixes(const cli_t *cli, const cli_args_t *a)
+{
+    if (a->n_args > 0 || a->n_namespaces > 1) {
+        fprintf(stderr,
+                "kvdock prefixes: takes at most one --namespace and no arguments\n");
+        return EXIT_USAGE;
+    }
+    uint64_t limit = 0;
+    if (a->limit && kvd_u64_parse(a->limit, 1, UINT32_MAX, &limit) != KVD_OK) {
+        fprintf(stderr, "kvdock prefixes: --limit must be a positive integer\n");
+        return EXIT_USAGE;
+    }
+    if (a->cluster)
+        return prefixes_cluster(cli, a, limit);
+    /* every page the daemon has, up to --limit entries */
+    bool ok = one_listing(cli, a, limit);
+    if (ok && cli->json)
+        putchar('\n');
+    return ok ? 0 : 1;
 }
 
 /* ------------------------------------------------------------------ show */

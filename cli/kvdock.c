@@ -34,9 +34,10 @@ static const cli_cmd_t commands[] = {
      cmd_cluster},
     {"hash", "--page-size P [--prior HEX] (TOKENS... | --tokens-file F)",
      "the page-key chain (SGLang-compatible), one key per full page", cmd_hash},
-    {"prefixes", "[--namespace N] [--tree] [--limit L]",
+    {"prefixes", "[--namespace N] [--tree] [--limit L] [--cluster]",
      "stored prefixes: namespace, root, pages, bytes, which pools hold state\n"
-     "at which boundaries, last access, hits",
+     "at which boundaries, last access, hits; --cluster: every member's, each\n"
+     "asked at its address with the same credential",
      cmd_prefixes},
     {"show", "KEY [--namespace N] [--cluster [--tenant T]]",
      "one stored key in every namespace holding it;\n"
