@@ -166,6 +166,11 @@ static const opt_def_t opt_defs[] = {
     {"cluster-ttl", OPT_U64, OFF(cluster_ttl_s), 0, 2, 3600, "SECONDS",
      "the lease that keeps this daemon a member: gone from every lookup within it "
      "(and a watch round) after it dies (default 5)"},
+    {"cluster-once", OPT_STRING, OFF(cluster_once), SZ(cluster_once), 0, 0, "PATTERNS",
+     "rank-replicated namespaces whose names match one of these comma-separated "
+     "patterns (fnmatch: '*' every one) are stored once per cluster: a page another "
+     "member holds is not written here (Reserve says it exists) and loads fetch it; "
+     "default: none (the local copy is faster to load)"},
     {"meminfo-root", OPT_STRING, OFF(meminfo_root), SZ(meminfo_root), 0, 0, "DIR",
      "read /proc/meminfo and the cgroup files below DIR (for tests)"},
 };

@@ -36,6 +36,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -875,6 +876,149 @@ static bool lookup_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
     return ok; /* the local answer stands when the cluster cannot be asked */
 }
 
+/* Whether namespace ns is stored once per cluster (--cluster-once: a
+ * rank-replicated one whose name matches a pattern). */
+static bool stored_once(kvd_server_t *s, uint32_t ns, kvd_ns_info_t *info)
+{
+    if (s->opts.cluster_once[0] == '\0' ||
+        kvd_store_ns_info(s->store, ns, info) != KVD_OK || !info->rank_replicated)
+        return false;
+    char pats[sizeof(s->opts.cluster_once)];
+    kvd_strlcpy(pats, s->opts.cluster_once, sizeof(pats));
+    char *save = NULL;
+    for (char *p = strtok_r(pats, ",", &save); p != NULL; p = strtok_r(NULL, ",", &save))
+        if (fnmatch(p, info->name, 0) == 0)
+            return true;
+    return false;
+}
+
+/* A Reserve of a namespace stored once per cluster, waiting for the
+ * directory: who asked (its identity, copied: the connection may go), and
+ * the request (copied). */
+typedef struct reserve_wait {
+    kvd_server_t *s;
+    kvd_rpc_ctx_t ctx;
+    uint64_t t0;
+    kvd_msg_t req; /* a copy; its arena holds the items */
+} reserve_wait_t;
+
+static void reserve_done(void *arg, kvd_msg_t *dir)
+{
+    reserve_wait_t *w = arg;
+    kvd_server_t *s = w->s;
+    const kvd_reserve_req_t *r = &w->req.body.reserve_req;
+    const kvd_dir_lookup_rep_t *d =
+        dir->status == KVD_OK && dir->body.dir_lookup_rep.n == 1
+            ? &dir->body.dir_lookup_rep
+            : NULL;
+    /* the keys no other member holds are reserved here; the others exist */
+    bool *held = kvd_mem_calloc(KVD_MEM_OTHER, r->n + 1, sizeof(bool));
+    kvd_msg_t sub = {0}, subrep = {0}, rep = {0};
+    kvd_msg_request(&sub, w->req.id, KVD_METHOD_RESERVE);
+    kvd_reserve_req_t *sr = &sub.body.reserve_req;
+    *sr = (kvd_reserve_req_t){.ns = r->ns, .object_bytes = r->object_bytes};
+    sr->items = kvd_msg_alloc(&sub, r->n * sizeof(*sr->items) + 1);
+    for (size_t i = 0; held != NULL && sr->items != NULL && i < r->n; i++) {
+        uint64_t bits = d && i < d->n_holders[0] ? d->holders[0][i] : 0;
+        for (size_t b = 0; b < d->n_nodes && bits && !held[i]; b++)
+            held[i] = bits >> b & 1 && !kvd_dirsvc_is_self(s->dirsvc, d->nodes[b]);
+        if (!held[i])
+            sr->items[sr->n++] = r->items[i];
+    }
+    conn_t *c = conn_by_id(s, w->ctx.conn_id);
+    if (held == NULL || sr->items == NULL) {
+        kvd_msg_error(&rep, w->req.id, KVD_METHOD_RESERVE, KVD_ERR_NOMEM,
+                      "out of memory");
+    } else if (c == NULL) {
+        /* its writer is gone: nothing to reserve for it */
+    } else {
+        if (sr->n > 0)
+            kvd_rpc_store_serve(s->store, &s->opts, &w->ctx, &sub, &subrep);
+        const kvd_reserve_rep_t *sp = &subrep.body.reserve_rep;
+        uint8_t *results = kvd_msg_alloc(&rep, r->n + 1);
+        uint64_t *offsets = kvd_msg_alloc(&rep, r->n * sizeof(uint64_t) + 1);
+        kvd_ns_info_t info = {0};
+        kvd_store_ns_info(s->store, r->ns, &info);
+        if (subrep.status != KVD_OK) {
+            rep = subrep; /* its error, moved */
+            memset(&subrep, 0, sizeof(subrep));
+        } else if (results == NULL || offsets == NULL) {
+            kvd_msg_clear(&rep);
+            kvd_msg_error(&rep, w->req.id, KVD_METHOD_RESERVE, KVD_ERR_NOMEM,
+                          "out of memory");
+        } else {
+            for (size_t i = 0, k = 0; i < r->n; i++) {
+                results[i] = held[i] ? KVD_RESERVE_EXISTS : sp->results[k];
+                offsets[i] = held[i] ? 0 : sp->offsets[k];
+                k += !held[i];
+            }
+            rep.body.reserve_rep = (kvd_reserve_rep_t){.lease_id = sp->lease_id,
+                                                       .object_bytes = info.object_bytes,
+                                                       .n = r->n,
+                                                       .results = results,
+                                                       .offsets = offsets};
+        }
+        rep.id = w->req.id;
+        rep.method = KVD_METHOD_RESERVE;
+        rep.reply = true;
+        conn_reply(s, c, &rep);
+        conn_flush(s, c);
+    }
+    kvd_counters_record(&s->counters, KVD_METHOD_RESERVE, rep.status != KVD_OK,
+                        kvd_now_ns() - w->t0);
+    kvd_mem_free(KVD_MEM_OTHER, held, (r->n + 1) * sizeof(bool));
+    kvd_msg_clear(&sub);
+    kvd_msg_clear(&subrep);
+    kvd_msg_clear(&rep);
+    kvd_msg_clear(&w->req);
+    kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
+}
+
+/*
+ * A worker's Reserve in a namespace stored once per cluster: asks the
+ * directory first, and answers EXISTS for keys another member holds (the
+ * writer skips them; a load here fetches them). Returns true when the
+ * reply is deferred; false to serve it locally as usual.
+ */
+static bool reserve_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, uint64_t t0)
+{
+    const kvd_reserve_req_t *r = &req->body.reserve_req;
+    kvd_ns_info_t info;
+    if (s->dirsvc == NULL || c->ctx.is_peer || !kvd_dirsvc_ready(s->dirsvc) ||
+        r->n == 0 || r->n > s->opts.max_batch || !stored_once(s, r->ns, &info))
+        return false;
+    const char *tenant = kvd_store_tenant_name(s->store, info.tenant);
+    if (tenant == NULL || info.tenant != c->ctx.tenant)
+        return false; /* the local path says what is wrong */
+    reserve_wait_t *w = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*w));
+    if (w == NULL)
+        return false;
+    *w = (reserve_wait_t){.s = s, .ctx = c->ctx, .t0 = t0};
+    kvd_msg_request(&w->req, req->id, KVD_METHOD_RESERVE);
+    kvd_reserve_req_t *cr = &w->req.body.reserve_req;
+    *cr = *r;
+    cr->items = kvd_msg_alloc(&w->req, r->n * sizeof(*cr->items));
+    kvd_key_t *keys = kvd_msg_alloc(&w->req, r->n * sizeof(kvd_key_t));
+    if (cr->items == NULL || keys == NULL) {
+        kvd_msg_clear(&w->req);
+        kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
+        return false;
+    }
+    memcpy(cr->items, r->items, r->n * sizeof(*cr->items));
+    for (size_t i = 0; i < r->n; i++)
+        memcpy(keys[i], r->items[i].key, KVD_KEY_BYTES);
+    kvd_dir_keys_t q = {.n_added = r->n, .added = keys};
+    kvd_strlcpy(q.tenant, tenant, sizeof(q.tenant));
+    kvd_strlcpy(q.ns_name, info.name, sizeof(q.ns_name));
+    kvd_dir_lookup_req_t dq = {.n = 1, .queries = &q};
+    if (kvd_dirsvc_route(s->dirsvc, &dq, reserve_done, w) != KVD_OK) {
+        kvd_msg_clear(&w->req);
+        kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
+        return false;
+    }
+    return true;
+}
+
 /* After the local store refused a worker's Acquire (rep): keys another
  * member holds are fetched here, and the Acquire answers KVD_INPROGRESS
  * (ask again) while they come. */
@@ -1072,6 +1216,11 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
                           "the daemon is %s; retry when it is ready",
                           kvd_health_name(server_health(s)));
             break;
+        }
+        if (req->method == KVD_METHOD_RESERVE && reserve_cluster(s, c, req, t0)) {
+            kvd_msg_clear(req);
+            kvd_msg_clear(rep);
+            return; /* answered when the directory has */
         }
         /* fall through */
     case KVD_METHOD_REGISTER_NAMESPACE:

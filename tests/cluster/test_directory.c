@@ -12,10 +12,7 @@
  *     (common/, over the members sorted by id) gives it;
  * (d) the chain evicted on C: within a bounded wait A's Lookup no longer
  *     returns it.
- * Registered on its own (cluster/directory) so that it can be enabled when
- * the directory lands: it skips (77) while `kvdock show` has no --cluster
- * (KVDOCK_TEST_CLUSTER_DIRECTORY=1 runs it all the same, for the work in
- * progress), and where namespaces or etcd are missing.
+ * It skips (77) where namespaces or etcd are missing.
  */
 #include "cluster.h"
 #include "test_store_util.h"
@@ -205,11 +202,6 @@ static void evicted_on_c(void)
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
-    const char *force = getenv("KVDOCK_TEST_CLUSTER_DIRECTORY");
-    if (!kc_cli_has_flag("show", "--cluster") && !(force && strcmp(force, "1") == 0)) {
-        printf("SKIP: the directory is not built yet (`kvdock show` has no --cluster)\n");
-        return KVD_TEST_SKIP;
-    }
     int rc = kc_setup(&cl, 3, true);
     if (rc == KVD_TEST_SKIP)
         return KVD_TEST_SKIP;
