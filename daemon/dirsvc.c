@@ -507,6 +507,16 @@ bool kvd_dirsvc_is_self(const kvd_dirsvc_t *d, const char *node_id)
     return strcmp(d->self, node_id) == 0;
 }
 
+void kvd_dirsvc_not_here(kvd_dirsvc_t *d, const char *tenant, const char *ns,
+                         const uint8_t key[KVD_KEY_BYTES])
+{
+    if (!d->ready)
+        return;
+    uint32_t name = name_intern(d, tenant, ns);
+    if (name != UINT32_MAX)
+        queue_push(d, name, key, false);
+}
+
 void kvd_dirsvc_counters(const kvd_dirsvc_t *d, kvd_cluster_counters_t *out)
 {
     out->directory_entries = kvd_dir_entries(d->share);

@@ -65,6 +65,11 @@ const char *kvd_dirsvc_address(const kvd_dirsvc_t *d, const char *node_id);
 bool kvd_dirsvc_is_self(const kvd_dirsvc_t *d, const char *node_id);
 bool kvd_dirsvc_ready(const kvd_dirsvc_t *d);
 
+/* This daemon was asked for a key it does not hold (a stale entry of the
+ * directory): its removal is announced again to the key's owner. */
+void kvd_dirsvc_not_here(kvd_dirsvc_t *d, const char *tenant, const char *ns,
+                         const uint8_t key[KVD_KEY_BYTES]);
+
 /* Its counters (directory_entries, announced_keys, announce_failures,
  * announce_queued, peer_pending) into out; the others are left alone. */
 void kvd_dirsvc_counters(const kvd_dirsvc_t *d, kvd_cluster_counters_t *out);

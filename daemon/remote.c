@@ -16,13 +16,15 @@
 #define FRAME_SLACK  (64u * 1024u)    /* a Fetch reply's frame beside its bytes */
 #define OWNER_REMOTE (UINT64_MAX - 1) /* the owner of a fetch's reservations */
 
-enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_FAILED };
+#define RETRY_MS 20 /* a key its holder is promoting: asked again */
+
+enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_FAILED, SLOT_RETRY };
 
 typedef struct slot {
     uint8_t key[KVD_KEY_BYTES];
     uint32_t ns;
     uint8_t state;
-    uint64_t until_ms; /* SLOT_FAILED: answers NOT_FOUND until then */
+    uint64_t until_ms; /* SLOT_FAILED: NOT_FOUND until then; SLOT_RETRY: in progress */
 } slot_t;
 
 struct kvd_remote {
@@ -121,6 +123,17 @@ static void slot_del(kvd_remote_t *r, slot_t *s)
     }
 }
 
+/* A key its holder is reading from its SSD tier: fetched again after
+ * RETRY_MS (an Acquire meanwhile answers in progress). */
+static void key_retry(kvd_remote_t *r, uint32_t ns, const uint8_t *key)
+{
+    slot_t *s = slot_find(r, ns, key);
+    if (s == NULL)
+        return;
+    s->state = SLOT_RETRY;
+    s->until_ms = kvd_now_ns() / 1000000 + RETRY_MS;
+}
+
 /* The end of one key's fetch. */
 static void key_done(kvd_remote_t *r, uint32_t ns, const uint8_t *key, bool ok)
 {
@@ -166,12 +179,13 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
     if (fr != NULL && puts && src && results && locs && ok) {
         size_t d = 0;
         for (size_t i = 0; i < f->n; i++) {
-            if (!fr->present[i])
+            if (fr->present[i] != KVD_FETCH_HERE)
                 continue;
             const uint8_t *key = j->keys[f->at[i]];
             /* the chain: the key before it in the Acquire, when the holder
              * says it is one deeper */
-            const uint8_t *parent = i > 0 && fr->present[i - 1] && d > 0 &&
+            const uint8_t *parent = i > 0 && fr->present[i - 1] == KVD_FETCH_HERE &&
+                                            d > 0 &&
                                             fr->depths[d] == fr->depths[d - 1] + 1
                                         ? j->keys[f->at[i - 1]]
                                         : NULL;
@@ -208,12 +222,16 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
             kvd_mem_free(KVD_MEM_STAGING, pub, n_in * sizeof(*pub));
     }
     for (size_t i = 0; i < f->n; i++) {
+        const uint8_t *key = j->keys[f->at[i]];
+        if (fr != NULL && fr->present[i] == KVD_FETCH_PROMOTING) {
+            key_retry(r, j->ns, key);
+            continue;
+        }
         /* present now (published here, or written by another meanwhile) */
         kvd_obj_info_t info;
-        bool here =
-            kvd_store_inspect(r->store, j->ns, j->keys[f->at[i]], &info) == KVD_OK &&
-            info.state == KVD_OBJ_READY;
-        key_done(r, j->ns, j->keys[f->at[i]], here && (ok == NULL || ok[i] || here));
+        key_done(r, j->ns, key,
+                 kvd_store_inspect(r->store, j->ns, key, &info) == KVD_OK &&
+                     info.state == KVD_OBJ_READY);
     }
     kvd_mem_free(KVD_MEM_STAGING, puts, (f->n + 1) * sizeof(*puts));
     kvd_mem_free(KVD_MEM_STAGING, src, (f->n + 1) * sizeof(*src));
@@ -317,12 +335,12 @@ int kvd_remote_want(kvd_remote_t *r, uint32_t ns, const kvd_key_t *keys, size_t 
             continue; /* here (or being written here: not ours to fetch) */
         missing = true;
         slot_t *s = slot_find(r, ns, keys[i]);
-        if (s != NULL && s->state == SLOT_FAILED && s->until_ms <= now_ms) {
-            slot_del(r, s);
+        if (s != NULL && s->state != SLOT_BUSY && s->until_ms <= now_ms) {
+            slot_del(r, s); /* a failure forgotten, or a retry due: asked anew */
             s = NULL;
         }
         if (s != NULL) {
-            busy |= s->state == SLOT_BUSY;
+            busy |= s->state != SLOT_FAILED;
             continue;
         }
         if (j == NULL) {
@@ -400,12 +418,30 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
         kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
         return;
     }
+    uint64_t now_ms = kvd_now_ns() / 1000000;
     for (size_t i = 0; i < q->n && want < room; i++) {
-        /* DRAM objects only: one on the SSD tier is absent for now */
-        if (kvd_store_inspect(r->store, ns, q->keys[i], &o[i]) == KVD_OK &&
-            o[i].state == KVD_OBJ_READY && o[i].tier == KVD_TIER_DRAM &&
-            o[i].loc.size >= info.object_bytes) {
-            f->present[i] = 1;
+        if (kvd_store_inspect(r->store, ns, q->keys[i], &o[i]) != KVD_OK ||
+            o[i].state != KVD_OBJ_READY) {
+            /* a stale directory entry (or one being written): tell the
+             * owner again that it is not here */
+            kvd_dirsvc_not_here(r->dir, q->tenant, q->ns_name, q->keys[i]);
+            continue;
+        }
+        if (o[i].tier != KVD_TIER_DRAM) {
+            /* on the SSD tier: an Acquire starts its promotion; the asker
+             * asks again */
+            uint64_t lease = 0;
+            kvd_loc_t loc;
+            size_t bad;
+            if (kvd_store_acquire(r->store, OWNER_REMOTE, ns,
+                                  (const uint8_t(*)[KVD_KEY_BYTES])q->keys[i], 1, now_ms,
+                                  &lease, &loc, &bad) == KVD_OK)
+                kvd_store_release(r->store, OWNER_REMOTE, lease);
+            f->present[i] = KVD_FETCH_PROMOTING;
+            continue;
+        }
+        if (o[i].loc.size >= info.object_bytes) {
+            f->present[i] = KVD_FETCH_HERE;
             want++;
         }
     }
@@ -419,7 +455,7 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
     }
     size_t d = 0;
     for (size_t i = 0; i < q->n; i++) {
-        if (!f->present[i])
+        if (f->present[i] != KVD_FETCH_HERE)
             continue;
         memcpy(data + d * info.object_bytes, r->pool + o[i].loc.offset,
                info.object_bytes);

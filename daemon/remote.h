@@ -12,6 +12,10 @@
  * as for an SSD promotion; then the objects are local, and stay (a later
  * load of the same prefix is a local hit; they are evicted like any other).
  *
+ * A holder asked for a key on its SSD tier starts its promotion and says
+ * so; the key is asked for again after RETRY_MS (the Acquire answers in
+ * progress meanwhile). A holder asked for a key it does not hold (a stale
+ * directory entry) announces its removal to the key's owner again.
  * A key that no live member holds, or whose fetch failed (the holder died,
  * dropped it, answered garbage), is remembered as failed for FAIL_HOLD_MS:
  * Acquires of it answer KVD_ERR_NOT_FOUND, so the load fails (rid, false)

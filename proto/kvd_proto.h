@@ -673,6 +673,9 @@ typedef struct kvd_fetch_req {
     kvd_key_t *keys;
 } kvd_fetch_req_t;
 
+/* What a Fetch reply says of each key (FetchReply.present). */
+enum { KVD_FETCH_ABSENT = 0, KVD_FETCH_HERE = 1, KVD_FETCH_PROMOTING = 2 };
+
 typedef struct kvd_fetch_rep {
     uint64_t object_bytes;
     size_t n;         /* = the request's keys */

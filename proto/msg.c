@@ -1506,8 +1506,11 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         int rc = bytes_from_pb(out, r->present, &p, &f->n);
         f->present = (uint8_t *)p;
         size_t n_present = 0;
-        for (size_t i = 0; rc == KVD_OK && i < f->n; i++)
-            n_present += f->present[i] != 0;
+        for (size_t i = 0; rc == KVD_OK && i < f->n; i++) {
+            if (f->present[i] > KVD_FETCH_PROMOTING)
+                rc = KVD_ERR_PROTOCOL;
+            n_present += f->present[i] == KVD_FETCH_HERE;
+        }
         /* every present key's bytes and depth, nothing more or less */
         if (rc == KVD_OK && n_present > 0 &&
             (r->n_depths != n_present || f->object_bytes == 0 ||
