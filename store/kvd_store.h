@@ -385,6 +385,37 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
                       kvd_loc_t *locs);
 
 /*
+ * Who writes into a reservation: one process for its whole life (its pid
+ * and start time, kvd_proc_start_ticks) and a token of its own choosing
+ * that tells its linkers apart (HelloRequest.writer_token). A lease of a
+ * known writer that ends without Publish or Revoke (its connection gone,
+ * its TTL passed, the daemon restarted) keeps its extents *held* instead of
+ * one lease TTL in quarantine: they are freed only once that process is
+ * gone (kvd_store_expire looks, a few writers per call) or says its copies
+ * are over (kvd_store_writer_done). A writer that never says so and never
+ * exits holds them for ever: the safe choice, as its memcpy may resume at
+ * any time. pid 0 is no writer: the lease TTL rule.
+ */
+typedef struct kvd_writer {
+    uint32_t pid;
+    uint64_t start_ticks;
+    uint64_t token;
+} kvd_writer_t;
+
+/* kvd_store_reserve for a known writer (NULL: as kvd_store_reserve). When
+ * the store already tracks KVD_STORE_WRITERS_MAX writers the lease falls
+ * back to the TTL rule (a warning, rate-limited, says so). */
+#define KVD_STORE_WRITERS_MAX 4096
+int kvd_store_reserve_by(kvd_store_t *s, uint64_t owner, const kvd_writer_t *writer,
+                         uint32_t ns, const kvd_put_t *items, size_t n, uint64_t now_ms,
+                         uint64_t *lease_id, uint8_t *results, kvd_loc_t *locs);
+
+/* The writer says that no copy into a reservation it held before now is in
+ * flight (a linker's Hello after its in-flight copies of a lost connection
+ * ended): its held extents are freed. Returns the bytes freed. */
+uint64_t kvd_store_writer_done(kvd_store_t *s, const kvd_writer_t *writer);
+
+/*
  * Makes the reservations of write lease `lease_id` visible, atomically: all
  * of them (keys == NULL) or the n given keys. Every key must be a reservation
  * of that lease, else KVD_ERR_STATE and nothing changes. The lease ends when
@@ -432,8 +463,11 @@ int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id);
 size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner);
 
 /* Ends every lease whose TTL passed by now_ms (reservations quarantined as
- * above) and frees quarantined extents whose grace is over. Callers pass a
- * monotonic clock, never going back. Returns the leases ended. */
+ * above) and frees quarantined extents whose grace is over, and held ones
+ * whose writer process is gone (checking at most a few writers' /proc
+ * entries per call, each at most once a second, and freeing at most 65536
+ * extents per call). Callers pass a monotonic clock, never going back.
+ * Returns the leases ended. */
 size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms);
 
 /* --- lookup */
