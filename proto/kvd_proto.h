@@ -256,6 +256,8 @@ typedef struct kvd_hello_req {
     uint8_t auth_token[KVD_TOKEN_MAX];
     size_t auth_token_len;
     bool read_only;
+    uint64_t writer_token;    /* this writer among its process's (a linker's) */
+    bool earlier_copies_over; /* copies of its earlier connections ended */
 } kvd_hello_req_t;
 
 typedef struct kvd_hello_rep {

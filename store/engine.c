@@ -133,7 +133,8 @@ void kvd_store_destroy(kvd_store_t *s)
     kvd_mem_free(KVD_MEM_INDEX, s->buckets, s->n_buckets * sizeof(uint32_t));
     kvd_mem_free(KVD_MEM_INDEX, s->ns, (size_t)s->ns_cap * sizeof(ns_entry_t));
     ns_owners_free(s);
-    kvd_mem_free(KVD_MEM_INDEX, s->writers, (size_t)s->cap_writers * sizeof(writer_ent_t));
+    kvd_mem_free(KVD_MEM_INDEX, s->writers,
+                 (size_t)s->cap_writers * sizeof(writer_ent_t));
     rec_fini(s);
     kvd_mem_free(KVD_MEM_INDEX, s, sizeof(*s));
 }
@@ -1082,9 +1083,8 @@ static void writers_sweep(kvd_store_t *s, uint64_t now_ms)
 {
     uint32_t checks = 0;
     uint64_t freed = 0;
-    for (uint32_t k = 0; k < s->n_writers && checks < WRITER_CHECKS_MAX &&
-                         freed < WRITER_FREE_MAX;
-         k++) {
+    for (uint32_t k = 0;
+         k < s->n_writers && checks < WRITER_CHECKS_MAX && freed < WRITER_FREE_MAX; k++) {
         uint32_t w = s->writer_cursor++ % s->n_writers;
         writer_ent_t *e = &s->writers[w];
         if (e->id.pid == 0 || e->held_head == NIL)
@@ -1099,13 +1099,14 @@ static void writers_sweep(kvd_store_t *s, uint64_t now_ms)
         if (!e->gone) {
             if (s->held_logged_ms == 0 || now_ms >= s->held_logged_ms + HELD_LOG_MS) {
                 s->held_logged_ms = now_ms;
-                KVD_WARN("store",
-                         "%llu bytes of unpublished reservations are held for writer pid "
-                         "%u (%llu bytes held in all): its lease ended while it may still "
-                         "copy into them; they are freed once it exits or reconnects "
-                         "saying its copies are over",
-                         (unsigned long long)page_bytes_of(s, e->held_pages), e->id.pid,
-                         (unsigned long long)page_bytes_of(s, s->held_pages));
+                KVD_WARN(
+                    "store",
+                    "%llu bytes of unpublished reservations are held for writer pid "
+                    "%u (%llu bytes held in all): its lease ended while it may still "
+                    "copy into them; they are freed once it exits or reconnects "
+                    "saying its copies are over",
+                    (unsigned long long)page_bytes_of(s, e->held_pages), e->id.pid,
+                    (unsigned long long)page_bytes_of(s, s->held_pages));
             }
             continue;
         }
@@ -1335,8 +1336,7 @@ static void quarantine(kvd_store_t *s, uint32_t i, uint32_t writer)
         writer_hold(s, writer, i);
     } else {
         uint64_t release_ms = s->now_ms + s->cfg.lease_ttl_ms;
-        r->last_access_s =
-            (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
+        r->last_access_s = (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
         r->link_prev = NIL;
         r->link_next = NIL;
         if (s->quarantine_tail != NIL)
@@ -2666,8 +2666,7 @@ static void ns_index_rebuild(kvd_store_t *s)
 int store_restore_begin(kvd_store_t *s, const uint64_t secret[6], uint64_t epoch_ms)
 {
     if (s->n_ns != 0 || s->n_slots != 0 || s->n_objects != 0 || s->n_leases != 0 ||
-        s->quarantine_head != NIL || s->n_writers != 0 ||
-        s->free_pages != s->total_pages)
+        s->quarantine_head != NIL || s->n_writers != 0 || s->free_pages != s->total_pages)
         return KVD_ERR_STATE;
     memcpy(s->secret, secret, sizeof(s->secret));
     s->secret[5] |= 1;

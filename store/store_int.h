@@ -399,8 +399,8 @@ typedef struct restore_obj {
     uint32_t off_pages, size_pages;
     uint8_t kind; /* enum restore_kind; 0: nothing (a free slot of the replay) */
     uint8_t has_parent;
-    uint16_t slot;   /* namespace slot (READY, WRITING) */
-    uint32_t tenant; /* RESTORE_QUAR: whose bytes */
+    uint16_t slot;       /* namespace slot (READY, WRITING) */
+    uint32_t tenant;     /* RESTORE_QUAR: whose bytes */
     kvd_writer_t writer; /* WRITING, QUAR: its writer (pid 0: none known) */
     uint32_t depth;
     uint32_t last_access_s;
