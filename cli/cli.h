@@ -90,6 +90,7 @@ void cli_table_rows(const kvd_field_list_t *l, const void *objs, size_t n, size_
 /* ------------------------------------------------------ the commands */
 
 int cmd_health(const cli_t *cli, const cli_args_t *a);
+int cmd_cluster(const cli_t *cli, const cli_args_t *a);
 int cmd_stats(const cli_t *cli, const cli_args_t *a);
 int cmd_hash(const cli_t *cli, const cli_args_t *a);
 int cmd_prefixes(const cli_t *cli, const cli_args_t *a);

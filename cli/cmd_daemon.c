@@ -26,14 +26,52 @@ int cmd_health(const cli_t *cli, const cli_args_t *a)
         putchar('\n');
     } else {
         char a1[32], b1[32];
-        printf("%s (pool %s of %s populated, up %.1f s)\n", kvd_health_name(h->state),
+        printf("%s (pool %s of %s populated, up %.1f s)%s%s\n", kvd_health_name(h->state),
                kvd_size_format(h->populated_bytes, a1, sizeof(a1)),
                kvd_size_format(h->pool_bytes, b1, sizeof(b1)),
-               (double)h->uptime_ms / 1000.0);
+               (double)h->uptime_ms / 1000.0,
+               h->cluster != KVD_CLUSTER_OFF ? ", cluster " : "",
+               h->cluster != KVD_CLUSTER_OFF ? kvd_cluster_state_name(h->cluster) : "");
     }
     int status = h->state == KVD_HEALTH_READY ? 0 : EXIT_NOT_READY;
     kvd_msg_clear(&rep);
     return status;
+}
+
+int cmd_cluster(const cli_t *cli, const cli_args_t *a)
+{
+    if (!cli_no_args("cluster", a))
+        return EXIT_USAGE;
+    kvd_msg_t rep = {0};
+    if (cli_call_empty(cli, KVD_METHOD_CLUSTER, &rep) != KVD_OK) {
+        kvd_msg_clear(&rep);
+        return 1;
+    }
+    const kvd_cluster_rep_t *c = &rep.body.cluster_rep;
+    if (cli->json) {
+        kvd_json_cluster(stdout, c);
+        putchar('\n');
+    } else if (c->state == KVD_CLUSTER_OFF) {
+        printf("no cluster (%s)\n", c->etcd);
+    } else {
+        printf("cluster %s, node %s, epoch %llu, etcd %s\n",
+               kvd_cluster_state_name(c->state), c->node_id, (unsigned long long)c->epoch,
+               c->etcd);
+        printf("%-24s %-22s %10s %10s %10s %10s\n", "member", "address", "pool",
+               "objects", "directory", "heartbeat");
+        for (size_t i = 0; i < c->n_members; i++) {
+            const kvd_member_msg_t *m = &c->members[i];
+            char p[32], hb[32];
+            snprintf(hb, sizeof(hb), "%.1f s ago", (double)m->heartbeat_ms_ago / 1000.0);
+            printf("%-24s %-22s %10s %10llu %10llu %10s%s\n", m->node_id, m->address,
+                   kvd_size_format(m->pool_bytes, p, sizeof(p)),
+                   (unsigned long long)m->objects,
+                   (unsigned long long)m->directory_entries, hb,
+                   m->self ? "  (this daemon)" : "");
+        }
+    }
+    kvd_msg_clear(&rep);
+    return 0;
 }
 
 static void memory_table(const kvd_mem_stats_t *m)

@@ -3,7 +3,7 @@
  *
  *   kvdock [--socket PATH | --connect HOST:PORT | --instance NAME]
  *          [--token-file FILE] [--timeout MS] COMMAND [OPTIONS] [ARGS] [--json]
- *   COMMAND: health | stats | hash | prefixes | show | lookup | evict
+ *   COMMAND: health | stats | cluster | hash | prefixes | show | lookup | evict
  *
  * Each command is a row of `commands` below (its name, its synopsis and
  * help for --help, and the function in cmd_daemon.c or cmd_store.c that
@@ -28,6 +28,10 @@ static const cli_cmd_t commands[] = {
      "memory, connections, RPC counters, the store, its namespaces, RDMA ports;\n"
      "--check runs the store's invariant (exit 1 when broken)",
      cmd_stats},
+    {"cluster", "",
+     "the cluster this daemon is a member of: its state, epoch, and each member's\n"
+     "address, pool, objects, directory share and last heartbeat",
+     cmd_cluster},
     {"hash", "--page-size P [--prior HEX] (TOKENS... | --tokens-file F)",
      "the page-key chain (SGLang-compatible), one key per full page", cmd_hash},
     {"prefixes", "[--namespace N] [--tree] [--limit L]",

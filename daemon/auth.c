@@ -35,7 +35,8 @@ typedef struct auth_rule {
     uint32_t tenant_ix; /* into kvd_auth.tenants */
     bool is_operator;
     bool read_only;
-    uint32_t id; /* uid or gid */
+    bool is_peer; /* the cluster's token */
+    uint32_t id;  /* uid or gid */
     uint8_t digest[DIGEST_BYTES];
     int line; /* of the auth config; 0 for a flag */
 } auth_rule_t;
@@ -403,6 +404,13 @@ int kvd_auth_create(const kvd_auth_opts_t *o, kvd_auth_t **out, char *why, size_
         if (rc == KVD_OK)
             rc = add_rule(a, &r, "--auth-token-file: ", why, why_len);
     }
+    if (rc == KVD_OK && o->peer_token_file && o->peer_token_file[0]) {
+        auth_rule_t r = {
+            .kind = RULE_TOKEN, .tenant_ix = 0, .is_operator = true, .is_peer = true};
+        rc = token_rule(o->peer_token_file, &r, "--cluster-token-file: ", why, why_len);
+        if (rc == KVD_OK)
+            rc = add_rule(a, &r, "--cluster-token-file: ", why, why_len);
+    }
     if (rc == KVD_OK) {
         if (o->allow_uid && o->allow_uid[0]) {
             rc = list_rules(a, "--allow-uid", o->allow_uid, RULE_UID, why, why_len);
@@ -467,7 +475,8 @@ static void grant_of(const kvd_auth_t *a, const auth_rule_t *r, kvd_auth_grant_t
 {
     *out = (kvd_auth_grant_t){.tenant = a->tenants[r->tenant_ix].store_id,
                               .is_operator = r->is_operator,
-                              .read_only = r->read_only};
+                              .read_only = r->read_only,
+                              .is_peer = r->is_peer};
 }
 
 static bool in_groups(const kvd_auth_peer_t *p, uint32_t gid)

@@ -12,7 +12,10 @@
  *     (SO_PEERCRED, SO_PEERGROUPS) against the `uid` / `gid` lines of
  *     --auth-config, then --allow-uid / --allow-gid (default: the daemon's
  *     own uid and root);
- *   - without a token, on TCP: only with --insecure-no-auth.
+ *   - without a token, on TCP: only with --insecure-no-auth;
+ *   - the cluster's token (--cluster-token-file) makes the connection a
+ *     peer daemon: an operator of every tenant that may also call the
+ *     peer-only methods (the directory's).
  * The simple flags map to the default tenant as its operator, so a daemon
  * without --auth-config is the single tenant it always was.
  *
@@ -43,13 +46,14 @@ typedef struct kvd_auth kvd_auth_t;
 
 /* What the options say (daemon/options.h); strings "" when not given. */
 typedef struct kvd_auth_opts {
-    const char *token_file;  /* --auth-token-file */
-    const char *allow_uid;   /* --allow-uid LIST ("" = own uid and root) */
-    const char *allow_gid;   /* --allow-gid LIST */
-    const char *config_file; /* --auth-config */
-    bool insecure_no_auth;   /* --insecure-no-auth */
-    bool tcp;                /* --listen was given */
-    uid_t self_uid;          /* the daemon's own uid */
+    const char *token_file;      /* --auth-token-file */
+    const char *allow_uid;       /* --allow-uid LIST ("" = own uid and root) */
+    const char *allow_gid;       /* --allow-gid LIST */
+    const char *config_file;     /* --auth-config */
+    const char *peer_token_file; /* --cluster-token-file: peer daemons */
+    bool insecure_no_auth;       /* --insecure-no-auth */
+    bool tcp;                    /* --listen was given */
+    uid_t self_uid;              /* the daemon's own uid */
 } kvd_auth_opts_t;
 
 /* The identity of a connection's peer, as the kernel tells it. */
@@ -67,6 +71,7 @@ typedef struct kvd_auth_grant {
     uint32_t tenant;
     bool is_operator;
     bool read_only;
+    bool is_peer; /* another daemon of the cluster (--cluster-token-file) */
 } kvd_auth_grant_t;
 
 /*

@@ -108,6 +108,7 @@ int main(int argc, char **argv)
                              .allow_uid = opts.allow_uid,
                              .allow_gid = opts.allow_gid,
                              .config_file = opts.auth_config,
+                             .peer_token_file = opts.cluster_token_file,
                              .insecure_no_auth = opts.insecure_no_auth,
                              .tcp = opts.listen[0] != '\0',
                              .self_uid = getuid()};

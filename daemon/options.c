@@ -150,6 +150,22 @@ static const opt_def_t opt_defs[] = {
     {"insecure-no-auth", OPT_BOOL, OFF(insecure_no_auth), 0, 0, 0, NULL,
      "serve TCP clients that present no token (as the default tenant's operator); "
      "without it --listen needs a token"},
+    {"cluster-etcd", OPT_STRING, OFF(cluster_etcd), SZ(cluster_etcd), 0, 0, "URLS",
+     "join the cluster whose membership lives in this etcd (comma-separated "
+     "http://HOST:PORT endpoints); needs --advertise and --cluster-token-file"},
+    {"advertise", OPT_HOSTPORT, OFF(advertise), SZ(advertise), 0, 0, "HOST:PORT",
+     "the address the cluster's other daemons reach this one at (one of --listen's)"},
+    {"node-id", OPT_STRING, OFF(node_id), SZ(node_id), 0, 0, "ID",
+     "this daemon's name in the cluster (default: the --advertise address)"},
+    {"cluster-name", OPT_STRING, OFF(cluster_name), SZ(cluster_name), 0, 0, "NAME",
+     "the cluster's name: its etcd keys are under /kvdock/NAME/ (default: default)"},
+    {"cluster-token-file", OPT_STRING, OFF(cluster_token_file), SZ(cluster_token_file), 0,
+     0, "FILE",
+     "the token the cluster's daemons present to each other (mode 0600); a TCP "
+     "Hello with it is a peer daemon"},
+    {"cluster-ttl", OPT_U64, OFF(cluster_ttl_s), 0, 2, 3600, "SECONDS",
+     "the lease that keeps this daemon a member: gone from every lookup within it "
+     "(and a watch round) after it dies (default 5)"},
     {"meminfo-root", OPT_STRING, OFF(meminfo_root), SZ(meminfo_root), 0, 0, "DIR",
      "read /proc/meminfo and the cgroup files below DIR (for tests)"},
 };
@@ -362,6 +378,8 @@ static void set_defaults(kvd_opts_t *o)
     o->evict_low = 0.90;
     o->lease_ttl_ms = 30000;
     o->log_level = KVD_LOG_INFO;
+    strcpy(o->cluster_name, "default");
+    o->cluster_ttl_s = 5;
 }
 
 kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
@@ -481,6 +499,45 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
     }
     if (strcmp(o->ssd_spill, "all") != 0 && strcmp(o->ssd_spill, "hit") != 0) {
         fprintf(stderr, "kvdockd: --ssd-spill '%s': expected all or hit\n", o->ssd_spill);
+        return KVD_OPTS_ERROR;
+    }
+    if (o->cluster_etcd[0] != '\0') {
+        if (o->advertise[0] == '\0' || o->listen[0] == '\0' ||
+            o->cluster_token_file[0] == '\0') {
+            fprintf(stderr, "kvdockd: --cluster-etcd needs --listen, --advertise (the "
+                            "address peers reach it at) and --cluster-token-file\n");
+            return KVD_OPTS_ERROR;
+        }
+        if (strncmp(o->cluster_etcd, "http://", 7) != 0) {
+            fprintf(stderr,
+                    "kvdockd: --cluster-etcd '%s': expected http://HOST:PORT "
+                    "endpoints, comma-separated\n",
+                    o->cluster_etcd);
+            return KVD_OPTS_ERROR;
+        }
+        if (o->node_id[0] == '\0')
+            kvd_strlcpy(o->node_id, o->advertise, sizeof(o->node_id));
+        for (const char *p = o->node_id; *p; p++) {
+            if (!isalnum((unsigned char)*p) && strchr(".-_:", *p) == NULL) {
+                fprintf(stderr,
+                        "kvdockd: --node-id '%s': use letters, digits and .-_: "
+                        "only\n",
+                        o->node_id);
+                return KVD_OPTS_ERROR;
+            }
+        }
+        for (const char *p = o->cluster_name; *p; p++) {
+            if (!isalnum((unsigned char)*p) && strchr(".-_", *p) == NULL) {
+                fprintf(stderr,
+                        "kvdockd: --cluster-name '%s': use letters, digits and "
+                        ".-_ only\n",
+                        o->cluster_name);
+                return KVD_OPTS_ERROR;
+            }
+        }
+    } else if (o->advertise[0] != '\0' || o->cluster_token_file[0] != '\0') {
+        fprintf(stderr, "kvdockd: --advertise and --cluster-token-file are for a "
+                        "cluster: give --cluster-etcd too\n");
         return KVD_OPTS_ERROR;
     }
     if (!pool_size_given && o->mem_fraction == 0)

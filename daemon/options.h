@@ -58,6 +58,13 @@ typedef struct kvd_opts {
     char allow_uid[256];
     char allow_gid[256];
     bool insecure_no_auth;
+    /* the cluster (cluster.h); cluster_etcd "" = a single-node store */
+    char cluster_etcd[512];       /* etcd endpoints, comma-separated URLs */
+    char advertise[128];          /* HOST:PORT peers reach this daemon at */
+    char node_id[64];             /* "" = the advertise address */
+    char cluster_name[64];        /* etcd keys under /kvdock/NAME/ */
+    char cluster_token_file[256]; /* the token daemons present to each other */
+    uint64_t cluster_ttl_s;       /* the member lease's TTL */
 } kvd_opts_t;
 
 typedef enum kvd_opts_result {

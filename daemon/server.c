@@ -25,6 +25,7 @@
  */
 #include "server.h"
 #include "auth.h"
+#include "cluster.h"
 #include "metrics.h"
 #include "rpc_store.h"
 #include "nics.h"
@@ -65,7 +66,8 @@ typedef enum src_kind {
     SRC_SIGNAL,
     SRC_TIMER,
     SRC_UCX,
-    SRC_TIER, /* the SSD tier's completions */
+    SRC_TIER,    /* the SSD tier's completions */
+    SRC_CLUSTER, /* the cluster's view changed (cluster.h) */
     SRC_CONN,
 } src_kind_t;
 
@@ -115,6 +117,11 @@ struct kvd_server {
     kvd_ucxd_t *ucxd;
     src_t ucx_src;
     src_t tier_src;
+    /* the cluster (--cluster-etcd; NULL for a single-node store): its
+     * thread's eventfd, and the view the loop last took */
+    kvd_cluster_t *cluster;
+    src_t cluster_src;
+    kvd_cluster_view_t view;
     /* the UCX server started but may serve on none of the transports it
      * found: what it left out ("tcp/lo"), for the Hellos that ask */
     char ucx_refused[256];
@@ -456,6 +463,7 @@ static bool hello_auth(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg
     *ctx = (kvd_rpc_ctx_t){.conn_id = c->id,
                            .tenant = g.tenant,
                            .is_operator = g.is_operator,
+                           .is_peer = g.is_peer,
                            .read_only = g.read_only || h->read_only ||
                                         (c->authed && c->ctx.read_only)};
     /* the writer is one process for its life: pid and start time (a pid
@@ -655,6 +663,74 @@ static void serve_stats(kvd_server_t *s, const conn_t *c, const kvd_msg_t *req,
         kvd_msg_error(rep, req->id, req->method, rc, "out of memory");
 }
 
+/* The cluster as this daemon sees it: a fresh copy of the view (the
+ * heartbeat ages are as of now). */
+static void serve_cluster(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    kvd_cluster_rep_t *r = &rep->body.cluster_rep;
+    if (s->cluster == NULL) {
+        r->state = KVD_CLUSTER_OFF;
+        kvd_strlcpy(r->etcd, "no cluster: kvdockd runs without --cluster-etcd",
+                    sizeof(r->etcd));
+        return;
+    }
+    kvd_cluster_view_t v;
+    if (kvd_cluster_view(s->cluster, &v) != KVD_OK) {
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
+        return;
+    }
+    r->state = v.state;
+    r->epoch = v.epoch;
+    kvd_strlcpy(r->node_id, s->opts.node_id, sizeof(r->node_id));
+    kvd_strlcpy(r->etcd, v.etcd, sizeof(r->etcd));
+    r->members = kvd_msg_alloc(rep, v.n * sizeof(*r->members) + 1);
+    if (r->members == NULL) {
+        kvd_cluster_view_free(&v);
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
+        return;
+    }
+    if (v.n > 0)
+        memcpy(r->members, v.members, v.n * sizeof(*r->members));
+    r->n_members = v.n;
+    kvd_cluster_view_free(&v);
+}
+
+/* The cluster's thread says the view changed: take the new one. */
+static void on_cluster(kvd_server_t *s)
+{
+    kvd_cluster_ack(s->cluster);
+    kvd_cluster_view_t v;
+    if (kvd_cluster_view(s->cluster, &v) != KVD_OK)
+        return; /* the old view stays until the next change */
+    kvd_cluster_view_free(&s->view);
+    s->view = v;
+}
+
+static int start_cluster(kvd_server_t *s)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    kvd_cluster_cfg_t cfg = {.endpoints = s->opts.cluster_etcd,
+                             .cluster_name = s->opts.cluster_name,
+                             .node_id = s->opts.node_id,
+                             .advertise = s->opts.advertise,
+                             .ttl_s = (int)s->opts.cluster_ttl_s,
+                             .pool_bytes = kvd_pool_size(s->pool),
+                             .started_unix_ms = (uint64_t)ts.tv_sec * 1000ull +
+                                                (uint64_t)ts.tv_nsec / 1000000ull};
+    int rc = kvd_cluster_start(&cfg, &s->cluster);
+    if (rc != KVD_OK) {
+        KVD_ERROR("server", "cannot start the cluster membership: %s",
+                  kvd_status_str(rc));
+        return rc;
+    }
+    s->cluster_src = (src_t){SRC_CLUSTER, kvd_cluster_fd(s->cluster)};
+    KVD_INFO("server", "cluster '%s': joining as %s (%s) through etcd %s",
+             s->opts.cluster_name, s->opts.node_id, s->opts.advertise,
+             s->opts.cluster_etcd);
+    return watch(s, &s->cluster_src, EPOLLIN, EPOLL_CTL_ADD);
+}
+
 /* Serves one request frame. */
 static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_t len)
 {
@@ -705,8 +781,10 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         rep->body.health_rep.pool_bytes = kvd_pool_size(s->pool);
         rep->body.health_rep.populated_bytes = kvd_pool_populated_bytes(s->pool);
         rep->body.health_rep.uptime_ms = (kvd_now_ns() - s->start_ns) / 1000000;
+        rep->body.health_rep.cluster = kvd_cluster_state(s->cluster);
         break;
     case KVD_METHOD_STATS: serve_stats(s, c, req, rep); break;
+    case KVD_METHOD_CLUSTER: serve_cluster(s, req, rep); break;
     case KVD_METHOD_RESERVE:
     case KVD_METHOD_ACQUIRE:
         if (server_health(s) != KVD_HEALTH_READY) {
@@ -1440,7 +1518,7 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     s->start_ns = kvd_now_ns();
     s->usage_prev_ns = s->start_ns;
     s->unix_listen.fd = s->tcp_listen.fd = s->sig.fd = s->timer.fd = s->ucx_src.fd = -1;
-    s->tier_src.fd = -1;
+    s->tier_src.fd = s->cluster_src.fd = -1;
     atomic_store(&s->health, KVD_HEALTH_STARTING);
     kvd_nics_discover(&s->nics); /* empty when none, or without libibverbs */
     kvd_store_config_t scfg;
@@ -1514,6 +1592,8 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
     if (opts->metrics_listen[0] &&
         (rc = kvd_metrics_start(opts->metrics_listen, &s->metrics)) != KVD_OK)
         goto fail;
+    if (opts->cluster_etcd[0] && (rc = start_cluster(s)) != KVD_OK)
+        goto fail;
     metrics_publish(s);
     s->next_usage_ns = s->start_ns + opts->usage_interval_s * 1000000000ull;
     *out = s;
@@ -1529,6 +1609,9 @@ void kvd_server_destroy(kvd_server_t *s)
     if (s == NULL)
         return;
     kvd_metrics_stop(s->metrics);
+    /* leave first: the others stop sending lookups here at once */
+    kvd_cluster_stop(s->cluster);
+    kvd_cluster_view_free(&s->view);
     while (s->conns)
         conn_close(s, s->conns, "daemon exiting");
     free_dead(s);
@@ -1677,6 +1760,11 @@ static int on_tick(kvd_server_t *s)
         log_usage(s, now);
         s->next_usage_ns = now + s->opts.usage_interval_s * 1000000000ull;
     }
+    if (s->cluster != NULL) {
+        kvd_store_stats_t st;
+        kvd_store_stats(s->store, &st);
+        kvd_cluster_set_load(s->cluster, st.objects_ready + st.ssd_objects, 0);
+    }
     metrics_publish(s);
     return 0;
 }
@@ -1728,6 +1816,7 @@ int kvd_server_run(kvd_server_t *s)
                     return 1;
                 break;
             case SRC_TIER: kvd_store_tier_poll(s->store, kvd_now_ns() / 1000000); break;
+            case SRC_CLUSTER: on_cluster(s); break;
             case SRC_UCX:
                 /* a restarted UCX server reports, or one died (reaped
                  * here; on_tick starts the next) */

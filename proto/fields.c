@@ -41,6 +41,9 @@ static const kvd_field_t nic_rows[] = {KVD_NIC_FIELDS(FIELD_ROW)};
 #define FIELD_STRUCT kvd_tenant_msg_t
 static const kvd_field_t tenant_rows[] = {KVD_TENANT_FIELDS(FIELD_ROW)};
 #undef FIELD_STRUCT
+#define FIELD_STRUCT kvd_member_msg_t
+static const kvd_field_t member_rows[] = {KVD_MEMBER_FIELDS(FIELD_ROW)};
+#undef FIELD_STRUCT
 
 const kvd_field_list_t kvd_ns_spec_fields = {"ns_spec", ns_spec_rows,
                                              KVD_ARRAY_SIZE(ns_spec_rows)};
@@ -53,6 +56,8 @@ const kvd_field_list_t kvd_obj_fields = {"object", obj_rows, KVD_ARRAY_SIZE(obj_
 const kvd_field_list_t kvd_nic_fields = {"nic", nic_rows, KVD_ARRAY_SIZE(nic_rows)};
 const kvd_field_list_t kvd_tenant_fields = {"tenant", tenant_rows,
                                             KVD_ARRAY_SIZE(tenant_rows)};
+const kvd_field_list_t kvd_member_fields = {"member", member_rows,
+                                            KVD_ARRAY_SIZE(member_rows)};
 
 /* The member of obj that f describes. */
 static const void *member(const kvd_field_t *f, const void *obj)

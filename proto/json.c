@@ -59,9 +59,35 @@ int kvd_json_health(FILE *f, const kvd_health_rep_t *h)
 {
     fprintf(f,
             "{\"state\":\"%s\",\"pool_bytes\":%llu,\"populated_bytes\":%llu,"
-            "\"uptime_ms\":%llu}",
+            "\"uptime_ms\":%llu,\"cluster\":\"%s\"}",
             kvd_health_name(h->state), (unsigned long long)h->pool_bytes,
-            (unsigned long long)h->populated_bytes, (unsigned long long)h->uptime_ms);
+            (unsigned long long)h->populated_bytes, (unsigned long long)h->uptime_ms,
+            kvd_cluster_state_name(h->cluster));
+    return json_status(f);
+}
+
+int kvd_json_cluster(FILE *f, const kvd_cluster_rep_t *c)
+{
+    fprintf(f, "{\"state\":\"%s\",\"node\":", kvd_cluster_state_name(c->state));
+    kvd_json_str(f, c->node_id);
+    fprintf(f, ",\"epoch\":%llu,\"etcd\":", (unsigned long long)c->epoch);
+    kvd_json_str(f, c->etcd);
+    fputs(",\"members\":[", f);
+    for (size_t i = 0; i < c->n_members; i++) {
+        const kvd_member_msg_t *m = &c->members[i];
+        fprintf(f, "%s{\"node\":", i ? "," : "");
+        kvd_json_str(f, m->node_id);
+        fputs(",\"address\":", f);
+        kvd_json_str(f, m->address);
+        fprintf(f,
+                ",\"pool_bytes\":%llu,\"objects\":%llu,\"directory_entries\":%llu,"
+                "\"started_unix_ms\":%llu,\"heartbeat_ms_ago\":%llu,\"self\":%s}",
+                (unsigned long long)m->pool_bytes, (unsigned long long)m->objects,
+                (unsigned long long)m->directory_entries,
+                (unsigned long long)m->started_unix_ms,
+                (unsigned long long)m->heartbeat_ms_ago, m->self ? "true" : "false");
+    }
+    fputs("]}", f);
     return json_status(f);
 }
 

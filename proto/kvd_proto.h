@@ -109,6 +109,9 @@ typedef enum kvd_method {
     KVD_METHOD_LIST_PREFIXES = 11,
     KVD_METHOD_INSPECT = 12,
     KVD_METHOD_EVICT = 13,
+    KVD_METHOD_CLUSTER = 14,
+    KVD_METHOD_DIR_ANNOUNCE = 15, /* peer daemons only */
+    KVD_METHOD_DIR_LOOKUP = 16,   /* peer daemons only */
     KVD_METHOD_COUNT
 } kvd_method_t;
 
@@ -123,6 +126,17 @@ typedef enum kvd_health {
 } kvd_health_t;
 
 const char *kvd_health_name(kvd_health_t h);
+
+/* This daemon's standing in its cluster (wire values: never renumber). */
+typedef enum kvd_cluster_state {
+    KVD_CLUSTER_OFF = 0,      /* a single-node store */
+    KVD_CLUSTER_JOINING = 1,  /* configured, not yet a member */
+    KVD_CLUSTER_READY = 2,    /* a member, etcd reachable */
+    KVD_CLUSTER_DEGRADED = 3, /* etcd unreachable or the lease lost */
+} kvd_cluster_state_t;
+
+/* "off", "joining", "ready", "degraded"; "unknown" outside the enum. */
+const char *kvd_cluster_state_name(kvd_cluster_state_t c);
 
 /* Latency histogram bounds (microseconds), shared by daemon and readers. */
 #define KVD_LATENCY_BUCKETS 14
@@ -202,6 +216,7 @@ extern const kvd_field_list_t kvd_store_stats_fields; /* kvd_store_stats_msg_t *
 extern const kvd_field_list_t kvd_mem_stats_fields;   /* kvd_mem_stats_t */
 extern const kvd_field_list_t kvd_ns_fields;          /* kvd_ns_msg_t */
 extern const kvd_field_list_t kvd_tenant_fields;      /* kvd_tenant_msg_t */
+extern const kvd_field_list_t kvd_member_fields;      /* kvd_member_msg_t */
 extern const kvd_field_list_t kvd_obj_fields;         /* kvd_obj_msg_t */
 extern const kvd_field_list_t kvd_nic_fields;         /* kvd_nic_msg_t */
 
@@ -562,7 +577,73 @@ typedef struct kvd_health_rep {
     uint64_t pool_bytes;
     uint64_t populated_bytes;
     uint64_t uptime_ms;
+    kvd_cluster_state_t cluster;
 } kvd_health_rep_t;
+
+/* ---- the cluster (kvdock cluster, and the peer daemons' directory) */
+
+#define KVD_NODE_ID_BYTES 64  /* with the NUL */
+#define KVD_ADDR_BYTES    128 /* HOST:PORT, with the NUL */
+/* One member (ClusterReply), in the proto's field order. */
+#define KVD_MEMBER_FIELDS(X)                                                    \
+    X(STR, node_id, KVD_NODE_ID_BYTES, NONE, "the member's --node-id")          \
+    X(STR, address, KVD_ADDR_BYTES, NONE, "HOST:PORT of its RPC")               \
+    X(U64, pool_bytes, 0, NONE, "its pool's size")                              \
+    X(U64, objects, 0, NONE, "objects it stores, at its last heartbeat")        \
+    X(U64, directory_entries, 0, NONE, "entries of its directory share, same")  \
+    X(U64, started_unix_ms, 0, NONE, "when it started (Unix ms)")               \
+    X(U64, heartbeat_ms_ago, 0, NONE, "since its last heartbeat, by our clock") \
+    X(BOOL, self, 0, NONE, "whether it is the daemon that answered")
+
+typedef struct kvd_member_msg {
+    KVD_MEMBER_FIELDS(KVD_FIELD_DECL)
+} kvd_member_msg_t;
+
+typedef struct kvd_cluster_rep {
+    kvd_cluster_state_t state;
+    char node_id[KVD_NODE_ID_BYTES];
+    uint64_t epoch;
+    char etcd[KVD_ERROR_MAX]; /* the endpoint in use, or what went wrong */
+    size_t n_members;
+    kvd_member_msg_t *members;
+} kvd_cluster_rep_t;
+
+/* Keys of one namespace in directory traffic (packed 32-byte keys). */
+typedef struct kvd_dir_keys {
+    char tenant[KVD_TENANT_NAME_BYTES];
+    char ns_name[KVD_NS_NAME_BYTES];
+    size_t n_added;
+    kvd_key_t *added; /* a lookup's keys */
+    size_t n_removed;
+    kvd_key_t *removed;
+} kvd_dir_keys_t;
+
+typedef struct kvd_dir_announce_req {
+    char holder[KVD_NODE_ID_BYTES];
+    uint64_t holder_started_ms;
+    bool reset; /* forget what this holder announced before */
+    size_t n;
+    kvd_dir_keys_t *batches;
+} kvd_dir_announce_req_t;
+
+typedef struct kvd_dir_announce_rep {
+    uint64_t entries;
+} kvd_dir_announce_rep_t;
+
+typedef struct kvd_dir_lookup_req {
+    size_t n;
+    kvd_dir_keys_t *queries;
+} kvd_dir_lookup_req_t;
+
+#define KVD_DIR_NODES_MAX 64 /* holders one reply can name (a bit each) */
+typedef struct kvd_dir_lookup_rep {
+    size_t n_nodes;
+    char (*nodes)[KVD_NODE_ID_BYTES];
+    size_t n; /* = the request's queries */
+    /* per query, per key: a bit set over nodes */
+    size_t *n_holders;
+    uint64_t **holders;
+} kvd_dir_lookup_rep_t;
 
 typedef struct kvd_method_stats {
     uint64_t calls;
@@ -697,6 +778,11 @@ typedef struct kvd_msg {
         kvd_evict_rep_t evict_rep;
         kvd_list_req_t list_req;
         kvd_list_rep_t list_rep;
+        kvd_cluster_rep_t cluster_rep;
+        kvd_dir_announce_req_t dir_announce_req;
+        kvd_dir_announce_rep_t dir_announce_rep;
+        kvd_dir_lookup_req_t dir_lookup_req;
+        kvd_dir_lookup_rep_t dir_lookup_rep;
     } body;
     kvd_arena_block_t *arena; /* owned memory of the variable-length parts */
 } kvd_msg_t;
@@ -971,6 +1057,10 @@ int kvd_json_list(FILE *f, const kvd_list_rep_t *l);
 int kvd_json_inspect(FILE *f, const kvd_inspect_rep_t *r);
 /* {"boundaries":[...],"longest":N}, N 0 when there is none. */
 int kvd_json_lookup(FILE *f, const kvd_lookup_rep_t *r);
+/* {"state":..,"node":..,"epoch":N,"etcd":..,"members":[{"node":..,
+ * "address":..,"pool_bytes":N,"objects":N,"directory_entries":N,
+ * "started_unix_ms":N,"heartbeat_ms_ago":N,"self":B},...]} */
+int kvd_json_cluster(FILE *f, const kvd_cluster_rep_t *c);
 
 /* s as a JSON string literal. */
 void kvd_json_str(FILE *f, const char *s);

@@ -26,8 +26,9 @@
 const char *kvd_method_name(kvd_method_t m)
 {
     static const char *const names[KVD_METHOD_COUNT] = {
-        "none",    "hello",  "health",  "stats",   "register",      "lookup",  "reserve",
-        "publish", "revoke", "acquire", "release", "list_prefixes", "inspect", "evict"};
+        "none",    "hello",   "health",  "stats",        "register",  "lookup",
+        "reserve", "publish", "revoke",  "acquire",      "release",   "list_prefixes",
+        "inspect", "evict",   "cluster", "dir_announce", "dir_lookup"};
     return (unsigned)m < KVD_METHOD_COUNT ? names[m] : "unknown";
 }
 
@@ -37,6 +38,17 @@ const char *kvd_health_name(kvd_health_t h)
     case KVD_HEALTH_STARTING: return "starting";
     case KVD_HEALTH_READY: return "ready";
     case KVD_HEALTH_DRAINING: return "draining";
+    default: return "unknown";
+    }
+}
+
+const char *kvd_cluster_state_name(kvd_cluster_state_t c)
+{
+    switch (c) {
+    case KVD_CLUSTER_OFF: return "off";
+    case KVD_CLUSTER_JOINING: return "joining";
+    case KVD_CLUSTER_READY: return "ready";
+    case KVD_CLUSTER_DEGRADED: return "degraded";
     default: return "unknown";
     }
 }
@@ -198,6 +210,14 @@ static void tenant_to_pb(const void *in, void *pb)
     KVD_TENANT_FIELDS(FIELD_TO_PB)
 }
 
+static void member_to_pb(const void *in, void *pb)
+{
+    const kvd_member_msg_t *s = in;
+    Kvdock__ClusterMember *o = pb;
+    kvdock__cluster_member__init(o);
+    KVD_MEMBER_FIELDS(FIELD_TO_PB)
+}
+
 static void obj_to_pb(const void *in, void *pb)
 {
     const kvd_obj_msg_t *s = in;
@@ -267,6 +287,14 @@ static int tenant_from_pb(const void *pb, void *out)
     return KVD_OK;
 }
 
+static int member_from_pb(const void *pb, void *out)
+{
+    const Kvdock__ClusterMember *o = pb;
+    kvd_member_msg_t *s = out;
+    KVD_MEMBER_FIELDS(FIELD_FROM_PB)
+    return KVD_OK;
+}
+
 /* An object; its parent is a full key, a tag or nothing. */
 static int obj_from_pb(const void *pb, void *out)
 {
@@ -309,6 +337,9 @@ static const flat_msg_t nic_msg = {sizeof(kvd_nic_msg_t), sizeof(Kvdock__Nic), n
                                    nic_from_pb};
 static const flat_msg_t tenant_msg = {
     sizeof(kvd_tenant_msg_t), sizeof(Kvdock__TenantInfo), tenant_to_pb, tenant_from_pb};
+static const flat_msg_t member_msg = {sizeof(kvd_member_msg_t),
+                                      sizeof(Kvdock__ClusterMember), member_to_pb,
+                                      member_from_pb};
 static const flat_msg_t obj_msg = {sizeof(kvd_obj_msg_t), sizeof(Kvdock__ObjectInfo),
                                    obj_to_pb, obj_from_pb};
 
@@ -347,6 +378,27 @@ static void *array_from_pb(kvd_msg_t *m, const flat_msg_t *t, size_t n, void *co
 static ProtobufCBinaryData keys_to_pb(const kvd_key_t *keys, size_t n)
 {
     return (ProtobufCBinaryData){.len = n * KVD_KEY_BYTES, .data = (uint8_t *)keys};
+}
+
+/* Directory key batches (kvd_dir_keys_t) as DirKeys messages in scr's
+ * arena; keys and strings point into in. NULL when out of memory. */
+static Kvdock__DirKeys **dir_keys_to_pb(kvd_msg_t *scr, const kvd_dir_keys_t *in,
+                                        size_t n)
+{
+    Kvdock__DirKeys **ptrs = arena_array(scr, n, sizeof(*ptrs));
+    Kvdock__DirKeys *items = arena_array(scr, n, sizeof(*items));
+    if (ptrs == NULL || items == NULL)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        Kvdock__DirKeys *o = &items[i];
+        kvdock__dir_keys__init(o);
+        o->tenant = (char *)in[i].tenant;
+        o->ns_name = (char *)in[i].ns_name;
+        o->added = keys_to_pb(in[i].added, in[i].n_added);
+        o->removed = keys_to_pb(in[i].removed, in[i].n_removed);
+        ptrs[i] = o;
+    }
+    return ptrs;
 }
 
 static Kvdock__PrefixEntry **prefixes_to_pb(kvd_msg_t *scr, const kvd_prefix_msg_t *in,
@@ -467,6 +519,42 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         env->body_case = KVDOCK__ENVELOPE__BODY_HELLO_REQUEST;
         env->hello_request = h;
         return !in->n_namespaces || h->namespaces;
+    }
+    case KVD_METHOD_CLUSTER: {
+        Kvdock__ClusterRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__cluster_request__init(r);
+        env->body_case = KVDOCK__ENVELOPE__BODY_CLUSTER_REQUEST;
+        env->cluster_request = r;
+        return true;
+    }
+    case KVD_METHOD_DIR_ANNOUNCE: {
+        const kvd_dir_announce_req_t *in = &m->body.dir_announce_req;
+        Kvdock__DirAnnounceRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__dir_announce_request__init(r);
+        r->holder = (char *)in->holder;
+        r->holder_started_ms = in->holder_started_ms;
+        r->reset = in->reset;
+        r->n_batches = in->n;
+        r->batches = dir_keys_to_pb(scr, in->batches, in->n);
+        env->body_case = KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST;
+        env->dir_announce_request = r;
+        return in->n == 0 || r->batches != NULL;
+    }
+    case KVD_METHOD_DIR_LOOKUP: {
+        const kvd_dir_lookup_req_t *in = &m->body.dir_lookup_req;
+        Kvdock__DirLookupRequest *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__dir_lookup_request__init(r);
+        r->n_queries = in->n;
+        r->queries = dir_keys_to_pb(scr, in->queries, in->n);
+        env->body_case = KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REQUEST;
+        env->dir_lookup_request = r;
+        return in->n == 0 || r->queries != NULL;
     }
     case KVD_METHOD_HEALTH: {
         Kvdock__HealthRequest *h = arena_array(scr, 1, sizeof(*h));
@@ -674,6 +762,7 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         h->pool_bytes = in->pool_bytes;
         h->populated_bytes = in->populated_bytes;
         h->uptime_ms = in->uptime_ms;
+        h->cluster = (Kvdock__ClusterState)in->cluster;
         env->body_case = KVDOCK__ENVELOPE__BODY_HEALTH_REPLY;
         env->health_reply = h;
         return true;
@@ -806,6 +895,58 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
                                                (uint8_t *)m->body.evict_rep.next_cursor};
         env->body_case = KVDOCK__ENVELOPE__BODY_EVICT_REPLY;
         env->evict_reply = r;
+        return true;
+    }
+    case KVD_METHOD_CLUSTER: {
+        const kvd_cluster_rep_t *in = &m->body.cluster_rep;
+        Kvdock__ClusterReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__cluster_reply__init(r);
+        r->state = (Kvdock__ClusterState)in->state;
+        r->node_id = (char *)in->node_id;
+        r->epoch = in->epoch;
+        r->etcd = (char *)in->etcd;
+        r->n_members = in->n_members;
+        r->members = (Kvdock__ClusterMember **)array_to_pb(scr, &member_msg, in->members,
+                                                           in->n_members);
+        env->body_case = KVDOCK__ENVELOPE__BODY_CLUSTER_REPLY;
+        env->cluster_reply = r;
+        return in->n_members == 0 || r->members != NULL;
+    }
+    case KVD_METHOD_DIR_ANNOUNCE: {
+        Kvdock__DirAnnounceReply *r = arena_array(scr, 1, sizeof(*r));
+        if (!r)
+            return false;
+        kvdock__dir_announce_reply__init(r);
+        r->entries = m->body.dir_announce_rep.entries;
+        env->body_case = KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REPLY;
+        env->dir_announce_reply = r;
+        return true;
+    }
+    case KVD_METHOD_DIR_LOOKUP: {
+        const kvd_dir_lookup_rep_t *in = &m->body.dir_lookup_rep;
+        Kvdock__DirLookupReply *r = arena_array(scr, 1, sizeof(*r));
+        char **nodes = arena_array(scr, in->n_nodes, sizeof(*nodes));
+        Kvdock__DirHolders *items = arena_array(scr, in->n, sizeof(*items));
+        Kvdock__DirHolders **ptrs = arena_array(scr, in->n, sizeof(*ptrs));
+        if (!r || (in->n_nodes && !nodes) || (in->n && (!items || !ptrs)))
+            return false;
+        kvdock__dir_lookup_reply__init(r);
+        for (size_t i = 0; i < in->n_nodes; i++)
+            nodes[i] = (char *)in->nodes[i];
+        for (size_t i = 0; i < in->n; i++) {
+            kvdock__dir_holders__init(&items[i]);
+            items[i].n_holders = in->n_holders[i];
+            items[i].holders = in->holders[i];
+            ptrs[i] = &items[i];
+        }
+        r->n_nodes = in->n_nodes;
+        r->nodes = nodes;
+        r->n_answers = in->n;
+        r->answers = ptrs;
+        env->body_case = KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REPLY;
+        env->dir_lookup_reply = r;
         return true;
     }
     default: return false;
@@ -1054,6 +1195,28 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     return rc;
 }
 
+/* DirKeys messages into kvd_dir_keys_t in m's arena. */
+static int dir_keys_from_pb(kvd_msg_t *m, size_t n, Kvdock__DirKeys *const *pb,
+                            kvd_dir_keys_t **out)
+{
+    kvd_dir_keys_t *v = arena_array(m, n, sizeof(*v));
+    if (v == NULL && n > 0)
+        return KVD_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        int rc = copy_str(v[i].tenant, sizeof(v[i].tenant), pb[i]->tenant);
+        if (rc == KVD_OK)
+            rc = copy_str(v[i].ns_name, sizeof(v[i].ns_name), pb[i]->ns_name);
+        if (rc == KVD_OK)
+            rc = keys_from_pb(m, pb[i]->added, &v[i].added, &v[i].n_added);
+        if (rc == KVD_OK)
+            rc = keys_from_pb(m, pb[i]->removed, &v[i].removed, &v[i].n_removed);
+        if (rc != KVD_OK)
+            return rc;
+    }
+    *out = v;
+    return KVD_OK;
+}
+
 /* The body case that (method, reply) must carry. */
 static Kvdock__Envelope__BodyCase expected_body(kvd_method_t method, bool reply)
 {
@@ -1071,6 +1234,9 @@ static Kvdock__Envelope__BodyCase expected_body(kvd_method_t method, bool reply)
         [KVD_METHOD_LIST_PREFIXES] = KVDOCK__ENVELOPE__BODY_LIST_REQUEST,
         [KVD_METHOD_INSPECT] = KVDOCK__ENVELOPE__BODY_INSPECT_REQUEST,
         [KVD_METHOD_EVICT] = KVDOCK__ENVELOPE__BODY_EVICT_REQUEST,
+        [KVD_METHOD_CLUSTER] = KVDOCK__ENVELOPE__BODY_CLUSTER_REQUEST,
+        [KVD_METHOD_DIR_ANNOUNCE] = KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST,
+        [KVD_METHOD_DIR_LOOKUP] = KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REQUEST,
     };
     static const Kvdock__Envelope__BodyCase rep[KVD_METHOD_COUNT] = {
         [KVD_METHOD_HELLO] = KVDOCK__ENVELOPE__BODY_HELLO_REPLY,
@@ -1086,6 +1252,9 @@ static Kvdock__Envelope__BodyCase expected_body(kvd_method_t method, bool reply)
         [KVD_METHOD_LIST_PREFIXES] = KVDOCK__ENVELOPE__BODY_LIST_REPLY,
         [KVD_METHOD_INSPECT] = KVDOCK__ENVELOPE__BODY_INSPECT_REPLY,
         [KVD_METHOD_EVICT] = KVDOCK__ENVELOPE__BODY_EVICT_REPLY,
+        [KVD_METHOD_CLUSTER] = KVDOCK__ENVELOPE__BODY_CLUSTER_REPLY,
+        [KVD_METHOD_DIR_ANNOUNCE] = KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REPLY,
+        [KVD_METHOD_DIR_LOOKUP] = KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REPLY,
     };
     return reply ? rep[method] : req[method];
 }
@@ -1116,6 +1285,24 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
     case KVDOCK__ENVELOPE__BODY_STATS_REQUEST:
         out->body.stats_req.check = env->stats_request->check;
         return KVD_OK;
+    case KVDOCK__ENVELOPE__BODY_CLUSTER_REQUEST: return KVD_OK;
+    case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST: {
+        const Kvdock__DirAnnounceRequest *r = env->dir_announce_request;
+        kvd_dir_announce_req_t *l = &out->body.dir_announce_req;
+        int rc = copy_str(l->holder, sizeof(l->holder), r->holder);
+        l->holder_started_ms = r->holder_started_ms;
+        l->reset = r->reset;
+        l->n = r->n_batches;
+        return rc != KVD_OK
+                   ? rc
+                   : dir_keys_from_pb(out, r->n_batches, r->batches, &l->batches);
+    }
+    case KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REQUEST: {
+        const Kvdock__DirLookupRequest *r = env->dir_lookup_request;
+        out->body.dir_lookup_req.n = r->n_queries;
+        return dir_keys_from_pb(out, r->n_queries, r->queries,
+                                &out->body.dir_lookup_req.queries);
+    }
     case KVDOCK__ENVELOPE__BODY_REGISTER_REQUEST: {
         const Kvdock__RegisterNamespaceRequest *r = env->register_request;
         int rc;
@@ -1253,6 +1440,48 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->pool_bytes = env->health_reply->pool_bytes;
         h->populated_bytes = env->health_reply->populated_bytes;
         h->uptime_ms = env->health_reply->uptime_ms;
+        h->cluster = (kvd_cluster_state_t)env->health_reply->cluster;
+        return KVD_OK;
+    }
+    case KVDOCK__ENVELOPE__BODY_CLUSTER_REPLY: {
+        const Kvdock__ClusterReply *r = env->cluster_reply;
+        kvd_cluster_rep_t *c = &out->body.cluster_rep;
+        c->state = (kvd_cluster_state_t)r->state;
+        c->epoch = r->epoch;
+        int rc = copy_str(c->node_id, sizeof(c->node_id), r->node_id);
+        if (rc == KVD_OK)
+            kvd_utf8_copy(c->etcd, r->etcd ? r->etcd : "", sizeof(c->etcd));
+        if (rc == KVD_OK)
+            c->members = array_from_pb(out, &member_msg, r->n_members,
+                                       (void *const *)r->members, &rc);
+        c->n_members = rc == KVD_OK ? r->n_members : 0;
+        return rc;
+    }
+    case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REPLY:
+        out->body.dir_announce_rep.entries = env->dir_announce_reply->entries;
+        return KVD_OK;
+    case KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REPLY: {
+        const Kvdock__DirLookupReply *r = env->dir_lookup_reply;
+        kvd_dir_lookup_rep_t *d = &out->body.dir_lookup_rep;
+        if (r->n_nodes > KVD_DIR_NODES_MAX)
+            return KVD_ERR_PROTOCOL;
+        d->nodes = arena_array(out, r->n_nodes, sizeof(*d->nodes));
+        d->n_holders = arena_array(out, r->n_answers, sizeof(*d->n_holders));
+        d->holders = arena_array(out, r->n_answers, sizeof(*d->holders));
+        if ((r->n_nodes && !d->nodes) || (r->n_answers && (!d->n_holders || !d->holders)))
+            return KVD_ERR_NOMEM;
+        d->n_nodes = r->n_nodes;
+        for (size_t i = 0; i < r->n_nodes; i++)
+            if (copy_str(d->nodes[i], sizeof(d->nodes[i]), r->nodes[i]) != KVD_OK)
+                return KVD_ERR_PROTOCOL;
+        d->n = r->n_answers;
+        for (size_t i = 0; i < r->n_answers; i++) {
+            d->n_holders[i] = r->answers[i]->n_holders;
+            int rc = u64s_from_pb(out, r->answers[i]->n_holders, r->answers[i]->holders,
+                                  &d->holders[i]);
+            if (rc != KVD_OK)
+                return rc;
+        }
         return KVD_OK;
     }
     case KVDOCK__ENVELOPE__BODY_STATS_REPLY:
@@ -1381,6 +1610,20 @@ static bool within_limits(const Kvdock__Envelope *env, const kvd_msg_limits_t *l
         return keys_within(env->finish_request->keys, max);
     case KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST:
         return keys_within(env->acquire_request->keys, max);
+    case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST: {
+        /* a batch per namespace; keys across the whole frame bounded by the
+         * frame size itself (each is 32 bytes on the wire) */
+        return env->dir_announce_request->n_batches <= max;
+    }
+    case KVDOCK__ENVELOPE__BODY_DIR_LOOKUP_REQUEST: {
+        const Kvdock__DirLookupRequest *r = env->dir_lookup_request;
+        if (r->n_queries > lim->max_pools * 64)
+            return false;
+        for (size_t i = 0; i < r->n_queries; i++)
+            if (!keys_within(r->queries[i]->added, max))
+                return false;
+        return true;
+    }
     default: return true;
     }
 }
@@ -1395,7 +1638,8 @@ static int body_from_pb(const Kvdock__Envelope *env, const kvd_msg_limits_t *lim
      * replies) may be omitted by a sender: "not set" is accepted for them. */
     bool may_omit = env->body_case == KVDOCK__ENVELOPE__BODY__NOT_SET &&
                     ((!out->reply && (out->method == KVD_METHOD_HEALTH ||
-                                      out->method == KVD_METHOD_STATS)) ||
+                                      out->method == KVD_METHOD_STATS ||
+                                      out->method == KVD_METHOD_CLUSTER)) ||
                      (out->reply && (out->method == KVD_METHOD_PUBLISH ||
                                      out->method == KVD_METHOD_REVOKE ||
                                      out->method == KVD_METHOD_RELEASE)));
