@@ -1097,7 +1097,9 @@ static void writers_sweep(kvd_store_t *s, uint64_t now_ms)
             e->gone = writer_gone(e);
         }
         if (!e->gone) {
-            if (s->held_logged_ms == 0 || now_ms >= s->held_logged_ms + HELD_LOG_MS) {
+            /* each writer's first line at once, then one a minute in all */
+            if (!e->logged || now_ms >= s->held_logged_ms + HELD_LOG_MS) {
+                e->logged = true;
                 s->held_logged_ms = now_ms;
                 KVD_WARN(
                     "store",

@@ -119,6 +119,7 @@ typedef struct writer_ent {
     uint64_t held_pages;
     uint64_t checked_ms; /* when /proc was last read for it */
     bool gone;           /* found gone: its held extents are being freed */
+    bool logged;         /* its first held line was written */
 } writer_ent_t;
 
 typedef struct ns_entry {

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,6 +39,7 @@
 #define TTL_MS   1000u
 
 static uint64_t now_ms;
+static pid_t child = -1; /* the live writer process, killed by teardown */
 static char dir[64], path[128];
 
 static int setup(void **state)
@@ -57,6 +59,11 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     (void)state;
+    if (child > 0) { /* a check failed while it lived */
+        kill(child, SIGKILL);
+        waitpid(child, NULL, 0);
+        child = -1;
+    }
     char p[160];
     snprintf(p, sizeof(p), "%s.tmp", path);
     unlink(p);
@@ -100,9 +107,11 @@ static pid_t child_start(kvd_writer_t *w, uint64_t token)
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlives the test */
         for (;;)
             pause();
     }
+    child = pid;
     *w = (kvd_writer_t){.pid = (uint32_t)pid, .token = token};
     assert_int_equal(kvd_proc_start_ticks(pid, &w->start_ticks), KVD_OK);
     return pid;
@@ -114,6 +123,7 @@ static void child_kill(pid_t pid, bool reap)
     if (reap) {
         int st;
         assert_int_equal(waitpid(pid, &st, 0), pid);
+        child = -1;
         return;
     }
     /* a zombie: dead, not reaped. Wait (bounded) until /proc says so. */
@@ -209,6 +219,7 @@ static void test_lease_expiry_held_zombie_frees(void **state)
     assert_int_equal(stats(s).quarantined_bytes, 0);
     int st;
     assert_int_equal(waitpid(pid, &st, 0), pid);
+    child = -1;
     kvd_store_destroy(s);
 }
 
