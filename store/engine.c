@@ -2661,8 +2661,9 @@ static void ns_index_rebuild(kvd_store_t *s)
  * extents in offset order carved out of the one free extent a new store
  * has, each object put back into the index and the LRU (oldest access
  * first, so the coldest is evicted first again), each partial write into
- * quarantine for one lease TTL (a writer of the dead daemon may still be
- * copying into it), and the children counts from the parent tags.
+ * quarantine (a writer of the dead daemon may still be copying into it:
+ * held for it, or for one lease TTL where the journal names no writer),
+ * and the children counts from the parent tags.
  */
 
 int store_restore_begin(kvd_store_t *s, const uint64_t secret[6], uint64_t epoch_ms)

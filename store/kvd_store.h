@@ -457,8 +457,9 @@ int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id);
  * namespaces (removing those left without users or objects). Returns the
  * leases ended. Its
  * reservations become invisible at once (the keys can be reserved again)
- * but their extents stay quarantined for one lease TTL, so that a writer
- * still copying lands in nothing live; pins are released.
+ * but their extents stay quarantined, so that a writer still copying lands
+ * in nothing live: held for their writer (kvd_writer_t), else for one
+ * lease TTL; pins are released.
  */
 size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner);
 
@@ -580,8 +581,9 @@ int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
  *     namespace (name, object size, tenant, generation) and its chain
  *     metadata (parent tag, depth), access time and hits;
  *   - reservations that were being written are not: their extents are
- *     quarantined for one lease TTL (a writer of the dead daemon may still
- *     be copying into them), then free;
+ *     held for their writer as the journal names it (kvd_writer_t), or
+ *     quarantined for one lease TTL when it names none (a writer of the
+ *     dead daemon may still be copying into them), then free;
  *   - leases and pins are not kept: they belonged to connections of the
  *     process that died.
  * What the engine guarantees for that:
