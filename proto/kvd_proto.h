@@ -524,7 +524,7 @@ typedef struct kvd_stats_req {
     X(U64, leases_expired, 0, COUNTER, "Leases undone by their TTL.")                    \
     X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published).")                  \
     X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired).")                       \
-    X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")         \
+    X(U64, quarantined_bytes, 0, GAUGE, "Lapsed writers' extents, held or in grace.")    \
     X(U64, reserve_quota, 0, COUNTER, "Reserved keys refused for a tenant's quota.")     \
     X(U64, scrubbed_bytes, 0, COUNTER, "Bytes zeroed: extents handed across tenants.")   \
     X(U64, namespaces_removed, 0, COUNTER, "Namespaces gone: no users, no objects.")     \

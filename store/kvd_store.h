@@ -654,7 +654,7 @@ typedef struct kvd_store_stats {
     uint64_t free_bytes;
     uint64_t writing_bytes;
     uint64_t ready_bytes;
-    uint64_t quarantined_bytes; /* dead writers' extents in their grace */
+    uint64_t quarantined_bytes; /* lapsed writers' extents: held, or in a TTL grace */
     uint64_t pinned_bytes;
     uint64_t objects_ready;
     uint64_t objects_writing;
