@@ -581,7 +581,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     /* held extents of this writer's earlier connections (kvd_store.h
      * kvd_writer_t): only a connection's first Hello speaks for them */
     if (h->earlier_copies_over && !c->authed && ctx.writer.pid != 0) {
-        uint64_t freed = kvd_store_writer_done(s->store, &ctx.writer);
+        uint64_t freed = kvd_store_writer_done(s->store, &ctx.writer, c->id);
         if (freed > 0)
             KVD_INFO(
                 "server",

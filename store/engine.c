@@ -1048,12 +1048,31 @@ static uint64_t writer_release(kvd_store_t *s, uint32_t w, uint64_t max)
     return n;
 }
 
-uint64_t kvd_store_writer_done(kvd_store_t *s, const kvd_writer_t *writer)
+static void lease_unlink(kvd_store_t *s, lease_t *l);
+
+uint64_t kvd_store_writer_done(kvd_store_t *s, const kvd_writer_t *writer, uint64_t owner)
 {
     uint32_t w = writer->pid != 0 ? writer_find(s, writer) : 0;
-    if (w == 0 || s->writers[w - 1].held_head == NIL)
+    if (w == 0)
         return 0;
-    uint64_t pages = s->writers[w - 1].held_pages;
+    uint64_t pages = 0;
+    for (lease_t *l = s->oldest, *next; l != NULL; l = next) {
+        next = l->newer;
+        if (!l->write || l->writer != w || l->owner == owner)
+            continue;
+        /* revoked, as its writer would have: nothing copies into it */
+        for (uint32_t k = 0; k < l->n; k++) {
+            if (l->recs[k] == NIL)
+                continue;
+            pages += R(s, l->recs[k])->size_pages;
+            drop_object(s, l->recs[k]);
+            l->recs[k] = NIL;
+        }
+        lease_unlink(s, l);
+    }
+    /* the slot stays while it holds extents (lease_unlink frees it only
+     * without) */
+    pages += s->writers[w - 1].held_pages;
     writer_release(s, w, UINT64_MAX);
     persist_commit(s);
     PARANOID(s, "writer_done");

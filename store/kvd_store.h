@@ -410,10 +410,15 @@ int kvd_store_reserve_by(kvd_store_t *s, uint64_t owner, const kvd_writer_t *wri
                          uint32_t ns, const kvd_put_t *items, size_t n, uint64_t now_ms,
                          uint64_t *lease_id, uint8_t *results, kvd_loc_t *locs);
 
-/* The writer says that no copy into a reservation it held before now is in
- * flight (a linker's Hello after its in-flight copies of a lost connection
- * ended): its held extents are freed. Returns the bytes freed. */
-uint64_t kvd_store_writer_done(kvd_store_t *s, const kvd_writer_t *writer);
+/* The writer says that no copy into a reservation of its earlier
+ * connections is in flight (a linker's first Hello on a new connection,
+ * once its copies of the lost one ended): its held extents are freed, and
+ * so are the reservations of its write leases of owners other than
+ * `owner` (its new connection): an earlier connection whose close the
+ * daemon has not seen yet (the new Hello came first) would otherwise hold
+ * them after this. Returns the bytes freed. */
+uint64_t kvd_store_writer_done(kvd_store_t *s, const kvd_writer_t *writer,
+                               uint64_t owner);
 
 /*
  * Makes the reservations of write lease `lease_id` visible, atomically: all

@@ -7,7 +7,9 @@
  * the process is gone (exited and reaped, or a zombie), once the pid names
  * another process (another start time), or once the writer says its
  * copies are over (the same pid, start time and token; another token of
- * the same process frees nothing). Without a writer the lease TTL rule
+ * the same process frees nothing), which also revokes the reservations of
+ * that writer's other connections still open (but not of the one that
+ * said so). Without a writer the lease TTL rule
  * stays. A store restarted from its journal holds the extents of
  * reservations that were being written, and of held ones, for the same
  * writer; a journal of layout version 1 (without HELD entries) is read,
@@ -239,15 +241,31 @@ static void test_writer_done_and_pid_reuse(void **state)
     pass(s, 3 * TTL_MS); /* alive: held */
     assert_int_equal(stats(s).quarantined_bytes, 6 * PAGE);
     /* the other token's word frees only its own */
-    assert_int_equal(kvd_store_writer_done(s, &me2), 2 * PAGE);
+    assert_int_equal(kvd_store_writer_done(s, &me2, OWNER + 100), 2 * PAGE);
     check_ok(s);
     assert_int_equal(stats(s).quarantined_bytes, 4 * PAGE);
     kvd_writer_t stranger = me;
     stranger.start_ticks++; /* the pid, but not this process */
-    assert_int_equal(kvd_store_writer_done(s, &stranger), 0);
+    assert_int_equal(kvd_store_writer_done(s, &stranger, OWNER + 100), 0);
     assert_int_equal(stats(s).quarantined_bytes, 4 * PAGE);
-    assert_int_equal(kvd_store_writer_done(s, &me), 4 * PAGE);
+    assert_int_equal(kvd_store_writer_done(s, &me, OWNER + 100), 4 * PAGE);
     assert_int_equal(stats(s).quarantined_bytes, 0);
+    check_ok(s);
+
+    /* an earlier connection whose close is not seen yet: its reservation
+     * goes too (revoked: nothing copies into it); the new connection's
+     * own stays */
+    reserve(s, OWNER, &me, ns, 400, 2, KVD_RESERVE_ALLOCATED);
+    uint64_t mine = reserve(s, OTHER, &me, ns, 410, 1, KVD_RESERVE_ALLOCATED);
+    assert_int_equal(kvd_store_writer_done(s, &me, OTHER), 2 * PAGE);
+    check_ok(s);
+    assert_int_equal(stats(s).writing_bytes, PAGE);
+    assert_int_equal(stats(s).quarantined_bytes, 0);
+    assert_int_equal(kvd_store_owner_gone(s, OWNER), 0);        /* nothing left of it */
+    reserve(s, OWNER, NULL, ns, 400, 2, KVD_RESERVE_ALLOCATED); /* free again */
+    assert_int_equal(kvd_store_publish(s, OTHER, mine, NULL, 0), KVD_OK);
+    kvd_store_owner_gone(s, OWNER);
+    pass(s, 3 * TTL_MS);
     check_ok(s);
 
     /* a writer whose pid now names another process (its start time
