@@ -169,6 +169,12 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
      * rather than waiting out their lease (only to the connection that
      * granted them; a lost one took its reservations along) */
     int frc = finish_leases(l, leases, n_req, rc == KVD_OK, epoch);
+    /* a lease the daemon no longer knows on a live connection lapsed while
+     * this ran (the process stalled past its TTL): its extents are held for
+     * this process until a Hello says that its copies are over. None runs
+     * now, so this connection goes and the next one's Hello says it. */
+    if (frc == KVD_ERR_NOT_FOUND)
+        lk_conn_fail(l, epoch);
     if (rc == KVD_OK)
         rc = frc;
     free(items);

@@ -10,7 +10,11 @@
  * is stopped; then it lets the child go on: once the child has had three
  * more offloads acknowledged by the new daemon, nothing is held any more,
  * though the child lives on, and where something was held the daemon's
- * log says the child's pid said its copies were over. Rounds go on until
+ * log says the child's pid said its copies were over (--lease-ttl 1000).
+ * Then the same without a restart: the child stopped until its leases
+ * lapsed (Stats: no lease) holds what it had reserved; once it goes on,
+ * its Publish of the lapsed lease makes it reconnect, and after three more
+ * offloads nothing is held. Rounds go on until
  * three have caught a reservation in flight, at most 40, and at least one
  * must have (the child spends much of its time between a Reserve and its
  * Publish: a third to four fifths of the rounds here). The store's
@@ -33,14 +37,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#define PS      4
-#define PAGES   4
-#define ROWS    (PAGES * PS)
-#define BPR     (64u * 1024u) /* a page object: 2 x 4 rows x 64 KiB = 512 KiB */
-#define QUEUED  8
-#define ROUNDS  40 /* at most; it stops after HITS rounds that caught one */
-#define HITS    3
-#define WAIT_MS 20000
+#define PS       4
+#define PAGES    4
+#define ROWS     (PAGES * PS)
+#define BPR      (64u * 1024u) /* a page object: 2 x 4 rows x 64 KiB = 512 KiB */
+#define QUEUED   8
+#define ROUNDS   40 /* at most; it stops after HITS rounds that caught one */
+#define HITS     3
+#define WAIT_MS  20000
+#define TTL_ARGS "--lease-ttl", "1000"
 
 static _Atomic uint64_t *acked; /* shared with the child: offloads it had acknowledged */
 
@@ -171,6 +176,44 @@ static uint64_t held_bytes(const char *socket, bool check)
     return q;
 }
 
+static bool no_leases(const char *socket)
+{
+    for (int k = 0; k < WAIT_MS / 5; k++) {
+        kvd_stats_rep_t st;
+        if (dt_stats_fresh(socket, &st) == KVD_OK && st.store.leases == 0)
+            return true;
+        nap();
+    }
+    return false;
+}
+
+/* The child stopped past its leases' TTL on a live daemon (its connection
+ * stays): what it had reserved is held; once it goes on, its Publish of a
+ * lapsed lease makes it reconnect, and its Hello frees them. Rounds until
+ * one caught a reservation in flight, at most ROUNDS. */
+static void lapse_rounds(pid_t child, const char *socket)
+{
+    int hits = 0;
+    for (int r = 0; r < ROUNDS && hits == 0; r++) {
+        if (!DT_CHECK(child_stop(child), "lapse %d: the child did not stop", r))
+            return;
+        bool ended = no_leases(socket);
+        uint64_t held = held_bytes(socket, false);
+        hits += held != 0 && held != UINT64_MAX;
+        kill(child, SIGCONT);
+        if (!DT_CHECK(ended, "lapse %d: the stopped child's leases did not end", r) ||
+            !DT_CHECK(child_progress(3), "lapse %d: the child does not offload again", r))
+            return;
+        uint64_t after = held_bytes(socket, true);
+        DT_CHECK(after == 0,
+                 "lapse %d: %llu bytes held for the live linker after it went on (%llu "
+                 "while it was stopped)",
+                 r, (unsigned long long)after, (unsigned long long)held);
+    }
+    DT_CHECK(hits > 0, "no lapse round of %d caught a reservation in flight", ROUNDS);
+    printf("a lapse caught a reservation in flight: %s\n", hits ? "yes" : "no");
+}
+
 int main(void)
 {
     acked = mmap(NULL, sizeof(*acked), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
@@ -180,7 +223,7 @@ int main(void)
     atomic_init(acked, 0);
     kvd_test_daemon_t d1, dn[ROUNDS];
     memset(dn, 0, sizeof(dn));
-    const char *args[] = {"--pool-size", "64M", "--usage-interval", "0", NULL};
+    const char *args[] = {"--pool-size", "64M", "--usage-interval", "0", TTL_ARGS, NULL};
     if (kvd_test_daemon_start(&d1, args, true, 30000) != 0)
         return 1;
     pid_t child = fork();
@@ -196,9 +239,9 @@ int main(void)
             kvd_test_wait_pid(cur->pid, 10000, NULL);
             cur->pid = 0;
             /* the same socket, the same pool file and journal */
-            const char *again[] = {"--pool-size", "64M",      "--usage-interval",
-                                   "0",           "--socket", d1.socket,
-                                   "--shm-dir",   d1.dir,     NULL};
+            const char *again[] = {"--pool-size", "64M",     "--usage-interval", "0",
+                                   "--socket",    d1.socket, "--shm-dir",        d1.dir,
+                                   TTL_ARGS,      NULL};
             if (!DT_CHECK(kvd_test_daemon_start(&dn[r], again, false, 0) == 0,
                           "round %d: the daemon did not start again", r))
                 break;
@@ -226,6 +269,7 @@ int main(void)
                      "round %d: the log should say '%s'", r, line);
         }
         DT_CHECK(hits > 0, "no round of %d caught a reservation in flight", ROUNDS);
+        lapse_rounds(child, cur->socket);
     }
     if (child > 0) {
         kill(child, SIGKILL);
