@@ -111,6 +111,17 @@ int kvd_lock_file(const char *comp, const char *path, int *fd, char *holder,
  * reaped), KVD_ERR_TIMEOUT, or KVD_ERR_IO. For tools and tests. */
 int kvd_wait_pid(pid_t pid, int timeout_ms, int *wstatus);
 
+/*
+ * The start time of live process pid (/proc/PID/stat field 22, clock ticks
+ * since boot): with the pid it names one process for its whole life, which
+ * a pid alone does not (pids are reused). KVD_OK with *ticks;
+ * KVD_ERR_NOT_FOUND when no such process runs: none with that pid, or a
+ * zombie whose every thread has exited (it writes nothing any more); the
+ * system's error when /proc cannot say (then the caller must assume it is
+ * alive).
+ */
+int kvd_proc_start_ticks(int pid, uint64_t *ticks);
+
 /* Copies a file to stderr between markers (a failed daemon's log). */
 void kvd_dump_file(const char *path);
 

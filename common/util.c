@@ -9,6 +9,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 bool kvd_mutex_lock_until(pthread_mutex_t *m, uint64_t deadline_ns)
 {
@@ -309,6 +311,52 @@ int kvd_wait_pid(pid_t pid, int timeout_ms, int *wstatus)
             return KVD_ERR_TIMEOUT;
         kvd_sleep_ns(5000000);
     }
+}
+
+int kvd_proc_start_ticks(int pid, uint64_t *ticks)
+{
+    if (pid <= 0)
+        return KVD_ERR_INVALID;
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT || errno == ESRCH ? KVD_ERR_NOT_FOUND
+                                                 : kvd_status_from_errno(errno);
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    int err = errno;
+    close(fd);
+    if (n < 0)
+        return err == ESRCH ? KVD_ERR_NOT_FOUND : kvd_status_from_errno(err);
+    buf[n] = '\0';
+    /* "pid (comm) state ...": comm may hold spaces and parentheses, so the
+     * fields start after its last ')' */
+    char *p = strrchr(buf, ')');
+    if (p == NULL || p[1] != ' ')
+        return KVD_ERR_PROTOCOL;
+    p += 2;
+    char state = *p;
+    /* fields 3 (state) .. 22 (starttime); 20 is num_threads */
+    unsigned long long threads = 0, start = 0;
+    char *save = NULL;
+    int field = 3;
+    for (char *t = strtok_r(p, " ", &save); t != NULL; t = strtok_r(NULL, " ", &save)) {
+        if (field == 20)
+            threads = strtoull(t, NULL, 10);
+        if (field == 22) {
+            start = strtoull(t, NULL, 10);
+            break;
+        }
+        field++;
+    }
+    if (field != 22)
+        return KVD_ERR_PROTOCOL;
+    /* a zombie leader still counts itself until reaped; more threads mean
+     * some still run (the leader called pthread_exit) */
+    if ((state == 'Z' || state == 'X') && threads <= 1)
+        return KVD_ERR_NOT_FOUND;
+    *ticks = start;
+    return KVD_OK;
 }
 
 void kvd_dump_file(const char *path)

@@ -417,8 +417,8 @@ static void serve_reserve(kvd_store_t *store, const kvd_opts_t *opts,
     uint64_t lease = 0;
     /* keys over the tenant's quota answer NO_SPACE, as a full pool does:
      * the writer skips them; the tenant's quota_refusals count them */
-    int rc = kvd_store_reserve(store, owner, r->ns, puts, r->n, kvd_now_ns() / 1000000,
-                               &lease, results, locs);
+    int rc = kvd_store_reserve_by(store, owner, &ctx->writer, r->ns, puts, r->n,
+                                  kvd_now_ns() / 1000000, &lease, results, locs);
     if (rc != KVD_OK) {
         set_error(req, rep, rc, 0, "reserve failed: %s", kvd_status_str(rc));
         return;

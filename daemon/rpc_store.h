@@ -17,6 +17,10 @@ typedef struct kvd_rpc_ctx {
     bool is_operator; /* may act across tenants (evict --all, list all) */
     bool read_only;   /* may look up and load, not write or evict */
     bool is_peer;     /* another daemon of the cluster: the directory's methods */
+    /* the process writing through it (same host: SO_PEERCRED's pid, its
+     * start time, the Hello's writer_token); pid 0 unknown (TCP): its
+     * reservations get the lease TTL rule */
+    kvd_writer_t writer;
 } kvd_rpc_ctx_t;
 
 /* Serves one store request of the connection ctx describes; fills rep (an

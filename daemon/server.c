@@ -428,6 +428,7 @@ static bool hello_auth(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg
 {
     const kvd_hello_req_t *h = &req->body.hello_req;
     kvd_auth_peer_t peer = {.tcp = c->tcp};
+    kvd_writer_t writer = {.token = h->writer_token}; /* pid 0: none known */
     gid_t groups_small[64];
     gid_t *groups = groups_small;
     size_t groups_bytes = 0;
@@ -438,6 +439,7 @@ static bool hello_auth(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg
             peer.has_cred = true;
             peer.uid = cr.uid;
             peer.gid = cr.gid;
+            writer.pid = cr.pid > 0 ? (uint32_t)cr.pid : 0;
         }
         /* the supplementary groups, as the kernel saw them at connect() */
         socklen_t glen = sizeof(groups_small);
@@ -473,6 +475,11 @@ static bool hello_auth(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg
                            .is_peer = g.is_peer,
                            .read_only = g.read_only || h->read_only ||
                                         (c->authed && c->ctx.read_only)};
+    /* the writer is one process for its life: pid and start time (a pid
+     * from another pid namespace reads 0, and its /proc entry is not ours) */
+    if (writer.pid != 0 &&
+        kvd_proc_start_ticks((int)writer.pid, &writer.start_ticks) == KVD_OK)
+        ctx->writer = writer;
     return true;
 }
 
@@ -580,6 +587,17 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
         kvd_rpc_register(s->store, &ctx, h->namespaces, h->n_namespaces, ids, req, rep);
     if (rc != KVD_OK)
         return;
+    /* held extents of this writer's earlier connections (kvd_store.h
+     * kvd_writer_t): only a connection's first Hello speaks for them */
+    if (h->earlier_copies_over && !c->authed && ctx.writer.pid != 0) {
+        uint64_t freed = kvd_store_writer_done(s->store, &ctx.writer, c->id);
+        if (freed > 0)
+            KVD_INFO(
+                "server",
+                "connection %llu: pid %u says its earlier copies are over: %llu held "
+                "bytes are free",
+                (unsigned long long)c->id, ctx.writer.pid, (unsigned long long)freed);
+    }
     c->ctx = ctx;
     c->authed = true;
     c->in.max_frame = s->opts.max_frame_bytes;

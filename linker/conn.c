@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -267,8 +268,11 @@ static bool hung(kvd_linker_t *l)
 
 /* ---------------------------------------------------------- connecting */
 
+static bool copies_over(kvd_linker_t *l, uint64_t until);
+
 /* The Hello of this linker: every registered pool's namespace. */
-static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *specs)
+static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *specs,
+                              bool copies_done)
 {
     lk_lock(&l->lock);
     uint32_t n = l->n_pools;
@@ -286,6 +290,8 @@ static uint32_t hello_request(kvd_linker_t *l, kvd_msg_t *req, kvd_ns_spec_t *sp
     h->want_pool_fd = !l->use_ucx && l->connect[0] == '\0';
     h->want_ucx = l->use_ucx;
     h->read_only = l->cfg.read_only;
+    h->writer_token = l->conn.writer_token;
+    h->earlier_copies_over = copies_done;
     memcpy(h->auth_token, l->auth_token, l->auth_token_len);
     h->auth_token_len = l->auth_token_len;
     h->n_namespaces = n;
@@ -307,7 +313,12 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
         return rc;
     kvd_ns_spec_t specs[KVD_MAX_POOLS];
     kvd_msg_t req, rep;
-    uint32_t n = hello_request(l, &req, specs);
+    /* an offload copy of the lost connection gets half of what is left to
+     * end; one still running then keeps its reservations held (until this
+     * process exits, or a later Hello says they are over) */
+    uint64_t now = kvd_now_ns();
+    bool done = copies_over(l, now + (deadline > now ? (deadline - now) / 2 : 0));
+    uint32_t n = hello_request(l, &req, specs, done);
     rc = kvd_client_call_many_until(c, &req, &rep, 1, deadline);
     explicit_bzero(req.body.hello_req.auth_token, sizeof(req.body.hello_req.auth_token));
     if (rc == KVD_OK && rep.status != KVD_OK) {
@@ -394,6 +405,11 @@ static int connect_locked(kvd_linker_t *l, uint64_t deadline)
 
 void lk_conn_init(kvd_linker_t *l)
 {
+    uint64_t t = 0;
+    if (getrandom(&t, sizeof(t), GRND_NONBLOCK) != sizeof(t))
+        t = kvd_now_ns() ^ (uint64_t)(uintptr_t)l; /* only tells linkers apart */
+    l->conn.writer_token = t;
+    atomic_init(&l->conn.copy_epoch, 0);
     lk_mutex_init(&l->conn.connect, LK_RANK_CONNECT);
     lk_mutex_init(&l->conn.state, LK_RANK_STATE);
 }
@@ -432,6 +448,45 @@ static bool epoch_gone(kvd_linker_t *l, uint64_t on_epoch)
                 atomic_load(&l->conn.failed_epoch) == on_epoch;
     lk_unlock(&l->conn.state);
     return gone;
+}
+
+/*
+ * The copy announces itself before it looks whether its connection lives,
+ * and a connection is dropped (session NULL, under state) before the next
+ * Hello looks for copies: either the copy sees its connection gone, or
+ * that Hello sees the copy (state orders the two).
+ */
+bool lk_copy_begin(kvd_linker_t *l, uint64_t epoch)
+{
+    atomic_store(&l->conn.copy_epoch, epoch);
+    if (!epoch_gone(l, epoch))
+        return true;
+    atomic_store(&l->conn.copy_epoch, 0);
+    return false;
+}
+
+bool lk_copy_live(kvd_linker_t *l, uint64_t epoch)
+{
+    return !epoch_gone(l, epoch);
+}
+
+void lk_copy_end(kvd_linker_t *l)
+{
+    atomic_store(&l->conn.copy_epoch, 0);
+}
+
+/* Whether no copy into an earlier connection's reservations is in flight,
+ * waiting for one until `until` (it stops at its next object once its
+ * connection is gone). Called without a session: any copy is of an
+ * earlier connection. */
+static bool copies_over(kvd_linker_t *l, uint64_t until)
+{
+    while (atomic_load(&l->conn.copy_epoch) != 0) {
+        if (kvd_now_ns() >= until)
+            return false;
+        kvd_sleep_ns(1000000);
+    }
+    return true;
 }
 
 /* A new session for a call that has none, by the call's deadline. One

@@ -156,6 +156,13 @@ typedef struct lconn {
      * every attempt would wait out a whole timeout, and the calls queued
      * behind it one each. The first call after it tries again. */
     _Atomic uint64_t hung_until_ns;
+    /* This linker among its process's writers (HelloRequest.writer_token,
+     * random), and the epoch whose reservations an offload copies into now
+     * (0 none): a Hello says its earlier connections' copies are over only
+     * while none is (lk_copy_begin; the daemon holds a lost connection's
+     * reservations until then). */
+    uint64_t writer_token;
+    _Atomic uint64_t copy_epoch;
     pthread_t pop_thread; /* populates a new mapping; pop_* under lock */
     bool pop_started, pop_running;
 } lconn_t;
@@ -389,6 +396,15 @@ int lk_conn_add_pool(kvd_linker_t *l, uint64_t epoch, const lpool_t *p, uint32_t
 /* A data path failed on epoch's peer: that connection is void (its pins
  * and offsets with it) and the next call reconnects. */
 void lk_conn_fail(kvd_linker_t *l, uint64_t epoch);
+/* An offload copy into reservations of the connection of `epoch` begins:
+ * false, and nothing may be copied, when that connection is gone already.
+ * Until lk_copy_end no Hello says that earlier copies are over; a copy
+ * under way looks at lk_copy_live between its objects and abandons the
+ * rest once its connection is gone. One copy at a time (the offload
+ * thread's). */
+bool lk_copy_begin(kvd_linker_t *l, uint64_t epoch);
+bool lk_copy_live(kvd_linker_t *l, uint64_t epoch);
+void lk_copy_end(kvd_linker_t *l);
 
 /* --------------------------------------------------------- datapath.c */
 

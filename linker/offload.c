@@ -43,6 +43,11 @@ static int copy_reserved(kvd_linker_t *l, lpool_t *p, lxfer_t *x,
                          const uint8_t *allocated, uint64_t epoch)
 {
     ldp_t *dp = &l->dp[LK_DP_OFFLOAD];
+    /* a lost connection's reservations are held for this process until
+     * it says (its next Hello) that no copy into them is in flight: the
+     * copy says when it runs, and stops once the connection is gone */
+    if (!lk_copy_begin(l, epoch))
+        return KVD_ERR_CLOSED;
     int rc = lk_dp_begin(l, dp) == epoch ? KVD_OK : KVD_ERR_CLOSED;
     uint64_t pool_bytes = rc == KVD_OK ? dp->peer->desc.length : 0;
     for (uint32_t i = x->begin; rc == KVD_OK && i < x->end; i++)
@@ -51,13 +56,16 @@ static int copy_reserved(kvd_linker_t *l, lpool_t *p, lxfer_t *x,
             rc = KVD_ERR_PROTOCOL; /* the daemon's offsets are checked here too */
     for (uint32_t i = x->begin; rc == KVD_OK && i < x->end; i++) {
         uint64_t moved = 0; /* counted as it goes: the counter shows progress */
-        if (allocated[i])
+        if (allocated[i] && !lk_copy_live(l, epoch))
+            rc = KVD_ERR_CLOSED; /* its reservations are void: the rest is not copied */
+        else if (allocated[i])
             rc = lk_copy_key(l, dp, p, x, i, 0, p->desc.n_layers, &moved);
         atomic_fetch_add(&p->offload_bytes, moved);
     }
     if (rc == KVD_OK)
         rc = lk_dp_flush(l, dp); /* complete at the daemon before Publish */
     lk_dp_end(l, dp);
+    lk_copy_end(l); /* every batch of the step is done (or failed) by now */
     return rc;
 }
 
@@ -161,6 +169,12 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
      * rather than waiting out their lease (only to the connection that
      * granted them; a lost one took its reservations along) */
     int frc = finish_leases(l, leases, n_req, rc == KVD_OK, epoch);
+    /* a lease the daemon no longer knows on a live connection lapsed while
+     * this ran (the process stalled past its TTL): its extents are held for
+     * this process until a Hello says that its copies are over. None runs
+     * now, so this connection goes and the next one's Hello says it. */
+    if (frc == KVD_ERR_NOT_FOUND)
+        lk_conn_fail(l, epoch);
     if (rc == KVD_OK)
         rc = frc;
     free(items);

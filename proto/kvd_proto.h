@@ -273,6 +273,8 @@ typedef struct kvd_hello_req {
     uint8_t auth_token[KVD_TOKEN_MAX];
     size_t auth_token_len;
     bool read_only;
+    uint64_t writer_token;    /* this writer among its process's (a linker's) */
+    bool earlier_copies_over; /* copies of its earlier connections ended */
 } kvd_hello_req_t;
 
 typedef struct kvd_hello_rep {
@@ -524,7 +526,7 @@ typedef struct kvd_stats_req {
     X(U64, leases_expired, 0, COUNTER, "Leases undone by their TTL.")                    \
     X(U64, published_bytes, 0, COUNTER, "Bytes offloaded (published).")                  \
     X(U64, acquired_bytes, 0, COUNTER, "Bytes loaded (acquired).")                       \
-    X(U64, quarantined_bytes, 0, GAUGE, "Dead writers' extents in their grace.")         \
+    X(U64, quarantined_bytes, 0, GAUGE, "Lapsed writers' extents, held or in grace.")    \
     X(U64, reserve_quota, 0, COUNTER, "Reserved keys refused for a tenant's quota.")     \
     X(U64, scrubbed_bytes, 0, COUNTER, "Bytes zeroed: extents handed across tenants.")   \
     X(U64, namespaces_removed, 0, COUNTER, "Namespaces gone: no users, no objects.")     \

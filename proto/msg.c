@@ -511,6 +511,8 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         h->auth_token =
             (ProtobufCBinaryData){in->auth_token_len, (uint8_t *)in->auth_token};
         h->read_only = in->read_only;
+        h->writer_token = in->writer_token;
+        h->earlier_copies_over = in->earlier_copies_over;
         h->n_namespaces = in->n_namespaces;
         h->namespaces = (Kvdock__NamespaceSpec **)array_to_pb(
             scr, &ns_spec_msg, in->namespaces, in->n_namespaces);
@@ -1299,6 +1301,8 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         h->want_pool_fd = r->want_pool_fd;
         h->want_ucx = r->want_ucx;
         h->read_only = r->read_only;
+        h->writer_token = r->writer_token;
+        h->earlier_copies_over = r->earlier_copies_over;
         h->n_namespaces = r->n_namespaces;
         int rc = copy_str(h->client_name, sizeof(h->client_name), r->client_name);
         if (rc == KVD_OK)

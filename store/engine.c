@@ -133,6 +133,8 @@ void kvd_store_destroy(kvd_store_t *s)
     kvd_mem_free(KVD_MEM_INDEX, s->buckets, s->n_buckets * sizeof(uint32_t));
     kvd_mem_free(KVD_MEM_INDEX, s->ns, (size_t)s->ns_cap * sizeof(ns_entry_t));
     ns_owners_free(s);
+    kvd_mem_free(KVD_MEM_INDEX, s->writers,
+                 (size_t)s->cap_writers * sizeof(writer_ent_t));
     rec_fini(s);
     kvd_mem_free(KVD_MEM_INDEX, s, sizeof(*s));
 }
@@ -823,7 +825,7 @@ static int promote_begin(kvd_store_t *s, uint32_t i)
     s->tenants[t].use.bytes += page_bytes_of(s, q->size_pages);
     s->promoting_pages += q->size_pages;
     /* a restart while it runs finds a partial write, and quarantines it */
-    persist_writing(s, j);
+    persist_writing(s, j, NULL); /* the daemon itself: gone with it */
     ssd_lru_remove(s, i);
     r->spare |= REC_F_PROMOTING;
     r->phys_prev = j;
@@ -941,6 +943,227 @@ void store_ssd_inserted(kvd_store_t *s, const uint32_t *recs, size_t n)
         ssd_lru_push_head(s, (uint32_t)refs[k]);
     kvd_mem_free(KVD_MEM_STAGING, refs, 2 * n * sizeof(uint64_t));
     PARANOID(s, "ssd_restore");
+}
+
+/* -------------------------------------------------------- held extents */
+
+/*
+ * A reservation whose writer is known (its process and token) is not put
+ * in the TTL quarantine when its lease ends unpublished: the writer may be
+ * stopped (SIGSTOP, swapped out, a long pause) and resume its copy at any
+ * time, so its extent is held until that process is gone or says that
+ * its copies are over. The writers table is small (one entry per writing
+ * process and linker), searched linearly at each Reserve of a writer.
+ */
+
+static bool writer_same(const kvd_writer_t *a, const kvd_writer_t *b)
+{
+    return a->pid == b->pid && a->start_ticks == b->start_ticks && a->token == b->token;
+}
+
+static uint32_t writer_find(const kvd_store_t *s, const kvd_writer_t *w)
+{
+    for (uint32_t k = 0; k < s->n_writers; k++)
+        if (s->writers[k].id.pid != 0 && writer_same(&s->writers[k].id, w))
+            return k + 1;
+    return 0;
+}
+
+uint32_t store_writer_get(kvd_store_t *s, const kvd_writer_t *w)
+{
+    uint32_t found = writer_find(s, w);
+    if (found != 0)
+        return found;
+    uint32_t k = 0;
+    while (k < s->n_writers && s->writers[k].id.pid != 0)
+        k++;
+    if (k == s->n_writers) {
+        if (k == KVD_STORE_WRITERS_MAX)
+            goto full;
+        if (k == s->cap_writers) {
+            uint32_t cap = s->cap_writers ? 2 * s->cap_writers : 16;
+            writer_ent_t *n = kvd_mem_realloc(KVD_MEM_INDEX, s->writers,
+                                              (size_t)s->cap_writers * sizeof(*n),
+                                              (size_t)cap * sizeof(*n));
+            if (n == NULL)
+                goto full;
+            s->writers = n;
+            s->cap_writers = cap;
+        }
+        s->n_writers++;
+    }
+    s->writers[k] = (writer_ent_t){.id = *w, .held_head = NIL};
+    return k + 1;
+full:
+    if (s->now_ms >= s->writers_full_logged_ms + 60000) {
+        s->writers_full_logged_ms = s->now_ms;
+        KVD_WARN("store",
+                 "%u writer processes hold leases or extents already: the leases of pid "
+                 "%u fall back to one lease TTL of quarantine",
+                 s->n_writers, w->pid);
+    }
+    return 0;
+}
+
+/* Frees writer slot w once it counts nothing (the table shrinks from its
+ * end). */
+static void writer_maybe_free(kvd_store_t *s, writer_ent_t *w)
+{
+    if (w->leases != 0 || w->held_head != NIL)
+        return;
+    w->id.pid = 0;
+    while (s->n_writers > 0 && s->writers[s->n_writers - 1].id.pid == 0)
+        s->n_writers--;
+}
+
+/* Puts quarantined record i into writer slot w's held list. */
+static void writer_hold(kvd_store_t *s, uint32_t w, uint32_t i)
+{
+    writer_ent_t *e = &s->writers[w - 1];
+    rec_t *r = R(s, i);
+    r->link_prev = NIL;
+    r->link_next = e->held_head;
+    e->held_head = i;
+    e->held_pages += r->size_pages;
+    s->held_pages += r->size_pages;
+    s->quarantine_pages += r->size_pages;
+}
+
+/* Frees a quarantined extent (its grace over, or its writer gone). */
+static void quarantine_free(kvd_store_t *s, uint32_t i)
+{
+    rec_t *r = R(s, i);
+    s->quarantine_pages -= r->size_pages;
+    uint16_t tag = r->hits;
+    s->tenants[tag - 1].use.bytes -= page_bytes_of(s, r->size_pages);
+    persist_freed(s, i);
+    extent_free(s, i, tag);
+}
+
+/* Frees up to max of writer slot w's held extents; returns how many. */
+static uint64_t writer_release(kvd_store_t *s, uint32_t w, uint64_t max)
+{
+    writer_ent_t *e = &s->writers[w - 1];
+    uint64_t n = 0;
+    while (e->held_head != NIL && n < max) {
+        uint32_t i = e->held_head;
+        rec_t *r = R(s, i);
+        e->held_head = r->link_next;
+        e->held_pages -= r->size_pages;
+        s->held_pages -= r->size_pages;
+        quarantine_free(s, i);
+        n++;
+    }
+    writer_maybe_free(s, e);
+    return n;
+}
+
+static void lease_unlink(kvd_store_t *s, lease_t *l);
+
+uint64_t kvd_store_writer_done(kvd_store_t *s, const kvd_writer_t *writer, uint64_t owner)
+{
+    uint32_t w = writer->pid != 0 ? writer_find(s, writer) : 0;
+    if (w == 0)
+        return 0;
+    uint64_t pages = 0;
+    for (lease_t *l = s->oldest, *next; l != NULL; l = next) {
+        next = l->newer;
+        if (!l->write || l->writer != w || l->owner == owner)
+            continue;
+        /* revoked, as its writer would have: nothing copies into it */
+        for (uint32_t k = 0; k < l->n; k++) {
+            if (l->recs[k] == NIL)
+                continue;
+            pages += R(s, l->recs[k])->size_pages;
+            drop_object(s, l->recs[k]);
+            l->recs[k] = NIL;
+        }
+        lease_unlink(s, l);
+    }
+    /* the slot stays while it holds extents (lease_unlink frees it only
+     * without) */
+    pages += s->writers[w - 1].held_pages;
+    writer_release(s, w, UINT64_MAX);
+    persist_commit(s);
+    PARANOID(s, "writer_done");
+    return page_bytes_of(s, pages);
+}
+
+/* /proc is read for at most this many writers per sweep, each at most once
+ * per WRITER_CHECK_MS; at most WRITER_FREE_MAX extents are freed per sweep
+ * (the rest at the next). */
+#define WRITER_CHECKS_MAX 8
+#define WRITER_CHECK_MS   1000
+#define WRITER_FREE_MAX   65536
+#define HELD_LOG_MS       60000
+
+/* Whether writer e's process is gone for sure (not there, or another
+ * process under its pid); an error reading /proc counts as alive. */
+static bool writer_gone(const writer_ent_t *e)
+{
+    uint64_t ticks;
+    int rc = kvd_proc_start_ticks((int)e->id.pid, &ticks);
+    return rc == KVD_ERR_NOT_FOUND || (rc == KVD_OK && ticks != e->id.start_ticks);
+}
+
+/* Frees the held extents of writers whose process is gone, within the
+ * bounds above, going round the table from where the last sweep stopped. */
+static void writers_sweep(kvd_store_t *s, uint64_t now_ms)
+{
+    uint32_t checks = 0;
+    uint64_t freed = 0;
+    for (uint32_t k = 0;
+         k < s->n_writers && checks < WRITER_CHECKS_MAX && freed < WRITER_FREE_MAX; k++) {
+        uint32_t w = s->writer_cursor++ % s->n_writers;
+        writer_ent_t *e = &s->writers[w];
+        if (e->id.pid == 0 || e->held_head == NIL)
+            continue;
+        if (!e->gone) {
+            if (e->checked_ms != 0 && now_ms < e->checked_ms + WRITER_CHECK_MS)
+                continue;
+            e->checked_ms = now_ms;
+            checks++;
+            e->gone = writer_gone(e);
+        }
+        if (!e->gone) {
+            /* each writer's first line at once, then one a minute in all */
+            if (!e->logged || now_ms >= s->held_logged_ms + HELD_LOG_MS) {
+                e->logged = true;
+                s->held_logged_ms = now_ms;
+                KVD_WARN(
+                    "store",
+                    "%llu bytes of unpublished reservations are held for writer pid "
+                    "%u (%llu bytes held in all): its lease ended while it may still "
+                    "copy into them; they are freed once it exits or reconnects "
+                    "saying its copies are over",
+                    (unsigned long long)page_bytes_of(s, e->held_pages), e->id.pid,
+                    (unsigned long long)page_bytes_of(s, s->held_pages));
+            }
+            continue;
+        }
+        uint32_t pid = e->id.pid;
+        uint64_t pages = e->held_pages;
+        freed += writer_release(s, w + 1, WRITER_FREE_MAX - freed);
+        if (e->held_head != NIL)
+            s->writer_cursor = w; /* more of it next time */
+        else
+            KVD_INFO("store", "writer pid %u is gone: its %llu held bytes are free", pid,
+                     (unsigned long long)page_bytes_of(s, pages));
+    }
+}
+
+void store_foreach_held(const kvd_store_t *s,
+                        void (*fn)(void *arg, uint32_t rec, const kvd_writer_t *w),
+                        void *arg)
+{
+    for (uint32_t k = 0; k < s->n_writers; k++)
+        for (uint32_t i = s->writers[k].held_head; i != NIL; i = R(s, i)->link_next)
+            fn(arg, i, &s->writers[k].id);
+    for (const lease_t *l = s->oldest; l != NULL; l = l->newer)
+        if (l->write && l->writer != 0)
+            for (uint32_t k = 0; k < l->n; k++)
+                if (l->recs[k] != NIL)
+                    fn(arg, l->recs[k], &s->writers[l->writer - 1].id);
 }
 
 /* --------------------------------------------------------------- leases */
@@ -1083,6 +1306,11 @@ static void lease_unlink(kvd_store_t *s, lease_t *l)
     *b = l->hnext;
     s->n_leases--;
     s->tenants[l->tenant].use.leases--;
+    if (l->writer != 0) {
+        writer_ent_t *w = &s->writers[l->writer - 1];
+        w->leases--;
+        writer_maybe_free(s, w);
+    }
     lease_free(s, l);
 }
 
@@ -1119,10 +1347,12 @@ static void lru_push_batch(kvd_store_t *s, const uint32_t *recs, size_t n)
 
 /*
  * Takes a reservation whose writer died or outlived its lease out of sight
- * (the key can be reserved again at once) but keeps its extent for one more
- * lease TTL: a writer still copying into it then writes into nothing live.
+ * (the key can be reserved again at once) but keeps its extent: held for
+ * its writer (slot + 1; "held extents") when one is known, else for one
+ * more lease TTL: a writer still copying into it then writes into nothing
+ * live.
  */
-static void quarantine(kvd_store_t *s, uint32_t i)
+static void quarantine(kvd_store_t *s, uint32_t i, uint32_t writer)
 {
     rec_t *r = R(s, i);
     uint32_t slot = r->ns;
@@ -1132,17 +1362,24 @@ static void quarantine(kvd_store_t *s, uint32_t i)
     /* the namespace may go (and its slot serve another tenant) before the
      * grace ends: the extent keeps whose bytes it holds itself */
     r->hits = (uint16_t)(tenant_of(s, slot) + 1);
-    uint64_t release_ms = s->now_ms + s->cfg.lease_ttl_ms;
-    r->last_access_s = (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
-    r->link_prev = NIL;
-    r->link_next = NIL;
-    if (s->quarantine_tail != NIL)
-        R(s, s->quarantine_tail)->link_next = i;
-    else
-        s->quarantine_head = i;
-    s->quarantine_tail = i;
-    s->quarantine_pages += r->size_pages;
-    persist_quarantined(s, i); /* before the namespace's removal is written */
+    if (writer != 0) {
+        r->last_access_s = 0;
+        writer_hold(s, writer, i);
+    } else {
+        uint64_t release_ms = s->now_ms + s->cfg.lease_ttl_ms;
+        r->last_access_s = (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
+        r->link_prev = NIL;
+        r->link_next = NIL;
+        if (s->quarantine_tail != NIL)
+            R(s, s->quarantine_tail)->link_next = i;
+        else
+            s->quarantine_head = i;
+        s->quarantine_tail = i;
+        s->quarantine_pages += r->size_pages;
+    }
+    /* before the namespace's removal is written; the writer, if any, the
+     * journal has from the reservation's entry */
+    persist_quarantined(s, i);
     ns_maybe_remove(s, slot);
 }
 
@@ -1157,11 +1394,7 @@ static void quarantine_release(kvd_store_t *s, uint64_t now_ms)
         s->quarantine_head = r->link_next;
         if (s->quarantine_head == NIL)
             s->quarantine_tail = NIL;
-        s->quarantine_pages -= r->size_pages;
-        uint16_t tag = r->hits;
-        s->tenants[tag - 1].use.bytes -= page_bytes_of(s, r->size_pages);
-        persist_freed(s, i);
-        extent_free(s, i, tag);
+        quarantine_free(s, i);
     }
 }
 
@@ -1176,7 +1409,7 @@ static void lease_end(kvd_store_t *s, lease_t *l)
         if (i == NIL)
             continue;
         if (l->write) {
-            quarantine(s, i);
+            quarantine(s, i, l->writer);
             continue;
         }
         rec_t *r = R(s, i);
@@ -1241,6 +1474,7 @@ size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms)
     }
     s->st.leases_expired += n;
     quarantine_release(s, now_ms);
+    writers_sweep(s, now_ms);
     persist_commit(s);
     persist_tick(s);
     PARANOID(s, "expire");
@@ -1287,7 +1521,7 @@ static uint64_t scrub_budget(const kvd_store_t *s)
 }
 
 /* Reserves one key into lease *l (created on first need). */
-static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
+static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t writer, uint32_t ns,
                            const kvd_put_t *it, uint64_t now_ms, lease_t **l,
                            kvd_loc_t *loc, bool *stuck, uint64_t *scrubbed)
 {
@@ -1310,6 +1544,10 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
         if ((*l = lease_new(s, owner, true, now_ms, t)) == NULL)
             return KVD_RESERVE_NO_SPACE; /* no memory for a lease: no room either */
         (*l)->ns = ns;
+        if (writer != 0) {
+            (*l)->writer = writer;
+            s->writers[writer - 1].leases++;
+        }
     }
     uint32_t i = alloc_evicting(s, pages);
     if (i == NIL)
@@ -1342,7 +1580,7 @@ static uint8_t reserve_one(kvd_store_t *s, uint64_t owner, uint32_t ns,
     index_insert(s, i);
     s->ns[ns].info.objects_writing++;
     s->tenants[t].use.bytes += page_bytes_of(s, pages);
-    persist_writing(s, i);
+    persist_writing(s, i, writer != 0 ? &s->writers[writer - 1].id : NULL);
     fill_loc(s, i, loc);
     if (dirty) {
         /* another tenant's bytes: a Publish of what was never written must
@@ -1362,10 +1600,21 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
                       size_t n, uint64_t now_ms, uint64_t *lease_id, uint8_t *results,
                       kvd_loc_t *locs)
 {
+    return kvd_store_reserve_by(s, owner, NULL, ns, items, n, now_ms, lease_id, results,
+                                locs);
+}
+
+int kvd_store_reserve_by(kvd_store_t *s, uint64_t owner, const kvd_writer_t *writer,
+                         uint32_t ns, const kvd_put_t *items, size_t n, uint64_t now_ms,
+                         uint64_t *lease_id, uint8_t *results, kvd_loc_t *locs)
+{
     uint32_t id = ns;
     if (!ns_slot(s, id, &ns))
         return KVD_ERR_NOT_FOUND;
     clock_seen(s, now_ms);
+    /* the slot is taken for the call (a lease counts on it below); a call
+     * that allocates nothing gives it back at its end */
+    uint32_t w = writer != NULL && writer->pid != 0 ? store_writer_get(s, writer) : 0;
     lease_t *l = NULL;
     bool stuck = false;
     uint64_t scrubbed = 0;
@@ -1373,8 +1622,8 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
      * the call's length keeps it from being removed under the batch */
     s->ns[ns].info.users++;
     for (size_t k = 0; k < n; k++) {
-        results[k] =
-            reserve_one(s, owner, ns, &items[k], now_ms, &l, &locs[k], &stuck, &scrubbed);
+        results[k] = reserve_one(s, owner, w, ns, &items[k], now_ms, &l, &locs[k], &stuck,
+                                 &scrubbed);
         uint64_t *c[] = {&s->st.reserve_allocated, &s->st.reserve_exists,
                          &s->st.reserve_in_flight, &s->st.reserve_no_space};
         (*c[results[k]])++;
@@ -1385,6 +1634,8 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
         l = NULL;
     }
     *lease_id = l ? l->id : 0;
+    if (w != 0)
+        writer_maybe_free(s, &s->writers[w - 1]);
     evict_watermarks(s);
     ns_maybe_remove(s, ns);
     /* before the reply hands out any extent freed here (an eviction), the
@@ -2099,6 +2350,60 @@ static const char *check_ssd(const kvd_store_t *s, uint64_t *objects)
     return NULL;
 }
 
+/* The writers table against the leases and the held lists: each slot's
+ * counts, each held record quarantined and listed once; adds the held
+ * pages to *queued. NULL when right, else what is wrong. */
+static const char *check_writers(const kvd_store_t *s, uint64_t *queued)
+{
+    static _Thread_local char bad[160];
+    uint64_t held = 0;
+    if (s->n_writers > s->cap_writers || s->n_writers > KVD_STORE_WRITERS_MAX)
+        return "the writers table is larger than its room";
+    for (uint32_t k = 0; k < s->n_writers; k++) {
+        const writer_ent_t *e = &s->writers[k];
+        uint64_t pages = 0, leases = 0;
+        for (const lease_t *l = s->oldest; l != NULL; l = l->newer)
+            leases += l->writer == k + 1;
+        if (e->id.pid == 0) {
+            if (leases != 0 || e->held_head != NIL)
+                snprintf(bad, sizeof(bad), "free writer slot %u holds something", k);
+            else
+                continue;
+            return bad;
+        }
+        for (uint32_t i = e->held_head; i != NIL; i = R(s, i)->link_next) {
+            const rec_t *r = R(s, i);
+            if (r->state != REC_WRITING || !r->quarantined ||
+                (pages += r->size_pages) > s->quarantine_pages) {
+                snprintf(bad, sizeof(bad),
+                         "writer pid %u holds record %u wrongly, or its list loops",
+                         e->id.pid, i);
+                return bad;
+            }
+        }
+        if (pages != e->held_pages || leases != e->leases) {
+            snprintf(bad, sizeof(bad),
+                     "writer pid %u: %llu held pages and %llu leases, it counts %llu and "
+                     "%u",
+                     e->id.pid, (unsigned long long)pages, (unsigned long long)leases,
+                     (unsigned long long)e->held_pages, e->leases);
+            return bad;
+        }
+        if (e->leases == 0 && e->held_head == NIL) {
+            snprintf(bad, sizeof(bad), "writer slot %u counts nothing but is kept", k);
+            return bad;
+        }
+        held += pages;
+    }
+    if (held != s->held_pages) {
+        snprintf(bad, sizeof(bad), "%llu pages held for writers, the counter says %llu",
+                 (unsigned long long)held, (unsigned long long)s->held_pages);
+        return bad;
+    }
+    *queued += held;
+    return NULL;
+}
+
 int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
 {
     uint64_t pages = 0, free_p = 0, writing = 0, ready = 0, lru_expect = 0, pins = 0,
@@ -2181,9 +2486,12 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
         if (!R(s, i)->quarantined || (queued += R(s, i)->size_pages) > quarantined)
             FAIL("the quarantine list holds record %u wrongly or loops", i);
     }
+    const char *held_bad = check_writers(s, &queued);
+    if (held_bad)
+        FAIL("%s", held_bad);
     if (queued != quarantined)
-        FAIL("the quarantine list holds %llu of %llu pages", (unsigned long long)queued,
-             (unsigned long long)quarantined);
+        FAIL("the quarantine and held lists hold %llu of %llu pages",
+             (unsigned long long)queued, (unsigned long long)quarantined);
     if (pins != s->pins || lru_pages != s->lru_pages)
         FAIL("pins %llu / evictable pages %llu, the counters say %llu / %llu",
              (unsigned long long)pins, (unsigned long long)lru_pages,
@@ -2406,14 +2714,15 @@ static void ns_index_rebuild(kvd_store_t *s)
  * extents in offset order carved out of the one free extent a new store
  * has, each object put back into the index and the LRU (oldest access
  * first, so the coldest is evicted first again), each partial write into
- * quarantine for one lease TTL (a writer of the dead daemon may still be
- * copying into it), and the children counts from the parent tags.
+ * quarantine (a writer of the dead daemon may still be copying into it:
+ * held for it, or for one lease TTL where the journal names no writer),
+ * and the children counts from the parent tags.
  */
 
 int store_restore_begin(kvd_store_t *s, const uint64_t secret[6], uint64_t epoch_ms)
 {
     if (s->n_ns != 0 || s->n_slots != 0 || s->n_objects != 0 || s->n_leases != 0 ||
-        s->quarantine_head != NIL || s->free_pages != s->total_pages)
+        s->quarantine_head != NIL || s->n_writers != 0 || s->free_pages != s->total_pages)
         return KVD_ERR_STATE;
     memcpy(s->secret, secret, sizeof(s->secret));
     s->secret[5] |= 1;
@@ -2484,14 +2793,22 @@ static bool restore_fits(const kvd_store_t *s, const restore_obj_t *o, uint64_t 
     return true;
 }
 
-/* Puts record i (carved, REC_WRITING) into quarantine for tenant t, to end
- * at release_ms. */
-static void restore_quarantine(kvd_store_t *s, uint32_t i, uint32_t t,
-                               uint64_t release_ms)
+/* Puts record i (carved, REC_WRITING) into quarantine for tenant t: held
+ * for its writer when the journal named one (and the table has room),
+ * else to end at release_ms. Returns whether it is held. */
+static bool restore_quarantine(kvd_store_t *s, uint32_t i, uint32_t t,
+                               const kvd_writer_t *writer, uint64_t release_ms)
 {
     rec_t *r = R(s, i);
     r->quarantined = 1;
     r->hits = (uint16_t)(t + 1);
+    s->tenants[t].use.bytes += page_bytes_of(s, r->size_pages);
+    uint32_t w = writer->pid != 0 ? store_writer_get(s, writer) : 0;
+    if (w != 0) {
+        r->last_access_s = 0;
+        writer_hold(s, w, i);
+        return true;
+    }
     r->last_access_s = (uint32_t)KVD_MIN(release_ms / 1000 + 1, (uint64_t)UINT32_MAX);
     r->link_prev = r->link_next = NIL;
     if (s->quarantine_tail != NIL)
@@ -2500,7 +2817,7 @@ static void restore_quarantine(kvd_store_t *s, uint32_t i, uint32_t t,
         s->quarantine_head = i;
     s->quarantine_tail = i;
     s->quarantine_pages += r->size_pages;
-    s->tenants[t].use.bytes += page_bytes_of(s, r->size_pages);
+    return false;
 }
 
 void store_sort_high32(uint64_t *a, uint64_t *tmp, size_t n)
@@ -2578,7 +2895,7 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
         rec_t *r = R(s, i);
         tail = r->phys_next;
         if (o->kind == RESTORE_QUAR) {
-            restore_quarantine(s, i, o->tenant, release_ms);
+            out->held += restore_quarantine(s, i, o->tenant, &o->writer, release_ms);
             out->quarantined++;
             continue;
         }
@@ -2590,7 +2907,7 @@ int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
         uint32_t t = tenant_of(s, o->slot);
         uint64_t bytes = page_bytes_of(s, r->size_pages);
         if (o->kind == RESTORE_WRITING) {
-            restore_quarantine(s, i, t, release_ms);
+            out->held += restore_quarantine(s, i, t, &o->writer, release_ms);
             out->writing++;
             out->writing_bytes += bytes;
             continue;

@@ -245,10 +245,12 @@ static int header_check(const uint8_t *p, size_t n, const char *path, jnl_header
         WHY("%s was written with another byte order", path);
         return KVD_ERR_STATE;
     }
-    if (hdr->version != JNL_VERSION || hdr->header_bytes != sizeof(*hdr)) {
+    if (hdr->version < JNL_VERSION_OLDEST || hdr->version > JNL_VERSION ||
+        hdr->header_bytes != sizeof(*hdr)) {
         WHY("%s is a journal of layout version %u (header %u bytes); this kvdockd "
-            "reads version %u (%zu bytes)",
-            path, hdr->version, hdr->header_bytes, JNL_VERSION, sizeof(*hdr));
+            "reads versions %u to %u (%zu bytes)",
+            path, hdr->version, hdr->header_bytes, JNL_VERSION_OLDEST, JNL_VERSION,
+            sizeof(*hdr));
         return KVD_ERR_STATE;
     }
     if (kvd_crc32c(0, hdr, offsetof(jnl_header_t, crc)) != hdr->crc) {

@@ -50,7 +50,10 @@
 
 #define JNL_MAGIC      "KVDJRNL" /* 8 bytes with its NUL */
 #define JNL_BYTE_ORDER 0x01020304u
-#define JNL_VERSION    1u
+/* 2: HELD entries (persist.c). A version 1 file reads the same, without
+ * them; what is written is always the newest version. */
+#define JNL_VERSION        2u
+#define JNL_VERSION_OLDEST 1u
 /* The largest record a reader accepts: a batch of 2^20 keys fits. */
 #define JNL_RECORD_MAX (256u << 20)
 #define JNL_RECORD_HDR 8u

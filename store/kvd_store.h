@@ -401,6 +401,42 @@ int kvd_store_reserve(kvd_store_t *s, uint64_t owner, uint32_t ns, const kvd_put
                       kvd_loc_t *locs);
 
 /*
+ * Who writes into a reservation: one process for its whole life (its pid
+ * and start time, kvd_proc_start_ticks) and a token of its own choosing
+ * that tells its linkers apart (HelloRequest.writer_token). A lease of a
+ * known writer that ends without Publish or Revoke (its connection gone,
+ * its TTL passed, the daemon restarted) keeps its extents *held* instead of
+ * one lease TTL in quarantine: they are freed only once that process is
+ * gone (kvd_store_expire looks, a few writers per call) or says its copies
+ * are over (kvd_store_writer_done). A writer that never says so and never
+ * exits holds them for ever: the safe choice, as its memcpy may resume at
+ * any time. pid 0 is no writer: the lease TTL rule.
+ */
+typedef struct kvd_writer {
+    uint32_t pid;
+    uint64_t start_ticks;
+    uint64_t token;
+} kvd_writer_t;
+
+/* kvd_store_reserve for a known writer (NULL: as kvd_store_reserve). When
+ * the store already tracks KVD_STORE_WRITERS_MAX writers the lease falls
+ * back to the TTL rule (a warning, rate-limited, says so). */
+#define KVD_STORE_WRITERS_MAX 4096
+int kvd_store_reserve_by(kvd_store_t *s, uint64_t owner, const kvd_writer_t *writer,
+                         uint32_t ns, const kvd_put_t *items, size_t n, uint64_t now_ms,
+                         uint64_t *lease_id, uint8_t *results, kvd_loc_t *locs);
+
+/* The writer says that no copy into a reservation of its earlier
+ * connections is in flight (a linker's first Hello on a new connection,
+ * once its copies of the lost one ended): its held extents are freed, and
+ * so are the reservations of its write leases of owners other than
+ * `owner` (its new connection): an earlier connection whose close the
+ * daemon has not seen yet (the new Hello came first) would otherwise hold
+ * them after this. Returns the bytes freed. */
+uint64_t kvd_store_writer_done(kvd_store_t *s, const kvd_writer_t *writer,
+                               uint64_t owner);
+
+/*
  * Makes the reservations of write lease `lease_id` visible, atomically: all
  * of them (keys == NULL) or the n given keys. Every key must be a reservation
  * of that lease, else KVD_ERR_STATE and nothing changes. The lease ends when
@@ -442,14 +478,18 @@ int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id);
  * namespaces (removing those left without users or objects). Returns the
  * leases ended. Its
  * reservations become invisible at once (the keys can be reserved again)
- * but their extents stay quarantined for one lease TTL, so that a writer
- * still copying lands in nothing live; pins are released.
+ * but their extents stay quarantined, so that a writer still copying lands
+ * in nothing live: held for their writer (kvd_writer_t), else for one
+ * lease TTL; pins are released.
  */
 size_t kvd_store_owner_gone(kvd_store_t *s, uint64_t owner);
 
 /* Ends every lease whose TTL passed by now_ms (reservations quarantined as
- * above) and frees quarantined extents whose grace is over. Callers pass a
- * monotonic clock, never going back. Returns the leases ended. */
+ * above) and frees quarantined extents whose grace is over, and held ones
+ * whose writer process is gone (checking at most a few writers' /proc
+ * entries per call, each at most once a second, and freeing at most 65536
+ * extents per call). Callers pass a monotonic clock, never going back.
+ * Returns the leases ended. */
 size_t kvd_store_expire(kvd_store_t *s, uint64_t now_ms);
 
 /* --- lookup */
@@ -571,8 +611,9 @@ int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
  *     namespace (name, object size, tenant, generation) and its chain
  *     metadata (parent tag, depth), access time and hits;
  *   - reservations that were being written are not: their extents are
- *     quarantined for one lease TTL (a writer of the dead daemon may still
- *     be copying into them), then free;
+ *     held for their writer as the journal names it (kvd_writer_t), or
+ *     quarantined for one lease TTL when it names none (a writer of the
+ *     dead daemon may still be copying into them), then free;
  *   - leases and pins are not kept: they belonged to connections of the
  *     process that died.
  * What the engine guarantees for that:
@@ -643,7 +684,7 @@ typedef struct kvd_store_stats {
     uint64_t free_bytes;
     uint64_t writing_bytes;
     uint64_t ready_bytes;
-    uint64_t quarantined_bytes; /* dead writers' extents in their grace */
+    uint64_t quarantined_bytes; /* lapsed writers' extents: held, or in a TTL grace */
     uint64_t pinned_bytes;
     uint64_t objects_ready;
     uint64_t objects_writing;

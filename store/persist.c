@@ -15,6 +15,11 @@
  *   PUBLISH  the WRITING extent at a page became READY
  *   FREE     the extent at a page is free
  *   QUAR     an extent in quarantine (its tenant by name)
+ *   HELD     the WRITING or QUAR extent at a page belongs to a writer
+ *            process (pid, start time, token): a restart holds it until
+ *            that process is gone or says its copies are over (kvd_store.h
+ *            kvd_writer_t); without one, one lease TTL. Layout version 2
+ *            (version 1 journals, which have none, are read as well).
  * A replay ignores what refers to an extent it does not know (a PUBLISH or
  * FREE whose WRITING came before the snapshot it reads). That is what lets
  * a snapshot be written in slices while commits go on: a slice writes each
@@ -52,6 +57,7 @@ enum entry_type {
     E_PUBLISH = 5,
     E_FREE = 6,
     E_QUAR = 7,
+    E_HELD = 8,
 };
 
 typedef struct __attribute__((packed)) e_ns {
@@ -102,6 +108,14 @@ typedef struct __attribute__((packed)) e_quar {
     uint8_t tenant_len;
     /* then the tenant's name */
 } e_quar_t;
+
+typedef struct __attribute__((packed)) e_held {
+    uint8_t type;
+    uint32_t off;
+    uint32_t pid;
+    uint64_t start_ticks;
+    uint64_t token;
+} e_held_t;
 
 struct persist {
     jnl_t *j;
@@ -204,11 +218,24 @@ void persist_ns_removed_(kvd_store_t *s, uint32_t slot)
         put_ns_del(p, s, slot);
 }
 
-void persist_writing_(kvd_store_t *s, uint32_t i)
+static void put_held(uint8_t *p, const kvd_store_t *s, uint32_t i, const kvd_writer_t *w)
 {
-    uint8_t *p = batch_put(s, E_WRITING_BYTES);
-    if (p)
-        put_obj(p, s, i, false);
+    e_held_t e = {.type = E_HELD,
+                  .off = R(s, i)->off_pages,
+                  .pid = w->pid,
+                  .start_ticks = w->start_ticks,
+                  .token = w->token};
+    memcpy(p, &e, sizeof(e));
+}
+
+void persist_writing_(kvd_store_t *s, uint32_t i, const kvd_writer_t *w)
+{
+    uint8_t *p = batch_put(s, E_WRITING_BYTES + (w ? sizeof(e_held_t) : 0));
+    if (p == NULL)
+        return;
+    put_obj(p, s, i, false);
+    if (w)
+        put_held(p + E_WRITING_BYTES, s, i, w);
 }
 
 void persist_quarantined_(kvd_store_t *s, uint32_t i)
@@ -347,6 +374,32 @@ static jnl_header_t next_header(const struct persist *p)
     return h;
 }
 
+typedef struct snap_held {
+    jnl_t *j;
+    const kvd_store_t *s;
+    int rc;
+} snap_held_t;
+
+static void snap_held_one(void *arg, uint32_t rec, const kvd_writer_t *w)
+{
+    snap_held_t *h = arg;
+    uint8_t *b = h->rc == KVD_OK ? jnl_rewrite_put(h->j, sizeof(e_held_t)) : NULL;
+    if (b == NULL)
+        h->rc = KVD_ERR_NOMEM;
+    else
+        put_held(b, h->s, rec, w);
+}
+
+/* Writes whose writer holds each extent held or reserved now, after every
+ * slice: an extent's entry (WRITING or QUAR) is in the new file before
+ * this, and an extent reserved or freed since came through the commits. */
+static int snap_held(kvd_store_t *s)
+{
+    snap_held_t h = {.j = s->persist->j, .s = s, .rc = KVD_OK};
+    store_foreach_held(s, snap_held_one, &h);
+    return h.rc != KVD_OK ? h.rc : jnl_rewrite_flush(h.j);
+}
+
 /* Writes a whole snapshot and puts it in place of the journal, now (at
  * attach, and to repair a broken journal). */
 static int snapshot_now(kvd_store_t *s)
@@ -358,6 +411,8 @@ static int snapshot_now(kvd_store_t *s)
         rc = snap_namespaces(s);
     if (rc == KVD_OK)
         rc = snap_records(s, 1, s->rec_high);
+    if (rc == KVD_OK)
+        rc = snap_held(s);
     if (rc == KVD_OK)
         rc = jnl_rewrite_finish(p->j);
     else
@@ -416,6 +471,11 @@ static void compact_step(kvd_store_t *s)
     }
     uint64_t before = jnl_bytes(j);
     p->cursor = 0;
+    if (snap_held(s) != KVD_OK) {
+        jnl_rewrite_abort(j);
+        p->next_size = before * 2;
+        return;
+    }
     if (jnl_rewrite_finish(j) != KVD_OK) {
         p->next_size = before * 2;
         return;
@@ -670,6 +730,8 @@ static int replay_record(void *arg, const uint8_t *p, size_t len)
             restore_obj_t *o = replay_upsert(rp, e.off);
             if (o == NULL)
                 BAD("out of memory");
+            if (o->kind != 0 && type == E_WRITING)
+                memset(&o->writer, 0, sizeof(o->writer)); /* a new reservation */
             o->kind = type == E_READY ? RESTORE_READY : RESTORE_WRITING;
             o->size_pages = e.pages;
             o->slot = e.slot;
@@ -716,6 +778,16 @@ static int replay_record(void *arg, const uint8_t *p, size_t len)
             o->size_pages = e.pages;
             o->tenant = quar_tenant_index(rp, tenant);
             at += sizeof(e) + e.tenant_len;
+        } else if (type == E_HELD) {
+            e_held_t e;
+            if (left < sizeof(e))
+                BAD("a held-extent entry cut short");
+            memcpy(&e, p + at, sizeof(e));
+            restore_obj_t *o = replay_find(rp, e.off);
+            if (o != NULL && (o->kind == RESTORE_WRITING || o->kind == RESTORE_QUAR))
+                o->writer = (kvd_writer_t){
+                    .pid = e.pid, .start_ticks = e.start_ticks, .token = e.token};
+            at += sizeof(e);
         } else {
             BAD("an entry of unknown type %u", type);
         }

@@ -98,11 +98,29 @@ typedef struct lease {
     bool write;      /* reservations (true) or pins (false) */
     uint32_t ns;     /* slot, of a write lease */
     uint32_t tenant; /* whose quota it counts against */
+    uint32_t writer; /* of a write lease: its writer's slot in writers + 1; 0 none */
     uint32_t n, cap;
     uint32_t *recs;
     struct lease *older, *newer; /* by expiry */
     struct lease *hnext;         /* lease hash chain */
 } lease_t;
+
+/*
+ * A writer process that holds extents (kvd_store.h kvd_writer_t): its
+ * write leases count here, and the extents of those that ended without
+ * Publish or Revoke wait in its held list (through link_next; quarantined,
+ * tenant + 1 in hits like those of the TTL quarantine) until the process
+ * is gone or says its copies are over. A slot with neither is free (pid 0).
+ */
+typedef struct writer_ent {
+    kvd_writer_t id;
+    uint32_t leases;
+    uint32_t held_head;
+    uint64_t held_pages;
+    uint64_t checked_ms; /* when /proc was last read for it */
+    bool gone;           /* found gone: its held extents are being freed */
+    bool logged;         /* its first held line was written */
+} writer_ent_t;
 
 typedef struct ns_entry {
     kvd_ns_info_t info; /* name, tenant, users, size, flags and counters */
@@ -164,7 +182,15 @@ struct kvd_store {
      * their grace (one lease TTL) passes, so a late write lands nowhere
      * live. FIFO through link_next; release time in last_access_s (s). */
     uint32_t quarantine_head, quarantine_tail;
-    uint64_t quarantine_pages;
+    uint64_t quarantine_pages; /* the TTL quarantine's and the held ones */
+
+    /* writers that hold leases or held extents (engine.c "held extents"):
+     * slots [0, n_writers), a free one has pid 0; the sweep's next slot */
+    writer_ent_t *writers;
+    uint32_t n_writers, cap_writers;
+    uint32_t writer_cursor;
+    uint64_t held_pages;
+    uint64_t held_logged_ms, writers_full_logged_ms; /* rate limits of logs */
     uint64_t now_ms; /* the latest clock a caller passed (monotonic) */
     uint64_t pins;   /* sum of pin counts */
     uint64_t lease_bytes;
@@ -230,7 +256,7 @@ static inline rec_t *R(const kvd_store_t *s, uint32_t i)
  * journal each hook is one test of s->persist. */
 void persist_ns_added_(kvd_store_t *s, uint32_t slot);
 void persist_ns_removed_(kvd_store_t *s, uint32_t slot);
-void persist_writing_(kvd_store_t *s, uint32_t i);
+void persist_writing_(kvd_store_t *s, uint32_t i, const kvd_writer_t *w);
 void persist_freed_(kvd_store_t *s, uint32_t i);
 void persist_quarantined_(kvd_store_t *s, uint32_t i);
 int persist_published_(kvd_store_t *s, const uint32_t *recs, size_t n, uint32_t now_s);
@@ -251,11 +277,12 @@ static inline void persist_ns_removed(kvd_store_t *s, uint32_t slot)
     if (s->persist)
         persist_ns_removed_(s, slot);
 }
-/* Record i is a fresh reservation (WRITING, its metadata filled). */
-static inline void persist_writing(kvd_store_t *s, uint32_t i)
+/* Record i is a fresh reservation (WRITING, its metadata filled) of writer
+ * w (NULL: none known): a restart holds it for w as the engine would. */
+static inline void persist_writing(kvd_store_t *s, uint32_t i, const kvd_writer_t *w)
 {
     if (s->persist)
-        persist_writing_(s, i);
+        persist_writing_(s, i, w);
 }
 /* Record i went into quarantine (its tenant + 1 in hits): a restart keeps
  * its grace and whose bytes it holds, instead of the WRITING entry's
@@ -375,8 +402,9 @@ typedef struct restore_obj {
     uint32_t off_pages, size_pages;
     uint8_t kind; /* enum restore_kind; 0: nothing (a free slot of the replay) */
     uint8_t has_parent;
-    uint16_t slot;   /* namespace slot (READY, WRITING) */
-    uint32_t tenant; /* RESTORE_QUAR: whose bytes */
+    uint16_t slot;       /* namespace slot (READY, WRITING) */
+    uint32_t tenant;     /* RESTORE_QUAR: whose bytes */
+    kvd_writer_t writer; /* WRITING, QUAR: its writer (pid 0: none known) */
     uint32_t depth;
     uint32_t last_access_s;
     uint16_t hits;
@@ -388,6 +416,7 @@ typedef struct restore_counts {
     uint64_t ready, ready_bytes;     /* objects back in the index */
     uint64_t writing, writing_bytes; /* partial writes, quarantined */
     uint64_t quarantined;            /* extents whose quarantine goes on */
+    uint64_t held;                   /* of those, held for a writer process */
     uint64_t discarded;              /* not restored: no namespace, overlap, duplicate */
     uint64_t namespaces;             /* live after the restore */
 } restore_counts_t;
@@ -405,6 +434,16 @@ int store_restore_ns(kvd_store_t *s, const restore_ns_t *table, uint32_t n);
  * after now_ms. Namespaces left without objects are removed. */
 int store_restore_objects(kvd_store_t *s, const restore_obj_t *objs, size_t n,
                           uint16_t free_tag, uint64_t now_ms, restore_counts_t *out);
+
+/* The writer held extents and leases are counted for, as a store slot + 1
+ * (found or added); 0 when the table is full (then the TTL rule). */
+uint32_t store_writer_get(kvd_store_t *s, const kvd_writer_t *w);
+/* Calls fn for every extent held for a writer (quarantined) and every live
+ * reservation of a known writer, with that writer: the journal's snapshot
+ * writes whom they belong to. */
+void store_foreach_held(const kvd_store_t *s,
+                        void (*fn)(void *arg, uint32_t rec, const kvd_writer_t *w),
+                        void *arg);
 
 /* Sorts a[0..n) by the high 32 bits of each value, stably (LSD radix;
  * tmp holds n values). */

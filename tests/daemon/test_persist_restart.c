@@ -374,7 +374,7 @@ int main(void)
                       "the log should name the version and --fresh"))
             kvd_dump_file(d5.log);
         dt_stop(&d5, SIGTERM, 1000);
-        set_journal_version(1); /* what it was (the test's layout) */
+        set_journal_version(2); /* what it was (the layout this daemon writes) */
     }
     /* another pool size */
     const char *bigger[] = {"--pool-size", "128M", NULL};

@@ -57,11 +57,15 @@ static void test_hello_request_round_trip(void **state)
     strcpy(m.body.hello_req.client_name, "sglang-worker-3");
     m.body.hello_req.pid = 4000000001u;
     m.body.hello_req.protocol_version = KVD_PROTOCOL_VERSION;
+    m.body.hello_req.writer_token = 0xfedcba9876543210ull;
+    m.body.hello_req.earlier_copies_over = true;
     round_trip(&m, &out);
     assert_header(&out, 0x0123456789abcdefull, KVD_METHOD_HELLO, false, KVD_OK);
     assert_string_equal(out.body.hello_req.client_name, "sglang-worker-3");
     assert_int_equal(out.body.hello_req.pid, 4000000001u);
     assert_int_equal(out.body.hello_req.protocol_version, KVD_PROTOCOL_VERSION);
+    assert_true(out.body.hello_req.writer_token == 0xfedcba9876543210ull);
+    assert_true(out.body.hello_req.earlier_copies_over);
 
     /* the longest name that fits the C field */
     kvd_msg_request(&m, 1, KVD_METHOD_HELLO);

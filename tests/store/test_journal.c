@@ -245,9 +245,15 @@ static void patch_header(void (*f)(jnl_header_t *), bool reseal)
     close(fd);
 }
 
-static void set_version_2(jnl_header_t *h)
+/* a layout newer than this build's: refused, never misread */
+static void set_version_next(jnl_header_t *h)
 {
-    h->version = 2;
+    h->version = JNL_VERSION + 1;
+}
+/* older than the oldest it reads */
+static void set_version_0(jnl_header_t *h)
+{
+    h->version = 0;
 }
 static void swap_order(jnl_header_t *h)
 {
@@ -285,8 +291,12 @@ static void test_header_refused(void **state)
     assert_int_equal(write_records(j, 0, 3), KVD_OK);
     jnl_close(j);
 
-    patch_header(set_version_2, true);
-    expect_refusal("version 2");
+    patch_header(set_version_next, true);
+    expect_refusal("version 3");
+    assert_int_equal(jnl_create(path, &h, &j), KVD_OK);
+    jnl_close(j);
+    patch_header(set_version_0, true);
+    expect_refusal("version 0");
     assert_int_equal(jnl_create(path, &h, &j), KVD_OK);
     jnl_close(j);
     patch_header(swap_order, true);
