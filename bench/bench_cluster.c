@@ -56,6 +56,7 @@ typedef struct copts {
     int trials;
     const char *max_frame; /* --max-frame for A and C, NULL: the default */
     const char *pool;      /* A's and C's --pool-size */
+    size_t per_fetch;      /* objects one Fetch of A's carries at most */
 } copts_t;
 
 static kc_cluster_t cl;
@@ -243,6 +244,48 @@ static int load_once(ts_client_t *t, const kvd_key_t *keys, size_t n, uint8_t *b
     return 0;
 }
 
+/* The RPC alone: a client with the cluster's token (in the root namespace,
+ * over the bridge) asks C for per_call objects of a chain C holds, as A's
+ * fetch does, --trials x 8 times. GB/s of the replies' payload. */
+static void bench_fetch_rpc(const copts_t *o, const kvd_key_t *keys, size_t n,
+                            size_t per_call)
+{
+    uint8_t tok[256];
+    size_t len = 0;
+    char why[256];
+    kvd_client_t *c = NULL;
+    if (kvd_client_token_read(cl.peer_token_file, tok, sizeof(tok), &len, why,
+                              sizeof(why)) != KVD_OK ||
+        kvd_client_connect_tcp(cl.node[C].addr, 5000, &c) != KVD_OK ||
+        kvd_client_hello(c, "bench-peer", tok, len, 5000, NULL) != KVD_OK) {
+        printf("fetch-rpc: cannot connect to C as a peer\n");
+        kvd_client_close(c);
+        return;
+    }
+    uint64_t bytes = 0;
+    double t0 = now_s();
+    int calls = 0;
+    for (int r = 0; r < 8 * o->trials; r++)
+        for (size_t at = 0; at < n; at += per_call, calls++) {
+            kvd_msg_t req, rep;
+            kvd_msg_request(&req, 0, KVD_METHOD_FETCH);
+            req.body.fetch_req = (kvd_fetch_req_t){.n = KVD_MIN(per_call, n - at),
+                                                   .keys = (kvd_key_t *)keys + at};
+            kvd_strlcpy(req.body.fetch_req.tenant, "default",
+                        sizeof(req.body.fetch_req.tenant));
+            kvd_strlcpy(req.body.fetch_req.ns_name, BIG_NS,
+                        sizeof(req.body.fetch_req.ns_name));
+            if (kvd_client_call(c, &req, &rep, 10000) == KVD_OK && rep.status == KVD_OK)
+                bytes += rep.body.fetch_rep.data_len;
+            kvd_msg_clear(&rep);
+        }
+    double dt = now_s() - t0;
+    printf("fetch-rpc: %d Fetches of up to %zu x 1 MiB from C over the bridge, one at a "
+           "time: %.2f ms each, %.2f GB/s\n",
+           calls, per_call, dt * 1e3 / calls, bytes / dt / 1e9);
+    kvd_client_close(c);
+}
+
 static double bench_load(const copts_t *o, ts_client_t *big)
 {
     size_t n = o->objects;
@@ -298,6 +341,9 @@ static double bench_load(const copts_t *o, ts_client_t *big)
                "%.1f MiB\n",
                t, n, all * 1e3, acq * 1e3, rounds, g, gf, (rx1 - rx0) / 1048576.0);
     }
+    /* the last chain is still on C: the holder's side and the RPC alone, at
+     * the frame's worth of objects A's fetch asks for at a time */
+    bench_fetch_rpc(o, keys, n, o->per_fetch);
     printf("load mean: local %.2f GB/s, remote %.2f GB/s (fetch alone %.2f GB/s); "
            "remote/local %.3f; C's link carried %.3f x the payload\n",
            sum_l / o->trials, sum_r / o->trials, sum_f / o->trials, sum_r / sum_l,
@@ -415,6 +461,15 @@ static void bench_leave(ts_client_t *wa, int ttl_s, uint32_t first_token, bool r
 
 /* --------------------------------------------------------------- main */
 
+/* What remote.c puts in one Fetch: (frame - 64 KiB of slack) / object. */
+static size_t per_fetch(const char *max_frame)
+{
+    uint64_t f = KVD_FRAME_DEFAULT_MAX;
+    if (max_frame)
+        kvd_size_parse(max_frame, &f);
+    return f > (64u << 10) + BIG_BYTES ? (f - (64u << 10)) / BIG_BYTES : 1;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f, "Usage: kvdock-bench cluster [--kvdockd PATH] [--kvdock PATH] "
@@ -492,6 +547,7 @@ int bench_mode_cluster(int argc, char **argv)
     if (rc == 0 && kc_node_start(&cl, A, true, big) == 0 &&
         kc_node_start(&cl, B, true, NULL) == 0 && kc_node_start(&cl, C, true, big) == 0 &&
         kc_wait_members(&cl, 0x7u, KC_READY_MS, NULL, NULL) &&
+        (o.per_fetch = per_fetch(o.max_frame)) > 0 &&
         ts_open(&wa, cl.node[A].socket, &spec, 1, false) == 0 &&
         ts_open(&wbig, cl.node[A].socket, &spec_big, 1, true) == 0) {
         char host[256] = "";
