@@ -20,9 +20,12 @@
  *     calling DirAnnounce, Fetch and a local DirLookup gets
  *     KVD_ERR_PERMISSION;
  * (3) holder dies: a second chain published on C and found by a Lookup on
- *     A; C SIGKILLed; A's Acquire ends in not-found within a bound (no
- *     hang), A keeps serving its own objects, and once C is out of the
- *     membership a Lookup on A no longer returns C's chain.
+ *     A, and pages C's linker worker offloaded found by A's worker's
+ *     kvd_lookup; C SIGKILLed; A's Acquire ends in not-found within a
+ *     bound (no hang), and A's worker's load fails cleanly (kvd_load
+ *     not-found, or (rid, false)); A keeps serving its own objects, and
+ *     once C is out of the membership a Lookup on A no longer returns
+ *     C's chain.
  * (3) runs last: it takes C away. Skips (77) where namespaces or etcd are
  * missing, as the other cluster tests do.
  */
@@ -31,8 +34,11 @@
 #include "ltest.h"
 #include "test_store_util.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -236,7 +242,11 @@ static uint8_t l_pattern(size_t i, int buf)
 
 typedef struct worker {
     int node;
-    bool offload; /* C's worker; else A's, which loads */
+    bool offload;    /* C's worker; else A's, which loads */
+    uint32_t token0; /* the first token of its prompt */
+    /* A's worker in (3): after its lookup it says so on ready_fd and waits
+     * for go_fd (C killed meanwhile); its load must then fail cleanly */
+    int ready_fd, go_fd;
 } worker_t;
 
 static int open_linker(int node, const char *name, uint8_t *k, uint8_t *v,
@@ -255,6 +265,50 @@ static int open_linker(int node, const char *name, uint8_t *k, uint8_t *v,
     return rc;
 }
 
+/* (3) at the linker: the pages found, C killed (by the parent, between
+ * ready and go), the load fails, by kvd_load's answer (not found: nothing
+ * pinned) or (rid, false), within a bound. */
+static void dies_load(const worker_t *w, kvd_linker_t *l, const kvd_transfer_t *t)
+{
+    char ch = 'L';
+    if (!DT_CHECK(write(w->ready_fd, &ch, 1) == 1, "(3) worker: cannot say ready"))
+        return;
+    struct pollfd p = {.fd = w->go_fd, .events = POLLIN};
+    if (!DT_CHECK(poll(&p, 1, WAIT_MS) == 1 && read(w->go_fd, &ch, 1) == 1,
+                  "(3) worker: no go from the test"))
+        return;
+    uint64_t t0 = kc_now_ms();
+    int rc = lt_load_all(l, L_RID + 1, t, L_PAGES);
+    bool came = false, ok = false;
+    if (rc == 0) {
+        /* committed: the completion must come back, and not as a success */
+        for (int waited = 0; !came && waited <= ACQUIRE_MS; waited += 10) {
+            kvd_completion_t c[4];
+            size_t n = 0;
+            kvd_pop_completed_loads(l, c, 4, &n);
+            for (size_t j = 0; j < n; j++)
+                if (c[j].id == L_RID + 1) {
+                    came = true;
+                    ok = c[j].success;
+                }
+            if (!came)
+                kvd_sleep_ns(10000000);
+        }
+        DT_CHECK(came && !ok,
+                 "(3) the load from a dead holder should complete (rid, false): %s",
+                 came ? "(rid, true)" : "no completion");
+    } else {
+        DT_CHECK(rc == KVD_ERR_NOT_FOUND,
+                 "(3) the load from a dead holder should fail not-found: %d", rc);
+        kvd_load_abort(l, L_RID + 1);
+    }
+    printf("(3) A's worker's load from the dead holder: %s after %llu ms\n",
+           rc != 0 ? kvd_strerror(rc)
+           : came  ? "(rid, false)"
+                   : "nothing",
+           (unsigned long long)(kc_now_ms() - t0));
+}
+
 /* The worker, in its node's namespace (a child: its exit status is its
  * failures). */
 static int worker_main(void *arg)
@@ -270,7 +324,7 @@ static int worker_main(void *arg)
         goto out;
     uint32_t tokens[L_ROWS];
     for (int i = 0; i < L_ROWS; i++)
-        tokens[i] = 500 + (uint32_t)i;
+        tokens[i] = w->token0 + (uint32_t)i;
     uint8_t keys[L_PAGES][KVD_PAGE_KEY_BYTES];
     size_t n_keys = 0;
     kvd_page_keys(tokens, L_ROWS, L_PS, NULL, keys, &n_keys);
@@ -309,6 +363,10 @@ static int worker_main(void *arg)
                   "boundaries",
                   L_PAGES, rc, nb))
         goto out;
+    if (w->go_fd >= 0) {
+        dies_load(w, l, &t);
+        goto out;
+    }
     printf("(2) A's worker found C's pages after %llu ms\n",
            (unsigned long long)(kc_now_ms() - t0));
     rc = lt_load_all(l, L_RID, &t, L_PAGES);
@@ -331,7 +389,10 @@ out:
 
 static void linker_level(void)
 {
-    worker_t wc = {.node = C, .offload = true}, wa = {.node = A, .offload = false};
+    worker_t wc = {
+        .node = C, .offload = true, .token0 = 500, .ready_fd = -1, .go_fd = -1};
+    worker_t wa = {
+        .node = A, .offload = false, .token0 = 500, .ready_fd = -1, .go_fd = -1};
     int rc = kc_run_in(cl.node[C].ns, worker_main, &wc, 60000);
     if (!DT_CHECK(rc == 0, "(2) the worker on C failed (%d)", rc))
         return;
@@ -613,7 +674,32 @@ static void holder_dies(ts_client_t *wa)
         return;
     DT_CHECK(tiers[nb - 1] == TIER_REMOTE, "(3) the second chain's tier: %u",
              tiers[nb - 1]);
+    /* and at the linker: C's worker offloads, A's worker looks them up and
+     * waits (a child: the load runs while this process kills C) */
+    worker_t wc = {
+        .node = C, .offload = true, .token0 = 900, .ready_fd = -1, .go_fd = -1};
+    int ready[2] = {-1, -1}, go[2] = {-1, -1};
+    pid_t child = -1;
+    if (DT_CHECK(kc_run_in(cl.node[C].ns, worker_main, &wc, 60000) == 0,
+                 "(3) the worker on C failed") &&
+        DT_CHECK(pipe(ready) == 0 && pipe(go) == 0, "(3) pipe")) {
+        worker_t wa = {.node = A, .token0 = 900, .ready_fd = ready[1], .go_fd = go[0]};
+        fflush(NULL);
+        child = fork();
+        if (child == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            _exit(worker_main(&wa));
+        }
+        char ch;
+        struct pollfd p = {.fd = ready[0], .events = POLLIN};
+        if (!DT_CHECK(child > 0 && poll(&p, 1, WAIT_MS + 10000) == 1 &&
+                          read(ready[0], &ch, 1) == 1,
+                      "(3) A's worker never found C's offloaded pages"))
+            child = child > 0 ? (kill(child, SIGKILL), child) : -1;
+    }
     kc_node_stop(&cl, C, SIGKILL, 10000, false);
+    if (child > 0 && write(go[1], "G", 1) != 1)
+        DT_CHECK(false, "(3) cannot tell A's worker to go");
     uint64_t lease = 0, offsets[PAGES];
     int first = 0, rounds = 0;
     ts_err_t err = {0};
@@ -629,6 +715,23 @@ static void holder_dies(ts_client_t *wa)
                rounds, (unsigned long long)waited);
     if (lease != 0)
         ts_release(wa->c, lease, &err);
+    if (child > 0) {
+        int st = -1;
+        bool ended = kvd_wait_pid(child, 2 * ACQUIRE_MS + 10000, &st) == 0;
+        if (!ended) {
+            kill(child, SIGKILL);
+            kvd_wait_pid(child, 5000, NULL);
+        }
+        DT_CHECK(ended && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                 "(3) A's worker's load from the dead holder: %s (status %d)",
+                 ended ? "failed a check" : "hung", st);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (ready[i] >= 0)
+            close(ready[i]);
+        if (go[i] >= 0)
+            close(go[i]);
+    }
     /* A serves on: its own objects (chain1, fetched in (1)) load */
     DT_CHECK(a_serves(), "(3) A stopped serving after C died");
     rc = acquire_until(wa->c, wa->ns[0], chain1, PAGES, &lease, offsets, &first, &rounds,
