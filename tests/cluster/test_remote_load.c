@@ -16,7 +16,9 @@
  *     request (each gets an error reply or the connection closed), a
  *     DirAnnounce without a holder (an error), Fetches of an unknown
  *     namespace and of more keys than a reply carries (answered within
- *     what the request asked), and A keeps serving; the operator's token
+ *     what the request asked), a chain announced as held by a non-member
+ *     (A's Acquire of it fails not-found), and A keeps serving; the
+ *     operator's token
  *     calling DirAnnounce, Fetch and a local DirLookup gets
  *     KVD_ERR_PERMISSION;
  * (3) holder dies: a second chain published on C and found by a Lookup on
@@ -65,7 +67,7 @@
 #define L_RID   41
 
 static kc_cluster_t cl;
-static kvd_key_t chain1[PAGES], chain2[PAGES];
+static kvd_key_t chain1[PAGES], chain2[PAGES], ghost[PAGES];
 
 /* ------------------------------------------------------------ helpers */
 
@@ -402,8 +404,8 @@ static void linker_level(void)
 
 /* -------------------------------------------------- (4) bad peers */
 
-/* A TCP connection to A that said Hello with the token in token_file. */
-static kvd_client_t *tcp_hello(const char *token_file, const char *what)
+/* A TCP connection to node that said Hello with the token in token_file. */
+static kvd_client_t *tcp_hello_to(int node, const char *token_file, const char *what)
 {
     uint8_t tok[256];
     size_t len = 0;
@@ -413,15 +415,20 @@ static kvd_client_t *tcp_hello(const char *token_file, const char *what)
                                         sizeof(why)) == KVD_OK,
                   "(4) %s token: %s", what, why))
         return NULL;
-    int rc = kvd_client_connect_tcp(cl.node[A].addr, 5000, &c);
+    int rc = kvd_client_connect_tcp(cl.node[node].addr, 5000, &c);
     if (rc == KVD_OK)
         rc = kvd_client_hello(c, what, tok, len, 5000, NULL);
-    if (!DT_CHECK(rc == KVD_OK, "(4) Hello to A with the %s token: %s", what,
+    if (!DT_CHECK(rc == KVD_OK, "(4) Hello to node %d with the %s token: %s", node, what,
                   kvd_status_str(rc))) {
         kvd_client_close(c);
         return NULL;
     }
     return c;
+}
+
+static kvd_client_t *tcp_hello(const char *token_file, const char *what)
+{
+    return tcp_hello_to(A, token_file, what);
 }
 
 /* Writes raw bytes on c's socket (a frame the client would never make). */
@@ -641,6 +648,52 @@ static void not_a_peer(void)
     kvd_client_close(c);
 }
 
+/* A peer announces a chain as held by "node-9", which is no member (to
+ * every member: each key's owner gets it). A's Acquire of it must fail
+ * not-found within a bound, as for a holder that died; whether A's Lookup
+ * offers it is printed (a directory entry is a hint: directory.h). */
+static void ghost_holder(ts_client_t *wa)
+{
+    kvd_dir_keys_t batch = {.n_added = PAGES, .added = ghost};
+    kvd_strlcpy(batch.tenant, "default", sizeof(batch.tenant));
+    kvd_strlcpy(batch.ns_name, TS_KV_NS, sizeof(batch.ns_name));
+    for (int node = 0; node < 3; node++) {
+        kvd_client_t *c = tcp_hello_to(node, cl.peer_token_file, "peer");
+        if (c == NULL)
+            return;
+        kvd_msg_t req, rep;
+        kvd_msg_request(&req, 0, KVD_METHOD_DIR_ANNOUNCE);
+        req.body.dir_announce_req = (kvd_dir_announce_req_t){.n = 1, .batches = &batch};
+        kvd_strlcpy(req.body.dir_announce_req.holder, "node-9",
+                    sizeof(req.body.dir_announce_req.holder));
+        int st = call(c, &req, &rep);
+        kvd_msg_clear(&rep);
+        kvd_client_close(c);
+        if (!DT_CHECK(st == KVD_OK, "(4) a ghost's DirAnnounce to node %d: %s", node,
+                      kvd_status_str(st)))
+            return;
+    }
+    uint32_t b[PAGES], tiers[PAGES];
+    size_t before = 0, after = 0;
+    lookup_tiers(wa->c, wa->ns[0], ghost, PAGES, b, tiers, &before);
+    uint64_t lease = 0, offsets[PAGES], waited = 0;
+    int first = 0, rounds = 0;
+    ts_err_t err = {0};
+    int rc = acquire_until(wa->c, wa->ns[0], ghost, PAGES, &lease, offsets, &first,
+                           &rounds, &waited, &err);
+    DT_CHECK(rc == KVD_ERR_NOT_FOUND,
+             "(4) A's Acquire of a chain only a non-member is said to hold should fail "
+             "not-found: %s (%s) after %d answers, %llu ms",
+             kvd_status_str(rc), err.text, rounds, (unsigned long long)waited);
+    if (lease != 0)
+        ts_release(wa->c, lease, &err);
+    lookup_tiers(wa->c, wa->ns[0], ghost, PAGES, b, tiers, &after);
+    printf(
+        "(4) a chain announced for non-member node-9: A's Lookup offered %zu "
+        "boundaries before the Acquire, which failed %s after %llu ms, and %zu after\n",
+        before, kvd_status_str(rc), (unsigned long long)waited, after);
+}
+
 static void bad_peers(ts_client_t *wa)
 {
     static const uint8_t junk[] = {0xff, 0xfe, 0x12, 0x00, 0x9a, 0x7f, 0x01, 0x02,
@@ -651,6 +704,7 @@ static void bad_peers(ts_client_t *wa)
     reply_as_request();
     bad_requests();
     not_a_peer();
+    ghost_holder(wa);
     /* and A still serves what it holds */
     uint32_t b[PAGES], tiers[PAGES];
     size_t nb = 0;
@@ -768,6 +822,7 @@ int main(void)
         return KVD_TEST_SKIP;
     if (rc == 0 && ts_make_keys(9000, PAGES, PAGE_SIZE, chain1) == 0 &&
         ts_make_keys(19000, PAGES, PAGE_SIZE, chain2) == 0 &&
+        ts_make_keys(29000, PAGES, PAGE_SIZE, ghost) == 0 &&
         kc_node_start(&cl, A, true, NULL) == 0 &&
         kc_node_start(&cl, B, true, NULL) == 0 &&
         kc_node_start(&cl, C, true, NULL) == 0 &&
