@@ -85,6 +85,7 @@ int bench_mode_ucx(int argc, char **argv);
 int bench_mode_list_stall(int argc, char **argv);
 int bench_mode_persist(int argc, char **argv);
 int bench_mode_ssd(int argc, char **argv);
+int bench_mode_cluster(int argc, char **argv);
 int bench_mode_cluster_sim(int argc, char **argv);
 
 #endif

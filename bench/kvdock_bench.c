@@ -838,6 +838,18 @@ int bench_mode_rpc(int argc, char **argv)
 
 /* ----------------------------------------------------------------- modes */
 
+#ifndef KVD_BENCH_CLUSTER
+/* bench_cluster.c needs the cluster tests' harness, built with the tests */
+int bench_mode_cluster(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    fprintf(stderr, "kvdock-bench cluster: not built (it needs the tests: "
+                    "meson configure -Dtests=enabled)\n");
+    return BENCH_EXIT_FAIL;
+}
+#endif
+
 typedef int (*bench_mode_fn)(int argc, char **argv);
 
 typedef struct bench_mode {
@@ -863,6 +875,9 @@ static const bench_mode_t bench_modes[] = {
      "the journal's cost on Publish (vs --no-persist) and the restart with 1M objects"},
     {"ssd", bench_mode_ssd,
      "the SSD tier in process: spill and promote GB/s vs fio, SSD load latency, restart"},
+    {"cluster", bench_mode_cluster,
+     "three daemons in namespaces: lookup local vs cluster, remote load GB/s, leave "
+     "time"},
     {"cluster-sim", bench_mode_cluster_sim,
      "the cluster directory on paper: entries per daemon, what a member leaving moves"},
 };

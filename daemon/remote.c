@@ -295,7 +295,7 @@ static void on_holders(void *arg, kvd_msg_t *rep)
         /* the holder of key i: the first one named that is not this daemon */
         int holder = -1;
         uint64_t bits = d && i < d->n_holders[0] ? d->holders[0][i] : 0;
-        for (size_t b = 0; b < d->n_nodes && bits; b++)
+        for (size_t b = 0; bits && b < d->n_nodes; b++) /* bits: d is set */
             if (bits >> b & 1 && !kvd_dirsvc_is_self(r->dir, d->nodes[b])) {
                 holder = (int)b;
                 break;
