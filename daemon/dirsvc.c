@@ -526,6 +526,11 @@ void kvd_dirsvc_counters(const kvd_dirsvc_t *d, kvd_cluster_counters_t *out)
     out->peer_pending = kvd_peers_pending(d->peers);
 }
 
+bool kvd_dirsvc_other_live(const kvd_dirsvc_t *d, const char *node_id)
+{
+    return !kvd_dirsvc_is_self(d, node_id) && kvd_dirsvc_address(d, node_id) != NULL;
+}
+
 bool kvd_dirsvc_ready(const kvd_dirsvc_t *d)
 {
     return d->ready;

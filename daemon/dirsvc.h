@@ -63,6 +63,9 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
  * id is this daemon's own; whether the cluster can be asked now. */
 const char *kvd_dirsvc_address(const kvd_dirsvc_t *d, const char *node_id);
 bool kvd_dirsvc_is_self(const kvd_dirsvc_t *d, const char *node_id);
+/* Whether a holder a directory answer names can serve now: a live member
+ * other than this daemon (an entry naming anyone else is stale). */
+bool kvd_dirsvc_other_live(const kvd_dirsvc_t *d, const char *node_id);
 bool kvd_dirsvc_ready(const kvd_dirsvc_t *d);
 
 /* This daemon was asked for a key it does not hold (a stale entry of the

@@ -296,7 +296,7 @@ static void on_holders(void *arg, kvd_msg_t *rep)
         int holder = -1;
         uint64_t bits = d && i < d->n_holders[0] ? d->holders[0][i] : 0;
         for (size_t b = 0; bits && b < d->n_nodes; b++) /* bits: d is set */
-            if (bits >> b & 1 && !kvd_dirsvc_is_self(r->dir, d->nodes[b])) {
+            if (bits >> b & 1 && kvd_dirsvc_other_live(r->dir, d->nodes[b])) {
                 holder = (int)b;
                 break;
             }

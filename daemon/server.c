@@ -796,7 +796,8 @@ static void lookup_done(void *arg, kvd_msg_t *dir)
             uint64_t bits = d->holders[p][k];
             /* held by a member other than this daemon */
             for (size_t b = 0; b < d->n_nodes && !remote[k]; b++)
-                remote[k] = bits >> b & 1 && !kvd_dirsvc_is_self(s->dirsvc, d->nodes[b]);
+                remote[k] =
+                    bits >> b & 1 && kvd_dirsvc_other_live(s->dirsvc, d->nodes[b]);
         }
         w->pools[p].remote = remote;
     }
@@ -939,7 +940,7 @@ static void reserve_done(void *arg, kvd_msg_t *dir)
     for (size_t i = 0; held != NULL && sr->items != NULL && i < r->n; i++) {
         uint64_t bits = d && i < d->n_holders[0] ? d->holders[0][i] : 0;
         for (size_t b = 0; b < d->n_nodes && bits && !held[i]; b++)
-            held[i] = bits >> b & 1 && !kvd_dirsvc_is_self(s->dirsvc, d->nodes[b]);
+            held[i] = bits >> b & 1 && kvd_dirsvc_other_live(s->dirsvc, d->nodes[b]);
         if (!held[i])
             sr->items[sr->n++] = r->items[i];
     }

@@ -11,7 +11,10 @@
  *     the 8 entries, each member owning those the rendezvous hash
  *     (common/, over the members sorted by id) gives it;
  * (d) the chain evicted on C: within a bounded wait A's Lookup no longer
- *     returns it.
+ *     returns it;
+ * (e) before that, B (which owns part of the directory) SIGKILLed and
+ *     restarted: once it is back, the members' directory_entries are again
+ *     those of (c): the holders re-announced B's share to its new life.
  * It skips (77) where namespaces or etcd are missing.
  */
 #include "cluster.h"
@@ -164,6 +167,12 @@ static void shares(void)
         if (!ok)
             kvd_sleep_ns(200000000);
     }
+    if (ok)
+        printf(
+            "directory_entries per member %llu %llu %llu, as the rendezvous owners say, "
+            "after %llu ms\n",
+            (unsigned long long)want[0], (unsigned long long)want[1],
+            (unsigned long long)want[2], (unsigned long long)(kc_now_ms() - t0));
     DT_CHECK(ok,
              "(c) directory_entries per member should be %llu %llu %llu (the rendezvous "
              "owners of the 8 keys); A lists %llu %llu %llu %s",
@@ -221,6 +230,12 @@ int main(void)
             bool found = found_from_a();
             shown_from_a();
             shares();
+            /* (e) */
+            kc_node_stop(&cl, B, SIGKILL, 10000, false);
+            if (kc_node_start(&cl, B, true, NULL) == 0 &&
+                DT_CHECK(kc_wait_members(&cl, 0x7u, KC_READY_MS, NULL, NULL),
+                         "(e) B back among the members"))
+                shares();
             /* a lookup that never found the chain cannot show it gone */
             if (found)
                 evicted_on_c();
