@@ -55,7 +55,8 @@ struct kvd_cluster {
     pthread_cond_t sleep_cv;
     _Atomic uint64_t load_objects, load_dir_entries;
 
-    /* the thread's own state */
+    /* the thread's own state; the member table is also read by
+     * kvd_cluster_view, under mu (the thread changes it only under mu) */
     kvd_etcd_t *etcd;
     int64_t lease;
     bool registered;
@@ -64,15 +65,14 @@ struct kvd_cluster {
     member_t *tab; /* sorted by node_id */
     size_t n, cap;
     uint64_t epoch;
+    uint64_t woke_gen, woke_epoch; /* what the loop was last woken for */
 
-    /* the published view, under mu */
+    /* the published state, under mu */
     pthread_mutex_t mu;
-    _Atomic int state; /* kvd_cluster_state_t */
-    uint64_t version;
+    _Atomic int state;    /* kvd_cluster_state_t */
+    uint64_t version;     /* rises on every change, heartbeats included */
+    uint64_t members_gen; /* rises when a member joins, leaves or restarts */
     char etcd_text[KVD_ERROR_MAX];
-    member_t *view;
-    size_t view_n;
-    uint64_t view_epoch;
 };
 
 static uint64_t mono_ns(void)
@@ -109,26 +109,22 @@ static void nap(kvd_cluster_t *c, int ms)
 
 /* ------------------------------------------------------------ the view */
 
-/* Publishes the thread's table, state and text; wakes the loop. */
+/* Publishes the state and text; wakes the loop when the state, the epoch
+ * or the members (not only their heartbeats) changed. */
 static void publish(kvd_cluster_t *c, kvd_cluster_state_t state, const char *text)
 {
     pthread_mutex_lock(&c->mu);
-    size_t bytes = c->n * sizeof(member_t);
-    member_t *v = c->n ? kvd_mem_calloc(KVD_MEM_OTHER, c->n, sizeof(member_t)) : NULL;
-    if (c->n == 0 || v != NULL) {
-        if (c->view != NULL)
-            kvd_mem_free(KVD_MEM_OTHER, c->view, c->view_n * sizeof(member_t));
-        c->view = v;
-        c->view_n = c->n;
-        if (c->n)
-            memcpy(v, c->tab, bytes);
-    }
-    c->view_epoch = c->epoch;
+    bool wake = c->members_gen != c->woke_gen || c->epoch != c->woke_epoch;
+    c->woke_gen = c->members_gen;
+    c->woke_epoch = c->epoch;
     int old = atomic_exchange(&c->state, (int)state);
+    wake |= old != (int)state;
     if (text != NULL)
         kvd_strlcpy(c->etcd_text, text, sizeof(c->etcd_text));
     c->version++;
     pthread_mutex_unlock(&c->mu);
+    if (!wake)
+        return;
     if (old != (int)state) {
         if (state == KVD_CLUSTER_DEGRADED)
             KVD_WARN("cluster", "cluster degraded: %s; serving local objects only",
@@ -172,21 +168,22 @@ int kvd_cluster_view(kvd_cluster_t *c, kvd_cluster_view_t *out)
     uint64_t now = mono_ns();
     pthread_mutex_lock(&c->mu);
     out->state = (kvd_cluster_state_t)atomic_load(&c->state);
-    out->epoch = c->view_epoch;
+    out->epoch = c->woke_epoch;
     out->version = c->version;
+    out->members_gen = c->members_gen;
     kvd_strlcpy(out->etcd, c->etcd_text, sizeof(out->etcd));
-    if (c->view_n > 0) {
-        out->members = kvd_mem_calloc(KVD_MEM_OTHER, c->view_n, sizeof(*out->members));
+    if (c->n > 0) {
+        out->members = kvd_mem_calloc(KVD_MEM_OTHER, c->n, sizeof(*out->members));
         if (out->members == NULL) {
             pthread_mutex_unlock(&c->mu);
             return KVD_ERR_NOMEM;
         }
-        for (size_t i = 0; i < c->view_n; i++) {
-            out->members[i] = c->view[i].m;
+        for (size_t i = 0; i < c->n; i++) {
+            out->members[i] = c->tab[i].m;
             out->members[i].heartbeat_ms_ago =
-                now > c->view[i].seen_ns ? (now - c->view[i].seen_ns) / 1000000ull : 0;
+                now > c->tab[i].seen_ns ? (now - c->tab[i].seen_ns) / 1000000ull : 0;
         }
-        out->n = c->view_n;
+        out->n = c->n;
     }
     pthread_mutex_unlock(&c->mu);
     return KVD_OK;
@@ -225,13 +222,19 @@ static void tab_put(kvd_cluster_t *c, const kvd_member_msg_t *m)
 {
     bool found;
     size_t at = tab_find(c, m->node_id, &found);
+    pthread_mutex_lock(&c->mu);
+    if (!found || c->tab[at].m.started_unix_ms != m->started_unix_ms ||
+        strcmp(c->tab[at].m.address, m->address) != 0)
+        c->members_gen++; /* a join, a restart or a move: not a heartbeat */
     if (!found) {
         if (c->n == c->cap) {
             size_t cap = c->cap ? 2 * c->cap : 16;
             member_t *t = kvd_mem_realloc(KVD_MEM_OTHER, c->tab, c->cap * sizeof(*t),
                                           cap * sizeof(*t));
-            if (t == NULL)
+            if (t == NULL) {
+                pthread_mutex_unlock(&c->mu);
                 return; /* this member stays unknown until the next read */
+            }
             c->tab = t;
             c->cap = cap;
         }
@@ -241,6 +244,7 @@ static void tab_put(kvd_cluster_t *c, const kvd_member_msg_t *m)
     c->tab[at].m = *m;
     c->tab[at].m.self = strcmp(m->node_id, c->node_id) == 0;
     c->tab[at].seen_ns = mono_ns();
+    pthread_mutex_unlock(&c->mu);
 }
 
 static bool tab_del(kvd_cluster_t *c, const char *id)
@@ -249,8 +253,11 @@ static bool tab_del(kvd_cluster_t *c, const char *id)
     size_t at = tab_find(c, id, &found);
     if (!found)
         return false;
+    pthread_mutex_lock(&c->mu);
     memmove(&c->tab[at], &c->tab[at + 1], (c->n - at - 1) * sizeof(*c->tab));
     c->n--;
+    c->members_gen++;
+    pthread_mutex_unlock(&c->mu);
     return true;
 }
 
@@ -381,7 +388,10 @@ static int read_all(kvd_cluster_t *c, int64_t *revision)
     int rc = kvd_etcd_get_prefix(c->etcd, c->prefix, strlen(c->prefix), &kvs);
     if (rc != KVD_OK)
         return rc;
+    pthread_mutex_lock(&c->mu);
     c->n = 0;
+    c->members_gen++; /* read anew: whatever it holds now */
+    pthread_mutex_unlock(&c->mu);
     for (size_t i = 0; i < kvs.n; i++) {
         const kvd_etcd_kv_t *kv = &kvs.kv[i];
         if (strcmp(kv->key, c->epoch_key) == 0) {
@@ -619,8 +629,6 @@ void kvd_cluster_stop(kvd_cluster_t *c)
         close(c->efd);
     if (c->tab != NULL)
         kvd_mem_free(KVD_MEM_OTHER, c->tab, c->cap * sizeof(*c->tab));
-    if (c->view != NULL)
-        kvd_mem_free(KVD_MEM_OTHER, c->view, c->view_n * sizeof(*c->view));
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->sleep_mu);
     pthread_cond_destroy(&c->sleep_cv);

@@ -24,9 +24,12 @@
  * registers again, which is a join).
  *
  * Threading: one thread of its own does every etcd call (all bounded by a
- * timeout) and publishes a view under a mutex; the event loop takes copies
- * of it (kvd_cluster_view) when the eventfd (kvd_cluster_fd) says it
- * changed, and hands in its counts for the heartbeat (kvd_cluster_set_load).
+ * timeout) and keeps the member table, changed under a mutex; the event
+ * loop takes copies of it (kvd_cluster_view) when the eventfd
+ * (kvd_cluster_fd) says the state, the epoch or the members changed (a
+ * heartbeat alone does not wake it: at a thousand members they come by
+ * the hundred a second), and for `kvdock cluster`; it hands in its counts
+ * for the heartbeat (kvd_cluster_set_load).
  */
 #ifndef KVD_DAEMON_CLUSTER_H
 #define KVD_DAEMON_CLUSTER_H
@@ -53,7 +56,9 @@ typedef struct kvd_cluster_cfg {
 typedef struct kvd_cluster_view {
     kvd_cluster_state_t state;
     uint64_t epoch;
-    uint64_t version; /* rises whenever anything below changed */
+    uint64_t version;     /* rises whenever anything below changed */
+    uint64_t members_gen; /* rises when a member joins, leaves or restarts (not
+                             on heartbeats) */
     char etcd[KVD_ERROR_MAX];
     size_t n;                  /* members, sorted by node_id; this one included
                                   while it is registered */

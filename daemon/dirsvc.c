@@ -389,11 +389,20 @@ static void mems_free(mem_t **m, uint64_t **h, size_t *n)
     *n = 0;
 }
 
+/* The member of that id in m (sorted by id, as the view is), or NULL. */
 static const mem_t *mem_find(const mem_t *m, size_t n, const char *id)
 {
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(m[i].id, id) == 0)
-            return &m[i];
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int cmp = strcmp(m[mid].id, id);
+        if (cmp == 0)
+            return &m[mid];
+        if (cmp < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
     return NULL;
 }
 

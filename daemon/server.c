@@ -720,9 +720,12 @@ static void on_cluster(kvd_server_t *s)
     kvd_cluster_view_t v;
     if (kvd_cluster_view(s->cluster, &v) != KVD_OK)
         return; /* the old view stays until the next change */
+    bool changed = v.state != s->view.state || v.members_gen != s->view.members_gen ||
+                   s->view.version == 0;
     kvd_cluster_view_free(&s->view);
     s->view = v;
-    kvd_dirsvc_view(s->dirsvc, &s->view);
+    if (changed) /* the directory cares for members and state, not heartbeats */
+        kvd_dirsvc_view(s->dirsvc, &s->view);
 }
 
 static void conn_flush(kvd_server_t *s, conn_t *c);
