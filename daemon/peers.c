@@ -14,20 +14,29 @@
  * peer busy (or, when none does, to whoever holds mu).
  */
 #include "peers.h"
+#include "kvd_transport.h"
 
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define PEERS_MAX    1024 /* peers one daemon keeps a queue and a connection for */
-#define PEER_THREADS 4
+#define PEERS_MAX        1024 /* peers one daemon keeps a queue and a connection for */
+#define PEER_THREADS     4
+#define PEER_UCX_RETRY_S 10 /* a peer without UCX: asked again after this */
 
 typedef struct job {
     kvd_msg_t req;
     kvd_msg_t rep;
     int status;
+    /* a read (kvd_peers_read): where each key goes in the pool */
+    bool read;
+    uint64_t *local;
+    size_t n_keys;
+    uint64_t object_bytes;
     kvd_peer_done_fn fn;
     void *arg;
     struct job *next;
@@ -40,6 +49,14 @@ typedef struct peer {
     job_t *head, *tail;
     bool busy;    /* a thread is calling it */
     bool closing; /* close its connection when the call in flight ends */
+    /* the data path (reads): a connection whose Hello asked for UCX, the
+     * transport connected to the peer's UCX server, the bytes its peer
+     * description points into */
+    kvd_client_t *dc;
+    kvd_transport_t *t;
+    kvd_region_t *region;
+    uint8_t *ucx_bytes;
+    uint64_t no_ucx_until_ns; /* the peer said it serves no UCX */
 } peer_t;
 
 struct kvd_peers {
@@ -58,12 +75,17 @@ struct kvd_peers {
     size_t next;  /* where the threads look first: fairness across peers */
     job_t *ended; /* for the loop (LIFO; poll reverses it) */
     _Atomic size_t pending;
+    void *pool; /* this daemon's pool, where reads land (NULL: no reads) */
+    uint64_t pool_bytes;
+    _Atomic uint64_t ucx_bytes;
 };
 
 static void job_free(job_t *j)
 {
     kvd_msg_clear(&j->req);
     kvd_msg_clear(&j->rep);
+    if (j->local != NULL)
+        kvd_mem_free(KVD_MEM_OTHER, j->local, (j->n_keys + 1) * sizeof(uint64_t));
     kvd_mem_free(KVD_MEM_OTHER, j, sizeof(*j));
 }
 
@@ -131,6 +153,144 @@ static int call(kvd_peers_t *p, peer_t *q, char *address, job_t *j)
     return rc;
 }
 
+/* Drops a peer's data path (its transport first: then nothing of it
+ * touches the pool). The caller holds the peer busy, or mu with no thread
+ * on it. */
+static void data_close(peer_t *q)
+{
+    if (q->t != NULL) {
+        kvd_transport_destroy(q->t); /* disconnects and deregisters */
+        q->t = NULL;
+        q->region = NULL;
+    }
+    kvd_client_close(q->dc);
+    q->dc = NULL;
+    free(q->ucx_bytes);
+    q->ucx_bytes = NULL;
+}
+
+/* Opens the peer's data path when there is none: a read-only Hello that
+ * asks for UCX, a message-mode transport with the pool registered, a
+ * connect to the peer's UCX server. KVD_ERR_UNSUPPORTED when the peer
+ * serves no UCX (or this process cannot start it). */
+static int data_open(kvd_peers_t *p, peer_t *q, const char *address)
+{
+    if (q->t != NULL && q->dc != NULL)
+        return KVD_OK;
+    data_close(q);
+    if (kvd_now_ns() < q->no_ucx_until_ns)
+        return KVD_ERR_UNSUPPORTED;
+    int rc = kvd_client_connect_tcp(address, p->timeout_ms, &q->dc);
+    if (rc != KVD_OK) {
+        q->dc = NULL;
+        return rc;
+    }
+    kvd_msg_t req, rep = {0};
+    kvd_msg_request(&req, 0, KVD_METHOD_HELLO);
+    kvd_hello_req_t *h = &req.body.hello_req;
+    snprintf(h->client_name, sizeof(h->client_name), "kvdockd %s (reads)", p->self_id);
+    h->pid = (uint32_t)getpid();
+    h->protocol_version = KVD_PROTOCOL_VERSION;
+    memcpy(h->auth_token, p->token, p->token_len);
+    h->auth_token_len = p->token_len;
+    h->want_ucx = true;
+    h->read_only = true; /* a reader: its UCX grant cannot write the peer's pool */
+    rc = kvd_client_call(q->dc, &req, &rep, p->timeout_ms);
+    explicit_bzero(h->auth_token, sizeof(h->auth_token));
+    if (rc == KVD_OK)
+        rc = rep.status;
+    const kvd_hello_rep_t *hr = &rep.body.hello_rep;
+    if (rc == KVD_OK &&
+        (hr->ucx_address_len == 0 || hr->ucx_token_len != KVD_UCX_CAP_BYTES))
+        rc = KVD_ERR_UNSUPPORTED;
+    if (rc == KVD_ERR_UNSUPPORTED)
+        q->no_ucx_until_ns = kvd_now_ns() + PEER_UCX_RETRY_S * 1000000000ull;
+    if (rc == KVD_OK) {
+        q->ucx_bytes = malloc(hr->ucx_address_len + hr->ucx_token_len);
+        rc = q->ucx_bytes ? KVD_OK : KVD_ERR_NOMEM;
+    }
+    if (rc == KVD_OK) {
+        memcpy(q->ucx_bytes, hr->ucx_address, hr->ucx_address_len);
+        memcpy(q->ucx_bytes + hr->ucx_address_len, hr->ucx_token, hr->ucx_token_len);
+        kvd_peer_t desc = {.length = hr->pool_bytes, .connect_timeout_ms = p->timeout_ms};
+        desc.ucx.address = q->ucx_bytes;
+        desc.ucx.address_len = hr->ucx_address_len;
+        desc.ucx.mode = KVD_UCX_MODE_AM;
+        desc.ucx.cap = q->ucx_bytes + hr->ucx_address_len;
+        desc.ucx.cap_len = hr->ucx_token_len;
+        char name[KVD_NAME_MAX];
+        snprintf(name, sizeof(name), "kvdockd-reads-%s", q->node_id);
+        rc = kvd_transport_open_ucx_mode(name, KVD_UCX_MODE_AM, &q->t);
+        if (rc != KVD_OK) {
+            q->t = NULL;
+            rc = KVD_ERR_UNSUPPORTED; /* UCX does not start here */
+        }
+        if (rc == KVD_OK)
+            rc = kvd_transport_register(q->t, p->pool, p->pool_bytes, kvd_memkind_host(),
+                                        &q->region);
+        if (rc == KVD_OK)
+            rc = kvd_transport_connect(q->t, &desc);
+    }
+    kvd_msg_clear(&rep);
+    if (rc != KVD_OK)
+        data_close(q);
+    return rc;
+}
+
+/* A read: the pin, the UCX read of what it pinned, the release. Leaves the
+ * pin reply in j->rep. The caller holds the peer busy. */
+static int read_job(kvd_peers_t *p, peer_t *q, const char *address, job_t *j)
+{
+    int rc = data_open(p, q, address);
+    if (rc != KVD_OK)
+        return rc;
+    rc = kvd_client_call(q->dc, &j->req, &j->rep, p->timeout_ms);
+    if (rc != KVD_OK) {
+        data_close(q);
+        return rc;
+    }
+    if (j->rep.status != KVD_OK)
+        return KVD_OK; /* the peer's answer says what was wrong */
+    kvd_fetch_rep_t *f = &j->rep.body.fetch_rep;
+    if (f->n != j->n_keys || f->n_offsets != f->n_depths ||
+        (f->n_offsets > 0 && f->object_bytes != j->object_bytes))
+        rc = KVD_ERR_PROTOCOL;
+    kvd_xfer_t *x = rc == KVD_OK ? calloc(f->n_offsets + 1, sizeof(*x)) : NULL;
+    size_t nx = 0;
+    for (size_t i = 0, k = 0; x != NULL && i < f->n; i++) {
+        if (f->present[i] != KVD_FETCH_HERE)
+            continue;
+        uint64_t remote = f->offsets[k++];
+        if (j->local[i] == UINT64_MAX)
+            continue; /* pinned for nothing: not wanted here after all */
+        x[nx++] = (kvd_xfer_t){q->region, j->local[i], remote, j->object_bytes};
+    }
+    if (rc == KVD_OK && x == NULL)
+        rc = KVD_ERR_NOMEM;
+    if (rc == KVD_OK && nx > 0) {
+        rc = kvd_transport_post(q->t, KVD_XFER_READ, x, nx, 1);
+        /* the bytes at 50 MB/s beside the timeout: a slow link is no dead peer */
+        uint64_t ms = (uint64_t)p->timeout_ms + nx * j->object_bytes / 50000u;
+        if (rc == KVD_OK)
+            rc = kvd_transport_wait(q->t, 1, (int)KVD_MIN(ms, (uint64_t)INT32_MAX), NULL,
+                                    NULL, 0);
+        if (rc == KVD_OK)
+            atomic_fetch_add(&p->ucx_bytes, nx * j->object_bytes);
+    }
+    free(x);
+    if (f->lease_id != 0) {
+        /* a release that fails leaves the lease to end with the connection */
+        kvd_msg_t rel, rrep;
+        kvd_msg_request(&rel, 0, KVD_METHOD_RELEASE);
+        rel.body.release_req.lease_id = f->lease_id;
+        kvd_client_call(q->dc, &rel, &rrep, p->timeout_ms);
+        kvd_msg_clear(&rrep);
+    }
+    if (rc != KVD_OK)
+        data_close(q); /* a read that did not end: nothing of it may land later */
+    return rc;
+}
+
 /* A peer with a job and no thread on it, round-robin; NULL when none.
  * Called with mu held. */
 static peer_t *next_peer(kvd_peers_t *p)
@@ -163,13 +323,14 @@ static void *peers_main(void *arg)
         char address[KVD_ADDR_BYTES];
         kvd_strlcpy(address, q->address, sizeof(address));
         pthread_mutex_unlock(&p->mu);
-        int rc = call(p, q, address, j);
+        int rc = j->read ? read_job(p, q, address, j) : call(p, q, address, j);
         pthread_mutex_lock(&p->mu);
         q->busy = false;
         if (q->closing) {
             q->closing = false;
             kvd_client_close(q->c);
             q->c = NULL;
+            data_close(q);
         }
         end_locked(p, j, rc);
         pthread_cond_broadcast(&p->cv); /* its next job may go now */
@@ -228,6 +389,7 @@ void kvd_peers_stop(kvd_peers_t *p)
         }
         kvd_client_close(q->c);
         q->c = NULL;
+        data_close(q);
     }
     pthread_mutex_unlock(&p->mu);
     if (p->efd >= 0) {
@@ -252,6 +414,8 @@ size_t kvd_peers_pending(const kvd_peers_t *p)
     return atomic_load(&p->pending);
 }
 
+static int enqueue(kvd_peers_t *p, const char *node_id, const char *address, job_t *j);
+
 int kvd_peers_send(kvd_peers_t *p, const char *node_id, const char *address,
                    kvd_msg_t *req, kvd_peer_done_fn fn, void *arg)
 {
@@ -264,6 +428,55 @@ int kvd_peers_send(kvd_peers_t *p, const char *node_id, const char *address,
     memset(req, 0, sizeof(*req));
     j->fn = fn;
     j->arg = arg;
+    return enqueue(p, node_id, address, j);
+}
+
+int kvd_peers_set_pool(kvd_peers_t *p, void *base, uint64_t bytes)
+{
+    if (base == NULL || bytes == 0)
+        return KVD_ERR_INVALID;
+    pthread_mutex_lock(&p->mu);
+    p->pool = base;
+    p->pool_bytes = bytes;
+    pthread_mutex_unlock(&p->mu);
+    return KVD_OK;
+}
+
+uint64_t kvd_peers_ucx_bytes(const kvd_peers_t *p)
+{
+    return atomic_load(&p->ucx_bytes);
+}
+
+int kvd_peers_read(kvd_peers_t *p, const char *node_id, const char *address,
+                   kvd_msg_t *req, const uint64_t *local, size_t n, uint64_t object_bytes,
+                   kvd_peer_done_fn fn, void *arg)
+{
+    if (p->pool == NULL) {
+        kvd_msg_clear(req);
+        return KVD_ERR_UNSUPPORTED;
+    }
+    job_t *j = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*j));
+    uint64_t *l = kvd_mem_calloc(KVD_MEM_OTHER, n + 1, sizeof(uint64_t));
+    if (j == NULL || l == NULL) {
+        kvd_mem_free(KVD_MEM_OTHER, j, sizeof(*j));
+        kvd_mem_free(KVD_MEM_OTHER, l, (n + 1) * sizeof(uint64_t));
+        kvd_msg_clear(req);
+        return KVD_ERR_NOMEM;
+    }
+    memcpy(l, local, n * sizeof(uint64_t));
+    j->req = *req;
+    memset(req, 0, sizeof(*req));
+    j->read = true;
+    j->local = l;
+    j->n_keys = n;
+    j->object_bytes = object_bytes;
+    j->fn = fn;
+    j->arg = arg;
+    return enqueue(p, node_id, address, j);
+}
+
+static int enqueue(kvd_peers_t *p, const char *node_id, const char *address, job_t *j)
+{
     atomic_fetch_add(&p->pending, 1);
     pthread_mutex_lock(&p->mu);
     peer_t *q = p->stop ? NULL : peer_of(p, node_id, address);
@@ -326,6 +539,7 @@ void kvd_peers_forget(kvd_peers_t *p, const char *node_id)
         } else {
             kvd_client_close(q->c);
             q->c = NULL;
+            data_close(q);
         }
         break;
     }

@@ -40,6 +40,26 @@ int kvd_peers_send(kvd_peers_t *p, const char *node_id, const char *address,
                    kvd_msg_t *req, kvd_peer_done_fn fn, void *arg);
 /* Runs the callbacks of the requests that ended. */
 void kvd_peers_poll(kvd_peers_t *p);
+/*
+ * Reading objects over UCX (the remote loads' data path): with a pool set,
+ * kvd_peers_read pins keys on a peer (req: a Fetch with pin set), reads
+ * their bytes over UCX straight into this daemon's pool at local[i]
+ * (object_bytes each; UINT64_MAX: not wanted), and releases the pin. Each
+ * peer gets a data connection of its own for it (a read-only Hello that
+ * asks for UCX: the peer's UCX server answers only what that grant
+ * allows) and a UCX transport in the message mode connected to the peer's
+ * UCX server. fn gets the pin reply (the keys present in it are in place
+ * now) or an error: KVD_ERR_UNSUPPORTED when the peer or this daemon has
+ * no UCX (the caller asks for the bytes over the RPC instead; a peer
+ * without UCX is not asked again for PEER_UCX_RETRY_S). local is copied.
+ */
+int kvd_peers_set_pool(kvd_peers_t *p, void *base, uint64_t bytes);
+int kvd_peers_read(kvd_peers_t *p, const char *node_id, const char *address,
+                   kvd_msg_t *req, const uint64_t *local, size_t n, uint64_t object_bytes,
+                   kvd_peer_done_fn fn, void *arg);
+/* Bytes read over UCX so far. */
+uint64_t kvd_peers_ucx_bytes(const kvd_peers_t *p);
+
 /* node_id left: its queued requests fail (KVD_ERR_DRAINING), its
  * connection closes. */
 void kvd_peers_forget(kvd_peers_t *p, const char *node_id);

@@ -16,7 +16,8 @@
 #define FRAME_SLACK  (64u * 1024u)    /* a Fetch reply's frame beside its bytes */
 #define OWNER_REMOTE (UINT64_MAX - 1) /* the owner of a fetch's reservations */
 
-#define RETRY_MS 20 /* a key its holder is promoting: asked again */
+#define READ_KEYS_MAX 1024 /* keys one UCX read pins (its Fetch stays small) */
+#define RETRY_MS      20   /* a key its holder is promoting: asked again */
 
 enum { SLOT_EMPTY = 0, SLOT_BUSY, SLOT_FAILED, SLOT_RETRY };
 
@@ -33,6 +34,7 @@ struct kvd_remote {
     kvd_dirsvc_t *dir;
     kvd_peers_t *peers;
     size_t max_frame;
+    bool ucx; /* objects are read over UCX (kvd_peers_read) where peers serve it */
     uint64_t seed;
     slot_t *slots; /* KVD_REMOTE_SLOTS */
     size_t used;
@@ -275,6 +277,159 @@ static void send_fetch(job_t *j, const char *node, const size_t *at, size_t n)
     kvd_peers_send(r->peers, node, addr, &req, on_fetch, f);
 }
 
+/* One read over UCX: its keys (at, into the job's), the local reservations
+ * the bytes land in, the holder (for the fallback to the RPC). */
+typedef struct readop {
+    job_t *job;
+    char node[KVD_NODE_ID_BYTES];
+    size_t n;
+    size_t *at;
+    uint64_t lease;
+    uint8_t *results; /* kvd_reserve_result_t per key */
+} readop_t;
+
+static void readop_free(readop_t *op)
+{
+    kvd_mem_free(KVD_MEM_STAGING, op->at, op->n * sizeof(size_t));
+    kvd_mem_free(KVD_MEM_STAGING, op->results, op->n + 1);
+    kvd_mem_free(KVD_MEM_STAGING, op, sizeof(*op));
+}
+
+/* A read's end: publishes what arrived, revokes the rest; a holder without
+ * UCX gets the RPC instead. */
+static void on_read(void *arg, int status, kvd_msg_t *rep)
+{
+    readop_t *op = arg;
+    job_t *j = op->job;
+    kvd_remote_t *r = j->r;
+    if (status == KVD_ERR_UNSUPPORTED) {
+        if (op->lease != 0)
+            kvd_store_revoke(r->store, OWNER_REMOTE, op->lease, NULL, 0);
+        send_fetch(j, op->node, op->at, op->n);
+        readop_free(op);
+        job_put(j);
+        return;
+    }
+    const kvd_fetch_rep_t *fr =
+        status == KVD_OK && rep->status == KVD_OK && rep->body.fetch_rep.n == op->n
+            ? &rep->body.fetch_rep
+            : NULL;
+    if (fr == NULL)
+        KVD_WARN("cluster", "a read of %zu objects from %s over UCX failed: %s%s%s",
+                 op->n, op->node, kvd_status_str(status == KVD_OK ? rep->status : status),
+                 status == KVD_OK && rep->error[0] ? ": " : "",
+                 status == KVD_OK ? rep->error : "");
+    kvd_key_t *pub = kvd_mem_calloc(KVD_MEM_STAGING, op->n + 1, sizeof(*pub));
+    size_t n_pub = 0;
+    for (size_t i = 0; fr != NULL && pub != NULL && i < op->n; i++)
+        if (op->results[i] == KVD_RESERVE_ALLOCATED && fr->present[i] == KVD_FETCH_HERE)
+            memcpy(pub[n_pub++], j->keys[op->at[i]], KVD_KEY_BYTES);
+    if (n_pub > 0 &&
+        kvd_store_publish(r->store, OWNER_REMOTE, op->lease,
+                          (const uint8_t(*)[KVD_KEY_BYTES])pub, n_pub) == KVD_OK) {
+        r->st.fetched += n_pub;
+        r->st.fetched_bytes += n_pub * j->object_bytes;
+        r->st.fetched_ucx += n_pub;
+    }
+    if (op->lease != 0)
+        kvd_store_revoke(r->store, OWNER_REMOTE, op->lease, NULL, 0);
+    kvd_mem_free(KVD_MEM_STAGING, pub, (op->n + 1) * sizeof(*pub));
+    for (size_t i = 0; i < op->n; i++) {
+        const uint8_t *key = j->keys[op->at[i]];
+        if (fr != NULL && fr->present[i] == KVD_FETCH_PROMOTING) {
+            key_retry(r, j->ns, key);
+            continue;
+        }
+        kvd_obj_info_t info;
+        key_done(r, j->ns, key,
+                 kvd_store_inspect(r->store, j->ns, key, &info) == KVD_OK &&
+                     info.state == KVD_OBJ_READY);
+    }
+    readop_free(op);
+    job_put(j);
+}
+
+/* Reads keys at[0..n) of j from holder node over UCX: their room
+ * reserved here first (the chain as the Acquire orders it: each key the
+ * parent of the next), then the holder pins them and their bytes land in
+ * it. */
+static void send_read(job_t *j, const char *node, const size_t *at, size_t n)
+{
+    kvd_remote_t *r = j->r;
+    const char *addr = kvd_dirsvc_address(r->dir, node);
+    readop_t *op = kvd_mem_calloc(KVD_MEM_STAGING, 1, sizeof(*op));
+    kvd_put_t *puts = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, sizeof(*puts));
+    kvd_loc_t *locs = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, sizeof(*locs));
+    uint64_t *local = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, sizeof(*local));
+    kvd_msg_t req = {0};
+    kvd_msg_request(&req, 0, KVD_METHOD_FETCH);
+    kvd_fetch_req_t *fq = &req.body.fetch_req;
+    fq->keys = kvd_msg_alloc(&req, n * sizeof(kvd_key_t) + 1);
+    bool ok = addr && op && puts && locs && local && fq->keys;
+    if (ok) {
+        op->at = kvd_mem_calloc(KVD_MEM_STAGING, n, sizeof(size_t));
+        op->results = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, 1);
+        ok = op->at && op->results;
+    }
+    int rc = KVD_ERR_NOMEM;
+    if (ok) {
+        op->job = j;
+        op->n = n;
+        kvd_strlcpy(op->node, node, sizeof(op->node));
+        for (size_t i = 0; i < n; i++) {
+            op->at[i] = at[i];
+            puts[i] = (kvd_put_t){
+                .key = j->keys[at[i]],
+                .parent = i > 0 && at[i] == at[i - 1] + 1 ? j->keys[at[i - 1]] : NULL,
+                .depth = (uint32_t)at[i]};
+            memcpy(fq->keys[i], j->keys[at[i]], KVD_KEY_BYTES);
+        }
+        rc = kvd_store_reserve(r->store, OWNER_REMOTE, j->ns, puts, n,
+                               kvd_now_ns() / 1000000, &op->lease, op->results, locs);
+    }
+    size_t wanted = 0;
+    for (size_t i = 0; rc == KVD_OK && i < n; i++) {
+        bool mine = op->results[i] == KVD_RESERVE_ALLOCATED;
+        local[i] = mine ? locs[i].offset : UINT64_MAX;
+        wanted += mine;
+    }
+    if (rc == KVD_OK && wanted > 0) {
+        kvd_strlcpy(fq->tenant, j->tenant, sizeof(fq->tenant));
+        kvd_strlcpy(fq->ns_name, j->ns_name, sizeof(fq->ns_name));
+        fq->n = n;
+        fq->pin = true;
+        j->refs++;
+        r->st.fetches++;
+        rc = kvd_peers_read(r->peers, node, addr, &req, local, n, j->object_bytes,
+                            on_read, op);
+        if (rc != KVD_OK) { /* not queued: the job is not in flight */
+            j->refs--;
+            if (op->lease != 0)
+                kvd_store_revoke(r->store, OWNER_REMOTE, op->lease, NULL, 0);
+        } else {
+            op = NULL; /* on_read's */
+        }
+    }
+    if (op != NULL) {
+        /* nothing in flight: what is here is here, the rest failed */
+        for (size_t i = 0; i < n; i++) {
+            kvd_obj_info_t info;
+            key_done(r, j->ns, j->keys[at[i]],
+                     kvd_store_inspect(r->store, j->ns, j->keys[at[i]], &info) ==
+                             KVD_OK &&
+                         info.state == KVD_OBJ_READY);
+        }
+        if (op->at != NULL)
+            readop_free(op);
+        else
+            kvd_mem_free(KVD_MEM_STAGING, op, sizeof(*op));
+    }
+    kvd_msg_clear(&req);
+    kvd_mem_free(KVD_MEM_STAGING, puts, (n + 1) * sizeof(*puts));
+    kvd_mem_free(KVD_MEM_STAGING, locs, (n + 1) * sizeof(*locs));
+    kvd_mem_free(KVD_MEM_STAGING, local, (n + 1) * sizeof(*local));
+}
+
 /* The directory's answer: the keys grouped by a holder each, fetched. */
 static void on_holders(void *arg, kvd_msg_t *rep)
 {
@@ -284,7 +439,10 @@ static void on_holders(void *arg, kvd_msg_t *rep)
         rep->status == KVD_OK && rep->body.dir_lookup_rep.n == 1
             ? &rep->body.dir_lookup_rep
             : NULL;
-    size_t per_frame = j->object_bytes + FRAME_SLACK <= r->max_frame
+    /* over UCX a request carries only keys and answers offsets: a batch's
+     * worth at a time; over the RPC a frame's worth of bytes */
+    size_t per_frame = r->ucx ? READ_KEYS_MAX
+                       : j->object_bytes + FRAME_SLACK <= r->max_frame
                            ? (r->max_frame - FRAME_SLACK) / j->object_bytes
                            : 0;
     size_t *at = kvd_mem_calloc(KVD_MEM_STAGING, j->n + 1, sizeof(size_t));
@@ -313,7 +471,10 @@ static void on_holders(void *arg, kvd_msg_t *rep)
                 done[k] = true;
             }
         }
-        send_fetch(j, d->nodes[holder], at, n);
+        if (r->ucx)
+            send_read(j, d->nodes[holder], at, n);
+        else
+            send_fetch(j, d->nodes[holder], at, n);
     }
     kvd_mem_free(KVD_MEM_STAGING, at, (j->n + 1) * sizeof(size_t));
     kvd_mem_free(KVD_MEM_STAGING, done, (j->n + 1) * sizeof(bool));
@@ -330,11 +491,15 @@ int kvd_remote_want(kvd_remote_t *r, uint32_t ns, const kvd_key_t *keys, size_t 
     bool busy = false, missing = false;
     job_t *j = NULL;
     for (size_t i = 0; i < n; i++) {
+        slot_t *s = slot_find(r, ns, keys[i]);
+        if (s != NULL && s->state == SLOT_BUSY) {
+            busy = true; /* ours, on its way (its room reserved here already) */
+            continue;
+        }
         kvd_obj_info_t o;
         if (kvd_store_inspect(r->store, ns, keys[i], &o) == KVD_OK)
-            continue; /* here (or being written here: not ours to fetch) */
+            continue; /* here (or being written here by a worker) */
         missing = true;
-        slot_t *s = slot_find(r, ns, keys[i]);
         if (s != NULL && s->state != SLOT_BUSY && s->until_ms <= now_ms) {
             slot_del(r, s); /* a failure forgotten, or a retry due: asked anew */
             s = NULL;
@@ -387,7 +552,68 @@ int kvd_remote_want(kvd_remote_t *r, uint32_t ns, const kvd_key_t *keys, size_t 
 
 /* ------------------------------------------------------------- holder */
 
-void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *rep)
+/* A Fetch with pin: the present keys (f->present, o their info) pinned
+ * under one lease of owner, their offsets answered. A race that makes the
+ * pin fail (a key evicted meanwhile cannot be: the loop runs this whole)
+ * answers every key absent. */
+static void pin_present(kvd_remote_t *r, uint64_t owner, uint32_t ns,
+                        const kvd_fetch_req_t *q, kvd_fetch_rep_t *f,
+                        const kvd_obj_info_t *o, size_t want, uint64_t object_bytes,
+                        kvd_msg_t *rep, const kvd_msg_t *req)
+{
+    size_t cap = want + 1; /* as allocated: want may drop to 0 below */
+    kvd_key_t *keys = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(kvd_key_t));
+    kvd_loc_t *locs = kvd_mem_calloc(KVD_MEM_STAGING, cap, sizeof(kvd_loc_t));
+    f->offsets = kvd_msg_alloc(rep, want * sizeof(uint64_t) + 1);
+    f->depths = kvd_msg_alloc(rep, want * sizeof(uint32_t) + 1);
+    if (keys == NULL || locs == NULL || f->offsets == NULL || f->depths == NULL) {
+        kvd_mem_free(KVD_MEM_STAGING, keys, cap * sizeof(kvd_key_t));
+        kvd_mem_free(KVD_MEM_STAGING, locs, cap * sizeof(kvd_loc_t));
+        kvd_msg_clear(rep); /* what the reply held so far */
+        kvd_msg_error(rep, req->id, req->method, KVD_ERR_NOMEM, "out of memory");
+        return;
+    }
+    size_t k = 0;
+    for (size_t i = 0; i < q->n; i++)
+        if (f->present[i] == KVD_FETCH_HERE)
+            memcpy(keys[k++], q->keys[i], KVD_KEY_BYTES);
+    uint64_t lease = 0;
+    size_t bad = 0;
+    int rc = want == 0 ? KVD_OK
+                       : kvd_store_acquire(r->store, owner, ns,
+                                           (const uint8_t(*)[KVD_KEY_BYTES])keys, want,
+                                           kvd_now_ns() / 1000000, &lease, locs, &bad);
+    f->n = q->n;
+    f->object_bytes = object_bytes;
+    if (rc != KVD_OK) {
+        for (size_t i = 0; i < q->n; i++)
+            if (f->present[i] == KVD_FETCH_HERE)
+                f->present[i] = KVD_FETCH_ABSENT;
+        want = 0;
+    }
+    for (size_t i = 0, d = 0; i < q->n && want > 0; i++) {
+        if (f->present[i] != KVD_FETCH_HERE)
+            continue;
+        f->offsets[d] = locs[d].offset;
+        f->depths[d] = o[i].depth;
+        d++;
+    }
+    f->lease_id = lease;
+    f->n_offsets = want;
+    f->n_depths = want;
+    r->st.served += want;
+    r->st.served_bytes += want * object_bytes;
+    kvd_mem_free(KVD_MEM_STAGING, keys, cap * sizeof(kvd_key_t));
+    kvd_mem_free(KVD_MEM_STAGING, locs, cap * sizeof(kvd_loc_t));
+}
+
+void kvd_remote_use_ucx(kvd_remote_t *r, bool on)
+{
+    r->ucx = on;
+}
+
+void kvd_remote_serve_fetch(kvd_remote_t *r, uint64_t owner, const kvd_msg_t *req,
+                            kvd_msg_t *rep)
 {
     const kvd_fetch_req_t *q = &req->body.fetch_req;
     kvd_fetch_rep_t *f = &rep->body.fetch_rep;
@@ -406,7 +632,9 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
         }
         return;
     }
-    size_t room = r->max_frame > FRAME_SLACK + info.object_bytes
+    /* the bytes of the reply bound how many it answers; a pin sends none */
+    size_t room = q->pin ? q->n
+                  : r->max_frame > FRAME_SLACK + info.object_bytes
                       ? (r->max_frame - FRAME_SLACK) / info.object_bytes
                       : 0;
     size_t want = 0;
@@ -444,6 +672,11 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *re
             f->present[i] = KVD_FETCH_HERE;
             want++;
         }
+    }
+    if (q->pin) {
+        pin_present(r, owner, ns, q, f, o, want, info.object_bytes, rep, req);
+        kvd_mem_free(KVD_MEM_STAGING, o, (q->n + 1) * sizeof(*o));
+        return;
     }
     uint8_t *data = kvd_msg_alloc(rep, want * info.object_bytes + 1);
     f->depths = kvd_msg_alloc(rep, want * sizeof(uint32_t) + 1);

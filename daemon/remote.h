@@ -3,11 +3,14 @@
  * brought into this daemon's pool so that a local worker can load them.
  * Private to daemon/; runs on the event loop.
  *
- * The path (the issue's "into the local daemon's pool first"): a worker's
- * Acquire names keys this store lacks; the keys' holders are asked for
- * through the directory (kvd_dirsvc_route), their bytes fetched from one
- * holder each (METHOD_FETCH: the holder copies them out of its pool into
- * the reply), reserved, written and published here. Meanwhile the Acquire
+ * The path: a worker's Acquire names keys this store lacks; the keys'
+ * holders are asked for through the directory (kvd_dirsvc_route), and
+ * from one holder each the objects come into this daemon's pool: over UCX
+ * where the holder serves it (their room reserved here, then the holder
+ * pins them, METHOD_FETCH with pin, and their bytes are read by UCX
+ * through the holder's UCX server straight into the reservations), else
+ * over the RPC (METHOD_FETCH: the holder copies them out of its pool into
+ * the reply, and they are written here); then published. Meanwhile the Acquire
  * answers KVD_INPROGRESS and the linker asks again within its timeout,
  * as for an SSD promotion; then the objects are local, and stay (a later
  * load of the same prefix is a local hit; they are evicted like any other).
@@ -40,8 +43,9 @@ typedef struct kvd_remote_stats {
     uint64_t fetches; /* Fetch requests sent */
     uint64_t fetched; /* objects brought in */
     uint64_t fetched_bytes;
-    uint64_t failed; /* keys whose fetch failed or had no holder */
-    uint64_t served; /* objects this daemon's Fetch replies carried */
+    uint64_t fetched_ucx; /* of the objects, those read over UCX */
+    uint64_t failed;      /* keys whose fetch failed or had no holder */
+    uint64_t served;      /* objects this daemon's Fetch replies carried */
     uint64_t served_bytes;
 } kvd_remote_stats_t;
 
@@ -61,8 +65,15 @@ void kvd_remote_destroy(kvd_remote_t *r);
 int kvd_remote_want(kvd_remote_t *r, uint32_t ns, const kvd_key_t *keys, size_t n,
                     uint64_t now_ms);
 
-/* The holder's side: a peer's Fetch, answered from this pool. */
-void kvd_remote_serve_fetch(kvd_remote_t *r, const kvd_msg_t *req, kvd_msg_t *rep);
+/* Objects are read over UCX (peers.h kvd_peers_read, the pool set there)
+ * from holders that serve it, over the RPC from the others. */
+void kvd_remote_use_ucx(kvd_remote_t *r, bool on);
+
+/* The holder's side: a peer's Fetch, answered from this pool: the bytes,
+ * or with pin, the keys pinned under a lease of owner (the asking
+ * connection) and their offsets. */
+void kvd_remote_serve_fetch(kvd_remote_t *r, uint64_t owner, const kvd_msg_t *req,
+                            kvd_msg_t *rep);
 
 void kvd_remote_stats(const kvd_remote_t *r, kvd_remote_stats_t *out);
 

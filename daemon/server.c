@@ -708,6 +708,8 @@ static void serve_cluster(kvd_server_t *s, const kvd_msg_t *req, kvd_msg_t *rep)
     r->counters.fetches = rs.fetches;
     r->counters.fetched_objects = rs.fetched;
     r->counters.fetched_bytes = rs.fetched_bytes;
+    r->counters.fetched_ucx_objects = rs.fetched_ucx;
+    r->counters.fetched_ucx_bytes = kvd_peers_ucx_bytes(s->peers);
     r->counters.fetch_failures = rs.failed;
     r->counters.served_objects = rs.served;
     r->counters.served_bytes = rs.served_bytes;
@@ -1047,13 +1049,15 @@ static bool reserve_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, ui
 static void acquire_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
                             kvd_msg_t *rep)
 {
-    if (s->remote == NULL || c->ctx.is_peer || rep->status != KVD_ERR_NOT_FOUND ||
+    /* NOT_FOUND: missing here; BUSY: maybe a fetch of ours being written */
+    if (s->remote == NULL || c->ctx.is_peer ||
+        (rep->status != KVD_ERR_NOT_FOUND && rep->status != KVD_ERR_BUSY) ||
         !kvd_dirsvc_ready(s->dirsvc))
         return;
     const kvd_acquire_req_t *r = &req->body.acquire_req;
     int rc = kvd_remote_want(s->remote, r->ns, r->keys, r->n, kvd_now_ns() / 1000000);
-    if (rc == KVD_ERR_NOT_FOUND)
-        return; /* nobody has them: the store's refusal stands */
+    if (rc != KVD_INPROGRESS)
+        return; /* nobody has them, or nothing of ours: the store's refusal stands */
     kvd_msg_clear(rep);
     kvd_msg_error(rep, req->id, req->method, KVD_INPROGRESS,
                   "acquire: keys held by other members of the cluster are being "
@@ -1087,7 +1091,7 @@ static bool serve_dir(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_
         return false;
     }
     if (req->method == KVD_METHOD_FETCH) {
-        kvd_remote_serve_fetch(s->remote, req, rep);
+        kvd_remote_serve_fetch(s->remote, c->ctx.conn_id, req, rep);
         return false;
     }
     if (local) {
@@ -1153,6 +1157,12 @@ static int start_cluster(kvd_server_t *s)
     if (rc == KVD_OK)
         rc = kvd_remote_create(s->store, kvd_pool_base(s->pool), s->dirsvc, s->peers,
                                s->opts.max_frame_bytes, &s->remote);
+    /* remote loads over UCX where this daemon runs UCX at all (holders
+     * that do not serve it get the RPC) */
+    if (rc == KVD_OK && strcmp(s->opts.ucx, "off") != 0 &&
+        kvd_peers_set_pool(s->peers, kvd_pool_base(s->pool), kvd_pool_size(s->pool)) ==
+            KVD_OK)
+        kvd_remote_use_ucx(s->remote, true);
     if (rc != KVD_OK) {
         KVD_ERROR("server", "cannot start the cluster directory: %s", kvd_status_str(rc));
         return rc;

@@ -614,7 +614,9 @@ typedef struct kvd_member_msg {
     X(U64, fetched_bytes, 0, COUNTER, "Bytes fetched from other members.")            \
     X(U64, fetch_failures, 0, COUNTER, "Keys no member held, or whose fetch failed.") \
     X(U64, served_objects, 0, COUNTER, "Objects sent to other members.")              \
-    X(U64, served_bytes, 0, COUNTER, "Bytes sent to other members.")
+    X(U64, served_bytes, 0, COUNTER, "Bytes sent to other members.")                  \
+    X(U64, fetched_ucx_objects, 0, COUNTER, "Fetched objects read over UCX.")         \
+    X(U64, fetched_ucx_bytes, 0, COUNTER, "Bytes read over UCX from other members.")
 
 typedef struct kvd_cluster_counters {
     KVD_CLUSTER_COUNTER_FIELDS(KVD_FIELD_DECL)
@@ -673,6 +675,7 @@ typedef struct kvd_fetch_req {
     char ns_name[KVD_NS_NAME_BYTES];
     size_t n;
     kvd_key_t *keys;
+    bool pin; /* answer a lease and offsets instead of the bytes */
 } kvd_fetch_req_t;
 
 /* What a Fetch reply says of each key (FetchReply.present). */
@@ -681,11 +684,14 @@ enum { KVD_FETCH_ABSENT = 0, KVD_FETCH_HERE = 1, KVD_FETCH_PROMOTING = 2 };
 typedef struct kvd_fetch_rep {
     uint64_t object_bytes;
     size_t n;         /* = the request's keys */
-    uint8_t *present; /* n bytes */
+    uint8_t *present; /* n bytes: KVD_FETCH_* */
     size_t data_len;  /* object_bytes per present key */
     const uint8_t *data;
     size_t n_depths; /* one per present key */
     uint32_t *depths;
+    uint64_t lease_id; /* pin: the lease holding the present keys */
+    size_t n_offsets;  /* pin: one per present key */
+    uint64_t *offsets;
 } kvd_fetch_rep_t;
 
 typedef struct kvd_method_stats {

@@ -529,6 +529,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         r->tenant = (char *)in->tenant;
         r->ns_name = (char *)in->ns_name;
         r->keys = keys_to_pb(in->keys, in->n);
+        r->pin = in->pin;
         env->body_case = KVDOCK__ENVELOPE__BODY_FETCH_REQUEST;
         env->fetch_request = r;
         return true;
@@ -924,6 +925,16 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         r->n_members = in->n_members;
         r->members = (Kvdock__ClusterMember **)array_to_pb(scr, &member_msg, in->members,
                                                            in->n_members);
+        Kvdock__ClusterCounters *cc = arena_array(scr, 1, sizeof(*cc));
+        if (!cc)
+            return false;
+        kvdock__cluster_counters__init(cc);
+        {
+            const kvd_cluster_counters_t *s = &in->counters;
+            Kvdock__ClusterCounters *o = cc;
+            KVD_CLUSTER_COUNTER_FIELDS(FIELD_TO_PB)
+        }
+        r->counters = cc;
         env->body_case = KVDOCK__ENVELOPE__BODY_CLUSTER_REPLY;
         env->cluster_reply = r;
         return in->n_members == 0 || r->members != NULL;
@@ -939,6 +950,9 @@ static bool reply_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *sc
         r->data = (ProtobufCBinaryData){in->data_len, (uint8_t *)in->data};
         r->n_depths = in->n_depths;
         r->depths = in->depths;
+        r->lease_id = in->lease_id;
+        r->n_offsets = in->n_offsets;
+        r->offsets = in->offsets;
         env->body_case = KVDOCK__ENVELOPE__BODY_FETCH_REPLY;
         env->fetch_reply = r;
         return true;
@@ -1323,6 +1337,7 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         int rc = copy_str(l->tenant, sizeof(l->tenant), r->tenant);
         if (rc == KVD_OK)
             rc = copy_str(l->ns_name, sizeof(l->ns_name), r->ns_name);
+        l->pin = r->pin;
         return rc != KVD_OK ? rc : keys_from_pb(out, r->keys, &l->keys, &l->n);
     }
     case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REQUEST: {
@@ -1515,18 +1530,28 @@ static int reply_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
                 rc = KVD_ERR_PROTOCOL;
             n_present += f->present[i] == KVD_FETCH_HERE;
         }
-        /* every present key's bytes and depth, nothing more or less */
-        if (rc == KVD_OK && n_present > 0 &&
-            (r->n_depths != n_present || f->object_bytes == 0 ||
-             r->data.len / f->object_bytes != n_present || r->data.len % f->object_bytes))
+        /* every present key's depth, and its bytes or (pinned) its offset,
+         * nothing more or less */
+        bool pinned = r->n_offsets > 0 || r->lease_id != 0;
+        size_t want_data = pinned ? 0 : n_present;
+        if (rc == KVD_OK && (r->n_depths != n_present ||
+                             (pinned && (r->n_offsets != n_present || r->data.len != 0))))
             rc = KVD_ERR_PROTOCOL;
-        if (rc == KVD_OK && n_present == 0 && (r->data.len != 0 || r->n_depths != 0))
+        if (rc == KVD_OK && want_data > 0 &&
+            (f->object_bytes == 0 || r->data.len / f->object_bytes != want_data ||
+             r->data.len % f->object_bytes))
+            rc = KVD_ERR_PROTOCOL;
+        if (rc == KVD_OK && want_data == 0 && r->data.len != 0)
             rc = KVD_ERR_PROTOCOL;
         if (rc == KVD_OK)
             rc = bytes_from_pb(out, r->data, &f->data, &f->data_len);
         if (rc == KVD_OK)
             rc = u32s_from_pb(out, r->n_depths, r->depths, &f->depths);
         f->n_depths = r->n_depths;
+        f->lease_id = r->lease_id;
+        if (rc == KVD_OK)
+            rc = u64s_from_pb(out, r->n_offsets, r->offsets, &f->offsets);
+        f->n_offsets = r->n_offsets;
         return rc;
     }
     case KVDOCK__ENVELOPE__BODY_DIR_ANNOUNCE_REPLY:

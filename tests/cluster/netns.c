@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -420,7 +421,16 @@ static int join_ns(const char *ns)
         return -1;
     int rc = setns(fd, CLONE_NEWNET);
     close(fd);
-    return rc;
+    if (rc != 0)
+        return rc;
+    /* /sys as the namespace sees it, as `ip netns exec` does: sysfs shows
+     * the network devices of the namespace that mounted it, and UCX finds
+     * its interfaces (UCX_NET_DEVICES) under /sys/class/net. A mount
+     * namespace of this process's own keeps the test's /sys as it is. */
+    if (unshare(CLONE_NEWNS) != 0 || mount("", "/", NULL, MS_SLAVE | MS_REC, NULL) != 0)
+        return -1;
+    umount2("/sys", MNT_DETACH);
+    return mount(ns, "/sys", "sysfs", 0, NULL);
 }
 
 pid_t kc_spawn(const char *ns, const char *const *argv, const char *log_path)
