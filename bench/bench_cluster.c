@@ -474,7 +474,9 @@ static void usage(FILE *f)
 {
     fprintf(f, "Usage: kvdock-bench cluster [--kvdockd PATH] [--kvdock PATH] "
                "[--lookups N] [--lookup-pages N] [--objects N] [--trials N] "
-               "[--max-frame SIZE] [--pool-size SIZE]\n");
+               "[--max-frame SIZE] [--pool-size SIZE] [--ucx]\n"
+               "  --ucx: the daemons serve UCX over TCP (--ucx on --ucx-tcp), so remote\n"
+               "  loads read the objects over UCX; without it, over the daemons' RPC\n");
 }
 
 int bench_mode_cluster(int argc, char **argv)
@@ -494,9 +496,11 @@ int bench_mode_cluster(int argc, char **argv)
         {"trials", required_argument, NULL, 't'},
         {"max-frame", required_argument, NULL, 'f'},
         {"pool-size", required_argument, NULL, 'P'},
+        {"ucx", no_argument, NULL, 'u'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     int ch;
+    bool use_ucx = false;
     while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
         switch (ch) {
         case 'k': setenv("KVDOCKD", optarg, 1); break;
@@ -507,6 +511,7 @@ int bench_mode_cluster(int argc, char **argv)
         case 't': o.trials = atoi(optarg); break;
         case 'f': o.max_frame = optarg; break;
         case 'P': o.pool = optarg; break;
+        case 'u': use_ucx = true; break;
         case 'h': usage(stdout); return BENCH_EXIT_OK;
         default: usage(stderr); return BENCH_EXIT_USAGE;
         }
@@ -521,12 +526,13 @@ int bench_mode_cluster(int argc, char **argv)
                         "--kvdock)\n");
         return BENCH_EXIT_USAGE;
     }
-    setenv("UCX_TLS", "tcp", 1); /* ucx_perftest's, the daemons run --ucx off */
+    /* ucx_perftest's, and the daemons' with --ucx */
+    setenv("UCX_TLS", "tcp", 1);
     int rc = kc_setup(&cl, 3, true);
     if (rc == KVD_TEST_SKIP)
         return BENCH_EXIT_OK; /* the reason is printed */
     char frame_buf[32];
-    const char *big[8] = {"--pool-size", o.pool, NULL};
+    const char *big[12] = {"--pool-size", o.pool, NULL};
     if (o.max_frame) {
         /* a connection's buffer must hold two frames */
         uint64_t f = 0;
@@ -540,12 +546,20 @@ int bench_mode_cluster(int argc, char **argv)
                               "--max-conn-buffer", frame_buf, NULL};
         memcpy(big, more, sizeof(more));
     }
+    const char *ucx_flags[] = {"--ucx", "on", "--ucx-tcp", NULL};
+    if (use_ucx) {
+        size_t k = 0;
+        while (big[k] != NULL)
+            k++;
+        memcpy(big + k, ucx_flags, sizeof(ucx_flags));
+    }
     cl.ttl_s = 2;
     ts_client_t wa = {.pool_fd = -1}, wbig = {.pool_fd = -1};
     kvd_ns_spec_t spec = ts_spec(TS_KV_NS, TS_KV_BYTES);
     kvd_ns_spec_t spec_big = ts_spec(BIG_NS, BIG_BYTES);
     if (rc == 0 && kc_node_start(&cl, A, true, big) == 0 &&
-        kc_node_start(&cl, B, true, NULL) == 0 && kc_node_start(&cl, C, true, big) == 0 &&
+        kc_node_start(&cl, B, true, use_ucx ? ucx_flags : NULL) == 0 &&
+        kc_node_start(&cl, C, true, big) == 0 &&
         kc_wait_members(&cl, 0x7u, KC_READY_MS, NULL, NULL) &&
         (o.per_fetch = per_fetch(o.max_frame)) > 0 &&
         ts_open(&wa, cl.node[A].socket, &spec, 1, false) == 0 &&
@@ -553,10 +567,11 @@ int bench_mode_cluster(int argc, char **argv)
         char host[256] = "";
         gethostname(host, sizeof(host) - 1);
         printf("cluster: 3 daemons in namespaces on %s (%ld CPUs), bridge %s, etcd %s; "
-               "A %s, B %s, C %s; frames %s\n",
+               "A %s, B %s, C %s; frames %s; remote loads over %s\n",
                host, sysconf(_SC_NPROCESSORS_ONLN), cl.net.bridge, cl.etcd.url,
                cl.node[A].addr, cl.node[B].addr, cl.node[C].addr,
-               o.max_frame ? o.max_frame : "default (4 MiB)");
+               o.max_frame ? o.max_frame : "default (4 MiB)",
+               use_ucx ? "UCX (tcp)" : "the daemons' RPC");
         bench_lookup(&o, &wa);
         double remote = bench_load(&o, &wbig);
         double tag = perftest("tag_bw", BIG_BYTES, 2000);

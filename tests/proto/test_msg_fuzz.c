@@ -83,6 +83,7 @@ static void test_random_bytes_never_crash(void **state)
             assert_true(out.status <= 0);
             assert_true(memchr(out.error, '\0', sizeof(out.error)) != NULL);
         }
+        kvd_msg_clear(&out); /* the caller's, after any result (kvd_proto.h) */
     }
 }
 
@@ -119,6 +120,7 @@ static void test_mutated_valid_payload_never_crash(void **state)
                 assert_true(memchr(s->instance, '\0', KVD_NAME_MAX) != NULL);
             }
         }
+        kvd_msg_clear(out); /* the caller's, after any result (kvd_proto.h) */
     }
     free(mut);
     free(payload);
