@@ -10,13 +10,17 @@
  * (c) A's cluster counters say the 16 objects were read over UCX (16 x
  *     256 KiB), not fetched over the RPC; C's say it served them;
  * (d) C's link carried at least the payload while it happened (the bytes
- *     crossed the bridge: counted on C's veth in the root namespace).
+ *     crossed the bridge: counted on C's veth in the root namespace);
+ * (e) a second chain on C, found by A's Lookup, then C SIGKILLed: A's
+ *     Acquire of it fails not-found within a bound (the read from a dead
+ *     holder fails; nothing hangs), and A still serves the first chain.
  * Skips where namespaces, etcd or UCX over TCP are missing.
  */
 #include "cluster.h"
 #include "test_store_util.h"
 
 #include <cjson/cJSON.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,29 +34,31 @@
 #define NS        "m/kv/tp0"
 
 static kc_cluster_t cl;
-static kvd_key_t keys[PAGES];
+static kvd_key_t keys[PAGES], keys2[PAGES];
 static char out[1 << 16];
 
-static void publish_on_c(void)
+static void publish_on_c(const kvd_key_t *keys, size_t n_keys);
+
+static void publish_on_c(const kvd_key_t *keys, size_t n_keys)
 {
     kvd_ns_spec_t spec = ts_spec(NS, OBJ_BYTES);
     ts_client_t t;
     if (ts_open(&t, cl.node[C].socket, &spec, 1, true) != 0)
         return;
     kvd_put_item_t items[PAGES];
-    ts_chain_items(keys, PAGES, NULL, 0, items);
+    ts_chain_items(keys, n_keys, NULL, 0, items);
     uint64_t lease = 0, offsets[PAGES];
     uint8_t results[PAGES];
     ts_err_t err;
-    int rc =
-        ts_reserve(t.c, t.ns[0], OBJ_BYTES, items, PAGES, &lease, results, offsets, &err);
+    int rc = ts_reserve(t.c, t.ns[0], OBJ_BYTES, items, n_keys, &lease, results, offsets,
+                        &err);
     if (DT_CHECK(rc == KVD_OK, "reserve on C: %s", err.text)) {
-        for (size_t i = 0; i < PAGES; i++)
+        for (size_t i = 0; i < n_keys; i++)
             if (DT_CHECK(results[i] == KVD_RESERVE_ALLOCATED && t.pool &&
                              ts_in_pool(offsets[i], OBJ_BYTES, t.pool_bytes),
                          "reserve %zu on C: %s", i, ts_result_name(results[i])))
                 ts_fill(t.pool + offsets[i], OBJ_BYTES, keys[i], 9);
-        DT_CHECK(ts_publish(t.c, lease, keys, PAGES, &err) == KVD_OK, "publish on C: %s",
+        DT_CHECK(ts_publish(t.c, lease, keys, n_keys, &err) == KVD_OK, "publish on C: %s",
                  err.text);
     }
     ts_close(&t);
@@ -97,10 +103,11 @@ int main(void)
         return KVD_TEST_SKIP;
     const char *ucx[] = {"--ucx", "on", "--ucx-tcp", NULL};
     if (rc == 0 && ts_make_keys(5000, PAGES, PAGE_SIZE, keys) == 0 &&
+        ts_make_keys(6000, PAGES, PAGE_SIZE, keys2) == 0 &&
         kc_node_start(&cl, A, true, ucx) == 0 && kc_node_start(&cl, C, true, ucx) == 0 &&
         DT_CHECK(kc_wait_members(&cl, 0x3u, KC_READY_MS, NULL, NULL),
                  "two members, one epoch")) {
-        publish_on_c();
+        publish_on_c(keys, PAGES);
         kvd_ns_spec_t spec = ts_spec(NS, OBJ_BYTES);
         ts_client_t a;
         if (ts_open(&a, cl.node[A].socket, &spec, 1, true) == 0) {
@@ -157,6 +164,35 @@ int main(void)
                      (unsigned long long)rx, (unsigned long long)PAGES * OBJ_BYTES);
             printf("(d) C's link carried %.3f x the payload\n",
                    (double)rx / ((double)PAGES * OBJ_BYTES));
+            /* (e) */
+            publish_on_c(keys2, 4);
+            kvd_lookup_pool_msg_t pool2 = {.ns = a.ns[0], .n_keys = 4, .keys = keys2};
+            t0 = kc_now_ms();
+            nb = 0;
+            while (
+                kc_now_ms() < t0 + WAIT_MS &&
+                !(ts_lookup(a.c, &pool2, 1, bnd, PAGES, &nb, &err) == KVD_OK && nb == 4))
+                kvd_sleep_ns(100000000);
+            if (DT_CHECK(nb == 4, "(e) Lookup on A of the second chain: %zu boundaries",
+                         nb)) {
+                kc_node_stop(&cl, C, SIGKILL, 10000, false);
+                t0 = kc_now_ms();
+                arc = KVD_INPROGRESS;
+                while (kc_now_ms() < t0 + WAIT_MS &&
+                       (arc = ts_acquire(a.c, a.ns[0], OBJ_BYTES, keys2, 4, &lease,
+                                         offsets, &err)) == KVD_INPROGRESS)
+                    kvd_sleep_ns(5000000);
+                DT_CHECK(arc == KVD_ERR_NOT_FOUND,
+                         "(e) Acquire on A from a dead holder: %d %s, want not-found",
+                         arc, err.text);
+                printf("(e) the dead holder's chain failed not-found after %llu ms\n",
+                       (unsigned long long)(kc_now_ms() - t0));
+                arc = ts_acquire(a.c, a.ns[0], OBJ_BYTES, keys, PAGES, &lease, offsets,
+                                 &err);
+                if (DT_CHECK(arc == KVD_OK, "(e) A's own copy of the first chain: %d %s",
+                             arc, err.text))
+                    ts_release(a.c, lease, &err);
+            }
             ts_close(&a);
         }
     }
