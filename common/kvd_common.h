@@ -313,6 +313,9 @@ uint64_t kvd_dir_hash(const char *tenant, const char *ns,
                       const uint8_t key[KVD_KEY_BYTES]);
 uint64_t kvd_node_hash(const char *node_id);
 uint64_t kvd_rendezvous_score(uint64_t dir_hash, uint64_t node_hash);
+/* The splitmix64 finaliser: every input bit moves about half the output's
+ * (the hashes above, and the keyed hash tables of the daemon's cluster). */
+uint64_t kvd_mix64(uint64_t z);
 /* The index in node_hashes[0..n) of the owner of dir_hash (the highest
  * score; a tie goes to the lower index, so callers pass members in one
  * order, sorted by id). SIZE_MAX when n is 0. */

@@ -455,6 +455,22 @@ static void lose_lease(kvd_cluster_t *c)
     c->registered = false;
 }
 
+/* The outcome of a call that needs the lease (a keep-alive, a heartbeat):
+ * true when it went; otherwise the state says why, and a lease found gone
+ * is dropped (the next round registers anew). */
+static bool lease_call_ok(kvd_cluster_t *c, int rc, const char *what)
+{
+    if (rc == KVD_OK)
+        return true;
+    if (rc == KVD_ERR_NOT_FOUND) {
+        lose_lease(c);
+        degraded(c, "the member lease expired");
+    } else {
+        degraded(c, what);
+    }
+    return false;
+}
+
 /* One registration and watch, until it ends (stop, lease lost, watch
  * ended, etcd away). */
 static void one_round(kvd_cluster_t *c)
@@ -525,27 +541,12 @@ static void one_round(kvd_cluster_t *c)
         now = mono_ns();
         if (now >= next_ka) {
             int ttl = 0;
-            rc = kvd_etcd_lease_keepalive(c->etcd, c->lease, &ttl);
-            if (rc == KVD_ERR_NOT_FOUND) {
-                lose_lease(c);
-                degraded(c, "the member lease expired");
-                ok = false;
-            } else if (rc != KVD_OK) {
-                degraded(c, "cannot keep the member lease alive");
-                ok = false;
-            }
+            ok = lease_call_ok(c, kvd_etcd_lease_keepalive(c->etcd, c->lease, &ttl),
+                               "cannot keep the member lease alive");
             next_ka = now + ka_every;
         }
         if (ok && now >= next_hb) {
-            rc = put_self(c);
-            if (rc == KVD_ERR_NOT_FOUND) {
-                lose_lease(c);
-                degraded(c, "the member lease expired");
-                ok = false;
-            } else if (rc != KVD_OK) {
-                degraded(c, "cannot put the heartbeat");
-                ok = false;
-            }
+            ok = lease_call_ok(c, put_self(c), "cannot put the heartbeat");
             next_hb = now + hb_every;
         }
     }

@@ -52,20 +52,13 @@ struct kvd_dir {
     uint32_t n_holders, holders_cap;
 };
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint32_t bucket_of(const kvd_dir_t *d, uint32_t ns, const uint8_t *key)
 {
     uint64_t a, b;
     memcpy(&a, key, 8);
     memcpy(&b, key + 24, 8);
-    uint64_t h = mix64(a ^ d->seed) ^ mix64(b + ns + (d->seed << 1));
-    return (uint32_t)(mix64(h) & (d->n_buckets - 1));
+    uint64_t h = kvd_mix64(a ^ d->seed) ^ kvd_mix64(b + ns + (d->seed << 1));
+    return (uint32_t)(kvd_mix64(h) & (d->n_buckets - 1));
 }
 
 int kvd_dir_create(kvd_dir_t **out)

@@ -62,19 +62,13 @@ typedef struct fetch {
 
 /* ------------------------------------------------------------- table */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static size_t home(const kvd_remote_t *r, uint32_t ns, const uint8_t *key)
 {
     uint64_t a, b;
     memcpy(&a, key, 8);
     memcpy(&b, key + 8, 8);
-    return (size_t)(mix64(a ^ r->seed ^ ((uint64_t)ns << 32)) ^ mix64(b + r->seed)) &
+    return (size_t)(kvd_mix64(a ^ r->seed ^ ((uint64_t)ns << 32)) ^
+                    kvd_mix64(b + r->seed)) &
            (KVD_REMOTE_SLOTS - 1);
 }
 
@@ -153,6 +147,29 @@ static void key_done(kvd_remote_t *r, uint32_t ns, const uint8_t *key, bool ok)
 
 /* ------------------------------------------------------------- jobs */
 
+/* The end of a fetch's keys at[0..n) of j: a key the holder is promoting
+ * is asked for again; every other one is done, and fetched when it is
+ * here now (published by the fetch, or by another writer meanwhile).
+ * fr: the holder's answer, or NULL. */
+static void keys_settle(const struct job *j, const size_t *at, size_t n,
+                        const kvd_fetch_rep_t *fr);
+
+static void keys_settle(const job_t *j, const size_t *at, size_t n,
+                        const kvd_fetch_rep_t *fr)
+{
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t *key = j->keys[at[i]];
+        if (fr != NULL && fr->present[i] == KVD_FETCH_PROMOTING) {
+            key_retry(j->r, j->ns, key);
+            continue;
+        }
+        kvd_obj_info_t info;
+        key_done(j->r, j->ns, key,
+                 kvd_store_inspect(j->r->store, j->ns, key, &info) == KVD_OK &&
+                     info.state == KVD_OBJ_READY);
+    }
+}
+
 static void job_put(job_t *j)
 {
     if (--j->refs > 0)
@@ -223,18 +240,7 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
         if (pub != NULL)
             kvd_mem_free(KVD_MEM_STAGING, pub, n_in * sizeof(*pub));
     }
-    for (size_t i = 0; i < f->n; i++) {
-        const uint8_t *key = j->keys[f->at[i]];
-        if (fr != NULL && fr->present[i] == KVD_FETCH_PROMOTING) {
-            key_retry(r, j->ns, key);
-            continue;
-        }
-        /* present now (published here, or written by another meanwhile) */
-        kvd_obj_info_t info;
-        key_done(r, j->ns, key,
-                 kvd_store_inspect(r->store, j->ns, key, &info) == KVD_OK &&
-                     info.state == KVD_OBJ_READY);
-    }
+    keys_settle(j, f->at, f->n, fr);
     kvd_mem_free(KVD_MEM_STAGING, puts, (f->n + 1) * sizeof(*puts));
     kvd_mem_free(KVD_MEM_STAGING, src, (f->n + 1) * sizeof(*src));
     kvd_mem_free(KVD_MEM_STAGING, results, f->n + 1);
@@ -334,17 +340,7 @@ static void on_read(void *arg, int status, kvd_msg_t *rep)
     if (op->lease != 0)
         kvd_store_revoke(r->store, OWNER_REMOTE, op->lease, NULL, 0);
     kvd_mem_free(KVD_MEM_STAGING, pub, (op->n + 1) * sizeof(*pub));
-    for (size_t i = 0; i < op->n; i++) {
-        const uint8_t *key = j->keys[op->at[i]];
-        if (fr != NULL && fr->present[i] == KVD_FETCH_PROMOTING) {
-            key_retry(r, j->ns, key);
-            continue;
-        }
-        kvd_obj_info_t info;
-        key_done(r, j->ns, key,
-                 kvd_store_inspect(r->store, j->ns, key, &info) == KVD_OK &&
-                     info.state == KVD_OBJ_READY);
-    }
+    keys_settle(j, op->at, op->n, fr);
     readop_free(op);
     job_put(j);
 }
@@ -412,13 +408,7 @@ static void send_read(job_t *j, const char *node, const size_t *at, size_t n)
     }
     if (op != NULL) {
         /* nothing in flight: what is here is here, the rest failed */
-        for (size_t i = 0; i < n; i++) {
-            kvd_obj_info_t info;
-            key_done(r, j->ns, j->keys[at[i]],
-                     kvd_store_inspect(r->store, j->ns, j->keys[at[i]], &info) ==
-                             KVD_OK &&
-                         info.state == KVD_OBJ_READY);
-        }
+        keys_settle(j, at, n, NULL);
         if (op->at != NULL)
             readop_free(op);
         else

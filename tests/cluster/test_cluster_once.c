@@ -44,28 +44,8 @@ static kvd_ns_spec_t spec_of(const char *name, bool replicated)
 static void publish_on_c(void)
 {
     kvd_ns_spec_t specs[2] = {spec_of(RR_NS, true), spec_of(PLAIN_NS, false)};
-    ts_client_t t;
-    if (ts_open(&t, cl.node[C].socket, specs, 2, true) != 0)
-        return;
-    for (int n = 0; n < 2; n++) {
-        kvd_put_item_t items[PAGES];
-        ts_chain_items(keys, PAGES, NULL, 0, items);
-        uint64_t lease = 0, offsets[PAGES];
-        uint8_t results[PAGES];
-        ts_err_t err;
-        int rc = ts_reserve(t.c, t.ns[n], TS_KV_BYTES, items, PAGES, &lease, results,
-                            offsets, &err);
-        if (!DT_CHECK(rc == KVD_OK, "reserve on C: %s", err.text))
-            continue;
-        for (size_t i = 0; i < PAGES; i++)
-            if (DT_CHECK(results[i] == KVD_RESERVE_ALLOCATED && t.pool &&
-                             ts_in_pool(offsets[i], TS_KV_BYTES, t.pool_bytes),
-                         "reserve %zu on C: %s", i, ts_result_name(results[i])))
-                ts_fill(t.pool + offsets[i], TS_KV_BYTES, keys[i], 5);
-        DT_CHECK(ts_publish(t.c, lease, keys, PAGES, &err) == KVD_OK, "publish on C: %s",
-                 err.text);
-    }
-    ts_close(&t);
+    for (int n = 0; n < 2; n++)
+        ts_put_chain(cl.node[C].socket, &specs[n], keys, PAGES, 5, "publish on C");
 }
 
 /* Reserves the chain in namespace index n of t; counts results of kind

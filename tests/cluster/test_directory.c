@@ -73,26 +73,7 @@ static int lookup_on(int node, uint32_t *b, size_t *nb)
 static void publish_on_c(void)
 {
     kvd_ns_spec_t spec = ts_spec(TS_KV_NS, TS_KV_BYTES);
-    ts_client_t t;
-    if (ts_open(&t, cl.node[C].socket, &spec, 1, true) != 0)
-        return;
-    kvd_put_item_t items[PAGES];
-    ts_chain_items(keys, PAGES, NULL, 0, items);
-    uint64_t lease = 0, offsets[PAGES];
-    uint8_t results[PAGES];
-    ts_err_t err;
-    int rc = ts_reserve(t.c, t.ns[0], TS_KV_BYTES, items, PAGES, &lease, results, offsets,
-                        &err);
-    if (DT_CHECK(rc == KVD_OK, "reserve on C: %s", err.text)) {
-        for (size_t i = 0; i < PAGES; i++)
-            if (DT_CHECK(results[i] == KVD_RESERVE_ALLOCATED && t.pool &&
-                             ts_in_pool(offsets[i], TS_KV_BYTES, t.pool_bytes),
-                         "reserve %zu on C: %s", i, ts_result_name(results[i])))
-                ts_fill(t.pool + offsets[i], TS_KV_BYTES, keys[i], 3);
-        DT_CHECK(ts_publish(t.c, lease, keys, PAGES, &err) == KVD_OK, "publish on C: %s",
-                 err.text);
-    }
-    ts_close(&t);
+    ts_put_chain(cl.node[C].socket, &spec, keys, PAGES, 3, "publish on C");
 }
 
 /* (a); true when A found the chain (what (d) then waits to see go) */

@@ -51,38 +51,15 @@ static bool all_say(const char *want, int timeout_ms, uint64_t *ms)
 
 /* Reserve, write, publish and look up a chain on node-0's Unix socket;
  * the lookup must find all of it. */
+static void still_there(const kvd_key_t *keys, const char *when);
+
 static void serve_locally(const kvd_key_t *keys, const char *when)
 {
     kvd_ns_spec_t spec = ts_spec(TS_KV_NS, TS_KV_BYTES);
-    ts_client_t t;
-    if (ts_open(&t, cl.node[0].socket, &spec, 1, true) != 0)
-        return;
-    kvd_put_item_t items[PAGES];
-    ts_chain_items(keys, PAGES, NULL, 0, items);
-    uint64_t lease = 0, offsets[PAGES];
-    uint8_t results[PAGES];
-    ts_err_t err;
-    int rc = ts_reserve(t.c, t.ns[0], TS_KV_BYTES, items, PAGES, &lease, results, offsets,
-                        &err);
-    if (DT_CHECK(rc == KVD_OK, "(%s) reserve: %s", when, err.text)) {
-        for (size_t i = 0; i < PAGES; i++) {
-            DT_CHECK(results[i] == KVD_RESERVE_ALLOCATED, "(%s) reserve %zu: %s", when, i,
-                     ts_result_name(results[i]));
-            if (t.pool && ts_in_pool(offsets[i], TS_KV_BYTES, t.pool_bytes))
-                ts_fill(t.pool + offsets[i], TS_KV_BYTES, keys[i], 7);
-        }
-        rc = ts_publish(t.c, lease, keys, PAGES, &err);
-        DT_CHECK(rc == KVD_OK, "(%s) publish: %s", when, err.text);
-    }
-    kvd_lookup_pool_msg_t pool = {
-        .ns = t.ns[0], .keys = (kvd_key_t *)keys, .n_keys = PAGES};
-    uint32_t b[PAGES];
-    size_t nb = 0;
-    rc = ts_lookup(t.c, &pool, 1, b, PAGES, &nb, &err);
-    DT_CHECK(rc == KVD_OK && nb > 0 && b[nb - 1] == PAGES,
-             "(%s) lookup of the published chain: %s, %zu boundaries, last %u (want %d)",
-             when, kvd_status_str(rc), nb, nb ? b[nb - 1] : 0, PAGES);
-    ts_close(&t);
+    char where[64];
+    snprintf(where, sizeof(where), "(%s) serve locally", when);
+    if (ts_put_chain(cl.node[0].socket, &spec, keys, PAGES, 7, where) == 0)
+        still_there(keys, when);
 }
 
 /* The chain is still there: Lookup finds all of it. */

@@ -75,27 +75,9 @@ static kvd_key_t chain1[PAGES], chain2[PAGES], ghost[PAGES];
 static void publish_on(int node, const kvd_key_t *keys, size_t n)
 {
     kvd_ns_spec_t spec = ts_spec(TS_KV_NS, TS_KV_BYTES);
-    ts_client_t t;
-    if (ts_open(&t, cl.node[node].socket, &spec, 1, true) != 0)
-        return;
-    kvd_put_item_t items[PAGES];
-    ts_chain_items(keys, n, NULL, 0, items);
-    uint64_t lease = 0, offsets[PAGES];
-    uint8_t results[PAGES];
-    ts_err_t err;
-    int rc =
-        ts_reserve(t.c, t.ns[0], TS_KV_BYTES, items, n, &lease, results, offsets, &err);
-    if (DT_CHECK(rc == KVD_OK, "reserve on node %d: %s", node, err.text)) {
-        for (size_t i = 0; i < n; i++)
-            if (DT_CHECK(results[i] == KVD_RESERVE_ALLOCATED && t.pool &&
-                             ts_in_pool(offsets[i], TS_KV_BYTES, t.pool_bytes),
-                         "reserve %zu on node %d: %s", i, node,
-                         ts_result_name(results[i])))
-                ts_fill(t.pool + offsets[i], TS_KV_BYTES, keys[i], SALT);
-        DT_CHECK(ts_publish(t.c, lease, keys, n, &err) == KVD_OK,
-                 "publish on node %d: %s", node, err.text);
-    }
-    ts_close(&t);
+    char where[32];
+    snprintf(where, sizeof(where), "publish on node %d", node);
+    ts_put_chain(cl.node[node].socket, &spec, keys, n, SALT, where);
 }
 
 /* A Lookup of keys[0..n) in namespace ns: the boundaries into b and their

@@ -37,31 +37,10 @@ static kc_cluster_t cl;
 static kvd_key_t keys[PAGES], keys2[PAGES];
 static char out[1 << 16];
 
-static void publish_on_c(const kvd_key_t *keys, size_t n_keys);
-
-static void publish_on_c(const kvd_key_t *keys, size_t n_keys)
+static void publish_on_c(const kvd_key_t *chain, size_t n)
 {
     kvd_ns_spec_t spec = ts_spec(NS, OBJ_BYTES);
-    ts_client_t t;
-    if (ts_open(&t, cl.node[C].socket, &spec, 1, true) != 0)
-        return;
-    kvd_put_item_t items[PAGES];
-    ts_chain_items(keys, n_keys, NULL, 0, items);
-    uint64_t lease = 0, offsets[PAGES];
-    uint8_t results[PAGES];
-    ts_err_t err;
-    int rc = ts_reserve(t.c, t.ns[0], OBJ_BYTES, items, n_keys, &lease, results, offsets,
-                        &err);
-    if (DT_CHECK(rc == KVD_OK, "reserve on C: %s", err.text)) {
-        for (size_t i = 0; i < n_keys; i++)
-            if (DT_CHECK(results[i] == KVD_RESERVE_ALLOCATED && t.pool &&
-                             ts_in_pool(offsets[i], OBJ_BYTES, t.pool_bytes),
-                         "reserve %zu on C: %s", i, ts_result_name(results[i])))
-                ts_fill(t.pool + offsets[i], OBJ_BYTES, keys[i], 9);
-        DT_CHECK(ts_publish(t.c, lease, keys, n_keys, &err) == KVD_OK, "publish on C: %s",
-                 err.text);
-    }
-    ts_close(&t);
+    ts_put_chain(cl.node[C].socket, &spec, chain, n, 9, "publish on C");
 }
 
 /* A counter of node i's `kvdock cluster --json` (-1 on an error). */

@@ -412,3 +412,35 @@ void ts_hex8(const uint8_t *key, char out[17])
     memcpy(out, hex, 16);
     out[16] = '\0';
 }
+
+int ts_put_chain(const char *socket, const kvd_ns_spec_t *spec, const kvd_key_t *keys,
+                 size_t n, uint32_t salt, const char *where)
+{
+    if (!DT_CHECK(n <= TS_CHAIN_MAX, "%s: a chain of %zu keys is over %d", where, n,
+                  TS_CHAIN_MAX))
+        return -1;
+    ts_client_t t;
+    if (ts_open(&t, socket, spec, 1, true) != 0)
+        return -1;
+    kvd_put_item_t items[TS_CHAIN_MAX];
+    ts_chain_items(keys, n, NULL, 0, items);
+    uint64_t lease = 0, offsets[TS_CHAIN_MAX];
+    uint8_t results[TS_CHAIN_MAX];
+    ts_err_t err;
+    int rc = ts_reserve(t.c, t.ns[0], spec->object_bytes, items, n, &lease, results,
+                        offsets, &err);
+    bool ok = DT_CHECK(rc == KVD_OK, "%s: reserve: %s", where, err.text);
+    for (size_t i = 0; ok && i < n; i++) {
+        bool mine = DT_CHECK(results[i] == KVD_RESERVE_ALLOCATED && t.pool &&
+                                 ts_in_pool(offsets[i], spec->object_bytes, t.pool_bytes),
+                             "%s: reserve %zu: %s", where, i, ts_result_name(results[i]));
+        if (mine)
+            ts_fill(t.pool + offsets[i], spec->object_bytes, keys[i], salt);
+        ok = mine;
+    }
+    if (rc == KVD_OK)
+        ok &= DT_CHECK(ts_publish(t.c, lease, keys, n, &err) == KVD_OK, "%s: publish: %s",
+                       where, err.text);
+    ts_close(&t);
+    return ok ? 0 : -1;
+}

@@ -69,6 +69,17 @@ int ts_open(ts_client_t *t, const char *socket, const kvd_ns_spec_t *specs, size
 /* Unmaps, closes the descriptor and the connection. Safe on a closed t. */
 void ts_close(ts_client_t *t);
 
+/*
+ * A writer's whole offload of one chain on the daemon at socket: Hello
+ * with spec (pool mapped), Reserve keys[0..n) as a chain (at most
+ * TS_CHAIN_MAX), the pattern of (key, salt) written into each, Publish.
+ * Records a failure (naming `where`) for each step that goes wrong, a key
+ * not allocated included. Returns 0 when every key was published.
+ */
+#define TS_CHAIN_MAX 64
+int ts_put_chain(const char *socket, const kvd_ns_spec_t *spec, const kvd_key_t *keys,
+                 size_t n, uint32_t salt, const char *where);
+
 /* --- RPCs (see the top of this file for the return value) */
 
 int ts_register(kvd_client_t *c, const kvd_ns_spec_t *specs, size_t n, uint32_t *ids,
