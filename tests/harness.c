@@ -201,14 +201,25 @@ int kvd_test_daemon_stop(kvd_test_daemon_t *d, int sig, int timeout_ms, int *wst
 
 int kvd_test_run(char *const argv[], char *out, size_t out_len, int timeout_ms)
 {
+    return kvd_test_run_out(argv, out, out_len, timeout_ms, false);
+}
+
+int kvd_test_run_out(char *const argv[], char *out, size_t out_len, int timeout_ms,
+                     bool stderr_too)
+{
     int pipefd[2];
     if (pipe2(pipefd, O_CLOEXEC) != 0)
         return -1;
     pid_t pid = fork();
-    if (pid < 0)
+    if (pid < 0) {
+        close(pipefd[0]);
+        close(pipefd[1]);
         return -1;
+    }
     if (pid == 0) {
         dup2(pipefd[1], STDOUT_FILENO);
+        if (stderr_too)
+            dup2(pipefd[1], STDERR_FILENO);
         execv(argv[0], argv);
         _exit(127);
     }
@@ -223,7 +234,8 @@ int kvd_test_run(char *const argv[], char *out, size_t out_len, int timeout_ms)
         ssize_t n = read(pipefd[0], buf, sizeof(buf));
         if (n > 0) {
             size_t take = KVD_MIN((size_t)n, out_len > used + 1 ? out_len - used - 1 : 0);
-            memcpy(out + used, buf, take);
+            if (out != NULL)
+                memcpy(out + used, buf, take);
             used += take;
             continue;
         }
@@ -246,7 +258,7 @@ int kvd_test_run(char *const argv[], char *out, size_t out_len, int timeout_ms)
         kvd_sleep_ns(2000000);
     }
     close(pipefd[0]);
-    if (out_len)
+    if (out != NULL && out_len)
         out[used] = '\0';
     return status;
 }

@@ -48,6 +48,10 @@ int kvd_test_daemon_stop(kvd_test_daemon_t *d, int sig, int timeout_ms, int *wst
  * (0..255), or -1 when it did not exit normally in time.
  */
 int kvd_test_run(char *const argv[], char *out, size_t out_len, int timeout_ms);
+/* The same, with stderr into out too when stderr_too; out may be NULL
+ * (out_len 0): the output is read and dropped. */
+int kvd_test_run_out(char *const argv[], char *out, size_t out_len, int timeout_ms,
+                     bool stderr_too);
 
 /* Non-fatal checks: a failure is printed (FAIL file:line: message) and
  * counted, and the test goes on to its cleanup. Safe from several threads. */

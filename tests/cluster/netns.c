@@ -58,57 +58,8 @@ int kc_ip(char *out, size_t out_len, const char *const *args)
     for (size_t i = 0; args[i] && n < 31; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    int pipefd[2];
-    if (pipe2(pipefd, O_CLOEXEC) != 0)
-        return -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(pipefd[0]);
-        close(pipefd[1]);
-        return -1;
-    }
-    if (pid == 0) {
-        dup2(pipefd[1], STDOUT_FILENO);
-        dup2(pipefd[1], STDERR_FILENO);
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(pipefd[1]);
-    size_t used = 0;
-    fcntl(pipefd[0], F_SETFL, O_NONBLOCK);
-    uint64_t deadline = kvd_now_ns() + (uint64_t)IP_TIMEOUT_MS * 1000000ull;
-    int status = -1;
-    bool exited = false;
-    for (;;) {
-        char buf[4096];
-        ssize_t r = read(pipefd[0], buf, sizeof(buf));
-        if (r > 0) {
-            if (out != NULL && out_len > used + 1) {
-                size_t take = KVD_MIN((size_t)r, out_len - used - 1);
-                memcpy(out + used, buf, take);
-                used += take;
-            }
-            continue;
-        }
-        if (r == 0 && exited)
-            break;
-        int st;
-        if (!exited && waitpid(pid, &st, WNOHANG) == pid) {
-            exited = true;
-            status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-            continue;
-        }
-        if (kvd_now_ns() >= deadline) {
-            if (!exited) {
-                kill(pid, SIGKILL);
-                waitpid(pid, NULL, 0);
-            }
-            status = -1;
-            break;
-        }
-        kvd_sleep_ns(1000000);
-    }
-    close(pipefd[0]);
+    int status = kvd_test_run_out((char *const *)argv, out, out_len, IP_TIMEOUT_MS, true);
+    size_t used = out != NULL && out_len > 0 ? strlen(out) : 0;
     if (out != NULL && out_len > 0) {
         out[used] = '\0';
         /* one line for a message */
