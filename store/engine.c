@@ -797,9 +797,12 @@ uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc)
     return j;
 }
 
+static bool tenant_room(kvd_store_t *s, uint32_t t, uint32_t pages, bool *stuck);
+
 /* Begins the promotion of SSD object i into a DRAM extent of its own;
  * KVD_INPROGRESS when it runs (or ran already), KVD_ERR_NO_SPACE when no
- * room can be made in DRAM, KVD_ERR_BUSY when the tier cannot take it now
+ * room can be made in DRAM (or in its tenant's max_bytes), KVD_ERR_BUSY
+ * when the tier cannot take it now
  * (the caller asks again later either way). */
 static int promote_begin(kvd_store_t *s, uint32_t i)
 {
@@ -807,6 +810,13 @@ static int promote_begin(kvd_store_t *s, uint32_t i)
     if (r->spare & REC_F_PROMOTING)
         return KVD_INPROGRESS;
     uint32_t slot = r->ns, t = tenant_of(s, slot);
+    /* the object comes back into DRAM, which its tenant's max_bytes bounds
+     * as for a Reserve: its own cold objects make room, or it stays out */
+    bool stuck = false;
+    if (!tenant_room(s, t, r->size_pages, &stuck)) {
+        s->tenants[t].use.quota_refusals++;
+        return KVD_ERR_NO_SPACE;
+    }
     uint32_t j = alloc_evicting(s, r->size_pages);
     if (j == NIL)
         return KVD_ERR_NO_SPACE;

@@ -174,6 +174,68 @@ static void put_all(fx_t *f)
     check_ok(f->s);
 }
 
+/* Publishes object n in namespace ns. */
+static void put_ns(fx_t *f, uint32_t ns, uint32_t n)
+{
+    uint32_t keep = f->ns;
+    f->ns = ns;
+    put(f, n);
+    f->ns = keep;
+}
+
+static uint64_t tenant_bytes(fx_t *f, uint32_t t, uint64_t *max)
+{
+    kvd_tenant_limits_t lim;
+    kvd_tenant_usage_t use;
+    assert_int_equal(kvd_store_tenant_usage(f->s, t, &lim, &use), KVD_OK);
+    *max = lim.max_bytes;
+    return use.bytes;
+}
+
+/* A promotion brings an object back into DRAM within its tenant's
+ * max_bytes: the tenant's own cold objects make room (as for a Reserve),
+ * and what comes back is byte-exact. Before, promotions took the tenant
+ * past its quota. */
+static void test_promotion_keeps_the_tenant_quota(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_tenant_limits_t lim = {.max_bytes = 6ull * OBJ_BYTES};
+    uint32_t t, ns;
+    assert_int_equal(kvd_store_tenant_add(f.s, "t1", &lim, &t), KVD_OK);
+    assert_int_equal(kvd_store_ns_register(f.s, t, 1, "t1/kv", OBJ_BYTES, false, &ns),
+                     KVD_OK);
+    for (uint32_t n = 0; n < 5; n++) /* the tenant's first five: spilled below */
+        put_ns(&f, ns, n);
+    for (uint32_t n = 100; n < 100 + N_OBJ; n++) { /* the default tenant's */
+        put(&f, n);
+        kvd_store_tier_drain(f.s, 1000);
+    }
+    kvd_store_tier_drain(f.s, 2000);
+    for (uint32_t n = 5; n < 10; n++) /* five more, in DRAM */
+        put_ns(&f, ns, n);
+    uint64_t max = 0;
+    assert_true(tenant_bytes(&f, t, &max) <= max);
+    uint32_t keep = f.ns;
+    f.ns = ns;
+    size_t back = 0;
+    for (uint32_t n = 0; n < 5; n++) {
+        int rc = get(&f, n);
+        assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND || rc == KVD_ERR_NO_SPACE);
+        back += rc == KVD_OK;
+        uint64_t b = tenant_bytes(&f, t, &max);
+        assert_true(b <= max);
+    }
+    f.ns = keep;
+    /* the first ones did spill, and came back within the quota */
+    assert_true(back > 0);
+    kvd_tenant_usage_t use;
+    assert_int_equal(kvd_store_tenant_usage(f.s, t, NULL, &use), KVD_OK);
+    assert_true(use.quota_evictions > 0);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
 /* Twice the pool's worth goes through the tier and back, byte-exact. */
 static void test_twice_dram_round_trips(void **state)
 {
@@ -544,6 +606,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         BOTH(test_twice_dram_round_trips),
+        BOTH(test_promotion_keeps_the_tenant_quota),
         BOTH(test_lookup_says_the_tier),
         BOTH(test_restart_keeps_the_tier),
         BOTH(test_sigkill_keeps_acknowledged_spills),
