@@ -218,11 +218,11 @@ static size_t tab_find(const kvd_cluster_t *c, const char *id, bool *found)
     return lo;
 }
 
-static void tab_put(kvd_cluster_t *c, const kvd_member_msg_t *m)
+/* tab_put with mu held. */
+static void tab_put_locked(kvd_cluster_t *c, const kvd_member_msg_t *m)
 {
     bool found;
     size_t at = tab_find(c, m->node_id, &found);
-    pthread_mutex_lock(&c->mu);
     if (!found || c->tab[at].m.started_unix_ms != m->started_unix_ms ||
         strcmp(c->tab[at].m.address, m->address) != 0)
         c->members_gen++; /* a join, a restart or a move: not a heartbeat */
@@ -231,10 +231,8 @@ static void tab_put(kvd_cluster_t *c, const kvd_member_msg_t *m)
             size_t cap = c->cap ? 2 * c->cap : 16;
             member_t *t = kvd_mem_realloc(KVD_MEM_OTHER, c->tab, c->cap * sizeof(*t),
                                           cap * sizeof(*t));
-            if (t == NULL) {
-                pthread_mutex_unlock(&c->mu);
+            if (t == NULL)
                 return; /* this member stays unknown until the next read */
-            }
             c->tab = t;
             c->cap = cap;
         }
@@ -244,6 +242,12 @@ static void tab_put(kvd_cluster_t *c, const kvd_member_msg_t *m)
     c->tab[at].m = *m;
     c->tab[at].m.self = strcmp(m->node_id, c->node_id) == 0;
     c->tab[at].seen_ns = mono_ns();
+}
+
+static void tab_put(kvd_cluster_t *c, const kvd_member_msg_t *m)
+{
+    pthread_mutex_lock(&c->mu);
+    tab_put_locked(c, m);
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -388,20 +392,29 @@ static int read_all(kvd_cluster_t *c, int64_t *revision)
     int rc = kvd_etcd_get_prefix(c->etcd, c->prefix, strlen(c->prefix), &kvs);
     if (rc != KVD_OK)
         return rc;
-    pthread_mutex_lock(&c->mu);
-    c->n = 0;
-    c->members_gen++; /* read anew: whatever it holds now */
-    pthread_mutex_unlock(&c->mu);
+    /* parsed first, then put in place at once: a reader of the table
+     * never sees half of it */
+    kvd_member_msg_t *ms = kvd_mem_calloc(KVD_MEM_OTHER, kvs.n + 1, sizeof(*ms));
+    if (ms == NULL) {
+        kvd_etcd_kvs_free(&kvs);
+        return KVD_ERR_NOMEM;
+    }
+    size_t nm = 0;
     for (size_t i = 0; i < kvs.n; i++) {
         const kvd_etcd_kv_t *kv = &kvs.kv[i];
-        if (strcmp(kv->key, c->epoch_key) == 0) {
+        if (strcmp(kv->key, c->epoch_key) == 0)
             c->epoch = parse_epoch(kv->value, kv->value_len);
-            continue;
-        }
-        kvd_member_msg_t m;
-        if (member_parse(member_id_of(c, kv->key), kv->value, kv->value_len, &m))
-            tab_put(c, &m);
+        else if (member_parse(member_id_of(c, kv->key), kv->value, kv->value_len,
+                              &ms[nm]))
+            nm++;
     }
+    pthread_mutex_lock(&c->mu);
+    c->n = 0;
+    for (size_t i = 0; i < nm; i++)
+        tab_put_locked(c, &ms[i]);
+    c->members_gen++; /* read anew: whatever it holds now */
+    pthread_mutex_unlock(&c->mu);
+    kvd_mem_free(KVD_MEM_OTHER, ms, (kvs.n + 1) * sizeof(*ms));
     *revision = kvs.revision;
     kvd_etcd_kvs_free(&kvs);
     return KVD_OK;

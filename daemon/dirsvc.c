@@ -567,6 +567,7 @@ typedef struct route {
     size_t n_subs;
     size_t **sub_q;  /* [sub][sub query] -> query */
     size_t ***sub_k; /* [sub][sub query][key] -> key index */
+    size_t **sub_nk; /* [sub][sub query] -> keys asked (sub_k's length) */
     size_t *sub_nq;
 } route_t;
 
@@ -630,7 +631,9 @@ static void route_merge(route_t *rt, size_t s, const kvd_dir_lookup_rep_t *ans)
         map[i] = node_bit(r, ans->nodes[i]);
     for (size_t sq = 0; sq < ans->n && sq < rt->sub_nq[s]; sq++) {
         size_t q = rt->sub_q[s][sq];
-        for (size_t k = 0; k < ans->n_holders[sq]; k++) {
+        /* an answer is the peer's: never more keys than were asked */
+        size_t nk = KVD_MIN(ans->n_holders[sq], rt->sub_nk[s][sq]);
+        for (size_t k = 0; k < nk; k++) {
             uint64_t bits = ans->holders[sq][k];
             uint64_t out = 0;
             for (size_t b = 0; b < ans->n_nodes && b < KVD_DIR_NODES_MAX; b++)
@@ -678,9 +681,10 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
     r->holders = kvd_msg_alloc(m, req->n * sizeof(uint64_t *) + 1);
     rt->sub_q = kvd_msg_alloc(m, (nm + 1) * sizeof(size_t *));
     rt->sub_k = kvd_msg_alloc(m, (nm + 1) * sizeof(size_t **));
+    rt->sub_nk = kvd_msg_alloc(m, (nm + 1) * sizeof(size_t *));
     rt->sub_nq = kvd_msg_alloc(m, (nm + 1) * sizeof(size_t));
-    bool ok =
-        r->nodes && r->n_holders && r->holders && rt->sub_q && rt->sub_k && rt->sub_nq;
+    bool ok = r->nodes && r->n_holders && r->holders && rt->sub_q && rt->sub_k &&
+              rt->sub_nk && rt->sub_nq;
     r->n = req->n;
     /* this daemon's own store first: what it holds it knows for sure */
     for (size_t q = 0; ok && q < req->n; q++) {
@@ -725,7 +729,8 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
         sr->queries = kvd_msg_alloc(&sub, req->n * sizeof(*sr->queries) + 1);
         size_t *sq = kvd_msg_alloc(m, req->n * sizeof(size_t) + 1);
         size_t **sk = kvd_msg_alloc(m, req->n * sizeof(size_t *) + 1);
-        if (!sr->queries || !sq || !sk) {
+        size_t *snk = kvd_msg_alloc(m, req->n * sizeof(size_t) + 1);
+        if (!sr->queries || !sq || !sk || !snk) {
             kvd_msg_clear(&sub);
             continue;
         }
@@ -754,6 +759,7 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
             }
             sq[sr->n] = q;
             sk[sr->n] = map;
+            snk[sr->n] = dk->n_added;
             sr->n++;
         }
         if (sr->n == 0) {
@@ -763,6 +769,7 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
         size_t s = rt->n_subs++;
         rt->sub_q[s] = sq;
         rt->sub_k[s] = sk;
+        rt->sub_nk[s] = snk;
         rt->sub_nq[s] = sr->n;
         if (strcmp(d->mem[o].id, d->self) == 0) {
             kvd_msg_t ans = {0};

@@ -100,6 +100,8 @@ static void end_locked(kvd_peers_t *p, job_t *j, int status)
     (void)w;
 }
 
+static void data_close(peer_t *q);
+
 /* The peer of node_id (made when missing; NULL when the table is full).
  * Called with mu held. */
 static peer_t *peer_of(kvd_peers_t *p, const char *id, const char *address)
@@ -111,18 +113,26 @@ static peer_t *peer_of(kvd_peers_t *p, const char *id, const char *address)
         if (strcmp(q->address, address) != 0) {
             /* it came back elsewhere: the next call reconnects */
             kvd_strlcpy(q->address, address, sizeof(q->address));
-            if (q->busy)
+            if (q->busy) {
                 q->closing = true;
-            else if (q->c != NULL) {
+            } else {
                 kvd_client_close(q->c);
                 q->c = NULL;
+                data_close(q); /* its reads go to the new address too */
             }
         }
         return q;
     }
-    if (p->n_peers == PEERS_MAX)
+    /* a slot a forgotten peer left, else a new one */
+    peer_t *q = NULL;
+    for (size_t i = 0; i < p->n_peers && q == NULL; i++)
+        if (p->peers[i].node_id[0] == '\0' && !p->peers[i].busy &&
+            p->peers[i].head == NULL)
+            q = &p->peers[i];
+    if (q == NULL && p->n_peers == PEERS_MAX)
         return NULL;
-    peer_t *q = &p->peers[p->n_peers++];
+    if (q == NULL)
+        q = &p->peers[p->n_peers++];
     memset(q, 0, sizeof(*q));
     kvd_strlcpy(q->node_id, id, sizeof(q->node_id));
     kvd_strlcpy(q->address, address, sizeof(q->address));
@@ -393,7 +403,16 @@ void kvd_peers_stop(kvd_peers_t *p)
     }
     pthread_mutex_unlock(&p->mu);
     if (p->efd >= 0) {
-        kvd_peers_poll(p);
+        /* a callback may queue more (a fallback to the RPC): it ends at
+         * once, failed, and is finished here too */
+        for (;;) {
+            pthread_mutex_lock(&p->mu);
+            bool more = p->ended != NULL;
+            pthread_mutex_unlock(&p->mu);
+            if (!more)
+                break;
+            kvd_peers_poll(p);
+        }
         close(p->efd);
     }
     pthread_mutex_destroy(&p->mu);
@@ -540,6 +559,7 @@ void kvd_peers_forget(kvd_peers_t *p, const char *node_id)
             kvd_client_close(q->c);
             q->c = NULL;
             data_close(q);
+            q->node_id[0] = '\0'; /* the slot is free for another peer */
         }
         break;
     }

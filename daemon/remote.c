@@ -184,9 +184,14 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
     fetch_t *f = arg;
     job_t *j = f->job;
     kvd_remote_t *r = j->r;
+    /* the peer's answer to a plain Fetch carries the bytes of every key it
+     * says is here (decode checked the counts agree), never a pin */
     const kvd_fetch_rep_t *fr =
         status == KVD_OK && rep->status == KVD_OK && rep->body.fetch_rep.n == f->n &&
-                rep->body.fetch_rep.object_bytes == j->object_bytes
+                rep->body.fetch_rep.object_bytes == j->object_bytes &&
+                rep->body.fetch_rep.lease_id == 0 && rep->body.fetch_rep.n_offsets == 0 &&
+                rep->body.fetch_rep.data_len ==
+                    rep->body.fetch_rep.n_depths * j->object_bytes
             ? &rep->body.fetch_rep
             : NULL;
     size_t n_in = 0;
@@ -365,12 +370,12 @@ static void send_read(job_t *j, const char *node, const size_t *at, size_t n)
     if (ok) {
         op->at = kvd_mem_calloc(KVD_MEM_STAGING, n, sizeof(size_t));
         op->results = kvd_mem_calloc(KVD_MEM_STAGING, n + 1, 1);
+        op->n = n; /* the size both were allocated with, for readop_free */
         ok = op->at && op->results;
     }
     int rc = KVD_ERR_NOMEM;
     if (ok) {
         op->job = j;
-        op->n = n;
         kvd_strlcpy(op->node, node, sizeof(op->node));
         for (size_t i = 0; i < n; i++) {
             op->at[i] = at[i];
@@ -385,7 +390,8 @@ static void send_read(job_t *j, const char *node, const size_t *at, size_t n)
     }
     size_t wanted = 0;
     for (size_t i = 0; rc == KVD_OK && i < n; i++) {
-        bool mine = op->results[i] == KVD_RESERVE_ALLOCATED;
+        bool mine =
+            op->results[i] == KVD_RESERVE_ALLOCATED && locs[i].size >= j->object_bytes;
         local[i] = mine ? locs[i].offset : UINT64_MAX;
         wanted += mine;
     }
@@ -409,10 +415,7 @@ static void send_read(job_t *j, const char *node, const size_t *at, size_t n)
     if (op != NULL) {
         /* nothing in flight: what is here is here, the rest failed */
         keys_settle(j, at, n, NULL);
-        if (op->at != NULL)
-            readop_free(op);
-        else
-            kvd_mem_free(KVD_MEM_STAGING, op, sizeof(*op));
+        readop_free(op);
     }
     kvd_msg_clear(&req);
     kvd_mem_free(KVD_MEM_STAGING, puts, (n + 1) * sizeof(*puts));

@@ -944,7 +944,7 @@ static void reserve_done(void *arg, kvd_msg_t *dir)
     sr->items = kvd_msg_alloc(&sub, r->n * sizeof(*sr->items) + 1);
     for (size_t i = 0; held != NULL && sr->items != NULL && i < r->n; i++) {
         uint64_t bits = d && i < d->n_holders[0] ? d->holders[0][i] : 0;
-        for (size_t b = 0; b < d->n_nodes && bits && !held[i]; b++)
+        for (size_t b = 0; bits && b < d->n_nodes && !held[i]; b++) /* bits: d is set */
             held[i] = bits >> b & 1 && kvd_dirsvc_other_live(s->dirsvc, d->nodes[b]);
         if (!held[i])
             sr->items[sr->n++] = r->items[i];
