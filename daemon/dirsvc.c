@@ -70,7 +70,6 @@ struct kvd_dirsvc {
     uint64_t walk_pos;
     bool redo_full;       /* an announcement failed: a full round once the walk ends */
     struct route *routes; /* routed lookups not yet answered */
-    uint64_t route_timeouts;
     uint64_t announced, announce_failures;
 };
 
@@ -150,10 +149,11 @@ static void on_presence(void *arg, uint32_t ns, const uint8_t key[KVD_KEY_BYTES]
 
 /* ------------------------------------------------------------ owners */
 
-static size_t owner_of(const kvd_dirsvc_t *d, const mem_t *mem, const uint64_t *hashes,
-                       size_t n, uint32_t name, const uint8_t *key)
+/* The index in hashes[0..n) (members sorted by id) of the owner of a
+ * queued key (name interned). */
+static size_t owner_of(const kvd_dirsvc_t *d, const uint64_t *hashes, size_t n,
+                       uint32_t name, const uint8_t *key)
 {
-    (void)mem;
     const hname_t *nm = &d->names[name];
     return kvd_rendezvous_owner(kvd_dir_hash(nm->tenant, nm->ns, key), hashes, n);
 }
@@ -240,12 +240,12 @@ static void send_events(kvd_dirsvc_t *d, const event_t *ev, size_t n)
     if (frames == NULL)
         return;
     for (size_t i = 0; i < n;) {
-        size_t o = owner_of(d, d->mem, d->hashes, d->n_mem, ev[i].name, ev[i].key);
+        size_t o = owner_of(d, d->hashes, d->n_mem, ev[i].name, ev[i].key);
         /* the run of events of one owner, name and direction */
         size_t j = i + 1;
         while (j < n && j - i < FRAME_KEYS_MAX && ev[j].name == ev[i].name &&
                ev[j].present == ev[i].present &&
-               owner_of(d, d->mem, d->hashes, d->n_mem, ev[j].name, ev[j].key) == o)
+               owner_of(d, d->hashes, d->n_mem, ev[j].name, ev[j].key) == o)
             j++;
         frame_t *f = &frames[o];
         kvd_dir_announce_req_t *r = &f->msg.body.dir_announce_req;
@@ -309,10 +309,9 @@ static int walk_one(const kvd_obj_info_t *o, void *arg)
         return 0;
     if (d->walk == WALK_CHANGED) {
         /* only keys whose owner is another member, or another life of it */
-        size_t now = owner_of(d, d->mem, d->hashes, d->n_mem, w->last_name, o->key);
-        size_t was =
-            d->n_old ? owner_of(d, d->old, d->old_hashes, d->n_old, w->last_name, o->key)
-                     : SIZE_MAX;
+        size_t now = owner_of(d, d->hashes, d->n_mem, w->last_name, o->key);
+        size_t was = d->n_old ? owner_of(d, d->old_hashes, d->n_old, w->last_name, o->key)
+                              : SIZE_MAX;
         if (was != SIZE_MAX && strcmp(d->old[was].id, d->mem[now].id) == 0 &&
             d->old[was].started_ms == d->mem[now].started_ms)
             return 0;
@@ -604,11 +603,6 @@ static void route_answer(route_t *rt)
     }
 }
 
-static void route_finish(route_t *rt)
-{
-    route_answer(rt);
-}
-
 /* Answers the routes whose deadline passed with what their owners said so
  * far (those late count as knowing nothing). */
 static void routes_expire(kvd_dirsvc_t *d, uint64_t now_ns)
@@ -616,7 +610,6 @@ static void routes_expire(kvd_dirsvc_t *d, uint64_t now_ns)
     for (route_t *rt = d->routes, *next; rt != NULL; rt = next) {
         next = rt->next;
         if (rt->deadline_ns <= now_ns) {
-            d->route_timeouts++;
             route_answer(rt);
         }
     }
@@ -656,7 +649,7 @@ static void route_sub_done(void *arg, int status, kvd_msg_t *rep)
     if (status == KVD_OK && rep->status == KVD_OK && !rt->answered)
         route_merge(rt, sa->s, &rep->body.dir_lookup_rep);
     if (--rt->waiting == 0)
-        route_finish(rt);
+        route_answer(rt);
 }
 
 int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
@@ -790,7 +783,7 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
                        sa);
     }
     if (--rt->waiting == 0)
-        route_finish(rt);
+        route_answer(rt);
     return KVD_OK;
 }
 

@@ -199,8 +199,7 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
     size_t *src = kvd_mem_calloc(KVD_MEM_STAGING, f->n + 1, sizeof(*src));
     uint8_t *results = kvd_mem_calloc(KVD_MEM_STAGING, f->n + 1, 1);
     kvd_loc_t *locs = kvd_mem_calloc(KVD_MEM_STAGING, f->n + 1, sizeof(*locs));
-    bool *ok = kvd_mem_calloc(KVD_MEM_STAGING, f->n + 1, sizeof(*ok));
-    if (fr != NULL && puts && src && results && locs && ok) {
+    if (fr != NULL && puts && src && results && locs) {
         size_t d = 0;
         for (size_t i = 0; i < f->n; i++) {
             if (fr->present[i] != KVD_FETCH_HERE)
@@ -216,7 +215,6 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
             puts[n_in] =
                 (kvd_put_t){.key = key, .parent = parent, .depth = fr->depths[d]};
             src[n_in++] = d++;
-            ok[i] = true;
         }
     }
     if (n_in > 0) {
@@ -250,7 +248,6 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
     kvd_mem_free(KVD_MEM_STAGING, src, (f->n + 1) * sizeof(*src));
     kvd_mem_free(KVD_MEM_STAGING, results, f->n + 1);
     kvd_mem_free(KVD_MEM_STAGING, locs, (f->n + 1) * sizeof(*locs));
-    kvd_mem_free(KVD_MEM_STAGING, ok, (f->n + 1) * sizeof(*ok));
     kvd_mem_free(KVD_MEM_STAGING, f->at, f->n * sizeof(size_t));
     kvd_mem_free(KVD_MEM_STAGING, f, sizeof(*f));
     job_put(j);

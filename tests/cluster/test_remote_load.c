@@ -493,6 +493,17 @@ static int call(kvd_client_t *c, kvd_msg_t *req, kvd_msg_t *rep)
     return rc == KVD_OK ? rep->status : rc;
 }
 
+/* A directory batch of chain1's first key, in the default tenant's kv
+ * namespace (k1 holds the key). */
+static kvd_dir_keys_t first_key_batch(kvd_key_t k1[1])
+{
+    memcpy(k1[0], chain1[0], KVD_KEY_BYTES);
+    kvd_dir_keys_t batch = {.n_added = 1, .added = k1};
+    kvd_strlcpy(batch.tenant, "default", sizeof(batch.tenant));
+    kvd_strlcpy(batch.ns_name, TS_KV_NS, sizeof(batch.ns_name));
+    return batch;
+}
+
 static void bad_requests(void)
 {
     kvd_client_t *c = tcp_hello(cl.peer_token_file, "peer");
@@ -501,10 +512,7 @@ static void bad_requests(void)
     kvd_msg_t req, rep;
     /* a DirAnnounce that names no holder */
     kvd_key_t k1[1];
-    memcpy(k1[0], chain1[0], KVD_KEY_BYTES);
-    kvd_dir_keys_t batch = {.n_added = 1, .added = k1};
-    kvd_strlcpy(batch.tenant, "default", sizeof(batch.tenant));
-    kvd_strlcpy(batch.ns_name, TS_KV_NS, sizeof(batch.ns_name));
+    kvd_dir_keys_t batch = first_key_batch(k1);
     kvd_msg_request(&req, 0, KVD_METHOD_DIR_ANNOUNCE);
     req.body.dir_announce_req = (kvd_dir_announce_req_t){.n = 1, .batches = &batch};
     int st = call(c, &req, &rep);
@@ -592,10 +600,7 @@ static void not_a_peer(void)
         return;
     kvd_msg_t req, rep;
     kvd_key_t k1[1];
-    memcpy(k1[0], chain1[0], KVD_KEY_BYTES);
-    kvd_dir_keys_t batch = {.n_added = 1, .added = k1};
-    kvd_strlcpy(batch.tenant, "default", sizeof(batch.tenant));
-    kvd_strlcpy(batch.ns_name, TS_KV_NS, sizeof(batch.ns_name));
+    kvd_dir_keys_t batch = first_key_batch(k1);
 
     kvd_msg_request(&req, 0, KVD_METHOD_DIR_ANNOUNCE);
     req.body.dir_announce_req =
