@@ -38,6 +38,9 @@ typedef enum kvd_status {
     KVD_ERR_AUTH = -18,           /* no credential, or one the daemon refuses */
     KVD_ERR_QUOTA = -19,          /* over the tenant's quota */
     KVD_ERR_CORRUPT = -20,        /* stored bytes failed their checksum */
+    KVD_ERR_NO_DEVICE = -21,      /* the memory kind's runtime or device is not here */
+    KVD_ERR_NOT_DEVICE = -22,     /* memory declared of a device kind is not */
+    KVD_ERR_DEVICE = -23,         /* a device runtime call failed */
 } kvd_status_t;
 
 #endif /* KVD_STATUS_H */

@@ -35,6 +35,9 @@ const char *kvd_status_str(int status)
     case KVD_ERR_AUTH: return "not authenticated";
     case KVD_ERR_QUOTA: return "over quota";
     case KVD_ERR_CORRUPT: return "checksum mismatch";
+    case KVD_ERR_NO_DEVICE: return "no device runtime or device";
+    case KVD_ERR_NOT_DEVICE: return "not device memory";
+    case KVD_ERR_DEVICE: return "device runtime error";
     }
     return "unknown status";
 }

@@ -153,9 +153,20 @@ typedef enum kvd_addressing {
     KVD_ADDR_SLOT = 2,
 } kvd_addressing_t;
 
+/*
+ * The memory a pool's buffers live in. The device kinds load their runtime
+ * when the first pool of that kind is registered (the CUDA driver,
+ * libcuda.so.1, or $KVDOCK_CUDA_LIBRARY; ROCm's libamdhip64.so, or
+ * $KVDOCK_HIP_LIBRARY): libkvdock has no link-time dependency on either.
+ * Device buffers are copied on streams of the linker's own, one per
+ * direction, between the device and the store's pool, which the linker
+ * pins for DMA in the background (kvd_pool_stats_t says whether it is, and
+ * what went through the small pinned bounce ring meanwhile).
+ */
 typedef enum kvd_memory_kind {
     KVD_MEM_HOST = 1, /* ordinary host memory: memcpy */
-    KVD_MEM_HIP = 2,  /* ROCm device memory (a later backend) */
+    KVD_MEM_HIP = 2,  /* ROCm device memory (hipMalloc) */
+    KVD_MEM_CUDA = 3, /* CUDA device memory (cudaMalloc, cuMemAlloc) */
 } kvd_memory_kind_t;
 
 /* One component buffer of one layer: row r lives at base + r * row_stride
@@ -203,7 +214,13 @@ typedef struct kvd_pool_desc {
  * follow from the description and are registered with the daemon.
  * Errors: KVD_ERR_INVALID for a bad description (a layer id twice among
  * its layers, among others), KVD_ERR_UNSUPPORTED for a
- * memory kind not built in, KVD_ERR_NO_SPACE past KVD_MAX_POOLS pools, the
+ * memory kind not built in, KVD_ERR_NO_DEVICE when the kind's runtime or
+ * a device is not on this host (kvd_last_error names what is missing),
+ * KVD_ERR_NOT_DEVICE when a buffer of a device kind is not device memory
+ * of that kind (a host pointer, the other runtime's memory), or its rows
+ * run past the end of the allocation it lies in, or the pool's buffers lie
+ * on two devices; KVD_ERR_DEVICE when the runtime fails (its error named),
+ * KVD_ERR_NO_SPACE past KVD_MAX_POOLS pools, the
  * daemon's refusal (e.g. KVD_ERR_INVALID: the namespace exists with
  * another object size), the connection's errors.
  */
@@ -343,6 +360,22 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *linker, uint32_t *counter
  */
 KVD_API int kvd_wait_layer(kvd_linker_t *linker, uint32_t counter, uint32_t layer_id);
 
+/*
+ * Makes the engine's `stream` (a cudaStream_t or hipStream_t, as the
+ * batch's device pools are) wait, on the device, until layer_id's bytes of
+ * batch `counter` are in place, and returns once that wait is queued: a
+ * forward pass (captured in a CUDA graph or not) overlaps with the load
+ * without a host round trip per layer. The call itself waits (as
+ * kvd_wait_layer does) only until the layer's copies are issued, and for
+ * a layer of host pools only, until they are done. Returns what
+ * kvd_wait_layer would for a layer in place or failed; the layer's copies
+ * that fail after the wait was queued fail the load's completion, which the
+ * engine checks before it trusts that request's KV. Errors as
+ * kvd_wait_layer's, KVD_ERR_DEVICE (the runtime refused the wait).
+ */
+KVD_API int kvd_stream_wait_layer(kvd_linker_t *linker, uint32_t counter,
+                                  uint32_t layer_id, void *stream);
+
 /* One finished load or offload. */
 typedef struct kvd_completion {
     uint64_t id; /* the rid, or the offload's ack */
@@ -376,6 +409,20 @@ KVD_API int kvd_pop_completed_loads(kvd_linker_t *linker, kvd_completion_t *out,
 KVD_API int kvd_offload(kvd_linker_t *linker, const kvd_transfer_t *transfers,
                         size_t n_transfers, uint64_t *ack);
 
+/*
+ * kvd_offload for rows the engine is still writing on the device: the
+ * device-to-host copies wait, on the device, for `event` (a cudaEvent_t or
+ * hipEvent_t, as its record stands when this is called) or, when event is
+ * NULL, for everything queued on `stream` so far. The call does not block;
+ * the engine may re-record the event or go on with the stream at once.
+ * Both NULL is kvd_offload. Errors as kvd_offload's, KVD_ERR_INVALID for a
+ * transfer of a host pool (nothing on a device to wait for),
+ * KVD_ERR_DEVICE (the runtime refused the wait).
+ */
+KVD_API int kvd_offload_after(kvd_linker_t *linker, const kvd_transfer_t *transfers,
+                              size_t n_transfers, void *stream, void *event,
+                              uint64_t *ack);
+
 /* Pops up to max finished offloads, each ack exactly once; *n says how
  * many. Never blocks. Errors: KVD_ERR_INVALID only. */
 KVD_API int kvd_pop_completed_offloads(kvd_linker_t *linker, kvd_completion_t *out,
@@ -389,6 +436,13 @@ typedef struct kvd_pool_stats {
     uint64_t offload_bytes; /* counted object by object as offloads copy */
     uint64_t load_failures;
     uint64_t offload_failures;
+    kvd_memory_kind_t memory;
+    /* device kinds: whether the store's pool is registered with the
+     * device (pinned for DMA) on this connection; host kinds: false */
+    bool pinned;
+    uint64_t dma_bytes;    /* copied between the device and the pinned pool */
+    uint64_t bounce_bytes; /* copied through the pinned bounce ring (the pool
+                            * not pinned yet, or its registration failed) */
 } kvd_pool_stats_t;
 
 /* Counters of one registered pool. Errors: KVD_ERR_INVALID for an unknown

@@ -52,6 +52,9 @@ DrainingError = _make("DrainingError", -17, "KVD_ERR_DRAINING", "the daemon is s
 AuthError = _make("AuthError", -18, "KVD_ERR_AUTH", "no credential, or one the daemon refuses")
 QuotaError = _make("QuotaError", -19, "KVD_ERR_QUOTA", "over the tenant's quota")
 CorruptError = _make("CorruptError", -20, "KVD_ERR_CORRUPT", "stored bytes failed their checksum")
+NoDeviceError = _make("NoDeviceError", -21, "KVD_ERR_NO_DEVICE", "the memory kind's runtime or device is not here")
+NotDeviceError = _make("NotDeviceError", -22, "KVD_ERR_NOT_DEVICE", "memory declared of a device kind is not")
+DeviceError = _make("DeviceError", -23, "KVD_ERR_DEVICE", "a device runtime call failed")
 
 
 class CallbackError(KvdockError):
@@ -66,7 +69,7 @@ _BY_STATUS = {c.status: c for c in (
     InvalidError, NoMemError, IoError, NotFoundError, ExistsError, BusyError, NoSpaceError,
     TimeoutError, ProtocolError, UnsupportedError, ClosedError, TooLargeError, StateError,
     PermissionDeniedError, UnavailableError, UnknownMethodError, DrainingError, AuthError,
-    QuotaError, CorruptError)}
+    QuotaError, CorruptError, NoDeviceError, NotDeviceError, DeviceError)}
 
 
 def error_class(status):

@@ -49,6 +49,9 @@ static const kvd_status_t codes[] = {
     KVD_ERR_AUTH,
     KVD_ERR_QUOTA,
     KVD_ERR_CORRUPT,
+    KVD_ERR_NO_DEVICE,
+    KVD_ERR_NOT_DEVICE,
+    KVD_ERR_DEVICE,
 };
 #define N_CODES (sizeof(codes) / sizeof(codes[0]))
 

@@ -30,6 +30,9 @@ CLASS_OF = {
     "UNAVAILABLE": "UnavailableError", "UNKNOWN_METHOD": "UnknownMethodError",
     "DRAINING": "DrainingError", "AUTH": "AuthError", "QUOTA": "QuotaError",
     "CORRUPT": "CorruptError",
+    "NO_DEVICE": "NoDeviceError",
+    "NOT_DEVICE": "NotDeviceError",
+    "DEVICE": "DeviceError",
 }
 
 
