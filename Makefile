@@ -45,11 +45,15 @@ RUN_ARGS ?=
 # clang and libclang-rt-14-dev (libFuzzer, clang 14's runtimes) for fuzz/;
 # Debian's python3-torch, -numpy, -pytest for the Python suite (tests/python,
 # run with /usr/bin/python3: the python3 first on PATH may be another).
+# libamdhip64-dev (ROCm 5.2) for the HIP headers: the HIP backend and the fake
+# HIP runtime of tests/gpu build against them (CUDA's cuda.h comes from the
+# toolkit in /usr/local/cuda where installed; neither is linked).
 DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
 	libprotobuf-c-dev libssl-dev libucx-dev libibverbs-dev \
 	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl \
 	clang libclang-rt-14-dev python3-torch python3-numpy python3-pytest \
-	liburing-dev e2fsprogs util-linux fio etcd-server libcurl4-openssl-dev libcjson-dev
+	liburing-dev e2fsprogs util-linux fio etcd-server libcurl4-openssl-dev libcjson-dev \
+	libamdhip64-dev
 
 CHAOS_ROUNDS ?= 5
 CHAOS_WORKERS ?= 4
