@@ -2,7 +2,9 @@
  * sim.c - the engine simulator (see sim.h): pools and allocators, the
  * page-aligned radix tree, deterministic bytes, prefill, offload, the
  * load flow against libkvdock, the scenario programs' fixture (their
- * daemon, tokens and simulator) and their calls of the kvdock CLI.
+ * daemon, tokens and simulator) and their calls of the kvdock CLI. The
+ * pools are host or device memory (sim_memory_open); every access of the
+ * simulator to their rows goes through unit_map / span_map.
  *
  * Everything is bounded: waits poll with a deadline, arrays are sized by
  * SIM_MAX_PAGES. The tree is a plain first-child/next-sibling tree; a node

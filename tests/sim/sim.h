@@ -170,7 +170,9 @@ typedef struct sim_fixture {
 /*
  * Starts the daemon, makes the tokens and opens the simulator with cfg (kept
  * by value). Returns 0 when all of it is ready, -1 after recording a
- * failure; sim_fixture_end is due either way.
+ * failure; sim_fixture_end is due either way. Where the pools' memory is a
+ * device that is missing, exits 77 (the reason printed) before starting
+ * anything.
  */
 int sim_fixture_start(sim_fixture_t *f, const char *name, const sim_config_t *cfg,
                       uint32_t seed, size_t n_tokens);
