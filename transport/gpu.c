@@ -619,6 +619,8 @@ int kvd_memkind_gpu_open(kvd_gpu_runtime_t rt, int ordinal, kvd_memkind_t **out,
     g->base = (kvd_memkind_t){
         .name = rt == KVD_GPU_CUDA ? "cuda" : "hip",
         .async = true,
+        .runtime = rt,
+        .ordinal = ordinal,
         .copy = gpu_copy,
         .copy_batch = gpu_copy_batch,
         .sync = gpu_sync,
