@@ -99,6 +99,11 @@ FAKE_API void fakegpu_stats_reset(void)
     fg_stats_reset();
 }
 
+FAKE_API int fakegpu_set(const char *knob, unsigned long long value)
+{
+    return fg_knob_set(knob, value);
+}
+
 /* ---- initialization, errors, devices, contexts ---- */
 
 CUresult cuInit(unsigned int flags)
