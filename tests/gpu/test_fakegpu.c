@@ -468,6 +468,17 @@ static void test_batch(void **state)
             "skipped: the driver has no cuMemcpyBatchAsync_v2 (before CUDA 13)\n");
         skip();
     }
+    /* cuGetProcAddress finds the same entry point for a CUDA 13 caller */
+    int (*proc)(const char *, void **, int, unsigned long long, int *) =
+        gt_symbol("cuGetProcAddress_v2");
+    assert_non_null(proc);
+    void *found = NULL;
+    int found_status = -1;
+    assert_int_equal(proc("cuMemcpyBatchAsync", &found, 13000, 0, &found_status), 0);
+    assert_int_equal(found_status, 0);
+    assert_non_null(found);
+    if (gt_is_fake())
+        assert_ptr_equal(found, (void *)batch);
     unsigned char *dev = gt_alloc(3 * ROW);
     unsigned char *a = filled(ROW, 0xa1), *b = filled(ROW, 0xb2), *out = filled(ROW, 0);
     unsigned char *c = filled(ROW, 0x33);
