@@ -832,9 +832,14 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
     for (lload_t *ld = b->loads; ld != NULL && !device; ld = ld->next)
         for (size_t i = 0; i < ld->n && !device; i++)
             device = l->pools[ld->x[i].pool].rt != 0;
+    /* a group's marks follow its device copies only where the data path
+     * issues them as it posts (shm); a staged transport (UCX) issues them
+     * once the wire brought the bytes, so there a stream waits as the CPU
+     * does, for the group in place */
+    bool marked = device && kvd_transport_copies_at_post(dp->t);
     lgroup_marks_t *marks =
-        device ? calloc(n_groups ? n_groups : 1, sizeof(*marks)) : NULL;
-    int err = device && marks == NULL ? KVD_ERR_NOMEM : KVD_OK;
+        marked ? calloc(n_groups ? n_groups : 1, sizeof(*marks)) : NULL;
+    int err = marked && marks == NULL ? KVD_ERR_NOMEM : KVD_OK;
     if (marks != NULL) {
         lk_lock(&l->lock);
         b->groups = marks; /* freed when it finishes; read under lock */
@@ -859,7 +864,7 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
             lk_unlock(&l->lock);
         }
         uint64_t cookie = dp->next_cookie;
-        if (err == KVD_OK && marks == NULL) {
+        if (err == KVD_OK && !device) {
             err = lk_dp_wait_upto(l, dp, cookie);
             group_done(l, b, end, err);
         } else if (err == KVD_OK && prev_end > 0) {

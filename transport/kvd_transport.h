@@ -306,6 +306,10 @@ typedef void (*kvd_transport_destroy_fn)(kvd_transport_t *t);
 
 typedef struct kvd_transport_ops {
     const char *name;
+    /* post itself issues the copies through the regions' kinds (shm): a
+     * kind's mark taken after post follows them. Otherwise they are issued
+     * later (a staged transport's, once the wire brought the bytes). */
+    bool copies_at_post;
     /* makes r (base, length, kind set) usable by the backend */
     kvd_transport_reg_fn reg;
     kvd_transport_dereg_fn dereg;
@@ -402,6 +406,11 @@ typedef struct kvd_wait_lock {
 int kvd_transport_wait_locked(kvd_transport_t *t, uint64_t cookie, int timeout_ms,
                               kvd_xfer_done_t *kept, size_t *n_kept, size_t cap,
                               const kvd_wait_lock_t *lk);
+
+static inline bool kvd_transport_copies_at_post(const kvd_transport_t *t)
+{
+    return t->ops->copies_at_post;
+}
 
 static inline const char *kvd_transport_name(const kvd_transport_t *t)
 {

@@ -203,6 +203,7 @@ static void shm_destroy(kvd_transport_t *t)
 
 static const kvd_transport_ops_t shm_ops = {
     .name = "shm",
+    .copies_at_post = true,
     .reg = kvd_transport_reg_none,
     .dereg = kvd_transport_dereg_none,
     .connect = shm_connect,
