@@ -49,7 +49,8 @@ DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
 	libprotobuf-c-dev libssl-dev libucx-dev libibverbs-dev \
 	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl \
 	clang libclang-rt-14-dev python3-torch python3-numpy python3-pytest \
-	liburing-dev e2fsprogs util-linux fio etcd-server libcurl4-openssl-dev libcjson-dev
+	liburing-dev e2fsprogs util-linux fio etcd-server libcurl4-openssl-dev libcjson-dev \
+	libamdhip64-dev
 
 CHAOS_ROUNDS ?= 5
 CHAOS_WORKERS ?= 4

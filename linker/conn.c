@@ -47,6 +47,10 @@ void lk_peer_put(lpeer_t *p)
 {
     if (p == NULL || atomic_fetch_sub(&p->refs, 1) != 1)
         return;
+    /* nobody copies through it any longer: unregistered before unmapped */
+    for (int rt = KVD_GPU_CUDA; rt <= KVD_GPU_HIP; rt++)
+        if (p->pin_any[rt])
+            kvd_gpu_unpin((kvd_gpu_runtime_t)rt, p->map);
     if (p->map != NULL)
         munmap(p->map, p->desc.length);
     free(p->ucx_bytes);
@@ -186,17 +190,55 @@ static void session_drop_put(kvd_linker_t *l, lsession_t *s, int why)
 #define MADV_POPULATE_READ 22
 #endif
 
-/* Write-populates the current mapping a chunk at a time (a MAP_SHARED
- * mapping read-faults its pages; each first write would fault again),
- * starting over when a reconnection replaces it, until the current one is
- * done. It holds a reference, not a lock: copies and reconnections go on. */
+/* Registers p's mapping with every device runtime in want that has not
+ * tried it yet (the preparing thread only). */
+static void pin_peer(kvd_linker_t *l, lpeer_t *p, uint32_t want, const int *ordinal)
+{
+    for (int rt = KVD_GPU_CUDA; rt <= KVD_GPU_HIP; rt++) {
+        if (!(want & (1u << rt)) || p->pin_tried[rt])
+            continue;
+        p->pin_tried[rt] = true;
+        char why[256] = "";
+        uint64_t pinned = 0, t0 = kvd_now_ns();
+        int rc = kvd_gpu_pin((kvd_gpu_runtime_t)rt, ordinal[rt], p->map, p->desc.length,
+                             p->read_only, &l->conn.pin_stop, &pinned, why, sizeof(why));
+        p->pin_any[rt] = pinned > 0;
+        if (rc == KVD_OK && pinned == p->desc.length) {
+            atomic_store(&p->pinned[rt], true);
+            KVD_INFO(
+                "linker", "the store's pool (%llu MiB) is pinned for %s DMA (%.2f s)",
+                (unsigned long long)(pinned >> 20), kvd_gpu_name((kvd_gpu_runtime_t)rt),
+                (double)(kvd_now_ns() - t0) / 1e9);
+        } else if (!atomic_load(&l->conn.pin_stop)) {
+            KVD_WARN("linker",
+                     "the store's pool is not pinned for %s DMA (%s): device copies go "
+                     "through the pinned bounce ring, slower (kvd_stats: bounce_bytes)",
+                     kvd_gpu_name((kvd_gpu_runtime_t)rt),
+                     why[0] ? why : kvd_status_str(rc));
+        }
+    }
+}
+
+/* Prepares the current mapping for copies: write-populates it a chunk at
+ * a time where it is not yet (a MAP_SHARED mapping read-faults its pages;
+ * each first write would fault again), then registers it with the device
+ * runtimes of the device pools. Starts over when a reconnection replaces
+ * it or a new runtime comes, until the current one is done. It holds a
+ * reference, not a lock: copies and reconnections go on. */
 static void *populate_main(void *arg)
 {
     kvd_linker_t *l = arg;
     for (;;) {
+        lk_lock(&l->lock);
+        uint32_t want = l->conn.pin_rts;
+        int ordinal[3] = {l->conn.pin_ordinal[0], l->conn.pin_ordinal[1],
+                          l->conn.pin_ordinal[2]};
+        lk_unlock(&l->lock);
         lpeer_t *p = lk_peer_get(l);
         uint64_t epoch = p != NULL ? p->epoch : atomic_load(&l->conn.epoch);
-        for (uint64_t off = 0; p != NULL && p->map != NULL && off < p->desc.length;
+        bool stop = false;
+        for (uint64_t off = 0;
+             p != NULL && p->map != NULL && !p->populated && off < p->desc.length;
              off += POPULATE_CHUNK) {
             if (atomic_load(&l->conn.epoch) != epoch)
                 break; /* replaced: start over on the new one */
@@ -206,14 +248,19 @@ static void *populate_main(void *arg)
                      * cfg.read_only (the credential's), and WRITE fails there */
                     p->read_only ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
             lk_lock(&l->lock);
-            bool stop = l->stop;
+            stop = l->stop;
             lk_unlock(&l->lock);
             if (stop)
                 break;
+            if (off + POPULATE_CHUNK >= p->desc.length)
+                p->populated = true;
         }
+        if (p != NULL && p->map != NULL && !stop && atomic_load(&l->conn.epoch) == epoch)
+            pin_peer(l, p, want, ordinal);
         lk_peer_put(p);
         lk_lock(&l->lock);
-        bool done = l->stop || atomic_load(&l->conn.epoch) == epoch;
+        bool done =
+            l->stop || (atomic_load(&l->conn.epoch) == epoch && l->conn.pin_rts == want);
         if (done)
             l->conn.pop_running = false;
         lk_unlock(&l->lock);
@@ -222,8 +269,8 @@ static void *populate_main(void *arg)
     }
 }
 
-/* Has the populating thread (re)start on the current mapping; best effort:
- * without it, pages map in on first use. */
+/* Has the preparing thread (re)start on the current mapping; best effort:
+ * without it, pages map in on first use and device copies bounce. */
 static void populate_in_background(kvd_linker_t *l)
 {
     lk_lock(&l->lock);
@@ -235,6 +282,27 @@ static void populate_in_background(kvd_linker_t *l)
         l->conn.pop_started = l->conn.pop_running;
     }
     lk_unlock(&l->lock);
+}
+
+void lk_conn_pin(kvd_linker_t *l, kvd_gpu_runtime_t rt, int ordinal)
+{
+    lk_lock(&l->lock);
+    bool added = !(l->conn.pin_rts & (1u << rt));
+    if (added) {
+        l->conn.pin_ordinal[rt] = ordinal;
+        l->conn.pin_rts |= 1u << rt;
+    }
+    lk_unlock(&l->lock);
+    if (added)
+        populate_in_background(l);
+}
+
+bool lk_conn_pinned(kvd_linker_t *l, kvd_gpu_runtime_t rt)
+{
+    lpeer_t *p = lk_peer_get(l);
+    bool pinned = p != NULL && atomic_load(&p->pinned[rt]);
+    lk_peer_put(p);
+    return pinned;
 }
 
 /* ------------------------------------------------------------ deadlines */
@@ -347,9 +415,13 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
      * unpopulated shared mapping ran at 0.3 GB/s); a new one after a
      * reconnection in the background, as calls wait on us here */
     if (rc == KVD_OK && peer != NULL && peer->map != NULL && !l->cfg.lazy_pool_mapping &&
-        !reconnect)
+        !reconnect) {
         madvise(peer->map, peer->desc.length,
                 rep.body.hello_rep.read_only ? MADV_POPULATE_READ : MADV_POPULATE_WRITE);
+        peer->populated = true;
+    }
+    if (peer != NULL && l->cfg.lazy_pool_mapping)
+        peer->populated = true; /* left to first use, as asked */
     lsession_t *sess = rc == KVD_OK ? calloc(1, sizeof(*sess)) : NULL;
     if (rc == KVD_OK && sess == NULL)
         rc = KVD_ERR_NOMEM;
@@ -382,7 +454,10 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
     lk_peer_put(old);
     session_put(old_sess);
     kvd_msg_clear(&rep);
-    if (reconnect && peer != NULL && peer->map != NULL && !l->cfg.lazy_pool_mapping)
+    lk_lock(&l->lock);
+    bool pin = l->conn.pin_rts != 0;
+    lk_unlock(&l->lock);
+    if (peer != NULL && peer->map != NULL && (!peer->populated || pin))
         populate_in_background(l);
     return KVD_OK;
 }
@@ -424,7 +499,9 @@ int lk_conn_open(kvd_linker_t *l)
 
 void lk_conn_close(kvd_linker_t *l)
 {
-    /* the populating thread stops within a chunk once l->stop is set */
+    /* the preparing thread stops within a chunk once l->stop is set (a
+     * registration of up to KVD_GPU_PIN_CHUNK first) */
+    atomic_store(&l->conn.pin_stop, true);
     if (l->conn.pop_started)
         pthread_join(l->conn.pop_thread, NULL);
     lsession_t *s = session_get(l);

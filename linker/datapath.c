@@ -42,17 +42,16 @@ void lk_dp_close(ldp_t *dp)
 {
     kvd_transport_destroy(dp->t); /* disconnects: then the mapping may go */
     dp->t = NULL;
+    /* after the transport: it waited for what ran through them */
+    size_t n_kinds = atomic_load(&dp->n_kinds);
+    for (size_t i = 0; i < n_kinds; i++)
+        kvd_memkind_gpu_close(dp->kinds[i].kind);
+    atomic_store(&dp->n_kinds, 0);
     lk_peer_put(dp->peer);
     dp->peer = NULL;
     free(dp->v);
     dp->v = NULL;
     lk_mutex_destroy(&dp->mutex);
-}
-
-/* The extent of one buffer: every row, from the first to the last byte. */
-static uint64_t buffer_extent(const kvd_pool_desc_t *d, const kvd_pool_buffer_t *b)
-{
-    return (d->n_rows - 1) * b->row_stride + b->bytes_per_row;
 }
 
 int lk_dp_register(ldp_t *dp, lpool_t *p)
@@ -65,8 +64,8 @@ int lk_dp_register(ldp_t *dp, lpool_t *p)
     for (uint32_t i = 0; rc == KVD_OK && i < p->desc.n_layers; i++)
         for (uint32_t b = 0; rc == KVD_OK && b < p->layers[i].n_buffers; b++) {
             const kvd_pool_buffer_t *buf = &p->layers[i].buffers[b];
-            rc = kvd_transport_register(dp->t, buf->base, buffer_extent(&p->desc, buf),
-                                        p->kind, &r[p->buffer0[i] + b]);
+            rc = kvd_transport_register(dp->t, buf->base, lk_buffer_extent(&p->desc, buf),
+                                        p->kinds[dp->index], &r[p->buffer0[i] + b]);
         }
     if (rc != KVD_OK)
         for (uint32_t k = 0; k < p->n_buffers; k++)
@@ -78,6 +77,61 @@ int lk_dp_register(ldp_t *dp, lpool_t *p)
     }
     p->regions[dp->index] = r;
     return KVD_OK;
+}
+
+int lk_dp_device_kind(ldp_t *dp, kvd_gpu_runtime_t rt, int ordinal,
+                      const kvd_memkind_t **out, char *why, size_t cap)
+{
+    lk_lock(&dp->mutex);
+    size_t n = atomic_load(&dp->n_kinds);
+    int rc = KVD_OK;
+    *out = NULL;
+    for (size_t i = 0; i < n && *out == NULL; i++)
+        if (dp->kinds[i].rt == rt && dp->kinds[i].ordinal == ordinal)
+            *out = dp->kinds[i].kind;
+    if (*out == NULL && n == LK_DP_KINDS) {
+        snprintf(why, cap, "a linker copies to at most %d devices", LK_DP_KINDS);
+        rc = KVD_ERR_NO_SPACE;
+    } else if (*out == NULL) {
+        kvd_memkind_t *k = NULL;
+        rc = kvd_memkind_gpu_open(rt, ordinal, &k, why, cap);
+        if (rc == KVD_OK) {
+            dp->kinds[n] = (ldp_kind_t){.rt = rt, .ordinal = ordinal, .kind = k};
+            atomic_store(&dp->n_kinds, n + 1); /* readers see it whole */
+            *out = k;
+        }
+    }
+    lk_unlock(&dp->mutex);
+    return rc;
+}
+
+bool lk_dp_async(ldp_t *dp)
+{
+    return atomic_load(&dp->n_kinds) > 0;
+}
+
+int lk_dp_mark(ldp_t *dp, lgroup_marks_t *m)
+{
+    *m = (lgroup_marks_t){0};
+    size_t n = atomic_load(&dp->n_kinds);
+    for (size_t i = 0; i < n; i++) {
+        void *mark = NULL;
+        int rc = kvd_memkind_mark(dp->kinds[i].kind, &mark);
+        if (rc != KVD_OK) {
+            lk_dp_marks_free(m);
+            return rc;
+        }
+        m->kinds[m->n] = dp->kinds[i].kind;
+        m->marks[m->n++] = mark;
+    }
+    return KVD_OK;
+}
+
+void lk_dp_marks_free(lgroup_marks_t *m)
+{
+    for (size_t i = 0; i < m->n; i++)
+        kvd_memkind_mark_free(m->kinds[i], m->marks[i]);
+    m->n = 0;
 }
 
 void lk_dp_unregister(ldp_t *dp, lpool_t *p)
@@ -278,6 +332,18 @@ int lk_dp_flush(kvd_linker_t *l, ldp_t *dp)
 {
     post_gathered(l, dp);
     while (dp->n_flight > 0)
+        wait_oldest(l, dp);
+    return dp->error;
+}
+
+int lk_dp_post(kvd_linker_t *l, ldp_t *dp)
+{
+    return post_gathered(l, dp);
+}
+
+int lk_dp_wait_upto(kvd_linker_t *l, ldp_t *dp, uint64_t cookie)
+{
+    while (dp->n_flight > 0 && dp->flight[0].cookie <= cookie)
         wait_oldest(l, dp);
     return dp->error;
 }

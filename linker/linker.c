@@ -257,8 +257,11 @@ static int check_desc(const kvd_pool_desc_t *d)
         (d->addressing == KVD_ADDR_PAGED && d->page_size == 0) || d->n_rows == 0 ||
         d->n_layers == 0 || d->layers == NULL)
         return KVD_ERR_INVALID;
-    if (d->memory != KVD_MEM_HOST)
-        return KVD_ERR_UNSUPPORTED; /* the GPU kinds come with their backends */
+    if (d->memory != KVD_MEM_HOST && d->memory != KVD_MEM_CUDA &&
+        d->memory != KVD_MEM_HIP) {
+        lk_set_last_error("memory kind %d is not one of kvdock.h's", (int)d->memory);
+        return KVD_ERR_UNSUPPORTED;
+    }
     for (uint32_t i = 0; i < d->n_layers; i++) {
         const kvd_pool_layer_t *ly = &d->layers[i];
         if (ly->n_buffers == 0 || ly->n_buffers > KVD_MAX_POOL_BUFFERS)
@@ -277,10 +280,79 @@ static int check_desc(const kvd_pool_desc_t *d)
     return KVD_OK;
 }
 
-/* The copy kind of a pool's memory; NULL when not supported here. */
-static const kvd_memkind_t *kind_of(kvd_memory_kind_t memory)
+/*
+ * A device pool's buffers, checked with its runtime: each is device memory
+ * of that runtime, its rows lie within the allocation it starts in, and
+ * all are on one device (p->ordinal). Loads the runtime first.
+ */
+static int check_device_buffers(lpool_t *p)
 {
-    return memory == KVD_MEM_HOST ? kvd_memkind_host() : NULL;
+    char why[256] = "";
+    p->rt = p->desc.memory == KVD_MEM_CUDA ? KVD_GPU_CUDA : KVD_GPU_HIP;
+    const char *rt_name = kvd_gpu_name(p->rt);
+    int rc = kvd_gpu_load(p->rt, why, sizeof(why));
+    if (rc != KVD_OK) {
+        lk_set_last_error("pool '%s': %s", p->name, why);
+        return rc;
+    }
+    p->ordinal = -1;
+    for (uint32_t i = 0; i < p->desc.n_layers; i++)
+        for (uint32_t b = 0; b < p->layers[i].n_buffers; b++) {
+            const kvd_pool_buffer_t *buf = &p->layers[i].buffers[b];
+            kvd_gpu_pointer_t at;
+            rc = kvd_gpu_pointer(p->rt, buf->base, &at, why, sizeof(why));
+            if (rc != KVD_OK) {
+                lk_set_last_error("pool '%s': %s", p->name, why);
+                return rc;
+            }
+            uint64_t extent = lk_buffer_extent(&p->desc, buf);
+            uintptr_t base = (uintptr_t)buf->base;
+            const char *wrong = NULL;
+            if (!at.device)
+                wrong = "is not device memory (a host pointer, or another runtime's)";
+            else if (at.alloc_len > 0 && (base < at.alloc_base || extent > at.alloc_len ||
+                                          base - at.alloc_base > at.alloc_len - extent))
+                wrong = "has rows past the end of the allocation it lies in";
+            else if (p->ordinal >= 0 && at.ordinal != p->ordinal)
+                wrong = "lies on another device than the pool's first buffer";
+            if (wrong != NULL) {
+                lk_set_last_error(
+                    "pool '%s' layer %u buffer %u (%p, %llu bytes of rows) %s %s",
+                    p->name, p->layers[i].layer_id, b, buf->base,
+                    (unsigned long long)extent, rt_name, wrong);
+                return KVD_ERR_NOT_DEVICE;
+            }
+            p->ordinal = at.ordinal;
+        }
+    return KVD_OK;
+}
+
+/* Sets the kind p's buffers are copied through on each data path: the
+ * host kind, or the data path's own kind for p's device. */
+static int pool_kinds(kvd_linker_t *l, lpool_t *p)
+{
+    if (p->desc.memory == KVD_MEM_HOST) {
+        for (int d = 0; d < LK_DP_COUNT; d++)
+            p->kinds[d] = kvd_memkind_host();
+        return KVD_OK;
+    }
+    int rc = check_device_buffers(p);
+    if (rc == KVD_OK && l->use_ucx) {
+        /* UCX here (Debian's 1.13) has no CUDA or ROCm support, and staging
+         * device rows through pinned host memory for it is not built */
+        lk_set_last_error("pool '%s': %s memory over UCX is not supported here (UCX "
+                          "moves host memory only; use the same-host pool mapping)",
+                          p->name, kvd_gpu_name(p->rt));
+        rc = KVD_ERR_UNSUPPORTED;
+    }
+    for (int d = 0; rc == KVD_OK && d < LK_DP_COUNT; d++) {
+        char why[256] = "";
+        rc = lk_dp_device_kind(&l->dp[d], p->rt, p->ordinal, &p->kinds[d], why,
+                               sizeof(why));
+        if (rc != KVD_OK)
+            lk_set_last_error("pool '%s': %s", p->name, why);
+    }
+    return rc;
 }
 
 /* Fills p's layout: each layer's place in an object, each buffer's index
@@ -351,27 +423,30 @@ KVD_API int kvd_register_pool(kvd_linker_t *l, const kvd_pool_desc_t *desc,
         return rc;
     lpool_t p = {0};
     p.desc = *desc;
-    p.kind = kind_of(desc->memory);
     p.rows = desc->addressing == KVD_ADDR_PAGED ? desc->page_size : 1;
     p.layers = calloc(desc->n_layers, sizeof(*p.layers));
-    if (p.layers == NULL || p.kind == NULL) {
-        free(p.layers);
-        return p.kind == NULL ? KVD_ERR_UNSUPPORTED : KVD_ERR_NOMEM;
-    }
+    if (p.layers == NULL)
+        return KVD_ERR_NOMEM;
     memcpy(p.layers, desc->layers, desc->n_layers * sizeof(*p.layers));
     p.desc.layers = p.layers;
     kvd_strlcpy(p.name, desc->name, sizeof(p.name));
     p.desc.name = NULL; /* points into the listed entry once added */
     ns_name_of(l, desc, p.ns_name, sizeof(p.ns_name));
     rc = pool_layout(&p);
+    if (rc == KVD_OK)
+        rc = pool_kinds(l, &p);
     /* every buffer a region of each data path before any transfer names it */
     for (int d = 0; rc == KVD_OK && d < LK_DP_COUNT; d++)
         rc = lk_dp_register(&l->dp[d], &p);
     if (rc == KVD_OK)
         rc = pool_add(l, &p, pool_id, deadline);
-    if (rc != KVD_OK)
+    if (rc != KVD_OK) {
         pool_free(l, &p);
-    return rc;
+        return rc;
+    }
+    if (p.rt != 0)
+        lk_conn_pin(l, p.rt, p.ordinal); /* the store's pool, for DMA */
+    return KVD_OK;
 }
 
 /* A registered pool, or NULL; entries never move once added. */
@@ -408,6 +483,10 @@ KVD_API int kvd_stats(kvd_linker_t *l, uint32_t pool_id, kvd_pool_stats_t *out)
     out->offload_bytes = atomic_load(&p->offload_bytes);
     out->load_failures = atomic_load(&p->load_failures);
     out->offload_failures = atomic_load(&p->offload_failures);
+    out->memory = p->desc.memory;
+    out->pinned = p->rt != 0 && lk_conn_pinned(l, p->rt);
+    out->dma_bytes = atomic_load(&p->dma_bytes);
+    out->bounce_bytes = atomic_load(&p->bounce_bytes);
     return KVD_OK;
 }
 

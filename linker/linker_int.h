@@ -97,16 +97,32 @@ typedef struct lpool {
     char ns_name[KVD_NS_NAME_BYTES];
     uint32_t ns_id; /* in the daemon we are connected to (under lock) */
     uint64_t object_bytes;
-    uint32_t rows;             /* rows of one object: page_size or 1 */
-    const kvd_memkind_t *kind; /* of its buffers */
-    uint64_t *layer_off;       /* where each layer starts inside an object */
-    uint32_t n_buffers;        /* over all layers */
-    uint32_t *buffer0;         /* layer i's buffers are regions buffer0[i]... */
+    uint32_t rows; /* rows of one object: page_size or 1 */
+    /* device kinds: the runtime and device of its buffers (rt 0: host) */
+    kvd_gpu_runtime_t rt;
+    int ordinal;
+    /* the kind its buffers are copied through on each data path (a
+     * device kind is the data path's own: its stream) */
+    const kvd_memkind_t *kinds[LK_DP_COUNT];
+    uint64_t *layer_off; /* where each layer starts inside an object */
+    uint32_t n_buffers;  /* over all layers */
+    uint32_t *buffer0;   /* layer i's buffers are regions buffer0[i]... */
     /* each buffer as a region of each data path's transport */
     kvd_region_t **regions[LK_DP_COUNT];
     _Atomic uint64_t lookup_hit_pages, load_bytes, offload_bytes;
     _Atomic uint64_t load_failures, offload_failures;
+    /* device kinds: bytes whose pool side was pinned (DMA) or not (the
+     * bounce ring), counted as they are issued */
+    _Atomic uint64_t dma_bytes, bounce_bytes;
 } lpool_t;
+
+/* The extent of one buffer of a pool: every row, from the first to the
+ * last byte. */
+static inline uint64_t lk_buffer_extent(const kvd_pool_desc_t *d,
+                                        const kvd_pool_buffer_t *b)
+{
+    return (d->n_rows - 1) * b->row_stride + b->bytes_per_row;
+}
 
 /* ------------------------------------------------------- connection */
 
@@ -121,6 +137,14 @@ typedef struct lpeer {
     void *map;          /* shm: the mapping, desc.mapping */
     bool read_only;     /* shm: mapped PROT_READ (the daemon's descriptor) */
     uint8_t *ucx_bytes; /* ucx: the address and the rkey, copied */
+    /* shm, per device runtime (index kvd_gpu_runtime_t): the mapping is
+     * registered with it whole (pinned), or registration was tried
+     * (pin_tried: not again). Written by the preparing thread while it
+     * holds a reference; the last reference unregisters what was. */
+    _Atomic bool pinned[3];
+    bool pin_tried[3];
+    bool pin_any[3]; /* some of it registered: kvd_gpu_unpin at the end */
+    bool populated;  /* write-faulted whole (at open, or by the thread) */
 } lpeer_t;
 
 /* One connection: its client, shared by every call on it, each holding a
@@ -163,8 +187,14 @@ typedef struct lconn {
      * reservations until then). */
     uint64_t writer_token;
     _Atomic uint64_t copy_epoch;
-    pthread_t pop_thread; /* populates a new mapping; pop_* under lock */
+    pthread_t pop_thread; /* prepares a new mapping; pop_* under lock */
     bool pop_started, pop_running;
+    /* device runtimes whose pools are registered (bit rt), each with the
+     * device to register through (under lock): the preparing thread pins
+     * every mapping for them */
+    uint32_t pin_rts;
+    int pin_ordinal[3];
+    _Atomic bool pin_stop; /* closing: registration stops between chunks */
 } lconn_t;
 
 /* -------------------------------------------------------- data path */
@@ -183,6 +213,16 @@ typedef struct ldp_flight {
     uint64_t cookie, bytes;
 } ldp_flight_t;
 
+/* A device kind of one data path: the data path's own stream on that
+ * device. */
+typedef struct ldp_kind {
+    kvd_gpu_runtime_t rt;
+    int ordinal;
+    kvd_memkind_t *kind;
+} ldp_kind_t;
+
+#define LK_DP_KINDS 4 /* device kinds of one data path (kvd_kind_set_t's bound) */
+
 typedef struct ldp {
     int index; /* LK_DP_LOAD or LK_DP_OFFLOAD: which pool regions are its */
     kvd_xfer_dir_t dir;
@@ -199,6 +239,10 @@ typedef struct ldp {
     kvd_xfer_done_t kept[LK_DP_WINDOW];
     size_t n_kept;
     int error; /* the step's first failure */
+    /* its device kinds, opened by pool registration (under mutex), closed
+     * with it; read by its thread and by engine threads (marks, waits) */
+    ldp_kind_t kinds[LK_DP_KINDS];
+    _Atomic size_t n_kinds;
 } ldp_t;
 
 /* -------------------------------------------------- loads, offloads */
@@ -245,6 +289,14 @@ typedef struct lload {
     struct lload *next;
 } lload_t;
 
+/* The marks of one layer group: done once its copies through each device
+ * kind of the load data path are. */
+typedef struct lgroup_marks {
+    size_t n;
+    const kvd_memkind_t *kinds[LK_DP_KINDS];
+    void *marks[LK_DP_KINDS];
+} lgroup_marks_t;
+
 /* A batch of committed loads, copied layer group by layer group. */
 typedef struct lbatch {
     uint32_t counter;
@@ -252,6 +304,11 @@ typedef struct lbatch {
     uint32_t n_layers;
     uint32_t *layer_ids; /* sorted, unique */
     uint32_t layers_done;
+    /* layers whose copies are issued, and each group's marks (NULL until
+     * the batch runs; kvd_stream_wait_layer queues waits on them) */
+    uint32_t layers_issued;
+    lgroup_marks_t *groups;
+    uint32_t n_groups;
     int error; /* the first failure; the rest of the layers fail */
     bool finished;
     struct lbatch *next;
@@ -327,6 +384,13 @@ void lk_conn_init(kvd_linker_t *l);
 int lk_conn_open(kvd_linker_t *l);
 /* Closes the connection, drops the peer, joins the populating thread. */
 void lk_conn_close(kvd_linker_t *l);
+/* Has every pool mapping, this one and those after a reconnection, pinned
+ * for device runtime rt (registered through device `ordinal`), in the
+ * background; best effort: until then, or where it fails, device copies
+ * go through the bounce ring (logged). */
+void lk_conn_pin(kvd_linker_t *l, kvd_gpu_runtime_t rt, int ordinal);
+/* Whether the current mapping is pinned for rt. */
+bool lk_conn_pinned(kvd_linker_t *l, kvd_gpu_runtime_t rt);
 
 /* Deadlines: every call below ends by its deadline (kvd_now_ns), waits
  * for `connect` and for the client included; an engine's call takes one
@@ -426,6 +490,22 @@ int lk_dp_add(kvd_linker_t *l, ldp_t *dp, kvd_region_t *r, uint64_t off,
               uint64_t pool_off, uint64_t bytes);
 /* Posts what is gathered and waits for every batch of the step. */
 int lk_dp_flush(kvd_linker_t *l, ldp_t *dp);
+/* Posts what is gathered; returns the step's error. The cookie of the
+ * last batch posted is dp->next_cookie. */
+int lk_dp_post(kvd_linker_t *l, ldp_t *dp);
+/* Waits for the step's batches up to `cookie`. */
+int lk_dp_wait_upto(kvd_linker_t *l, ldp_t *dp, uint64_t cookie);
+/* dp's kind for memory of runtime rt on device `ordinal`, opened on first
+ * use (its stream, its bounce ring). KVD_ERR_NO_SPACE past LK_DP_KINDS;
+ * kvd_memkind_gpu_open's errors, why says. */
+int lk_dp_device_kind(ldp_t *dp, kvd_gpu_runtime_t rt, int ordinal,
+                      const kvd_memkind_t **out, char *why, size_t cap);
+/* Whether dp has device kinds (copies that complete after they are
+ * issued); a mark of each into m (nothing where it has none). On
+ * failure what was marked is freed. */
+bool lk_dp_async(ldp_t *dp);
+int lk_dp_mark(ldp_t *dp, lgroup_marks_t *m);
+void lk_dp_marks_free(lgroup_marks_t *m);
 /* Ends the step: what is gathered and not flushed is dropped, what is in
  * flight ends first. */
 void lk_dp_end(kvd_linker_t *l, ldp_t *dp);

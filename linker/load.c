@@ -640,16 +640,66 @@ KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
     return rc;
 }
 
+KVD_API int kvd_stream_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id,
+                                  void *stream)
+{
+    lk_clear_last_error();
+    if (l == NULL)
+        return KVD_ERR_INVALID;
+    struct timespec until = deadline_of(l);
+    uint32_t group = (uint32_t)l->cfg.layer_group_size;
+    lk_lock(&l->lock);
+    int rc = KVD_OK;
+    for (;;) {
+        lbatch_t *b = l->batches;
+        while (b != NULL && b->counter != counter)
+            b = b->next;
+        if (b == NULL) { /* as kvd_wait_layer */
+            rc = counter == 0 || counter >= l->next_counter ? KVD_ERR_NOT_FOUND
+                 : counter <= l->forgot_failed_max          ? KVD_ERR_STATE
+                                                            : KVD_OK;
+            break;
+        }
+        uint32_t pos = 0;
+        while (pos < b->n_layers && b->layer_ids[pos] != layer_id)
+            pos++;
+        if (pos == b->n_layers || b->layers_done > pos)
+            break; /* not in the batch, or in place: nothing to wait for */
+        if (b->error != KVD_OK) {
+            rc = b->error;
+            break;
+        }
+        if (b->finished)
+            break;
+        if (b->groups != NULL && b->layers_issued > pos) {
+            /* issued: the device waits for the group's marks. Under the
+             * lock, which keeps the marks alive; queuing a wait does not
+             * block. */
+            const lgroup_marks_t *m = &b->groups[pos / group];
+            for (size_t i = 0; rc == KVD_OK && i < m->n; i++)
+                rc = kvd_memkind_mark_stream_wait(m->kinds[i], m->marks[i], stream);
+            break;
+        }
+        if (!lk_cond_timedwait(&l->cond, &l->lock, &until)) {
+            rc = KVD_ERR_TIMEOUT;
+            break;
+        }
+    }
+    lk_unlock(&l->lock);
+    return rc;
+}
+
 #define KEEP_FINISHED_BATCHES 64
 
-/* Copies layers [pos, end) of the batch, every load of it that has them,
- * in one data-path step. A load whose pins belong to an earlier
- * connection (the daemon went away, and the pool with it) is marked
- * failed and not copied: its offsets mean nothing in the current pool. */
-static int copy_group(kvd_linker_t *l, lbatch_t *b, uint32_t pos, uint32_t end)
+/* Issues layers [pos, end) of the batch, every load of it that has them,
+ * in the load data path's current step (lk_dp_begin in run_batch). A
+ * load whose pins belong to an earlier connection (the daemon went away,
+ * and the pool with it) is marked failed and not copied: its offsets mean
+ * nothing in the current pool. */
+static int issue_group(kvd_linker_t *l, lbatch_t *b, uint64_t epoch, uint32_t pos,
+                       uint32_t end)
 {
     ldp_t *dp = &l->dp[LK_DP_LOAD];
-    uint64_t epoch = lk_dp_begin(l, dp);
     int rc = epoch != 0 ? KVD_OK : KVD_ERR_CLOSED;
     for (lload_t *ld = b->loads; rc == KVD_OK && ld; ld = ld->next)
         for (size_t i = 0; i < ld->n; i++)
@@ -673,9 +723,26 @@ static int copy_group(kvd_linker_t *l, lbatch_t *b, uint32_t pos, uint32_t end)
         }
     }
     if (rc == KVD_OK)
-        rc = lk_dp_flush(l, dp); /* in place once every batch of the group landed */
-    lk_dp_end(l, dp);
+        rc = lk_dp_post(l, dp);
     return rc;
+}
+
+/* Frees the marks of b's layer groups (caller holds lock): once every
+ * layer is in place no stream needs to wait for them. */
+static void batch_marks_free(lbatch_t *b)
+{
+    for (uint32_t g = 0; b->groups != NULL && g < b->n_groups; g++)
+        lk_dp_marks_free(&b->groups[g]);
+    free(b->groups);
+    b->groups = NULL;
+}
+
+/* Frees a batch forgotten or never run (caller holds lock). */
+static void batch_free(lbatch_t *b)
+{
+    batch_marks_free(b);
+    free(b->layer_ids);
+    free(b);
 }
 
 /* Ends a finished batch: leases, completions, counters. */
@@ -713,6 +780,7 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
     if (err != KVD_OK && b->error == KVD_OK)
         b->error = err;
     b->finished = true;
+    batch_marks_free(b);
     atomic_fetch_add(&l->progress, 1);
     /* keep the last few finished batches for late waiters */
     size_t n = 0;
@@ -723,31 +791,83 @@ static void finish_batch(kvd_linker_t *l, lbatch_t *b, int err)
         l->batches = old->next;
         if (old->error != KVD_OK && old->counter > l->forgot_failed_max)
             l->forgot_failed_max = old->counter;
-        free(old->layer_ids);
-        free(old);
+        batch_free(old);
         n--;
     }
     pthread_cond_broadcast(&l->cond);
     lk_unlock(&l->lock);
 }
 
-/* Copies a started batch (counted in loads_copying since its start). */
+/* Says layers up to `end` are in place (or the batch failed). */
+static void group_done(kvd_linker_t *l, lbatch_t *b, uint32_t end, int err)
+{
+    lk_lock(&l->lock);
+    if (err == KVD_OK)
+        b->layers_done = end;
+    else if (b->error == KVD_OK)
+        b->error = err; /* the remaining layers fail now, nobody waits */
+    atomic_fetch_add(&l->progress, 1);
+    pthread_cond_broadcast(&l->cond);
+    lk_unlock(&l->lock);
+}
+
+/*
+ * Copies a started batch (counted in loads_copying since its start), one
+ * data-path step, layer group by layer group. A group's copies are issued,
+ * then marked (where the data path has device kinds: an event after them
+ * on each device stream, which kvd_stream_wait_layer hands to engine
+ * streams); it is in place once its batches are reported. Host copies are
+ * done when issued, so each group is reported before the next is issued
+ * (the first layer's waiter sees it at once); device copies run after
+ * they are issued, so the next group is issued before the last one is
+ * waited for, and the copy engine never idles between groups.
+ */
 static void run_batch(kvd_linker_t *l, lbatch_t *b)
 {
-    int err = KVD_OK;
+    ldp_t *dp = &l->dp[LK_DP_LOAD];
     uint32_t group = (uint32_t)l->cfg.layer_group_size;
-    for (uint32_t pos = 0; err == KVD_OK && pos < b->n_layers; pos += group) {
-        uint32_t end = KVD_MIN(pos + group, b->n_layers);
-        err = copy_group(l, b, pos, end);
+    uint32_t n_groups = (b->n_layers + group - 1) / group;
+    lgroup_marks_t *marks =
+        lk_dp_async(dp) ? calloc(n_groups ? n_groups : 1, sizeof(*marks)) : NULL;
+    int err = lk_dp_async(dp) && marks == NULL ? KVD_ERR_NOMEM : KVD_OK;
+    if (marks != NULL) {
         lk_lock(&l->lock);
-        if (err == KVD_OK)
-            b->layers_done = end;
-        else
-            b->error = err; /* the remaining layers fail now, nobody waits */
-        atomic_fetch_add(&l->progress, 1);
-        pthread_cond_broadcast(&l->cond);
+        b->groups = marks; /* freed when it finishes; read under lock */
+        b->n_groups = n_groups;
         lk_unlock(&l->lock);
     }
+    uint64_t epoch = err == KVD_OK ? lk_dp_begin(l, dp) : 0;
+    uint64_t prev_cookie = 0;
+    uint32_t prev_end = 0;
+    for (uint32_t g = 0, pos = 0; err == KVD_OK && pos < b->n_layers; g++, pos += group) {
+        uint32_t end = KVD_MIN(pos + group, b->n_layers);
+        err = issue_group(l, b, epoch, pos, end);
+        lgroup_marks_t m = {0};
+        if (err == KVD_OK && marks != NULL)
+            err = lk_dp_mark(dp, &m);
+        if (err == KVD_OK) {
+            lk_lock(&l->lock);
+            if (marks != NULL)
+                marks[g] = m;
+            b->layers_issued = end;
+            pthread_cond_broadcast(&l->cond);
+            lk_unlock(&l->lock);
+        }
+        uint64_t cookie = dp->next_cookie;
+        if (err == KVD_OK && marks == NULL) {
+            err = lk_dp_wait_upto(l, dp, cookie);
+            group_done(l, b, end, err);
+        } else if (err == KVD_OK && prev_end > 0) {
+            err = lk_dp_wait_upto(l, dp, prev_cookie);
+            group_done(l, b, prev_end, err);
+        }
+        prev_cookie = cookie;
+        prev_end = end;
+    }
+    if (err == KVD_OK)
+        err = lk_dp_flush(l, dp); /* the last group */
+    lk_dp_end(l, dp);
+    group_done(l, b, b->n_layers, err);
     atomic_fetch_sub(&l->loads_copying, 1); /* the bytes are in: offloads go on */
     finish_batch(l, b, err);
 }

@@ -235,7 +235,40 @@ void lk_offloads_fail_pending(kvd_linker_t *l)
     l->jobs = l->jobs_tail = NULL;
 }
 
-KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint64_t *ack)
+/* Has the offload stream of each device kind of the job's pools wait for
+ * the engine's event (or stream) before the job's copies, which the
+ * offload thread issues later on that stream. */
+static int wait_for_engine(kvd_linker_t *l, const ljob_t *j, void *stream, void *event)
+{
+    const kvd_memkind_t *done[LK_DP_KINDS];
+    size_t n_done = 0;
+    for (size_t i = 0; i < j->n; i++) {
+        const lpool_t *p = &l->pools[j->x[i].pool];
+        const kvd_memkind_t *k = p->kinds[LK_DP_OFFLOAD];
+        if (p->rt == 0) {
+            lk_set_last_error("kvd_offload_after: pool '%s' is host memory: nothing on a "
+                              "device to wait for",
+                              p->name);
+            return KVD_ERR_INVALID;
+        }
+        bool seen = false;
+        for (size_t d = 0; d < n_done; d++)
+            seen |= done[d] == k;
+        if (seen)
+            continue;
+        int rc = kvd_memkind_after(k, stream, event);
+        if (rc != KVD_OK) {
+            lk_set_last_error("kvd_offload_after: %s refused the wait (the log says why)",
+                              kvd_gpu_name(p->rt));
+            return rc;
+        }
+        done[n_done++] = k; /* at most LK_DP_KINDS distinct kinds exist */
+    }
+    return KVD_OK;
+}
+
+static int offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, void *stream,
+                   void *event, uint64_t *ack)
 {
     lk_clear_last_error();
     if (l == NULL || t == NULL || n == 0 || ack == NULL)
@@ -249,6 +282,14 @@ KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint
         return rc;
     }
     j->n = n;
+    if (stream != NULL || event != NULL) {
+        rc = wait_for_engine(l, j, stream, event);
+        if (rc != KVD_OK) {
+            lk_xfer_free(j->x, n);
+            free(j);
+            return rc;
+        }
+    }
     lk_lock(&l->lock);
     rc = lk_queue_reserve(&l->done_offloads, 1); /* its completion has room */
     if (rc != KVD_OK) {
@@ -267,4 +308,15 @@ KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint
     pthread_cond_signal(&l->jobs_cond);
     lk_unlock(&l->lock);
     return KVD_OK;
+}
+
+KVD_API int kvd_offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, uint64_t *ack)
+{
+    return offload(l, t, n, NULL, NULL, ack);
+}
+
+KVD_API int kvd_offload_after(kvd_linker_t *l, const kvd_transfer_t *t, size_t n,
+                              void *stream, void *event, uint64_t *ack)
+{
+    return offload(l, t, n, stream, event, ack);
 }

@@ -119,7 +119,7 @@ int lk_copy_key(kvd_linker_t *l, ldp_t *dp, const lpool_t *p, const lxfer_t *x,
     int64_t row0 = p->desc.addressing == KVD_ADDR_PAGED
                        ? x->idx[(size_t)i * p->desc.page_size]
                        : x->idx[i];
-    uint64_t obj = x->offsets[i] + p->layer_off[l0];
+    uint64_t obj = x->offsets[i] + p->layer_off[l0], obj0 = obj;
     kvd_region_t **regions = p->regions[dp->index];
     for (uint32_t li = l0; li < l1; li++) {
         const kvd_pool_layer_t *ly = &p->layers[li];
@@ -131,6 +131,14 @@ int lk_copy_key(kvd_linker_t *l, ldp_t *dp, const lpool_t *p, const lxfer_t *x,
             obj += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
             *moved += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
         }
+    }
+    if (p->rt != 0 && dp->peer != NULL && dp->peer->map != NULL) {
+        /* by DMA, or through the bounce ring: as the kind will decide, from
+         * whether the pool's side is pinned (a pool entry's counters are
+         * the part of it that changes) */
+        lpool_t *mp = (lpool_t *)(uintptr_t)p;
+        bool dma = kvd_gpu_pinned(p->rt, (uint8_t *)dp->peer->map + obj0, obj - obj0);
+        atomic_fetch_add(dma ? &mp->dma_bytes : &mp->bounce_bytes, obj - obj0);
     }
     return KVD_OK;
 }

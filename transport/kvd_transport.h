@@ -45,21 +45,147 @@ typedef enum kvd_xfer_dir {
 /* ------------------------------------------------------- memory kinds */
 
 /*
- * How memory of one kind is copied to and from host memory. A copy may be
- * asynchronous; sync returns once every copy issued through the kind so
- * far is complete, and, before a copy out of the kind's memory, once the
- * writes that memory's owner issued before it are final.
+ * How memory of one kind is copied to and from host memory. A kind object
+ * is an instance: a device kind has a stream of its own, so each data
+ * path opens its own (kvd_memkind_gpu_open); the host kind is one shared
+ * constant. A copy may be asynchronous (async: it completes at sync, or
+ * when a mark taken after it is done); sync returns once every copy issued
+ * through the kind so far is complete. Before a copy out of the kind's
+ * memory, the writes its owner issued must be final: the owner syncs, or
+ * has the kind wait for them (after).
  */
-typedef struct kvd_memkind {
+typedef struct kvd_memkind kvd_memkind_t;
+
+/* One copy of a batch: dst <- src, n bytes. */
+typedef struct kvd_copy {
+    void *dst;
+    const void *src;
+    size_t n;
+} kvd_copy_t;
+
+struct kvd_memkind {
     const char *name;
-    /* dst <- src, n bytes; into_region: dst is memory of this kind (a
-     * READ), else src is (a WRITE) */
-    int (*copy)(void *dst, const void *src, size_t n, bool into_region);
-    int (*sync)(void);
-} kvd_memkind_t;
+    bool async;
+    /* into_region: dst is memory of this kind (a READ), else src is (a
+     * WRITE); the other side is host memory */
+    int (*copy)(const kvd_memkind_t *k, void *dst, const void *src, size_t n,
+                bool into_region);
+    /* n copies in one direction at once (a device kind issues them as one
+     * batch where its runtime can) */
+    int (*copy_batch)(const kvd_memkind_t *k, const kvd_copy_t *v, size_t n,
+                      bool into_region);
+    int (*sync)(const kvd_memkind_t *k);
+    /* A mark: done once every copy issued through k before it is. *mark
+     * is NULL where nothing can be pending (the host kind). */
+    int (*mark)(const kvd_memkind_t *k, void **mark);
+    /* KVD_OK once done, KVD_INPROGRESS before, or the copies' error */
+    int (*mark_query)(const kvd_memkind_t *k, void *mark);
+    /* blocks until done: KVD_OK or the copies' error */
+    int (*mark_wait)(const kvd_memkind_t *k, void *mark);
+    /* has a stream of the kind's runtime (the engine's) wait on the device
+     * for the mark; returns once the wait is queued */
+    int (*mark_stream_wait)(const kvd_memkind_t *k, void *mark, void *stream);
+    void (*mark_free)(const kvd_memkind_t *k, void *mark);
+    /* has the kind's later copies wait, on the device, for `event` (its
+     * record as it stands now), or when NULL for what `stream` holds now;
+     * KVD_ERR_INVALID for the host kind (nothing to wait for) */
+    int (*after)(const kvd_memkind_t *k, void *stream, void *event);
+};
 
 /* Ordinary host memory: memcpy, nothing to wait for. */
 const kvd_memkind_t *kvd_memkind_host(void);
+
+/* The calls through a kind. Only name, copy and sync are required: a kind
+ * without copy_batch copies each; one without marks is never pending (it
+ * must not be async); one without after refuses it (KVD_ERR_INVALID). */
+int kvd_memkind_copy_batch(const kvd_memkind_t *k, const kvd_copy_t *v, size_t n,
+                           bool into_region);
+int kvd_memkind_mark(const kvd_memkind_t *k, void **mark);
+int kvd_memkind_mark_query(const kvd_memkind_t *k, void *mark);
+int kvd_memkind_mark_wait(const kvd_memkind_t *k, void *mark);
+int kvd_memkind_mark_stream_wait(const kvd_memkind_t *k, void *mark, void *stream);
+void kvd_memkind_mark_free(const kvd_memkind_t *k, void *mark);
+int kvd_memkind_after(const kvd_memkind_t *k, void *stream, void *event);
+
+/* ------------------------------------------------------- device kinds
+ *
+ * CUDA (the driver API) and ROCm HIP, loaded at run time (dlopen) from
+ * $KVDOCK_CUDA_LIBRARY, else libcuda.so.1; $KVDOCK_HIP_LIBRARY, else
+ * libamdhip64.so.6, .so.5, .so: nothing links a GPU runtime, and a host
+ * with neither runs everything else unchanged. Each call below that may
+ * meet a missing runtime takes `why` (cap bytes, may be NULL) for the
+ * reason in words.
+ */
+typedef enum kvd_gpu_runtime {
+    KVD_GPU_CUDA = 1,
+    KVD_GPU_HIP = 2,
+} kvd_gpu_runtime_t;
+
+/* "CUDA" or "HIP". */
+const char *kvd_gpu_name(kvd_gpu_runtime_t rt);
+
+/*
+ * Loads rt once per process (later calls give the first outcome).
+ * KVD_ERR_UNSUPPORTED: not built in; KVD_ERR_NO_DEVICE: the library is
+ * missing, lacks a call kvdock needs, or sees no device.
+ */
+int kvd_gpu_load(kvd_gpu_runtime_t rt, char *why, size_t cap);
+
+/* What rt says of a pointer. */
+typedef struct kvd_gpu_pointer {
+    bool device; /* device memory of rt */
+    int ordinal; /* its device */
+    /* the allocation it lies in (alloc_len 0: the runtime did not say) */
+    uintptr_t alloc_base;
+    uint64_t alloc_len;
+} kvd_gpu_pointer_t;
+
+/* KVD_OK (out filled: device false for memory rt does not know), or
+ * kvd_gpu_load's errors. */
+int kvd_gpu_pointer(kvd_gpu_runtime_t rt, const void *p, kvd_gpu_pointer_t *out,
+                    char *why, size_t cap);
+
+/*
+ * A kind for rt's memory on device `ordinal`: a stream of its own (non-
+ * blocking), events for marks, and a ring of pinned host slots through
+ * which copies go whose host side is not pinned (kvd_gpu_pin); copies
+ * whose host side is pinned go straight by DMA. Driven by one thread at a
+ * time, but mark_stream_wait, mark_free and after may come from any
+ * thread. KVD_ERR_NO_DEVICE, KVD_ERR_DEVICE (the runtime refused a
+ * stream or the ring), KVD_ERR_NOMEM.
+ */
+int kvd_memkind_gpu_open(kvd_gpu_runtime_t rt, int ordinal, kvd_memkind_t **out,
+                         char *why, size_t cap);
+/* Syncs and frees k. NULL is fine. */
+void kvd_memkind_gpu_close(kvd_memkind_t *k);
+
+/* Bytes k moved by DMA and through its bounce ring. */
+void kvd_memkind_gpu_counts(const kvd_memkind_t *k, uint64_t *dma_bytes,
+                            uint64_t *bounce_bytes);
+
+#define KVD_GPU_PIN_CHUNK (64ull << 30) /* bytes of one host registration at most */
+
+/*
+ * Registers host memory [base, base+len) with rt for DMA (page-locked;
+ * usable from every device, registered through device `ordinal`), in
+ * chunks of at most KVD_GPU_PIN_CHUNK, on the calling thread (0.1 s per GB
+ * or so: callers run it in the background). `stop` (may be NULL) is
+ * looked at between chunks. *pinned says how many bytes from base are
+ * registered (also on failure: what was done stays until kvd_gpu_unpin).
+ * Every kind of rt copies through the registered bytes by DMA from then
+ * on. KVD_ERR_DEVICE (the runtime refused: why says), KVD_ERR_INVALID
+ * (overlaps a range registered already), kvd_gpu_load's errors.
+ */
+int kvd_gpu_pin(kvd_gpu_runtime_t rt, int ordinal, void *base, uint64_t len,
+                bool read_only, const _Atomic bool *stop, uint64_t *pinned, char *why,
+                size_t cap);
+
+/* Unregisters what kvd_gpu_pin registered from base; no copy may use it
+ * any longer. */
+void kvd_gpu_unpin(kvd_gpu_runtime_t rt, void *base);
+
+/* True when [p, p+n) lies within memory registered with kvd_gpu_pin. */
+bool kvd_gpu_pinned(kvd_gpu_runtime_t rt, const void *p, size_t n);
 
 /* ---------------------------------------------------------- transfers */
 

@@ -39,8 +39,10 @@ static void copy_unaligned(uint8_t *d, const uint8_t *s, size_t n)
     memcpy(d, s, n);
 }
 
-static int host_copy(void *dst, const void *src, size_t n, bool into_region)
+static int host_copy(const kvd_memkind_t *k, void *dst, const void *src, size_t n,
+                     bool into_region)
 {
+    (void)k;
     (void)into_region;
     if (n >= LOOP_MIN_BYTES && (((uintptr_t)dst - (uintptr_t)src) & 63) != 0)
         copy_unaligned(dst, src, n);
@@ -49,8 +51,9 @@ static int host_copy(void *dst, const void *src, size_t n, bool into_region)
     return KVD_OK;
 }
 
-static int host_sync(void)
+static int host_sync(const kvd_memkind_t *k)
 {
+    (void)k;
     return KVD_OK;
 }
 
@@ -63,4 +66,50 @@ static const kvd_memkind_t host_kind = {
 const kvd_memkind_t *kvd_memkind_host(void)
 {
     return &host_kind;
+}
+
+/* ------------------------------------------------- calls through a kind */
+
+int kvd_memkind_copy_batch(const kvd_memkind_t *k, const kvd_copy_t *v, size_t n,
+                           bool into_region)
+{
+    if (k->copy_batch != NULL)
+        return k->copy_batch(k, v, n, into_region);
+    int rc = KVD_OK;
+    for (size_t i = 0; rc == KVD_OK && i < n; i++)
+        rc = k->copy(k, v[i].dst, v[i].src, v[i].n, into_region);
+    return rc;
+}
+
+int kvd_memkind_mark(const kvd_memkind_t *k, void **mark)
+{
+    *mark = NULL;
+    return k->mark != NULL ? k->mark(k, mark) : KVD_OK;
+}
+
+/* A NULL mark is one that was never pending (a kind without marks). */
+int kvd_memkind_mark_query(const kvd_memkind_t *k, void *mark)
+{
+    return mark != NULL ? k->mark_query(k, mark) : KVD_OK;
+}
+
+int kvd_memkind_mark_wait(const kvd_memkind_t *k, void *mark)
+{
+    return mark != NULL ? k->mark_wait(k, mark) : KVD_OK;
+}
+
+int kvd_memkind_mark_stream_wait(const kvd_memkind_t *k, void *mark, void *stream)
+{
+    return mark != NULL ? k->mark_stream_wait(k, mark, stream) : KVD_OK;
+}
+
+void kvd_memkind_mark_free(const kvd_memkind_t *k, void *mark)
+{
+    if (mark != NULL)
+        k->mark_free(k, mark);
+}
+
+int kvd_memkind_after(const kvd_memkind_t *k, void *stream, void *event)
+{
+    return k->after != NULL ? k->after(k, stream, event) : KVD_ERR_INVALID;
 }

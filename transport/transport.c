@@ -243,7 +243,7 @@ int kvd_kind_set_sync(kvd_kind_set_t *s)
 {
     int rc = KVD_OK;
     for (size_t i = 0; i < s->n; i++) {
-        int one = s->v[i]->sync();
+        int one = s->v[i]->sync(s->v[i]);
         if (rc == KVD_OK)
             rc = one;
     }

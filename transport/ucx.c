@@ -1419,8 +1419,8 @@ static bool send_staged(ucx_transport_t *t, ucx_batch_t *b, const kvd_xfer_t *xf
         if (rc == KVD_OK && !kvd_kind_set_add(&kinds, x->local->kind))
             rc = KVD_ERR_STATE; /* cannot happen: the set was just emptied */
         if (rc == KVD_OK)
-            rc = x->local->kind->copy(c->bytes + total, x->local->base + x->local_offset,
-                                      x->length, false);
+            rc = x->local->kind->copy(x->local->kind, c->bytes + total,
+                                      x->local->base + x->local_offset, x->length, false);
         /* the messages already on the wire move only when the worker is
          * driven: drive it each MiB staged */
         if ((total + x->length) >> 20 != total >> 20)
@@ -1685,6 +1685,16 @@ static int ucx_connect(kvd_transport_t *tt, const kvd_peer_t *peer)
 static int ucx_reg(kvd_transport_t *tt, kvd_region_t *r)
 {
     ucx_transport_t *t = (ucx_transport_t *)tt;
+    if (r->kind->async) {
+        /* device memory: UCX here (Debian's 1.13) is built without CUDA
+         * or ROCm, so it reads and writes host addresses only, and
+         * staging device rows through pinned host memory on this path is
+         * not built yet */
+        KVD_WARN("ucx",
+                 "a region of %s memory cannot move over UCX here (host memory only)",
+                 r->kind->name);
+        return KVD_ERR_UNSUPPORTED;
+    }
     ucp_mem_map_params_t mp = {
         .field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH,
         .address = r->base,

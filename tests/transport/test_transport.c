@@ -1086,8 +1086,10 @@ static struct {
     unsigned copies_in, copies_out, syncs;
 } kind_calls;
 
-static int counting_copy(void *dst, const void *src, size_t n, bool into_region)
+static int counting_copy(const kvd_memkind_t *k, void *dst, const void *src, size_t n,
+                         bool into_region)
 {
+    (void)k;
     if (into_region)
         kind_calls.copies_in++;
     else
@@ -1096,8 +1098,9 @@ static int counting_copy(void *dst, const void *src, size_t n, bool into_region)
     return KVD_OK;
 }
 
-static int counting_sync(void)
+static int counting_sync(const kvd_memkind_t *k)
 {
+    (void)k;
     kind_calls.syncs++;
     return KVD_OK;
 }
