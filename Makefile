@@ -45,6 +45,9 @@ RUN_ARGS ?=
 # clang and libclang-rt-14-dev (libFuzzer, clang 14's runtimes) for fuzz/;
 # Debian's python3-torch, -numpy, -pytest for the Python suite (tests/python,
 # run with /usr/bin/python3: the python3 first on PATH may be another).
+# libamdhip64-dev (ROCm 5.2) for the HIP headers: the HIP backend and the fake
+# HIP runtime of tests/gpu build against them (CUDA's cuda.h comes from the
+# toolkit in /usr/local/cuda where installed; neither is linked).
 DEBS := gcc make pkg-config meson ninja-build python3 protobuf-c-compiler \
 	libprotobuf-c-dev libssl-dev libucx-dev libibverbs-dev \
 	libmicrohttpd-dev libcmocka-dev clang-format iproute2 ucx-utils curl \
