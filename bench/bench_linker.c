@@ -628,13 +628,13 @@ static void pool_stats(kvd_linker_t *lk, const layout_t *lo, uint32_t attn_id,
 }
 
 /* Device kinds: waits until the linker has the store's pool pinned (it
- * registers it with the device in the background), at most 30 s, so that
+ * registers it with the device in the background), at most 10 s, so that
  * the runs measure the DMA path; says how long it took, or that the copies
  * will go through the bounce ring. */
 static void wait_pinned(kvd_linker_t *lk, const layout_t *lo, uint32_t attn_id,
                         uint32_t mamba_id)
 {
-    uint64_t t0 = kvd_now_ns(), until = t0 + 30000000000ull;
+    uint64_t t0 = kvd_now_ns(), until = t0 + 10000000000ull;
     kvd_pool_stats_t s;
     do {
         pool_stats(lk, lo, attn_id, mamba_id, &s);
@@ -645,7 +645,7 @@ static void wait_pinned(kvd_linker_t *lk, const layout_t *lo, uint32_t attn_id,
         }
         kvd_sleep_ns(5000000);
     } while (kvd_now_ns() < until);
-    printf("%s: store pool not pinned 30 s after registration: the runs copy through "
+    printf("%s: store pool not pinned 10 s after registration: the runs copy through "
            "the bounce ring\n",
            lo->name);
 }

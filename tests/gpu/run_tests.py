@@ -11,7 +11,14 @@ another version.
 Each test runs with the test's own environment (its variants' variables:
 KVDOCK_CUDA_LIBRARY for the fake ones) over this process's, plus the
 --env values; --unset removes a variable from the base only (a test that
-sets it still gets it). Exit 77 is a skip. Each test is bounded by its
+sets it still gets it).
+
+--real-variants: each CUDA test that meson defines only on the fake (its
+environment names KVDOCK_CUDA_LIBRARY) runs a second time as NAME-real,
+without the fake's variables, on whatever runtime this process's own
+environment leads to (the real libcuda.so.1 on the device machine), unless
+the list has a CUDA variant without the fake already. The fake's own
+tests (names with "fakegpu") are not repeated. Exit 77 is a skip. Each test is bounded by its
 meson timeout and by what is left of --deadline; a test still running
 there is killed (its process group) and counted as timed out. Prints one
 line per test and the counts; the tests' output goes to --log. Exit
@@ -33,6 +40,23 @@ def suite_matches(suites, want):
     return any(s == want or s.endswith(":" + want) for s in suites)
 
 
+def real_variants(tests):
+    envs = [t.get("env") or {} for t in tests]
+    if any(e.get("KVDOCK_TEST_GPU") == "cuda" and "KVDOCK_CUDA_LIBRARY" not in e
+           for e in envs):
+        return []  # meson has real variants of its own
+    out = []
+    for t, e in zip(tests, envs):
+        if "KVDOCK_CUDA_LIBRARY" not in e or "fakegpu" in t["name"]:
+            continue
+        v = dict(t)
+        v["name"] = t["name"] + "-real"
+        v["env"] = {k: x for k, x in e.items()
+                    if k != "KVDOCK_CUDA_LIBRARY" and not k.startswith("FAKEGPU_")}
+        out.append(v)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -41,6 +65,7 @@ def main():
     ap.add_argument("--log", default="")
     ap.add_argument("--env", action="append", default=[])
     ap.add_argument("--unset", action="append", default=[])
+    ap.add_argument("--real-variants", action="store_true")
     a = ap.parse_args()
 
     path = os.path.join(a.build, "meson-info", "intro-tests.json")
@@ -54,6 +79,9 @@ def main():
     if not tests:
         print(f"run_tests: no test in suite {a.suite} in {path}")
         return 2
+
+    if a.real_variants:
+        tests = tests + real_variants(tests)
 
     base = dict(os.environ)
     for name in a.unset:
