@@ -58,9 +58,21 @@ for deb in $build/debs/*.deb; do
     if command -v dpkg >/dev/null; then
         dpkg -x "$deb" "$prefix"
     else
-        # no dpkg: a .deb is an ar archive holding data.tar.*
-        (cd "$work" && ar x "$OLDPWD/$deb" && tar -xf data.tar.* -C "$prefix" &&
-            rm -f data.tar.* control.tar.* debian-binary)
+        # no dpkg: a .deb is an ar archive whose data.tar.xz holds the files
+        python3 - "$deb" "$prefix" <<'PY'
+import io, sys, tarfile
+data = open(sys.argv[1], "rb").read()
+pos = 8  # "!<arch>\n", then 60-byte headers: name 16, size at 48..58
+while pos + 60 <= len(data):
+    name = data[pos:pos + 16].decode().strip().rstrip("/")
+    size = int(data[pos + 48:pos + 58].decode().strip())
+    body = data[pos + 60:pos + 60 + size]
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(body), mode="r:*").extractall(sys.argv[2])
+        sys.exit(0)
+    pos += 60 + size + (size & 1)
+sys.exit("no data.tar in " + sys.argv[1])
+PY
     fi || say "cannot unpack $deb"
 done
 libdirs=$prefix/usr/lib/x86_64-linux-gnu:$prefix/lib/x86_64-linux-gnu
