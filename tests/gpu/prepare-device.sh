@@ -98,6 +98,10 @@ echo "debs: $(du -sb $build/debs | cut -f1) bytes"
 tree_bytes=$(git ls-files -z --cached --others --exclude-standard |
              xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')
 build_bytes=$(du -sb $build | cut -f1)
+# a shared/ folder inside the checkout travels too, ignored or not
+if [ -d shared ] && git check-ignore -q shared; then
+    tree_bytes=$((tree_bytes + $(du -sb shared | cut -f1)))
+fi
 total=$((tree_bytes + build_bytes))
 printf 'working tree %d + %s %d = %d bytes (%.1f MiB of the 64 MiB limit)\n' \
     "$tree_bytes" "$build" "$build_bytes" "$total" "$(echo "$total / 1048576" | bc -l)"
