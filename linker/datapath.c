@@ -34,8 +34,17 @@ int lk_dp_open(kvd_linker_t *l, ldp_t *dp, int index)
     /* a message-mode transport has no RMA feature: a peer that reaches
      * its worker cannot read or write this process through UCP's software
      * RMA (transport/ucx.c) */
-    return l->use_ucx ? kvd_transport_open_ucx_mode(name, l->ucx_mode, &dp->t)
-                      : kvd_transport_open_shm(&dp->t);
+    if (!l->use_ucx)
+        return kvd_transport_open_shm(&dp->t);
+    /* UCX moves host memory only here: device pools' rows are staged
+     * through pinned host slots (transport/staged.c) */
+    kvd_transport_t *ucx = NULL;
+    int rc = kvd_transport_open_ucx_mode(name, l->ucx_mode, &ucx);
+    if (rc == KVD_OK)
+        rc = kvd_transport_open_staged(ucx, &dp->t);
+    if (rc != KVD_OK && dp->t == NULL)
+        kvd_transport_destroy(ucx);
+    return rc;
 }
 
 void lk_dp_close(ldp_t *dp)

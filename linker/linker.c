@@ -337,14 +337,6 @@ static int pool_kinds(kvd_linker_t *l, lpool_t *p)
         return KVD_OK;
     }
     int rc = check_device_buffers(p);
-    if (rc == KVD_OK && l->use_ucx) {
-        /* UCX here (Debian's 1.13) has no CUDA or ROCm support, and staging
-         * device rows through pinned host memory for it is not built */
-        lk_set_last_error("pool '%s': %s memory over UCX is not supported here (UCX "
-                          "moves host memory only; use the same-host pool mapping)",
-                          p->name, kvd_gpu_name(p->rt));
-        rc = KVD_ERR_UNSUPPORTED;
-    }
     for (int d = 0; rc == KVD_OK && d < LK_DP_COUNT; d++) {
         char why[256] = "";
         rc = lk_dp_device_kind(&l->dp[d], p->rt, p->ordinal, &p->kinds[d], why,

@@ -132,12 +132,14 @@ int lk_copy_key(kvd_linker_t *l, ldp_t *dp, const lpool_t *p, const lxfer_t *x,
             *moved += (uint64_t)p->rows * ly->buffers[b].bytes_per_row;
         }
     }
-    if (p->rt != 0 && dp->peer != NULL && dp->peer->map != NULL) {
+    if (p->rt != 0 && dp->peer != NULL) {
         /* by DMA, or through the bounce ring: as the kind will decide, from
-         * whether the pool's side is pinned (a pool entry's counters are
-         * the part of it that changes) */
+         * whether the pool's side is pinned; over UCX through the staging
+         * slots, which count as bounced (a pool entry's counters are the
+         * part of it that changes) */
         lpool_t *mp = (lpool_t *)(uintptr_t)p;
-        bool dma = kvd_gpu_pinned(p->rt, (uint8_t *)dp->peer->map + obj0, obj - obj0);
+        bool dma = dp->peer->map != NULL &&
+                   kvd_gpu_pinned(p->rt, (uint8_t *)dp->peer->map + obj0, obj - obj0);
         atomic_fetch_add(dma ? &mp->dma_bytes : &mp->bounce_bytes, obj - obj0);
     }
     return KVD_OK;

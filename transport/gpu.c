@@ -117,8 +117,14 @@ int kvd_gpu_pointer(kvd_gpu_runtime_t rt, const void *p, kvd_gpu_pointer_t *out,
     const gpu_api_t *api = api_of(rt, &status, why, cap);
     if (api == NULL)
         return status;
+    /* on the caller's current device first (an engine thread has one):
+     * making device 0 current would create a context there, hundreds of
+     * MB on a GPU another worker uses */
+    int rc = api->pointer(p, out);
+    if (rc == 0)
+        return KVD_OK;
     void *dev = NULL, *saved = NULL;
-    int rc = any_device(api, &dev);
+    rc = any_device(api, &dev);
     if (rc != 0)
         return gpu_failed(api, "device 0", rc, why, cap);
     rc = api->bind(dev, &saved);
@@ -619,6 +625,8 @@ int kvd_memkind_gpu_open(kvd_gpu_runtime_t rt, int ordinal, kvd_memkind_t **out,
     g->base = (kvd_memkind_t){
         .name = rt == KVD_GPU_CUDA ? "cuda" : "hip",
         .async = true,
+        .runtime = rt,
+        .ordinal = ordinal,
         .copy = gpu_copy,
         .copy_batch = gpu_copy_batch,
         .sync = gpu_sync,

@@ -66,6 +66,10 @@ typedef struct kvd_copy {
 struct kvd_memkind {
     const char *name;
     bool async;
+    /* a device kind's runtime (kvd_gpu_runtime_t; 0: host memory) and
+     * device, for what a transport stages through pinned host memory */
+    int runtime;
+    int ordinal;
     /* into_region: dst is memory of this kind (a READ), else src is (a
      * WRITE); the other side is host memory */
     int (*copy)(const kvd_memkind_t *k, void *dst, const void *src, size_t n,
@@ -266,6 +270,16 @@ int kvd_transport_open_shm(kvd_transport_t **out);
  * more than one copy on TCP.
  */
 int kvd_transport_open_ucx(const char *name, kvd_transport_t **out);
+
+/*
+ * Wraps `inner` (which moves host memory only: ucx) so that regions of
+ * device kinds can be registered too: their bytes pass through pinned host
+ * slots registered with inner (READ: peer -> slot -> device; WRITE: device
+ * -> slot -> peer), pipelined over a few slots. Host regions go to inner
+ * as they are. The wrapper owns inner from then on (destroy destroys it).
+ * KVD_ERR_NOMEM, inner's registration errors.
+ */
+int kvd_transport_open_staged(kvd_transport_t *inner, kvd_transport_t **out);
 
 /* kvd_transport_open_ucx for one mode only: a transport for the message
  * mode has a context without UCP_FEATURE_RMA, so that no peer reaching its

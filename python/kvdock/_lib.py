@@ -24,6 +24,7 @@ KVD_ADDR_PAGED = 1
 KVD_ADDR_SLOT = 2
 KVD_MEM_HOST = 1
 KVD_MEM_HIP = 2
+KVD_MEM_CUDA = 3
 
 c_u8_p = ctypes.POINTER(ctypes.c_uint8)
 c_i64_p = ctypes.POINTER(ctypes.c_int64)
@@ -107,7 +108,9 @@ class Completion(ctypes.Structure):
 class PoolStats(ctypes.Structure):
     _fields_ = [("lookup_hit_pages", ctypes.c_uint64), ("load_bytes", ctypes.c_uint64),
                 ("offload_bytes", ctypes.c_uint64), ("load_failures", ctypes.c_uint64),
-                ("offload_failures", ctypes.c_uint64)]
+                ("offload_failures", ctypes.c_uint64), ("memory", ctypes.c_int),
+                ("pinned", ctypes.c_bool), ("dma_bytes", ctypes.c_uint64),
+                ("bounce_bytes", ctypes.c_uint64)]
 
 
 class StoreConfig(ctypes.Structure):
@@ -159,8 +162,10 @@ def _declare(lib):
         "kvd_load_abort": (I, [P, ctypes.c_uint64]),
         "kvd_start_layer_wise_loading": (I, [P, c_u32_p]),
         "kvd_wait_layer": (I, [P, ctypes.c_uint32, ctypes.c_uint32]),
+        "kvd_stream_wait_layer": (I, [P, ctypes.c_uint32, ctypes.c_uint32, P]),
         "kvd_pop_completed_loads": (I, [P, ctypes.POINTER(Completion), S, ctypes.POINTER(S)]),
         "kvd_offload": (I, [P, ctypes.POINTER(Transfer), S, ctypes.POINTER(ctypes.c_uint64)]),
+        "kvd_offload_after": (I, [P, ctypes.POINTER(Transfer), S, P, P, ctypes.POINTER(ctypes.c_uint64)]),
         "kvd_pop_completed_offloads": (I, [P, ctypes.POINTER(Completion), S, ctypes.POINTER(S)]),
         "kvd_stats": (I, [P, ctypes.c_uint32, ctypes.POINTER(PoolStats)]),
         "kvd_strerror": (ctypes.c_char_p, [I]),

@@ -21,8 +21,20 @@ from .errors import CallbackError, ClosedError, InvalidError, StateError, Unsupp
 PAGED = "paged"
 SLOT = "slot"
 _ADDRESSING = {PAGED: _lib.KVD_ADDR_PAGED, SLOT: _lib.KVD_ADDR_SLOT}
-_MEMORY = {"host": _lib.KVD_MEM_HOST, "hip": _lib.KVD_MEM_HIP}
+_MEMORY = {"host": _lib.KVD_MEM_HOST, "hip": _lib.KVD_MEM_HIP, "cuda": _lib.KVD_MEM_CUDA}
+_MEMORY_NAME = {v: k for k, v in _MEMORY.items()}
 _HEALTH = {1: "starting", 2: "ready", 3: "draining"}
+
+
+def _handle(obj, attr):
+    """A raw device handle (an int, or None for none) from a torch.cuda
+    stream or event (its ``attr``), or the int itself."""
+    if obj is None:
+        return None
+    raw = getattr(obj, attr, obj)
+    if not isinstance(raw, int):
+        raise InvalidError(message="expected a %s or an int handle, got %r" % (attr, obj))
+    return raw or None
 
 
 def _cstr(s):
@@ -509,6 +521,15 @@ class Linker:
         raises the batch's error (or TimeoutError)."""
         self._call("kvd_wait_layer", ctypes.c_uint32(counter), ctypes.c_uint32(layer_id))
 
+    def wait_layer_on_stream(self, counter, layer_id, stream):
+        """Makes ``stream`` (a torch.cuda.Stream, or a raw cudaStream_t /
+        hipStream_t as an int) wait on the device until layer_id's bytes of
+        batch ``counter`` are in place, and returns once that wait is
+        queued: the forward pass overlaps with the load. For a batch of
+        host pools it waits as wait_layer does."""
+        self._call("kvd_stream_wait_layer", ctypes.c_uint32(counter),
+                   ctypes.c_uint32(layer_id), ctypes.c_void_p(_handle(stream, "cuda_stream")))
+
     def _pop(self, name, max):
         max = int(max)
         if max <= 0:
@@ -523,13 +544,22 @@ class Linker:
         Never blocks."""
         return self._pop("kvd_pop_completed_loads", max)
 
-    def offload(self, transfers):
+    def offload(self, transfers, stream=None, event=None):
         """Queues the transfers' device rows for storing; returns the ack
         that pop_completed_offloads will report. The rows must stay as they
-        are until then."""
+        are until then. With ``event`` (a torch.cuda.Event or a raw handle)
+        or ``stream`` (a torch.cuda.Stream or a raw handle), the copies
+        wait on the device for that event as recorded now, or for what the
+        stream holds now, so the engine need not synchronize first;
+        without either, the rows must be final when this is called."""
         arr, n, keep = _c_transfers(transfers)
         ack = ctypes.c_uint64()
-        self._call("kvd_offload", arr, n, ctypes.byref(ack))
+        if stream is None and event is None:
+            self._call("kvd_offload", arr, n, ctypes.byref(ack))
+        else:
+            self._call("kvd_offload_after", arr, n,
+                       ctypes.c_void_p(_handle(stream, "cuda_stream")),
+                       ctypes.c_void_p(_handle(event, "cuda_event")), ctypes.byref(ack))
         del keep
         return ack.value
 
@@ -540,7 +570,12 @@ class Linker:
 
     def pool_stats(self, pool):
         """A pool's counters: lookup_hit_pages, load_bytes, offload_bytes,
-        load_failures, offload_failures."""
+        load_failures, offload_failures; memory ("host", "cuda", "hip"),
+        pinned (the store's pool registered with the device for DMA),
+        dma_bytes and bounce_bytes (copied through the pinned bounce ring
+        while it is not)."""
         st = _lib.PoolStats()
         self._call("kvd_stats", ctypes.c_uint32(_pool_id(pool)), ctypes.byref(st))
-        return {f: getattr(st, f) for f, _ in _lib.PoolStats._fields_}
+        out = {f: getattr(st, f) for f, _ in _lib.PoolStats._fields_}
+        out["memory"] = _MEMORY_NAME.get(out["memory"], out["memory"])
+        return out

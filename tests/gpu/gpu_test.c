@@ -75,6 +75,7 @@ static struct {
     /* the fake's */
     fakegpu_stats_fn stats;
     fakegpu_stats_reset_fn stats_reset;
+    fakegpu_set_fn set;
 } gt;
 
 /* The runtimes' numbers the helpers pass */
@@ -258,6 +259,7 @@ int gt_open(void)
         return r;
     SYM(stats, "fakegpu_stats");
     SYM(stats_reset, "fakegpu_stats_reset");
+    SYM(set, "fakegpu_set");
     printf("gpu_test: %s runtime%s\n", gt_runtime_name(),
            gt_is_fake() ? " (the fake)" : "");
     return 0;
@@ -314,6 +316,15 @@ void gt_fake_stats_reset(void)
 {
     if (gt.stats_reset != NULL)
         gt.stats_reset();
+}
+
+void gt_fake_set(const char *knob, unsigned long long value)
+{
+    if (gt.set == NULL || gt.set(knob, value) != 0) {
+        fprintf(stderr, "gpu_test: cannot set %s: %s\n", knob,
+                gt.set == NULL ? "not a fake runtime" : "no such knob");
+        exit(1);
+    }
 }
 
 void gt_write(void *dev, const void *host, size_t n)

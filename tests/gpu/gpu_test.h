@@ -39,6 +39,9 @@ bool gt_is_fake(void);    /* fakegpu_stats is in the loaded library */
 /* The fake's counters: false (out untouched) on a real runtime. */
 bool gt_fake_stats(fakegpu_stats_t *out);
 void gt_fake_stats_reset(void);
+/* Sets a knob of the fake (fakegpu.h: FAKEGPU_COPY_DELAY_US, ...) while it
+ * runs; aborts the test on a real runtime or for a name that is no knob. */
+void gt_fake_set(const char *knob, unsigned long long value);
 
 void *gt_alloc(size_t n); /* device memory, zeroed */
 void gt_free(void *p);

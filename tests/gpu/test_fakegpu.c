@@ -11,12 +11,17 @@
  * stream reaches it and ready after; a stream that waits for another's
  * event holds its copies until then; the CPU touching device memory dies
  * of SIGSEGV; a thread with no context bound is refused (CUDA); a pointer
- * the runtime does not know has memory type 0 (CUDA) or is an error (HIP).
+ * the runtime does not know has memory type 0 (CUDA) or is an error (HIP);
+ * a batch of copies (CUDA 13's cuMemcpyBatchAsync_v2) lands in stream
+ * order.
  * The fake's own: FAKEGPU_COPY_DELAY_US delays each copy; a copy that
  * leaves its allocation or whose host side is device memory is refused
  * and the stream stays in error; FAKEGPU_FAIL_COPY fails a copy while it
  * runs; FAKEGPU_REGISTER_FAIL and FAKEGPU_REGISTER_MAX fail registration;
- * copies are counted as pinned or pageable by their host side.
+ * copies are counted as pinned or pageable by their host side; a batch
+ * (CUDA) runs whole or is refused whole, and reads a DURING_API_CALL
+ * source in the call; a freed allocation's addresses are refused; a copy
+ * into read-only registered memory fails.
  */
 #include "gpu_test.h"
 
@@ -292,11 +297,11 @@ static void test_copy_delay(void **state)
     unsigned char *dev = gt_alloc(ROW);
     void *s = gt_stream_create();
     unsigned char *d = filled(ROW, 0xd4);
-    setenv("FAKEGPU_COPY_DELAY_US", "100000", 1);
+    gt_fake_set("FAKEGPU_COPY_DELAY_US", 100000);
     double t0 = now_s();
     gt_write_async(dev, d, ROW, s);
     gt_write_async(dev, d, ROW, s);
-    unsetenv("FAKEGPU_COPY_DELAY_US");
+    gt_fake_set("FAKEGPU_COPY_DELAY_US", 0);
     gt_stream_sync(s);
     assert_true(now_s() - t0 >= 0.2);
     assert_true(dev_all(dev, ROW, 0xd4));
@@ -351,13 +356,11 @@ static void test_fail_copy(void **state)
     void *e = gt_event_create();
     fakegpu_stats_t st;
     gt_fake_stats(&st);
-    char n[32];
-    snprintf(n, sizeof(n), "%llu", (unsigned long long)st.async_copies + 2);
-    setenv("FAKEGPU_FAIL_COPY", n, 1);
+    gt_fake_set("FAKEGPU_FAIL_COPY", st.async_copies + 2);
     gt_gate_t *gate = gt_gate(s);
     gt_write_async(dev, f, ROW, s);
     gt_write_async(dev + ROW, f, ROW, s); /* fails */
-    unsetenv("FAKEGPU_FAIL_COPY");
+    gt_fake_set("FAKEGPU_FAIL_COPY", 0);
     gt_write_async(dev, f, 1, s);
     gt_event_record(e, s);
     gt_gate_open(gate);
@@ -384,14 +387,14 @@ static void test_register_knobs(void **state)
     gt_fake_stats(&st);
     uint64_t base = st.registered_bytes;
 
-    setenv("FAKEGPU_REGISTER_FAIL", "1", 1);
+    gt_fake_set("FAKEGPU_REGISTER_FAIL", 1);
     assert_int_equal(gt_host_register(h, n), ERR_OUT_OF_MEMORY);
-    unsetenv("FAKEGPU_REGISTER_FAIL");
-    setenv("FAKEGPU_REGISTER_MAX", "8192", 1);
+    gt_fake_set("FAKEGPU_REGISTER_FAIL", 0);
+    gt_fake_set("FAKEGPU_REGISTER_MAX", 8192);
     assert_int_equal(gt_host_register(h, n), ERR_OUT_OF_MEMORY);
     assert_int_equal(gt_host_register(h, 8192), 0);
     assert_int_equal(gt_host_unregister(h), 0);
-    unsetenv("FAKEGPU_REGISTER_MAX");
+    gt_fake_set("FAKEGPU_REGISTER_MAX", (512ULL << 30) - 1);
 
     assert_int_equal(gt_host_register(h, n), 0);
     gt_fake_stats(&st);
@@ -438,6 +441,131 @@ static void test_pinned_pageable_counters(void **state)
     free(pinned);
 }
 
+/* CUDA's cuMemcpyBatchAsync_v2 (CUDA 13): the batch runs in stream order as a
+ * whole; a copy whose attribute says DURING_API_CALL has read its source
+ * by the time the call returns, so the caller may reuse it at once. */
+typedef struct batch_attr {
+    int src_access_order; /* CU_MEMCPY_SRC_ACCESS_ORDER_* */
+    struct {
+        int type, id;
+    } src_hint, dst_hint; /* CUmemLocation */
+    unsigned flags;
+} batch_attr_t;
+typedef int (*batch_fn)(unsigned long long *dsts, unsigned long long *srcs, size_t *sizes,
+                        size_t count, batch_attr_t *attrs, size_t *attr_idxs,
+                        size_t num_attrs, void *stream);
+
+static void test_batch(void **state)
+{
+    (void)state;
+    if (gt_runtime() != GT_CUDA) {
+        print_message("skipped: cuMemcpyBatchAsync is CUDA's\n");
+        skip();
+    }
+    batch_fn batch = (batch_fn)gt_symbol("cuMemcpyBatchAsync_v2");
+    if (batch == NULL) {
+        print_message(
+            "skipped: the driver has no cuMemcpyBatchAsync_v2 (before CUDA 13)\n");
+        skip();
+    }
+    /* cuGetProcAddress finds the same entry point for a CUDA 13 caller */
+    int (*proc)(const char *, void **, int, unsigned long long, int *) =
+        gt_symbol("cuGetProcAddress_v2");
+    assert_non_null(proc);
+    void *found = NULL;
+    int found_status = -1;
+    assert_int_equal(proc("cuMemcpyBatchAsync", &found, 13000, 0, &found_status), 0);
+    assert_int_equal(found_status, 0);
+    assert_non_null(found);
+    if (gt_is_fake())
+        assert_ptr_equal(found, (void *)batch);
+    unsigned char *dev = gt_alloc(3 * ROW);
+    unsigned char *a = filled(ROW, 0xa1), *b = filled(ROW, 0xb2), *out = filled(ROW, 0);
+    unsigned char *c = filled(ROW, 0x33);
+    gt_write(dev + 2 * ROW, c, ROW);
+    void *s = gt_stream_create();
+    fakegpu_stats_t before, after;
+    gt_fake_stats(&before);
+
+    unsigned long long dsts[] = {(uintptr_t)dev, (uintptr_t)(dev + ROW), (uintptr_t)out};
+    unsigned long long srcs[] = {(uintptr_t)a, (uintptr_t)b, (uintptr_t)(dev + 2 * ROW)};
+    size_t sizes[] = {ROW, ROW, ROW};
+    /* copy 0 in stream order, copy 1 read during the call, copy 2 in order */
+    batch_attr_t attrs[3] = {
+        {.src_access_order = 1}, {.src_access_order = 2}, {.src_access_order = 1}};
+    size_t idxs[] = {0, 1, 2};
+    gt_gate_t *gate = gt_gate(s);
+    assert_int_equal(batch(dsts, srcs, sizes, 3, attrs, idxs, 3, s), 0);
+    memset(b, 0, ROW); /* allowed: copy 1 has read it */
+    assert_true(dev_all(dev, ROW, 0));
+    gt_gate_open(gate);
+    gt_stream_sync(s);
+    assert_true(dev_all(dev, ROW, 0xa1));
+    assert_true(dev_all(dev + ROW, ROW, 0xb2));
+    assert_true(all(out, ROW, 0x33));
+    if (gt_fake_stats(&after)) {
+        assert_int_equal(after.batch_calls, before.batch_calls + 1);
+        assert_int_equal(after.async_copies, before.async_copies + 3);
+        /* the legacy stream is refused, as the driver documents */
+        assert_int_equal(batch(dsts, srcs, sizes, 3, attrs, idxs, 3, NULL),
+                         ERR_INVALID_VALUE);
+        /* one copy past its allocation refuses the whole batch */
+        sizes[1] = 2 * ROW + 1;
+        void *s2 = gt_stream_create();
+        assert_int_equal(batch(dsts, srcs, sizes, 3, attrs, idxs, 3, s2),
+                         ERR_INVALID_VALUE);
+        gt_fake_stats(&before);
+        assert_int_equal(before.async_copies, after.async_copies);
+        gt_stream_destroy(s2);
+    }
+    gt_stream_destroy(s);
+    gt_free(dev);
+    free(a);
+    free(b);
+    free(c);
+    free(out);
+}
+
+/* A freed allocation's addresses stay out of use: a copy to one is refused
+ * as not device memory. */
+static void test_use_after_free(void **state)
+{
+    (void)state;
+    SKIP_UNLESS_FAKE();
+    unsigned char *dev = gt_alloc(ROW);
+    unsigned char *h = filled(ROW, 0x77);
+    gt_free(dev);
+    void *s = gt_stream_create();
+    assert_int_equal(gt_try_write_async(dev, h, ROW, s), ERR_INVALID_VALUE);
+    gt_stream_destroy(s);
+    free(h);
+}
+
+/* Host memory registered read-only: the device may read it, and a copy into
+ * it fails when it runs (as the device's write would fault). */
+static void test_read_only_registration(void **state)
+{
+    (void)state;
+    SKIP_UNLESS_FAKE();
+    enum { REGISTER_READ_ONLY = 0x8 }; /* CU_MEMHOSTREGISTER_READ_ONLY; ROCm 6's too */
+    int (*reg)(void *, size_t, unsigned) =
+        gt_symbol(gt_runtime() == GT_CUDA ? "cuMemHostRegister_v2" : "hipHostRegister");
+    assert_non_null(reg);
+    unsigned char *dev = gt_alloc(ROW);
+    unsigned char *ro = filled(ROW, 0x99);
+    assert_int_equal(reg(ro, ROW, REGISTER_READ_ONLY), 0);
+    void *s = gt_stream_create();
+    gt_write_async(dev, ro, ROW, s);
+    gt_stream_sync(s);
+    assert_true(dev_all(dev, ROW, 0x99));
+    gt_read_async(ro, dev, ROW, s);
+    assert_int_equal(gt_try_stream_sync(s), ERR_ILLEGAL_ADDRESS);
+    assert_int_equal(gt_host_unregister(ro), 0);
+    gt_stream_destroy(s);
+    gt_free(dev);
+    free(ro);
+}
+
 int main(void)
 {
     int r = gt_open();
@@ -455,6 +583,9 @@ int main(void)
         cmocka_unit_test(test_fail_copy),
         cmocka_unit_test(test_register_knobs),
         cmocka_unit_test(test_pinned_pageable_counters),
+        cmocka_unit_test(test_batch),
+        cmocka_unit_test(test_use_after_free),
+        cmocka_unit_test(test_read_only_registration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,7 +23,9 @@
 
 #include "fakegpu_core.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +99,11 @@ FAKE_API void fakegpu_stats(fakegpu_stats_t *out)
 FAKE_API void fakegpu_stats_reset(void)
 {
     fg_stats_reset();
+}
+
+FAKE_API int fakegpu_set(const char *knob, unsigned long long value)
+{
+    return fg_knob_set(knob, value);
 }
 
 /* ---- initialization, errors, devices, contexts ---- */
@@ -548,4 +555,46 @@ CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes,
     if (failIdx != NULL)
         *failIdx = SIZE_MAX;
     return r;
+}
+
+/* cuGetProcAddress (cuda.h's name for cuGetProcAddress_v2): the entry point
+ * of a base name as a caller built for cudaVersion sees it. The one that
+ * differs by version here is cuMemcpyBatchAsync: 12.8's signature (with
+ * failIdx) below 13000, the _v2 one from 13000. Every other name resolves
+ * to its _v2 export where there is one, else to the plain name. */
+CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion,
+                          cuuint64_t flags, CUdriverProcAddressQueryResult *symbolStatus)
+{
+    (void)flags; /* no per-thread default stream variants are faked */
+    if (symbol == NULL || pfn == NULL)
+        return ret(FG_ERR_INVALID_VALUE);
+    *pfn = NULL;
+    if (symbolStatus != NULL)
+        *symbolStatus = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (strcmp(symbol, "cuMemcpyBatchAsync") == 0) {
+        if (cudaVersion < 12080) {
+            if (symbolStatus != NULL)
+                *symbolStatus = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+            return ret(FG_ERR_NOT_SUPPORTED);
+        }
+        *pfn = cudaVersion >= 13000 ? (void *)cuMemcpyBatchAsync_v2
+                                    : (void *)cuMemcpyBatchAsync;
+    } else {
+        Dl_info self;
+        void *lib = NULL;
+        if (dladdr((void *)cuInit, &self) != 0)
+            lib = dlopen(self.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        char v2[128];
+        if (lib != NULL && snprintf(v2, sizeof(v2), "%s_v2", symbol) < (int)sizeof(v2))
+            *pfn = dlsym(lib, v2);
+        if (lib != NULL && *pfn == NULL)
+            *pfn = dlsym(lib, symbol);
+        if (lib != NULL)
+            dlclose(lib);
+    }
+    if (*pfn == NULL)
+        return ret(FG_ERR_NOT_SUPPORTED);
+    if (symbolStatus != NULL)
+        *symbolStatus = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
 }

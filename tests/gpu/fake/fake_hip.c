@@ -77,6 +77,11 @@ FAKE_API void fakegpu_stats_reset(void)
     fg_stats_reset();
 }
 
+FAKE_API int fakegpu_set(const char *knob, unsigned long long value)
+{
+    return fg_knob_set(knob, value);
+}
+
 /* ---- initialization, errors, devices ---- */
 
 hipError_t hipInit(unsigned int flags)

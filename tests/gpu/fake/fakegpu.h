@@ -4,12 +4,28 @@
  *
  *   void fakegpu_stats(fakegpu_stats_t *out);
  *   void fakegpu_stats_reset(void);
+ *   int fakegpu_set(const char *knob, unsigned long long value);
  *
  * which a test finds with dlsym in the runtime it loaded: their presence is
  * how a test knows it runs on a fake (gt_is_fake). Each library keeps its
- * own counters. Counters of calls are taken when the call is made; byte
- * counters when a copy has run. The fields marked "now" are gauges, which
- * fakegpu_stats_reset leaves alone; it zeroes the others.
+ * own counters and knobs.
+ *
+ * The knobs are environment variables, read once, on first use;
+ * fakegpu_set changes one at run time (by its variable's name; 0, or -1
+ * for a name that is no knob), safe while other threads call the fake:
+ *   FAKEGPU_NO_DEVICE=1         no device (cuInit: CUDA_ERROR_NO_DEVICE,
+ *                               hipInit: hipErrorNoDevice)
+ *   FAKEGPU_DEVICES=N           N devices, 1 by default (these two count
+ *                               only until the runtime initialized)
+ *   FAKEGPU_COPY_DELAY_US=N     each async copy waits N us before it runs
+ *   FAKEGPU_FAIL_COPY=N         the Nth async copy since the library loaded
+ *                               fails while it runs (ILLEGAL_ADDRESS, sticky)
+ *   FAKEGPU_REGISTER_FAIL=1     host registration fails (OUT_OF_MEMORY)
+ *   FAKEGPU_REGISTER_MAX=N      a registration of more than N bytes fails
+ *                               (OUT_OF_MEMORY; default 512 GiB - 1)
+ *   FAKEGPU_REGISTER_DELAY_US=N each registration takes N us Counters of calls are taken
+ * when the call is made; byte counters when a copy has run. The fields marked "now" are
+ * gauges, which fakegpu_stats_reset leaves alone; it zeroes the others.
  */
 #ifndef KVD_FAKEGPU_H
 #define KVD_FAKEGPU_H
@@ -36,7 +52,13 @@ typedef struct fakegpu_stats {
     uint64_t events;                /* now: events created and not destroyed */
 } fakegpu_stats_t;
 
+void fakegpu_stats(fakegpu_stats_t *out);
+void fakegpu_stats_reset(void);
+int fakegpu_set(const char *knob, unsigned long long value);
+
+/* Their types, for dlsym. */
 typedef void (*fakegpu_stats_fn)(fakegpu_stats_t *out);
 typedef void (*fakegpu_stats_reset_fn)(void);
+typedef int (*fakegpu_set_fn)(const char *knob, unsigned long long value);
 
 #endif

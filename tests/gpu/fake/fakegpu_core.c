@@ -25,14 +25,18 @@
  * event of a failed stream takes the error over. The stream's later copies
  * do not run.
  *
- * Knobs (environment; the copy and registration knobs are read at each
- * call, so a test may change them between calls):
+ * Knobs, read from the environment on first use; a test changes them at
+ * run time with fakegpu_set (fakegpu.h), never with setenv, which races
+ * with the library's threads reading the environment:
  *   FAKEGPU_NO_DEVICE=1         no device: init fails (FG_ERR_NO_DEVICE)
  *   FAKEGPU_DEVICES=N           N devices (1 to FG_MAX_DEVICES; 1 default)
+ *     (these two count only until the first init)
  *   FAKEGPU_COPY_DELAY_US=N     each async copy sleeps N us before it runs
  *   FAKEGPU_FAIL_COPY=N         the Nth async copy of the process fails
  *   FAKEGPU_REGISTER_FAIL=1     host registration fails (out of memory)
  *   FAKEGPU_REGISTER_MAX=N      a registration of more than N bytes fails
+ *                               (default 512 GiB - 1: NVIDIA drivers from
+ *                               r580 refuse one of 512 GiB or more)
  *   FAKEGPU_REGISTER_DELAY_US=N each registration takes N us
  *
  * Threading: one mutex (fg.lock) guards everything; every state change
@@ -59,6 +63,13 @@ typedef struct fg_alloc {
     int device;
     unsigned pending; /* queued copies that touch this allocation */
 } fg_alloc_t;
+
+/* The addresses of a freed allocation, kept reserved and faulting. */
+typedef struct fg_freed {
+    struct fg_freed *next;
+    uintptr_t dev;
+    size_t mapped;
+} fg_freed_t;
 
 typedef enum fg_host_kind { FG_HOST_REGISTERED, FG_HOST_ALLOCATED } fg_host_kind_t;
 
@@ -120,6 +131,7 @@ static struct {
     fg_err_t init_result;
     int devices;
     fg_alloc_t *allocs;
+    fg_freed_t *freed;
     fg_host_t *hosts;
     fg_stream_t *streams;
     fg_event_t *events;
@@ -148,15 +160,55 @@ static unsigned long long env_u64(const char *name, unsigned long long def)
     return n;
 }
 
+static struct {
+    const char *name;
+    unsigned long long def;
+    _Atomic unsigned long long value;
+} knobs[FG_KNOB_COUNT] = {
+    [FG_KNOB_NO_DEVICE] = {"FAKEGPU_NO_DEVICE", 0},
+    [FG_KNOB_DEVICES] = {"FAKEGPU_DEVICES", 1},
+    [FG_KNOB_COPY_DELAY_US] = {"FAKEGPU_COPY_DELAY_US", 0},
+    [FG_KNOB_FAIL_COPY] = {"FAKEGPU_FAIL_COPY", 0},
+    [FG_KNOB_REGISTER_FAIL] = {"FAKEGPU_REGISTER_FAIL", 0},
+    [FG_KNOB_REGISTER_MAX] = {"FAKEGPU_REGISTER_MAX", (512ULL << 30) - 1},
+    [FG_KNOB_REGISTER_DELAY_US] = {"FAKEGPU_REGISTER_DELAY_US", 0},
+};
+static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
+
+static void knobs_read(void)
+{
+    for (int i = 0; i < FG_KNOB_COUNT; i++)
+        knobs[i].value = env_u64(knobs[i].name, knobs[i].def);
+}
+
+/* The knob's value now. */
+static unsigned long long knob(fg_knob_t k)
+{
+    pthread_once(&knobs_once, knobs_read);
+    return knobs[k].value;
+}
+
+int fg_knob_set(const char *name, unsigned long long value)
+{
+    pthread_once(&knobs_once, knobs_read);
+    for (int i = 0; i < FG_KNOB_COUNT; i++) {
+        if (strcmp(knobs[i].name, name) == 0) {
+            knobs[i].value = value;
+            return 0;
+        }
+    }
+    return -1;
+}
+
 fg_err_t fg_init(void)
 {
     pthread_mutex_lock(&fg.lock);
     if (!fg.initialized) {
         fg.initialized = true;
-        if (env_u64("FAKEGPU_NO_DEVICE", 0) != 0) {
+        if (knob(FG_KNOB_NO_DEVICE) != 0) {
             fg.init_result = FG_ERR_NO_DEVICE;
         } else {
-            unsigned long long n = env_u64("FAKEGPU_DEVICES", 1);
+            unsigned long long n = knob(FG_KNOB_DEVICES);
             fg.devices = n < 1 ? 1 : n > FG_MAX_DEVICES ? FG_MAX_DEVICES : (int)n;
             fg.init_result = FG_OK;
         }
@@ -200,12 +252,15 @@ static fg_alloc_t *alloc_find(uintptr_t p)
     return NULL;
 }
 
-/* Whether [p, p + n) overlaps any device allocation's mapping. Caller holds
- * fg.lock. */
+/* Whether [p, p + n) overlaps any device allocation's mapping, live or
+ * freed. Caller holds fg.lock. */
 static bool overlaps_device(uintptr_t p, size_t n)
 {
     for (fg_alloc_t *a = fg.allocs; a != NULL; a = a->next)
         if (p < a->dev + a->mapped && a->dev < p + n)
+            return true;
+    for (fg_freed_t *f = fg.freed; f != NULL; f = f->next)
+        if (p < f->dev + f->mapped && f->dev < p + n)
             return true;
     return false;
 }
@@ -267,6 +322,9 @@ fg_err_t fg_mem_alloc(int device, size_t size_bytes, void **out)
 
 fg_err_t fg_mem_free(void *dev)
 {
+    fg_freed_t *f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return FG_ERR_OUT_OF_MEMORY;
     pthread_mutex_lock(&fg.lock);
     fg_alloc_t **pp = &fg.allocs;
     while (*pp != NULL && (*pp)->dev != (uintptr_t)dev)
@@ -274,6 +332,7 @@ fg_err_t fg_mem_free(void *dev)
     fg_alloc_t *a = *pp;
     if (a == NULL) {
         pthread_mutex_unlock(&fg.lock);
+        free(f);
         return FG_ERR_INVALID_VALUE;
     }
     /* a real free waits for the device's work on it; so do we */
@@ -281,13 +340,22 @@ fg_err_t fg_mem_free(void *dev)
         pthread_cond_wait(&fg.progress, &fg.lock);
     *pp = a->next;
     fg.stats.device_alloc_bytes -= a->size_bytes;
-    pthread_mutex_unlock(&fg.lock);
     /* keep the addresses reserved and faulting: a stale pointer must never
-     * land in memory that a later mmap or malloc hands out */
+     * land in memory that a later mmap or malloc hands out, and a copy that
+     * names one is refused */
     if (mmap(dev, a->mapped, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1,
-             0) == MAP_FAILED)
+             0) != MAP_FAILED) {
+        f->dev = a->dev;
+        f->mapped = a->mapped;
+        f->next = fg.freed;
+        fg.freed = f;
+        f = NULL;
+    } else {
         munmap(dev, a->mapped);
+    }
+    pthread_mutex_unlock(&fg.lock);
+    free(f);
     munmap(a->rw, a->mapped);
     free(a);
     return FG_OK;
@@ -368,11 +436,10 @@ fg_err_t fg_host_register(void *host, size_t size_bytes, bool read_only)
     uintptr_t p = (uintptr_t)host;
     if (host == NULL || size_bytes == 0 || p + size_bytes < p)
         return FG_ERR_INVALID_VALUE;
-    unsigned long long delay_us = env_u64("FAKEGPU_REGISTER_DELAY_US", 0);
+    unsigned long long delay_us = knob(FG_KNOB_REGISTER_DELAY_US);
     if (delay_us > 0)
         usleep((useconds_t)delay_us);
-    if (env_u64("FAKEGPU_REGISTER_FAIL", 0) != 0 ||
-        size_bytes > env_u64("FAKEGPU_REGISTER_MAX", UINT64_MAX))
+    if (knob(FG_KNOB_REGISTER_FAIL) != 0 || size_bytes > knob(FG_KNOB_REGISTER_MAX))
         return FG_ERR_OUT_OF_MEMORY;
     if (!range_mapped(p, size_bytes))
         return FG_ERR_INVALID_VALUE;
@@ -840,8 +907,8 @@ fg_err_t fg_copy_async(fg_stream_t *s, const fg_copy_t *copies, size_t count,
     for (size_t i = 0; i < count && r == FG_OK; i++)
         if ((ops[i] = calloc(1, sizeof(fg_op_t))) == NULL)
             r = FG_ERR_OUT_OF_MEMORY;
-    unsigned delay_us = (unsigned)env_u64("FAKEGPU_COPY_DELAY_US", 0);
-    unsigned long long fail_at = env_u64("FAKEGPU_FAIL_COPY", 0);
+    unsigned delay_us = (unsigned)knob(FG_KNOB_COPY_DELAY_US);
+    unsigned long long fail_at = knob(FG_KNOB_FAIL_COPY);
     pthread_mutex_lock(&fg.lock);
     if (r == FG_OK && !stream_live(s))
         r = FG_ERR_INVALID_HANDLE;

@@ -98,6 +98,21 @@ fg_err_t fg_copy_async(fg_stream_t *s, const fg_copy_t *copies, size_t count,
 /* A copy on the legacy stream, returning when it has run. */
 fg_err_t fg_copy_sync(void *dst, const void *src, size_t size_bytes, fg_dir_t dir);
 
+typedef enum fg_knob {
+    FG_KNOB_NO_DEVICE,
+    FG_KNOB_DEVICES,
+    FG_KNOB_COPY_DELAY_US,
+    FG_KNOB_FAIL_COPY,
+    FG_KNOB_REGISTER_FAIL,
+    FG_KNOB_REGISTER_MAX,
+    FG_KNOB_REGISTER_DELAY_US,
+    FG_KNOB_COUNT
+} fg_knob_t;
+
+/* Sets the knob of environment name name (fakegpu_set): 0, or -1 when no
+ * knob has that name. */
+int fg_knob_set(const char *name, unsigned long long value);
+
 /* Counts an error returned to a caller. */
 void fg_count_error(void);
 void fg_stats(fakegpu_stats_t *out);
