@@ -13,12 +13,13 @@ KVDOCK_CUDA_LIBRARY for the fake ones) over this process's, plus the
 --env values; --unset removes a variable from the base only (a test that
 sets it still gets it).
 
---real-variants: each CUDA test that meson defines only on the fake (its
-environment names KVDOCK_CUDA_LIBRARY) runs a second time as NAME-real,
-without the fake's variables, on whatever runtime this process's own
-environment leads to (the real libcuda.so.1 on the device machine), unless
-the list has a CUDA variant without the fake already. The fake's own
-tests (names with "fakegpu") are not repeated. Exit 77 is a skip. Each test is bounded by its
+--real-variants: each CUDA test that meson defines on the fake (its
+environment's KVDOCK_CUDA_LIBRARY names the fake) runs a second time as
+NAME-real, without KVDOCK_CUDA_LIBRARY (the cases that need a FAKEGPU_*
+knob skip on a real runtime), on whatever runtime this process's own
+environment leads to (the real libcuda.so.1 on the device machine).
+The fake's own tests (names with "fakegpu") are not repeated: meson has
+their real twins. Exit 77 is a skip. Each test is bounded by its
 meson timeout and by what is left of --deadline; a test still running
 there is killed (its process group) and counted as timed out. Prints one
 line per test and the counts; the tests' output goes to --log. Exit
@@ -40,19 +41,28 @@ def suite_matches(suites, want):
     return any(s == want or s.endswith(":" + want) for s in suites)
 
 
+def on_fake_cuda(env):
+    lib = env.get("KVDOCK_CUDA_LIBRARY")
+    # the tests' fake; not a path meant to be missing (linker-no_runtime)
+    return lib is not None and "fake" in os.path.basename(lib)
+
+
 def real_variants(tests):
-    envs = [t.get("env") or {} for t in tests]
-    if any(e.get("KVDOCK_TEST_GPU") == "cuda" and "KVDOCK_CUDA_LIBRARY" not in e
-           for e in envs):
-        return []  # meson has real variants of its own
+    names = {t["name"] for t in tests}
     out = []
-    for t, e in zip(tests, envs):
-        if "KVDOCK_CUDA_LIBRARY" not in e or "fakegpu" in t["name"]:
+    for t in tests:
+        e = t.get("env") or {}
+        name = t["name"] + "-real"
+        # the fake's own tests have their real-runtime twins in meson
+        # (gpu/fakegpu-on-device-*)
+        if not on_fake_cuda(e) or "fakegpu" in t["name"] or name in names:
             continue
         v = dict(t)
-        v["name"] = t["name"] + "-real"
-        v["env"] = {k: x for k, x in e.items()
-                    if k != "KVDOCK_CUDA_LIBRARY" and not k.startswith("FAKEGPU_")}
+        v["name"] = name
+        # the FAKEGPU_* knobs stay: a real runtime reads none of them, and
+        # where this process's environment leads to the fake again (this
+        # script tried without a GPU) the case runs as meson defines it
+        v["env"] = {k: x for k, x in e.items() if k != "KVDOCK_CUDA_LIBRARY"}
         out.append(v)
     return out
 
