@@ -114,11 +114,6 @@ int lk_dp_device_kind(ldp_t *dp, kvd_gpu_runtime_t rt, int ordinal,
     return rc;
 }
 
-bool lk_dp_async(ldp_t *dp)
-{
-    return atomic_load(&dp->n_kinds) > 0;
-}
-
 int lk_dp_mark(ldp_t *dp, lgroup_marks_t *m)
 {
     *m = (lgroup_marks_t){0};

@@ -500,10 +500,8 @@ int lk_dp_wait_upto(kvd_linker_t *l, ldp_t *dp, uint64_t cookie);
  * kvd_memkind_gpu_open's errors, why says. */
 int lk_dp_device_kind(ldp_t *dp, kvd_gpu_runtime_t rt, int ordinal,
                       const kvd_memkind_t **out, char *why, size_t cap);
-/* Whether dp has device kinds (copies that complete after they are
- * issued); a mark of each into m (nothing where it has none). On
- * failure what was marked is freed. */
-bool lk_dp_async(ldp_t *dp);
+/* A mark of each of dp's device kinds into m (nothing where it has
+ * none). On failure what was marked is freed. */
 int lk_dp_mark(ldp_t *dp, lgroup_marks_t *m);
 void lk_dp_marks_free(lgroup_marks_t *m);
 /* Ends the step: what is gathered and not flushed is dropped, what is in

@@ -827,9 +827,14 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
     ldp_t *dp = &l->dp[LK_DP_LOAD];
     uint32_t group = (uint32_t)l->cfg.layer_group_size;
     uint32_t n_groups = (b->n_layers + group - 1) / group;
+    /* device pools in the batch: their copies end after they are issued */
+    bool device = false;
+    for (lload_t *ld = b->loads; ld != NULL && !device; ld = ld->next)
+        for (size_t i = 0; i < ld->n && !device; i++)
+            device = l->pools[ld->x[i].pool].rt != 0;
     lgroup_marks_t *marks =
-        lk_dp_async(dp) ? calloc(n_groups ? n_groups : 1, sizeof(*marks)) : NULL;
-    int err = lk_dp_async(dp) && marks == NULL ? KVD_ERR_NOMEM : KVD_OK;
+        device ? calloc(n_groups ? n_groups : 1, sizeof(*marks)) : NULL;
+    int err = device && marks == NULL ? KVD_ERR_NOMEM : KVD_OK;
     if (marks != NULL) {
         lk_lock(&l->lock);
         b->groups = marks; /* freed when it finishes; read under lock */

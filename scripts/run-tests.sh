@@ -13,10 +13,11 @@ cd "$(dirname "$0")/.."
 passed=0 failed=0 skipped=0
 failures=()
 
-# The ThreadSanitizer tree runs the linker, daemon, simulator and cluster suites
-# and the SSD tier's store tests (where the threads are: the tier's I/O
-# executor and checkpoint thread), less the tests named here with the
-# reason:
+# The ThreadSanitizer tree runs the linker, daemon, simulator and cluster suites,
+# the SSD tier's store tests (where the threads are: the tier's I/O
+# executor and checkpoint thread) and the linker's device-pool tests (marks
+# and waits from engine threads, the fake runtime's stream threads), less
+# the tests named here with the reason:
 tsan_skip=(
     # moves 2 x 32 MiB through instrumented copies over UCX: past its 5 s
     # linker timeout under TSan when two tests share the 2 CPUs (it passes
@@ -45,7 +46,7 @@ for dir in "$@"; do
             [ $skip = 1 ] && echo "skipped under TSan: $name" && continue
             tests+=("$name")
         done < <(meson test -C "$dir" --list 2>/dev/null | sed -n 's/^.* \/ //p' |
-                 grep -E '^(linker|daemon|sim|cluster)/|^store/tier')
+                 grep -E '^(linker|daemon|sim|cluster)/|^store/tier|^gpu/linker-')
         UCX_MEM_EVENTS=no UCX_MEM_MALLOC_HOOKS=no UCX_MEM_MMAP_HOOK_MODE=none \
         TSAN_OPTIONS="halt_on_error=0 exitcode=66 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
             meson test -C "$dir" --num-processes 2 --print-errorlogs "${tests[@]}"

@@ -551,7 +551,9 @@ class Linker:
         or ``stream`` (a torch.cuda.Stream or a raw handle), the copies
         wait on the device for that event as recorded now, or for what the
         stream holds now, so the engine need not synchronize first;
-        without either, the rows must be final when this is called."""
+        without either, the rows must be final when this is called. The
+        legacy default stream (handle 0) cannot be named as ``stream``:
+        pass an event recorded on it."""
         arr, n, keep = _c_transfers(transfers)
         ack = ctypes.c_uint64()
         if stream is None and event is None:

@@ -215,7 +215,8 @@ def test_offload_lookup_load_restores_every_byte(daemon, linker_factory, kind):
     assert kv.freed == [] and st.freed == []  # all adopted: nothing handed back
     obj = kv.object_bytes()
     assert kv.pool.stats() == dict(lookup_hit_pages=8, load_bytes=4 * obj, offload_bytes=4 * obj,
-                                   load_failures=0, offload_failures=0)
+                                   load_failures=0, offload_failures=0, memory="host",
+                                   pinned=False, dma_bytes=0, bounce_bytes=0)
     s = lk.pool_stats(st.pool)
     assert s["load_bytes"] == st.object_bytes() == s["offload_bytes"]
     assert s["lookup_hit_pages"] > 0 and s["load_failures"] == 0
@@ -436,7 +437,7 @@ def test_pool_stats_by_pool_and_by_id(daemon, linker_factory):
     lk = linker_factory(daemon, model_id="m")
     kv = PagedPool(lk, layers=1, n_buf=1, bpr=16, ps=4)
     zero = dict(lookup_hit_pages=0, load_bytes=0, offload_bytes=0, load_failures=0,
-                offload_failures=0)
+                offload_failures=0, memory="host", pinned=False, dma_bytes=0, bounce_bytes=0)
     assert lk.pool_stats(kv.pool) == lk.pool_stats(kv.pool.id) == kv.pool.stats() == zero
     keys = sha_chain(tokens_of(14, 8), 4)
     kv.fill_pages(keys, 0)

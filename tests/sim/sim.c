@@ -2,7 +2,9 @@
  * sim.c - the engine simulator (see sim.h): pools and allocators, the
  * page-aligned radix tree, deterministic bytes, prefill, offload, the
  * load flow against libkvdock, the scenario programs' fixture (their
- * daemon, tokens and simulator) and their calls of the kvdock CLI.
+ * daemon, tokens and simulator) and their calls of the kvdock CLI. The
+ * pools are host or device memory (sim_memory_open); every access of the
+ * simulator to their rows goes through unit_map / span_map.
  *
  * Everything is bounded: waits poll with a deadline, arrays are sized by
  * SIM_MAX_PAGES. The tree is a plain first-child/next-sibling tree; a node
@@ -12,6 +14,7 @@
 #include "sim.h"
 
 #include "dtest.h"
+#include "gpu_test.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -93,9 +96,12 @@ void sim_prefix_hashes(const sim_t *s, const uint32_t *tokens, uint32_t n_pages,
     }
 }
 
-static uint64_t state_hash(uint64_t h_end_page)
+/* A mamba state is per TP rank (its heads are the rank's): the rank is in
+ * its bytes, so a rank given another rank's state shows (rank 0: as
+ * before there were ranks). */
+static uint64_t state_hash(const sim_t *s, uint64_t h_end_page)
 {
-    return mix64(h_end_page ^ MAMBA_SALT);
+    return mix64(h_end_page ^ MAMBA_SALT ^ ((uint64_t)s->cfg.tp_rank << 56));
 }
 
 static bool has_mamba(const sim_t *s)
@@ -110,30 +116,141 @@ static bool has_swa(const sim_t *s)
 
 /* ---------------------------------------------------------------- pools */
 
-static uint8_t *row_ptr(sim_pool_t *p, uint32_t l, uint32_t b, uint64_t row)
+/*
+ * Where the pools live. $KVDOCK_TEST_MEMORY=device: every buffer is device
+ * memory of the runtime gpu_test.h opens (the fake here, a GPU on the device
+ * check), registered as that memory kind; otherwise host memory, as an
+ * engine without a GPU has. The CPU never touches device memory: whatever
+ * the simulator writes or checks goes through a host copy of the rows
+ * (unit_map / unit_unmap, one synchronous copy each way per unit and
+ * buffer), so the assertions are the same on both and hold of the bytes
+ * where the engine's kernels would find them.
+ */
+static struct {
+    int state; /* 0: not opened yet, 1: host, 2: device; -1: device unusable */
+} g_mem;
+
+int sim_memory_open(void)
 {
-    return p->data[l][b] + row * p->row_stride[b];
+    if (g_mem.state != 0)
+        return g_mem.state > 0 ? 0 : 1;
+    const char *m = getenv("KVDOCK_TEST_MEMORY");
+    if (m == NULL || *m == '\0' || strcmp(m, "host") == 0) {
+        g_mem.state = 1;
+        return 0;
+    }
+    if (strcmp(m, "device") != 0) {
+        fprintf(stderr, "sim: KVDOCK_TEST_MEMORY=%s: want host or device\n", m);
+        g_mem.state = -1;
+        return 1;
+    }
+    int rc = gt_open(); /* 77 with the reason printed: no runtime or device */
+    g_mem.state = rc == 0 ? 2 : -1;
+    return rc;
+}
+
+bool sim_on_device(void)
+{
+    return g_mem.state == 2;
+}
+
+/* n bytes for a pool buffer, holding img (n bytes): device memory or host
+ * memory by the mode. Host: img itself is the buffer. */
+static uint8_t *buf_new(uint8_t *img, size_t n)
+{
+    if (!sim_on_device())
+        return img;
+    uint8_t *dev = gt_alloc(n);
+    gt_write(dev, img, n);
+    free(img);
+    return dev;
+}
+
+static void buf_free(uint8_t *buf)
+{
+    if (buf == NULL)
+        return;
+    if (sim_on_device())
+        gt_free(buf);
+    else
+        free(buf);
+}
+
+/* n bytes of buffer (l, b) from byte off, for the CPU: in host memory the
+ * pool's own bytes, on a device a host copy read now. unit_unmap ends the
+ * view; with write_back, the copy (pad bytes included, as read) goes back
+ * to the device. A device write of these bytes by someone else between
+ * the map and the unmap is lost: the simulator maps only what it owns (a
+ * unit it frees, fills or checks), where no copy of the linker's belongs. */
+static uint8_t *span_map(sim_pool_t *p, uint32_t l, uint32_t b, uint64_t off, size_t n)
+{
+    uint8_t *at = p->data[l][b] + off;
+    if (!sim_on_device())
+        return at;
+    uint8_t *h = malloc(n);
+    if (h == NULL) {
+        fprintf(stderr, "sim: out of host memory for a %zu-byte view\n", n);
+        exit(1);
+    }
+    gt_read(h, at, n);
+    return h;
+}
+
+static void span_unmap(sim_pool_t *p, uint32_t l, uint32_t b, uint64_t off, size_t n,
+                       uint8_t *view, bool write_back)
+{
+    if (!sim_on_device())
+        return;
+    if (write_back)
+        gt_write(p->data[l][b] + off, view, n);
+    free(view);
+}
+
+static size_t unit_span(const sim_pool_t *p, uint32_t b)
+{
+    return (size_t)p->rows_per_unit * p->row_stride[b];
+}
+
+static uint64_t unit_off(const sim_pool_t *p, uint32_t b, uint32_t u)
+{
+    return (uint64_t)u * unit_span(p, b);
+}
+
+/* The rows of unit u in buffer (l, b), row r at r * row_stride[b]. */
+static uint8_t *unit_map(sim_pool_t *p, uint32_t l, uint32_t b, uint32_t u)
+{
+    return span_map(p, l, b, unit_off(p, b, u), unit_span(p, b));
+}
+
+static void unit_unmap(sim_pool_t *p, uint32_t l, uint32_t b, uint32_t u, uint8_t *view,
+                       bool write_back)
+{
+    span_unmap(p, l, b, unit_off(p, b, u), unit_span(p, b), view, write_back);
 }
 
 /* Writes POISON over the rows of unit u (caller holds the lock or owns u). */
 static void poison_unit(sim_pool_t *p, uint32_t u)
 {
     for (uint32_t l = 0; l < p->n_layers; l++)
-        for (uint32_t b = 0; b < p->n_bufs; b++)
+        for (uint32_t b = 0; b < p->n_bufs; b++) {
+            uint8_t *rows = unit_map(p, l, b, u);
             for (uint32_t r = 0; r < p->rows_per_unit; r++)
-                memset(row_ptr(p, l, b, (uint64_t)u * p->rows_per_unit + r), SIM_POISON,
-                       p->bytes_per_row[b]);
+                memset(rows + r * p->row_stride[b], SIM_POISON, p->bytes_per_row[b]);
+            unit_unmap(p, l, b, u, rows, true);
+        }
 }
 
 /* Writes the deterministic bytes of hash h into unit u. */
 static void fill_unit(sim_pool_t *p, uint32_t u, uint64_t h)
 {
     for (uint32_t l = 0; l < p->n_layers; l++)
-        for (uint32_t b = 0; b < p->n_bufs; b++)
+        for (uint32_t b = 0; b < p->n_bufs; b++) {
+            uint8_t *rows = unit_map(p, l, b, u);
             for (uint32_t r = 0; r < p->rows_per_unit; r++)
-                sim_row_bytes(h, p->layer_ids[l], b, r,
-                              row_ptr(p, l, b, (uint64_t)u * p->rows_per_unit + r),
+                sim_row_bytes(h, p->layer_ids[l], b, r, rows + r * p->row_stride[b],
                               p->bytes_per_row[b]);
+            unit_unmap(p, l, b, u, rows, true);
+        }
 }
 
 /* Number of rows of unit u that differ from hash h's bytes; the first bad
@@ -144,11 +261,12 @@ static int check_unit(sim_pool_t *p, uint32_t u, uint64_t h, int64_t layer, char
     uint8_t want[1024];
     int bad = 0;
     for (uint32_t l = 0; l < p->n_layers; l++)
-        for (uint32_t b = 0; b < p->n_bufs; b++)
+        for (uint32_t b = 0; b < p->n_bufs; b++) {
+            if (layer >= 0 && p->layer_ids[l] != layer)
+                continue;
+            uint8_t *rows = unit_map(p, l, b, u);
             for (uint32_t r = 0; r < p->rows_per_unit; r++) {
-                if (layer >= 0 && p->layer_ids[l] != layer)
-                    continue;
-                const uint8_t *got = row_ptr(p, l, b, (uint64_t)u * p->rows_per_unit + r);
+                const uint8_t *got = rows + r * p->row_stride[b];
                 sim_row_bytes(h, p->layer_ids[l], b, r, want, p->bytes_per_row[b]);
                 if (memcmp(got, want, p->bytes_per_row[b]) == 0)
                     continue;
@@ -162,6 +280,8 @@ static int check_unit(sim_pool_t *p, uint32_t u, uint64_t h, int64_t layer, char
                              got[i] == SIM_POISON ? " (never written)" : "");
                 }
             }
+            unit_unmap(p, l, b, u, rows, false);
+        }
     return bad;
 }
 
@@ -181,19 +301,23 @@ static void pool_init(sim_pool_t *p, sim_pool_kind_t kind, uint32_t n_units,
         p->bytes_per_row[b] = bpr[b];
         p->row_stride[b] = bpr[b] + pad;
     }
+    /* every row poisoned (every unit is free), every pad byte PAD: built
+     * on the host and written to the buffer in one piece */
     uint64_t rows = (uint64_t)n_units * rows_per_unit;
     for (uint32_t l = 0; l < p->n_layers; l++)
         for (uint32_t b = 0; b < 2; b++) {
-            p->data[l][b] = malloc(rows * p->row_stride[b]);
-            memset(p->data[l][b], SIM_PAD, rows * p->row_stride[b]);
+            size_t n = rows * p->row_stride[b];
+            uint8_t *img = malloc(n);
+            memset(img, SIM_PAD, n);
+            for (uint64_t r = 0; r < rows; r++)
+                memset(img + r * p->row_stride[b], SIM_POISON, bpr[b]);
+            p->data[l][b] = buf_new(img, n);
         }
     p->free_stack = malloc(n_units * sizeof(uint32_t));
     p->state = calloc(n_units, 1);
     /* LIFO, unit 0 handed out first */
-    for (uint32_t i = 0; i < n_units; i++) {
+    for (uint32_t i = 0; i < n_units; i++)
         p->free_stack[i] = n_units - 1 - i;
-        poison_unit(p, i);
-    }
     p->n_free = n_units;
 }
 
@@ -203,7 +327,7 @@ static void pool_fini(sim_pool_t *p)
         return;
     for (uint32_t l = 0; l < p->n_layers; l++)
         for (uint32_t b = 0; b < 2; b++)
-            free(p->data[l][b]);
+            buf_free(p->data[l][b]);
     free(p->free_stack);
     free(p->state);
     pthread_mutex_destroy(&p->lock);
@@ -291,6 +415,8 @@ static void tree_adopt(sim_pool_t *p, int64_t u)
 static void free_indices_cb(void *ctx, const int64_t *idx, size_t n)
 {
     sim_pool_t *p = ctx;
+    if (sim_on_device())
+        gt_bind(); /* the freed units are poisoned on the device, from this thread */
     pthread_mutex_lock(&p->lock);
     p->linker_free_calls++;
     if (p->addressing == KVD_ADDR_SLOT) {
@@ -357,6 +483,10 @@ int sim_open(sim_t *s, const sim_config_t *cfg, const char *socket)
 {
     memset(s, 0, sizeof(*s));
     s->cfg = *cfg;
+    int mem = sim_memory_open();
+    if (!DT_CHECK(mem == 0, "sim: the pools' memory cannot be opened (%d)%s", mem,
+                  mem == 77 ? ": a program on a device calls sim_memory_open first" : ""))
+        return -1;
     s->ps = cfg->page_size;
     s->n_layers = (uint32_t)strlen(cfg->layers);
     s->next_rid = 1000;
@@ -396,8 +526,8 @@ int sim_open(sim_t *s, const sim_config_t *cfg, const char *socket)
     kvd_linker_config_t lc = {.socket_path = socket,
                               .client_name = "sim",
                               .model_id = cfg->model_id,
-                              .tp_rank = 0,
-                              .tp_size = 1,
+                              .tp_rank = cfg->tp_rank,
+                              .tp_size = cfg->tp_size ? cfg->tp_size : 1,
                               .pp_rank = 0,
                               .pp_size = 1,
                               .cp_rank = 0,
@@ -427,8 +557,10 @@ int sim_open(sim_t *s, const sim_config_t *cfg, const char *socket)
                              .page_size = p->addressing == KVD_ADDR_PAGED ? s->ps : 0,
                              .n_rows = (uint64_t)p->n_units * p->rows_per_unit,
                              .trailing_pages = p->trailing_pages,
-                             .rank_replicated = false,
-                             .memory = KVD_MEM_HOST,
+                             .rank_replicated = k == SIM_KV && cfg->kv_rank_replicated,
+                             .memory = sim_on_device()
+                                           ? (kvd_memory_kind_t)gt_memory_kind()
+                                           : KVD_MEM_HOST,
                              .n_layers = p->n_layers,
                              .layers = layers,
                              .free_indices = free_indices_cb,
@@ -776,8 +908,8 @@ static void verify_node(sim_t *s, sim_node_t *x, const uint32_t *path,
     if (x->mamba >= 0) {
         uint32_t end = x->start + x->n;
         sim_pool_t *p = &s->pools[SIM_MAMBA];
-        if (check_unit(p, (uint32_t)x->mamba, state_hash(hashes[end - 1]), v->layer, what,
-                       sizeof(what))) {
+        if (check_unit(p, (uint32_t)x->mamba, state_hash(s, hashes[end - 1]), v->layer,
+                       what, sizeof(what))) {
             v->bad++;
             dt_fail(__FILE__, __LINE__,
                     "%s: mamba state at page %u (slot %" PRId64 "): %s", v->where, end,
@@ -904,9 +1036,11 @@ int sim_check_poison(sim_t *s, const char *where)
         uint32_t bad_free = 0, bad_pad = 0, first_free = UINT32_MAX;
         uint64_t rows = (uint64_t)p->n_units * p->rows_per_unit;
         for (uint32_t l = 0; l < p->n_layers; l++)
-            for (uint32_t b = 0; b < p->n_bufs; b++)
+            for (uint32_t b = 0; b < p->n_bufs; b++) {
+                size_t n = rows * p->row_stride[b];
+                uint8_t *all = span_map(p, l, b, 0, n);
                 for (uint64_t r = 0; r < rows; r++) {
-                    const uint8_t *row = row_ptr(p, l, b, r);
+                    const uint8_t *row = all + r * p->row_stride[b];
                     for (uint64_t i = p->bytes_per_row[b]; i < p->row_stride[b]; i++)
                         bad_pad += row[i] != SIM_PAD;
                     uint32_t u = (uint32_t)(r / p->rows_per_unit);
@@ -919,6 +1053,8 @@ int sim_check_poison(sim_t *s, const char *where)
                             break;
                         }
                 }
+                span_unmap(p, l, b, 0, n, all, false);
+            }
         pthread_mutex_unlock(&p->lock);
         bad += !DT_CHECK(bad_free == 0,
                          "%s: %s: %u rows of free units were written (first unit %u)",
@@ -967,7 +1103,7 @@ int sim_prefill(sim_t *s, const uint32_t *tokens, size_t n_tokens)
             mamba = sim_alloc_unit(&s->pools[SIM_MAMBA]);
             if (!DT_CHECK(mamba >= 0, "sim_prefill: mamba pool exhausted"))
                 return -1;
-            fill_unit(&s->pools[SIM_MAMBA], (uint32_t)mamba, state_hash(h[to[0] - 1]));
+            fill_unit(&s->pools[SIM_MAMBA], (uint32_t)mamba, state_hash(s, h[to[0] - 1]));
         }
         sim_insert_result_t res;
         if (sim_tree_insert(s, tokens, to[step], from[step], kv, has_swa(s) ? swa : NULL,
@@ -1554,6 +1690,11 @@ int sim_fixture_start(sim_fixture_t *f, const char *name, const sim_config_t *cf
     f->name = name;
     f->cfg = *cfg;
     f->n_tokens = n_tokens;
+    int mem = sim_memory_open();
+    if (mem == 77)
+        exit(77); /* no device here (gt_open said why); nothing started yet */
+    if (!DT_CHECK(mem == 0, "%s: the pools' memory cannot be opened", name))
+        return -1;
     if (dt_start(&f->d, NULL) != 0)
         return -1;
     f->daemon_up = true;

@@ -1,6 +1,6 @@
 /*
- * sim.h - a small serving engine in C, host memory only, that drives
- * libkvdock the way SGLang drives its external-cache linker: device pools
+ * sim.h - a small serving engine in C that drives libkvdock the way SGLang
+ * drives its external-cache linker: device pools
  * with their allocators, a page-aligned radix tree, prefill, offload, drop
  * from device, and the load flow LOOKUP -> LOAD -> PREPARE -> insert ->
  * COMMIT (or ABORT) -> layer-wise loading -> completed loads.
@@ -12,6 +12,11 @@
  * pool "mamba" (a temporal and a conv buffer). Every buffer is one array of
  * rows; row_stride = bytes_per_row + pad, and the pad bytes hold PAD_BYTE
  * for the life of the pool (a write past a row's end shows there).
+ *
+ * Memory: host memory, or with $KVDOCK_TEST_MEMORY=device device memory of
+ * the runtime tests/gpu/gpu_test.h opens (a fake of tests/gpu/fake or a
+ * GPU), registered as that memory kind; the simulator then reads and
+ * writes rows only by copies, never by CPU access (see sim.c).
  *
  * Bytes: every row the "forward pass" writes is a deterministic function of
  * (prefix hash, layer id, buffer, row within page, byte index), where the
@@ -94,15 +99,17 @@ typedef struct sim_pool {
 } sim_pool_t;
 
 typedef struct sim_config {
-    const char *model_id; /* the linker's model id */
-    const char *layers;   /* "AMAMA": A attention, M mamba, S sliding window */
-    uint32_t page_size;   /* tokens per page */
-    uint32_t mamba_chunk; /* mamba checkpoint chunk (0: page_size) */
-    uint32_t swa_window;  /* sliding window in pages (SWA models) */
-    uint32_t kv_pages;    /* device pages of the kv (and swa) pool */
-    uint32_t mamba_slots; /* device slots of the mamba pool */
-    uint32_t pad;         /* row_stride - bytes_per_row, every buffer */
-    int layer_group_size; /* the linker's; 0: 1 */
+    const char *model_id;      /* the linker's model id */
+    const char *layers;        /* "AMAMA": A attention, M mamba, S sliding window */
+    uint32_t page_size;        /* tokens per page */
+    uint32_t mamba_chunk;      /* mamba checkpoint chunk (0: page_size) */
+    uint32_t swa_window;       /* sliding window in pages (SWA models) */
+    uint32_t kv_pages;         /* device pages of the kv (and swa) pool */
+    uint32_t mamba_slots;      /* device slots of the mamba pool */
+    uint32_t pad;              /* row_stride - bytes_per_row, every buffer */
+    int layer_group_size;      /* the linker's; 0: 1 */
+    uint32_t tp_rank, tp_size; /* the linker's; tp_size 0: 1 */
+    bool kv_rank_replicated;   /* the kv pool's (an MLA pool: the same on every rank) */
 } sim_config_t;
 
 typedef struct sim_node sim_node_t;
@@ -119,6 +126,18 @@ typedef struct sim {
 } sim_t;
 
 /* -------------------------------------------------------------- set up */
+
+/*
+ * Opens the pools' memory as $KVDOCK_TEST_MEMORY says ("host", the default,
+ * or "device": gt_open of tests/gpu/gpu_test.h) once per process; later
+ * calls return the first answer. 0, 77 (no runtime or device: the reason
+ * printed; the program skips) or 1. sim_open calls it; a program that
+ * starts anything before sim_open calls it first, to skip cleanly. A
+ * forked process opens its own (a GPU runtime does not survive fork).
+ */
+int sim_memory_open(void);
+/* The pools are in device memory (after sim_memory_open). */
+bool sim_on_device(void);
 
 /*
  * Allocates the pools, opens a linker on socket and registers every pool
@@ -151,7 +170,9 @@ typedef struct sim_fixture {
 /*
  * Starts the daemon, makes the tokens and opens the simulator with cfg (kept
  * by value). Returns 0 when all of it is ready, -1 after recording a
- * failure; sim_fixture_end is due either way.
+ * failure; sim_fixture_end is due either way. Where the pools' memory is a
+ * device that is missing, exits 77 (the reason printed) before starting
+ * anything.
  */
 int sim_fixture_start(sim_fixture_t *f, const char *name, const sim_config_t *cfg,
                       uint32_t seed, size_t n_tokens);

@@ -172,6 +172,9 @@ static void run(const kvd_test_daemon_t *d, uint32_t chunk, int layer_group)
 
 int main(void)
 {
+    int mem = sim_memory_open();
+    if (mem != 0)
+        return mem; /* 77: the device pools have no device here (said why) */
     kvd_test_daemon_t d = {0};
     if (dt_start(&d, NULL) == 0) {
         run(&d, 64, 1);
