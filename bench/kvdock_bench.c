@@ -864,7 +864,8 @@ static const bench_mode_t bench_modes[] = {
     {"store", bench_mode_store,
      "the store engine in process: insert+publish/s, key probes/s, index bytes/object"},
     {"linker", bench_mode_linker,
-     "offload and load through libkvdock for MHA, MLA and hybrid layouts vs memcpy"},
+     "offload and load through libkvdock (MHA, MLA, hybrid, scattered rows), host or GPU "
+     "memory, vs memcpy or pinned copies"},
     {"store-rpc", bench_mode_store_rpc,
      "Lookup of 256 keys over the socket; the 8 MiB object cycle vs. memcpy"},
     {"list-stall", bench_mode_list_stall,
