@@ -120,7 +120,7 @@ typedef struct seg_sum_ns {
 /* One record written into a segment, in block order. */
 typedef struct seg_sum_ent {
     uint32_t block, blocks; /* its header block, and its length */
-    uint64_t seq;           /* its header's (0 for a compaction's copy) */
+    uint64_t seq;           /* its header's (a copy's is its own, newer) */
     uint8_t key[KVD_KEY_BYTES];
     uint8_t parent_tag[KVD_KEY_TAG_BYTES];
     uint32_t depth, last_access_s;

@@ -623,7 +623,10 @@ static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
     uint32_t dst = place_take(t, blocks, true);
     if (dst == NO_LOC)
         return KVD_ERR_NO_SPACE;
-    sum_add(s, seg_of(t, dst), dst % t->seg_blocks, blocks, 0, r);
+    /* the copy is a record of its own, newer than its source: a restart
+     * that finds both (the source's segment not yet begun again) keeps it */
+    uint64_t seq = t->seq++;
+    sum_add(s, seg_of(t, dst), dst % t->seg_blocks, blocks, seq, r);
     uint64_t tag = 0;
     inflight_t *f = op_take(t, &tag);
     tio_op_t op = {.tag = tag,
@@ -633,7 +636,8 @@ static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
                    .value_bytes = block_bytes(blocks - 1),
                    .dst_fd = seg_of(t, dst)->fd,
                    .dst_off = block_bytes(dst % t->seg_blocks),
-                   .dst_generation = seg_of(t, dst)->generation};
+                   .dst_generation = seg_of(t, dst)->generation,
+                   .dst_seq = seq};
     memcpy(op.key, r->key, KVD_KEY_BYTES);
     if (!submit(t, &op)) {
         op_put(t, tag);
@@ -964,6 +968,11 @@ const char *kvd_store_tier_io_path(const kvd_store_t *s)
 const char *kvd_store_tier_note(const kvd_store_t *s)
 {
     return s->tier ? s->tier->note : "";
+}
+
+uint32_t tier_seg_blocks(const kvd_store_t *s)
+{
+    return s->tier->seg_blocks;
 }
 
 void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out)
@@ -1953,6 +1962,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
             (rc = seg_scan(t, id, scan_from[id], &rs, rec)) != KVD_OK)
             FAIL_WHY(rc, "scanning segment %u: %s", id, kvd_status_str(rc));
     }
+    t->seq = KVD_MAX(t->seq, 1u); /* 0 is no sequence number (a copy's dst_seq) */
     if ((rc = restore_insert(s, &rs, rec)) != KVD_OK)
         FAIL_WHY(rc, "rebuilding the tier's index: %s", kvd_status_str(rc));
     t->recovered = rec->objects;

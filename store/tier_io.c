@@ -206,12 +206,14 @@ static int tio_rec_check(const tio_op_t *op, const uint8_t *block, const uint8_t
 }
 
 /* COPY: gives the checked record in `bounce` its new generation and
- * reseals its header. */
+ * sequence number (tier_io.h) and reseals its header. */
 static void tio_rec_regenerate(const tio_op_t *op, uint8_t *bounce)
 {
     seg_rec_hdr_t h;
     memcpy(&h, bounce, sizeof(h));
     h.generation = op->dst_generation;
+    if (op->dst_seq != 0)
+        h.seq = op->dst_seq;
     memcpy(bounce, &h, sizeof(h));
     seg_rec_seal(bounce);
 }

@@ -83,7 +83,9 @@ typedef enum tio_kind {
     TIO_READ = 2,
     /* the record at (fd, file_off), checked as READ does, is written to
      * (dst_fd, dst_off) through a bounce buffer, its header's generation
-     * set to dst_generation and resealed: compaction. */
+     * set to dst_generation and its seq to dst_seq (0: the source's), and
+     * resealed: compaction. The copy is a newer record of its key than
+     * its source, so that a restart finding both keeps the copy. */
     TIO_COPY = 3,
 } tio_kind_t;
 
@@ -98,6 +100,7 @@ typedef struct tio_op {
     int dst_fd;                 /* COPY */
     uint64_t dst_off;
     uint64_t dst_generation;
+    uint64_t dst_seq;
     seg_rec_hdr_t hdr; /* WRITE: in; READ: out */
 } tio_op_t;
 

@@ -5,7 +5,8 @@
  * pool), Lookup says which tier a boundary needs, the tier comes back after
  * a clean stop and after a crash (a child killed by SIGKILL) with the pool's
  * bytes gone (a reboot), an operator's eviction lasts across a crash, the
- * tier evicts and compacts when full, and faults (a flipped byte, a device that answers
+ * tier evicts and compacts when full (and a restart keeps compaction's
+ * copy of a record, not its source), and faults (a flipped byte, a device that answers
  * EIO, a truncated segment) make objects absent, never wrong. Each case runs
  * over both I/O paths (io_uring where the kernel allows it, pread/pwrite).
  */
@@ -26,6 +27,7 @@
 
 #include "engine_util.h"
 #include "kvd_store.h"
+#include "store_testing.h"
 
 #define POOL_BYTES (1u << 20) /* 16 objects */
 #define OBJ_BYTES  (64u << 10)
@@ -451,6 +453,85 @@ static void test_eviction_survives_sigkill(void **state)
     fx_fini(&f);
 }
 
+/* Removes the tier's checkpoint, and with `summaries` every segment's
+ * summary too: the next open reads what is left (summaries, or headers). */
+static void drop_index_files(const fx_t *f, bool summaries)
+{
+    char path[160];
+    snprintf(path, sizeof(path), "%s/tier.ckpt", f->dir);
+    assert_int_equal(unlink(path), 0);
+    for (uint32_t id = 0; summaries && id < TIER_BYTES / SEG_BYTES; id++) {
+        snprintf(path, sizeof(path), "%s/seg-%06u.sum", f->dir, id);
+        unlink(path);
+    }
+}
+
+typedef struct place {
+    uint32_t seg, block;
+    bool on_ssd;
+} place_t;
+
+static place_t place_of(fx_t *f, uint32_t n)
+{
+    key_t32 key;
+    mkkey(key, n);
+    place_t p = {0};
+    p.on_ssd = kvd_store_tier_place(f->s, f->ns, key, &p.seg, &p.block) == KVD_OK;
+    return p;
+}
+
+#define MOVE_MAX 600
+
+/* Compaction's copy of a record is the newer of the two: a restart that
+ * finds both the copy and its source (the source's segment freed but not
+ * begun again) keeps the copy, from the segments' summaries and from their
+ * headers alike. Before, a copy's summary entry had seq 0 and its header
+ * its source's seq, so the source won, in a segment compaction had freed. */
+static void test_restart_keeps_the_copy_not_its_source(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    static place_t before[MOVE_MAX];
+    uint32_t n = 0;
+    /* fill the tier, promoting every third object of 20 puts ago (its
+     * record dies) until a segment half dead is compacted */
+    for (; n < MOVE_MAX && stats(f.s).ssd_compactions == 0; n++) {
+        for (uint32_t k = 0; k < n; k++)
+            before[k] = place_of(&f, k);
+        put(&f, n);
+        kvd_store_tier_drain(f.s, 1000);
+        if (n >= 20 && n % 3 == 0)
+            assert_true(get(&f, n - 20) == KVD_OK);
+        kvd_store_tier_drain(f.s, 1000);
+    }
+    assert_true(stats(f.s).ssd_compactions > 0);
+    uint32_t moved = UINT32_MAX;
+    place_t to = {0};
+    for (uint32_t k = 0; k < n && moved == UINT32_MAX; k++) {
+        place_t p = place_of(&f, k);
+        if (p.on_ssd && before[k].on_ssd && p.seg != before[k].seg)
+            moved = k, to = p;
+    }
+    assert_true(moved != UINT32_MAX); /* a copy the compaction made */
+    print_message("object %u copied from segment %u block %u to segment %u block %u\n",
+                  moved, before[moved].seg, before[moved].block, to.seg, to.block);
+    for (int from_headers = 0; from_headers < 2; from_headers++) {
+        kvd_store_destroy(f.s); /* summaries of every segment, and the checkpoint */
+        drop_index_files(&f, from_headers);
+        memset(f.pool, 0, POOL_BYTES); /* the pool gone: the tier alone decides */
+        char why[512];
+        assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+        assert_true(from_headers ? f.rec.scanned_records > 0 : f.rec.summary_records > 0);
+        place_t p = place_of(&f, moved);
+        assert_true(p.on_ssd);
+        assert_int_equal(p.seg, to.seg);
+        assert_int_equal(p.block, to.block);
+        check_ok(f.s);
+    }
+    assert_int_equal(get(&f, moved), KVD_OK);
+    fx_fini(&f);
+}
+
 /* The path of segment id of the fixture's tier. */
 static void seg_path(const fx_t *f, uint32_t id, char *buf, size_t len)
 {
@@ -616,6 +697,7 @@ int main(void)
         BOTH(test_eio_drops_the_object),
         BOTH(test_truncated_segment),
         BOTH(test_tier_full_evicts_and_compacts),
+        BOTH(test_restart_keeps_the_copy_not_its_source),
         cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
