@@ -788,6 +788,8 @@ typedef struct kvd_tier_opts {
      * pool at once, past its bounded rate */
     bool defer_fixed_buffers;
     uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
+    uint32_t fail_copy_writes; /* test hook: the first n compaction copies' writes fail */
+    bool fail_pad_writes;      /* test hook: a failed write's pad fails too (a hole) */
     uint64_t checkpoint_ms;    /* between periodic checkpoints; 0: 60000 */
     uint32_t checkpoint_slice; /* records a poll's checkpoint slice looks at; 0: 65536 */
     uint64_t now_ms;           /* the callers' clock; 0: now */

@@ -61,6 +61,9 @@
 /* Copies in flight at most: each holds a bounce buffer of up to
  * COPY_MAX_BYTES in the executor. */
 #define COPIES_MAX 4
+/* Copies of one compaction that may be tried again after their write
+ * failed (the source stays good): past it, what is left is evicted. */
+#define COPY_RETRIES_MAX 8
 /* Evictions one reclaim may make to create a segment worth compacting. */
 #define RECLAIM_EVICT_MAX 256
 
@@ -81,9 +84,10 @@ typedef struct seg {
     uint32_t writes;     /* ops writing into it now */
     uint32_t *recs;      /* records written into it (stale entries allowed) */
     uint32_t n_recs, cap_recs;
-    uint32_t compact_pos; /* next entry of recs a compaction copies */
-    bool broken;          /* a failed write's place could not be covered: */
-    uint32_t broken_at;   /* ... this block; nothing after it is acknowledged */
+    uint32_t compact_pos;  /* next entry of recs a compaction copies */
+    uint32_t copy_retries; /* ... and copies of it queued again (COPY_RETRIES_MAX) */
+    bool broken;           /* a failed write's place could not be covered: */
+    uint32_t broken_at;    /* ... this block; nothing after it is acknowledged */
     /* its summary (segment.h), built as places are taken, written once the
      * segment is closed and its last write ended (sum_done) */
     seg_sum_ent_t *sum;
@@ -98,12 +102,13 @@ enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
 
 typedef struct inflight {
     uint8_t kind;
-    bool landed;      /* a write that ended, held until every place before it
-                         in its segment is written (the file's comment) */
-    int status;       /* ... how it ended */
-    uint32_t rec;     /* the record: DRAM (spill), SSD (promote, copy) */
-    uint32_t loc;     /* spill: the place written; promote, copy: read */
-    uint32_t dst_loc; /* copy: the place written */
+    bool landed;       /* a write that ended, held until every place before it
+                          in its segment is written (the file's comment) */
+    int status;        /* ... how it ended */
+    bool write_failed; /* copy: it failed writing, not reading (tio_done_t) */
+    uint32_t rec;      /* the record: DRAM (spill), SSD (promote, copy) */
+    uint32_t loc;      /* spill: the place written; promote, copy: read */
+    uint32_t dst_loc;  /* copy: the place written */
     uint32_t blocks;
     uint64_t t0_ns;
 } inflight_t;
@@ -141,7 +146,8 @@ struct tier {
     _Atomic int ckpt_rc;
     _Atomic uint64_t checkpoints; /* written */
     uint64_t recovered;
-    bool closing; /* tier_close: head segments get their summaries too */
+    bool closing;   /* tier_close: head segments get their summaries too */
+    bool fail_pads; /* test hook (kvd_tier_opts_t.fail_pad_writes) */
     char note[256];
 };
 
@@ -336,7 +342,7 @@ static void seg_maybe_free(struct tier *t, uint32_t id)
     if (g->state == SEG_COMPACTING)
         t->compactions++;
     g->state = SEG_FREE;
-    g->head = g->live = g->dead = g->n_recs = g->compact_pos = 0;
+    g->head = g->live = g->dead = g->n_recs = g->compact_pos = g->copy_retries = 0;
     t->n_free++;
 }
 
@@ -377,7 +383,7 @@ static int seg_begin(struct tier *t, uint32_t id)
     unlinkat(t->dir_fd, tmp, 0);
     sum_free(g);
     g->sum_done = g->sum_pending = false;
-    g->live = g->dead = g->n_recs = g->compact_pos = 0;
+    g->live = g->dead = g->n_recs = g->compact_pos = g->copy_retries = 0;
     g->broken = false;
     t->n_free--;
     return KVD_OK;
@@ -457,6 +463,7 @@ static void op_put(struct tier *t, uint64_t tag)
 {
     t->ops[tag].kind = OP_NONE;
     t->ops[tag].landed = false;
+    t->ops[tag].write_failed = false;
     t->free_ops[t->n_free_ops++] = (uint32_t)tag;
 }
 
@@ -723,7 +730,7 @@ static void reclaim(kvd_store_t *s)
         }
         if (2ull * g->dead >= (uint64_t)g->live + g->dead) {
             g->state = SEG_COMPACTING;
-            g->compact_pos = 0;
+            g->compact_pos = g->copy_retries = 0;
             compact_more(s, best);
             return;
         }
@@ -758,8 +765,11 @@ static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
     h->value_bytes = block_bytes(blocks - 1);
     h->flags = SEG_REC_PAD;
     seg_rec_seal(blk);
-    if (pwrite(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(loc % t->seg_blocks)) !=
-        (ssize_t)SEG_BLOCK) {
+    if (t->fail_pads)
+        errno = EIO; /* the test hook: as if the device refused it */
+    if (t->fail_pads ||
+        pwrite(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(loc % t->seg_blocks)) !=
+            (ssize_t)SEG_BLOCK) {
         /* the device refuses even that: nothing more goes into this
          * segment, and what follows the hole waits for the checkpoint */
         KVD_ERROR("tier",
@@ -820,6 +830,36 @@ static void done_promote(kvd_store_t *s, const inflight_t *f, const tio_done_t *
     seg_maybe_free(t, f->loc / t->seg_blocks);
 }
 
+/* A copy of a record still live at its source failed. A source that
+ * failed its read or its check is dropped (a promotion would fail too).
+ * Otherwise the copy was not made (its write failed, or it lies past a
+ * hole where a restart's scan stops): the source is good and the object
+ * stays readable there; the compaction tries it again (COPY_RETRIES_MAX)
+ * and evicts what is still there when it is done (compact_more). */
+static void copy_failed(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
+{
+    struct tier *t = s->tier;
+    seg_t *from = seg_of(t, f->loc);
+    if (d->status == KVD_ERR_CORRUPT || (d->status == KVD_ERR_IO && !d->write_failed)) {
+        KVD_WARN("tier",
+                 "compaction: the record at segment %u block %u failed: %s; the "
+                 "object is dropped",
+                 f->loc / t->seg_blocks, f->loc % t->seg_blocks,
+                 kvd_status_str(d->status));
+        store_ssd_drop(s, f->rec);
+        return;
+    }
+    KVD_WARN("tier",
+             "compaction: copying the record at segment %u block %u to segment %u "
+             "block %u failed: %s; it stays where it is",
+             f->loc / t->seg_blocks, f->loc % t->seg_blocks, f->dst_loc / t->seg_blocks,
+             f->dst_loc % t->seg_blocks, kvd_status_str(d->status));
+    if (from->state == SEG_COMPACTING && from->copy_retries < COPY_RETRIES_MAX) {
+        from->copy_retries++;
+        seg_push(from, f->rec);
+    }
+}
+
 static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
 {
     struct tier *t = s->tier;
@@ -838,14 +878,8 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
         t->changes++;
     } else {
         to->dead += f->blocks;
-        if (d->status != KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
-            KVD_WARN("tier",
-                     "compaction: the record at segment %u block %u failed: %s; "
-                     "the object is dropped",
-                     f->loc / t->seg_blocks, f->loc % t->seg_blocks,
-                     kvd_status_str(d->status));
-            store_ssd_drop(s, f->rec);
-        }
+        if (d->status != KVD_OK && still && !(r->spare & REC_F_PROMOTING))
+            copy_failed(s, f, d);
     }
     sum_maybe_write(t, f->dst_loc / t->seg_blocks);
     seg_maybe_free(t, f->loc / t->seg_blocks);
@@ -880,9 +914,11 @@ static void release_writes(kvd_store_t *s)
             inflight_t copy = *f;
             const seg_t *g = seg_of(t, write_loc(f));
             bool past_hole = g->broken && write_loc(f) % t->seg_blocks > g->broken_at;
+            /* past a hole the write is lost to a restart: failed as a write */
             tio_done_t d = {.tag = k,
                             .status = past_hole ? KVD_ERR_IO : f->status,
-                            .kind = TIO_WRITE};
+                            .kind = TIO_WRITE,
+                            .write_failed = past_hole || f->write_failed};
             op_put(t, k);
             if (copy.kind == OP_SPILL)
                 done_spill(s, &copy, &d);
@@ -911,6 +947,7 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
             }
             f->landed = true;
             f->status = done[k].status;
+            f->write_failed = done[k].write_failed;
             if (f->kind == OP_SPILL)
                 t->spills--;
             else
@@ -1980,12 +2017,14 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
                      .max_value_bytes = KVD_MIN(block_bytes(t->seg_blocks - 1),
                                                 (uint64_t)COPY_MAX_BYTES),
                      .fail_read_every = o->fail_read_every,
+                     .fail_copy_writes = o->fail_copy_writes,
                      .defer_fixed = o->defer_fixed_buffers};
     if ((rc = tio_create(&io, &t->io)) != KVD_OK)
         FAIL_WHY(rc, "the SSD tier's I/O could not start (%s): see the log",
                  kvd_status_str(rc));
     if (t->note[0] == '\0')
         snprintf(t->note, sizeof(t->note), "%s", tio_note(t->io));
+    t->fail_pads = o->fail_pad_writes;
     t->last_ckpt_ms = o->now_ms ? o->now_ms : kvd_now_ns() / 1000000;
     t->ckpt_every_ms = o->checkpoint_ms ? o->checkpoint_ms : CKPT_EVERY_MS;
     t->ckpt_slice = o->checkpoint_slice ? o->checkpoint_slice : CKPT_SLICE;

@@ -58,6 +58,11 @@ typedef struct tio_opts {
      * (READ and COPY ops, counted from 1) ends with KVD_ERR_IO as if the
      * device had answered EIO. 0: never. */
     uint32_t fail_read_every;
+    /* Test hook standing in for a device that refuses writes: the first
+     * fail_copy_writes COPY ops read and check their source, then end with
+     * KVD_ERR_IO and write_failed as if writing the copy had met EIO
+     * (nothing is written). 0: never. */
+    uint32_t fail_copy_writes;
 } tio_opts_t;
 
 typedef struct tio tio_t;
@@ -113,6 +118,9 @@ typedef struct tio_done {
                       buffer for a COPY) */
     int sys_errno; /* the errno behind KVD_ERR_IO / NO_SPACE; 0 else */
     tio_kind_t kind;
+    /* COPY: the source was read and checked, writing the copy failed (the
+     * source is still good); a COPY failing without it failed reading */
+    bool write_failed;
     seg_rec_hdr_t hdr; /* READ: the header read (when status is KVD_OK) */
 } tio_done_t;
 
