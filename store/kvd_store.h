@@ -802,6 +802,7 @@ typedef struct kvd_tier_recovery {
     uint64_t summary_records;    /* ... read from segments' summaries */
     uint64_t duplicates;         /* keys in DRAM already, or twice */
     uint64_t discarded;          /* records whose namespace or tenant is gone */
+    uint64_t dead;               /* records the dead-list names: gone before the stop */
     uint64_t segments, torn;     /* segments read; those ending in a torn record */
     uint64_t elapsed_ns;
     char note[256]; /* why nothing was recovered, when nothing was */

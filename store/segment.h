@@ -18,6 +18,9 @@
  *                    written (tmp file, fsync, rename, fsync of the
  *                    directory), so a restart reads it and scans only what
  *                    each segment got after it;
+ *   tier.dead        the dead-list: records no object's since the checkpoint
+ *                    began (tier.c's dead_ent_t, appended), which a restart
+ *                    drops, so that an object gone does not come back;
  *   tier.lock        one daemon per tier (flock), holding its pid.
  *
  * A segment file starts with one block (SEG_BLOCK bytes), seg_file_hdr_t,

@@ -25,9 +25,15 @@
  * DRAM copy (store_spill_done), and segments are reused only whole, under
  * a new generation. The checkpoint (a clean stop, and every minute when
  * something changed) lists the live records, so a restart reads it and
- * scans only what each segment got after it; records evicted since come
- * back at a restart, which is harmless: a key names immutable bytes and
- * each record is checked when it is read.
+ * scans only what each segment got after it. A record that stops being
+ * its object's (evicted, dropped, promoted, copied by compaction, or
+ * written for an object that stayed in DRAM) is named at once in the
+ * dead-list (tier.dead: place and generation, CRC-32C each, appended with
+ * write(2), so that a process killed at any point has it), and a restart
+ * drops the records it names: an object evicted never comes back, nor an
+ * older record of its key. A checkpoint written makes the entries made
+ * before it began needless (it does not list those records, and its scans
+ * begin past them): the file is rewritten without them.
  *
  * Threading: the caller's (the daemon's loop), as the engine's.
  */
@@ -50,6 +56,7 @@
 
 #define CKPT_MAGIC    0x4b43564bu /* "KVCK" */
 #define CKPT_NAME     "tier.ckpt"
+#define DEAD_NAME     "tier.dead"
 #define CKPT_EVERY_MS 60000u
 #define NO_SEG        UINT32_MAX
 #define NO_LOC        UINT32_MAX
@@ -97,6 +104,16 @@ typedef struct seg {
     bool sum_done;
     bool sum_pending; /* its .sum.tmp waits for the next checkpoint's rename */
 } seg_t;
+
+/* An entry of the dead-list: the record at block `block` of segment `seg`
+ * in its generation `generation` is no object's. crc: CRC-32C of the tier's
+ * id and the bytes before it, so that a torn tail or another tier's file
+ * is ignored. */
+typedef struct dead_ent {
+    uint32_t seg, block;
+    uint64_t generation;
+    uint32_t reserved, crc;
+} dead_ent_t;
 
 enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
 
@@ -148,6 +165,12 @@ struct tier {
     uint64_t recovered;
     bool closing;   /* tier_close: head segments get their summaries too */
     bool fail_pads; /* test hook (kvd_tier_opts_t.fail_pad_writes) */
+    /* the dead-list: its file (appended) and what was appended since it
+     * was last rewritten (dead_rewrite) */
+    int dead_fd;
+    dead_ent_t *dead;
+    uint32_t n_dead, cap_dead;
+    bool dead_lost; /* an entry is not in `dead` (memory): keep the file whole */
     char note[256];
 };
 
@@ -186,10 +209,118 @@ static void seg_push(seg_t *g, uint32_t rec)
     g->recs[g->n_recs++] = rec;
 }
 
+/* ------------------------------------------------------------- dead-list */
+
+static bool grow(void **v, uint32_t n, uint32_t *cap, size_t size);
+static int write_all(int fd, const void *buf, size_t len);
+
+static uint32_t dead_crc(const struct tier *t, const dead_ent_t *e)
+{
+    uint32_t crc = kvd_crc32c(0, &t->tier_id, sizeof(t->tier_id));
+    return kvd_crc32c(crc, e, offsetof(dead_ent_t, crc));
+}
+
+/* Names the record at place loc dead (the file's comment): appended to the
+ * file at once, and kept for the file's next rewrite. A write that fails is
+ * logged: the record may come back at a restart. */
+static void dead_add(struct tier *t, uint32_t loc)
+{
+    uint32_t id = loc / t->seg_blocks;
+    dead_ent_t e = {
+        .seg = id, .block = loc % t->seg_blocks, .generation = t->segs[id].generation};
+    e.crc = dead_crc(t, &e);
+    ssize_t n = t->dead_fd < 0 ? -1 : write(t->dead_fd, &e, sizeof(e));
+    if (n != (ssize_t)sizeof(e))
+        KVD_WARN("tier", "%s/%s: %s: a record gone may come back at a restart", t->dir,
+                 DEAD_NAME, n < 0 ? strerror(errno) : "short write");
+    if (!grow((void **)&t->dead, t->n_dead, &t->cap_dead, sizeof(e))) {
+        t->dead_lost = true;
+        return;
+    }
+    t->dead[t->n_dead++] = e;
+}
+
+/* A checkpoint that began when `from` entries had been kept is written:
+ * rewrites the dead-list with the entries made since (tmp file, fsync,
+ * rename, fsync of the directory) and appends to it from now on. */
+static void dead_rewrite(struct tier *t, uint32_t from)
+{
+    if (t->dead_lost || from > t->n_dead)
+        return; /* what the file has beyond memory stays */
+    int fd = openat(t->dir_fd, DEAD_NAME ".tmp",
+                    O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+    int rc = fd < 0 ? kvd_status_from_errno(errno)
+                    : write_all(fd, t->dead + from,
+                                (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
+    if (rc == KVD_OK &&
+        (fsync(fd) != 0 ||
+         renameat(t->dir_fd, DEAD_NAME ".tmp", t->dir_fd, DEAD_NAME) != 0 ||
+         fsync(t->dir_fd) != 0))
+        rc = kvd_status_from_errno(errno);
+    if (rc != KVD_OK) {
+        KVD_WARN("tier", "rewriting %s/%s: %s (it keeps its older entries)", t->dir,
+                 DEAD_NAME, kvd_status_str(rc));
+        if (fd >= 0)
+            close(fd);
+        unlinkat(t->dir_fd, DEAD_NAME ".tmp", 0);
+        return;
+    }
+    if (t->dead_fd >= 0)
+        close(t->dead_fd);
+    t->dead_fd = fd;
+    memmove(t->dead, t->dead + from, (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
+    t->n_dead -= from;
+}
+
+/* Opens the dead-list for appending (creating it). */
+static int dead_open(struct tier *t)
+{
+    t->dead_fd =
+        openat(t->dir_fd, DEAD_NAME, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    return t->dead_fd < 0 ? kvd_status_from_errno(errno) : KVD_OK;
+}
+
+static int loc_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Reads the dead-list at start: the places it names in the segments'
+ * present generations, sorted, into *out (NULL and 0 when none). A torn or
+ * foreign entry ends it. */
+static void dead_read(struct tier *t, uint32_t **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    int fd = openat(t->dir_fd, DEAD_NAME, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat st;
+    size_t n = fstat(fd, &st) == 0 ? (size_t)st.st_size / sizeof(dead_ent_t) : 0;
+    dead_ent_t *v = malloc((n ? n : 1) * sizeof(dead_ent_t));
+    uint32_t *locs = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (v != NULL && locs != NULL &&
+        pread(fd, v, n * sizeof(dead_ent_t), 0) == (ssize_t)(n * sizeof(dead_ent_t))) {
+        for (size_t k = 0; k < n && v[k].crc == dead_crc(t, &v[k]); k++)
+            if (v[k].seg < t->n_segs && v[k].block < t->seg_blocks &&
+                v[k].generation == t->segs[v[k].seg].generation &&
+                t->segs[v[k].seg].state != SEG_FREE)
+                locs[(*n_out)++] = v[k].seg * t->seg_blocks + v[k].block;
+    }
+    close(fd);
+    free(v);
+    if (*n_out == 0) {
+        free(locs);
+        return;
+    }
+    qsort(locs, *n_out, sizeof(uint32_t), loc_cmp);
+    *out = locs;
+}
+
 /* ------------------------------------------------------------- summaries */
 
 static void seg_name(uint32_t id, char *buf, size_t len);
-static int write_all(int fd, const void *buf, size_t len);
 static void sum_name(uint32_t id, char *buf, size_t len)
 {
     snprintf(buf, len, "seg-%06u.sum", id);
@@ -602,6 +733,7 @@ void tier_forget(kvd_store_t *s, uint32_t i)
     g->live -= KVD_MIN(g->live, blocks);
     g->dead += blocks;
     t->changes++;
+    dead_add(t, r->off_pages);
     seg_maybe_free(t, r->off_pages / t->seg_blocks);
 }
 
@@ -809,6 +941,8 @@ static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
         t->spill_ns += kvd_now_ns() - f->t0_ns;
     } else {
         g->dead += f->blocks;
+        if (d->status == KVD_OK)
+            dead_add(t, f->loc); /* written, for an object that stayed in DRAM */
     }
     sum_maybe_write(t, f->loc / t->seg_blocks);
     seg_maybe_free(t, f->loc / t->seg_blocks);
@@ -870,6 +1004,7 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     bool still = live_in(s, f->rec, f->loc / t->seg_blocks) && r->off_pages == f->loc;
     if (d->status == KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
         r->off_pages = f->dst_loc;
+        dead_add(t, f->loc); /* the source: the copy is the object's record now */
         from->live -= KVD_MIN(from->live, f->blocks);
         from->dead += f->blocks;
         to->live += f->blocks;
@@ -878,6 +1013,8 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
         t->changes++;
     } else {
         to->dead += f->blocks;
+        if (d->status == KVD_OK)
+            dead_add(t, f->dst_loc); /* a copy of an object gone meanwhile */
         if (d->status != KVD_OK && still && !(r->spare & REC_F_PROMOTING))
             copy_failed(s, f, d);
     }
@@ -1124,6 +1261,7 @@ typedef struct ckpt_job {
     ckpt_rec_t *recs;
     uint64_t cap_recs;
     uint32_t *sums, n_sums; /* segments whose summaries it puts in place */
+    uint32_t dead_from;     /* the dead-list's entries kept when it began */
     /* building: the next record of the store to look at, and each slot's
      * entry (+ 1) with the slot's generation when it was made */
     uint32_t pos;
@@ -1174,6 +1312,7 @@ static ckpt_job_t *ckpt_begin(kvd_store_t *s)
         }
     }
     j->pos = 1;
+    j->dead_from = t->n_dead;
     return j;
 }
 
@@ -1313,6 +1452,8 @@ static bool ckpt_reap(struct tier *t, bool wait)
         t->ckpt_running = false;
         if (atomic_load(&t->ckpt_rc) != KVD_OK)
             ckpt_failed(t, t->ckpt);
+        else
+            dead_rewrite(t, t->ckpt->dead_from);
     }
     ckpt_job_free(t->ckpt);
     t->ckpt = NULL;
@@ -1368,6 +1509,8 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
         if ((rc = ckpt_write(t, j)) != KVD_OK) {
             ckpt_failed(t, j);
             t->changes += changes;
+        } else {
+            dead_rewrite(t, j->dead_from);
         }
     }
     if (j != NULL)
@@ -1679,7 +1822,8 @@ static int newest_first(const void *a, const void *b)
 
 /* Puts what was found into the store: newest first, so that a key found
  * twice keeps its newest record (and one in DRAM already keeps DRAM's). */
-static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *rec)
+static int restore_insert(kvd_store_t *s, restore_t *rs, const uint32_t *dead,
+                          size_t n_dead, kvd_tier_recovery_t *rec)
 {
     struct tier *t = s->tier;
     if (rs->n > 0)
@@ -1704,6 +1848,10 @@ static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *re
         const found_t *f = &rs->v[k];
         uint32_t sl = slot[f->ns], id = f->loc / t->seg_blocks, j;
         uint32_t blocks = sl == UINT32_MAX ? 0 : 1 + s->ns[sl].pages * t->page_blocks;
+        if (n_dead > 0 && bsearch(&f->loc, dead, n_dead, sizeof(uint32_t), loc_cmp)) {
+            rec->dead++;
+            continue;
+        }
         if (sl == UINT32_MAX || (f->blocks != 0 && f->blocks != blocks) ||
             f->loc % t->seg_blocks + blocks > t->segs[id].head) {
             rec->discarded++;
@@ -1812,6 +1960,8 @@ static void tier_wipe(struct tier *t, uint32_t upto)
     }
     unlinkat(t->dir_fd, CKPT_NAME, 0);
     unlinkat(t->dir_fd, CKPT_NAME ".tmp", 0);
+    unlinkat(t->dir_fd, DEAD_NAME, 0);
+    unlinkat(t->dir_fd, DEAD_NAME ".tmp", 0);
 }
 
 /* The segments of a tier already there: ids in a row from 0. */
@@ -1843,6 +1993,9 @@ static void tier_free(struct tier *t)
     free(t->ops);
     free(t->free_ops);
     kvd_mem_free(KVD_MEM_STAGING, t->promote_q, (size_t)t->cap_promote_q * 4);
+    kvd_mem_free(KVD_MEM_INDEX, t->dead, (size_t)t->cap_dead * sizeof(dead_ent_t));
+    if (t->dead_fd >= 0)
+        close(t->dead_fd);
     if (t->lock_fd >= 0)
         close(t->lock_fd); /* drops the flock */
     if (t->dir_fd >= 0)
@@ -1864,7 +2017,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     struct tier *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    t->dir_fd = t->lock_fd = -1;
+    t->dir_fd = t->lock_fd = t->dead_fd = -1;
     t->direct = true;
     t->head = t->copy_head = NO_SEG;
     snprintf(t->dir, sizeof(t->dir), "%s", o->dir);
@@ -2000,8 +2153,16 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
             FAIL_WHY(rc, "scanning segment %u: %s", id, kvd_status_str(rc));
     }
     t->seq = KVD_MAX(t->seq, 1u); /* 0 is no sequence number (a copy's dst_seq) */
-    if ((rc = restore_insert(s, &rs, rec)) != KVD_OK)
+    uint32_t *dead = NULL;
+    size_t n_dead = 0;
+    dead_read(t, &dead, &n_dead);
+    rc = restore_insert(s, &rs, dead, n_dead, rec);
+    free(dead);
+    if (rc != KVD_OK)
         FAIL_WHY(rc, "rebuilding the tier's index: %s", kvd_status_str(rc));
+    /* its entries still hold until a checkpoint of this run is written */
+    if ((rc = dead_open(t)) != KVD_OK)
+        FAIL_WHY(rc, "cannot open %s/%s: %s", o->dir, DEAD_NAME, kvd_status_str(rc));
     t->recovered = rec->objects;
     /* writing goes on in a segment begun anew: one written before, maybe
      * past a torn record, stays as it is until compaction frees it */

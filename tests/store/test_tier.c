@@ -594,6 +594,114 @@ static void test_failed_copy_keeps_its_source(void **state)
     fx_fini(&f);
 }
 
+#define EVICT_N (4 * N_OBJ) /* over twice what the tier holds */
+
+/* Where object k is: 0 absent, 1 in DRAM, 2 on the tier. */
+static uint8_t where_of(fx_t *f, uint32_t k)
+{
+    key_t32 key;
+    kvd_obj_info_t info;
+    mkkey(key, k);
+    if (kvd_store_inspect(f->s, f->ns, key, &info) != KVD_OK)
+        return 0;
+    return info.tier == KVD_TIER_SSD ? 2 : 1;
+}
+
+/* Puts more objects than the tier holds, promoting every third of 20
+ * puts ago on the way (a record of its key dies there, and a newer one
+ * comes when it spills again): the tier evicts for room. where[k] says
+ * where each is afterwards. */
+static void overfill(fx_t *f, uint8_t *where)
+{
+    for (uint32_t n = 0; n < EVICT_N; n++) {
+        put(f, n);
+        kvd_store_tier_drain(f->s, 1000);
+        if (n >= 20 && n % 3 == 0) {
+            int rc = get(f, n - 20);
+            assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+        }
+    }
+    kvd_store_tier_drain(f->s, 2000);
+    for (uint32_t k = 0; k < EVICT_N; k++)
+        where[k] = where_of(f, k);
+}
+
+/* After a restart that lost the pool: what the tier evicted is absent,
+ * what it held is there, byte-exact. */
+static void check_evicted_stay_out(fx_t *f, const uint8_t *where)
+{
+    size_t evicted = 0, kept = 0;
+    for (uint32_t k = 0; k < EVICT_N; k++) {
+        int rc = get(f, k); /* byte-exact when KVD_OK */
+        if (where[k] == 0) {
+            if (rc != KVD_ERR_NOT_FOUND)
+                fail_msg("object %u, evicted before the stop, is back (%s)", k,
+                         kvd_status_str(rc));
+            evicted++;
+        } else if (where[k] == 2) {
+            assert_int_equal(rc, KVD_OK);
+            kept++;
+        }
+    }
+    print_message("%zu evicted stayed out, %zu on the tier came back\n", evicted, kept);
+    assert_true(evicted > 0 && kept > 0);
+    check_ok(f->s);
+}
+
+/* Objects the tier evicted for room do not come back at a restart, after
+ * a clean stop nor after SIGKILL (no checkpoint since: the restart scans
+ * the segments, whose records are still there): the dead-list names them.
+ * Before, every evicted record the scan met came back. */
+static void test_tier_evictions_stay_out_after_a_restart(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    static uint8_t where[EVICT_N];
+    overfill(&f, where);
+    assert_true(stats(f.s).ssd_evictions > 0);
+    kvd_store_destroy(f.s); /* a clean stop */
+    memset(f.pool, 0, POOL_BYTES);
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    check_evicted_stay_out(&f, where);
+    kvd_store_destroy(f.s);
+    f.s = NULL;
+
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
+            _exit(3);
+        overfill(&f, where);
+        uint8_t ok = stats(f.s).ssd_evictions > 0;
+        if (write(pipefd[1], &ok, 1) != 1 || write(pipefd[1], where, EVICT_N) != EVICT_N)
+            _exit(4);
+        pause(); /* killed here, with nothing closed */
+        _exit(5);
+    }
+    close(pipefd[1]);
+    uint8_t ok = 0;
+    assert_int_equal(read(pipefd[0], &ok, 1), 1);
+    size_t got = 0;
+    while (got < EVICT_N) {
+        ssize_t n = read(pipefd[0], where + got, EVICT_N - got);
+        assert_true(n > 0);
+        got += (size_t)n;
+    }
+    close(pipefd[0]);
+    kill(pid, SIGKILL);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(ok);
+    memset(f.pool, 0, POOL_BYTES);
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    assert_true(f.rec.dead > 0);
+    check_evicted_stay_out(&f, where);
+    fx_fini(&f);
+}
+
 /* The path of segment id of the fixture's tier. */
 static void seg_path(const fx_t *f, uint32_t id, char *buf, size_t len)
 {
@@ -761,6 +869,7 @@ int main(void)
         BOTH(test_tier_full_evicts_and_compacts),
         BOTH(test_restart_keeps_the_copy_not_its_source),
         BOTH(test_failed_copy_keeps_its_source),
+        BOTH(test_tier_evictions_stay_out_after_a_restart),
         cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
