@@ -268,7 +268,8 @@ static void dead_rewrite(struct tier *t, uint32_t from)
     if (t->dead_fd >= 0)
         close(t->dead_fd);
     t->dead_fd = fd;
-    memmove(t->dead, t->dead + from, (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
+    if (from > 0) /* (t->dead is NULL while nothing was named) */
+        memmove(t->dead, t->dead + from, (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
     t->n_dead -= from;
 }
 
