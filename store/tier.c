@@ -225,11 +225,13 @@ static uint32_t dead_crc(const struct tier *t, const dead_ent_t *e)
  * logged: the record may come back at a restart. */
 static void dead_add(struct tier *t, uint32_t loc)
 {
+    if (t->dead_fd < 0)
+        return; /* an attach that failed undoes its restore: nothing to name */
     uint32_t id = loc / t->seg_blocks;
     dead_ent_t e = {
         .seg = id, .block = loc % t->seg_blocks, .generation = t->segs[id].generation};
     e.crc = dead_crc(t, &e);
-    ssize_t n = t->dead_fd < 0 ? -1 : write(t->dead_fd, &e, sizeof(e));
+    ssize_t n = write(t->dead_fd, &e, sizeof(e));
     if (n != (ssize_t)sizeof(e))
         KVD_WARN("tier", "%s/%s: %s: a record gone may come back at a restart", t->dir,
                  DEAD_NAME, n < 0 ? strerror(errno) : "short write");
