@@ -1952,7 +1952,8 @@ static int attach_tier(kvd_server_t *s)
              "recovered %llu objects (%s) in %.1f ms (%llu from the checkpoint, %llu "
              "from segment summaries, %llu record headers read in %llu segments, %llu "
              "torn, %llu already in DRAM or "
-             "twice, %llu of namespaces or tenants no longer there)%s%s",
+             "twice, %llu of namespaces or tenants no longer there, %llu gone before "
+             "the stop)%s%s",
              o->ssd_path, kvd_size_format(st.ssd_bytes, a, sizeof(a)),
              (unsigned long long)st.ssd_segments,
              o->ssd_spill[0] == 'h' ? "spilling objects loaded once"
@@ -1964,8 +1965,8 @@ static int attach_tier(kvd_server_t *s)
              (unsigned long long)rec.summary_records,
              (unsigned long long)rec.scanned_records, (unsigned long long)rec.segments,
              (unsigned long long)rec.torn, (unsigned long long)rec.duplicates,
-             (unsigned long long)rec.discarded, rec.objects == 0 ? ": " : "",
-             rec.objects == 0 ? rec.note : "");
+             (unsigned long long)rec.discarded, (unsigned long long)rec.dead,
+             rec.objects == 0 ? ": " : "", rec.objects == 0 ? rec.note : "");
     if (kvd_store_tier_note(s->store)[0])
         KVD_INFO("server", "SSD tier: %s", kvd_store_tier_note(s->store));
     return KVD_OK;

@@ -16,6 +16,7 @@
  * invariant check and aborts on a violation.
  */
 #include "store_int.h"
+#include "store_testing.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -2016,6 +2017,19 @@ static void info_of(const kvd_store_t *s, uint32_t i, kvd_obj_info_t *out)
             (kvd_loc_t){.offset = UINT64_MAX, .size = s->ns[r->ns].info.object_bytes};
     else
         fill_loc(s, i, &out->loc);
+}
+
+int kvd_store_tier_place(const kvd_store_t *s, uint32_t ns,
+                         const uint8_t key[KVD_KEY_BYTES], uint32_t *seg, uint32_t *block)
+{
+    uint32_t i;
+    if (s->tier == NULL || !ns_slot(s, ns, &ns) || (i = index_find(s, ns, key)) == NIL ||
+        R(s, i)->tier != KVD_TIER_SSD)
+        return KVD_ERR_NOT_FOUND;
+    uint32_t seg_blocks = tier_seg_blocks(s);
+    *seg = R(s, i)->off_pages / seg_blocks;
+    *block = R(s, i)->off_pages % seg_blocks;
+    return KVD_OK;
 }
 
 int kvd_store_inspect(const kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES],

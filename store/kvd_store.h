@@ -788,6 +788,8 @@ typedef struct kvd_tier_opts {
      * pool at once, past its bounded rate */
     bool defer_fixed_buffers;
     uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
+    uint32_t fail_copy_writes; /* test hook: the first n compaction copies' writes fail */
+    bool fail_pad_writes;      /* test hook: a failed write's pad fails too (a hole) */
     uint64_t checkpoint_ms;    /* between periodic checkpoints; 0: 60000 */
     uint32_t checkpoint_slice; /* records a poll's checkpoint slice looks at; 0: 65536 */
     uint64_t now_ms;           /* the callers' clock; 0: now */
@@ -800,6 +802,7 @@ typedef struct kvd_tier_recovery {
     uint64_t summary_records;    /* ... read from segments' summaries */
     uint64_t duplicates;         /* keys in DRAM already, or twice */
     uint64_t discarded;          /* records whose namespace or tenant is gone */
+    uint64_t dead;               /* records the dead-list names: gone before the stop */
     uint64_t segments, torn;     /* segments read; those ending in a torn record */
     uint64_t elapsed_ns;
     char note[256]; /* why nothing was recovered, when nothing was */

@@ -18,6 +18,9 @@
  *                    written (tmp file, fsync, rename, fsync of the
  *                    directory), so a restart reads it and scans only what
  *                    each segment got after it;
+ *   tier.dead        the dead-list: records no object's since the checkpoint
+ *                    began (tier.c's dead_ent_t, appended), which a restart
+ *                    drops, so that an object gone does not come back;
  *   tier.lock        one daemon per tier (flock), holding its pid.
  *
  * A segment file starts with one block (SEG_BLOCK bytes), seg_file_hdr_t,
@@ -120,7 +123,7 @@ typedef struct seg_sum_ns {
 /* One record written into a segment, in block order. */
 typedef struct seg_sum_ent {
     uint32_t block, blocks; /* its header block, and its length */
-    uint64_t seq;           /* its header's (0 for a compaction's copy) */
+    uint64_t seq;           /* its header's (a copy's is its own, newer) */
     uint8_t key[KVD_KEY_BYTES];
     uint8_t parent_tag[KVD_KEY_TAG_BYTES];
     uint32_t depth, last_access_s;

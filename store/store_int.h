@@ -337,6 +337,9 @@ void tier_forget(kvd_store_t *s, uint32_t i);
 void tier_checkpoint_soon(kvd_store_t *s);
 void tier_close(kvd_store_t *s);
 void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out);
+/* Blocks per segment: a place (an SSD record's off_pages) is
+ * segment * this + block. */
+uint32_t tier_seg_blocks(const kvd_store_t *s);
 
 /* engine.c: what the tier calls back. */
 /* Spill of DRAM object i ended: with KVD_OK the object moves to the tier

@@ -11,4 +11,11 @@
 
 /* (kvd_pool_base, once here, is public now: the daemon scrubs through it.) */
 
+/* Where the tier holds ns's object `key`: its segment and the block of its
+ * record's header there. KVD_ERR_NOT_FOUND when the object is not on the
+ * tier (absent, or in DRAM). Tests of which record a restart keeps. */
+int kvd_store_tier_place(const kvd_store_t *s, uint32_t ns,
+                         const uint8_t key[KVD_KEY_BYTES], uint32_t *seg,
+                         uint32_t *block);
+
 #endif

@@ -25,9 +25,15 @@
  * DRAM copy (store_spill_done), and segments are reused only whole, under
  * a new generation. The checkpoint (a clean stop, and every minute when
  * something changed) lists the live records, so a restart reads it and
- * scans only what each segment got after it; records evicted since come
- * back at a restart, which is harmless: a key names immutable bytes and
- * each record is checked when it is read.
+ * scans only what each segment got after it. A record that stops being
+ * its object's (evicted, dropped, promoted, copied by compaction, or
+ * written for an object that stayed in DRAM) is named at once in the
+ * dead-list (tier.dead: place and generation, CRC-32C each, appended with
+ * write(2), so that a process killed at any point has it), and a restart
+ * drops the records it names: an object evicted never comes back, nor an
+ * older record of its key. A checkpoint written makes the entries made
+ * before it began needless (it does not list those records, and its scans
+ * begin past them): the file is rewritten without them.
  *
  * Threading: the caller's (the daemon's loop), as the engine's.
  */
@@ -50,6 +56,7 @@
 
 #define CKPT_MAGIC    0x4b43564bu /* "KVCK" */
 #define CKPT_NAME     "tier.ckpt"
+#define DEAD_NAME     "tier.dead"
 #define CKPT_EVERY_MS 60000u
 #define NO_SEG        UINT32_MAX
 #define NO_LOC        UINT32_MAX
@@ -61,6 +68,9 @@
 /* Copies in flight at most: each holds a bounce buffer of up to
  * COPY_MAX_BYTES in the executor. */
 #define COPIES_MAX 4
+/* Copies of one compaction that may be tried again after their write
+ * failed (the source stays good): past it, what is left is evicted. */
+#define COPY_RETRIES_MAX 8
 /* Evictions one reclaim may make to create a segment worth compacting. */
 #define RECLAIM_EVICT_MAX 256
 
@@ -81,9 +91,10 @@ typedef struct seg {
     uint32_t writes;     /* ops writing into it now */
     uint32_t *recs;      /* records written into it (stale entries allowed) */
     uint32_t n_recs, cap_recs;
-    uint32_t compact_pos; /* next entry of recs a compaction copies */
-    bool broken;          /* a failed write's place could not be covered: */
-    uint32_t broken_at;   /* ... this block; nothing after it is acknowledged */
+    uint32_t compact_pos;  /* next entry of recs a compaction copies */
+    uint32_t copy_retries; /* ... and copies of it queued again (COPY_RETRIES_MAX) */
+    bool broken;           /* a failed write's place could not be covered: */
+    uint32_t broken_at;    /* ... this block; nothing after it is acknowledged */
     /* its summary (segment.h), built as places are taken, written once the
      * segment is closed and its last write ended (sum_done) */
     seg_sum_ent_t *sum;
@@ -94,16 +105,27 @@ typedef struct seg {
     bool sum_pending; /* its .sum.tmp waits for the next checkpoint's rename */
 } seg_t;
 
+/* An entry of the dead-list: the record at block `block` of segment `seg`
+ * in its generation `generation` is no object's. crc: CRC-32C of the tier's
+ * id and the bytes before it, so that a torn tail or another tier's file
+ * is ignored. */
+typedef struct dead_ent {
+    uint32_t seg, block;
+    uint64_t generation;
+    uint32_t reserved, crc;
+} dead_ent_t;
+
 enum op_kind { OP_NONE = 0, OP_SPILL = 1, OP_PROMOTE = 2, OP_COPY = 3 };
 
 typedef struct inflight {
     uint8_t kind;
-    bool landed;      /* a write that ended, held until every place before it
-                         in its segment is written (the file's comment) */
-    int status;       /* ... how it ended */
-    uint32_t rec;     /* the record: DRAM (spill), SSD (promote, copy) */
-    uint32_t loc;     /* spill: the place written; promote, copy: read */
-    uint32_t dst_loc; /* copy: the place written */
+    bool landed;       /* a write that ended, held until every place before it
+                          in its segment is written (the file's comment) */
+    int status;        /* ... how it ended */
+    bool write_failed; /* copy: it failed writing, not reading (tio_done_t) */
+    uint32_t rec;      /* the record: DRAM (spill), SSD (promote, copy) */
+    uint32_t loc;      /* spill: the place written; promote, copy: read */
+    uint32_t dst_loc;  /* copy: the place written */
     uint32_t blocks;
     uint64_t t0_ns;
 } inflight_t;
@@ -141,7 +163,14 @@ struct tier {
     _Atomic int ckpt_rc;
     _Atomic uint64_t checkpoints; /* written */
     uint64_t recovered;
-    bool closing; /* tier_close: head segments get their summaries too */
+    bool closing;   /* tier_close: head segments get their summaries too */
+    bool fail_pads; /* test hook (kvd_tier_opts_t.fail_pad_writes) */
+    /* the dead-list: its file (appended) and what was appended since it
+     * was last rewritten (dead_rewrite) */
+    int dead_fd;
+    dead_ent_t *dead;
+    uint32_t n_dead, cap_dead;
+    bool dead_lost; /* an entry is not in `dead` (memory): keep the file whole */
     char note[256];
 };
 
@@ -180,10 +209,121 @@ static void seg_push(seg_t *g, uint32_t rec)
     g->recs[g->n_recs++] = rec;
 }
 
+/* ------------------------------------------------------------- dead-list */
+
+static bool grow(void **v, uint32_t n, uint32_t *cap, size_t size);
+static int write_all(int fd, const void *buf, size_t len);
+
+static uint32_t dead_crc(const struct tier *t, const dead_ent_t *e)
+{
+    uint32_t crc = kvd_crc32c(0, &t->tier_id, sizeof(t->tier_id));
+    return kvd_crc32c(crc, e, offsetof(dead_ent_t, crc));
+}
+
+/* Names the record at place loc dead (the file's comment): appended to the
+ * file at once, and kept for the file's next rewrite. A write that fails is
+ * logged: the record may come back at a restart. */
+static void dead_add(struct tier *t, uint32_t loc)
+{
+    if (t->dead_fd < 0)
+        return; /* an attach that failed undoes its restore: nothing to name */
+    uint32_t id = loc / t->seg_blocks;
+    dead_ent_t e = {
+        .seg = id, .block = loc % t->seg_blocks, .generation = t->segs[id].generation};
+    e.crc = dead_crc(t, &e);
+    ssize_t n = write(t->dead_fd, &e, sizeof(e));
+    if (n != (ssize_t)sizeof(e))
+        KVD_WARN("tier", "%s/%s: %s: a record gone may come back at a restart", t->dir,
+                 DEAD_NAME, n < 0 ? strerror(errno) : "short write");
+    if (!grow((void **)&t->dead, t->n_dead, &t->cap_dead, sizeof(e))) {
+        t->dead_lost = true;
+        return;
+    }
+    t->dead[t->n_dead++] = e;
+}
+
+/* A checkpoint that began when `from` entries had been kept is written:
+ * rewrites the dead-list with the entries made since (tmp file, fsync,
+ * rename, fsync of the directory) and appends to it from now on. */
+static void dead_rewrite(struct tier *t, uint32_t from)
+{
+    if (t->dead_lost || from > t->n_dead)
+        return; /* what the file has beyond memory stays */
+    int fd = openat(t->dir_fd, DEAD_NAME ".tmp",
+                    O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+    int rc = fd < 0 ? kvd_status_from_errno(errno)
+                    : write_all(fd, t->dead + from,
+                                (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
+    if (rc == KVD_OK &&
+        (fsync(fd) != 0 ||
+         renameat(t->dir_fd, DEAD_NAME ".tmp", t->dir_fd, DEAD_NAME) != 0 ||
+         fsync(t->dir_fd) != 0))
+        rc = kvd_status_from_errno(errno);
+    if (rc != KVD_OK) {
+        KVD_WARN("tier", "rewriting %s/%s: %s (it keeps its older entries)", t->dir,
+                 DEAD_NAME, kvd_status_str(rc));
+        if (fd >= 0)
+            close(fd);
+        unlinkat(t->dir_fd, DEAD_NAME ".tmp", 0);
+        return;
+    }
+    if (t->dead_fd >= 0)
+        close(t->dead_fd);
+    t->dead_fd = fd;
+    if (from > 0) /* (t->dead is NULL while nothing was named) */
+        memmove(t->dead, t->dead + from, (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
+    t->n_dead -= from;
+}
+
+/* Opens the dead-list for appending (creating it). */
+static int dead_open(struct tier *t)
+{
+    t->dead_fd =
+        openat(t->dir_fd, DEAD_NAME, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    return t->dead_fd < 0 ? kvd_status_from_errno(errno) : KVD_OK;
+}
+
+static int loc_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Reads the dead-list at start: the places it names in the segments'
+ * present generations, sorted, into *out (NULL and 0 when none). A torn or
+ * foreign entry ends it. */
+static void dead_read(struct tier *t, uint32_t **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    int fd = openat(t->dir_fd, DEAD_NAME, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    struct stat st;
+    size_t n = fstat(fd, &st) == 0 ? (size_t)st.st_size / sizeof(dead_ent_t) : 0;
+    dead_ent_t *v = malloc((n ? n : 1) * sizeof(dead_ent_t));
+    uint32_t *locs = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (v != NULL && locs != NULL &&
+        pread(fd, v, n * sizeof(dead_ent_t), 0) == (ssize_t)(n * sizeof(dead_ent_t))) {
+        for (size_t k = 0; k < n && v[k].crc == dead_crc(t, &v[k]); k++)
+            if (v[k].seg < t->n_segs && v[k].block < t->seg_blocks &&
+                v[k].generation == t->segs[v[k].seg].generation &&
+                t->segs[v[k].seg].state != SEG_FREE)
+                locs[(*n_out)++] = v[k].seg * t->seg_blocks + v[k].block;
+    }
+    close(fd);
+    free(v);
+    if (*n_out == 0) {
+        free(locs);
+        return;
+    }
+    qsort(locs, *n_out, sizeof(uint32_t), loc_cmp);
+    *out = locs;
+}
+
 /* ------------------------------------------------------------- summaries */
 
 static void seg_name(uint32_t id, char *buf, size_t len);
-static int write_all(int fd, const void *buf, size_t len);
 static void sum_name(uint32_t id, char *buf, size_t len)
 {
     snprintf(buf, len, "seg-%06u.sum", id);
@@ -336,7 +476,7 @@ static void seg_maybe_free(struct tier *t, uint32_t id)
     if (g->state == SEG_COMPACTING)
         t->compactions++;
     g->state = SEG_FREE;
-    g->head = g->live = g->dead = g->n_recs = g->compact_pos = 0;
+    g->head = g->live = g->dead = g->n_recs = g->compact_pos = g->copy_retries = 0;
     t->n_free++;
 }
 
@@ -377,7 +517,7 @@ static int seg_begin(struct tier *t, uint32_t id)
     unlinkat(t->dir_fd, tmp, 0);
     sum_free(g);
     g->sum_done = g->sum_pending = false;
-    g->live = g->dead = g->n_recs = g->compact_pos = 0;
+    g->live = g->dead = g->n_recs = g->compact_pos = g->copy_retries = 0;
     g->broken = false;
     t->n_free--;
     return KVD_OK;
@@ -457,6 +597,7 @@ static void op_put(struct tier *t, uint64_t tag)
 {
     t->ops[tag].kind = OP_NONE;
     t->ops[tag].landed = false;
+    t->ops[tag].write_failed = false;
     t->free_ops[t->n_free_ops++] = (uint32_t)tag;
 }
 
@@ -595,6 +736,7 @@ void tier_forget(kvd_store_t *s, uint32_t i)
     g->live -= KVD_MIN(g->live, blocks);
     g->dead += blocks;
     t->changes++;
+    dead_add(t, r->off_pages);
     seg_maybe_free(t, r->off_pages / t->seg_blocks);
 }
 
@@ -623,7 +765,10 @@ static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
     uint32_t dst = place_take(t, blocks, true);
     if (dst == NO_LOC)
         return KVD_ERR_NO_SPACE;
-    sum_add(s, seg_of(t, dst), dst % t->seg_blocks, blocks, 0, r);
+    /* the copy is a record of its own, newer than its source: a restart
+     * that finds both (the source's segment not yet begun again) keeps it */
+    uint64_t seq = t->seq++;
+    sum_add(s, seg_of(t, dst), dst % t->seg_blocks, blocks, seq, r);
     uint64_t tag = 0;
     inflight_t *f = op_take(t, &tag);
     tio_op_t op = {.tag = tag,
@@ -633,7 +778,8 @@ static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
                    .value_bytes = block_bytes(blocks - 1),
                    .dst_fd = seg_of(t, dst)->fd,
                    .dst_off = block_bytes(dst % t->seg_blocks),
-                   .dst_generation = seg_of(t, dst)->generation};
+                   .dst_generation = seg_of(t, dst)->generation,
+                   .dst_seq = seq};
     memcpy(op.key, r->key, KVD_KEY_BYTES);
     if (!submit(t, &op)) {
         op_put(t, tag);
@@ -719,7 +865,7 @@ static void reclaim(kvd_store_t *s)
         }
         if (2ull * g->dead >= (uint64_t)g->live + g->dead) {
             g->state = SEG_COMPACTING;
-            g->compact_pos = 0;
+            g->compact_pos = g->copy_retries = 0;
             compact_more(s, best);
             return;
         }
@@ -754,8 +900,11 @@ static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
     h->value_bytes = block_bytes(blocks - 1);
     h->flags = SEG_REC_PAD;
     seg_rec_seal(blk);
-    if (pwrite(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(loc % t->seg_blocks)) !=
-        (ssize_t)SEG_BLOCK) {
+    if (t->fail_pads)
+        errno = EIO; /* the test hook: as if the device refused it */
+    if (t->fail_pads ||
+        pwrite(g->fd, blk, SEG_BLOCK, (off_t)block_bytes(loc % t->seg_blocks)) !=
+            (ssize_t)SEG_BLOCK) {
         /* the device refuses even that: nothing more goes into this
          * segment, and what follows the hole waits for the checkpoint */
         KVD_ERROR("tier",
@@ -795,6 +944,8 @@ static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
         t->spill_ns += kvd_now_ns() - f->t0_ns;
     } else {
         g->dead += f->blocks;
+        if (d->status == KVD_OK)
+            dead_add(t, f->loc); /* written, for an object that stayed in DRAM */
     }
     sum_maybe_write(t, f->loc / t->seg_blocks);
     seg_maybe_free(t, f->loc / t->seg_blocks);
@@ -816,6 +967,36 @@ static void done_promote(kvd_store_t *s, const inflight_t *f, const tio_done_t *
     seg_maybe_free(t, f->loc / t->seg_blocks);
 }
 
+/* A copy of a record still live at its source failed. A source that
+ * failed its read or its check is dropped (a promotion would fail too).
+ * Otherwise the copy was not made (its write failed, or it lies past a
+ * hole where a restart's scan stops): the source is good and the object
+ * stays readable there; the compaction tries it again (COPY_RETRIES_MAX)
+ * and evicts what is still there when it is done (compact_more). */
+static void copy_failed(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
+{
+    struct tier *t = s->tier;
+    seg_t *from = seg_of(t, f->loc);
+    if (d->status == KVD_ERR_CORRUPT || (d->status == KVD_ERR_IO && !d->write_failed)) {
+        KVD_WARN("tier",
+                 "compaction: the record at segment %u block %u failed: %s; the "
+                 "object is dropped",
+                 f->loc / t->seg_blocks, f->loc % t->seg_blocks,
+                 kvd_status_str(d->status));
+        store_ssd_drop(s, f->rec);
+        return;
+    }
+    KVD_WARN("tier",
+             "compaction: copying the record at segment %u block %u to segment %u "
+             "block %u failed: %s; it stays where it is",
+             f->loc / t->seg_blocks, f->loc % t->seg_blocks, f->dst_loc / t->seg_blocks,
+             f->dst_loc % t->seg_blocks, kvd_status_str(d->status));
+    if (from->state == SEG_COMPACTING && from->copy_retries < COPY_RETRIES_MAX) {
+        from->copy_retries++;
+        seg_push(from, f->rec);
+    }
+}
+
 static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
 {
     struct tier *t = s->tier;
@@ -826,6 +1007,7 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     bool still = live_in(s, f->rec, f->loc / t->seg_blocks) && r->off_pages == f->loc;
     if (d->status == KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
         r->off_pages = f->dst_loc;
+        dead_add(t, f->loc); /* the source: the copy is the object's record now */
         from->live -= KVD_MIN(from->live, f->blocks);
         from->dead += f->blocks;
         to->live += f->blocks;
@@ -834,14 +1016,10 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
         t->changes++;
     } else {
         to->dead += f->blocks;
-        if (d->status != KVD_OK && still && !(r->spare & REC_F_PROMOTING)) {
-            KVD_WARN("tier",
-                     "compaction: the record at segment %u block %u failed: %s; "
-                     "the object is dropped",
-                     f->loc / t->seg_blocks, f->loc % t->seg_blocks,
-                     kvd_status_str(d->status));
-            store_ssd_drop(s, f->rec);
-        }
+        if (d->status == KVD_OK)
+            dead_add(t, f->dst_loc); /* a copy of an object gone meanwhile */
+        if (d->status != KVD_OK && still && !(r->spare & REC_F_PROMOTING))
+            copy_failed(s, f, d);
     }
     sum_maybe_write(t, f->dst_loc / t->seg_blocks);
     seg_maybe_free(t, f->loc / t->seg_blocks);
@@ -876,9 +1054,11 @@ static void release_writes(kvd_store_t *s)
             inflight_t copy = *f;
             const seg_t *g = seg_of(t, write_loc(f));
             bool past_hole = g->broken && write_loc(f) % t->seg_blocks > g->broken_at;
+            /* past a hole the write is lost to a restart: failed as a write */
             tio_done_t d = {.tag = k,
                             .status = past_hole ? KVD_ERR_IO : f->status,
-                            .kind = TIO_WRITE};
+                            .kind = TIO_WRITE,
+                            .write_failed = past_hole || f->write_failed};
             op_put(t, k);
             if (copy.kind == OP_SPILL)
                 done_spill(s, &copy, &d);
@@ -907,6 +1087,7 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
             }
             f->landed = true;
             f->status = done[k].status;
+            f->write_failed = done[k].write_failed;
             if (f->kind == OP_SPILL)
                 t->spills--;
             else
@@ -964,6 +1145,11 @@ const char *kvd_store_tier_io_path(const kvd_store_t *s)
 const char *kvd_store_tier_note(const kvd_store_t *s)
 {
     return s->tier ? s->tier->note : "";
+}
+
+uint32_t tier_seg_blocks(const kvd_store_t *s)
+{
+    return s->tier->seg_blocks;
 }
 
 void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out)
@@ -1078,6 +1264,7 @@ typedef struct ckpt_job {
     ckpt_rec_t *recs;
     uint64_t cap_recs;
     uint32_t *sums, n_sums; /* segments whose summaries it puts in place */
+    uint32_t dead_from;     /* the dead-list's entries kept when it began */
     /* building: the next record of the store to look at, and each slot's
      * entry (+ 1) with the slot's generation when it was made */
     uint32_t pos;
@@ -1128,6 +1315,7 @@ static ckpt_job_t *ckpt_begin(kvd_store_t *s)
         }
     }
     j->pos = 1;
+    j->dead_from = t->n_dead;
     return j;
 }
 
@@ -1267,6 +1455,8 @@ static bool ckpt_reap(struct tier *t, bool wait)
         t->ckpt_running = false;
         if (atomic_load(&t->ckpt_rc) != KVD_OK)
             ckpt_failed(t, t->ckpt);
+        else
+            dead_rewrite(t, t->ckpt->dead_from);
     }
     ckpt_job_free(t->ckpt);
     t->ckpt = NULL;
@@ -1322,6 +1512,8 @@ int kvd_store_tier_checkpoint(kvd_store_t *s)
         if ((rc = ckpt_write(t, j)) != KVD_OK) {
             ckpt_failed(t, j);
             t->changes += changes;
+        } else {
+            dead_rewrite(t, j->dead_from);
         }
     }
     if (j != NULL)
@@ -1633,7 +1825,8 @@ static int newest_first(const void *a, const void *b)
 
 /* Puts what was found into the store: newest first, so that a key found
  * twice keeps its newest record (and one in DRAM already keeps DRAM's). */
-static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *rec)
+static int restore_insert(kvd_store_t *s, restore_t *rs, const uint32_t *dead,
+                          size_t n_dead, kvd_tier_recovery_t *rec)
 {
     struct tier *t = s->tier;
     if (rs->n > 0)
@@ -1658,6 +1851,10 @@ static int restore_insert(kvd_store_t *s, restore_t *rs, kvd_tier_recovery_t *re
         const found_t *f = &rs->v[k];
         uint32_t sl = slot[f->ns], id = f->loc / t->seg_blocks, j;
         uint32_t blocks = sl == UINT32_MAX ? 0 : 1 + s->ns[sl].pages * t->page_blocks;
+        if (n_dead > 0 && bsearch(&f->loc, dead, n_dead, sizeof(uint32_t), loc_cmp)) {
+            rec->dead++;
+            continue;
+        }
         if (sl == UINT32_MAX || (f->blocks != 0 && f->blocks != blocks) ||
             f->loc % t->seg_blocks + blocks > t->segs[id].head) {
             rec->discarded++;
@@ -1766,6 +1963,8 @@ static void tier_wipe(struct tier *t, uint32_t upto)
     }
     unlinkat(t->dir_fd, CKPT_NAME, 0);
     unlinkat(t->dir_fd, CKPT_NAME ".tmp", 0);
+    unlinkat(t->dir_fd, DEAD_NAME, 0);
+    unlinkat(t->dir_fd, DEAD_NAME ".tmp", 0);
 }
 
 /* The segments of a tier already there: ids in a row from 0. */
@@ -1797,6 +1996,9 @@ static void tier_free(struct tier *t)
     free(t->ops);
     free(t->free_ops);
     kvd_mem_free(KVD_MEM_STAGING, t->promote_q, (size_t)t->cap_promote_q * 4);
+    kvd_mem_free(KVD_MEM_INDEX, t->dead, (size_t)t->cap_dead * sizeof(dead_ent_t));
+    if (t->dead_fd >= 0)
+        close(t->dead_fd);
     if (t->lock_fd >= 0)
         close(t->lock_fd); /* drops the flock */
     if (t->dir_fd >= 0)
@@ -1818,7 +2020,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     struct tier *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    t->dir_fd = t->lock_fd = -1;
+    t->dir_fd = t->lock_fd = t->dead_fd = -1;
     t->direct = true;
     t->head = t->copy_head = NO_SEG;
     snprintf(t->dir, sizeof(t->dir), "%s", o->dir);
@@ -1953,8 +2155,17 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
             (rc = seg_scan(t, id, scan_from[id], &rs, rec)) != KVD_OK)
             FAIL_WHY(rc, "scanning segment %u: %s", id, kvd_status_str(rc));
     }
-    if ((rc = restore_insert(s, &rs, rec)) != KVD_OK)
+    t->seq = KVD_MAX(t->seq, 1u); /* 0 is no sequence number (a copy's dst_seq) */
+    uint32_t *dead = NULL;
+    size_t n_dead = 0;
+    dead_read(t, &dead, &n_dead);
+    rc = restore_insert(s, &rs, dead, n_dead, rec);
+    free(dead);
+    if (rc != KVD_OK)
         FAIL_WHY(rc, "rebuilding the tier's index: %s", kvd_status_str(rc));
+    /* its entries still hold until a checkpoint of this run is written */
+    if ((rc = dead_open(t)) != KVD_OK)
+        FAIL_WHY(rc, "cannot open %s/%s: %s", o->dir, DEAD_NAME, kvd_status_str(rc));
     t->recovered = rec->objects;
     /* writing goes on in a segment begun anew: one written before, maybe
      * past a torn record, stays as it is until compaction frees it */
@@ -1970,12 +2181,14 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
                      .max_value_bytes = KVD_MIN(block_bytes(t->seg_blocks - 1),
                                                 (uint64_t)COPY_MAX_BYTES),
                      .fail_read_every = o->fail_read_every,
+                     .fail_copy_writes = o->fail_copy_writes,
                      .defer_fixed = o->defer_fixed_buffers};
     if ((rc = tio_create(&io, &t->io)) != KVD_OK)
         FAIL_WHY(rc, "the SSD tier's I/O could not start (%s): see the log",
                  kvd_status_str(rc));
     if (t->note[0] == '\0')
         snprintf(t->note, sizeof(t->note), "%s", tio_note(t->io));
+    t->fail_pads = o->fail_pad_writes;
     t->last_ckpt_ms = o->now_ms ? o->now_ms : kvd_now_ns() / 1000000;
     t->ckpt_every_ms = o->checkpoint_ms ? o->checkpoint_ms : CKPT_EVERY_MS;
     t->ckpt_slice = o->checkpoint_slice ? o->checkpoint_slice : CKPT_SLICE;

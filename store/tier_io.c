@@ -101,6 +101,7 @@ struct tio {
     bool stopping;
     bool signalled;
     uint64_t read_ops; /* READ and COPY ops started: fail_read_every counts them */
+    _Atomic uint32_t copy_writes; /* COPY writes begun: fail_copy_writes counts them */
     int done_fd;
     uint32_t in_flight; /* the caller's thread only */
     bool fixed;         /* atomic: set on the ring's thread, read anywhere */
@@ -206,12 +207,14 @@ static int tio_rec_check(const tio_op_t *op, const uint8_t *block, const uint8_t
 }
 
 /* COPY: gives the checked record in `bounce` its new generation and
- * reseals its header. */
+ * sequence number (tier_io.h) and reseals its header. */
 static void tio_rec_regenerate(const tio_op_t *op, uint8_t *bounce)
 {
     seg_rec_hdr_t h;
     memcpy(&h, bounce, sizeof(h));
     h.generation = op->dst_generation;
+    if (op->dst_seq != 0)
+        h.seq = op->dst_seq;
     memcpy(bounce, &h, sizeof(h));
     seg_rec_seal(bounce);
 }
@@ -287,9 +290,12 @@ static void tio_count(tio_t *t, const tio_op_t *op, int status)
 /* Ends op: counts it and posts its completion (hdr: the header read, or
  * NULL). Executor threads. */
 static void tio_finish(tio_t *t, const tio_op_t *op, int status, int sys_errno,
-                       const seg_rec_hdr_t *hdr)
+                       const seg_rec_hdr_t *hdr, bool write_failed)
 {
-    tio_done_t d = {.tag = op->tag, .status = status, .kind = op->kind};
+    tio_done_t d = {.tag = op->tag,
+                    .status = status,
+                    .kind = op->kind,
+                    .write_failed = status != KVD_OK && write_failed};
     if (status == KVD_ERR_IO || status == KVD_ERR_NO_SPACE)
         d.sys_errno = sys_errno;
     if (status == KVD_OK && hdr != NULL)
@@ -326,7 +332,19 @@ static void tio_fail_hooked(tio_t *t, const tio_op_t *op)
 {
     KVD_DEBUG("tier_io", "%s (tag %" PRIu64 ") failed by fail_read_every",
               tio_kind_name(op->kind), op->tag);
-    tio_finish(t, op, KVD_ERR_IO, EIO, NULL);
+    tio_finish(t, op, KVD_ERR_IO, EIO, NULL, false);
+}
+
+/* Whether the test hook fails this COPY's write (fail_copy_writes); logs it.
+ * Executor threads. */
+static bool tio_copy_write_hooked(tio_t *t, const tio_op_t *op)
+{
+    if (t->o.fail_copy_writes == 0 ||
+        atomic_fetch_add(&t->copy_writes, 1) >= t->o.fail_copy_writes)
+        return false;
+    KVD_DEBUG("tier_io", "copy (tag %" PRIu64 ") write failed by fail_copy_writes",
+              op->tag);
+    return true;
 }
 
 /* Logs a failed read or write of op's. */
@@ -411,8 +429,10 @@ static int psync_read(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err,
     return rc;
 }
 
-/* COPY through the worker's bounce buffer: read, check, regenerate, write. */
-static int psync_copy(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err)
+/* COPY through the worker's bounce buffer: read, check, regenerate, write;
+ * *write_failed says a failure was the write's. */
+static int psync_copy(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err,
+                      bool *write_failed)
 {
     seg_rec_hdr_t hdr;
     uint8_t *b = tio_bounce(t, &w->bounce);
@@ -424,8 +444,14 @@ static int psync_copy(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err)
         rc = tio_rec_check(op, b, b + SEG_BLOCK, &hdr);
     if (rc == KVD_OK) {
         tio_rec_regenerate(op, b);
-        rc = psync_rw2(op, true, op->dst_fd, b, b + SEG_BLOCK, op->value_bytes,
-                       op->dst_off, err);
+        *write_failed = true;
+        if (tio_copy_write_hooked(t, op)) {
+            *err = EIO;
+            rc = KVD_ERR_IO;
+        } else {
+            rc = psync_rw2(op, true, op->dst_fd, b, b + SEG_BLOCK, op->value_bytes,
+                           op->dst_off, err);
+        }
     }
     tio_buf_free(&w->bounce); /* compaction is rare: no worker keeps one */
     return rc;
@@ -436,13 +462,14 @@ static void psync_exec(tio_t *t, psync_worker_t *w, const tio_op_t *op)
 {
     seg_rec_hdr_t hdr;
     int err = 0, rc;
+    bool write_failed = false;
     if (op->kind == TIO_WRITE)
         rc = psync_write(t, w, op, &err);
     else if (op->kind == TIO_READ)
         rc = psync_read(t, w, op, &err, &hdr);
     else
-        rc = psync_copy(t, w, op, &err);
-    tio_finish(t, op, rc, err, op->kind == TIO_READ ? &hdr : NULL);
+        rc = psync_copy(t, w, op, &err, &write_failed);
+    tio_finish(t, op, rc, err, op->kind == TIO_READ ? &hdr : NULL, write_failed);
 }
 
 /* A worker: takes ops until the executor stops and none is pending. */
@@ -635,7 +662,7 @@ static void uring_start_op(tio_t *t, const tio_op_t *op)
     uint8_t *value = (uint8_t *)t->o.pool_base + op->pool_off;
     bool w = op->kind == TIO_WRITE;
     if (op->kind == TIO_COPY && tio_bounce(t, &s->bounce) == NULL) {
-        tio_finish(t, op, KVD_ERR_NOMEM, 0, NULL);
+        tio_finish(t, op, KVD_ERR_NOMEM, 0, NULL, false);
         return;
     }
     u->free_head = s->next_free;
@@ -692,7 +719,7 @@ static void uring_start_op(tio_t *t, const tio_op_t *op)
 static void uring_end_op(tio_t *t, ur_slot_t *s, int status, const seg_rec_hdr_t *hdr)
 {
     tio_uring_t *u = t->ur;
-    tio_finish(t, &s->op, status, s->err, hdr);
+    tio_finish(t, &s->op, status, s->err, hdr, s->copy_writing);
     tio_buf_free(&s->bounce); /* compaction is rare: no slot keeps one */
     s->next_free = u->free_head;
     u->free_head = (uint32_t)(s - u->slots);
@@ -715,6 +742,10 @@ static void uring_phase_done(tio_t *t, ur_slot_t *s)
     } else if ((rc = tio_rec_check(op, s->bounce.p, s->bounce.p + SEG_BLOCK, &hdr)) !=
                KVD_OK) {
         uring_end_op(t, s, rc, NULL);
+    } else if (tio_copy_write_hooked(t, op)) {
+        s->copy_writing = true;
+        s->err = EIO;
+        uring_end_op(t, s, KVD_ERR_IO, NULL);
     } else {
         tio_rec_regenerate(op, s->bounce.p);
         s->copy_writing = true;

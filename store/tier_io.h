@@ -58,6 +58,11 @@ typedef struct tio_opts {
      * (READ and COPY ops, counted from 1) ends with KVD_ERR_IO as if the
      * device had answered EIO. 0: never. */
     uint32_t fail_read_every;
+    /* Test hook standing in for a device that refuses writes: the first
+     * fail_copy_writes COPY ops read and check their source, then end with
+     * KVD_ERR_IO and write_failed as if writing the copy had met EIO
+     * (nothing is written). 0: never. */
+    uint32_t fail_copy_writes;
 } tio_opts_t;
 
 typedef struct tio tio_t;
@@ -83,7 +88,9 @@ typedef enum tio_kind {
     TIO_READ = 2,
     /* the record at (fd, file_off), checked as READ does, is written to
      * (dst_fd, dst_off) through a bounce buffer, its header's generation
-     * set to dst_generation and resealed: compaction. */
+     * set to dst_generation and its seq to dst_seq (0: the source's), and
+     * resealed: compaction. The copy is a newer record of its key than
+     * its source, so that a restart finding both keeps the copy. */
     TIO_COPY = 3,
 } tio_kind_t;
 
@@ -98,6 +105,7 @@ typedef struct tio_op {
     int dst_fd;                 /* COPY */
     uint64_t dst_off;
     uint64_t dst_generation;
+    uint64_t dst_seq;
     seg_rec_hdr_t hdr; /* WRITE: in; READ: out */
 } tio_op_t;
 
@@ -110,6 +118,9 @@ typedef struct tio_done {
                       buffer for a COPY) */
     int sys_errno; /* the errno behind KVD_ERR_IO / NO_SPACE; 0 else */
     tio_kind_t kind;
+    /* COPY: the source was read and checked, writing the copy failed (the
+     * source is still good); a COPY failing without it failed reading */
+    bool write_failed;
     seg_rec_hdr_t hdr; /* READ: the header read (when status is KVD_OK) */
 } tio_done_t;
 

@@ -5,7 +5,9 @@
  * pool), Lookup says which tier a boundary needs, the tier comes back after
  * a clean stop and after a crash (a child killed by SIGKILL) with the pool's
  * bytes gone (a reboot), an operator's eviction lasts across a crash, the
- * tier evicts and compacts when full, and faults (a flipped byte, a device that answers
+ * tier evicts and compacts when full (and a restart keeps compaction's
+ * copy of a record, not its source; a copy that cannot be written leaves
+ * its source good), and faults (a flipped byte, a device that answers
  * EIO, a truncated segment) make objects absent, never wrong. Each case runs
  * over both I/O paths (io_uring where the kernel allows it, pread/pwrite).
  */
@@ -26,6 +28,7 @@
 
 #include "engine_util.h"
 #include "kvd_store.h"
+#include "store_testing.h"
 
 #define POOL_BYTES (1u << 20) /* 16 objects */
 #define OBJ_BYTES  (64u << 10)
@@ -39,7 +42,10 @@ typedef struct fx {
     kvd_store_t *s;
     uint32_t ns;
     int io_path;
-    uint64_t checkpoint_ms;  /* 0: the default period */
+    uint64_t checkpoint_ms;         /* 0: the default period */
+    uint64_t seg_bytes, tier_bytes; /* 0: SEG_BYTES, TIER_BYTES */
+    uint32_t fail_copy_writes;      /* test hooks (kvd_tier_opts_t) */
+    bool fail_pads;
     kvd_tier_recovery_t rec; /* what the last open found */
 } fx_t;
 
@@ -71,14 +77,16 @@ static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why,
     cfg.evict_low = 0.60;
     assert_int_equal(kvd_store_create(&cfg, &f->s), KVD_OK);
     kvd_tier_opts_t o = {.dir = f->dir,
-                         .size_bytes = TIER_BYTES,
-                         .segment_bytes = SEG_BYTES,
+                         .size_bytes = f->tier_bytes ? f->tier_bytes : TIER_BYTES,
+                         .segment_bytes = f->seg_bytes ? f->seg_bytes : SEG_BYTES,
                          .io_path = f->io_path,
                          .queue_depth = 8,
                          .pool_base = f->pool,
                          .pool_bytes = POOL_BYTES,
                          .fresh = fresh,
                          .fail_read_every = fail_read_every,
+                         .fail_copy_writes = f->fail_copy_writes,
+                         .fail_pad_writes = f->fail_pads,
                          .checkpoint_ms = f->checkpoint_ms,
                          .checkpoint_slice = f->checkpoint_ms ? 5 : 0};
     int rc = kvd_store_tier_attach(f->s, &o, &f->rec, why, len);
@@ -451,6 +459,249 @@ static void test_eviction_survives_sigkill(void **state)
     fx_fini(&f);
 }
 
+/* Removes the tier's checkpoint, and with `summaries` every segment's
+ * summary too: the next open reads what is left (summaries, or headers). */
+static void drop_index_files(const fx_t *f, bool summaries)
+{
+    char path[160];
+    snprintf(path, sizeof(path), "%s/tier.ckpt", f->dir);
+    assert_int_equal(unlink(path), 0);
+    for (uint32_t id = 0; summaries && id < TIER_BYTES / SEG_BYTES; id++) {
+        snprintf(path, sizeof(path), "%s/seg-%06u.sum", f->dir, id);
+        unlink(path);
+    }
+}
+
+typedef struct place {
+    uint32_t seg, block;
+    bool on_ssd;
+} place_t;
+
+static place_t place_of(fx_t *f, uint32_t n)
+{
+    key_t32 key;
+    mkkey(key, n);
+    place_t p = {0};
+    p.on_ssd = kvd_store_tier_place(f->s, f->ns, key, &p.seg, &p.block) == KVD_OK;
+    return p;
+}
+
+#define MOVE_MAX 600
+
+/* Fills the tier, promoting every third object of 20 puts ago (its record
+ * dies; with `most`, two of three), until a segment half dead is
+ * compacted; before[k] is object k's place before the last put. Returns
+ * the objects put. */
+static uint32_t fill_until_compacted(fx_t *f, place_t *before, bool most)
+{
+    uint32_t n = 0;
+    for (; n < MOVE_MAX && stats(f->s).ssd_compactions == 0; n++) {
+        for (uint32_t k = 0; before != NULL && k < n; k++)
+            before[k] = place_of(f, k);
+        put(f, n);
+        kvd_store_tier_drain(f->s, 1000);
+        if (n >= 20 && (most ? n % 3 != 0 : n % 3 == 0)) {
+            int rc = get(f, n - 20); /* absent: the tier evicted it for room */
+            assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+        }
+        kvd_store_tier_drain(f->s, 1000);
+    }
+    assert_true(stats(f->s).ssd_compactions > 0);
+    return n;
+}
+
+/* Compaction's copy of a record is the newer of the two: a restart that
+ * finds both the copy and its source (the source's segment freed but not
+ * begun again) keeps the copy, from the segments' summaries and from their
+ * headers alike. Before, a copy's summary entry had seq 0 and its header
+ * its source's seq, so the source won, in a segment compaction had freed. */
+static void test_restart_keeps_the_copy_not_its_source(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    static place_t before[MOVE_MAX];
+    uint32_t n = fill_until_compacted(&f, before, false);
+    uint32_t moved = UINT32_MAX;
+    place_t to = {0};
+    for (uint32_t k = 0; k < n && moved == UINT32_MAX; k++) {
+        place_t p = place_of(&f, k);
+        if (p.on_ssd && before[k].on_ssd && p.seg != before[k].seg)
+            moved = k, to = p;
+    }
+    assert_true(moved != UINT32_MAX); /* a copy the compaction made */
+    print_message("object %u copied from segment %u block %u to segment %u block %u\n",
+                  moved, before[moved].seg, before[moved].block, to.seg, to.block);
+    for (int from_headers = 0; from_headers < 2; from_headers++) {
+        kvd_store_destroy(f.s); /* summaries of every segment, and the checkpoint */
+        drop_index_files(&f, from_headers);
+        memset(f.pool, 0, POOL_BYTES); /* the pool gone: the tier alone decides */
+        char why[512];
+        assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+        assert_true(from_headers ? f.rec.scanned_records > 0 : f.rec.summary_records > 0);
+        place_t p = place_of(&f, moved);
+        assert_true(p.on_ssd);
+        assert_int_equal(p.seg, to.seg);
+        assert_int_equal(p.block, to.block);
+        check_ok(f.s);
+    }
+    assert_int_equal(get(&f, moved), KVD_OK);
+    fx_fini(&f);
+}
+
+/* A compaction whose first copy cannot be written, nor its place covered
+ * by a pad record (a hole: a restart's scan stops there, so the copies
+ * after it in that segment are lost to a restart too): every source stays
+ * good, so no object is dropped as failed; each object is still there,
+ * byte-exact, or was evicted and counted so. Before, the failed copy and
+ * those past the hole dropped their sources as failed records. */
+static void test_failed_copy_keeps_its_source(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    /* segments of 15 records: a compaction copies several at once, and
+     * those after the failed one lie past its hole */
+    f.seg_bytes = 1u << 20;
+    f.tier_bytes = 4u << 20;
+    f.fail_copy_writes = 1;
+    f.fail_pads = true;
+    char why[512];
+    assert_int_equal(open_store(&f, true, 0, why, sizeof(why)), KVD_OK);
+    uint32_t n = fill_until_compacted(&f, NULL, true);
+    kvd_store_tier_drain(f.s, 2000);
+    kvd_store_stats_t st = stats(f.s);
+    uint64_t absent = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        key_t32 key;
+        kvd_obj_info_t info;
+        mkkey(key, k);
+        absent += kvd_store_inspect(f.s, f.ns, key, &info) == KVD_ERR_NOT_FOUND;
+    }
+    print_message("%u objects: %llu absent, %llu evicted from the tier, %llu from DRAM, "
+                  "%llu I/O errors, %llu failed promotions\n",
+                  n, (unsigned long long)absent, (unsigned long long)st.ssd_evictions,
+                  (unsigned long long)st.evictions, (unsigned long long)st.ssd_io_errors,
+                  (unsigned long long)st.promote_failures);
+    assert_true(st.ssd_io_errors >= 1); /* the hook's failed copy */
+    assert_int_equal(st.promote_failures, 0);
+    assert_int_equal(absent, st.ssd_evictions + st.evictions);
+    for (uint32_t k = 0; k < n; k++) {
+        int rc = get(&f, k); /* byte-exact when there (get asserts it) */
+        assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+    }
+    assert_int_equal(stats(f.s).promote_failures, 0);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+#define EVICT_N (4 * N_OBJ) /* over twice what the tier holds */
+
+/* Where object k is: 0 absent, 1 in DRAM, 2 on the tier. */
+static uint8_t where_of(fx_t *f, uint32_t k)
+{
+    key_t32 key;
+    kvd_obj_info_t info;
+    mkkey(key, k);
+    if (kvd_store_inspect(f->s, f->ns, key, &info) != KVD_OK)
+        return 0;
+    return info.tier == KVD_TIER_SSD ? 2 : 1;
+}
+
+/* Puts more objects than the tier holds, promoting every third of 20
+ * puts ago on the way (a record of its key dies there, and a newer one
+ * comes when it spills again): the tier evicts for room. where[k] says
+ * where each is afterwards. */
+static void overfill(fx_t *f, uint8_t *where)
+{
+    for (uint32_t n = 0; n < EVICT_N; n++) {
+        put(f, n);
+        kvd_store_tier_drain(f->s, 1000);
+        if (n >= 20 && n % 3 == 0) {
+            int rc = get(f, n - 20);
+            assert_true(rc == KVD_OK || rc == KVD_ERR_NOT_FOUND);
+        }
+    }
+    kvd_store_tier_drain(f->s, 2000);
+    for (uint32_t k = 0; k < EVICT_N; k++)
+        where[k] = where_of(f, k);
+}
+
+/* After a restart that lost the pool: what the tier evicted is absent,
+ * what it held is there, byte-exact. */
+static void check_evicted_stay_out(fx_t *f, const uint8_t *where)
+{
+    size_t evicted = 0, kept = 0;
+    for (uint32_t k = 0; k < EVICT_N; k++) {
+        int rc = get(f, k); /* byte-exact when KVD_OK */
+        if (where[k] == 0) {
+            if (rc != KVD_ERR_NOT_FOUND)
+                fail_msg("object %u, evicted before the stop, is back (%s)", k,
+                         kvd_status_str(rc));
+            evicted++;
+        } else if (where[k] == 2) {
+            assert_int_equal(rc, KVD_OK);
+            kept++;
+        }
+    }
+    print_message("%zu evicted stayed out, %zu on the tier came back\n", evicted, kept);
+    assert_true(evicted > 0 && kept > 0);
+    check_ok(f->s);
+}
+
+/* Objects the tier evicted for room do not come back at a restart, after
+ * a clean stop nor after SIGKILL (no checkpoint since: the restart scans
+ * the segments, whose records are still there): the dead-list names them.
+ * Before, every evicted record the scan met came back. */
+static void test_tier_evictions_stay_out_after_a_restart(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    static uint8_t where[EVICT_N];
+    overfill(&f, where);
+    assert_true(stats(f.s).ssd_evictions > 0);
+    kvd_store_destroy(f.s); /* a clean stop */
+    memset(f.pool, 0, POOL_BYTES);
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    check_evicted_stay_out(&f, where);
+    kvd_store_destroy(f.s);
+    f.s = NULL;
+
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
+            _exit(3);
+        overfill(&f, where);
+        uint8_t ok = stats(f.s).ssd_evictions > 0;
+        if (write(pipefd[1], &ok, 1) != 1 || write(pipefd[1], where, EVICT_N) != EVICT_N)
+            _exit(4);
+        pause(); /* killed here, with nothing closed */
+        _exit(5);
+    }
+    close(pipefd[1]);
+    uint8_t ok = 0;
+    assert_int_equal(read(pipefd[0], &ok, 1), 1);
+    size_t got = 0;
+    while (got < EVICT_N) {
+        ssize_t n = read(pipefd[0], where + got, EVICT_N - got);
+        assert_true(n > 0);
+        got += (size_t)n;
+    }
+    close(pipefd[0]);
+    kill(pid, SIGKILL);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(ok);
+    memset(f.pool, 0, POOL_BYTES);
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    assert_true(f.rec.dead > 0);
+    check_evicted_stay_out(&f, where);
+    fx_fini(&f);
+}
+
 /* The path of segment id of the fixture's tier. */
 static void seg_path(const fx_t *f, uint32_t id, char *buf, size_t len)
 {
@@ -616,6 +867,9 @@ int main(void)
         BOTH(test_eio_drops_the_object),
         BOTH(test_truncated_segment),
         BOTH(test_tier_full_evicts_and_compacts),
+        BOTH(test_restart_keeps_the_copy_not_its_source),
+        BOTH(test_failed_copy_keeps_its_source),
+        BOTH(test_tier_evictions_stay_out_after_a_restart),
         cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
