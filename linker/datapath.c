@@ -41,7 +41,7 @@ int lk_dp_open(kvd_linker_t *l, ldp_t *dp, int index)
     kvd_transport_t *ucx = NULL;
     int rc = kvd_transport_open_ucx_mode(name, l->ucx_mode, &ucx);
     if (rc == KVD_OK)
-        rc = kvd_transport_open_staged(ucx, &dp->t);
+        rc = kvd_transport_open_staged(ucx, l->timeout_ms, &dp->t);
     if (rc != KVD_OK && dp->t == NULL)
         kvd_transport_destroy(ucx);
     return rc;

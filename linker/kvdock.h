@@ -360,18 +360,26 @@ KVD_API int kvd_start_layer_wise_loading(kvd_linker_t *linker, uint32_t *counter
  */
 KVD_API int kvd_wait_layer(kvd_linker_t *linker, uint32_t counter, uint32_t layer_id);
 
+/* Names the runtime's legacy default stream (an engine's stream handle 0)
+ * where a stream argument's NULL would mean none. */
+#define KVD_STREAM_LEGACY ((void *)1)
+
 /*
  * Makes the engine's `stream` (a cudaStream_t or hipStream_t, as the
- * batch's device pools are) wait, on the device, until layer_id's bytes of
- * batch `counter` are in place, and returns once that wait is queued: a
- * forward pass (captured in a CUDA graph or not) overlaps with the load
- * without a host round trip per layer. The call itself waits (as
- * kvd_wait_layer does) only until the layer's copies are issued, and for
- * a layer of host pools only, until they are done. Returns what
+ * batch's device pools are; NULL or KVD_STREAM_LEGACY: the legacy default
+ * stream) wait, on the device, until layer_id's bytes of batch `counter`
+ * are in place, and returns once that wait is queued: the forward pass
+ * overlaps with the load without a host round trip per layer. The call
+ * itself waits (as kvd_wait_layer does) only until the layer's copies are
+ * issued; for a layer of host pools, or over UCX (where the device copies
+ * are issued once the bytes came), until they are done. Returns what
  * kvd_wait_layer would for a layer in place or failed; the layer's copies
  * that fail after the wait was queued fail the load's completion, which the
- * engine checks before it trusts that request's KV. Errors as
- * kvd_wait_layer's, KVD_ERR_DEVICE (the runtime refused the wait).
+ * engine checks before it trusts that request's KV. A stream being
+ * captured into a CUDA or HIP graph is refused (KVD_ERR_UNSUPPORTED): the
+ * wait would become a graph node naming an event kvdock reuses; wait
+ * before the capture. Errors as kvd_wait_layer's, KVD_ERR_DEVICE (the
+ * runtime refused the wait).
  */
 KVD_API int kvd_stream_wait_layer(kvd_linker_t *linker, uint32_t counter,
                                   uint32_t layer_id, void *stream);
@@ -413,11 +421,15 @@ KVD_API int kvd_offload(kvd_linker_t *linker, const kvd_transfer_t *transfers,
  * kvd_offload for rows the engine is still writing on the device: the
  * device-to-host copies wait, on the device, for `event` (a cudaEvent_t or
  * hipEvent_t, as its record stands when this is called) or, when event is
- * NULL, for everything queued on `stream` so far. The call does not block;
- * the engine may re-record the event or go on with the stream at once.
- * Both NULL is kvd_offload. Errors as kvd_offload's, KVD_ERR_INVALID for a
- * transfer of a host pool (nothing on a device to wait for),
- * KVD_ERR_DEVICE (the runtime refused the wait).
+ * NULL, for everything queued on `stream` so far (KVD_STREAM_LEGACY: the
+ * legacy default stream). The call does not block; the engine may
+ * re-record the event or go on with the stream at once. The offload
+ * thread starts the job's copies once the wait is over, so the engine's
+ * time does not count against timeout_ms. Both NULL is kvd_offload.
+ * Errors as kvd_offload's, KVD_ERR_INVALID for a transfer of a host pool
+ * (nothing on a device to wait for), KVD_ERR_UNSUPPORTED for a stream
+ * being captured into a graph, KVD_ERR_DEVICE (the runtime refused the
+ * wait).
  */
 KVD_API int kvd_offload_after(kvd_linker_t *linker, const kvd_transfer_t *transfers,
                               size_t n_transfers, void *stream, void *event,

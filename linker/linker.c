@@ -285,6 +285,9 @@ static int check_desc(const kvd_pool_desc_t *d)
  * of that runtime, its rows lie within the allocation it starts in, and
  * all are on one device (p->ordinal). Loads the runtime first.
  */
+_Static_assert(KVD_STREAM_LEGACY == KVD_GPU_STREAM_LEGACY,
+               "kvdock.h and kvd_transport.h name the legacy stream alike");
+
 static int check_device_buffers(lpool_t *p)
 {
     char why[256] = "";
@@ -308,13 +311,38 @@ static int check_device_buffers(lpool_t *p)
             uint64_t extent = lk_buffer_extent(&p->desc, buf);
             uintptr_t base = (uintptr_t)buf->base;
             const char *wrong = NULL;
+            int ordinal = at.ordinal;
             if (!at.device)
                 wrong = "is not device memory (a host pointer, or another runtime's)";
-            else if (at.alloc_len > 0 && (base < at.alloc_base || extent > at.alloc_len ||
-                                          base - at.alloc_base > at.alloc_len - extent))
-                wrong = "has rows past the end of the allocation it lies in";
             else if (p->ordinal >= 0 && at.ordinal != p->ordinal)
                 wrong = "lies on another device than the pool's first buffer";
+            /* the rows must lie in device memory to their end: walked range
+             * by range, since memory mapped piece by piece (cuMemMap, as
+             * PyTorch's expandable segments do) is one range per piece */
+            uintptr_t end = base + extent;
+            for (unsigned hops = 0; wrong == NULL && at.alloc_len > 0; hops++) {
+                bool pieces = at.pieces;
+                uintptr_t range_end = at.alloc_base + at.alloc_len;
+                if (base < at.alloc_base && hops == 0) {
+                    wrong = "has rows past the end of the allocation it lies in";
+                    break; /* a runtime that says so */
+                }
+                if (range_end >= end)
+                    break;
+                if (!pieces) {
+                    wrong = "has rows past the end of the allocation it lies in";
+                    break;
+                }
+                rc = kvd_gpu_pointer(p->rt, (const void *)range_end, &at, why,
+                                     sizeof(why));
+                if (rc != KVD_OK) {
+                    lk_set_last_error("pool '%s': %s", p->name, why);
+                    return rc;
+                }
+                if (!at.device || !at.pieces || at.ordinal != ordinal ||
+                    at.alloc_base != range_end || at.alloc_len == 0 || hops >= 1u << 20)
+                    wrong = "has rows past the end of the allocation it lies in";
+            }
             if (wrong != NULL) {
                 lk_set_last_error(
                     "pool '%s' layer %u buffer %u (%p, %llu bytes of rows) %s %s",
@@ -322,7 +350,7 @@ static int check_device_buffers(lpool_t *p)
                     (unsigned long long)extent, rt_name, wrong);
                 return KVD_ERR_NOT_DEVICE;
             }
-            p->ordinal = at.ordinal;
+            p->ordinal = ordinal;
         }
     return KVD_OK;
 }

@@ -318,6 +318,9 @@ typedef struct ljob {
     uint64_t ack;
     size_t n;
     lxfer_t *x;
+    /* kvd_offload_after: done once the engine's work it waits for is; the
+     * offload thread starts the job's copies after them */
+    lgroup_marks_t after;
     struct ljob *next;
 } ljob_t;
 

@@ -866,10 +866,12 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
         uint64_t cookie = dp->next_cookie;
         if (err == KVD_OK && !device) {
             err = lk_dp_wait_upto(l, dp, cookie);
-            group_done(l, b, end, err);
+            if (err == KVD_OK)
+                group_done(l, b, end, err);
         } else if (err == KVD_OK && prev_end > 0) {
             err = lk_dp_wait_upto(l, dp, prev_cookie);
-            group_done(l, b, prev_end, err);
+            if (err == KVD_OK)
+                group_done(l, b, prev_end, err);
         }
         prev_cookie = cookie;
         prev_end = end;
@@ -877,6 +879,8 @@ static void run_batch(kvd_linker_t *l, lbatch_t *b)
     if (err == KVD_OK)
         err = lk_dp_flush(l, dp); /* the last group */
     lk_dp_end(l, dp);
+    /* a failure is said only now, once nothing of the batch still runs: a
+     * waiter told of it may reuse the rows at once */
     group_done(l, b, b->n_layers, err);
     atomic_fetch_sub(&l->loads_copying, 1); /* the bytes are in: offloads go on */
     finish_batch(l, b, err);

@@ -184,8 +184,30 @@ static int run_offload_xfer(kvd_linker_t *l, lxfer_t *x)
     return rc != KVD_OK ? rc : no_space ? KVD_ERR_NO_SPACE : KVD_OK;
 }
 
+/* Waits (polling, no lock held) until the engine's work a job waits for
+ * is over, or the linker closes: the job's copies then start with their
+ * own deadline, which the engine's time does not eat. */
+static void wait_engine(kvd_linker_t *l, ljob_t *j)
+{
+    for (size_t i = 0; i < j->after.n; i++) {
+        for (;;) {
+            int rc = kvd_memkind_mark_query(j->after.kinds[i], j->after.marks[i]);
+            if (rc != KVD_INPROGRESS)
+                break; /* done, or failed: the copies say so */
+            lk_lock(&l->lock);
+            bool stop = l->stop;
+            lk_unlock(&l->lock);
+            if (stop)
+                break;
+            kvd_sleep_ns(50000);
+        }
+    }
+    lk_dp_marks_free(&j->after);
+}
+
 static void run_job(kvd_linker_t *l, ljob_t *j)
 {
+    wait_engine(l, j);
     bool ok = true;
     for (size_t i = 0; i < j->n; i++) {
         if (run_offload_xfer(l, &j->x[i]) != KVD_OK) {
@@ -228,6 +250,7 @@ void lk_offloads_fail_pending(kvd_linker_t *l)
 {
     for (ljob_t *j = l->jobs, *next; j; j = next) {
         next = j->next;
+        lk_dp_marks_free(&j->after);
         lk_queue_push(&l->done_offloads, j->ack, false);
         lk_xfer_free(j->x, j->n);
         free(j);
@@ -238,7 +261,7 @@ void lk_offloads_fail_pending(kvd_linker_t *l)
 /* Has the offload stream of each device kind of the job's pools wait for
  * the engine's event (or stream) before the job's copies, which the
  * offload thread issues later on that stream. */
-static int wait_for_engine(kvd_linker_t *l, const ljob_t *j, void *stream, void *event)
+static int wait_for_engine(kvd_linker_t *l, ljob_t *j, void *stream, void *event)
 {
     const kvd_memkind_t *done[LK_DP_KINDS];
     size_t n_done = 0;
@@ -256,12 +279,21 @@ static int wait_for_engine(kvd_linker_t *l, const ljob_t *j, void *stream, void 
             seen |= done[d] == k;
         if (seen)
             continue;
-        int rc = kvd_memkind_after(k, stream, event);
+        void *mark = NULL;
+        int rc = kvd_memkind_after(k, stream, event, &mark);
         if (rc != KVD_OK) {
-            lk_set_last_error("kvd_offload_after: %s refused the wait (the log says why)",
-                              kvd_gpu_name(p->rt));
+            lk_set_last_error(
+                rc == KVD_ERR_UNSUPPORTED
+                    ? "kvd_offload_after: a stream being captured into a "
+                      "graph cannot be waited for"
+                    : "kvd_offload_after: %s refused the wait (the log says "
+                      "why)",
+                kvd_gpu_name(p->rt));
+            lk_dp_marks_free(&j->after);
             return rc;
         }
+        j->after.kinds[j->after.n] = k;
+        j->after.marks[j->after.n++] = mark;
         done[n_done++] = k; /* at most LK_DP_KINDS distinct kinds exist */
     }
     return KVD_OK;
@@ -294,6 +326,7 @@ static int offload(kvd_linker_t *l, const kvd_transfer_t *t, size_t n, void *str
     rc = lk_queue_reserve(&l->done_offloads, 1); /* its completion has room */
     if (rc != KVD_OK) {
         lk_unlock(&l->lock);
+        lk_dp_marks_free(&j->after);
         lk_xfer_free(j->x, n);
         free(j);
         return rc;

@@ -207,42 +207,49 @@ int kvd_gpu_pin(kvd_gpu_runtime_t rt, int ordinal, void *base, uint64_t len,
     rc = api->bind(dev, &saved);
     if (rc != 0)
         return gpu_failed(api, "bind", rc, why, cap);
+    /* an engine capturing a graph meanwhile must not make the driver
+     * refuse this thread's registration */
+    int mode = -1;
+    if (api->relaxed != NULL)
+        api->relaxed(&mode);
     int ret = KVD_OK;
     for (uint64_t off = 0; off < len; off += KVD_GPU_PIN_CHUNK) {
         if (stop != NULL && atomic_load(stop))
             break;
         uint64_t n = KVD_MIN(KVD_GPU_PIN_CHUNK, len - off);
-        pthread_rwlock_wrlock(&t->lock);
-        int grown = KVD_OK;
-        if (t->n == t->cap) {
-            size_t nc = t->cap ? t->cap * 2 : 16;
-            pin_range_t *v = realloc(t->v, nc * sizeof(*v));
-            if (v == NULL)
-                grown = KVD_ERR_NOMEM;
-            else {
-                t->v = v;
-                t->cap = nc;
-            }
-        }
-        pthread_rwlock_unlock(&t->lock);
-        if (grown != KVD_OK) {
-            ret = grown;
-            break;
-        }
         /* outside the lock: a registration takes a while, copies go on */
         rc = api->host_register((uint8_t *)base + off, n, read_only);
         if (rc != 0) {
             ret = gpu_failed(api, "host register", rc, why, cap);
             break;
         }
+        /* listed in one step with the room for it: another pin may run
+         * beside this one */
         pthread_rwlock_wrlock(&t->lock);
-        t->v[t->n++] = (pin_range_t){.base = (uintptr_t)base + off,
-                                     .len = n,
-                                     .owner = (uintptr_t)base,
-                                     .dev = dev};
+        if (t->n == t->cap) {
+            size_t nc = t->cap ? t->cap * 2 : 16;
+            pin_range_t *v = realloc(t->v, nc * sizeof(*v));
+            if (v != NULL) {
+                t->v = v;
+                t->cap = nc;
+            }
+        }
+        bool listed = t->n < t->cap;
+        if (listed)
+            t->v[t->n++] = (pin_range_t){.base = (uintptr_t)base + off,
+                                         .len = n,
+                                         .owner = (uintptr_t)base,
+                                         .dev = dev};
         pthread_rwlock_unlock(&t->lock);
+        if (!listed) {
+            (void)api->host_unregister((uint8_t *)base + off);
+            ret = KVD_ERR_NOMEM;
+            break;
+        }
         *pinned += n;
     }
+    if (api->restore != NULL)
+        api->restore(mode);
     api->unbind(saved);
     return ret;
 }
@@ -262,9 +269,14 @@ void kvd_gpu_unpin(kvd_gpu_runtime_t rt, void *base)
         }
         void *saved = NULL;
         if (api->bind(t->v[i].dev, &saved) == 0) {
+            int mode = -1;
+            if (api->relaxed != NULL)
+                api->relaxed(&mode);
             int rc = api->host_unregister((void *)t->v[i].base);
             if (rc != 0)
                 (void)gpu_failed(api, "host unregister", rc, NULL, 0);
+            if (api->restore != NULL)
+                api->restore(mode);
             api->unbind(saved);
         }
         t->v[i] = t->v[--t->n];
@@ -540,6 +552,29 @@ static int gpu_mark_wait(const kvd_memkind_t *k, void *mark)
     return code != 0 ? gpu_failed(g->api, "event synchronize", code, NULL, 0) : KVD_OK;
 }
 
+/* The engine's stream as the runtime names it. */
+static void *engine_stream(const gpu_kind_t *g, void *stream)
+{
+    return stream == KVD_GPU_STREAM_LEGACY ? g->api->legacy_stream : stream;
+}
+
+/* KVD_ERR_UNSUPPORTED when s is being captured into a graph: a wait there
+ * would become a graph node naming an event kvdock reuses for other
+ * batches, and a record there would pull kvdock's stream into the
+ * capture. Capture-safe waits (events of a fixed layer, recorded by each
+ * batch) are not built. */
+static int refuse_capture(gpu_kind_t *g, void *s)
+{
+    bool yes = false;
+    if (g->api->capturing == NULL || g->api->capturing(s, &yes) != 0 || !yes)
+        return KVD_OK;
+    KVD_WARN("gpu",
+             "%s: a stream being captured into a graph cannot wait for kvdock "
+             "(wait before the capture, or use kvd_wait_layer)",
+             g->api->name);
+    return KVD_ERR_UNSUPPORTED;
+}
+
 static int gpu_mark_stream_wait(const kvd_memkind_t *k, void *mark, void *stream)
 {
     gpu_kind_t *g = gk(k);
@@ -547,9 +582,13 @@ static int gpu_mark_stream_wait(const kvd_memkind_t *k, void *mark, void *stream
     int rc = enter(g, &saved);
     if (rc != KVD_OK)
         return rc;
-    int code = g->api->stream_wait(stream, mark);
+    stream = engine_stream(g, stream);
+    rc = refuse_capture(g, stream);
+    int code = rc == KVD_OK ? g->api->stream_wait(stream, mark) : 0;
     leave(g, saved);
-    return code != 0 ? gpu_failed(g->api, "stream wait", code, NULL, 0) : KVD_OK;
+    if (code != 0)
+        return gpu_failed(g->api, "stream wait", code, NULL, 0);
+    return rc;
 }
 
 static void gpu_mark_free(const kvd_memkind_t *k, void *mark)
@@ -557,7 +596,7 @@ static void gpu_mark_free(const kvd_memkind_t *k, void *mark)
     give_event(gk(k), mark);
 }
 
-static int gpu_after(const kvd_memkind_t *k, void *stream, void *event)
+static int gpu_after(const kvd_memkind_t *k, void *stream, void *event, void **mark)
 {
     gpu_kind_t *g = gk(k);
     if (stream == NULL && event == NULL)
@@ -566,8 +605,11 @@ static int gpu_after(const kvd_memkind_t *k, void *stream, void *event)
     int rc = enter(g, &saved);
     if (rc != KVD_OK)
         return rc;
+    stream = engine_stream(g, stream);
+    if (event == NULL)
+        rc = refuse_capture(g, stream);
     void *ev = event;
-    if (ev == NULL) {
+    if (rc == KVD_OK && ev == NULL) {
         /* what the stream holds now: an event of ours recorded there */
         rc = take_event(g, &ev);
         int code = rc == KVD_OK ? g->api->event_record(ev, stream) : 0;
@@ -583,6 +625,17 @@ static int gpu_after(const kvd_memkind_t *k, void *stream, void *event)
     }
     if (event == NULL && ev != NULL)
         give_event(g, ev);
+    /* a mark of our stream past the wait: done once the engine's work is */
+    void *m = NULL;
+    if (rc == KVD_OK && mark != NULL && (rc = take_event(g, &m)) == KVD_OK) {
+        int code = g->api->event_record(m, g->stream);
+        if (code != 0) {
+            give_event(g, m);
+            rc = gpu_failed(g->api, "event record", code, NULL, 0);
+        } else {
+            *mark = m;
+        }
+    }
     leave(g, saved);
     return rc;
 }
@@ -595,7 +648,11 @@ void kvd_memkind_gpu_close(kvd_memkind_t *k)
     void *saved;
     bool bound = enter(g, &saved) == KVD_OK;
     if (bound) {
-        (void)gpu_sync(k);
+        int mode = -1;
+        if (g->api->relaxed != NULL)
+            g->api->relaxed(&mode);
+        if (g->stream != NULL) /* never the legacy stream's sync */
+            (void)gpu_sync(k);
         for (unsigned s = 0; s < RING_SLOTS; s++)
             if (g->slots[s].event != NULL)
                 (void)g->api->event_destroy(g->slots[s].event);
@@ -605,6 +662,8 @@ void kvd_memkind_gpu_close(kvd_memkind_t *k)
             (void)g->api->stream_destroy(g->stream);
         if (g->ring != NULL)
             (void)g->api->host_free(g->ring);
+        if (g->api->restore != NULL)
+            g->api->restore(mode);
         leave(g, saved);
     }
     free(g->free_events);
@@ -642,17 +701,21 @@ int kvd_memkind_gpu_open(kvd_gpu_runtime_t rt, int ordinal, kvd_memkind_t **out,
     g->ordinal = ordinal;
     pthread_mutex_init(&g->free_lock, NULL);
     int code = api->device(ordinal, &g->dev);
-    if (code != 0) {
-        free(g);
-        return gpu_failed(api, "device", code, why, cap);
-    }
     void *saved;
-    code = api->bind(g->dev, &saved);
-    if (code != 0) {
-        free(g);
-        return gpu_failed(api, "bind", code, why, cap);
+    const char *call = "device";
+    if (code == 0) {
+        call = "bind";
+        code = api->bind(g->dev, &saved);
     }
-    const char *call = "stream create";
+    if (code != 0) {
+        pthread_mutex_destroy(&g->free_lock);
+        free(g);
+        return gpu_failed(api, call, code, why, cap);
+    }
+    int mode = -1;
+    if (api->relaxed != NULL)
+        api->relaxed(&mode);
+    call = "stream create";
     code = api->stream_create(&g->stream);
     if (code == 0) {
         call = "pinned host alloc";
@@ -662,6 +725,8 @@ int kvd_memkind_gpu_open(kvd_gpu_runtime_t rt, int ordinal, kvd_memkind_t **out,
         call = "event create";
         code = api->event_create(&g->slots[s].event);
     }
+    if (api->restore != NULL)
+        api->restore(mode);
     leave(g, saved);
     if (code != 0) {
         int rc = gpu_failed(api, call, code, why, cap);

@@ -47,6 +47,8 @@ typedef CUresult (*fn_batch128_t)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t
 typedef CUresult (*fn_hostreg_t)(void *, size_t, unsigned);
 typedef CUresult (*fn_hostunreg_t)(void *);
 typedef CUresult (*fn_allochost_t)(void **, size_t);
+typedef CUresult (*fn_capturing_t)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (*fn_capmode_t)(CUstreamCaptureMode *);
 
 static struct {
     fn_init_t init;
@@ -72,7 +74,12 @@ static struct {
     fn_hostunreg_t host_unregister;
     fn_allochost_t alloc_host;
     fn_hostunreg_t free_host;
-} cu;
+    fn_capturing_t capturing; /* optional */
+    fn_capmode_t capmode;     /* optional */
+    /* retained primary contexts, by ordinal (retained once each) */
+    pthread_mutex_t dev_lock;
+    CUcontext dev[64];
+} cu = {.dev_lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void cu_err(int rc, char *buf, size_t cap)
 {
@@ -105,19 +112,60 @@ static int cu_pointer(const void *p, kvd_gpu_pointer_t *out)
                                .ordinal = ordinal,
                                .alloc_base = (uintptr_t)start,
                                .alloc_len = size};
+    /* cudaMalloc'd memory can be shared by legacy IPC, memory mapped
+     * with cuMemMap cannot: asked alone, since a driver that lacks the
+     * attribute fails the whole query */
+    CUpointer_attribute ipc_attr = CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE;
+    int ipc = 1;
+    void *ipc_data = &ipc;
+    if (out->device &&
+        cu.ptr_attrs(1, &ipc_attr, &ipc_data, (CUdeviceptr)(uintptr_t)p) == CUDA_SUCCESS)
+        out->pieces = ipc == 0;
     return 0;
 }
 
 static int cu_device(int ordinal, void **dev)
 {
-    CUdevice d;
-    CUresult rc = cu.device_get(&d, ordinal);
-    CUcontext ctx = NULL;
-    if (rc == CUDA_SUCCESS)
-        rc = cu.retain(&ctx, d); /* kept for the process: engines share it */
-    if (rc == CUDA_SUCCESS)
-        *dev = ctx;
+    if (ordinal < 0 || ordinal >= 64)
+        return (int)CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&cu.dev_lock);
+    CUresult rc = CUDA_SUCCESS;
+    if (cu.dev[ordinal] == NULL) {
+        CUdevice d;
+        rc = cu.device_get(&d, ordinal);
+        CUcontext ctx = NULL;
+        if (rc == CUDA_SUCCESS)
+            rc = cu.retain(&ctx, d); /* kept for the process: engines share it */
+        if (rc == CUDA_SUCCESS)
+            cu.dev[ordinal] = ctx;
+    }
+    *dev = cu.dev[ordinal];
+    pthread_mutex_unlock(&cu.dev_lock);
     return (int)rc;
+}
+
+static int cu_capturing(void *s, bool *yes)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult rc = cu.capturing((CUstream)s, &st);
+    /* the legacy stream while another one captures: its use would join
+     * the capture (the status is unspecified then) */
+    *yes = rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ||
+           (rc == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE);
+    return rc == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT ? 0 : (int)rc;
+}
+
+static void cu_relaxed(int *old)
+{
+    CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+    *old = cu.capmode(&m) == CUDA_SUCCESS ? (int)m : -1;
+}
+
+static void cu_restore(int old)
+{
+    CUstreamCaptureMode m = (CUstreamCaptureMode)old;
+    if (old >= 0)
+        (void)cu.capmode(&m);
 }
 
 static int cu_bind(void *dev, void **saved)
@@ -279,6 +327,7 @@ static gpu_api_t cuda_api = {
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .err = cu_err,
+    .legacy_stream = CU_STREAM_LEGACY,
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -345,6 +394,14 @@ static void load_once(void)
         return;
     }
     (void)cu.version(&version);
+    *(void **)&cu.capturing = dlsym(lib, "cuStreamIsCapturing");
+    *(void **)&cu.capmode = dlsym(lib, "cuThreadExchangeStreamCaptureMode");
+    if (cu.capturing != NULL)
+        cuda_api.capturing = cu_capturing;
+    if (cu.capmode != NULL) {
+        cuda_api.relaxed = cu_relaxed;
+        cuda_api.restore = cu_restore;
+    }
     *(void **)&cu.batch13 = dlsym(lib, "cuMemcpyBatchAsync_v2");
     if (cu.batch13 == NULL && version >= 12080)
         *(void **)&cu.batch128 = dlsym(lib, "cuMemcpyBatchAsync");

@@ -41,6 +41,9 @@ static struct {
     hipError_t (*host_unregister)(void *);
     hipError_t (*host_malloc)(void **, size_t, unsigned);
     hipError_t (*host_free)(void *);
+    hipError_t (*last_error)(void);                                 /* optional */
+    hipError_t (*capturing)(hipStream_t, hipStreamCaptureStatus *); /* optional */
+    hipError_t (*capmode)(hipStreamCaptureMode *);                  /* optional */
     unsigned device_type; /* the memory type value of device memory */
 } hp;
 
@@ -59,9 +62,14 @@ static int hip_pointer(const void *p, kvd_gpu_pointer_t *out)
     *out = (kvd_gpu_pointer_t){.ordinal = -1};
     unsigned type = 0;
     hipDeviceptr_t dp = (hipDeviceptr_t)(uintptr_t)p;
-    /* memory HIP does not know is an error here: not device memory */
-    if (hp.ptr_attr(&type, HIP_POINTER_ATTRIBUTE_MEMORY_TYPE, dp) != hipSuccess)
+    /* memory HIP does not know is an error here: not device memory (and
+     * the thread's last error is cleared, or the engine's next launch
+     * check would report it) */
+    if (hp.ptr_attr(&type, HIP_POINTER_ATTRIBUTE_MEMORY_TYPE, dp) != hipSuccess) {
+        if (hp.last_error != NULL)
+            (void)hp.last_error();
         return 0;
+    }
     int ordinal = -1;
     void *start = NULL;
     size_t size = 0;
@@ -179,7 +187,28 @@ static int hip_host_free(void *p)
     return (int)hp.host_free(p);
 }
 
-static const gpu_api_t hip_api = {
+static int hip_capturing(void *s, bool *yes)
+{
+    hipStreamCaptureStatus st = hipStreamCaptureStatusNone;
+    hipError_t rc = hp.capturing((hipStream_t)s, &st);
+    *yes = rc == hipSuccess && st != hipStreamCaptureStatusNone;
+    return (int)rc;
+}
+
+static void hip_relaxed(int *old)
+{
+    hipStreamCaptureMode m = hipStreamCaptureModeRelaxed;
+    *old = hp.capmode(&m) == hipSuccess ? (int)m : -1;
+}
+
+static void hip_restore(int old)
+{
+    hipStreamCaptureMode m = (hipStreamCaptureMode)old;
+    if (old >= 0)
+        (void)hp.capmode(&m);
+}
+
+static gpu_api_t hip_api = {
     .name = "HIP",
     .pointer = hip_pointer,
     .device = hip_device,
@@ -203,6 +232,7 @@ static const gpu_api_t hip_api = {
     .host_alloc = hip_host_alloc,
     .host_free = hip_host_free,
     .err = hip_err,
+    .legacy_stream = NULL, /* HIP's null stream is its default one */
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -262,6 +292,15 @@ static void load_once(void)
             hip_err((int)rc, e, sizeof(e));
         snprintf(load_why, sizeof(load_why), "HIP: %s", e);
         return;
+    }
+    *(void **)&hp.last_error = dlsym(lib, "hipGetLastError");
+    *(void **)&hp.capturing = dlsym(lib, "hipStreamIsCapturing");
+    *(void **)&hp.capmode = dlsym(lib, "hipThreadExchangeStreamCaptureMode");
+    if (hp.capturing != NULL)
+        hip_api.capturing = hip_capturing;
+    if (hp.capmode != NULL) {
+        hip_api.relaxed = hip_relaxed;
+        hip_api.restore = hip_restore;
     }
     (void)hp.version(&version);
     /* HIP_VERSION = major * 10000000 + minor * 100000 + patch */

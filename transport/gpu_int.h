@@ -42,6 +42,16 @@ typedef struct gpu_api {
     int (*host_free)(void *p);
     /* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" for code rc */
     void (*err)(int rc, char *buf, size_t cap);
+    /* the runtime's legacy default stream, as a handle (CUDA:
+     * CU_STREAM_LEGACY; HIP: the null stream) */
+    void *legacy_stream;
+    /* Optional (NULL where the library lacks the call): whether stream s
+     * is being captured into a graph; the calling thread's capture mode
+     * set to relaxed (*old: what it was) and back, so that kvdock's own
+     * threads may register host memory while an engine captures. */
+    int (*capturing)(void *s, bool *yes);
+    void (*relaxed)(int *old);
+    void (*restore)(int old);
 } gpu_api_t;
 
 /* Each front end loads its library once; NULL and why on failure.

@@ -87,13 +87,19 @@ struct kvd_memkind {
     /* blocks until done: KVD_OK or the copies' error */
     int (*mark_wait)(const kvd_memkind_t *k, void *mark);
     /* has a stream of the kind's runtime (the engine's) wait on the device
-     * for the mark; returns once the wait is queued */
+     * for the mark; returns once the wait is queued. KVD_ERR_UNSUPPORTED
+     * for a stream being captured into a graph (the wait would name an
+     * event kvdock reuses). */
     int (*mark_stream_wait)(const kvd_memkind_t *k, void *mark, void *stream);
     void (*mark_free)(const kvd_memkind_t *k, void *mark);
     /* has the kind's later copies wait, on the device, for `event` (its
      * record as it stands now), or when NULL for what `stream` holds now;
-     * KVD_ERR_INVALID for the host kind (nothing to wait for) */
-    int (*after)(const kvd_memkind_t *k, void *stream, void *event);
+     * *mark (may be NULL) is then a mark done once that wait is over, so
+     * that a caller can hold its copies back until then instead of
+     * counting the engine's time against its own deadline.
+     * KVD_ERR_INVALID for the host kind (nothing to wait for),
+     * KVD_ERR_UNSUPPORTED for a stream being captured into a graph. */
+    int (*after)(const kvd_memkind_t *k, void *stream, void *event, void **mark);
 };
 
 /* Ordinary host memory: memcpy, nothing to wait for. */
@@ -109,7 +115,7 @@ int kvd_memkind_mark_query(const kvd_memkind_t *k, void *mark);
 int kvd_memkind_mark_wait(const kvd_memkind_t *k, void *mark);
 int kvd_memkind_mark_stream_wait(const kvd_memkind_t *k, void *mark, void *stream);
 void kvd_memkind_mark_free(const kvd_memkind_t *k, void *mark);
-int kvd_memkind_after(const kvd_memkind_t *k, void *stream, void *event);
+int kvd_memkind_after(const kvd_memkind_t *k, void *stream, void *event, void **mark);
 
 /* ------------------------------------------------------- device kinds
  *
@@ -128,6 +134,10 @@ typedef enum kvd_gpu_runtime {
 /* "CUDA" or "HIP". */
 const char *kvd_gpu_name(kvd_gpu_runtime_t rt);
 
+/* A stream argument that names the runtime's legacy default stream (an
+ * engine's handle 0, where NULL means none): kvdock.h's KVD_STREAM_LEGACY. */
+#define KVD_GPU_STREAM_LEGACY ((void *)1)
+
 /*
  * Loads rt once per process (later calls give the first outcome).
  * KVD_ERR_UNSUPPORTED: not built in; KVD_ERR_NO_DEVICE: the library is
@@ -142,6 +152,10 @@ typedef struct kvd_gpu_pointer {
     /* the allocation it lies in (alloc_len 0: the runtime did not say) */
     uintptr_t alloc_base;
     uint64_t alloc_len;
+    /* memory mapped piece by piece (CUDA's cuMemMap, as PyTorch's
+     * expandable segments are), where the range above is one piece and
+     * the next piece may follow it: not a cudaMalloc allocation */
+    bool pieces;
 } kvd_gpu_pointer_t;
 
 /* KVD_OK (out filled: device false for memory rt does not know), or
@@ -277,9 +291,12 @@ int kvd_transport_open_ucx(const char *name, kvd_transport_t **out);
  * slots registered with inner (READ: peer -> slot -> device; WRITE: device
  * -> slot -> peer), pipelined over a few slots. Host regions go to inner
  * as they are. The wrapper owns inner from then on (destroy destroys it).
- * KVD_ERR_NOMEM, inner's registration errors.
+ * A post that finds every slot busy drives what is outstanding until one
+ * frees, for slot_wait_ms at most (then the batch fails KVD_ERR_TIMEOUT).
+ * KVD_ERR_INVALID, KVD_ERR_NOMEM, inner's registration errors.
  */
-int kvd_transport_open_staged(kvd_transport_t *inner, kvd_transport_t **out);
+int kvd_transport_open_staged(kvd_transport_t *inner, int slot_wait_ms,
+                              kvd_transport_t **out);
 
 /* kvd_transport_open_ucx for one mode only: a transport for the message
  * mode has a context without UCP_FEATURE_RMA, so that no peer reaching its

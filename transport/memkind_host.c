@@ -109,7 +109,9 @@ void kvd_memkind_mark_free(const kvd_memkind_t *k, void *mark)
         k->mark_free(k, mark);
 }
 
-int kvd_memkind_after(const kvd_memkind_t *k, void *stream, void *event)
+int kvd_memkind_after(const kvd_memkind_t *k, void *stream, void *event, void **mark)
 {
-    return k->after != NULL ? k->after(k, stream, event) : KVD_ERR_INVALID;
+    if (mark != NULL)
+        *mark = NULL;
+    return k->after != NULL ? k->after(k, stream, event, mark) : KVD_ERR_INVALID;
 }

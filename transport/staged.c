@@ -67,6 +67,7 @@ typedef struct stg_transport {
     uint64_t next_inner;
     kvd_xfer_t *direct; /* a batch's host transfers, for the inner */
     size_t cap_direct;
+    int slot_wait_ms; /* how long a post waits for a free slot at most */
 } stg_transport_t;
 
 static int stg_reg(kvd_transport_t *t, kvd_region_t *r)
@@ -216,15 +217,20 @@ static unsigned stg_progress(kvd_transport_t *t)
 }
 
 /* A free slot, driving what is outstanding until one is; -1 when the
- * inner transport failed meanwhile (every part then ends). */
+ * inner transport failed meanwhile (every part then ends), -2 past
+ * slot_wait_ms (a peer that neither answers nor fails: the caller's wait
+ * for the batch then fails it, and its disconnect ends the rest). */
 static int take_slot(stg_transport_t *s)
 {
-    for (unsigned idle = 0;;) {
+    uint64_t deadline = kvd_now_ns() + (uint64_t)s->slot_wait_ms * 1000000ull;
+    for (unsigned idle = 0, pass = 0;; pass++) {
         for (int k = 0; k < STAGE_SLOTS; k++)
             if (s->parts[k].phase == PART_FREE)
                 return k;
         if (s->inner->remote_length == 0)
             return -1;
+        if ((pass & 63) == 63 && kvd_now_ns() >= deadline)
+            return -2;
         idle = drive(s) > 0 ? 0 : idle + 1;
         if (idle >= 64) {
             idle = 0;
@@ -317,8 +323,8 @@ static int stg_post(kvd_transport_t *t, kvd_xfer_dir_t dir, const kvd_xfer_t *xf
             }
             if (p == NULL) {
                 int slot = take_slot(s);
-                if (slot < 0) {
-                    b->status = KVD_ERR_CLOSED; /* the rest is not sent */
+                if (slot < 0) { /* the rest is not sent */
+                    b->status = slot == -1 ? KVD_ERR_CLOSED : KVD_ERR_TIMEOUT;
                     break;
                 }
                 p = &s->parts[slot];
@@ -406,9 +412,10 @@ static const kvd_transport_ops_t stg_ops = {
     .destroy = stg_destroy,
 };
 
-int kvd_transport_open_staged(kvd_transport_t *inner, kvd_transport_t **out)
+int kvd_transport_open_staged(kvd_transport_t *inner, int slot_wait_ms,
+                              kvd_transport_t **out)
 {
-    if (inner == NULL || out == NULL)
+    if (inner == NULL || out == NULL || slot_wait_ms <= 0)
         return KVD_ERR_INVALID;
     stg_transport_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
@@ -428,6 +435,7 @@ int kvd_transport_open_staged(kvd_transport_t *inner, kvd_transport_t **out)
     }
     s->base.ops = &stg_ops;
     s->inner = inner;
+    s->slot_wait_ms = slot_wait_ms;
     *out = &s->base;
     return KVD_OK;
 }

@@ -26,15 +26,26 @@ _MEMORY_NAME = {v: k for k, v in _MEMORY.items()}
 _HEALTH = {1: "starting", 2: "ready", 3: "draining"}
 
 
+# kvdock.h's KVD_STREAM_LEGACY: the legacy default stream, handle 0, which
+# a NULL argument cannot name (it means none)
+_STREAM_LEGACY = 1
+
+
 def _handle(obj, attr):
     """A raw device handle (an int, or None for none) from a torch.cuda
-    stream or event (its ``attr``), or the int itself."""
+    stream or event (its ``attr``), or the int itself. A stream's handle 0
+    (the legacy default stream, where engines such as vLLM compute) is
+    passed as KVD_STREAM_LEGACY, never as none."""
     if obj is None:
         return None
     raw = getattr(obj, attr, obj)
     if not isinstance(raw, int):
         raise InvalidError(message="expected a %s or an int handle, got %r" % (attr, obj))
-    return raw or None
+    if raw == 0:
+        if attr == "cuda_stream":
+            return _STREAM_LEGACY
+        raise InvalidError(message="an event handle of 0 names no event")
+    return raw
 
 
 def _cstr(s):
@@ -552,8 +563,8 @@ class Linker:
         wait on the device for that event as recorded now, or for what the
         stream holds now, so the engine need not synchronize first;
         without either, the rows must be final when this is called. The
-        legacy default stream (handle 0) cannot be named as ``stream``:
-        pass an event recorded on it."""
+        legacy default stream (handle 0, torch's default stream) is
+        waited for as any other."""
         arr, n, keep = _c_transfers(transfers)
         ack = ctypes.c_uint64()
         if stream is None and event is None:

@@ -330,9 +330,11 @@ static void case_stream(kvd_linker_t *l)
 
 static void case_after(kvd_linker_t *l)
 {
-    for (int pass = 0; pass < 2; pass++) { /* by event, then by stream */
+    /* by event, by stream, by the legacy default stream (handle 0, where
+     * engines compute unless told otherwise; KVD_STREAM_LEGACY names it) */
+    for (int pass = 0; pass < 3; pass++) {
         seed_device();
-        void *s = gt_stream_create();
+        void *s = pass < 2 ? gt_stream_create() : NULL;
         void *e = gt_event_create();
         gt_gate_t *gate = gt_gate(s);
         /* after the gate the engine rewrites layer 0's K rows 8.. */
@@ -344,7 +346,7 @@ static void case_after(kvd_linker_t *l)
         if (pass == 0)
             offload_all(l, NULL, e, true);
         else
-            offload_all(l, s, NULL, true);
+            offload_all(l, pass == 1 ? s : KVD_STREAM_LEGACY, NULL, true);
         gt_gate_open(gate);
         bool ok = false;
         kvd_completion_t c[4];
@@ -373,12 +375,13 @@ static void case_after(kvd_linker_t *l)
         }
         free(fresh);
         gt_event_destroy(e);
-        gt_stream_destroy(s);
-        if (pass == 0) {
-            /* the second pass stores under new keys: another prompt */
+        if (s != NULL)
+            gt_stream_destroy(s);
+        {
+            /* the next pass stores under new keys: another prompt */
             uint32_t tokens[PAGES * PS];
             for (int i = 0; i < PAGES * PS; i++)
-                tokens[i] = 5000 + (uint32_t)i;
+                tokens[i] = 5000 + 100 * (uint32_t)pass + (uint32_t)i;
             size_t nk = 0;
             kvd_page_keys(tokens, PAGES * PS, PS, NULL, keys, &nk);
         }

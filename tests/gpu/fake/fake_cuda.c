@@ -279,6 +279,11 @@ CUresult cuPointerGetAttributes(unsigned int count, CUpointer_attribute *attribu
             *(CUcontext *)data[i] = known ? &contexts[info.device] : NULL;
             break;
         case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data[i] = 0; break;
+        /* cuMemAlloc'd memory, as cudaMalloc's: shareable by legacy IPC
+         * (memory mapped with cuMemMap is not) */
+        case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+            *(int *)data[i] = known;
+            break;
         default:
             fprintf(stderr, "fakecuda: cuPointerGetAttributes: attribute %d not faked\n",
                     (int)attributes[i]);
