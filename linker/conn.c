@@ -197,6 +197,12 @@ static void pin_peer(kvd_linker_t *l, lpeer_t *p, uint32_t want, const int *ordi
     for (int rt = KVD_GPU_CUDA; rt <= KVD_GPU_HIP; rt++) {
         if (!(want & (1u << rt)) || p->pin_tried[rt])
             continue;
+        lk_lock(&l->lock);
+        if (!l->stop)
+            atomic_store(&l->conn.pin_stop, false);
+        lk_unlock(&l->lock);
+        if (atomic_load(&l->conn.epoch) != p->epoch)
+            return; /* replaced already: the next one is pinned instead */
         p->pin_tried[rt] = true;
         char why[256] = "";
         uint64_t pinned = 0, t0 = kvd_now_ns();
@@ -438,6 +444,8 @@ static int connect_once(kvd_linker_t *l, uint64_t deadline)
     if (peer != NULL)
         peer->epoch = epoch;
     l->conn.peer = peer;
+    /* a registration of the old mapping under way stops at its next chunk */
+    atomic_store(&l->conn.pin_stop, true);
     *sess = (lsession_t){.client = c, .epoch = epoch};
     atomic_init(&sess->refs, 1);
     atomic_init(&sess->dropped, KVD_OK);

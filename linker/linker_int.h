@@ -194,7 +194,10 @@ typedef struct lconn {
      * every mapping for them */
     uint32_t pin_rts;
     int pin_ordinal[3];
-    _Atomic bool pin_stop; /* closing: registration stops between chunks */
+    /* closing, or the mapping being registered was replaced: the
+     * registration stops between chunks (cleared before each one starts,
+     * unless closing) */
+    _Atomic bool pin_stop;
 } lconn_t;
 
 /* -------------------------------------------------------- data path */
