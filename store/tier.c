@@ -1295,6 +1295,7 @@ void kvd_store_tier_drain(kvd_store_t *s, int timeout_ms)
     if (s->tier == NULL)
         return;
     uint64_t end = kvd_now_ns() + (uint64_t)timeout_ms * 1000000;
+    kvd_store_tier_poll(s, 0); /* begins the sync round of writes landed already */
     while ((tio_in_flight(s->tier->io) > 0 || s->tier->n_promote_q > 0) &&
            kvd_now_ns() < end) {
         tio_wait(s->tier->io, 10);
