@@ -63,6 +63,8 @@ typedef struct ssd_opts {
     uint64_t queue_depth;
     int io_path; /* 0 auto, 1 io_uring, 2 pread/pwrite */
     double seconds;
+    bool no_sync;          /* the rig's tier acknowledges spills unsynced */
+    uint64_t sync_objects; /* the group commit's comparison: objects per mode */
 } ssd_opts_t;
 
 /* One store with its pool mapping and its tier. */
@@ -182,7 +184,8 @@ static int rig_open(ssd_rig_t *g, const ssd_opts_t *o, const char *dir,
                           .queue_depth = (uint32_t)o->queue_depth,
                           .pool_base = g->pool,
                           .pool_bytes = g->pool_bytes,
-                          .fresh = fresh};
+                          .fresh = fresh,
+                          .no_sync = o->no_sync};
     char why[512] = "";
     kvd_tier_recovery_t r;
     rc = kvd_store_tier_attach(g->s, &to, rec ? rec : &r, why, sizeof(why));
@@ -587,6 +590,60 @@ static void print_ratio(const char *what, double kvdock_bps, double fio_bps)
         printf("  ratio %s: %.2fx fio (goal >= 0.8x)\n", what, kvdock_bps / fio_bps);
 }
 
+/* ------------------------------------------------- the group commit's cost */
+
+/* Spills `sync_objects` objects with the group commit (a spill acknowledged
+ * once its segment's fdatasync of the round ended) and again without it
+ * (acknowledged as the O_DIRECT write lands), each on a fresh tier in the
+ * same directory; spill GB/s as in the spill part; the ratio. */
+static int run_sync_compare(const ssd_opts_t *o, const char *work)
+{
+    uint64_t n = o->sync_objects;
+    uint64_t tier = ssd_tier_bytes(n, o->object_bytes, o->segment_bytes);
+    if (tier + SSD_MARGIN_BYTES > ssd_fs_avail(work)) {
+        fprintf(stderr, "kvdock-bench ssd: --sync-objects %llu: not enough free space\n",
+                (unsigned long long)n);
+        return KVD_ERR_NO_SPACE;
+    }
+    double bps[2] = {0, 0};
+    for (int mode = 0; mode < 2; mode++) {
+        ssd_opts_t m = *o;
+        m.no_sync = mode == 1;
+        ssd_rig_t g = {.pool_bytes = o->pool_bytes, .object_bytes = o->object_bytes};
+        char dir[PATH_MAX + 16];
+        snprintf(dir, sizeof(dir), "%s/tier-sync-%d", work, mode);
+        int rc = rig_open(&g, &m, dir, tier, true, n, "bench/sync", NULL, NULL);
+        if (rc != KVD_OK) {
+            rig_free(&g);
+            return rc;
+        }
+        uint64_t deadline = kvd_now_ns() + (uint64_t)(o->seconds * 1e9), done = 0;
+        uint64_t t0 = kvd_now_ns();
+        rc = rig_fill(&g, 3 + (uint64_t)mode, 0, n, 1, deadline, &done);
+        if (rc == KVD_OK)
+            kvd_store_tier_drain(g.s, 120000);
+        uint64_t ns = kvd_now_ns() - t0;
+        kvd_store_stats_t st = rig_stats(&g);
+        bps[mode] = ssd_gbps(st.spilled_bytes, ns);
+        printf("spill, group commit %s: %llu objects of %llu KiB, %llu spilled in %.2f "
+               "s: %.3f GB/s; %llu syncs (%.1f spills per sync); per op %.2f ms mean%s\n",
+               mode == 0 ? "on " : "off", (unsigned long long)done,
+               (unsigned long long)(o->object_bytes >> 10), (unsigned long long)st.spills,
+               ssd_s(ns), bps[mode], (unsigned long long)st.ssd_syncs,
+               st.ssd_syncs ? (double)st.spills / (double)st.ssd_syncs : 0.0,
+               st.spills ? (double)st.ssd_spill_ns / (double)st.spills / 1e6 : 0.0,
+               done < n ? " (cut by --seconds)" : "");
+        fflush(stdout);
+        rig_free(&g);
+        ssd_rm_tree(dir);
+        if (rc != KVD_OK)
+            return rc;
+    }
+    if (bps[1] > 0)
+        printf("  ratio spill with group commit / without: %.2fx\n", bps[0] / bps[1]);
+    return KVD_OK;
+}
+
 /* ----------------------------------------------------------- the 2 GiB run */
 
 static int run_throughput(const ssd_opts_t *o, const char *work, bool have_fio)
@@ -857,12 +914,15 @@ static void ssd_usage(FILE *f)
             "Usage: kvdock-bench ssd [--dir DIR] [--object-size 1M] [--objects 2048]\n"
             "         [--pool-size 256M] [--queue-depth 32] [--io auto|io_uring|psync]\n"
             "         [--segment-size 256M] [--restart-objects 1000000] [--seconds 120]\n"
+            "         [--sync-objects 1024]\n"
             "The SSD tier in process on real files (O_DIRECT) beside fio in the same\n"
             "directory: spill and promote GB/s, the latency of a load that hits the\n"
             "tier, and the restart with --restart-objects objects of 4 KiB on it\n"
             "(checkpoint, then the scan). Files go to a temporary directory under DIR\n"
             "(/var/tmp: a disk, not tmpfs), removed at the end. --seconds bounds each\n"
-            "fill and the promote pass (0 objects skips a part).\n");
+            "fill and the promote pass (0 objects skips a part). --sync-objects objects\n"
+            "are spilled with the group commit (a spill acknowledged once its record\n"
+            "is synced) and without, on fresh tiers: both GB/s and their ratio.\n");
 }
 
 static int ssd_size_opt(const char *flag, const char *arg, uint64_t min, uint64_t max,
@@ -890,6 +950,7 @@ static int ssd_parse_opts(int argc, char **argv, ssd_opts_t *o)
         {"segment-size", required_argument, NULL, 'g'},
         {"restart-objects", required_argument, NULL, 'r'},
         {"seconds", required_argument, NULL, 't'},
+        {"sync-objects", required_argument, NULL, 'y'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     *o = (ssd_opts_t){.dir = "/var/tmp",
@@ -898,6 +959,7 @@ static int ssd_parse_opts(int argc, char **argv, ssd_opts_t *o)
                       .pool_bytes = 256 * KVD_MiB,
                       .segment_bytes = 256 * KVD_MiB,
                       .restart_objects = 1000000,
+                      .sync_objects = 1024,
                       .queue_depth = 32,
                       .seconds = 120};
     int c, bad = 0;
@@ -922,6 +984,9 @@ static int ssd_parse_opts(int argc, char **argv, ssd_opts_t *o)
             break;
         case 'r':
             bad = kvd_u64_parse(optarg, 0, 1ull << 28, &o->restart_objects) != KVD_OK;
+            break;
+        case 'y':
+            bad = kvd_u64_parse(optarg, 0, 1ull << 24, &o->sync_objects) != KVD_OK;
             break;
         case 'q': bad = kvd_u64_parse(optarg, 1, 4096, &o->queue_depth) != KVD_OK; break;
         case 't': bad = kvd_double_parse(optarg, 1, 3600, &o->seconds) != KVD_OK; break;
@@ -980,6 +1045,8 @@ int bench_mode_ssd(int argc, char **argv)
     rc = KVD_OK;
     if (o.objects > 0)
         rc = run_throughput(&o, work, have_fio);
+    if (rc == KVD_OK && o.sync_objects > 0)
+        rc = run_sync_compare(&o, work);
     if (rc == KVD_OK && o.restart_objects > 0)
         rc = run_restart(&o, work, have_fio);
     ssd_rm_tree(work);

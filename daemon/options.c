@@ -104,6 +104,10 @@ static const opt_def_t opt_defs[] = {
      "(the others are dropped) (default all)"},
     {"ssd-queue-depth", OPT_U64, OFF(ssd_queue_depth), 0, 1, 256, "N",
      "the tier's I/O operations in flight at most (default 32)"},
+    {"ssd-sync", OPT_STRING, OFF(ssd_sync), SZ(ssd_sync), 0, 0, "on|off",
+     "on: a spill frees its DRAM copy only once its record is synced to the device "
+     "(fdatasync, grouped); off: as soon as it is written, faster, but a power loss may "
+     "lose objects whose DRAM copies are gone (default on)"},
     {"ssd-no-fixed-buffers", OPT_BOOL, OFF(ssd_no_fixed_buffers), 0, 0, 0, NULL,
      "do not register the pool with io_uring as fixed buffers"},
     {"ssd-test-fail-read", OPT_U64, OFF(ssd_fail_read_every), 0, 0, 1u << 30, "N",
@@ -366,6 +370,7 @@ static void set_defaults(kvd_opts_t *o)
     strcpy(o->ucx, "auto");
     strcpy(o->ssd_io, "auto");
     strcpy(o->ssd_spill, "all");
+    strcpy(o->ssd_sync, "on");
     strcpy(o->shm_dir, "/dev/shm");
     o->journal_compact_bytes = 8 * KVD_MiB;
     o->reserve_bytes = KVD_GiB;
@@ -500,6 +505,10 @@ kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)
         strcmp(o->ssd_io, "psync") != 0) {
         fprintf(stderr, "kvdockd: --ssd-io '%s': expected auto, io_uring or psync\n",
                 o->ssd_io);
+        return KVD_OPTS_ERROR;
+    }
+    if (strcmp(o->ssd_sync, "on") != 0 && strcmp(o->ssd_sync, "off") != 0) {
+        fprintf(stderr, "kvdockd: --ssd-sync '%s': expected on or off\n", o->ssd_sync);
         return KVD_OPTS_ERROR;
     }
     if (strcmp(o->ssd_spill, "all") != 0 && strcmp(o->ssd_spill, "hit") != 0) {

@@ -36,6 +36,7 @@ typedef struct kvd_opts {
     uint64_t ssd_segment_bytes;
     char ssd_io[16];   /* "auto", "io_uring", "psync" */
     char ssd_spill[8]; /* "all", "hit" */
+    char ssd_sync[4];  /* "on", "off": kvd_tier_opts_t.no_sync */
     uint64_t ssd_queue_depth;
     bool ssd_no_fixed_buffers;
     uint64_t ssd_fail_read_every; /* tests: every n-th read fails with EIO */

@@ -1934,6 +1934,7 @@ static int attach_tier(kvd_server_t *s)
                           .pool_bytes = kvd_pool_size(s->pool),
                           .fresh = o->fresh,
                           .no_fixed_buffers = o->ssd_no_fixed_buffers,
+                          .no_sync = strcmp(o->ssd_sync, "off") == 0,
                           .defer_fixed_buffers = true, /* kvd_store_tier_pool_ready */
                           .fail_read_every = (uint32_t)o->ssd_fail_read_every};
     kvd_tier_recovery_t rec;

@@ -568,7 +568,10 @@ typedef struct kvd_stats_req {
     X(U64, ssd_io_path, 0, GAUGE,                                                        \
       "The SSD tier's I/O path: 0 none, 1 io_uring, 2 pread/pwrite.")                    \
     X(U64, ssd_fixed_buffers, 0, GAUGE, "1 when the pool is registered with io_uring.")  \
-    X(U64, ssd_checkpoints, 0, COUNTER, "SSD tier checkpoints written.")
+    X(U64, ssd_checkpoints, 0, COUNTER, "SSD tier checkpoints written.")                 \
+    X(U64, ssd_syncs, 0, COUNTER,                                                        \
+      "SSD tier syncs (fdatasync) that made spills durable before their "                \
+      "acknowledgement.")
 
 typedef struct kvd_store_stats_msg {
     KVD_STORE_STATS_FIELDS(KVD_FIELD_DECL)

@@ -746,7 +746,7 @@ void store_spill_pump(kvd_store_t *s)
     s->spilling_down = false;
 }
 
-uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc)
+uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc, bool keep)
 {
     rec_t *r = R(s, i);
     r->spare &= ~REC_F_SPILLING;
@@ -754,6 +754,12 @@ uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc)
     if (r->pins > 0) {
         /* read while it was written: it stays, its copy is not needed */
         s->st.spill_cancelled++;
+        return NIL;
+    }
+    if (status != KVD_OK && keep) {
+        /* the write failed, not the DRAM copy (tier.c's done_spill): not
+         * counted in spill_failures, which counts objects dropped */
+        lru_push_head(s, i);
         return NIL;
     }
     if (status != KVD_OK) {

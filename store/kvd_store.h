@@ -736,6 +736,7 @@ typedef struct kvd_store_stats {
     uint64_t ssd_spill_ns, ssd_promote_ns; /* time spent, summed per op: GB/s */
     uint64_t ssd_recovered_objects;        /* found on the tier at start */
     uint64_t ssd_checkpoints;              /* checkpoints written */
+    uint64_t ssd_syncs;                    /* fdatasyncs of the group commit ended */
     uint32_t ssd_io_path;                  /* 0 none, 1 io_uring, 2 pread/pwrite */
     uint32_t ssd_fixed_buffers;            /* 1: the pool is registered with the ring */
 } kvd_store_stats_t;
@@ -790,6 +791,15 @@ typedef struct kvd_tier_opts {
     uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
     uint32_t fail_copy_writes; /* test hook: the first n compaction copies' writes fail */
     bool fail_pad_writes;      /* test hook: a failed write's pad fails too (a hole) */
+    /* a spill is acknowledged (its DRAM copy freed) only once its record is
+     * durable: the writes that landed are synced in rounds (group commit,
+     * tier.c). no_sync acknowledges as the write lands, leaving the record
+     * in the device's write cache: a power loss may lose it, and with it
+     * the object. For measuring what the syncs cost. */
+    bool no_sync;
+    /* test hook: no sync round starts (written spills are not acknowledged)
+     * until kvd_store_tier_hold_syncs(s, false) */
+    bool hold_syncs;
     uint64_t checkpoint_ms;    /* between periodic checkpoints; 0: 60000 */
     uint32_t checkpoint_slice; /* records a poll's checkpoint slice looks at; 0: 65536 */
     uint64_t now_ms;           /* the callers' clock; 0: now */

@@ -348,7 +348,8 @@ uint32_t tier_seg_blocks(const kvd_store_t *s);
  * return is NIL, and the caller counts loc as dead); an error drops it,
  * as an eviction would have. Returns the SSD record, or NIL when the tier
  * does not keep the copy. */
-uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc);
+uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc,
+                          bool keep);
 /* Promotion of SSD object i ended: KVD_OK makes its DRAM extent the
  * object (READY, journaled); an error (I/O, checksum) drops the object:
  * absent, never wrong. */

@@ -18,4 +18,10 @@ int kvd_store_tier_place(const kvd_store_t *s, uint32_t ns,
                          const uint8_t key[KVD_KEY_BYTES], uint32_t *seg,
                          uint32_t *block);
 
+/* Holds the tier's sync rounds back (hold) or lets them go: while held,
+ * spills whose writes landed are not acknowledged (their DRAM copies stay,
+ * their extents are not freed). kvd_tier_opts_t.hold_syncs holds from the
+ * start. No-op without a tier. */
+void kvd_store_tier_hold_syncs(kvd_store_t *s, bool hold);
+
 #endif

@@ -38,6 +38,7 @@
  * Threading: the caller's (the daemon's loop), as the engine's.
  */
 #include "store_int.h"
+#include "store_testing.h"
 #include "tier_io.h"
 
 #include <errno.h>
@@ -60,6 +61,8 @@
 #define CKPT_EVERY_MS 60000u
 #define NO_SEG        UINT32_MAX
 #define NO_LOC        UINT32_MAX
+/* tags of the group commit's syncs: this bit and a segment's id */
+#define SYNC_TAG (1ull << 63)
 /* ckpt_read: a segment free at the checkpoint and not begun since */
 #define SCAN_NOTHING UINT32_MAX
 /* The largest value compaction copies (a bounce buffer of the executor
@@ -103,6 +106,8 @@ typedef struct seg {
     uint32_t n_sum_ns, cap_sum_ns;
     bool sum_done;
     bool sum_pending; /* its .sum.tmp waits for the next checkpoint's rename */
+    bool in_round;    /* its sync is part of the round in flight (group commit) */
+    bool sync_failed; /* ... and it failed */
 } seg_t;
 
 /* An entry of the dead-list: the record at block `block` of segment `seg`
@@ -123,9 +128,13 @@ typedef struct inflight {
                           in its segment is written (the file's comment) */
     int status;        /* ... how it ended */
     bool write_failed; /* copy: it failed writing, not reading (tio_done_t) */
-    uint32_t rec;      /* the record: DRAM (spill), SSD (promote, copy) */
-    uint32_t loc;      /* spill: the place written; promote, copy: read */
-    uint32_t dst_loc;  /* copy: the place written */
+    /* group commit (the file's comment): the write landed and its segment's
+     * sync of the round in flight covers it (in_round), or one did (durable) */
+    bool in_round, durable;
+    bool written;     /* the device took the write (its sync may yet fail) */
+    uint32_t rec;     /* the record: DRAM (spill), SSD (promote, copy) */
+    uint32_t loc;     /* spill: the place written; promote, copy: read */
+    uint32_t dst_loc; /* copy: the place written */
     uint32_t blocks;
     uint64_t t0_ns;
 } inflight_t;
@@ -165,6 +174,14 @@ struct tier {
     uint64_t recovered;
     bool closing;   /* tier_close: head segments get their summaries too */
     bool fail_pads; /* test hook (kvd_tier_opts_t.fail_pad_writes) */
+    /* group commit: off (kvd_tier_opts_t.no_sync) makes a write durable as
+     * it lands; hold_syncs is the test hook that submits no round */
+    bool sync_on, hold_syncs;
+    uint32_t round_syncs; /* syncs of the round in flight; 0: no round */
+    bool dead_dirty;      /* the dead-list was appended since its last sync began */
+    /* the dead-list's fd the round's sync is on, or -1: a rewrite that
+     * replaces it leaves it open until that sync ends */
+    int dead_sync_fd;
     /* the dead-list: its file (appended) and what was appended since it
      * was last rewritten (dead_rewrite) */
     int dead_fd;
@@ -175,6 +192,7 @@ struct tier {
 };
 
 static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks);
+static void seg_break(struct tier *t, uint32_t loc);
 static bool ckpt_reap(struct tier *t, bool wait);
 static void ckpt_step(kvd_store_t *s, bool due);
 
@@ -232,6 +250,7 @@ static void dead_add(struct tier *t, uint32_t loc)
         .seg = id, .block = loc % t->seg_blocks, .generation = t->segs[id].generation};
     e.crc = dead_crc(t, &e);
     ssize_t n = write(t->dead_fd, &e, sizeof(e));
+    t->dead_dirty = true; /* the next round syncs it */
     if (n != (ssize_t)sizeof(e))
         KVD_WARN("tier", "%s/%s: %s: a record gone may come back at a restart", t->dir,
                  DEAD_NAME, n < 0 ? strerror(errno) : "short write");
@@ -267,10 +286,11 @@ static void dead_rewrite(struct tier *t, uint32_t from)
         unlinkat(t->dir_fd, DEAD_NAME ".tmp", 0);
         return;
     }
-    if (t->dead_fd >= 0)
-        close(t->dead_fd);
+    if (t->dead_fd >= 0 && t->dead_fd != t->dead_sync_fd)
+        close(t->dead_fd); /* (else closed as its sync ends) */
     t->dead_fd = fd;
-    if (from > 0) /* (t->dead is NULL while nothing was named) */
+    t->dead_dirty = false; /* what it holds was fsync'd just now */
+    if (from > 0)          /* (t->dead is NULL while nothing was named) */
         memmove(t->dead, t->dead + from, (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
     t->n_dead -= from;
 }
@@ -598,6 +618,7 @@ static void op_put(struct tier *t, uint64_t tag)
     t->ops[tag].kind = OP_NONE;
     t->ops[tag].landed = false;
     t->ops[tag].write_failed = false;
+    t->ops[tag].in_round = t->ops[tag].durable = t->ops[tag].written = false;
     t->free_ops[t->n_free_ops++] = (uint32_t)tag;
 }
 
@@ -882,8 +903,32 @@ static uint32_t write_loc(const inflight_t *f)
     return f->kind == OP_COPY ? f->dst_loc : f->loc;
 }
 
+/* A hole at place loc (a write whose place could not be covered, or one
+ * whose sync failed: either may be torn on the device): nothing more goes
+ * into its segment, and what was written after it is not acknowledged, as
+ * a scan at start stops at the hole. */
+static void seg_break(struct tier *t, uint32_t loc)
+{
+    seg_t *g = seg_of(t, loc);
+    uint32_t id = loc / t->seg_blocks;
+    if (t->head == id || t->copy_head == id) {
+        g->state = SEG_FULL;
+        t->head = t->head == id ? NO_SEG : t->head;
+        t->copy_head = t->copy_head == id ? NO_SEG : t->copy_head;
+    }
+    /* its summary must not claim what follows the hole */
+    sum_free(g);
+    g->sum_done = true;
+    if (!g->broken || loc % t->seg_blocks < g->broken_at)
+        g->broken_at = loc % t->seg_blocks;
+    g->broken = true;
+    t->changes++;
+    t->last_ckpt_ms = 0; /* checkpoint at the next poll */
+}
+
 /* Covers a place whose write failed with a pad record, so that a scan at
- * start goes on past it; synchronous, one block. */
+ * start goes on past it; synchronous, one block (made durable by the next
+ * sync round of its segment, before anything after it is acknowledged). */
 static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
 {
     seg_t *g = seg_of(t, loc);
@@ -911,32 +956,24 @@ static void write_pad(struct tier *t, uint32_t loc, uint32_t blocks)
                   "segment %u: cannot cover a failed write: %s; the segment is "
                   "closed",
                   loc / t->seg_blocks, strerror(errno));
-        uint32_t id = loc / t->seg_blocks;
-        if (t->head == id || t->copy_head == id) {
-            g->state = SEG_FULL;
-            t->head = t->head == id ? NO_SEG : t->head;
-            t->copy_head = t->copy_head == id ? NO_SEG : t->copy_head;
-        }
-        /* its summary must not claim what follows the hole */
-        sum_free(g);
-        g->sum_done = true;
-        /* what was written after the hole is not acknowledged either: a
-         * scan at start stops at the hole */
-        if (!g->broken || loc % t->seg_blocks < g->broken_at)
-            g->broken_at = loc % t->seg_blocks;
-        g->broken = true;
-        t->changes++;
-        t->last_ckpt_ms = 0; /* checkpoint at the next poll */
+        seg_break(t, loc);
     }
     free(blk);
 }
 
-static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
+/* A spill's write acknowledged (durable) or failed. `keep`: it failed
+ * although the DRAM copy is good and the device wrote it (its place lies
+ * past a hole, where a restart's scan stops): the object stays in DRAM,
+ * and a later spill writes it elsewhere (the broken segment is closed). A
+ * write the device refused drops the object, as eviction without a tier
+ * would (a failing device must not keep a spill loop going). */
+static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d,
+                       bool keep)
 {
     struct tier *t = s->tier;
     seg_t *g = seg_of(t, f->loc);
     g->writes--;
-    uint32_t j = store_spill_done(s, f->rec, d->status, f->loc);
+    uint32_t j = store_spill_done(s, f->rec, d->status, f->loc, keep);
     if (j != NIL) {
         g->live += f->blocks;
         seg_push(g, j);
@@ -944,8 +981,9 @@ static void done_spill(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
         t->spill_ns += kvd_now_ns() - f->t0_ns;
     } else {
         g->dead += f->blocks;
-        if (d->status == KVD_OK)
-            dead_add(t, f->loc); /* written, for an object that stayed in DRAM */
+        if (f->written)
+            dead_add(t,
+                     f->loc); /* written (perhaps), for an object that stayed in DRAM */
     }
     sum_maybe_write(t, f->loc / t->seg_blocks);
     seg_maybe_free(t, f->loc / t->seg_blocks);
@@ -1026,12 +1064,133 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
     seg_maybe_free(t, f->dst_loc / t->seg_blocks);
 }
 
-/* Whether a write before `loc` in its segment is still in flight. */
+/* ------------------------------------------------------ group commit
+ *
+ * A write that landed (O_DIRECT: in the device, perhaps only in its
+ * volatile write cache) is not acknowledged until a sync of its segment
+ * that began after it landed has ended: only then is the DRAM copy of a
+ * spill freed, or a compaction's source named dead. The syncs go in rounds,
+ * one at a time: a round begins at a poll that finds writes landed and not
+ * yet in a round (what lands meanwhile waits for the next), with one
+ * TIO_SYNC per segment holding such writes, and one of the dead-list when
+ * it was appended since its last sync; the round ends when all of them
+ * have, and then its writes are durable, or failed where their segment's
+ * sync failed. A failed write's pad (write_pad) is written before its
+ * round begins, so the round makes it durable too, and the writes after it
+ * wait for that (earlier_pending).
+ *
+ * The dead-list's appends go in the same round, and the round's writes are
+ * acknowledged only when it ended too. What depends on a tombstone being
+ * durable: the promise the dead-list makes, that a record no object's
+ * never comes back. Within the tier nothing breaks when one is lost (the
+ * newest record of a key wins at a restart, and a place is written again
+ * only in a new generation of its segment, which makes the old entries moot),
+ * but an evicted object would return after a power loss, its chain parent
+ * perhaps gone, its tenant's bytes counted again. With the round, a
+ * tombstone appended before a spill is acknowledged is durable when the
+ * spill is: what a power loss leaves is never ahead of the tombstones on
+ * what was acknowledged after them, and a tombstone is at most one round
+ * (a poll and a sync) from durable, not a checkpoint (a minute). A reply
+ * that must not precede its tombstone's durability (an operator's Evict
+ * of SSD objects) would wait for the round: not done, the daemon replies
+ * at once.
+ *
+ * A sync's tag is SYNC_TAG with the segment's id (n_segs: the dead-list):
+ * syncs take no entry of t->ops, which the landed writes may hold all of. */
+
+/* Begins a sync round when none is in flight and writes landed that are
+ * in none (or the dead-list was appended), unless the test hook holds
+ * rounds back. Waits for a later poll when the executor lacks room for all
+ * of the round's syncs (its ops in flight end, and their poll comes). */
+static void round_begin(struct tier *t)
+{
+    if (!t->sync_on || t->hold_syncs || t->round_syncs > 0 || t->io == NULL)
+        return;
+    uint32_t n = 0;
+    for (uint32_t k = 0; k < t->n_ops; k++) {
+        inflight_t *f = &t->ops[k];
+        if ((f->kind == OP_SPILL || f->kind == OP_COPY) && f->landed && !f->durable) {
+            seg_t *g = seg_of(t, write_loc(f));
+            n += !g->in_round;
+            g->in_round = true;
+        }
+    }
+    bool dead = t->dead_dirty && t->dead_fd >= 0;
+    if (n == 0 && !dead)
+        return;
+    tio_stats_t st;
+    tio_stats(t->io, &st);
+    if (st.in_flight + n + dead > st.queue_depth) {
+        for (uint32_t id = 0; id < t->n_segs; id++)
+            t->segs[id].in_round = false;
+        return;
+    }
+    for (uint32_t k = 0; k < t->n_ops; k++) {
+        inflight_t *f = &t->ops[k];
+        if ((f->kind == OP_SPILL || f->kind == OP_COPY) && f->landed && !f->durable)
+            f->in_round = true;
+    }
+    for (uint32_t id = 0; id <= t->n_segs; id++) {
+        if (id < t->n_segs && !t->segs[id].in_round)
+            continue;
+        if (id == t->n_segs && !dead)
+            continue;
+        tio_op_t op = {.tag = SYNC_TAG | id,
+                       .kind = TIO_SYNC,
+                       .fd = id < t->n_segs ? t->segs[id].fd : t->dead_fd};
+        if (id == t->n_segs) {
+            t->dead_dirty = false;
+            t->dead_sync_fd = t->dead_fd;
+        }
+        submit(t, &op); /* room checked above */
+        t->round_syncs++;
+    }
+}
+
+/* A sync of the round ended (id: a segment, or n_segs: the dead-list);
+ * when it was the round's last, the round's writes are durable (or failed
+ * with their segment's sync). */
+static void sync_done(struct tier *t, uint32_t id, int status)
+{
+    if (id == t->n_segs) {
+        if (status != KVD_OK)
+            KVD_WARN("tier",
+                     "%s/%s: sync: %s: a record gone may come back after a power loss",
+                     t->dir, DEAD_NAME, kvd_status_str(status));
+        if (t->dead_sync_fd >= 0 && t->dead_sync_fd != t->dead_fd)
+            close(t->dead_sync_fd); /* a rewrite replaced it meanwhile */
+        t->dead_sync_fd = -1;
+    } else if (status != KVD_OK) {
+        KVD_ERROR("tier", "segment %u: sync: %s: its writes of the round fail", id,
+                  kvd_status_str(status));
+        t->segs[id].sync_failed = true;
+    }
+    if (--t->round_syncs > 0)
+        return;
+    for (uint32_t k = 0; k < t->n_ops; k++) {
+        inflight_t *f = &t->ops[k];
+        if (!f->in_round)
+            continue;
+        f->in_round = false;
+        f->durable = true;
+        if (seg_of(t, write_loc(f))->sync_failed && f->status == KVD_OK) {
+            /* on the device or not: a hole, as a pad that failed */
+            f->status = KVD_ERR_IO;
+            f->write_failed = true;
+            seg_break(t, write_loc(f));
+        }
+    }
+    for (uint32_t g = 0; g < t->n_segs; g++)
+        t->segs[g].in_round = t->segs[g].sync_failed = false;
+}
+
+/* Whether a write before `loc` in its segment is still in flight, or
+ * landed and not yet durable. */
 static bool earlier_pending(const struct tier *t, uint32_t loc)
 {
     for (uint32_t k = 0; k < t->n_ops; k++) {
         const inflight_t *f = &t->ops[k];
-        if ((f->kind == OP_SPILL || f->kind == OP_COPY) && !f->landed) {
+        if ((f->kind == OP_SPILL || f->kind == OP_COPY) && !(f->landed && f->durable)) {
             uint32_t w = write_loc(f);
             if (w / t->seg_blocks == loc / t->seg_blocks && w < loc)
                 return true;
@@ -1049,7 +1208,7 @@ static void release_writes(kvd_store_t *s)
         more = false;
         for (uint32_t k = 0; k < t->n_ops; k++) {
             inflight_t *f = &t->ops[k];
-            if (!f->landed || earlier_pending(t, write_loc(f)))
+            if (!f->landed || !f->durable || earlier_pending(t, write_loc(f)))
                 continue;
             inflight_t copy = *f;
             const seg_t *g = seg_of(t, write_loc(f));
@@ -1061,7 +1220,7 @@ static void release_writes(kvd_store_t *s)
                             .write_failed = past_hole || f->write_failed};
             op_put(t, k);
             if (copy.kind == OP_SPILL)
-                done_spill(s, &copy, &d);
+                done_spill(s, &copy, &d, past_hole && copy.status == KVD_OK);
             else
                 done_copy(s, &copy, &d);
             more = true;
@@ -1078,6 +1237,10 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
     size_t total = 0, n;
     while ((n = tio_poll(t->io, done, KVD_ARRAY_SIZE(done))) > 0) {
         for (size_t k = 0; k < n; k++) {
+            if (done[k].tag & SYNC_TAG) {
+                sync_done(t, (uint32_t)(done[k].tag & ~SYNC_TAG), done[k].status);
+                continue;
+            }
             inflight_t *f = &t->ops[done[k].tag];
             if (f->kind == OP_PROMOTE) {
                 inflight_t copy = *f;
@@ -1086,6 +1249,8 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
                 continue;
             }
             f->landed = true;
+            f->durable = !t->sync_on;
+            f->written = done[k].status == KVD_OK;
             f->status = done[k].status;
             f->write_failed = done[k].write_failed;
             if (f->kind == OP_SPILL)
@@ -1097,6 +1262,7 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
         }
         total += n;
     }
+    round_begin(t);
     release_writes(s);
     promote_pending(s);
     reclaim(s);
@@ -1113,6 +1279,12 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
     return total;
 }
 
+void kvd_store_tier_hold_syncs(kvd_store_t *s, bool hold)
+{
+    if (s->tier != NULL)
+        s->tier->hold_syncs = hold; /* a round begins at the next poll */
+}
+
 int kvd_store_tier_fd(const kvd_store_t *s)
 {
     return s->tier ? tio_event_fd(s->tier->io) : -1;
@@ -1123,6 +1295,7 @@ void kvd_store_tier_drain(kvd_store_t *s, int timeout_ms)
     if (s->tier == NULL)
         return;
     uint64_t end = kvd_now_ns() + (uint64_t)timeout_ms * 1000000;
+    kvd_store_tier_poll(s, 0); /* begins the sync round of writes landed already */
     while ((tio_in_flight(s->tier->io) > 0 || s->tier->n_promote_q > 0) &&
            kvd_now_ns() < end) {
         tio_wait(s->tier->io, 10);
@@ -1173,6 +1346,7 @@ void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out)
     out->ssd_checkpoints = atomic_load(&t->checkpoints);
     tio_stats_t io;
     tio_stats(t->io, &io);
+    out->ssd_syncs = io.syncs;
     out->ssd_io_errors = io.io_errors;
     out->ssd_checksum_failures = io.checksum_failures;
     out->ssd_no_space = io.no_space;
@@ -1999,6 +2173,8 @@ static void tier_free(struct tier *t)
     kvd_mem_free(KVD_MEM_INDEX, t->dead, (size_t)t->cap_dead * sizeof(dead_ent_t));
     if (t->dead_fd >= 0)
         close(t->dead_fd);
+    if (t->dead_sync_fd >= 0 && t->dead_sync_fd != t->dead_fd)
+        close(t->dead_sync_fd); /* replaced while its sync was in flight */
     if (t->lock_fd >= 0)
         close(t->lock_fd); /* drops the flock */
     if (t->dir_fd >= 0)
@@ -2020,7 +2196,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     struct tier *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    t->dir_fd = t->lock_fd = t->dead_fd = -1;
+    t->dir_fd = t->lock_fd = t->dead_fd = t->dead_sync_fd = -1;
     t->direct = true;
     t->head = t->copy_head = NO_SEG;
     snprintf(t->dir, sizeof(t->dir), "%s", o->dir);
@@ -2189,6 +2365,8 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
     if (t->note[0] == '\0')
         snprintf(t->note, sizeof(t->note), "%s", tio_note(t->io));
     t->fail_pads = o->fail_pad_writes;
+    t->sync_on = !o->no_sync;
+    t->hold_syncs = o->hold_syncs;
     t->last_ckpt_ms = o->now_ms ? o->now_ms : kvd_now_ns() / 1000000;
     t->ckpt_every_ms = o->checkpoint_ms ? o->checkpoint_ms : CKPT_EVERY_MS;
     t->ckpt_slice = o->checkpoint_slice ? o->checkpoint_slice : CKPT_SLICE;

@@ -74,7 +74,7 @@ typedef struct tio_buf {
 
 /* The stats the executor's threads count. */
 typedef struct tio_counters {
-    _Atomic uint64_t reads, writes, copies, read_bytes, write_bytes;
+    _Atomic uint64_t reads, writes, copies, syncs, read_bytes, write_bytes;
     _Atomic uint64_t io_errors, checksum_failures, no_space;
 } tio_counters_t;
 
@@ -164,6 +164,7 @@ static const char *tio_kind_name(tio_kind_t kind)
     case TIO_WRITE: return "write";
     case TIO_READ: return "read";
     case TIO_COPY: return "copy";
+    case TIO_SYNC: return "sync";
     }
     return "op";
 }
@@ -227,8 +228,11 @@ static bool tio_op_valid(const tio_t *t, const tio_op_t *op)
     const char *why = NULL;
     bool in_pool = op->pool_off <= t->o.pool_bytes &&
                    op->value_bytes <= t->o.pool_bytes - op->pool_off;
-    if (op->kind != TIO_WRITE && op->kind != TIO_READ && op->kind != TIO_COPY)
+    if (op->kind != TIO_WRITE && op->kind != TIO_READ && op->kind != TIO_COPY &&
+        op->kind != TIO_SYNC)
         why = "unknown kind";
+    else if (op->kind == TIO_SYNC)
+        why = op->fd < 0 ? "sync of no file" : NULL;
     else if ((op->file_off | op->value_bytes) % SEG_BLOCK != 0)
         why = "offset or size not a multiple of the block";
     else if (op->kind != TIO_COPY && (op->pool_off % SEG_BLOCK != 0 || !in_pool))
@@ -264,7 +268,9 @@ static void tio_post_locked(tio_t *t, const tio_done_t *d)
 static void tio_count(tio_t *t, const tio_op_t *op, int status)
 {
     tio_counters_t *c = &t->c;
-    if (status == KVD_OK) {
+    if (status == KVD_OK && op->kind == TIO_SYNC) {
+        atomic_fetch_add_explicit(&c->syncs, 1, memory_order_relaxed);
+    } else if (status == KVD_OK) {
         if (op->kind == TIO_WRITE)
             atomic_fetch_add_explicit(&c->writes, 1, memory_order_relaxed);
         else if (op->kind == TIO_READ)
@@ -320,7 +326,7 @@ static bool tio_take(tio_t *t, bool wait, tio_op_t *op, bool *fail)
         t->pending_head = (t->pending_head + 1) % t->o.queue_depth;
         t->pending_count--;
         *fail = false;
-        if (op->kind != TIO_WRITE && t->o.fail_read_every != 0)
+        if ((op->kind == TIO_READ || op->kind == TIO_COPY) && t->o.fail_read_every != 0)
             *fail = ++t->read_ops % t->o.fail_read_every == 0;
     }
     pthread_mutex_unlock(&t->lock);
@@ -463,7 +469,15 @@ static void psync_exec(tio_t *t, psync_worker_t *w, const tio_op_t *op)
     seg_rec_hdr_t hdr;
     int err = 0, rc;
     bool write_failed = false;
-    if (op->kind == TIO_WRITE)
+    if (op->kind == TIO_SYNC) {
+        rc = KVD_OK;
+        if (fdatasync(op->fd) != 0) {
+            err = errno;
+            KVD_WARN("tier_io", "sync (tag %" PRIu64 "): fdatasync of fd %d: %s", op->tag,
+                     op->fd, strerror(err));
+            rc = tio_errno_status(err);
+        }
+    } else if (op->kind == TIO_WRITE)
         rc = psync_write(t, w, op, &err);
     else if (op->kind == TIO_READ)
         rc = psync_read(t, w, op, &err, &hdr);
@@ -559,6 +573,7 @@ typedef struct ur_part {
     int fd;
     int buf_index; /* the registered buffer holding buf; -1: a plain one */
     bool is_write;
+    bool is_sync; /* an fdatasync: no buffer, res 0 is its success */
     /* a header block and a value in one readv/writev (plain buffers: they
      * are neighbours in the file): buf is then the block, len counts both */
     uint8_t *value;
@@ -621,7 +636,9 @@ static void uring_part_submit(tio_uring_t *u, ur_slot_t *s, uint32_t k)
     uint8_t *buf = p->buf + p->done;
     unsigned len = (unsigned)KVD_MIN(p->len - p->done, TIO_RW_MAX);
     uint64_t off = p->off + p->done;
-    if (p->value != NULL) {
+    if (p->is_sync) {
+        io_uring_prep_fsync(sqe, p->fd, IORING_FSYNC_DATASYNC);
+    } else if (p->value != NULL) {
         unsigned n = 0;
         if (p->done < SEG_BLOCK)
             p->iov[n++] = (struct iovec){p->buf + p->done, SEG_BLOCK - p->done};
@@ -671,6 +688,12 @@ static void uring_start_op(tio_t *t, const tio_op_t *op)
     s->status = KVD_OK;
     s->err = 0;
     s->copy_writing = false;
+    if (op->kind == TIO_SYNC) {
+        s->n_parts = s->pending = 1;
+        uring_part_start(u, s, 0,
+                         (ur_part_t){.fd = op->fd, .buf_index = -1, .is_sync = true});
+        return;
+    }
     if (op->kind == TIO_COPY) {
         s->n_parts = s->pending = 1;
         uring_part_start(u, s, 0,
@@ -733,7 +756,8 @@ static void uring_phase_done(tio_t *t, ur_slot_t *s)
     seg_rec_hdr_t hdr;
     const tio_op_t *op = &s->op;
     int rc = s->status;
-    if (rc != KVD_OK || op->kind == TIO_WRITE || s->copy_writing) {
+    if (rc != KVD_OK || op->kind == TIO_WRITE || op->kind == TIO_SYNC ||
+        s->copy_writing) {
         uring_end_op(t, s, rc, NULL);
     } else if (op->kind == TIO_READ) {
         rc =
@@ -767,7 +791,14 @@ static void uring_phase_done(tio_t *t, ur_slot_t *s)
 static void uring_part_done(tio_t *t, ur_slot_t *s, uint32_t k, int res)
 {
     ur_part_t *p = &s->part[k];
-    if (res > 0) {
+    if (p->is_sync && res < 0 && s->status == KVD_OK) {
+        KVD_WARN("tier_io", "sync (tag %" PRIu64 "): fdatasync of fd %d: %s", s->op.tag,
+                 p->fd, strerror(-res));
+        s->status = tio_errno_status(-res);
+        s->err = -res;
+    } else if (p->is_sync) {
+        /* ended: res 0 */
+    } else if (res > 0) {
         p->done += (uint64_t)res;
         if (p->done < p->len) {
             uring_part_submit(t->ur, s, k);
@@ -1295,6 +1326,7 @@ void tio_stats(const tio_t *t, tio_stats_t *out)
     out->reads = atomic_load_explicit(&c->reads, memory_order_relaxed);
     out->writes = atomic_load_explicit(&c->writes, memory_order_relaxed);
     out->copies = atomic_load_explicit(&c->copies, memory_order_relaxed);
+    out->syncs = atomic_load_explicit(&c->syncs, memory_order_relaxed);
     out->read_bytes = atomic_load_explicit(&c->read_bytes, memory_order_relaxed);
     out->write_bytes = atomic_load_explicit(&c->write_bytes, memory_order_relaxed);
     out->io_errors = atomic_load_explicit(&c->io_errors, memory_order_relaxed);

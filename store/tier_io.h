@@ -92,6 +92,11 @@ typedef enum tio_kind {
      * resealed: compaction. The copy is a newer record of its key than
      * its source, so that a restart finding both keeps the copy. */
     TIO_COPY = 3,
+    /* fdatasync of fd (io_uring: IORING_OP_FSYNC with IORING_FSYNC_DATASYNC):
+     * the writes into it that ended before this op was submitted are on
+     * the device's stable storage once it ends OK. O_DIRECT alone leaves
+     * them in the device's write cache. Only fd and tag are read. */
+    TIO_SYNC = 4,
 } tio_kind_t;
 
 typedef struct tio_op {
@@ -151,6 +156,7 @@ const char *tio_note(const tio_t *t);
 
 typedef struct tio_stats {
     uint64_t reads, writes, copies;   /* ops ended OK */
+    uint64_t syncs;                   /* ... TIO_SYNC */
     uint64_t read_bytes, write_bytes; /* values moved */
     uint64_t io_errors, checksum_failures, no_space;
     uint32_t queue_depth; /* its limit */

@@ -18,7 +18,20 @@ def tier_args(d):
             "--ssd-segment-size", "2M", "--evict-high", "0.8", "--evict-low", "0.6"]
 
 
-def offload_chains(lk, kv):
+def wait_spilled(daemon):
+    """Waits until no object is being spilled: a spill is acknowledged only
+    once its record is synced (the group commit: a round of fdatasyncs,
+    tens of ms on some disks), and the next chain's Reserves would else
+    find the pool full and drop the coldest objects on demand."""
+    import time
+    for _ in range(2000):
+        if store_stats(daemon)["spilling_bytes"] == 0:
+            return
+        time.sleep(0.005)
+    raise AssertionError("spills still in flight after 2000 polls")
+
+
+def offload_chains(lk, kv, daemon):
     chains = []
     for c in range(CHAINS):
         keys = sha_chain(tokens_of(100 + c, PAGES_PER_CHAIN * kv.ps), kv.ps)
@@ -26,6 +39,7 @@ def offload_chains(lk, kv):
         assert offload_and_wait(lk, kvdock.Transfer(kv.pool, keys,
                                                     indices=kv.indices(0, PAGES_PER_CHAIN)))
         chains.append(keys)
+        wait_spilled(daemon)
     return chains
 
 
@@ -48,7 +62,7 @@ def test_twice_the_pool_round_trips_through_the_tier(daemon_factory, linker_fact
     lk = linker_factory(d, model_id="ssd")
     kv = PagedPool(lk, layers=2, n_buf=2, n_rows=PAGES_PER_CHAIN * 16, bpr=1024, ps=16)
     assert kv.object_bytes() == 64 << 10
-    chains = offload_chains(lk, kv)
+    chains = offload_chains(lk, kv, d)
     st = store_stats(d)
     assert st["spills"] > 0 and st["ssd_objects"] > 0
     assert st["evictions"] == 0  # moved to the tier, none dropped
@@ -63,7 +77,7 @@ def test_tier_survives_sigkill_and_the_pool_gone(daemon_factory, linker_factory,
     d = daemon_factory(*tier_args(str(tmp_path)), pool_size="4M")
     lk = linker_factory(d, model_id="ssd")
     kv = PagedPool(lk, layers=2, n_buf=2, n_rows=PAGES_PER_CHAIN * 16, bpr=1024, ps=16)
-    chains = offload_chains(lk, kv)
+    chains = offload_chains(lk, kv, d)
     on_ssd = store_stats(d)["ssd_objects"]
     assert on_ssd > 0
     d.kill()

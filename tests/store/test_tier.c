@@ -46,6 +46,7 @@ typedef struct fx {
     uint64_t seg_bytes, tier_bytes; /* 0: SEG_BYTES, TIER_BYTES */
     uint32_t fail_copy_writes;      /* test hooks (kvd_tier_opts_t) */
     bool fail_pads;
+    bool hold_syncs, no_sync;
     kvd_tier_recovery_t rec; /* what the last open found */
 } fx_t;
 
@@ -87,6 +88,8 @@ static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why,
                          .fail_read_every = fail_read_every,
                          .fail_copy_writes = f->fail_copy_writes,
                          .fail_pad_writes = f->fail_pads,
+                         .hold_syncs = f->hold_syncs,
+                         .no_sync = f->no_sync,
                          .checkpoint_ms = f->checkpoint_ms,
                          .checkpoint_slice = f->checkpoint_ms ? 5 : 0};
     int rc = kvd_store_tier_attach(f->s, &o, &f->rec, why, len);
@@ -240,6 +243,67 @@ static void test_promotion_keeps_the_tenant_quota(void **state)
     kvd_tenant_usage_t use;
     assert_int_equal(kvd_store_tenant_usage(f.s, t, NULL, &use), KVD_OK);
     assert_true(use.quota_evictions > 0);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+static uint8_t where_of(fx_t *f, uint32_t k);
+
+/* Group commit: a spill whose write landed is not acknowledged while its
+ * segment's sync is held back (the test hook): the object stays in DRAM,
+ * readable and byte-exact, its extent not freed (spilling_bytes), nothing
+ * on the tier; once the syncs go, the spills are acknowledged (the DRAM
+ * copies freed, the objects on the tier) and the syncs are counted. With
+ * no_sync the spills are acknowledged as their writes land, unsynced.
+ * Before the group commit, the spills were acknowledged with no sync. */
+static void test_spill_waits_for_its_sync(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s); /* again, with the hook from the start */
+    f.hold_syncs = true;
+    char why[512];
+    assert_int_equal(open_store(&f, true, 0, why, sizeof(why)), KVD_OK);
+    for (uint32_t n = 0; n < 16; n++) /* past the high watermark: spills begin */
+        put(&f, n);
+    kvd_store_tier_drain(f.s, 2000); /* every write lands; no sync begins */
+    kvd_store_stats_t st = stats(f.s);
+    print_message("held: %llu bytes spilling, %llu spills, %llu syncs, %llu writes in "
+                  "flight\n",
+                  (unsigned long long)st.spilling_bytes, (unsigned long long)st.spills,
+                  (unsigned long long)st.ssd_syncs, (unsigned long long)st.ssd_in_flight);
+    assert_true(st.spilling_bytes > 0); /* extents held, not freed */
+    assert_int_equal(st.spills, 0);
+    assert_int_equal(st.ssd_objects, 0);
+    assert_int_equal(st.ssd_live_bytes, 0);
+    assert_int_equal(st.ssd_syncs, 0);
+    assert_int_equal(st.evictions, 0);
+    for (uint32_t n = 0; n < 16; n++)
+        assert_int_equal(where_of(&f, n), 1); /* in DRAM */
+    kvd_store_tier_hold_syncs(f.s, false);
+    kvd_store_tier_drain(f.s, 2000);
+    st = stats(f.s);
+    print_message("released: %llu spills, %llu syncs\n", (unsigned long long)st.spills,
+                  (unsigned long long)st.ssd_syncs);
+    assert_true(st.spills > 0);
+    assert_true(st.ssd_syncs > 0);
+    assert_int_equal(st.ssd_objects, st.spills);
+    assert_int_equal(st.spilling_bytes, 0);
+    for (uint32_t n = 0; n < 16; n++)
+        assert_int_equal(get(&f, n), KVD_OK); /* byte-exact, from either tier */
+    check_ok(f.s);
+    kvd_store_destroy(f.s);
+
+    /* without the syncs: acknowledged as written, none counted */
+    f.hold_syncs = false;
+    f.no_sync = true;
+    assert_int_equal(open_store(&f, true, 0, why, sizeof(why)), KVD_OK);
+    for (uint32_t n = 0; n < 16; n++)
+        put(&f, n);
+    kvd_store_tier_drain(f.s, 2000);
+    st = stats(f.s);
+    assert_true(st.spills > 0);
+    assert_int_equal(st.ssd_syncs, 0);
     check_ok(f.s);
     fx_fini(&f);
 }
@@ -857,6 +921,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         BOTH(test_twice_dram_round_trips),
+        BOTH(test_spill_waits_for_its_sync),
         BOTH(test_promotion_keeps_the_tenant_quota),
         BOTH(test_lookup_says_the_tier),
         BOTH(test_restart_keeps_the_tier),

@@ -817,6 +817,44 @@ static void test_refused(void **state)
     close(fd);
 }
 
+/* TIO_SYNC: a sync of a segment the records were written to ends OK and is
+ * counted; one of a file that cannot be synced (a pipe: EINVAL) ends with
+ * KVD_ERR_IO and its errno; one of no file is refused. Reads and writes
+ * around it are not held up. */
+static void test_sync(void **state)
+{
+    fx_t *f = fx_get(state);
+    static const uint64_t sizes[] = {4 * KVD_KiB, 64 * KVD_KiB, 4 * KVD_KiB};
+    rec_t r[KVD_ARRAY_SIZE(sizes)];
+    lay_out(r, sizes, KVD_ARRAY_SIZE(sizes), SEG_BLOCK, 0);
+    int fd = fx_open(f, "seg-000001.kvs");
+    tio_opts_t o = fx_opts(f, 0);
+    tio_t *t = fx_tio(&o);
+    write_recs(t, fd, r, KVD_ARRAY_SIZE(sizes));
+    int pipe_fd[2];
+    assert_int_equal(pipe(pipe_fd), 0);
+    tio_op_t ops[3] = {{.tag = 0, .kind = TIO_SYNC, .fd = fd},
+                       {.tag = 1, .kind = TIO_SYNC, .fd = pipe_fd[0]},
+                       {.tag = 2, .kind = TIO_SYNC, .fd = -1}};
+    tio_done_t done[3];
+    run_ops(t, ops, 3, done);
+    assert_int_equal(done[0].status, KVD_OK);
+    assert_int_equal(done[0].kind, TIO_SYNC);
+    assert_int_equal(done[1].status, KVD_ERR_IO);
+    assert_int_equal(done[1].sys_errno, EINVAL);
+    assert_int_equal(done[2].status, KVD_ERR_INVALID);
+    tio_stats_t st;
+    tio_stats(t, &st);
+    assert_int_equal(st.syncs, 1);
+    assert_int_equal(st.io_errors, 1);
+    assert_int_equal(st.writes, KVD_ARRAY_SIZE(sizes));
+    read_check(f, t, fd, r, KVD_ARRAY_SIZE(sizes), 1);
+    tio_destroy(t);
+    close(pipe_fd[0]);
+    close(pipe_fd[1]);
+    close(fd);
+}
+
 /* TIO_AUTO: io_uring where a ring can be had, else pread/pwrite with the
  * reason in the note. */
 static void test_auto(void **state)
@@ -880,6 +918,7 @@ int main(void)
         BOTH(test_fixed_buffers),
         BOTH(test_destroy_in_flight),
         BOTH(test_refused),
+        BOTH(test_sync),
         {"test_auto", test_auto, setup, teardown, &be_auto},
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
