@@ -177,6 +177,24 @@ bool kvd_gpu_pinned(kvd_gpu_runtime_t rt, const void *p, size_t n)
     return a >= end;
 }
 
+/* How many bytes from p (at most n) lie in the one registration p is in;
+ * 0 when p is not pinned. A DMA copy stays within one registration: the
+ * driver may take one that spans two for pageable memory. */
+static size_t pinned_span(kvd_gpu_runtime_t rt, const void *p, size_t n)
+{
+    struct pins *t = pins_of(rt);
+    uintptr_t a = (uintptr_t)p;
+    size_t span = 0;
+    pthread_rwlock_rdlock(&t->lock);
+    for (size_t i = 0; i < t->n; i++)
+        if (a >= t->v[i].base && a - t->v[i].base < t->v[i].len) {
+            span = (size_t)KVD_MIN((uint64_t)n, t->v[i].len - (a - t->v[i].base));
+            break;
+        }
+    pthread_rwlock_unlock(&t->lock);
+    return span;
+}
+
 static bool overlaps(const struct pins *t, uintptr_t a, uint64_t len)
 {
     for (size_t i = 0; i < t->n; i++)
@@ -428,15 +446,24 @@ static int gpu_copy_batch(const kvd_memkind_t *k, const kvd_copy_t *v, size_t n,
     kvd_copy_t run[DMA_RUN];
     size_t n_run = 0;
     for (size_t i = 0; rc == KVD_OK && i < n; i++) {
-        const void *host = into_region ? v[i].src : v[i].dst;
-        if (kvd_gpu_pinned(g->rt, host, v[i].n)) {
-            run[n_run++] = v[i];
+        /* by DMA piece by piece, each within one registration; what is not
+         * pinned through the ring */
+        for (size_t off = 0; rc == KVD_OK && off < v[i].n;) {
+            kvd_copy_t c = {.dst = (uint8_t *)v[i].dst + off,
+                            .src = (const uint8_t *)v[i].src + off,
+                            .n = v[i].n - off};
+            size_t span = pinned_span(g->rt, into_region ? c.src : c.dst, c.n);
+            if (span == 0) {
+                rc = bounce(g, &c, into_region);
+                break;
+            }
+            c.n = span;
+            run[n_run++] = c;
             if (n_run == DMA_RUN) {
                 rc = dma(g, run, n_run, into_region);
                 n_run = 0;
             }
-        } else {
-            rc = bounce(g, &v[i], into_region);
+            off += span;
         }
     }
     if (rc == KVD_OK && n_run > 0)
