@@ -791,6 +791,7 @@ typedef struct kvd_tier_opts {
     uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
     uint32_t fail_copy_writes; /* test hook: the first n compaction copies' writes fail */
     bool fail_pad_writes;      /* test hook: a failed write's pad fails too (a hole) */
+    uint32_t fail_spill_writes; /* test hook: the first n spills' writes fail (EIO) */
     /* a spill is acknowledged (its DRAM copy freed) only once its record is
      * durable: the writes that landed are synced in rounds (group commit,
      * tier.c). no_sync acknowledges as the write lands, leaving the record

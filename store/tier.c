@@ -1285,6 +1285,12 @@ void kvd_store_tier_hold_syncs(kvd_store_t *s, bool hold)
         s->tier->hold_syncs = hold; /* a round begins at the next poll */
 }
 
+void kvd_store_tier_fail_syncs(kvd_store_t *s, uint32_t n)
+{
+    if (s->tier != NULL)
+        tio_fail_syncs(s->tier->io, n);
+}
+
 int kvd_store_tier_fd(const kvd_store_t *s)
 {
     return s->tier ? tio_event_fd(s->tier->io) : -1;
@@ -2358,6 +2364,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
                                                 (uint64_t)COPY_MAX_BYTES),
                      .fail_read_every = o->fail_read_every,
                      .fail_copy_writes = o->fail_copy_writes,
+                     .fail_writes = o->fail_spill_writes,
                      .defer_fixed = o->defer_fixed_buffers};
     if ((rc = tio_create(&io, &t->io)) != KVD_OK)
         FAIL_WHY(rc, "the SSD tier's I/O could not start (%s): see the log",
