@@ -865,6 +865,41 @@ static void test_failed_sync_acknowledges_nothing(void **state)
     fx_fini(&f);
 }
 
+/* An eviction's tombstones made durable for its reply (an operator's
+ * Evict, kvd_store_tier_sync_dead): with no sync round since the eviction
+ * (held back), one fdatasync of the dead-list, and none when nothing is
+ * new; once a round synced the dead-list, none either. Before, the reply
+ * came with the tombstone perhaps only in the page cache. */
+static void test_evict_syncs_its_tombstone(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    assert_int_equal(where_of(&f, 0), 2);
+    assert_int_equal(where_of(&f, 1), 2);
+    uint64_t d0 = stats(f.s).ssd_dead_syncs;
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0); /* every entry synced already */
+    kvd_store_tier_hold_syncs(f.s, true);
+    key_t32 key;
+    mkkey(key, 0);
+    assert_int_equal(kvd_store_evict_key(f.s, f.ns, key), KVD_OK);
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0 + 1);
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0 + 1); /* nothing new */
+    kvd_store_tier_hold_syncs(f.s, false);
+    mkkey(key, 1);
+    assert_int_equal(kvd_store_evict_key(f.s, f.ns, key), KVD_OK);
+    kvd_store_tier_drain(f.s, 2000); /* a round syncs the dead-list */
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0 + 1);
+    assert_int_equal(where_of(&f, 0), 0);
+    assert_int_equal(where_of(&f, 1), 0);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
 #define EVICT_N (4 * N_OBJ) /* over twice what the tier holds */
 
 /* Where object k is: 0 absent, 1 in DRAM, 2 on the tier. */
@@ -1144,6 +1179,7 @@ int main(void)
         BOTH(test_tier_evictions_stay_out_after_a_restart),
         BOTH(test_spill_past_a_hole_stays_in_dram),
         BOTH(test_failed_sync_acknowledges_nothing),
+        BOTH(test_evict_syncs_its_tombstone),
         cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
