@@ -844,7 +844,8 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms);
  * caller's thread. For a reply that must not come before the tombstones
  * of the objects it removed from the tier (an operator's Evict): after
  * it, a power loss does not bring them back. KVD_OK (also without a tier,
- * or with nothing to sync), or the fdatasync's error (logged). */
+ * with no_sync, or with nothing to sync), or the fdatasync's error
+ * (logged). */
 int kvd_store_tier_sync_dead(kvd_store_t *s);
 /* Writes the tier's checkpoint now (a clean stop). */
 int kvd_store_tier_checkpoint(kvd_store_t *s);

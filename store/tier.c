@@ -1300,7 +1300,8 @@ void kvd_store_tier_hold_syncs(kvd_store_t *s, bool hold)
 int kvd_store_tier_sync_dead(kvd_store_t *s)
 {
     struct tier *t = s->tier;
-    if (t == NULL || t->dead_fd < 0 || t->dead_durable >= t->dead_appended)
+    /* (--ssd-sync off: nothing is synced, tombstones included) */
+    if (t == NULL || !t->sync_on || t->dead_fd < 0 || t->dead_durable >= t->dead_appended)
         return KVD_OK;
     uint64_t upto = t->dead_appended;
     t->dead_syncs++;
