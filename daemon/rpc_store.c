@@ -1130,6 +1130,22 @@ static void serve_list(kvd_store_t *store, const kvd_opts_t *opts,
         set_error(req, rep, rc, 0, "list prefixes failed: %s", kvd_status_str(rc));
 }
 
+/* An Evict's reply comes after the tombstones of the objects it removed
+ * from the SSD tier are durable (kvd_store_tier_sync_dead): an operator
+ * told they are gone must not see them back after a power loss. When the
+ * sync fails the reply says so (they are gone from the index either way). */
+static void evict_sync(kvd_store_t *store, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    if (rep->body.evict_rep.evicted == 0)
+        return;
+    int rc = kvd_store_tier_sync_dead(store);
+    if (rc != KVD_OK)
+        set_error(req, rep, rc, 0,
+                  "evicted %llu objects, but the SSD tier's dead-list could not be "
+                  "synced (%s): those on the tier may come back after a power loss",
+                  (unsigned long long)rep->body.evict_rep.evicted, kvd_status_str(rc));
+}
+
 /* Evict of a namespace (or all) goes in slices of EVICT_VISITS records;
  * skipped counts what stayed: pinned or being written objects, and while
  * next_cursor is set, those not reached yet. A key is looked for in each
@@ -1175,6 +1191,7 @@ static void serve_evict(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
         }
         if (pos != KVD_STORE_POS_END)
             cursor_make(store, "EV", ns, 0, pos, o->next_cursor, &o->next_cursor_len);
+        evict_sync(store, req, rep);
         return;
     }
     bool found = false;
@@ -1192,6 +1209,8 @@ static void serve_evict(kvd_store_t *store, const kvd_rpc_ctx_t *ctx,
     if (!found)
         set_error(req, rep, KVD_ERR_NOT_FOUND, 0, "the key is not stored%s%s",
                   r->ns_name[0] ? " in " : "", r->ns_name);
+    else
+        evict_sync(store, req, rep);
 }
 
 void kvd_rpc_store_serve(kvd_store_t *store, const kvd_opts_t *opts,

@@ -737,8 +737,10 @@ typedef struct kvd_store_stats {
     uint64_t ssd_recovered_objects;        /* found on the tier at start */
     uint64_t ssd_checkpoints;              /* checkpoints written */
     uint64_t ssd_syncs;                    /* fdatasyncs of the group commit ended */
-    uint32_t ssd_io_path;                  /* 0 none, 1 io_uring, 2 pread/pwrite */
-    uint32_t ssd_fixed_buffers;            /* 1: the pool is registered with the ring */
+    uint64_t
+        ssd_dead_syncs; /* ... of the dead-list for a reply (kvd_store_tier_sync_dead) */
+    uint32_t ssd_io_path;       /* 0 none, 1 io_uring, 2 pread/pwrite */
+    uint32_t ssd_fixed_buffers; /* 1: the pool is registered with the ring */
 } kvd_store_stats_t;
 
 void kvd_store_stats(const kvd_store_t *s, kvd_store_stats_t *out);
@@ -791,6 +793,7 @@ typedef struct kvd_tier_opts {
     uint32_t fail_read_every;  /* test hook: every n-th read fails with EIO */
     uint32_t fail_copy_writes; /* test hook: the first n compaction copies' writes fail */
     bool fail_pad_writes;      /* test hook: a failed write's pad fails too (a hole) */
+    uint32_t fail_spill_writes; /* test hook: the first n spills' writes fail (EIO) */
     /* a spill is acknowledged (its DRAM copy freed) only once its record is
      * durable: the writes that landed are synced in rounds (group commit,
      * tier.c). no_sync acknowledges as the write lands, leaving the record
@@ -836,6 +839,14 @@ int kvd_store_tier_fd(const kvd_store_t *s);
 /* Takes the tier's completions and moves the work on (spills, promotions,
  * compaction, checkpoints). Returns the completions taken. */
 size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms);
+/* Makes the tier's dead-list durable now when entries appended to it are
+ * not yet (no sync round or rewrite covered them): one fdatasync, on the
+ * caller's thread. For a reply that must not come before the tombstones
+ * of the objects it removed from the tier (an operator's Evict): after
+ * it, a power loss does not bring them back. KVD_OK (also without a tier,
+ * with no_sync, or with nothing to sync), or the fdatasync's error
+ * (logged). */
+int kvd_store_tier_sync_dead(kvd_store_t *s);
 /* Writes the tier's checkpoint now (a clean stop). */
 int kvd_store_tier_checkpoint(kvd_store_t *s);
 /* Waits until the tier has nothing in flight or timeout_ms passed, polling

@@ -24,4 +24,10 @@ int kvd_store_tier_place(const kvd_store_t *s, uint32_t ns,
  * start. No-op without a tier. */
 void kvd_store_tier_hold_syncs(kvd_store_t *s, bool hold);
 
+/* Fails the tier's next n segment or dead-list syncs (TIO_SYNC) with EIO,
+ * as a device whose cache flush fails: the round's writes in a segment
+ * whose sync failed are not acknowledged (tier.c's sync_done). No-op
+ * without a tier. */
+void kvd_store_tier_fail_syncs(kvd_store_t *s, uint32_t n);
+
 #endif

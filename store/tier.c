@@ -179,6 +179,11 @@ struct tier {
     bool sync_on, hold_syncs;
     uint32_t round_syncs; /* syncs of the round in flight; 0: no round */
     bool dead_dirty;      /* the dead-list was appended since its last sync began */
+    /* entries appended to the dead-list, those of them known durable (a
+     * sync or rewrite that ended after them), and the count a round's sync
+     * of it covers (kvd_store_tier_sync_dead) */
+    uint64_t dead_appended, dead_durable, dead_round_mark;
+    uint64_t dead_syncs; /* kvd_store_tier_sync_dead's own fdatasyncs */
     /* the dead-list's fd the round's sync is on, or -1: a rewrite that
      * replaces it leaves it open until that sync ends */
     int dead_sync_fd;
@@ -251,6 +256,7 @@ static void dead_add(struct tier *t, uint32_t loc)
     e.crc = dead_crc(t, &e);
     ssize_t n = write(t->dead_fd, &e, sizeof(e));
     t->dead_dirty = true; /* the next round syncs it */
+    t->dead_appended++;
     if (n != (ssize_t)sizeof(e))
         KVD_WARN("tier", "%s/%s: %s: a record gone may come back at a restart", t->dir,
                  DEAD_NAME, n < 0 ? strerror(errno) : "short write");
@@ -290,7 +296,8 @@ static void dead_rewrite(struct tier *t, uint32_t from)
         close(t->dead_fd); /* (else closed as its sync ends) */
     t->dead_fd = fd;
     t->dead_dirty = false; /* what it holds was fsync'd just now */
-    if (from > 0)          /* (t->dead is NULL while nothing was named) */
+    t->dead_durable = t->dead_appended;
+    if (from > 0) /* (t->dead is NULL while nothing was named) */
         memmove(t->dead, t->dead + from, (size_t)(t->n_dead - from) * sizeof(dead_ent_t));
     t->n_dead -= from;
 }
@@ -1092,8 +1099,10 @@ static void done_copy(kvd_store_t *s, const inflight_t *f, const tio_done_t *d)
  * what was acknowledged after them, and a tombstone is at most one round
  * (a poll and a sync) from durable, not a checkpoint (a minute). A reply
  * that must not precede its tombstone's durability (an operator's Evict
- * of SSD objects) would wait for the round: not done, the daemon replies
- * at once.
+ * of SSD objects) syncs the dead-list itself (kvd_store_tier_sync_dead),
+ * on the caller's thread, when a round has not made its entries durable
+ * already: one fdatasync of a small file per such reply, rare enough not
+ * to be worth a deferred reply.
  *
  * A sync's tag is SYNC_TAG with the segment's id (n_segs: the dead-list):
  * syncs take no entry of t->ops, which the landed writes may hold all of. */
@@ -1141,6 +1150,7 @@ static void round_begin(struct tier *t)
         if (id == t->n_segs) {
             t->dead_dirty = false;
             t->dead_sync_fd = t->dead_fd;
+            t->dead_round_mark = t->dead_appended;
         }
         submit(t, &op); /* room checked above */
         t->round_syncs++;
@@ -1157,6 +1167,8 @@ static void sync_done(struct tier *t, uint32_t id, int status)
             KVD_WARN("tier",
                      "%s/%s: sync: %s: a record gone may come back after a power loss",
                      t->dir, DEAD_NAME, kvd_status_str(status));
+        else
+            t->dead_durable = KVD_MAX(t->dead_durable, t->dead_round_mark);
         if (t->dead_sync_fd >= 0 && t->dead_sync_fd != t->dead_fd)
             close(t->dead_sync_fd); /* a rewrite replaced it meanwhile */
         t->dead_sync_fd = -1;
@@ -1285,6 +1297,31 @@ void kvd_store_tier_hold_syncs(kvd_store_t *s, bool hold)
         s->tier->hold_syncs = hold; /* a round begins at the next poll */
 }
 
+int kvd_store_tier_sync_dead(kvd_store_t *s)
+{
+    struct tier *t = s->tier;
+    /* (--ssd-sync off: nothing is synced, tombstones included) */
+    if (t == NULL || !t->sync_on || t->dead_fd < 0 || t->dead_durable >= t->dead_appended)
+        return KVD_OK;
+    uint64_t upto = t->dead_appended;
+    t->dead_syncs++;
+    if (fdatasync(t->dead_fd) != 0) {
+        int rc = kvd_status_from_errno(errno);
+        KVD_ERROR("tier",
+                  "%s/%s: sync: %s: a record gone may come back after a power loss",
+                  t->dir, DEAD_NAME, strerror(errno));
+        return rc;
+    }
+    t->dead_durable = upto;
+    return KVD_OK;
+}
+
+void kvd_store_tier_fail_syncs(kvd_store_t *s, uint32_t n)
+{
+    if (s->tier != NULL)
+        tio_fail_syncs(s->tier->io, n);
+}
+
 int kvd_store_tier_fd(const kvd_store_t *s)
 {
     return s->tier ? tio_event_fd(s->tier->io) : -1;
@@ -1347,6 +1384,7 @@ void tier_stats(const kvd_store_t *s, kvd_store_stats_t *out)
     tio_stats_t io;
     tio_stats(t->io, &io);
     out->ssd_syncs = io.syncs;
+    out->ssd_dead_syncs = t->dead_syncs;
     out->ssd_io_errors = io.io_errors;
     out->ssd_checksum_failures = io.checksum_failures;
     out->ssd_no_space = io.no_space;
@@ -2358,6 +2396,7 @@ int kvd_store_tier_attach(kvd_store_t *s, const kvd_tier_opts_t *o,
                                                 (uint64_t)COPY_MAX_BYTES),
                      .fail_read_every = o->fail_read_every,
                      .fail_copy_writes = o->fail_copy_writes,
+                     .fail_writes = o->fail_spill_writes,
                      .defer_fixed = o->defer_fixed_buffers};
     if ((rc = tio_create(&io, &t->io)) != KVD_OK)
         FAIL_WHY(rc, "the SSD tier's I/O could not start (%s): see the log",

@@ -92,7 +92,7 @@ typedef struct tio_backend_ops {
 struct tio {
     tio_opts_t o; /* queue_depth and fixed_slice_bytes resolved */
     const tio_backend_ops_t *ops;
-    pthread_mutex_t lock; /* the queues, stopping, signalled, read_ops */
+    pthread_mutex_t lock; /* the queues, stopping, signalled, the hooks' counts */
     pthread_cond_t cond;  /* psync workers wait on it for pending ops */
     tio_op_t *pending;
     uint32_t pending_head, pending_count;
@@ -100,7 +100,9 @@ struct tio {
     uint32_t done_head, done_count;
     bool stopping;
     bool signalled;
-    uint64_t read_ops; /* READ and COPY ops started: fail_read_every counts them */
+    uint64_t read_ops;   /* READ and COPY ops started: fail_read_every counts them */
+    uint64_t write_ops;  /* WRITE ops started: fail_writes counts them */
+    uint32_t fail_syncs; /* SYNC ops still to fail (tio_fail_syncs) */
     _Atomic uint32_t copy_writes; /* COPY writes begun: fail_copy_writes counts them */
     int done_fd;
     uint32_t in_flight; /* the caller's thread only */
@@ -313,8 +315,9 @@ static void tio_finish(tio_t *t, const tio_op_t *op, int status, int sys_errno,
 }
 
 /* Takes the oldest pending op into *op, waiting for one when `wait`.
- * *fail says the test hook fails it (a read-type op, counted in order of
- * taking). False when none is pending (with `wait`: and stopping). */
+ * *fail says a test hook fails it (fail_read_every, fail_writes,
+ * tio_fail_syncs; ops counted in order of taking). False when none is
+ * pending (with `wait`: and stopping). */
 static bool tio_take(tio_t *t, bool wait, tio_op_t *op, bool *fail)
 {
     pthread_mutex_lock(&t->lock);
@@ -328,6 +331,12 @@ static bool tio_take(tio_t *t, bool wait, tio_op_t *op, bool *fail)
         *fail = false;
         if ((op->kind == TIO_READ || op->kind == TIO_COPY) && t->o.fail_read_every != 0)
             *fail = ++t->read_ops % t->o.fail_read_every == 0;
+        if (op->kind == TIO_WRITE && t->o.fail_writes != 0)
+            *fail = ++t->write_ops <= t->o.fail_writes;
+        if (op->kind == TIO_SYNC && t->fail_syncs > 0) {
+            t->fail_syncs--;
+            *fail = true;
+        }
     }
     pthread_mutex_unlock(&t->lock);
     return got;
@@ -336,9 +345,16 @@ static bool tio_take(tio_t *t, bool wait, tio_op_t *op, bool *fail)
 /* Ends an op the test hook fails, as the device would with EIO. */
 static void tio_fail_hooked(tio_t *t, const tio_op_t *op)
 {
-    KVD_DEBUG("tier_io", "%s (tag %" PRIu64 ") failed by fail_read_every",
+    KVD_DEBUG("tier_io", "%s (tag %" PRIu64 ") failed by a test hook",
               tio_kind_name(op->kind), op->tag);
     tio_finish(t, op, KVD_ERR_IO, EIO, NULL, false);
+}
+
+void tio_fail_syncs(tio_t *t, uint32_t n)
+{
+    pthread_mutex_lock(&t->lock);
+    t->fail_syncs = n;
+    pthread_mutex_unlock(&t->lock);
 }
 
 /* Whether the test hook fails this COPY's write (fail_copy_writes); logs it.

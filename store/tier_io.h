@@ -63,6 +63,10 @@ typedef struct tio_opts {
      * KVD_ERR_IO and write_failed as if writing the copy had met EIO
      * (nothing is written). 0: never. */
     uint32_t fail_copy_writes;
+    /* Test hook standing in for a device that refuses a spill: the first
+     * fail_writes WRITE ops end with KVD_ERR_IO (EIO) and write nothing.
+     * 0: never. */
+    uint32_t fail_writes;
 } tio_opts_t;
 
 typedef struct tio tio_t;
@@ -140,6 +144,10 @@ size_t tio_poll(tio_t *t, tio_done_t *out, size_t max);
 uint32_t tio_in_flight(const tio_t *t);
 /* Blocks until a completion waits or timeout_ms passed (tests, shutdown). */
 void tio_wait(tio_t *t, int timeout_ms);
+
+/* Test hook standing in for a device whose cache flush fails: the next n
+ * SYNC ops taken end with KVD_ERR_IO (EIO), syncing nothing. Any thread. */
+void tio_fail_syncs(tio_t *t, uint32_t n);
 
 /* Registers the pool as fixed buffers now (io_uring, when it was deferred
  * and is allowed); asynchronous: on the ring's thread, between batches,

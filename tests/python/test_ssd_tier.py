@@ -99,3 +99,35 @@ def test_tier_survives_sigkill_and_the_pool_gone(daemon_factory, linker_factory,
             whole += 1
     assert whole > 0
     shutil.rmtree(os.path.join(str(tmp_path), "tier"), ignore_errors=True)
+
+
+def test_operator_evict_of_tier_objects_lasts_across_sigkill(daemon_factory, linker_factory,
+                                                             tmp_path):
+    """An operator's Evict of every object, many of them on the tier, then
+    SIGKILL and a reboot (pool gone): none comes back. The reply came after
+    the tombstones' fdatasync (kvd_store_tier_sync_dead); what this test
+    sees is the kill, not a power loss, so it checks the path end to end,
+    not the sync's durability."""
+    d = daemon_factory(*tier_args(str(tmp_path)), pool_size="4M")
+    lk = linker_factory(d, model_id="ssd")
+    kv = PagedPool(lk, layers=2, n_buf=2, n_rows=PAGES_PER_CHAIN * 16, bpr=1024, ps=16)
+    offload_chains(lk, kv, d)
+    on_ssd = store_stats(d)["ssd_objects"]
+    assert on_ssd > 0
+    with kvdock.StoreClient(socket_path=d.socket) as sc:
+        evicted = 0
+        for _ in range(1000):
+            rep = sc.evict(all=True)
+            evicted += rep["evicted"]
+            if rep["evicted"] == 0:
+                break
+    assert evicted >= on_ssd
+    assert store_stats(d)["ssd_objects"] == 0
+    d.kill()
+    for name in os.listdir(d.dir):
+        if name.startswith("kvdock-"):
+            os.unlink(os.path.join(d.dir, name))
+    d.start()
+    st = store_stats(d)
+    assert st["ssd_objects"] == 0 and st["objects_ready"] == 0
+    shutil.rmtree(os.path.join(str(tmp_path), "tier"), ignore_errors=True)

@@ -45,6 +45,7 @@ typedef struct fx {
     uint64_t checkpoint_ms;         /* 0: the default period */
     uint64_t seg_bytes, tier_bytes; /* 0: SEG_BYTES, TIER_BYTES */
     uint32_t fail_copy_writes;      /* test hooks (kvd_tier_opts_t) */
+    uint32_t fail_spill_writes;
     bool fail_pads;
     bool hold_syncs, no_sync;
     kvd_tier_recovery_t rec; /* what the last open found */
@@ -87,6 +88,7 @@ static int open_store(fx_t *f, bool fresh, uint32_t fail_read_every, char *why,
                          .fresh = fresh,
                          .fail_read_every = fail_read_every,
                          .fail_copy_writes = f->fail_copy_writes,
+                         .fail_spill_writes = f->fail_spill_writes,
                          .fail_pad_writes = f->fail_pads,
                          .hold_syncs = f->hold_syncs,
                          .no_sync = f->no_sync,
@@ -658,6 +660,246 @@ static void test_failed_copy_keeps_its_source(void **state)
     fx_fini(&f);
 }
 
+/* Entries in the tier's dead-list file (24 bytes each: tier.c's dead_ent_t). */
+static uint64_t dead_entries(const fx_t *f)
+{
+    char path[160];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/tier.dead", f->dir);
+    return stat(path, &st) == 0 ? (uint64_t)st.st_size / 24 : 0;
+}
+
+/* A spill whose write the device refuses (the hook: the first spill's
+ * write ends with EIO), its place not covered by a pad either (a hole,
+ * where a restart's scan stops): the failed spill's object is dropped and
+ * counted, as eviction without a tier would (done_spill: a failing device
+ * must not keep a spill loop going), never read wrong. The spills placed
+ * after it in its segment landed past the hole, where a restart would not
+ * find them: not acknowledged, their objects stay in DRAM, byte-exact, not
+ * counted as failures, their records named dead; a later spill writes them
+ * into another segment, and a restart after a clean stop brings them back
+ * from there. */
+static void test_spill_past_a_hole_stays_in_dram(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    f.fail_spill_writes = 1;
+    f.fail_pads = true;
+    f.checkpoint_ms = UINT64_MAX; /* no checkpoint rewrites the dead-list meanwhile */
+    char why[512];
+    assert_int_equal(open_store(&f, true, 0, why, sizeof(why)), KVD_OK);
+    for (uint32_t n = 0; n < 13; n++) /* the 13th passes the high watermark */
+        put(&f, n);
+    kvd_store_tier_drain(f.s, 2000);
+    kvd_store_stats_t st = stats(f.s);
+    uint8_t where[13];
+    uint32_t first_ssd = UINT32_MAX, kept = 0;
+    for (uint32_t n = 0; n < 13; n++) {
+        where[n] = where_of(&f, n);
+        if (where[n] == 2 && first_ssd == UINT32_MAX)
+            first_ssd = n;
+    }
+    /* spills go oldest first: 0 failed, those after it up to the first one
+     * acknowledged (in the next segment) lay past the hole */
+    for (uint32_t n = 1; n < first_ssd && n < 13; n++)
+        kept += where[n] == 1;
+    print_message("hole: %llu spill failures, %llu spills, %llu I/O errors, %u kept in "
+                  "DRAM past it, first on the tier: object %u, %llu dead-list entries\n",
+                  (unsigned long long)st.spill_failures, (unsigned long long)st.spills,
+                  (unsigned long long)st.ssd_io_errors, kept, first_ssd,
+                  (unsigned long long)dead_entries(&f));
+    assert_int_equal(st.ssd_io_errors, 1); /* the hook's write, and nothing else */
+    assert_int_equal(st.spill_failures, 1);
+    assert_int_equal(where[0], 0); /* the failed spill: dropped */
+    assert_true(first_ssd != UINT32_MAX && first_ssd < 13);
+    assert_true(kept >= 1);
+    assert_int_equal(kept, first_ssd - 1);    /* every one between: in DRAM */
+    assert_int_equal(st.spilling_bytes, 0);   /* none of them still held */
+    assert_int_equal(dead_entries(&f), kept); /* written, then named dead */
+    uint32_t seg, block;
+    key_t32 key;
+    mkkey(key, first_ssd);
+    assert_int_equal(kvd_store_tier_place(f.s, f.ns, key, &seg, &block), KVD_OK);
+    assert_int_not_equal(seg, 0); /* the hole's segment (the first) got no more */
+    for (uint32_t n = 1; n < first_ssd; n++) {
+        mkkey(key, n);
+        kvd_obj_info_t info;
+        assert_int_equal(kvd_store_inspect(f.s, f.ns, key, &info), KVD_OK);
+        assert_int_equal(info.tier, KVD_TIER_DRAM);
+    }
+    /* more objects: the kept ones reach the LRU's tail and spill again */
+    uint32_t n = 13;
+    bool all_moved = false;
+    for (; n < 13 + 2 * N_OBJ && !all_moved; n++) {
+        put(&f, n);
+        kvd_store_tier_drain(f.s, 1000);
+        all_moved = true;
+        for (uint32_t k = 1; k < first_ssd; k++)
+            all_moved &= where_of(&f, k) == 2;
+    }
+    st = stats(f.s);
+    print_message("after %u more puts: kept objects on the tier: %s, %llu spills, %llu "
+                  "failures\n",
+                  n - 13, all_moved ? "all" : "not all", (unsigned long long)st.spills,
+                  (unsigned long long)st.spill_failures);
+    assert_true(all_moved);
+    assert_int_equal(st.spill_failures, 1);
+    assert_int_equal(st.ssd_io_errors, 1);
+    check_ok(f.s);
+    /* a clean stop, the pool gone: they come back from their new records */
+    kvd_store_destroy(f.s);
+    memset(f.pool, 0, POOL_BYTES);
+    f.fail_spill_writes = 0;
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    assert_int_equal(get(&f, 0), KVD_ERR_NOT_FOUND);
+    for (uint32_t k = 1; k < first_ssd; k++)
+        assert_int_equal(get(&f, k), KVD_OK); /* byte-exact (get asserts) */
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+#define SYNC_N 16 /* puts before the sync fails: a round over several segments */
+
+/* A segment's sync that fails (the hook: the round's first sync, the
+ * first segment's, ends with EIO): its writes of the round are not
+ * acknowledged as durable. sync_done makes each a failed write and a hole
+ * (seg_break: the device may hold them torn), so, as a refused write,
+ * each of those objects is dropped and counted in spill_failures; the
+ * round's other segments are acknowledged. Nothing hangs: nothing stays in
+ * flight or held. The records were written, so a restart's scan meets
+ * them: after SIGKILL (no checkpoint since), the dead-list keeps them out,
+ * the acknowledged ones come back byte-exact, and the tier goes on. */
+static void test_failed_sync_acknowledges_nothing(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    f.s = NULL;
+    f.checkpoint_ms = UINT64_MAX; /* only the dead-list keeps the records out */
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char why[512];
+        f.hold_syncs = true;
+        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
+            _exit(3);
+        for (uint32_t n = 0; n < SYNC_N; n++)
+            put(&f, n);
+        kvd_store_tier_drain(f.s, 2000); /* the writes land; no round */
+        uint64_t out[5];
+        out[0] = stats(f.s).spilling_bytes; /* held: > 0 */
+        kvd_store_tier_fail_syncs(f.s, 1);
+        kvd_store_tier_hold_syncs(f.s, false);
+        kvd_store_tier_drain(f.s, 2000);
+        /* (its last poll may begin the round syncing the dead-list's new
+         * entries: one more for that) */
+        kvd_store_tier_drain(f.s, 2000);
+        kvd_store_stats_t st = stats(f.s);
+        out[1] = st.spill_failures;
+        out[2] = st.spills;
+        out[3] = st.spilling_bytes + st.ssd_in_flight; /* 0: nothing hangs */
+        out[4] = st.ssd_checkpoints;
+        uint8_t where[SYNC_N];
+        for (uint32_t n = 0; n < SYNC_N; n++)
+            where[n] = where_of(&f, n);
+        if (write(pipefd[1], out, sizeof(out)) != sizeof(out) ||
+            write(pipefd[1], where, sizeof(where)) != sizeof(where))
+            _exit(4);
+        pause(); /* killed here, with nothing closed */
+        _exit(5);
+    }
+    close(pipefd[1]);
+    uint64_t out[5];
+    uint8_t where[SYNC_N];
+    assert_int_equal(read(pipefd[0], out, sizeof(out)), sizeof(out));
+    assert_int_equal(read(pipefd[0], where, sizeof(where)), sizeof(where));
+    close(pipefd[0]);
+    kill(pid, SIGKILL);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    uint32_t absent = 0, on_ssd = 0;
+    for (uint32_t n = 0; n < SYNC_N; n++) {
+        absent += where[n] == 0;
+        on_ssd += where[n] == 2;
+    }
+    print_message("failed sync: %llu bytes held before, %llu spill failures, %llu "
+                  "spills, %u absent, %u on the tier, %llu held or in flight after, "
+                  "%llu checkpoints\n",
+                  (unsigned long long)out[0], (unsigned long long)out[1],
+                  (unsigned long long)out[2], absent, on_ssd, (unsigned long long)out[3],
+                  (unsigned long long)out[4]);
+    assert_true(out[0] > 0);
+    assert_true(out[1] >= 1);         /* the failed segment's spills */
+    assert_int_equal(absent, out[1]); /* dropped, and nothing else */
+    assert_true(out[2] >= 1);         /* the other segments' spills */
+    assert_int_equal(on_ssd, out[2]);
+    assert_int_equal(out[3], 0);
+    assert_int_equal(out[4], 0);
+    memset(f.pool, 0, POOL_BYTES); /* a reboot: only the tier is left */
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    print_message("restart: %llu objects back, %llu scanned, %llu named dead\n",
+                  (unsigned long long)f.rec.objects,
+                  (unsigned long long)f.rec.scanned_records,
+                  (unsigned long long)f.rec.dead);
+    assert_true(f.rec.dead >= out[1]); /* the failed round's records, met and dropped */
+    assert_int_equal(stats(f.s).ssd_objects, on_ssd);
+    for (uint32_t n = 0; n < SYNC_N; n++) {
+        int rc = get(&f, n); /* byte-exact when KVD_OK */
+        if (where[n] == 2)
+            assert_int_equal(rc, KVD_OK);
+        else
+            assert_int_equal(rc, KVD_ERR_NOT_FOUND);
+    }
+    /* the tier goes on: spills are acknowledged again */
+    for (uint32_t n = 100; n < 100 + SYNC_N; n++)
+        put(&f, n);
+    kvd_store_tier_drain(f.s, 2000);
+    kvd_store_stats_t st = stats(f.s);
+    assert_true(st.spills > 0);
+    assert_int_equal(st.spill_failures, 0);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+/* An eviction's tombstones made durable for its reply (an operator's
+ * Evict, kvd_store_tier_sync_dead): with no sync round since the eviction
+ * (held back), one fdatasync of the dead-list, and none when nothing is
+ * new; once a round synced the dead-list, none either. Before, the reply
+ * came with the tombstone perhaps only in the page cache. */
+static void test_evict_syncs_its_tombstone(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    assert_int_equal(where_of(&f, 0), 2);
+    assert_int_equal(where_of(&f, 1), 2);
+    uint64_t d0 = stats(f.s).ssd_dead_syncs;
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0); /* every entry synced already */
+    kvd_store_tier_hold_syncs(f.s, true);
+    key_t32 key;
+    mkkey(key, 0);
+    assert_int_equal(kvd_store_evict_key(f.s, f.ns, key), KVD_OK);
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0 + 1);
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0 + 1); /* nothing new */
+    kvd_store_tier_hold_syncs(f.s, false);
+    mkkey(key, 1);
+    assert_int_equal(kvd_store_evict_key(f.s, f.ns, key), KVD_OK);
+    kvd_store_tier_drain(f.s, 2000); /* a round syncs the dead-list */
+    assert_int_equal(kvd_store_tier_sync_dead(f.s), KVD_OK);
+    assert_int_equal(stats(f.s).ssd_dead_syncs, d0 + 1);
+    assert_int_equal(where_of(&f, 0), 0);
+    assert_int_equal(where_of(&f, 1), 0);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
 #define EVICT_N (4 * N_OBJ) /* over twice what the tier holds */
 
 /* Where object k is: 0 absent, 1 in DRAM, 2 on the tier. */
@@ -935,6 +1177,9 @@ int main(void)
         BOTH(test_restart_keeps_the_copy_not_its_source),
         BOTH(test_failed_copy_keeps_its_source),
         BOTH(test_tier_evictions_stay_out_after_a_restart),
+        BOTH(test_spill_past_a_hole_stays_in_dram),
+        BOTH(test_failed_sync_acknowledges_nothing),
+        BOTH(test_evict_syncs_its_tombstone),
         cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
