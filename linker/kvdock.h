@@ -362,7 +362,7 @@ KVD_API int kvd_wait_layer(kvd_linker_t *linker, uint32_t counter, uint32_t laye
 
 /* Names the runtime's legacy default stream (an engine's stream handle 0)
  * where a stream argument's NULL would mean none. */
-#define KVD_STREAM_LEGACY ((void *)1)
+#define KVD_STREAM_LEGACY ((void *)1) /* kvd_transport.h's KVD_GPU_STREAM_LEGACY */
 
 /*
  * Makes the engine's `stream` (a cudaStream_t or hipStream_t, as the

@@ -285,9 +285,6 @@ static int check_desc(const kvd_pool_desc_t *d)
  * of that runtime, its rows lie within the allocation it starts in, and
  * all are on one device (p->ordinal). Loads the runtime first.
  */
-_Static_assert(KVD_STREAM_LEGACY == KVD_GPU_STREAM_LEGACY,
-               "kvdock.h and kvd_transport.h name the legacy stream alike");
-
 static int check_device_buffers(lpool_t *p)
 {
     char why[256] = "";

@@ -165,13 +165,13 @@ static struct {
     unsigned long long def;
     _Atomic unsigned long long value;
 } knobs[FG_KNOB_COUNT] = {
-    [FG_KNOB_NO_DEVICE] = {"FAKEGPU_NO_DEVICE", 0},
-    [FG_KNOB_DEVICES] = {"FAKEGPU_DEVICES", 1},
-    [FG_KNOB_COPY_DELAY_US] = {"FAKEGPU_COPY_DELAY_US", 0},
-    [FG_KNOB_FAIL_COPY] = {"FAKEGPU_FAIL_COPY", 0},
-    [FG_KNOB_REGISTER_FAIL] = {"FAKEGPU_REGISTER_FAIL", 0},
-    [FG_KNOB_REGISTER_MAX] = {"FAKEGPU_REGISTER_MAX", (512ULL << 30) - 1},
-    [FG_KNOB_REGISTER_DELAY_US] = {"FAKEGPU_REGISTER_DELAY_US", 0},
+    [FG_KNOB_NO_DEVICE] = {.name = "FAKEGPU_NO_DEVICE", .def = 0},
+    [FG_KNOB_DEVICES] = {.name = "FAKEGPU_DEVICES", .def = 1},
+    [FG_KNOB_COPY_DELAY_US] = {.name = "FAKEGPU_COPY_DELAY_US", .def = 0},
+    [FG_KNOB_FAIL_COPY] = {.name = "FAKEGPU_FAIL_COPY", .def = 0},
+    [FG_KNOB_REGISTER_FAIL] = {.name = "FAKEGPU_REGISTER_FAIL", .def = 0},
+    [FG_KNOB_REGISTER_MAX] = {.name = "FAKEGPU_REGISTER_MAX", .def = (512ULL << 30) - 1},
+    [FG_KNOB_REGISTER_DELAY_US] = {.name = "FAKEGPU_REGISTER_DELAY_US", .def = 0},
 };
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
