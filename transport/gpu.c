@@ -95,21 +95,6 @@ static int gpu_failed(const gpu_api_t *api, const char *call, int code, char *wh
     return KVD_ERR_DEVICE;
 }
 
-/* Device 0's handle, for the calls that need some device current. */
-static int any_device(const gpu_api_t *api, void **dev)
-{
-    static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
-    static void *dev0[3];
-    int idx = api->name[0] == 'C' ? 1 : 2;
-    pthread_mutex_lock(&m);
-    int rc = 0;
-    if (dev0[idx] == NULL)
-        rc = api->device(0, &dev0[idx]);
-    *dev = dev0[idx];
-    pthread_mutex_unlock(&m);
-    return rc;
-}
-
 int kvd_gpu_pointer(kvd_gpu_runtime_t rt, const void *p, kvd_gpu_pointer_t *out,
                     char *why, size_t cap)
 {
@@ -124,7 +109,7 @@ int kvd_gpu_pointer(kvd_gpu_runtime_t rt, const void *p, kvd_gpu_pointer_t *out,
     if (rc == 0)
         return KVD_OK;
     void *dev = NULL, *saved = NULL;
-    rc = any_device(api, &dev);
+    rc = api->device(0, &dev); /* some device current: device 0's */
     if (rc != 0)
         return gpu_failed(api, "device 0", rc, why, cap);
     rc = api->bind(dev, &saved);

@@ -88,8 +88,9 @@ static void cu_err(int rc, char *buf, size_t cap)
         name = NULL;
     if (cu.err_string == NULL || cu.err_string((CUresult)rc, &text) != CUDA_SUCCESS)
         text = NULL;
-    snprintf(buf, cap, "%s (%s)", name ? name : "CUDA error", text ? text : "no text");
-    if (name == NULL)
+    if (name != NULL)
+        snprintf(buf, cap, "%s (%s)", name, text ? text : "no text");
+    else
         snprintf(buf, cap, "CUDA error %d", rc);
 }
 
