@@ -440,6 +440,32 @@ static void case_misuse(kvd_linker_t *l)
     rc = kvd_offload_after(l, &t, 1, s, NULL, &ack);
     DT_CHECK(rc == KVD_ERR_INVALID, "offload_after on a host pool: %s", kvd_strerror(rc));
     gt_stream_destroy(s);
+    /* an engine stream being captured into a graph cannot be waited for:
+     * refused, nothing queued (the fake CUDA driver marks capturing
+     * streams; a real one too) */
+    typedef int (*begin_fn)(void *, int);
+    typedef int (*end_fn)(void *, void **);
+    begin_fn begin = (begin_fn)gt_symbol("cuStreamBeginCapture_v2");
+    end_fn end = (end_fn)gt_symbol("cuStreamEndCapture");
+    if (gt_runtime() == GT_CUDA && begin != NULL && end != NULL) {
+        void *cs = gt_stream_create();
+        DT_CHECK(begin(cs, 2 /* relaxed */) == 0, "begin capture");
+        int64_t krows[PS] = {8, 9, 10, 11};
+        kvd_transfer_t kt = {.pool_id = kv_id,
+                             .keys = (const uint8_t(*)[KVD_PAGE_KEY_BYTES])keys,
+                             .n_keys = 1,
+                             .device_indices = krows,
+                             .n_indices = PS};
+        rc = kvd_offload_after(l, &kt, 1, cs, NULL, &ack);
+        DT_CHECK(rc == KVD_ERR_UNSUPPORTED && strstr(kvd_last_error(), "captured"),
+                 "offload_after a capturing stream: %s (%s)", kvd_strerror(rc),
+                 kvd_last_error());
+        void *graph = NULL;
+        DT_CHECK(end(cs, &graph) == 0, "end capture");
+        gt_stream_destroy(cs);
+    } else {
+        printf("no graph capture in this runtime: its refusal is not checked here\n");
+    }
     gt_free(small);
     gt_free(big);
     free(host);

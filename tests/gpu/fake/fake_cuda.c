@@ -388,6 +388,86 @@ CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int flags)
     return ret(fg_stream_wait_event(stream_of(hStream), (fg_event_t *)hEvent));
 }
 
+/* Graph capture, as far as a caller can see it: a stream is marked
+ * capturing between cuStreamBeginCapture and cuStreamEndCapture (no graph
+ * is built: the fake captures nothing), so that callers' checks of
+ * cuStreamIsCapturing can be tested. The capture modes are recorded per
+ * thread and exchanged. */
+#define CAPTURING_MAX 16
+static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+static CUstream capturing[CAPTURING_MAX];
+static _Thread_local CUstreamCaptureMode thread_capture_mode =
+    CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+CUresult cuStreamBeginCapture(CUstream hStream, CUstreamCaptureMode mode)
+{
+    (void)mode;
+    fg_err_t e = need_ctx();
+    if (e != FG_OK)
+        return ret(e);
+    if (hStream == NULL || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD)
+        return ret(FG_ERR_INVALID_VALUE); /* the legacy stream cannot capture */
+    pthread_mutex_lock(&capture_lock);
+    int slot = -1;
+    for (int i = 0; i < CAPTURING_MAX; i++) {
+        if (capturing[i] == hStream) {
+            pthread_mutex_unlock(&capture_lock);
+            return ret(FG_ERR_INVALID_VALUE); /* capturing already */
+        }
+        if (capturing[i] == NULL && slot < 0)
+            slot = i;
+    }
+    if (slot >= 0)
+        capturing[slot] = hStream;
+    pthread_mutex_unlock(&capture_lock);
+    return ret(slot >= 0 ? FG_OK : FG_ERR_NOT_SUPPORTED);
+}
+
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    fg_err_t e = need_ctx();
+    if (e != FG_OK)
+        return ret(e);
+    bool found = false;
+    pthread_mutex_lock(&capture_lock);
+    for (int i = 0; i < CAPTURING_MAX; i++)
+        if (capturing[i] == hStream) {
+            capturing[i] = NULL;
+            found = true;
+        }
+    pthread_mutex_unlock(&capture_lock);
+    if (phGraph != NULL)
+        *phGraph = NULL;
+    return ret(found ? FG_OK : FG_ERR_INVALID_VALUE);
+}
+
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    fg_err_t e = need_ctx();
+    if (e != FG_OK)
+        return ret(e);
+    if (captureStatus == NULL)
+        return ret(FG_ERR_INVALID_VALUE);
+    bool yes = false;
+    pthread_mutex_lock(&capture_lock);
+    for (int i = 0; i < CAPTURING_MAX; i++)
+        yes |= capturing[i] != NULL && capturing[i] == hStream;
+    pthread_mutex_unlock(&capture_lock);
+    *captureStatus =
+        yes ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    if (mode == NULL)
+        return ret(FG_ERR_INVALID_VALUE);
+    CUstreamCaptureMode was = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = was;
+    return CUDA_SUCCESS;
+}
+
 /* Adapts a CUhostFn to the engine's host function. */
 struct host_fn_call {
     CUhostFn fn;
