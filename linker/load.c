@@ -589,6 +589,41 @@ static struct timespec deadline_of(const kvd_linker_t *l)
     return ts;
 }
 
+/*
+ * What a wait for layer_id of batch `counter` can say now (caller holds
+ * lock): true with *rc when it is answered (the batch forgotten long ago:
+ * in place unless it may be one of the failed ones forgotten; never
+ * started; the layer not in the batch or in place; the batch failed or
+ * finished); false when the caller must wait, with the batch and the
+ * layer's place in it.
+ */
+static bool layer_answered(kvd_linker_t *l, uint32_t counter, uint32_t layer_id,
+                           lbatch_t **bp, uint32_t *pos, int *rc)
+{
+    lbatch_t *b = l->batches;
+    while (b != NULL && b->counter != counter)
+        b = b->next;
+    *rc = KVD_OK;
+    if (b == NULL) {
+        *rc = counter == 0 || counter >= l->next_counter ? KVD_ERR_NOT_FOUND
+              : counter <= l->forgot_failed_max          ? KVD_ERR_STATE
+                                                         : KVD_OK;
+        return true;
+    }
+    uint32_t k = 0;
+    while (k < b->n_layers && b->layer_ids[k] != layer_id)
+        k++;
+    if (k == b->n_layers || b->layers_done > k)
+        return true;
+    if (b->error != KVD_OK) {
+        *rc = b->error;
+        return true;
+    }
+    *bp = b;
+    *pos = k;
+    return b->finished;
+}
+
 KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
 {
     lk_clear_last_error();
@@ -599,27 +634,9 @@ KVD_API int kvd_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t layer_id)
     lk_lock(&l->lock);
     int rc = KVD_OK;
     for (;;) {
-        lbatch_t *b = l->batches;
-        while (b != NULL && b->counter != counter)
-            b = b->next;
-        if (b == NULL) {
-            /* forgotten long ago (in place unless it may be one of the
-             * failed ones forgotten), or never started */
-            rc = counter == 0 || counter >= l->next_counter ? KVD_ERR_NOT_FOUND
-                 : counter <= l->forgot_failed_max          ? KVD_ERR_STATE
-                                                            : KVD_OK;
-            break;
-        }
-        uint32_t pos = 0;
-        while (pos < b->n_layers && b->layer_ids[pos] != layer_id)
-            pos++;
-        if (pos == b->n_layers || b->layers_done > pos)
-            break; /* not in the batch, or in place */
-        if (b->error != KVD_OK) {
-            rc = b->error;
-            break;
-        }
-        if (b->finished)
+        lbatch_t *b;
+        uint32_t pos;
+        if (layer_answered(l, counter, layer_id, &b, &pos, &rc))
             break;
         if (kvd_now_ns() < spin_until) {
             /* poll a while: a sleeping waiter costs the copying thread a
@@ -651,26 +668,10 @@ KVD_API int kvd_stream_wait_layer(kvd_linker_t *l, uint32_t counter, uint32_t la
     lk_lock(&l->lock);
     int rc = KVD_OK;
     for (;;) {
-        lbatch_t *b = l->batches;
-        while (b != NULL && b->counter != counter)
-            b = b->next;
-        if (b == NULL) { /* as kvd_wait_layer */
-            rc = counter == 0 || counter >= l->next_counter ? KVD_ERR_NOT_FOUND
-                 : counter <= l->forgot_failed_max          ? KVD_ERR_STATE
-                                                            : KVD_OK;
-            break;
-        }
-        uint32_t pos = 0;
-        while (pos < b->n_layers && b->layer_ids[pos] != layer_id)
-            pos++;
-        if (pos == b->n_layers || b->layers_done > pos)
-            break; /* not in the batch, or in place: nothing to wait for */
-        if (b->error != KVD_OK) {
-            rc = b->error;
-            break;
-        }
-        if (b->finished)
-            break;
+        lbatch_t *b;
+        uint32_t pos;
+        if (layer_answered(l, counter, layer_id, &b, &pos, &rc))
+            break; /* nothing to wait for, or failed */
         if (b->groups != NULL && b->layers_issued > pos) {
             /* issued: the device waits for the group's marks. Under the
              * lock, which keeps the marks alive; queuing a wait does not
