@@ -30,4 +30,10 @@ void kvd_store_tier_hold_syncs(kvd_store_t *s, bool hold);
  * without a tier. */
 void kvd_store_tier_fail_syncs(kvd_store_t *s, uint32_t n);
 
+/* Fails the next n of kvd_store_tier_sync_dead's own syncs of the
+ * dead-list (an operator's Evict waits for one; it does not go through the
+ * I/O executor, so kvd_store_tier_fail_syncs does not reach it) with EIO.
+ * No-op without a tier. */
+void kvd_store_tier_fail_dead_syncs(kvd_store_t *s, uint32_t n);
+
 #endif

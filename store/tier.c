@@ -183,7 +183,8 @@ struct tier {
      * sync or rewrite that ended after them), and the count a round's sync
      * of it covers (kvd_store_tier_sync_dead) */
     uint64_t dead_appended, dead_durable, dead_round_mark;
-    uint64_t dead_syncs; /* kvd_store_tier_sync_dead's own fdatasyncs */
+    uint64_t dead_syncs;      /* kvd_store_tier_sync_dead's own fdatasyncs */
+    uint32_t fail_dead_syncs; /* test hook: those of them still to fail (EIO) */
     /* the dead-list's fd the round's sync is on, or -1: a rewrite that
      * replaces it leaves it open until that sync ends */
     int dead_sync_fd;
@@ -1305,15 +1306,29 @@ int kvd_store_tier_sync_dead(kvd_store_t *s)
         return KVD_OK;
     uint64_t upto = t->dead_appended;
     t->dead_syncs++;
-    if (fdatasync(t->dead_fd) != 0) {
-        int rc = kvd_status_from_errno(errno);
+    int err = 0;
+    if (t->fail_dead_syncs > 0) {
+        t->fail_dead_syncs--;
+        err = EIO; /* kvd_store_tier_fail_dead_syncs: as a failed cache flush */
+    } else if (fdatasync(t->dead_fd) != 0) {
+        err = errno;
+    }
+    if (err != 0) {
+        /* dead_durable stays: the next sync (a round's or ours) covers
+         * these entries again */
         KVD_ERROR("tier",
                   "%s/%s: sync: %s: a record gone may come back after a power loss",
-                  t->dir, DEAD_NAME, strerror(errno));
-        return rc;
+                  t->dir, DEAD_NAME, strerror(err));
+        return kvd_status_from_errno(err);
     }
     t->dead_durable = upto;
     return KVD_OK;
+}
+
+void kvd_store_tier_fail_dead_syncs(kvd_store_t *s, uint32_t n)
+{
+    if (s->tier != NULL)
+        s->tier->fail_dead_syncs = n;
 }
 
 void kvd_store_tier_fail_syncs(kvd_store_t *s, uint32_t n)
