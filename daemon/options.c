@@ -57,6 +57,10 @@ static const opt_def_t opt_defs[] = {
      "also serve UCX over TCP (and UD): any host that reaches the UCX TCP port can "
      "write into the UCX server process; use it only on a network where every host "
      "is trusted"},
+    {"no-ucx-sandbox", OPT_BOOL, OFF(no_ucx_sandbox), 0, 0, 0, NULL,
+     "run the UCX server process without its seccomp filter (by default it may not "
+     "run programs, open files, reach other processes or use Unix sockets once it "
+     "serves)"},
     {"metrics-listen", OPT_HOSTPORT, OFF(metrics_listen), SZ(metrics_listen), 0, 0,
      "HOST:PORT", "serve /metrics and /healthz over HTTP here (off unless given)"},
     {"pool-size", OPT_SIZE, OFF(pool_size_bytes), 0, 1, 0, "SIZE",

@@ -17,6 +17,7 @@ typedef struct kvd_opts {
     char metrics_listen[128]; /* "" = no metrics endpoint */
     char ucx[8];              /* "auto", "on", "off" */
     bool ucx_tcp;             /* --ucx-tcp: UCX over TCP (and UD) too */
+    bool no_ucx_sandbox;      /* --no-ucx-sandbox: no seccomp filter there */
     uint64_t pool_size_bytes; /* 0 = not given */
     double mem_fraction;      /* 0 = not given */
     uint64_t reserve_bytes;

@@ -1814,6 +1814,7 @@ static int start_ucx(kvd_server_t *s)
                                    .pool_bytes = kvd_pool_size(s->pool),
                                    .net_devices = devices,
                                    .allow_tcp = s->opts.ucx_tcp,
+                                   .no_sandbox = s->opts.no_ucx_sandbox,
                                    .timeout_ms = 10000};
         rc = kvd_ucxd_start(&o, &s->ucxd, s->ucx_refused, sizeof(s->ucx_refused));
     }

@@ -34,6 +34,7 @@
  * Hang-up (recv 0) means the parent is gone: the child exits.
  */
 #include "ucxd.h"
+#include "sandbox.h"
 #include "kvd_proto.h"
 #include "kvd_transport.h"
 
@@ -110,6 +111,7 @@ struct kvd_ucxd {
     bool pool_ready;     /* told to every child, which then maps the pages */
     char devices[512];   /* UCX_NET_DEVICES for the child; "" its own */
     bool allow_tcp;      /* --ucx-tcp: TCP and UD too */
+    bool no_sandbox;     /* --no-ucx-sandbox */
     char refused[256];   /* a child refused: what it left out; "" none */
     uint64_t gen;        /* the child's generation: one per spawn */
     ucxd_ctl_t *revokes; /* kept back while its socket was full */
@@ -254,6 +256,7 @@ static int spawn(kvd_ucxd_t *x)
                         bytes,
                         x->devices[0] ? x->devices : "-",
                         x->allow_tcp ? "tcp" : "rdma",
+                        x->no_sandbox ? "open" : "sandbox",
                         NULL};
         execv("/proc/self/exe", argv);
         _exit(127);
@@ -335,6 +338,7 @@ int kvd_ucxd_start(const kvd_ucxd_opts_t *o, kvd_ucxd_t **out, char *refused,
                       .pool_bytes = o->pool_bytes,
                       .timeout_ms = o->timeout_ms,
                       .allow_tcp = o->allow_tcp,
+                      .no_sandbox = o->no_sandbox,
                       .sock = -1};
     if (o->net_devices != NULL)
         kvd_strlcpy(x->devices, o->net_devices, sizeof(x->devices));
@@ -845,15 +849,17 @@ static int start_ucx(const char *devices, bool allow_tcp, kvd_ucx_t **out, bool 
 int kvd_ucxd_main(int argc, char **argv)
 {
     uint64_t pool_fd = 0, sock = 0, bytes = 0;
-    if (argc != 7 || kvd_u64_parse(argv[2], 0, 1024, &pool_fd) != KVD_OK ||
+    if (argc != 8 || kvd_u64_parse(argv[2], 0, 1024, &pool_fd) != KVD_OK ||
         kvd_u64_parse(argv[3], 0, 1024, &sock) != KVD_OK ||
         kvd_u64_parse(argv[4], 1, UINT64_MAX, &bytes) != KVD_OK ||
-        (strcmp(argv[6], "tcp") != 0 && strcmp(argv[6], "rdma") != 0)) {
+        (strcmp(argv[6], "tcp") != 0 && strcmp(argv[6], "rdma") != 0) ||
+        (strcmp(argv[7], "sandbox") != 0 && strcmp(argv[7], "open") != 0)) {
         fprintf(stderr, "kvdockd --ucx-serve: started by kvdockd only\n");
         return 2;
     }
     const char *devices = strcmp(argv[5], "-") == 0 ? NULL : argv[5];
     bool allow_tcp = strcmp(argv[6], "tcp") == 0;
+    bool sandbox = strcmp(argv[7], "sandbox") == 0;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     void *pool = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (int)pool_fd, 0);
     close((int)pool_fd);
@@ -892,6 +898,26 @@ int kvd_ucxd_main(int argc, char **argv)
         kvd_ucx_destroy(u);
         return 1;
     }
+    /* UCX's files are open and its threads run: from here on what a peer
+     * sends is parsed inside the filter (sandbox.h). Where the kernel or
+     * the architecture has none, the server runs without it and says so;
+     * any other failure is a broken promise and the server does not run. */
+    if (sandbox) {
+        char why[160];
+        int sb = kvd_sandbox_enter(why, sizeof(why));
+        if (sb == KVD_ERR_UNSUPPORTED) {
+            KVD_WARN("ucxd", "UCX server runs without its seccomp filter: %s", why);
+            sandbox = false;
+        } else if (sb != KVD_OK) {
+            KVD_ERROR("ucxd",
+                      "UCX server cannot enter its seccomp filter: %s (%s); "
+                      "--no-ucx-sandbox runs it without one",
+                      why, kvd_status_str(sb));
+            kvd_ucx_mem_unmap(mem);
+            kvd_ucx_destroy(u);
+            return 1;
+        }
+    }
     child_t c = {.u = u, .sock = (int)sock, .pool_bytes = bytes};
     c.pop = (populator_t){.pool = pool, .bytes = bytes};
     kvd_ucx_on_unknown_cap(u, ctl_drain, &c);
@@ -914,5 +940,10 @@ int kvd_ucxd_main(int argc, char **argv)
     kvd_ucx_mem_unmap(mem);
     kvd_ucx_destroy(u);
     munmap(pool, bytes);
+    /* Inside the filter the process ends here: what exit() runs after
+     * main may need what the filter refuses (LeakSanitizer's check of a
+     * sanitizer build stops the world with clone and ptrace, and fails) */
+    if (sandbox)
+        _exit(status);
     return status;
 }

@@ -65,6 +65,7 @@ typedef struct kvd_ucxd_opts {
     const char *net_devices; /* the UCX_NET_DEVICES it opens (NULL, "": UCX's own) */
     bool allow_tcp;          /* --ucx-tcp: TCP and UD as well as rc/dc */
     int timeout_ms;          /* for its description */
+    bool no_sandbox;         /* --no-ucx-sandbox: no seccomp filter (sandbox.h) */
 } kvd_ucxd_opts_t;
 
 /*

@@ -28,6 +28,9 @@
  *   (e) a UCX server that dies takes its grants along: its successor
  *       refuses the old capability and serves the one a new Hello on the
  *       same connection gets.
+ *   (f) the UCX server runs inside its seccomp filter (one filter more
+ *       than the daemon, NoNewPrivs), and without it with --no-ucx-sandbox;
+ *       (a) to (e) ran inside it.
  *
  * Skips (77) when UCX cannot start here (the daemon says so). Every wait is
  * bounded; no timing is asserted.
@@ -675,6 +678,57 @@ out:
     kvd_client_close(c);
 }
 
+/* The value of field `name` of /proc/PID/status, or -1. */
+static long proc_status(pid_t pid, const char *name)
+{
+    char path[64], *text;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    if ((text = dt_read_file(path)) == NULL)
+        return -1;
+    long v = -1;
+    size_t n = strlen(name);
+    for (const char *l = text; l != NULL && *l;
+         l = strchr(l, '\n') ? strchr(l, '\n') + 1 : NULL)
+        if (strncmp(l, name, n) == 0 && l[n] == ':')
+            v = strtol(l + n + 1, NULL, 10);
+    free(text);
+    return v;
+}
+
+/* (f) the UCX server runs inside its seccomp filter (daemon/sandbox.h;
+ * what the filter refuses is tests/daemon/test_sandbox.c): one filter more
+ * than the daemon that started it and no new privileges; with
+ * --no-ucx-sandbox, the daemon's own filters only (those of whatever runs
+ * the test, a container's). */
+static void case_sandbox(const kvd_test_daemon_t *d, bool want)
+{
+    pid_t child = dt_child_of(d->pid);
+    long mine = proc_status(d->pid, "Seccomp_filters");
+    long its = child > 0 ? proc_status(child, "Seccomp_filters") : -1;
+    printf("the UCX server (pid %d) has %ld seccomp filters, the daemon %ld\n",
+           (int)child, its, mine);
+    if (!DT_CHECK(child > 0, "no UCX server found"))
+        return;
+    if (mine < 0) {
+        /* a kernel before 5.9 does not count them: the mode says it all
+         * where the daemon has none */
+        DT_CHECK(proc_status(child, "Seccomp") ==
+                     (want ? 2 : proc_status(d->pid, "Seccomp")),
+                 "the UCX server's seccomp mode is %ld", proc_status(child, "Seccomp"));
+    } else {
+        DT_CHECK(its == mine + (want ? 1 : 0),
+                 "the UCX server has %ld filters, the daemon %ld", its, mine);
+    }
+    if (want) {
+        DT_CHECK(proc_status(child, "Seccomp") == 2,
+                 "the UCX server's seccomp mode is %ld", proc_status(child, "Seccomp"));
+        DT_CHECK(proc_status(child, "NoNewPrivs") == 1,
+                 "the UCX server may gain privileges");
+        DT_CHECK(!kvd_test_file_contains(d->log, "without its seccomp filter"),
+                 "the daemon's log says the UCX server runs without its filter");
+    }
+}
+
 /* (d), for a daemon started with `extra`. */
 static void case_listen(const kvd_test_daemon_t *d, const char *how)
 {
@@ -729,6 +783,7 @@ int main(void)
     if (DT_CHECK(child > 0 && pool != NULL, "the UCX server's pid %d, the pool mapped %s",
                  (int)child, pool ? "yes" : "no")) {
         case_listen(&d, "--listen 127.0.0.1");
+        case_sandbox(&d, true);
         case_rma(&d, listen, child, pool);
         case_messages(&d, listen, pool);
         case_transport(listen, pool);
@@ -740,10 +795,11 @@ int main(void)
     kvd_client_close(pool_conn);
     dt_stop(&d, SIGTERM, 10000);
 
-    /* without --listen: loopback only as well */
+    /* without --listen: loopback only as well; and the filter left out */
     kvd_test_daemon_t d2 = {0};
-    if (dt_start(&d2, (const char *[]){"--ucx-tcp", NULL}) == 0) {
+    if (dt_start(&d2, (const char *[]){"--ucx-tcp", "--no-ucx-sandbox", NULL}) == 0) {
         case_listen(&d2, "no --listen");
+        case_sandbox(&d2, false);
         dt_stop(&d2, SIGTERM, 10000);
     }
     ucp_worker_destroy(A.worker);

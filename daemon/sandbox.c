@@ -1,0 +1,327 @@
+/*
+ * sandbox.c - the UCX server child's seccomp filter (see sandbox.h): a
+ * classic BPF program over struct seccomp_data, built at entry because
+ * some checks compare an argument with this process's pid.
+ *
+ * Each refused call is two instructions, "nr == N ? next : skip one" and
+ * "return EPERM", so no jump needs more than the 8-bit offsets classic BPF
+ * has, however long the list grows.
+ */
+#include "sandbox.h"
+#include "kvd_common.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <linux/sched.h>
+
+#if defined(__x86_64__)
+#define SANDBOX_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define SANDBOX_ARCH AUDIT_ARCH_AARCH64
+#endif
+
+#ifndef SECCOMP_RET_KILL_PROCESS
+#define SECCOMP_RET_KILL_PROCESS 0x80000000U /* Linux 4.14 */
+#endif
+#ifndef SECCOMP_FILTER_FLAG_TSYNC
+#define SECCOMP_FILTER_FLAG_TSYNC 1
+#endif
+
+#ifdef SANDBOX_ARCH
+
+#define SANDBOX_MAX 512 /* instructions; the program below uses about 250 */
+
+typedef struct prog {
+    struct sock_filter insn[SANDBOX_MAX];
+    unsigned n;
+    bool full;
+} prog_t;
+
+static void emit(prog_t *p, uint16_t code, uint8_t jt, uint8_t jf, uint32_t k)
+{
+    if (p->n == SANDBOX_MAX) {
+        p->full = true;
+        return;
+    }
+    p->insn[p->n++] = (struct sock_filter){code, jt, jf, k};
+}
+
+#define LD_NR(p) \
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, nr))
+#define LD_ARG(p, i)                                                        \
+    /* the low 32 bits (little-endian): every argument checked is an int */ \
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, args[i]))
+#define RET(p, v)    emit(p, BPF_RET | BPF_K, 0, 0, v)
+#define RET_ERRNO(e) (SECCOMP_RET_ERRNO | ((uint32_t)(e)&SECCOMP_RET_DATA))
+
+/* nr refused with err. */
+static void deny(prog_t *p, long nr, int err)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, (uint32_t)nr);
+    RET(p, RET_ERRNO(err));
+}
+
+/* nr allowed only when argument `arg` is `value` (or `alt`): refused
+ * with EPERM otherwise. Reloads the number after. */
+static void allow_if_arg(prog_t *p, long nr, int arg, uint32_t value, uint32_t alt)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 5, (uint32_t)nr);
+    LD_ARG(p, arg);
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 2, 0, value);
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, alt);
+    RET(p, RET_ERRNO(EPERM));
+    RET(p, SECCOMP_RET_ALLOW);
+}
+
+/* nr refused with EPERM when argument `arg` is `value`. */
+static void deny_if_arg(prog_t *p, long nr, int arg, uint32_t value)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, (uint32_t)nr);
+    LD_ARG(p, arg);
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, value);
+    RET(p, RET_ERRNO(EPERM));
+    RET(p, SECCOMP_RET_ALLOW);
+}
+
+/* nr refused with EPERM when argument `arg` has any bit of `mask`. */
+static void deny_if_flags(prog_t *p, long nr, int arg, uint32_t mask)
+{
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, (uint32_t)nr);
+    LD_ARG(p, arg);
+    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 1, mask);
+    RET(p, RET_ERRNO(EPERM));
+    RET(p, SECCOMP_RET_ALLOW);
+}
+
+/* An open that could change a file: for writing, creating, truncating
+ * or appending (O_TMPFILE is refused by the kernel without O_WRONLY or
+ * O_RDWR, so it is in here too). */
+#define OPEN_WRITES ((uint32_t)(O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND))
+
+/* What no thread of the UCX server may call once it serves (sandbox.h). */
+static const long denied[] = {
+    /* running anything */
+    SYS_execve,
+    SYS_execveat,
+#ifdef SYS_fork
+    SYS_fork,
+    SYS_vfork,
+#endif
+    /* other processes of this user */
+    SYS_ptrace,
+    SYS_process_vm_readv,
+    SYS_process_vm_writev,
+    SYS_kcmp,
+    SYS_move_pages,
+    SYS_migrate_pages,
+    SYS_tkill,
+    SYS_rt_sigqueueinfo,
+    SYS_rt_tgsigqueueinfo,
+#ifdef SYS_pidfd_getfd
+    SYS_pidfd_getfd,
+#endif
+#ifdef SYS_pidfd_send_signal
+    SYS_pidfd_send_signal,
+#endif
+#ifdef SYS_process_madvise
+    SYS_process_madvise,
+#endif
+/* files */
+#ifdef SYS_open
+    SYS_creat,
+    SYS_link,
+    SYS_symlink,
+    SYS_unlink,
+    SYS_rename,
+    SYS_mkdir,
+    SYS_rmdir,
+    SYS_mknod,
+    SYS_chmod,
+    SYS_chown,
+    SYS_lchown,
+#endif
+    SYS_linkat,
+    SYS_symlinkat,
+    SYS_unlinkat,
+    SYS_renameat,
+    SYS_mkdirat,
+    SYS_mknodat,
+    SYS_fchmod,
+    SYS_fchmodat,
+    SYS_fchown,
+    SYS_fchownat,
+    SYS_truncate,
+    SYS_open_by_handle_at,
+    SYS_name_to_handle_at,
+#ifdef SYS_renameat2
+    SYS_renameat2,
+#endif
+    /* what seccomp cannot look into, or the kernel's own surface */
+    SYS_io_uring_setup,
+    SYS_io_uring_enter,
+    SYS_io_uring_register,
+    SYS_bpf,
+    SYS_perf_event_open,
+    SYS_userfaultfd,
+    SYS_keyctl,
+    SYS_add_key,
+    SYS_request_key,
+    SYS_fanotify_init,
+    /* the system */
+    SYS_unshare,
+    SYS_setns,
+    SYS_mount,
+    SYS_umount2,
+    SYS_pivot_root,
+    SYS_chroot,
+    SYS_init_module,
+    SYS_finit_module,
+    SYS_delete_module,
+    SYS_kexec_load,
+#ifdef SYS_kexec_file_load
+    SYS_kexec_file_load,
+#endif
+    SYS_reboot,
+    SYS_swapon,
+    SYS_swapoff,
+    SYS_acct,
+    SYS_quotactl,
+    SYS_settimeofday,
+    SYS_clock_settime,
+    SYS_clock_adjtime,
+    SYS_adjtimex,
+    SYS_sethostname,
+    SYS_setdomainname,
+    SYS_syslog,
+    SYS_vhangup,
+    SYS_personality,
+    SYS_setpriority,
+    SYS_ioprio_set,
+#ifdef SYS_iopl
+    SYS_iopl,
+    SYS_ioperm,
+#endif
+#ifdef SYS_fsopen
+    SYS_fsopen,
+    SYS_fsmount,
+    SYS_move_mount,
+    SYS_open_tree,
+#endif
+    /* who it is */
+    SYS_setuid,
+    SYS_setgid,
+    SYS_setreuid,
+    SYS_setregid,
+    SYS_setresuid,
+    SYS_setresgid,
+    SYS_setfsuid,
+    SYS_setfsgid,
+    SYS_setgroups,
+    SYS_capset,
+};
+
+static void build(prog_t *p, uint32_t self)
+{
+    emit(p, BPF_LD | BPF_W | BPF_ABS, 0, 0, offsetof(struct seccomp_data, arch));
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 1, 0, SANDBOX_ARCH);
+    RET(p, SECCOMP_RET_KILL_PROCESS);
+    LD_NR(p);
+#ifdef __x86_64__
+    /* x32's numbers are x86_64's with this bit: none of them is served */
+    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 1, 0x40000000u);
+    RET(p, SECCOMP_RET_KILL_PROCESS);
+#endif
+    for (size_t i = 0; i < sizeof(denied) / sizeof(denied[0]); i++)
+        deny(p, denied[i], EPERM);
+    /* clone3's flags are behind a pointer: ENOSYS makes glibc use clone */
+    deny(p, SYS_clone3, ENOSYS);
+#ifdef SYS_openat2
+    /* its flags too; glibc does not use it */
+    deny(p, SYS_openat2, ENOSYS);
+#endif
+    /* opens: for reading only (UCX's TCP transport reads /proc/net/route
+     * whenever it queries its interface, endpoint creation included) */
+#ifdef SYS_open
+    deny_if_flags(p, SYS_open, 1, OPEN_WRITES);
+#endif
+    deny_if_flags(p, SYS_openat, 2, OPEN_WRITES);
+    /* clone: threads only (flags are the first argument on both ABIs) */
+    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, SYS_clone);
+    LD_ARG(p, 0);
+    emit(p, BPF_JMP | BPF_JSET | BPF_K, 1, 0, CLONE_THREAD);
+    RET(p, RET_ERRNO(EPERM));
+    RET(p, SECCOMP_RET_ALLOW);
+    /* signals and limits: this process only (0 is itself where it means
+     * the caller; for kill it means the process group: refused) */
+    allow_if_arg(p, SYS_kill, 0, self, self);
+    allow_if_arg(p, SYS_tgkill, 0, self, self);
+    allow_if_arg(p, SYS_prlimit64, 0, self, 0);
+    allow_if_arg(p, SYS_sched_setaffinity, 0, self, 0);
+    allow_if_arg(p, SYS_sched_setscheduler, 0, self, 0);
+    allow_if_arg(p, SYS_sched_setparam, 0, self, 0);
+    allow_if_arg(p, SYS_sched_setattr, 0, self, 0);
+    deny_if_arg(p, SYS_socket, 0, AF_UNIX);
+    deny_if_arg(p, SYS_socketpair, 0, AF_UNIX);
+    RET(p, SECCOMP_RET_ALLOW);
+}
+
+int kvd_sandbox_enter(char *why, size_t cap)
+{
+    /* glibc loads libgcc_s the first time a thread exits or is
+     * cancelled (its unwinder): loaded now, while the files it searches
+     * can still be opened; kept (RTLD_NODELETE) so the later load finds
+     * it in memory. Absent, a static build does without it. */
+    (void)dlopen("libgcc_s.so.1", RTLD_NOW | RTLD_NODELETE);
+    static prog_t p; /* 4 KiB: kept off the stack; one entry per process */
+    memset(&p, 0, sizeof(p));
+    build(&p, (uint32_t)getpid());
+    if (p.full) {
+        snprintf(why, cap, "the filter does not fit in %d instructions", SANDBOX_MAX);
+        return KVD_ERR_TOO_LARGE;
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+        int err = errno;
+        snprintf(why, cap, "prctl(PR_SET_NO_NEW_PRIVS): %s", strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    struct sock_fprog fp = {.len = (unsigned short)p.n, .filter = p.insn};
+    long r =
+        syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &fp);
+    if (r > 0) {
+        /* TSYNC's answer: the id of a thread that could not take it */
+        snprintf(why, cap, "seccomp(TSYNC): thread %ld has a filter of its own", r);
+        return KVD_ERR_STATE;
+    }
+    if (r != 0) {
+        int err = errno;
+        snprintf(why, cap, "seccomp(SET_MODE_FILTER, TSYNC): %s",
+                 err == ENOSYS || err == EINVAL ? "not supported by this kernel"
+                                                : strerror(err));
+        return err == ENOSYS || err == EINVAL ? KVD_ERR_UNSUPPORTED
+                                              : kvd_status_from_errno(err);
+    }
+    return KVD_OK;
+}
+
+#else /* no SANDBOX_ARCH */
+
+int kvd_sandbox_enter(char *why, size_t cap)
+{
+    snprintf(why, cap, "no seccomp filter is built for this architecture");
+    return KVD_ERR_UNSUPPORTED;
+}
+
+#endif
