@@ -77,8 +77,10 @@ static bool find_hugetlbfs(char *dir, size_t len)
 /* The bytes an existing pool file of the instance has allocated (0 when
  * there is none, or it is not ours): a restart attaches to them, so the
  * sizing counts them as the host's to give. */
-static uint64_t pool_file_held(const char *dir, const char *instance)
+static uint64_t pool_file_held(const char *dir, const char *instance,
+                               uint64_t *size_bytes)
 {
+    *size_bytes = 0;
     if (dir == NULL)
         return 0;
     char path[600];
@@ -86,6 +88,7 @@ static uint64_t pool_file_held(const char *dir, const char *instance)
     struct stat st;
     if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
         return 0;
+    *size_bytes = (uint64_t)st.st_size;
     return (uint64_t)st.st_blocks * 512;
 }
 
@@ -155,9 +158,11 @@ int main(int argc, char **argv)
     const char *pool_dir = opts.no_persist  ? NULL
                            : opts.hugepages ? huge_dir
                                             : opts.shm_dir;
+    uint64_t file_bytes = 0; /* the size of the pool file there, 0 none */
+    uint64_t held_bytes = pool_file_held(pool_dir, opts.instance, &file_bytes);
     kvd_sizing_req_t req = {
         .pool_size_bytes = opts.pool_size_bytes,
-        .held_bytes = opts.fresh ? 0 : pool_file_held(pool_dir, opts.instance),
+        .held_bytes = opts.fresh ? 0 : held_bytes,
         .mem_fraction = opts.mem_fraction,
         .reserve_bytes = opts.reserve_bytes,
         .object_bytes = opts.object_bytes,
@@ -175,9 +180,25 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    /* --mem-fraction gives a size that moves with the memory free at each
+     * start: a pool file that fits within it is kept at its own size, so
+     * a restart keeps the cache (a larger one is refused by the pool,
+     * naming the --pool-size that keeps it and --fresh) */
+    uint64_t pool_bytes = sizing.budget_bytes;
+    if (opts.mem_fraction > 0 && !opts.fresh && file_bytes > 0 &&
+        file_bytes < sizing.budget_bytes && file_bytes % req.align_bytes == 0) {
+        char have[32], could[32];
+        KVD_INFO(
+            "kvdockd",
+            "--mem-fraction: the pool file holds a pool of %s, within the %s this start "
+            "could give: kept at its size (--fresh starts one of the new size)",
+            kvd_size_format(file_bytes, have, sizeof(have)),
+            kvd_size_format(sizing.budget_bytes, could, sizeof(could)));
+        pool_bytes = file_bytes;
+    }
     kvd_pool_opts_t popts = {
         .instance = opts.instance,
-        .size_bytes = sizing.budget_bytes,
+        .size_bytes = pool_bytes,
         .hugepages = opts.hugepages,
         .mlock = opts.mlock,
         .populate_rate_bps = opts.populate_rate_bps,

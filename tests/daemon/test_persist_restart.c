@@ -16,7 +16,10 @@
  * the instance is refused (exit 1, naming the holder's pid). After a clean
  * SIGTERM the objects are still there. A journal of another layout
  * version is refused (exit 2, naming --fresh) and left alone; another pool
- * size is refused the same way; --fresh starts empty with zeroed bytes.
+ * size is refused the same way; --mem-fraction keeps the pool file at its
+ * size where the fraction would give more (every object there), and is
+ * refused the same way where it would give less; --fresh starts empty with
+ * zeroed bytes.
  */
 #include "test_store_util.h"
 
@@ -385,6 +388,51 @@ int main(void)
                   "the log should name the size that keeps them and --fresh"))
         kvd_dump_file(d5.log);
     dt_stop(&d5, SIGTERM, 1000);
+
+    /* --mem-fraction on a host (tests/fixtures/daemon-small-host: 8 GiB,
+     * 2 GiB available) where the fraction gives more than the pool file
+     * holds (0.25 x 8 GiB - 1 GiB): the file is kept at its size, the
+     * objects with it; where it gives less (a reserve that leaves 58 MiB),
+     * refused as above */
+    char host[512];
+    snprintf(host, sizeof(host), "%s/daemon-small-host",
+             getenv("KVD_FIXTURES") ? getenv("KVD_FIXTURES") : "tests/fixtures");
+    kvd_test_daemon_t d7 = {0};
+    const char *by_fraction[] = {
+        "--meminfo-root",   host, "--mem-fraction", "0.25", "--shm-dir", shm,
+        "--usage-interval", "0",  "--reserve",      "1G",   NULL};
+    if (DT_CHECK(kvd_test_daemon_start(&d7, by_fraction, true, 30000) == 0,
+                 "--mem-fraction 0.25 on the pool file of 64 MiB did not start")) {
+        DT_CHECK(kvd_test_file_contains(d7.log, "kept at its size"),
+                 "the log should say the pool file keeps its size");
+        ts_client_t t;
+        if (ts_open(&t, d7.socket, specs, 2, true) == 0) {
+            DT_CHECK(t.pool_bytes == DT_POOL_BYTES, "a pool of %llu bytes",
+                     (unsigned long long)t.pool_bytes);
+            DT_CHECK(check_objects(&t) == N_KV + N_MAMBA,
+                     "under --mem-fraction every object is there");
+            ts_close(&t);
+        }
+    } else {
+        kvd_dump_file(d7.log);
+    }
+    dt_stop(&d7, SIGTERM, 10000);
+    kvd_test_daemon_t d8 = {0};
+    const char *too_small[] = {
+        "--meminfo-root",   host, "--mem-fraction", "0.25",  "--shm-dir", shm,
+        "--usage-interval", "0",  "--reserve",      "1990M", NULL};
+    if (kvd_test_daemon_start(&d8, too_small, false, 0) == 0) {
+        int st8 = 0;
+        DT_CHECK(kvd_test_wait_pid(d8.pid, 30000, &st8) == 0 && WIFEXITED(st8) &&
+                     WEXITSTATUS(st8) == 2,
+                 "a fraction that gives less than the pool file should make it exit 2");
+        d8.pid = 0;
+        if (!DT_CHECK(kvd_test_file_contains(d8.log, "--pool-size 67108864") &&
+                          kvd_test_file_contains(d8.log, "--fresh"),
+                      "the log should name the size that keeps them and --fresh"))
+            kvd_dump_file(d8.log);
+    }
+    dt_stop(&d8, SIGTERM, 1000);
 
     /* --fresh: empty on purpose, zeroes where the objects were */
     if (start(&d6, "--fresh") == 0) {
