@@ -98,6 +98,10 @@ typedef struct conn {
     bool ucx_granted;
     uint64_t ucx_gen;
     uint8_t ucx_cap[KVD_UCXD_CAP_BYTES];
+    /* its reservation leases with open UCX write windows (ucxd.h): closed
+     * when the lease is published, revoked or expires */
+    uint64_t *ucx_leases;
+    size_t n_ucx_leases, cap_ucx_leases;
     kvd_framer_t in;
     kvd_buf_t out;
     /* what a client may hold, and for how long (on_tick closes it): */
@@ -268,6 +272,102 @@ static bool conn_buffers_full(const kvd_server_t *s)
     return s->conn_buf_bytes > s->opts.max_conn_buffer_bytes;
 }
 
+/* Forgets the connection's write windows: its capability goes with them. */
+static void ucx_leases_forget(conn_t *c)
+{
+    kvd_mem_free(KVD_MEM_OTHER, c->ucx_leases, c->cap_ucx_leases * sizeof(uint64_t));
+    c->ucx_leases = NULL;
+    c->n_ucx_leases = c->cap_ucx_leases = 0;
+}
+
+/* Closes lease's write windows, if it has any. */
+static void ucx_lease_close(kvd_server_t *s, conn_t *c, uint64_t lease)
+{
+    for (size_t i = 0; i < c->n_ucx_leases; i++)
+        if (c->ucx_leases[i] == lease) {
+            kvd_ucxd_window_close(s->ucxd, c->ucx_gen, c->ucx_cap, lease);
+            c->ucx_leases[i] = c->ucx_leases[--c->n_ucx_leases];
+            return;
+        }
+}
+
+/* Before a Publish or Revoke is served: its lease's windows close,
+ * whatever its outcome (its writer has finished its copies when it asks),
+ * so the close is in the UCX server's socket before the objects turn
+ * READY. */
+static void ucx_windows_finish(kvd_server_t *s, conn_t *c, const kvd_msg_t *req)
+{
+    if (c->ucx_granted &&
+        (req->method == KVD_METHOD_PUBLISH || req->method == KVD_METHOD_REVOKE))
+        ucx_lease_close(s, c, req->body.finish_req.lease_id);
+}
+
+/*
+ * The UCX write windows of a Reserve reply about to be queued: its
+ * allocated extents become writable through the connection's UCX grant
+ * (the windows are in the UCX server's socket before the reply is
+ * queued). Where they cannot be opened, the Reserve is undone and answered
+ * BUSY: a reservation its writer cannot write is of no use to it.
+ */
+static void ucx_windows(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_t *rep)
+{
+    if (!c->ucx_granted)
+        return;
+    const kvd_reserve_rep_t *r = &rep->body.reserve_rep;
+    if (req->method != KVD_METHOD_RESERVE || rep->status != KVD_OK || r->lease_id == 0)
+        return;
+    size_t n = 0;
+    for (size_t i = 0; i < r->n; i++)
+        n += r->results[i] == KVD_RESERVE_ALLOCATED;
+    kvd_ucx_range_t *ranges = kvd_mem_calloc(KVD_MEM_OTHER, n + 1, sizeof(*ranges));
+    int rc = ranges != NULL ? KVD_OK : KVD_ERR_NOMEM;
+    if (rc == KVD_OK && c->n_ucx_leases == c->cap_ucx_leases) {
+        size_t cap = KVD_MAX(2 * c->cap_ucx_leases, (size_t)16);
+        uint64_t *l = kvd_mem_realloc(KVD_MEM_OTHER, c->ucx_leases,
+                                      c->cap_ucx_leases * sizeof(*l), cap * sizeof(*l));
+        if (l != NULL) {
+            c->ucx_leases = l;
+            c->cap_ucx_leases = cap;
+        } else {
+            rc = KVD_ERR_NOMEM;
+        }
+    }
+    if (rc == KVD_OK) {
+        for (size_t i = 0, k = 0; i < r->n; i++)
+            if (r->results[i] == KVD_RESERVE_ALLOCATED)
+                ranges[k++] = (kvd_ucx_range_t){r->offsets[i], r->object_bytes};
+        c->ucx_leases[c->n_ucx_leases++] = r->lease_id;
+        rc =
+            kvd_ucxd_window_open(s->ucxd, c->ucx_gen, c->ucx_cap, r->lease_id, ranges, n);
+    }
+    kvd_mem_free(KVD_MEM_OTHER, ranges, (n + 1) * sizeof(*ranges));
+    if (rc == KVD_OK)
+        return;
+    uint64_t lease = r->lease_id;
+    ucx_lease_close(s, c, lease);
+    kvd_store_revoke(s->store, c->id, lease, NULL, 0);
+    kvd_msg_clear(rep);
+    kvd_msg_error(rep, req->id, req->method, KVD_ERR_BUSY,
+                  "the UCX server cannot take this reservation's write windows now (%s); "
+                  "try again in a second",
+                  kvd_status_str(rc));
+}
+
+/* After leases expired: the windows of those that did are closed. */
+static void ucx_windows_expired(kvd_server_t *s)
+{
+    for (conn_t *c = s->conns; c != NULL; c = c->next)
+        for (size_t i = 0; i < c->n_ucx_leases;) {
+            uint64_t lease = c->ucx_leases[i];
+            if (kvd_store_lease_live(s->store, c->id, lease)) {
+                i++;
+                continue;
+            }
+            kvd_ucxd_window_close(s->ucxd, c->ucx_gen, c->ucx_cap, lease);
+            c->ucx_leases[i] = c->ucx_leases[--c->n_ucx_leases];
+        }
+}
+
 static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
 {
     KVD_DEBUG("server", "connection %llu closed: %s", (unsigned long long)c->id, why);
@@ -277,9 +377,10 @@ static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
                  "connection %llu closed (%s) holding %zu leases: their "
                  "reservations were revoked and pins released",
                  (unsigned long long)c->id, why, undone);
-    if (c->ucx_granted) /* its capability dies with it */
+    if (c->ucx_granted) /* its capability dies with it, and its windows */
         kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
     c->ucx_granted = false;
+    ucx_leases_forget(c);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
     close(c->src.fd);
     kvd_framer_free(&c->in);
@@ -499,6 +600,10 @@ static void hello_ucx(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_
     if (c->ucx_granted)
         kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
     c->ucx_granted = false;
+    /* the windows went with the old capability: the leases they were for
+     * are written no more through UCX (a linker that says Hello again
+     * abandons its copies in flight) */
+    ucx_leases_forget(c);
     bool read_only = c->ctx.read_only || h->read_only;
     int rc = kvd_ucxd_grant(s->ucxd, c->id, read_only, 0, kvd_pool_size(s->pool),
                             c->ucx_cap, &c->ucx_gen);
@@ -556,6 +661,7 @@ static void serve_hello(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_ms
     if (ctx.read_only && !c->ctx.read_only && c->ucx_granted && !h->want_ucx) {
         kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
         c->ucx_granted = false;
+        ucx_leases_forget(c);
     }
     if (h->want_ucx && !kvd_ucxd_up(s->ucxd)) {
         const char *refused =
@@ -985,6 +1091,7 @@ static void reserve_done(void *arg, kvd_msg_t *dir)
         rep.id = w->req.id;
         rep.method = KVD_METHOD_RESERVE;
         rep.reply = true;
+        ucx_windows(s, c, &w->req, &rep);
         conn_reply(s, c, &rep);
         conn_flush(s, c);
     }
@@ -1263,6 +1370,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     case KVD_METHOD_LIST_PREFIXES:
     case KVD_METHOD_INSPECT:
     case KVD_METHOD_EVICT:
+        ucx_windows_finish(s, c, req);
         kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, req, rep);
         if (req->method == KVD_METHOD_ACQUIRE)
             acquire_cluster(s, c, req, rep);
@@ -1281,6 +1389,7 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     /* a connection whose first Hello failed has nothing left to say */
     if (req->method == KVD_METHOD_HELLO && rep->status != KVD_OK && !c->authed)
         c->closing = true;
+    ucx_windows(s, c, req, rep);
     conn_reply(s, c, rep);
     kvd_counters_record(&s->counters, req->method, rep->status != KVD_OK,
                         kvd_now_ns() - t0);
@@ -2208,6 +2317,8 @@ static int on_tick(kvd_server_t *s)
     conn_timeouts(s, now);
     kvd_store_tier_poll(s->store, now / 1000000); /* reclaim, spills, checkpoints */
     size_t expired = kvd_store_expire(s->store, now / 1000000);
+    if (expired > 0)
+        ucx_windows_expired(s);
     if (expired > 0)
         KVD_WARN("server",
                  "%zu leases passed their TTL of %llu ms: reservations "

@@ -27,6 +27,15 @@
  *             want_ucx, before the reply is queued.
  *   kind 'V': revoke `capability` (its connection closed, or said Hello
  *             again); offset and length 0.
+ *   kind 'W': open write windows of `capability` (a grant's writes land
+ *             only in its windows): the record is followed by `length`
+ *             ranges (u64 offset, u64 length; at most UCXD_WIN_MAX), the
+ *             extents a Reserve of the connection allocated, tagged with
+ *             its lease id (in the connection id's place). Sent before the
+ *             Reserve reply is queued, as a grant before the Hello reply.
+ *   kind 'X': close every window of lease `connection id` of
+ *             `capability` (its lease was published, revoked or expired);
+ *             kept back and resent like a revoke when the socket is full.
  * The child reads them whenever it wakes, at least every millisecond while
  * it is busy, and, before it refuses a request for an unknown capability,
  * once more: a grant sent before the Hello reply was queued is always in
@@ -66,6 +75,7 @@
 #define UCXD_FLAG_RMA       1u
 #define UCXD_FLAG_REFUSED   2u
 #define UCXD_REVOKES_MAX    4096 /* kept back; past it the child is restarted */
+#define UCXD_WIN_MAX        4096 /* ranges in one 'W' record */
 #define UCXD_CTL_EVERY_NS   (1000ull * 1000)
 #define UCXD_SNDBUF         (4 << 20)
 #define UCXD_MSG_MAX        65536
@@ -86,7 +96,7 @@ typedef struct ucxd_hdr {
 
 typedef struct ucxd_ctl {
     uint32_t magic;
-    uint8_t kind; /* 'R', 'G', 'V' */
+    uint8_t kind; /* 'R', 'G', 'V', 'W', 'X' */
     uint8_t read_only;
     uint16_t zero;
     uint64_t conn_id;
@@ -95,6 +105,10 @@ typedef struct ucxd_ctl {
 } ucxd_ctl_t;
 
 _Static_assert(sizeof(ucxd_ctl_t) == 48, "the control record's size is the protocol");
+_Static_assert(sizeof(kvd_ucx_range_t) == 16, "a window's range on the control socket");
+
+/* The largest control record: a 'W' with every range it may carry. */
+#define UCXD_CTL_BYTES (sizeof(ucxd_ctl_t) + UCXD_WIN_MAX * sizeof(kvd_ucx_range_t))
 _Static_assert(KVD_UCXD_CAP_BYTES == KVD_UCX_CAP_BYTES, "one capability size");
 _Static_assert(KVD_UCXD_CAP_BYTES <= KVD_UCX_TOKEN_MAX, "it fits HelloReply.ucx_token");
 
@@ -418,12 +432,11 @@ int kvd_ucxd_grant(kvd_ucxd_t *x, uint64_t conn_id, bool read_only, uint64_t off
     return KVD_OK;
 }
 
-void kvd_ucxd_revoke(kvd_ucxd_t *x, uint64_t gen, const uint8_t cap[KVD_UCXD_CAP_BYTES])
+/* Sends a record that takes access away ('V', 'X'), or keeps it back,
+ * in order, when the socket is full. */
+static void send_or_keep(kvd_ucxd_t *x, const ucxd_ctl_t *rec)
 {
-    if (x == NULL || gen != x->gen || x->sock < 0)
-        return; /* that child is gone, and its grants with it */
-    ucxd_ctl_t m = {.magic = UCXD_CTL_MAGIC, .kind = 'V'};
-    memcpy(m.cap, cap, sizeof(m.cap));
+    ucxd_ctl_t m = *rec;
     if (x->n_revokes == 0 && ctl_send(x, &m) != KVD_ERR_BUSY)
         return; /* sent, or the child is gone */
     if (x->revokes == NULL)
@@ -438,6 +451,56 @@ void kvd_ucxd_revoke(kvd_ucxd_t *x, uint64_t gen, const uint8_t cap[KVD_UCXD_CAP
         return; /* its socket fires; on_event reaps it */
     }
     x->revokes[x->n_revokes++] = m;
+}
+
+void kvd_ucxd_revoke(kvd_ucxd_t *x, uint64_t gen, const uint8_t cap[KVD_UCXD_CAP_BYTES])
+{
+    if (x == NULL || gen != x->gen || x->sock < 0)
+        return; /* that child is gone, and its grants with it */
+    ucxd_ctl_t m = {.magic = UCXD_CTL_MAGIC, .kind = 'V'};
+    memcpy(m.cap, cap, sizeof(m.cap));
+    send_or_keep(x, &m);
+}
+
+int kvd_ucxd_window_open(kvd_ucxd_t *x, uint64_t gen,
+                         const uint8_t cap[KVD_UCXD_CAP_BYTES], uint64_t lease,
+                         const kvd_ucx_range_t *r, size_t n)
+{
+    if (x == NULL || gen != x->gen || x->sock < 0)
+        return KVD_ERR_UNAVAILABLE; /* that child is gone, and its grant */
+    flush_revokes(x);
+    if (x->n_revokes > 0)
+        return KVD_ERR_BUSY;            /* after what closed before, never ahead of it */
+    static uint8_t buf[UCXD_CTL_BYTES]; /* the daemon's loop is one thread */
+    for (size_t at = 0; at < n;) {
+        size_t k = KVD_MIN(n - at, (size_t)UCXD_WIN_MAX);
+        ucxd_ctl_t m = {
+            .magic = UCXD_CTL_MAGIC, .kind = 'W', .conn_id = lease, .length = k};
+        memcpy(m.cap, cap, sizeof(m.cap));
+        memcpy(buf, &m, sizeof(m));
+        memcpy(buf + sizeof(m), r + at, k * sizeof(*r));
+        size_t len = sizeof(m) + k * sizeof(*r);
+        ssize_t w;
+        do
+            w = send(x->sock, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (w < 0 && errno == EINTR);
+        if (w != (ssize_t)len)
+            /* what went in is closed by the caller's kvd_ucxd_window_close */
+            return w < 0 && (errno == EAGAIN || errno == ENOBUFS) ? KVD_ERR_BUSY
+                                                                  : KVD_ERR_UNAVAILABLE;
+        at += k;
+    }
+    return KVD_OK;
+}
+
+void kvd_ucxd_window_close(kvd_ucxd_t *x, uint64_t gen,
+                           const uint8_t cap[KVD_UCXD_CAP_BYTES], uint64_t lease)
+{
+    if (x == NULL || gen != x->gen || x->sock < 0)
+        return; /* that child is gone, and its windows with it */
+    ucxd_ctl_t m = {.magic = UCXD_CTL_MAGIC, .kind = 'X', .conn_id = lease};
+    memcpy(m.cap, cap, sizeof(m.cap));
+    send_or_keep(x, &m);
 }
 
 void kvd_ucxd_pool_ready(kvd_ucxd_t *x)
@@ -666,7 +729,7 @@ typedef struct child {
     uint64_t ctl_ns; /* when the control socket was last read */
 } child_t;
 
-static void ctl_apply(child_t *c, const ucxd_ctl_t *m)
+static void ctl_apply(child_t *c, const ucxd_ctl_t *m, const kvd_ucx_range_t *ranges)
 {
     switch (m->kind) {
     case 'R':
@@ -676,6 +739,7 @@ static void ctl_apply(child_t *c, const ucxd_ctl_t *m)
         break;
     case 'G': {
         kvd_ucx_grant_t g = {.read_only = m->read_only != 0,
+                             .windowed = true, /* writes only where it reserved */
                              .offset = m->offset,
                              .length = m->length,
                              .conn_id = m->conn_id};
@@ -689,6 +753,14 @@ static void ctl_apply(child_t *c, const ucxd_ctl_t *m)
         break;
     }
     case 'V': kvd_ucx_revoke(c->u, m->cap); break;
+    case 'W': {
+        int rc = kvd_ucx_window_open(c->u, m->cap, m->conn_id, ranges, (size_t)m->length);
+        if (rc != KVD_OK && rc != KVD_ERR_NOT_FOUND) /* not found: revoked since */
+            KVD_ERROR("ucxd", "write windows of lease %llu not opened: %s",
+                      (unsigned long long)m->conn_id, kvd_status_str(rc));
+        break;
+    }
+    case 'X': kvd_ucx_window_close(c->u, m->cap, m->conn_id); break;
     default: KVD_WARN("ucxd", "control record of kind %u: dropped", m->kind); break;
     }
 }
@@ -698,9 +770,10 @@ static void ctl_drain(void *arg)
 {
     child_t *c = arg;
     c->ctl_ns = kvd_now_ns();
+    static uint8_t buf[UCXD_CTL_BYTES]; /* the serving loop's thread only */
     while (!c->parent_gone) {
         ucxd_ctl_t m;
-        ssize_t n = recv(c->sock, &m, sizeof(m), MSG_DONTWAIT | MSG_TRUNC);
+        ssize_t n = recv(c->sock, buf, sizeof(buf), MSG_DONTWAIT | MSG_TRUNC);
         if (n < 0 && errno == EINTR)
             continue;
         if (n < 0)
@@ -709,11 +782,20 @@ static void ctl_drain(void *arg)
             c->parent_gone = true; /* the parent closed its end */
             return;
         }
-        if (n != (ssize_t)sizeof(m) || m.magic != UCXD_CTL_MAGIC) {
+        if (n < (ssize_t)sizeof(m) || n > (ssize_t)sizeof(buf)) {
             KVD_WARN("ucxd", "control record of %zd bytes: dropped", n);
             continue;
         }
-        ctl_apply(c, &m);
+        memcpy(&m, buf, sizeof(m));
+        size_t want = sizeof(m) + (m.kind == 'W' && m.length <= UCXD_WIN_MAX
+                                       ? (size_t)m.length * sizeof(kvd_ucx_range_t)
+                                       : 0);
+        if (m.magic != UCXD_CTL_MAGIC || (size_t)n != want ||
+            (m.kind == 'W' && m.length > UCXD_WIN_MAX)) {
+            KVD_WARN("ucxd", "control record of %zd bytes: dropped", n);
+            continue;
+        }
+        ctl_apply(c, &m, (const kvd_ucx_range_t *)(buf + sizeof(m)));
     }
 }
 

@@ -52,6 +52,7 @@
 #define KVD_DAEMON_UCXD_H
 
 #include "kvd_common.h"
+#include "kvd_transport.h" /* kvd_ucx_range_t */
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -126,6 +127,22 @@ int kvd_ucxd_grant(kvd_ucxd_t *x, uint64_t conn_id, bool read_only, uint64_t off
  * revoke the socket cannot take now is kept and sent on the next tick; a
  * child that lets too many pile up is restarted. */
 void kvd_ucxd_revoke(kvd_ucxd_t *x, uint64_t gen, const uint8_t cap[KVD_UCXD_CAP_BYTES]);
+
+/* Opens write windows for lease `lease` of the grant (gen, cap): the
+ * extents a Reserve allocated, so that the connection's UCX writes land
+ * only in what it reserved (every grant of this server is windowed). The
+ * child knows them once this returns, as for a grant. KVD_OK,
+ * KVD_ERR_UNAVAILABLE (that child is gone), KVD_ERR_BUSY (its socket is
+ * full, or closes wait to be sent): the caller then undoes the Reserve
+ * and closes the lease's windows, some of which may have gone in. */
+int kvd_ucxd_window_open(kvd_ucxd_t *x, uint64_t gen,
+                         const uint8_t cap[KVD_UCXD_CAP_BYTES], uint64_t lease,
+                         const kvd_ucx_range_t *r, size_t n);
+
+/* Closes the windows of lease `lease` (published, revoked, expired): as a
+ * revoke, kept back and sent on the next tick when the socket is full. */
+void kvd_ucxd_window_close(kvd_ucxd_t *x, uint64_t gen,
+                           const uint8_t cap[KVD_UCXD_CAP_BYTES], uint64_t lease);
 
 /* The pool is populated: the child (and every later one) maps its pages
  * in, at its own pace, so that writes through it do not fault. */

@@ -1193,6 +1193,12 @@ static lease_t *lease_find(const kvd_store_t *s, uint64_t id)
     return NULL;
 }
 
+bool kvd_store_lease_live(const kvd_store_t *s, uint64_t owner, uint64_t lease_id)
+{
+    const lease_t *l = lease_id != 0 ? lease_find(s, lease_id) : NULL;
+    return l != NULL && l->owner == owner;
+}
+
 /* Makes room for `more` holds in one allocation. */
 static int lease_reserve(kvd_store_t *s, lease_t *l, size_t more)
 {

@@ -470,6 +470,10 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
                       const uint8_t (*keys)[KVD_KEY_BYTES], size_t n, uint64_t now_ms,
                       uint64_t *lease_id, kvd_loc_t *locs, size_t *first_bad);
 
+/* True while lease_id is a live lease of owner (not yet published, revoked,
+ * released or expired). */
+bool kvd_store_lease_live(const kvd_store_t *s, uint64_t owner, uint64_t lease_id);
+
 /* Ends read lease lease_id, unpinning what it holds. Errors as publish. */
 int kvd_store_release(kvd_store_t *s, uint64_t owner, uint64_t lease_id);
 

@@ -542,8 +542,9 @@ void kvd_ucx_mem_unmap(kvd_ucx_mem_t *m);
  * worker, from its progress. A request is served only when it carries a
  * capability granted (kvd_ucx_grant) and lives within its grant's range
  * (and m), and a write only when the grant allows writes; every other one
- * is answered with an error (KVD_ERR_AUTH: no live capability, or a write
- * of a read-only one; KVD_ERR_INVALID: outside the range) and moves no
+ * is answered with an error (KVD_ERR_AUTH: no live capability, a write
+ * of a read-only one, or of a windowed one outside its open windows;
+ * KVD_ERR_INVALID: outside the range) and moves no
  * byte. KVD_ERR_INVALID, KVD_ERR_IO. */
 int kvd_ucx_serve_messages(kvd_ucx_t *u, const kvd_ucx_mem_t *m);
 
@@ -554,16 +555,39 @@ int kvd_ucx_serve_region(kvd_ucx_t *u, void *base, uint64_t len);
 #define KVD_UCX_CAP_BYTES 16 /* a capability: random bytes (getrandom) */
 
 /* What a capability allows: [offset, offset+length) of the served region,
- * writes unless read_only. conn_id is for the log. */
+ * writes unless read_only; with windowed, writes only within its open
+ * windows (kvd_ucx_window_open: the daemon opens one per reservation
+ * lease, so a writer reaches only what it reserved and only while it
+ * holds it). conn_id is for the log. */
 typedef struct kvd_ucx_grant {
     uint8_t cap[KVD_UCX_CAP_BYTES];
     bool read_only;
+    bool windowed;
     uint64_t offset, length;
     uint64_t conn_id;
 } kvd_ucx_grant_t;
 
-/* Grants g (replacing a grant of the same capability). KVD_ERR_NOMEM. */
+/* Grants g (replacing a grant of the same capability, and its windows).
+ * KVD_ERR_NOMEM. */
 int kvd_ucx_grant(kvd_ucx_t *u, const kvd_ucx_grant_t *g);
+
+/* One range of the served region. */
+typedef struct kvd_ucx_range {
+    uint64_t offset, length;
+} kvd_ucx_range_t;
+
+/* Opens n write windows of a windowed grant under `tag` (the lease they
+ * belong to): ranges within the grant's range, not overlapping each other
+ * or an open window (those of the pool's allocator never do). Ranges that
+ * touch are joined, so a write may cross from one into the next. KVD_OK;
+ * KVD_ERR_NOT_FOUND (no such grant), KVD_ERR_INVALID (a range outside the
+ * grant or over an open window: none is opened), KVD_ERR_NOMEM. */
+int kvd_ucx_window_open(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES], uint64_t tag,
+                        const kvd_ucx_range_t *r, size_t n);
+/* Closes every window of `tag` of the grant: later writes there are
+ * refused. The number closed. */
+size_t kvd_ucx_window_close(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES],
+                            uint64_t tag);
 /* Revokes a capability; true when it was granted. */
 bool kvd_ucx_revoke(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES]);
 /* Live grants. */
@@ -580,6 +604,7 @@ typedef struct kvd_ucx_refused {
     uint64_t no_cap;    /* no live capability */
     uint64_t read_only; /* a write with a read-only grant */
     uint64_t range;     /* outside the grant's range or the region */
+    uint64_t window;    /* a write of a windowed grant outside its windows */
 } kvd_ucx_refused_t;
 void kvd_ucx_refused(const kvd_ucx_t *u, kvd_ucx_refused_t *out);
 

@@ -129,8 +129,14 @@ typedef struct am_region {
 
 /* The serving side's grants, by capability (chained; its bytes are
  * random, so its first eight pick the bucket). */
+typedef struct window {
+    uint64_t offset, length, tag;
+} window_t;
+
 typedef struct grant_node {
     kvd_ucx_grant_t g;
+    window_t *win; /* open write windows, by offset (none overlap) */
+    size_t n_win, cap_win;
     struct grant_node *next;
 } grant_node_t;
 
@@ -506,6 +512,12 @@ static int grant_grow(grant_table_t *t)
     return KVD_OK;
 }
 
+static void node_free(grant_node_t *g)
+{
+    free(g->win);
+    kvd_mem_free(KVD_MEM_OTHER, g, sizeof(*g));
+}
+
 int kvd_ucx_grant(kvd_ucx_t *u, const kvd_ucx_grant_t *g)
 {
     if (u == NULL || g == NULL)
@@ -514,6 +526,7 @@ int kvd_ucx_grant(kvd_ucx_t *u, const kvd_ucx_grant_t *g)
     grant_node_t **at = grant_slot(t, g->cap);
     if (at != NULL && *at != NULL) {
         (*at)->g = *g;
+        (*at)->n_win = 0;
         return KVD_OK;
     }
     if ((t->nb == 0 || t->n >= 2 * t->nb) && grant_grow(t) != KVD_OK)
@@ -536,9 +549,117 @@ bool kvd_ucx_revoke(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES])
         return false;
     grant_node_t *gone = *at;
     *at = gone->next;
-    kvd_mem_free(KVD_MEM_OTHER, gone, sizeof(*gone));
+    node_free(gone);
     u->grants.n--;
     return true;
+}
+
+/* The index of the first window of n whose end is past offset. */
+static size_t window_at(const grant_node_t *g, uint64_t offset)
+{
+    size_t lo = 0, hi = g->n_win;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g->win[mid].offset + g->win[mid].length <= offset)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int range_cmp(const void *a, const void *b)
+{
+    const kvd_ucx_range_t *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+int kvd_ucx_window_open(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES], uint64_t tag,
+                        const kvd_ucx_range_t *r, size_t n)
+{
+    grant_node_t **at = u != NULL ? grant_slot(&u->grants, cap) : NULL;
+    if (at == NULL || *at == NULL)
+        return KVD_ERR_NOT_FOUND;
+    grant_node_t *g = *at;
+    if (n == 0)
+        return KVD_OK;
+    kvd_ucx_range_t *in = malloc(n * sizeof(*in));
+    if (in == NULL)
+        return KVD_ERR_NOMEM;
+    memcpy(in, r, n * sizeof(*in));
+    qsort(in, n, sizeof(*in), range_cmp);
+    /* joined where they touch; checked against the grant and each other */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (in[i].length == 0)
+            continue;
+        if (in[i].offset < g->g.offset ||
+            !kvd_range_ok(in[i].offset - g->g.offset, in[i].length, g->g.length) ||
+            (m > 0 && in[m - 1].offset + in[m - 1].length > in[i].offset)) {
+            free(in);
+            return KVD_ERR_INVALID;
+        }
+        if (m > 0 && in[m - 1].offset + in[m - 1].length == in[i].offset)
+            in[m - 1].length += in[i].length;
+        else
+            in[m++] = in[i];
+    }
+    /* none over an open window */
+    for (size_t i = 0; i < m; i++) {
+        size_t k = window_at(g, in[i].offset);
+        if (k < g->n_win && g->win[k].offset < in[i].offset + in[i].length) {
+            free(in);
+            return KVD_ERR_INVALID;
+        }
+    }
+    if (g->n_win + m > g->cap_win) {
+        size_t cap2 = KVD_MAX(g->cap_win * 2, g->n_win + m);
+        window_t *w = realloc(g->win, cap2 * sizeof(*w));
+        if (w == NULL) {
+            free(in);
+            return KVD_ERR_NOMEM;
+        }
+        g->win = w;
+        g->cap_win = cap2;
+    }
+    /* merged into the sorted list from the back: O(open + new) */
+    size_t i = g->n_win, j = m, to = g->n_win + m;
+    while (j > 0) {
+        if (i > 0 && g->win[i - 1].offset > in[j - 1].offset)
+            g->win[--to] = g->win[--i];
+        else {
+            j--;
+            g->win[--to] = (window_t){in[j].offset, in[j].length, tag};
+        }
+    }
+    g->n_win += m;
+    free(in);
+    return KVD_OK;
+}
+
+size_t kvd_ucx_window_close(kvd_ucx_t *u, const uint8_t cap[KVD_UCX_CAP_BYTES],
+                            uint64_t tag)
+{
+    grant_node_t **at = u != NULL ? grant_slot(&u->grants, cap) : NULL;
+    if (at == NULL || *at == NULL)
+        return 0;
+    grant_node_t *g = *at;
+    size_t kept = 0;
+    for (size_t i = 0; i < g->n_win; i++)
+        if (g->win[i].tag != tag)
+            g->win[kept++] = g->win[i];
+    size_t closed = g->n_win - kept;
+    g->n_win = kept;
+    return closed;
+}
+
+/* True when [offset, offset+length) lies within one open window of g. */
+static bool in_window(const grant_node_t *g, uint64_t offset, uint64_t length)
+{
+    size_t k = window_at(g, offset);
+    return k < g->n_win && g->win[k].offset <= offset &&
+           offset - g->win[k].offset <= g->win[k].length &&
+           length <= g->win[k].length - (offset - g->win[k].offset);
 }
 
 size_t kvd_ucx_grants(const kvd_ucx_t *u)
@@ -551,7 +672,7 @@ static void grants_free(grant_table_t *t)
     for (size_t i = 0; i < t->nb; i++)
         for (grant_node_t *g = t->b[i], *next; g; g = next) {
             next = g->next;
-            kvd_mem_free(KVD_MEM_OTHER, g, sizeof(*g));
+            node_free(g);
         }
     kvd_mem_free(KVD_MEM_OTHER, t->b, t->nb * sizeof(*t->b));
     *t = (grant_table_t){0};
@@ -570,14 +691,14 @@ void kvd_ucx_refused(const kvd_ucx_t *u, kvd_ucx_refused_t *out)
 
 /* The grant of a capability, after asking for the grants sent meanwhile
  * when it is not known yet; NULL when it has none. */
-static const kvd_ucx_grant_t *grant_find(kvd_ucx_t *u, const uint8_t *cap)
+static grant_node_t *grant_find(kvd_ucx_t *u, const uint8_t *cap)
 {
     grant_node_t **at = grant_slot(&u->grants, cap);
     if ((at == NULL || *at == NULL) && u->on_unknown != NULL) {
         u->on_unknown(u->on_unknown_arg);
         at = grant_slot(&u->grants, cap);
     }
-    return at != NULL && *at != NULL ? &(*at)->g : NULL;
+    return at != NULL && *at != NULL ? *at : NULL;
 }
 
 /* Counts a refused request and logs it, one line a second at most (a peer
@@ -587,7 +708,7 @@ static void refuse_note(kvd_ucx_t *u, uint64_t *counter, const char *why,
 {
     (*counter)++;
     const kvd_ucx_refused_t *r = &u->refused;
-    uint64_t total = r->malformed + r->no_cap + r->read_only + r->range;
+    uint64_t total = r->malformed + r->no_cap + r->read_only + r->range + r->window;
     uint64_t now = kvd_now_ns();
     if (u->refuse_log_ns != 0 && now - u->refuse_log_ns < REFUSE_LOG_NS)
         return;
@@ -598,10 +719,12 @@ static void refuse_note(kvd_ucx_t *u, uint64_t *counter, const char *why,
     KVD_WARN("ucx",
              "refused a UCX request: %s%s; %llu refused since the last such line "
              "(so far: %llu without a live capability, %llu writes of read-only "
-             "grants, %llu outside their range, %llu malformed)",
+             "grants, %llu outside their range, %llu writes outside their "
+             "reservations, %llu malformed)",
              why, whose, (unsigned long long)(total - u->refused_logged),
              (unsigned long long)r->no_cap, (unsigned long long)r->read_only,
-             (unsigned long long)r->range, (unsigned long long)r->malformed);
+             (unsigned long long)r->range, (unsigned long long)r->window,
+             (unsigned long long)r->malformed);
     u->refused_logged = total;
     u->refuse_log_ns = now;
 }
@@ -626,7 +749,8 @@ static int parse_request(kvd_ucx_t *u, bool write, const void *header,
         refuse_note(u, &u->refused.malformed, "not of this protocol", 0);
         return KVD_ERR_PROTOCOL;
     }
-    const kvd_ucx_grant_t *g = grant_find(u, h.cap);
+    grant_node_t *node = grant_find(u, h.cap);
+    const kvd_ucx_grant_t *g = node != NULL ? &node->g : NULL;
     if (g == NULL) {
         refuse_note(u, &u->refused.no_cap, "no live capability", 0);
         return KVD_ERR_AUTH;
@@ -650,6 +774,20 @@ static int parse_request(kvd_ucx_t *u, bool write, const void *header,
             sg.length > AM_MSG_MAX - *total) {
             refuse_note(u, &u->refused.range, "a range outside its grant", g->conn_id);
             return KVD_ERR_INVALID;
+        }
+        if (write && g->windowed && !in_window(node, sg.offset, sg.length)) {
+            /* a window opened with the Reserve reply is in by now: the
+             * parent sent it before the reply was queued */
+            if (u->on_unknown != NULL) {
+                u->on_unknown(u->on_unknown_arg);
+                node = grant_find(u, h.cap);
+                g = node != NULL ? &node->g : NULL;
+            }
+            if (node == NULL || !in_window(node, sg.offset, sg.length)) {
+                refuse_note(u, &u->refused.window, "a write outside its reservations",
+                            g != NULL ? g->conn_id : 0);
+                return KVD_ERR_AUTH;
+            }
         }
         op->iov[i] = (ucp_dt_iov_t){u->served.base + sg.offset, sg.length};
         *total += sg.length;

@@ -28,6 +28,9 @@
  *   (e) a UCX server that dies takes its grants along: its successor
  *       refuses the old capability and serves the one a new Hello on the
  *       same connection gets.
+ *   (g) a read-write grant writes only within its connection's live
+ *       reservations: outside any, across one's end, into another
+ *       connection's, after Publish, Revoke and the lease's TTL refused.
  *   (f) the UCX server runs inside its seccomp filter (one filter more
  *       than the daemon, NoNewPrivs), and without it with --no-ucx-sandbox;
  *       (a) to (e) ran inside it.
@@ -37,6 +40,7 @@
  */
 #include "dtest.h"
 #include "kvd_transport.h"
+#include "test_store_util.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -569,12 +573,11 @@ static void case_messages(const kvd_test_daemon_t *d, const char *tcp_addr,
     r = v2(gl.cap, UINT64_MAX - 100, 4096);
     expect_refused("PUT at a wrapping offset", AM_PUT, &r, sizeof(r), payload, 4096, pool,
                    before);
-    /* and the live grant writes */
+    /* a live read-write grant writes only where its connection reserved
+     * (case_windows): nothing is reserved here */
     r = v2(gl.cap, 8192, 4096);
-    DT_CHECK(am_call(AM_PUT, &r, sizeof(r), payload, 4096) && A.status == KVD_OK,
-             "PUT with a live grant: status %d", A.status);
-    DT_CHECK(memcmp(pool + 8192, payload, 4096) == 0,
-             "PUT with a live grant: the bytes are not in the pool");
+    expect_refused("PUT with a live grant, nothing reserved", AM_PUT, &r, sizeof(r),
+                   payload, 4096, pool, before);
     DT_CHECK(!A.ep_failed, "the UCX server's endpoint failed");
     DT_CHECK(kvd_test_file_contains(d->log, "refused a UCX request"),
              "the daemon's log does not mention the refusals");
@@ -586,14 +589,145 @@ out:
     free(before);
 }
 
+/* Registers `name` (objects of object_bytes) and reserves n objects of a
+ * chain starting at token `first`: their offsets, and the lease (0 on
+ * failure, recorded). */
+static uint64_t reserve(kvd_client_t *c, const char *name, uint64_t object_bytes,
+                        uint32_t first, size_t n, uint64_t *offsets)
+{
+    kvd_ns_spec_t spec = ts_spec(name, object_bytes);
+    uint32_t ns = 0;
+    kvd_key_t keys[8];
+    kvd_put_item_t items[8];
+    uint8_t results[8];
+    uint64_t lease = 0;
+    ts_err_t err;
+    if (n > 8 || ts_register(c, &spec, 1, &ns, &err) != KVD_OK ||
+        ts_make_keys(first, n, 16, keys) != 0)
+        return 0;
+    ts_chain_items(keys, n, NULL, 0, items);
+    int rc = ts_reserve(c, ns, object_bytes, items, n, &lease, results, offsets, &err);
+    bool all = rc == KVD_OK;
+    for (size_t i = 0; all && i < n; i++)
+        all = results[i] == KVD_RESERVE_ALLOCATED;
+    DT_CHECK(all && lease != 0, "Reserve of %zu objects in %s: %s", n, name,
+             kvd_status_str(rc));
+    return all ? lease : 0;
+}
+
+/* A PUT of 4096 bytes of `fill` at offset with cap: its status (1 no
+ * answer). */
+static int put_at(const uint8_t *cap, uint64_t offset, uint8_t fill)
+{
+    static uint8_t payload[4096];
+    memset(payload, fill, sizeof(payload));
+    v2_req_t r = v2(cap, offset, sizeof(payload));
+    return am_call(AM_PUT, &r, sizeof(r), payload, sizeof(payload)) ? A.status : 1;
+}
+
+static bool filled(const uint8_t *pool, uint64_t offset, uint8_t fill)
+{
+    for (size_t i = 0; i < 4096; i++)
+        if (pool[offset + i] != fill)
+            return false;
+    return true;
+}
+
+/* A PUT that must be refused: an error, and the pool unchanged. */
+static void put_refused(const char *what, const uint8_t *cap, uint64_t offset,
+                        const uint8_t *pool, uint8_t *before)
+{
+    memcpy(before, pool, DT_POOL_BYTES);
+    int st = put_at(cap, offset, 0x5a);
+    printf("%s: status %d\n", what, st);
+    DT_CHECK(st != KVD_OK, "%s: served", what);
+    DT_CHECK(memcmp(pool, before, DT_POOL_BYTES) == 0, "%s: pool bytes changed", what);
+}
+
+/* (g) a read-write grant writes only within the extents its connection
+ * holds reserved, and only while it holds them (the UCX writers' windows,
+ * daemon/ucxd.h): inside a live reservation served; outside any, across a
+ * reservation's end, into another connection's reservation, after
+ * Publish, after Revoke and after the lease's TTL (--lease-ttl 1500)
+ * refused, moving no byte. */
+static void case_windows(const char *tcp_addr, const uint8_t *pool)
+{
+    uint8_t *before = malloc(DT_POOL_BYTES);
+    kvd_client_t *c = NULL, *other = NULL;
+    grant_t g, go;
+    if (!DT_CHECK(before != NULL &&
+                      kvd_client_connect_tcp(tcp_addr, WAIT_MS, &c) == KVD_OK &&
+                      hello_ucx(c, false, &g) == KVD_OK &&
+                      kvd_client_connect_tcp(tcp_addr, WAIT_MS, &other) == KVD_OK &&
+                      hello_ucx(other, false, &go) == KVD_OK,
+                  "two Hellos with want_ucx"))
+        goto out;
+    if (!DT_CHECK(ep_open(g.addr) == 0, "an endpoint to the UCX server"))
+        goto out;
+    uint64_t off[4], off2[1], off3[1];
+    uint64_t lease = reserve(c, "ucx-trust/win", 4096, 100, 4, off);
+    if (lease == 0)
+        goto out;
+    uint64_t top = 0; /* the highest of the reserved extents */
+    for (int i = 0; i < 4; i++) {
+        DT_CHECK(put_at(g.cap, off[i], (uint8_t)(0x10 + i)) == KVD_OK,
+                 "PUT into reserved extent %d (offset %llu): status %d", i,
+                 (unsigned long long)off[i], A.status);
+        DT_CHECK(filled(pool, off[i], (uint8_t)(0x10 + i)),
+                 "PUT into reserved extent %d: the bytes are not in the pool", i);
+        top = KVD_MAX(top, off[i]);
+    }
+    /* outside: the pool's last page (the allocator hands out the lowest
+     * free extents first, and four small ones are far from it) */
+    uint64_t outside = DT_POOL_BYTES - 4096;
+    for (int i = 0; i < 4; i++)
+        DT_CHECK(off[i] != outside, "a reservation at the pool's end");
+    put_refused("PUT outside any reservation", g.cap, outside, pool, before);
+    put_refused("PUT across the end of a reservation", g.cap, top + 2048, pool, before);
+    put_refused("PUT of another connection into this one's reservation", go.cap, off[0],
+                pool, before);
+    ts_err_t err;
+    DT_CHECK(ts_publish(c, lease, NULL, 0, &err) == KVD_OK, "Publish: %s", err.text);
+    put_refused("PUT into a published object", g.cap, off[1], pool, before);
+    uint64_t lease2 = reserve(c, "ucx-trust/win", 4096, 200, 1, off2);
+    if (lease2 != 0) {
+        DT_CHECK(put_at(g.cap, off2[0], 0x21) == KVD_OK, "PUT into a second reservation");
+        DT_CHECK(ts_finish(c, KVD_METHOD_REVOKE, lease2, NULL, 0, &err) == KVD_OK,
+                 "Revoke: %s", err.text);
+        put_refused("PUT into a revoked reservation", g.cap, off2[0], pool, before);
+    }
+    uint64_t lease3 = reserve(c, "ucx-trust/win", 4096, 300, 1, off3);
+    if (lease3 != 0) {
+        DT_CHECK(put_at(g.cap, off3[0], 0x31) == KVD_OK, "PUT into a third reservation");
+        /* its TTL (1.5 s) passes: the daemon's tick ends it (bounded) */
+        int st = KVD_OK;
+        for (int i = 0; i < 100 && st == KVD_OK; i++) {
+            kvd_sleep_ns(100 * 1000000ull);
+            st = put_at(g.cap, off3[0], 0x31);
+        }
+        DT_CHECK(st != KVD_OK, "PUTs into a reservation still served 10 s after its TTL");
+        put_refused("PUT into an expired reservation", g.cap, off3[0], pool, before);
+    }
+    DT_CHECK(!A.ep_failed, "the UCX server's endpoint failed");
+out:
+    ep_close();
+    kvd_client_close(c);
+    kvd_client_close(other);
+    free(before);
+}
+
 /* (c) */
 static void case_transport(const char *tcp_addr, const uint8_t *pool)
 {
     kvd_client_t *c = NULL;
     grant_t g;
+    uint64_t at = 0;
     if (!DT_CHECK(kvd_client_connect_tcp(tcp_addr, WAIT_MS, &c) == KVD_OK &&
                       hello_ucx(c, false, &g) == KVD_OK,
                   "Hello with want_ucx"))
+        goto out;
+    /* where it writes: a reservation of its own (case_windows) */
+    if (reserve(c, "ucx-trust/transport", 65536, 400, 1, &at) == 0)
         goto out;
     kvd_transport_t *t = NULL;
     static uint8_t buf[2][65536];
@@ -619,13 +753,13 @@ static void case_transport(const char *tcp_addr, const uint8_t *pool)
     int rc = kvd_transport_connect(t, &p);
     if (!DT_CHECK(rc == KVD_OK, "connect in the message mode: %s", kvd_status_str(rc)))
         goto out_t;
-    kvd_xfer_t w = {.local = r0, .remote_offset = 1 << 20, .length = sizeof(buf[0])};
-    kvd_xfer_t rd = {.local = r1, .remote_offset = 1 << 20, .length = sizeof(buf[1])};
+    kvd_xfer_t w = {.local = r0, .remote_offset = at, .length = sizeof(buf[0])};
+    kvd_xfer_t rd = {.local = r1, .remote_offset = at, .length = sizeof(buf[1])};
     rc = kvd_transport_post(t, KVD_XFER_WRITE, &w, 1, 1);
     if (rc == KVD_OK)
         rc = kvd_transport_wait(t, 1, WAIT_MS, NULL, NULL, 0);
     DT_CHECK(rc == KVD_OK, "a WRITE over ucx-tcp: %s", kvd_status_str(rc));
-    DT_CHECK(memcmp(pool + (1 << 20), buf[0], sizeof(buf[0])) == 0,
+    DT_CHECK(memcmp(pool + at, buf[0], sizeof(buf[0])) == 0,
              "the WRITE's bytes are not in the pool");
     rc = kvd_transport_post(t, KVD_XFER_READ, &rd, 1, 2);
     if (rc == KVD_OK)
@@ -763,8 +897,9 @@ int main(void)
     /* UCX over TCP is served only when asked for (test_ucx_tcp_optin.c) */
     /* a client that has passed the RPC's authentication (here: none asked,
      * --insecure-no-auth) still reaches nothing beyond its UCX grant */
-    if (dt_start(&d, (const char *[]){"--listen", listen, "--ucx-tcp",
-                                      "--insecure-no-auth", NULL}) != 0)
+    if (dt_start(&d,
+                 (const char *[]){"--listen", listen, "--ucx-tcp", "--insecure-no-auth",
+                                  "--lease-ttl", "1500", NULL}) != 0)
         return dt_exit_status(TEST_NAME);
     if (!kvd_test_file_contains(d.log, "UCX server pid")) {
         printf("SKIP: UCX cannot start here (UCX_TLS=%s): see the daemon's log\n",
@@ -787,6 +922,7 @@ int main(void)
         case_rma(&d, listen, child, pool);
         case_messages(&d, listen, pool);
         case_transport(listen, pool);
+        case_windows(listen, pool);
         DT_CHECK(dt_child_of(d.pid) == child, "the UCX server was restarted");
         case_restart(&d, listen, child);
     }

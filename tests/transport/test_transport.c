@@ -1978,6 +1978,107 @@ static void test_peer_refuses_without_its_grant(void **state)
     free(local_before);
 }
 
+/* A windowed grant (the daemon's UCX server's kind) writes only within its
+ * open windows: windows that touch are joined (a write crosses from one
+ * into the next), one over an open window or outside the grant is refused
+ * whole, closing a tag closes its windows only; reads stay served across
+ * the grant. Writes refused fail (not a timeout), move no byte and count
+ * as `window`. */
+static void test_peer_windows(void **state)
+{
+    fixture_t *f = *state;
+    SKIP_UNLESS(g_be->remote && g_be->mode == KVD_UCX_MODE_AM,
+                "only the ucx message mode's peer has write windows");
+    peer_t p = {.stop_fd = -1};
+    assert_int_equal(g_be->peer_start(&p, PEER_BYTES, PEER_BYTES, 9), KVD_OK);
+    kvd_peer_t d = g_be->describe(&p);
+    ucx_peer_pause(&p);
+    kvd_ucx_grant_t g = {.windowed = true, .length = PEER_BYTES};
+    memcpy(g.cap, p.cap, sizeof(g.cap));
+    assert_int_equal(kvd_ucx_grant(p.ucx, &g), KVD_OK);
+    /* tag 7: two that touch, given out of order; tag 8: one apart */
+    const kvd_ucx_range_t seven[] = {{8192, 4096}, {4096, 4096}};
+    const kvd_ucx_range_t eight[] = {{65536, 4096}};
+    assert_int_equal(kvd_ucx_window_open(p.ucx, p.cap, 7, seven, 2), KVD_OK);
+    assert_int_equal(kvd_ucx_window_open(p.ucx, p.cap, 8, eight, 1), KVD_OK);
+    const kvd_ucx_range_t over[] = {{0, 4096}, {6144, 4096}};
+    const kvd_ucx_range_t outside[] = {{PEER_BYTES - 4096, 8192}};
+    const kvd_ucx_range_t self_over[] = {{200000, 4096}, {202000, 4096}};
+    assert_int_equal(kvd_ucx_window_open(p.ucx, p.cap, 9, over, 2), KVD_ERR_INVALID);
+    assert_int_equal(kvd_ucx_window_open(p.ucx, p.cap, 9, outside, 1), KVD_ERR_INVALID);
+    assert_int_equal(kvd_ucx_window_open(p.ucx, p.cap, 9, self_over, 2), KVD_ERR_INVALID);
+    uint8_t wrong[KVD_UCX_CAP_BYTES];
+    memcpy(wrong, p.cap, sizeof(wrong));
+    wrong[0] ^= 1;
+    assert_int_equal(kvd_ucx_window_open(p.ucx, wrong, 9, eight, 1), KVD_ERR_NOT_FOUND);
+    assert_int_equal(ucx_peer_resume(&p), KVD_OK);
+    assert_int_equal(kvd_transport_connect(f->t, &d), KVD_OK);
+
+    uint64_t cookie = 500;
+    /* [from, from + len) written with fill: whether it was served */
+    struct {
+        uint64_t at, len;
+        bool served;
+        const char *what;
+    } w[] = {
+        {4096, 8192, true, "across two joined windows of tag 7"},
+        {65536, 4096, true, "the window of tag 8"},
+        {0, 4096, false, "before every window"},
+        {8192, 8192, false, "past the end of tag 7's windows"},
+        {16384, 4096, false, "between the windows"},
+        {200000, 4096, false, "where the refused open would have been"},
+    };
+    for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++) {
+        uint8_t *before = dup_bytes(p.bytes, PEER_BYTES);
+        memset(f->a, (int)(0x40 + i), (size_t)w[i].len);
+        kvd_xfer_t x = {.local = f->ra, .remote_offset = w[i].at, .length = w[i].len};
+        post_ok(f, KVD_XFER_WRITE, &x, 1, cookie);
+        int rc = wait_keep(f, cookie++, WAIT_MS);
+        print_message("WRITE %s: %s\n", w[i].what, kvd_status_str(rc));
+        if (w[i].served) {
+            assert_int_equal(rc, KVD_OK);
+            expect_bytes(p.bytes + w[i].at, f->a, (size_t)w[i].len, w[i].what);
+        } else {
+            assert_int_equal(rc, KVD_ERR_AUTH);
+            expect_bytes(p.bytes, before, PEER_BYTES, w[i].what);
+            kvd_transport_disconnect(f->t);
+            assert_int_equal(kvd_transport_connect(f->t, &d), KVD_OK);
+        }
+        free(before);
+    }
+    /* a read outside every window: served */
+    kvd_xfer_t r = {.local = f->ra, .remote_offset = 131072, .length = 4096};
+    post_ok(f, KVD_XFER_READ, &r, 1, cookie);
+    assert_int_equal(wait_keep(f, cookie++, WAIT_MS), KVD_OK);
+    expect_bytes(f->a, p.bytes + 131072, 4096, "a read outside every window");
+    /* tag 7 closed: its windows refuse, tag 8's still serves */
+    kvd_transport_disconnect(f->t);
+    ucx_peer_pause(&p);
+    assert_int_equal(kvd_ucx_window_close(p.ucx, p.cap, 7), 1); /* joined: one */
+    assert_int_equal(kvd_ucx_window_close(p.ucx, p.cap, 7), 0);
+    assert_int_equal(ucx_peer_resume(&p), KVD_OK);
+    assert_int_equal(kvd_transport_connect(f->t, &d), KVD_OK);
+    uint8_t *before = dup_bytes(p.bytes, PEER_BYTES);
+    kvd_xfer_t x7 = {.local = f->ra, .remote_offset = 4096, .length = 4096};
+    post_ok(f, KVD_XFER_WRITE, &x7, 1, cookie);
+    assert_int_equal(wait_keep(f, cookie++, WAIT_MS), KVD_ERR_AUTH);
+    expect_bytes(p.bytes, before, PEER_BYTES, "a write into a closed window");
+    kvd_transport_disconnect(f->t);
+    assert_int_equal(kvd_transport_connect(f->t, &d), KVD_OK);
+    kvd_xfer_t x8 = {.local = f->ra, .remote_offset = 65536, .length = 4096};
+    memset(f->a, 0x77, 4096);
+    post_ok(f, KVD_XFER_WRITE, &x8, 1, cookie);
+    assert_int_equal(wait_keep(f, cookie++, WAIT_MS), KVD_OK);
+    expect_bytes(p.bytes + 65536, f->a, 4096, "tag 8's window after tag 7 closed");
+    kvd_transport_disconnect(f->t);
+    kvd_ucx_refused_t rf;
+    ucx_peer_pause(&p);
+    kvd_ucx_refused(p.ucx, &rf);
+    assert_int_equal(rf.window, 5);
+    free(before);
+    g_be->peer_free(&p);
+}
+
 /* ------------------------------------------------- the cases: destroy */
 
 /* Whether UCX emulates RMA in software here (TCP): the peer's worker then
@@ -2290,6 +2391,7 @@ int main(int argc, char **argv)
         CASE(test_peer_gone_between_batches),
         CASE(test_peer_refuses_ranges_it_does_not_serve),
         CASE(test_peer_refuses_without_its_grant),
+        CASE(test_peer_windows),
         CASE(test_destroy_with_outstanding_batches),
         CASE(test_destroy_while_peer_stalled),
         CASE(test_ucx_serving_side_arguments),
