@@ -648,7 +648,7 @@ static void put_refused(const char *what, const uint8_t *cap, uint64_t offset,
  * holds reserved, and only while it holds them (the UCX writers' windows,
  * daemon/ucxd.h): inside a live reservation served; outside any, across a
  * reservation's end, into another connection's reservation, after
- * Publish, after Revoke and after the lease's TTL (--lease-ttl 1500)
+ * Publish, after Revoke and after the lease's TTL (--lease-ttl 5000)
  * refused, moving no byte. */
 static void case_windows(const char *tcp_addr, const uint8_t *pool)
 {
@@ -699,13 +699,15 @@ static void case_windows(const char *tcp_addr, const uint8_t *pool)
     uint64_t lease3 = reserve(c, "ucx-trust/win", 4096, 300, 1, off3);
     if (lease3 != 0) {
         DT_CHECK(put_at(g.cap, off3[0], 0x31) == KVD_OK, "PUT into a third reservation");
-        /* its TTL (1.5 s) passes: the daemon's tick ends it (bounded) */
+        /* its TTL (5 s: long enough for the checks above under TSan on a
+         * busy machine, seen past 1.5 s) passes: the daemon's tick ends it */
         int st = KVD_OK;
-        for (int i = 0; i < 100 && st == KVD_OK; i++) {
+        for (int i = 0; i < 300 && st == KVD_OK; i++) {
             kvd_sleep_ns(100 * 1000000ull);
             st = put_at(g.cap, off3[0], 0x31);
         }
-        DT_CHECK(st != KVD_OK, "PUTs into a reservation still served 10 s after its TTL");
+        DT_CHECK(st != KVD_OK,
+                 "PUTs into a reservation still served 30 s after it was made");
         put_refused("PUT into an expired reservation", g.cap, off3[0], pool, before);
     }
     DT_CHECK(!A.ep_failed, "the UCX server's endpoint failed");
@@ -899,7 +901,7 @@ int main(void)
      * --insecure-no-auth) still reaches nothing beyond its UCX grant */
     if (dt_start(&d,
                  (const char *[]){"--listen", listen, "--ucx-tcp", "--insecure-no-auth",
-                                  "--lease-ttl", "1500", NULL}) != 0)
+                                  "--lease-ttl", "5000", NULL}) != 0)
         return dt_exit_status(TEST_NAME);
     if (!kvd_test_file_contains(d.log, "UCX server pid")) {
         printf("SKIP: UCX cannot start here (UCX_TLS=%s): see the daemon's log\n",
