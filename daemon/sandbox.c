@@ -86,22 +86,13 @@ static void allow_if_arg(prog_t *p, long nr, int arg, uint32_t value, uint32_t a
     RET(p, SECCOMP_RET_ALLOW);
 }
 
-/* nr refused with EPERM when argument `arg` is `value`. */
-static void deny_if_arg(prog_t *p, long nr, int arg, uint32_t value)
+/* nr refused with EPERM when argument `arg` matches k: test BPF_JEQ (it
+ * is k) or BPF_JSET (it has any bit of k); allowed otherwise. */
+static void deny_when(prog_t *p, long nr, int arg, uint16_t test, uint32_t k)
 {
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, (uint32_t)nr);
     LD_ARG(p, arg);
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 1, value);
-    RET(p, RET_ERRNO(EPERM));
-    RET(p, SECCOMP_RET_ALLOW);
-}
-
-/* nr refused with EPERM when argument `arg` has any bit of `mask`. */
-static void deny_if_flags(prog_t *p, long nr, int arg, uint32_t mask)
-{
-    emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, (uint32_t)nr);
-    LD_ARG(p, arg);
-    emit(p, BPF_JMP | BPF_JSET | BPF_K, 0, 1, mask);
+    emit(p, BPF_JMP | test | BPF_K, 0, 1, k);
     RET(p, RET_ERRNO(EPERM));
     RET(p, SECCOMP_RET_ALLOW);
 }
@@ -255,9 +246,9 @@ static void build(prog_t *p, uint32_t self)
     /* opens: for reading only (UCX's TCP transport reads /proc/net/route
      * whenever it queries its interface, endpoint creation included) */
 #ifdef SYS_open
-    deny_if_flags(p, SYS_open, 1, OPEN_WRITES);
+    deny_when(p, SYS_open, 1, BPF_JSET, OPEN_WRITES);
 #endif
-    deny_if_flags(p, SYS_openat, 2, OPEN_WRITES);
+    deny_when(p, SYS_openat, 2, BPF_JSET, OPEN_WRITES);
     /* clone: threads only (flags are the first argument on both ABIs) */
     emit(p, BPF_JMP | BPF_JEQ | BPF_K, 0, 4, SYS_clone);
     LD_ARG(p, 0);
@@ -273,8 +264,8 @@ static void build(prog_t *p, uint32_t self)
     allow_if_arg(p, SYS_sched_setscheduler, 0, self, 0);
     allow_if_arg(p, SYS_sched_setparam, 0, self, 0);
     allow_if_arg(p, SYS_sched_setattr, 0, self, 0);
-    deny_if_arg(p, SYS_socket, 0, AF_UNIX);
-    deny_if_arg(p, SYS_socketpair, 0, AF_UNIX);
+    deny_when(p, SYS_socket, 0, BPF_JEQ, AF_UNIX);
+    deny_when(p, SYS_socketpair, 0, BPF_JEQ, AF_UNIX);
     RET(p, SECCOMP_RET_ALLOW);
 }
 
