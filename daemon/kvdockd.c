@@ -92,6 +92,26 @@ static uint64_t pool_file_held(const char *dir, const char *instance,
     return (uint64_t)st.st_blocks * 512;
 }
 
+/* The space the journal may still take beside the pool: its bound for a
+ * pool of pool_bytes, less what a journal of the instance (moved in, or
+ * there already) has allocated. */
+static uint64_t journal_space(const kvd_opts_t *o, const char *legacy_dir,
+                              uint64_t pool_bytes)
+{
+    uint64_t bound = kvd_store_journal_bound_bytes(pool_bytes, o->object_bytes,
+                                                   o->journal_compact_bytes);
+    uint64_t have = 0;
+    const char *dirs[2] = {o->shm_dir, legacy_dir};
+    for (int i = 0; i < (strcmp(dirs[0], dirs[1]) == 0 ? 1 : 2) && !o->fresh; i++) {
+        char path[600];
+        snprintf(path, sizeof(path), "%s/kvdock-%s.journal", dirs[i], o->instance);
+        struct stat st;
+        if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid())
+            have += (uint64_t)st.st_blocks * 512;
+    }
+    return bound > have ? bound - have : 0;
+}
+
 int main(int argc, char **argv)
 {
     kvd_opts_t opts;
@@ -155,11 +175,37 @@ int main(int argc, char **argv)
     if (opts.hugepages && !opts.no_persist && huge_dir[0] == '\0' &&
         !find_hugetlbfs(huge_dir, sizeof(huge_dir)))
         kvd_strlcpy(huge_dir, "/dev/hugepages", sizeof(huge_dir)); /* refused, clearly */
+    /* the files go into directories private to this user: in a shared
+     * /dev/shm any local user could squat their names (kvd_private_dir);
+     * an older daemon's files there are moved in by the pool */
+    char legacy_shm[sizeof(opts.shm_dir)], legacy_huge[sizeof(huge_dir)];
+    kvd_strlcpy(legacy_shm, opts.shm_dir, sizeof(legacy_shm));
+    kvd_strlcpy(legacy_huge, huge_dir, sizeof(legacy_huge));
+    if (!opts.no_persist) {
+        rc = kvd_private_dir(legacy_shm, opts.shm_dir, sizeof(opts.shm_dir));
+        /* a missing hugetlbfs mount is refused by the pool, naming the fix */
+        struct stat hst;
+        if (rc == KVD_OK && opts.hugepages && stat(legacy_huge, &hst) == 0)
+            rc = kvd_private_dir(legacy_huge, huge_dir, sizeof(huge_dir));
+        if (rc != KVD_OK) {
+            KVD_ERROR("kvdockd",
+                      "refusing to start: no private directory for the pool file (%s)",
+                      kvd_status_str(rc));
+            kvd_auth_destroy(auth);
+            return 2;
+        }
+    }
     const char *pool_dir = opts.no_persist  ? NULL
                            : opts.hugepages ? huge_dir
                                             : opts.shm_dir;
+    const char *legacy_dir = pool_dir == NULL || strcmp(legacy_shm, opts.shm_dir) == 0
+                                 ? NULL
+                             : opts.hugepages ? legacy_huge
+                                              : legacy_shm;
     uint64_t file_bytes = 0; /* the size of the pool file there, 0 none */
     uint64_t held_bytes = pool_file_held(pool_dir, opts.instance, &file_bytes);
+    if (file_bytes == 0 && legacy_dir != NULL) /* one the pool will move in */
+        held_bytes = pool_file_held(legacy_dir, opts.instance, &file_bytes);
     kvd_sizing_req_t req = {
         .pool_size_bytes = opts.pool_size_bytes,
         .held_bytes = opts.fresh ? 0 : held_bytes,
@@ -205,6 +251,12 @@ int main(int argc, char **argv)
         .dir = pool_dir,
         .lock_dir = opts.shm_dir,
         .fresh = opts.fresh,
+        .legacy_dir = legacy_dir,
+        .legacy_lock_dir = legacy_shm,
+        /* the journal shares the pool's file system unless on hugetlbfs */
+        .beside_bytes = pool_dir == NULL || opts.hugepages
+                            ? 0
+                            : journal_space(&opts, legacy_shm, pool_bytes),
     };
     kvd_pool_t *pool = NULL;
     rc = kvd_pool_create(&popts, &pool);

@@ -80,7 +80,8 @@ static const opt_def_t opt_defs[] = {
      "lock the pool in memory once populated"},
     {"shm-dir", OPT_STRING, OFF(shm_dir), SZ(shm_dir), 0, 0, "DIR",
      "where the pool file (kvdock-NAME.pool), its journal (.journal) and lock (.lock) "
-     "live; they outlive the daemon, so a restart finds its objects (default /dev/shm)"},
+     "live, in DIR/kvdock-UID when others can write to DIR; they outlive the daemon, so "
+     "a restart finds its objects (default /dev/shm)"},
     {"hugepages-dir", OPT_STRING, OFF(hugepages_dir), SZ(hugepages_dir), 0, 0, "DIR",
      "with --hugepages: the hugetlbfs mount (2 MiB pages) of the pool file (default: the "
      "first one mounted)"},

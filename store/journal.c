@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 /* Snapshot entries are written in records of about this much. */
@@ -35,6 +36,7 @@ typedef struct rbuf {
 typedef struct jfile {
     int fd;
     uint64_t size; /* bytes known whole: the next record goes here */
+    bool damaged;  /* a torn write past size could not be cut off */
 } jfile_t;
 
 struct jnl {
@@ -44,6 +46,7 @@ struct jnl {
     jfile_t next; /* path.tmp while rewriting; fd -1 otherwise */
     rbuf_t batch, snap;
     uint64_t records;
+    uint32_t fail_cuts; /* tests: cut-backs still to fail */
 };
 
 /* ----------------------------------------------------------- buffers */
@@ -96,7 +99,7 @@ static void rbuf_seal(rbuf_t *b)
 /* Writes all of buf at f->size; on failure cuts the file back to f->size
  * (so that no torn record stays for later records to follow) and returns
  * the error. */
-static int jfile_append(jfile_t *f, const uint8_t *buf, size_t len)
+static int jfile_append(jnl_t *j, jfile_t *f, const uint8_t *buf, size_t len)
 {
     size_t done = 0;
     while (done < len) {
@@ -105,8 +108,14 @@ static int jfile_append(jfile_t *f, const uint8_t *buf, size_t len)
             continue;
         if (n <= 0) {
             int err = n < 0 ? errno : ENOSPC;
-            if (ftruncate(f->fd, (off_t)f->size) != 0)
-                KVD_WARN("journal", "cutting back a failed write: %s", strerror(errno));
+            bool failed = j->fail_cuts > 0 ? (j->fail_cuts--, errno = EIO, true)
+                                           : ftruncate(f->fd, (off_t)f->size) != 0;
+            if (failed) {
+                /* the torn bytes stay after f->size: the caller must not
+                 * append here again (jnl_damaged) */
+                KVD_ERROR("journal", "cutting back a failed write: %s", strerror(errno));
+                f->damaged = true;
+            }
             return kvd_status_from_errno(err);
         }
         done += (size_t)n;
@@ -151,7 +160,7 @@ void jnl_header_init(jnl_header_t *h)
 
 /* Starts a new file at path with hdr: f is open on it, its size the
  * header's. */
-static int jfile_begin(const char *path, const jnl_header_t *hdr, jfile_t *f)
+static int jfile_begin(jnl_t *j, const char *path, const jnl_header_t *hdr, jfile_t *f)
 {
     jnl_header_t h = *hdr;
     header_seal(&h);
@@ -159,7 +168,8 @@ static int jfile_begin(const char *path, const jnl_header_t *hdr, jfile_t *f)
     if (rc != KVD_OK)
         return rc;
     f->size = 0;
-    rc = jfile_append(f, (const uint8_t *)&h, sizeof(h));
+    f->damaged = false;
+    rc = jfile_append(j, f, (const uint8_t *)&h, sizeof(h));
     if (rc != KVD_OK) {
         KVD_ERROR("journal", "writing the header of %s: %s", path, kvd_status_str(rc));
         close(f->fd);
@@ -383,6 +393,10 @@ int jnl_commit(jnl_t *j)
         rbuf_reset(&j->batch);
         return KVD_ERR_STATE; /* no file yet (jnl_new before its first rewrite) */
     }
+    if (j->main.damaged) {
+        rbuf_reset(&j->batch);
+        return KVD_ERR_IO;
+    }
     /* the snapshot so far goes before this batch in the new file: a slice
      * reflects the store as it was before the batch's changes */
     if (j->next.fd >= 0 && jnl_rewrite_flush(j) != KVD_OK)
@@ -394,11 +408,11 @@ int jnl_commit(jnl_t *j)
         return KVD_ERR_TOO_LARGE;
     }
     rbuf_seal(&j->batch);
-    int rc = jfile_append(&j->main, j->batch.data, j->batch.len);
+    int rc = jfile_append(j, &j->main, j->batch.data, j->batch.len);
     if (rc == KVD_OK) {
         j->records++;
         if (j->next.fd >= 0) {
-            if (jfile_append(&j->next, j->batch.data, j->batch.len) == KVD_OK)
+            if (jfile_append(j, &j->next, j->batch.data, j->batch.len) == KVD_OK)
                 j->records++;
             else
                 jnl_rewrite_abort(j);
@@ -415,7 +429,7 @@ int jnl_rewrite_begin(jnl_t *j, const jnl_header_t *hdr)
     if (j->next.fd >= 0)
         return KVD_ERR_STATE;
     rbuf_reset(&j->snap);
-    return jfile_begin(j->tmp, hdr, &j->next);
+    return jfile_begin(j, j->tmp, hdr, &j->next);
 }
 
 bool jnl_rewriting(const jnl_t *j)
@@ -442,7 +456,7 @@ int jnl_rewrite_flush(jnl_t *j)
     if (j->snap.len == JNL_RECORD_HDR)
         return KVD_OK;
     rbuf_seal(&j->snap);
-    int rc = jfile_append(&j->next, j->snap.data, j->snap.len);
+    int rc = jfile_append(j, &j->next, j->snap.data, j->snap.len);
     if (rc == KVD_OK)
         j->records++;
     rbuf_reset(&j->snap);
@@ -492,8 +506,13 @@ int jnl_invalidate(jnl_t *j)
     if (pread(j->main.fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h)) {
         h.flags |= JNL_F_INVALID;
         header_seal(&h);
-        if (pwrite(j->main.fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h))
+        if (pwrite(j->main.fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h)) {
+            /* the records are dead now: their space goes back (a failure
+             * here only keeps it) */
+            if (ftruncate(j->main.fd, (off_t)sizeof(h)) == 0)
+                j->main.size = sizeof(h);
             return KVD_OK;
+        }
     }
     if (ftruncate(j->main.fd, 0) == 0) {
         j->main.size = 0;
@@ -509,6 +528,24 @@ int jnl_invalidate(jnl_t *j)
 uint64_t jnl_bytes(const jnl_t *j)
 {
     return j->main.size;
+}
+
+bool jnl_damaged(const jnl_t *j)
+{
+    return j->main.damaged;
+}
+
+uint64_t jnl_free_bytes(const jnl_t *j)
+{
+    struct statvfs fs;
+    if (j->main.fd < 0 || fstatvfs(j->main.fd, &fs) != 0)
+        return UINT64_MAX;
+    return (uint64_t)fs.f_bavail * (uint64_t)fs.f_frsize;
+}
+
+void jnl_fail_cuts(jnl_t *j, uint32_t n)
+{
+    j->fail_cuts = n;
 }
 
 uint64_t jnl_rewrite_bytes(const jnl_t *j)

@@ -146,8 +146,24 @@ int jnl_rewrite_finish(jnl_t *j);
 void jnl_rewrite_abort(jnl_t *j);
 
 /* Marks the journal's header JNL_F_INVALID (in place: the header's page
- * exists, so this does not need new space): a restart then discards it. */
+ * exists, so this does not need new space): a restart then discards it.
+ * The records after the header are cut off: they are of no use any more,
+ * and on a full file system their space is what the rewrite needs. */
 int jnl_invalidate(jnl_t *j);
+
+/* A failed append whose torn bytes could not be cut back (ftruncate
+ * failed): the file may end in part of a record, so it must not be
+ * appended to again; the caller invalidates it and rewrites. Cleared when
+ * a rewrite replaces the file. */
+bool jnl_damaged(const jnl_t *j);
+
+/* Free bytes on the journal's file system (for a plain user: f_bavail);
+ * UINT64_MAX when it cannot be told. */
+uint64_t jnl_free_bytes(const jnl_t *j);
+
+/* Tests: the next n cut-backs of a failed append fail as if ftruncate
+ * had (EIO). */
+void jnl_fail_cuts(jnl_t *j, uint32_t n);
 
 /* Bytes of the journal file (and of the new one while rewriting). */
 uint64_t jnl_bytes(const jnl_t *j);

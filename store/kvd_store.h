@@ -102,7 +102,41 @@ typedef struct kvd_pool_opts {
     const char *dir;
     const char *lock_dir; /* NULL: dir */
     bool fresh;           /* remove a pool file that is there first */
+    /*
+     * Where an older kvdockd kept this instance's files when dir and
+     * lock_dir are private directories made by kvd_private_dir (NULL:
+     * nowhere): a pool file of this user there, private to it and held by
+     * no running daemon, is moved into dir, its journal
+     * (kvdock-<instance>.journal) into lock_dir, under the instance's lock,
+     * so that an upgrade keeps the cache. Not with fresh, nor when dir
+     * already has a pool file.
+     */
+    const char *legacy_dir;
+    const char *legacy_lock_dir; /* NULL: legacy_dir */
+    /* bytes the files beside the pool need on dir's file system (its
+     * journal at its bound: kvd_store_journal_bound_bytes), counted by the
+     * free-space check at creation */
+    uint64_t beside_bytes;
 } kvd_pool_opts_t;
+
+/*
+ * The directory that holds the daemon's own files under `dir` (--shm-dir,
+ * --hugepages-dir): `dir` itself when it is private (owned by this user or
+ * root, writable by neither group nor others); for a shared one with the
+ * sticky bit (/dev/shm is 1777) its subdirectory kvdock-<euid>, made 0700
+ * when missing. In a shared directory any local user could otherwise
+ * squat the predictable names (a FIFO where the lock goes, another user's
+ * file where the journal's rewrite goes) and stop the daemon from
+ * starting, with nothing --fresh could remove. The subdirectory is opened
+ * O_DIRECTORY|O_NOFOLLOW and must be a directory of this user private to
+ * it; once it is, nobody else can create, rename or remove an entry in it,
+ * nor (the sticky bit) rename or remove it, so paths under it name what
+ * this check saw. KVD_ERR_STATE (logged, naming the owner and what to do)
+ * for a squatted subdirectory, a symlink there, or a shared directory
+ * without the sticky bit or owned by another user; KVD_ERR_INVALID when
+ * the path would not fit out_len; the system's error otherwise.
+ */
+int kvd_private_dir(const char *dir, char *out, size_t out_len);
 
 typedef struct kvd_pool kvd_pool_t;
 
@@ -628,9 +662,13 @@ int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
  *     changed before it returns (one write for the call), and a Reserve
  *     writes before it scrubs an extent;
  *   - a journal that cannot be written (a full file system) is marked
- *     invalid at once, so a restart discards it rather than misread it;
- *     until a rewrite succeeds (retried each second from kvd_store_expire)
- *     Publish fails with KVD_ERR_IO;
+ *     invalid at once, so a restart discards it rather than misread it,
+ *     and cut to its header, so that its records' space is free for the
+ *     rewrite; until a rewrite succeeds Publish fails with KVD_ERR_IO. The
+ *     rewrite is a whole snapshot, on the caller's thread (from
+ *     kvd_store_expire): it is tried 1 s after the failure, then after
+ *     2, 4, ... up to 60 s between tries, and not at all while the file
+ *     system has less free space than the snapshot needs;
  *   - the journal is compacted in slices from kvd_store_expire once it
  *     outgrows twice what a snapshot of the live objects would take.
  * The file format is journal.h's.
@@ -683,6 +721,17 @@ typedef struct kvd_store_recovery {
 int kvd_store_journal_attach(kvd_store_t *s, const kvd_store_journal_opts_t *o,
                              kvd_store_recovery_t *rec, char *why, size_t why_len);
 
+/*
+ * The most file-system space a journal takes for a pool of pool_bytes
+ * holding objects of object_bytes (the sizing's typical object): a
+ * snapshot of every object the pool fits, the journal grown to its
+ * compaction bound (compact_min_bytes, 0: the default), and the
+ * rewrite's new file beside it while compaction runs. What the
+ * daemon's start-up space check counts beside the pool.
+ */
+uint64_t kvd_store_journal_bound_bytes(uint64_t pool_bytes, uint64_t object_bytes,
+                                       uint64_t compact_min_bytes);
+
 typedef struct kvd_store_stats {
     uint64_t pool_bytes;
     uint64_t free_bytes;
@@ -712,11 +761,13 @@ typedef struct kvd_store_stats {
     uint64_t namespaces_removed; /* left without users or objects */
     uint64_t recovered_objects;  /* brought back from the journal at start */
     uint64_t recovered_bytes;
-    uint64_t journal_bytes;       /* the journal file now; 0 without one */
-    uint64_t journal_records;     /* records written (batches, snapshot parts) */
-    uint64_t journal_compactions; /* snapshots put in place of the journal */
-    uint64_t journal_errors;      /* writes that failed (the journal then
-                                     invalid until rewritten) */
+    uint64_t journal_bytes;           /* the journal file now; 0 without one */
+    uint64_t journal_records;         /* records written (batches, snapshot parts) */
+    uint64_t journal_compactions;     /* snapshots put in place of the journal */
+    uint64_t journal_errors;          /* writes that failed (the journal then
+                                         invalid until rewritten) */
+    uint64_t journal_broken;          /* 1 while invalid: publishes fail */
+    uint64_t journal_repairs_skipped; /* rewrites not tried: too little space */
     /* the SSD tier (all 0 without one) */
     uint64_t ssd_bytes;      /* the tier's size */
     uint64_t ssd_used_bytes; /* segments in use (live and dead records) */

@@ -32,6 +32,7 @@
  * not restored (its extents become free space, scrubbed before reuse).
  */
 #include "journal.h"
+#include "store_testing.h"
 #include "store_int.h"
 
 #include <errno.h>
@@ -47,7 +48,8 @@
 /* Records one tick of kvd_store_expire snapshots: a few milliseconds. */
 #define SLICE_RECORDS 65536u
 /* A journal that failed is rewritten again at most this often. */
-#define RETRY_MS 1000
+#define RETRY_MS     1000
+#define RETRY_MAX_MS 60000
 
 enum entry_type {
     E_NS = 1,
@@ -119,15 +121,17 @@ typedef struct __attribute__((packed)) e_held {
 
 struct persist {
     jnl_t *j;
-    jnl_header_t hdr;   /* of the journal file now */
-    bool broken;        /* a write failed: the file is marked invalid */
-    uint64_t retry_ms;  /* when a broken journal is rewritten next */
-    uint32_t cursor;    /* compaction: the next record to snapshot; 0 none */
-    uint32_t walk_end;  /* ... and the last one (rec_high when it began) */
-    uint64_t next_size; /* no compaction before the journal is this big */
+    jnl_header_t hdr;      /* of the journal file now */
+    bool broken;           /* a write failed: the file is marked invalid */
+    uint64_t retry_ms;     /* when a broken journal is rewritten next */
+    uint64_t retry_gap_ms; /* ... and the wait after that try, doubling */
+    uint32_t cursor;       /* compaction: the next record to snapshot; 0 none */
+    uint32_t walk_end;     /* ... and the last one (rec_high when it began) */
+    uint64_t next_size;    /* no compaction before the journal is this big */
     uint64_t compact_min_bytes;
     uint32_t slice_records;
     uint64_t compactions, errors;
+    uint64_t repairs_skipped; /* repair tries left out: too little free space */
 };
 
 /* ------------------------------------------------------------ entries */
@@ -277,6 +281,7 @@ static void persist_break(kvd_store_t *s, int rc)
                     "next daemon with --fresh)");
     p->broken = true;
     p->retry_ms = kvd_now_ns() / 1000000 + RETRY_MS;
+    p->retry_gap_ms = 2 * RETRY_MS;
 }
 
 int persist_published_(kvd_store_t *s, const uint32_t *recs, size_t n, uint32_t now_s)
@@ -292,6 +297,12 @@ int persist_published_(kvd_store_t *s, const uint32_t *recs, size_t n, uint32_t 
             memcpy(b, &e, sizeof(e));
     }
     int rc = jnl_commit(p->j);
+    if (rc != KVD_OK && jnl_damaged(p->j)) {
+        /* the torn record could not be cut back: nothing more may follow
+         * it, so the journal goes invalid until it is rewritten */
+        persist_break(s, rc);
+        return KVD_ERR_IO;
+    }
     if (rc != KVD_OK) {
         /* the record was cut back and nothing was freed: the journal is
          * still right, only this publish fails */
@@ -429,6 +440,19 @@ static uint64_t snapshot_estimate(const kvd_store_t *s)
            (uint64_t)s->n_slots * (sizeof(e_ns_t) + 64);
 }
 
+uint64_t kvd_store_journal_bound_bytes(uint64_t pool_bytes, uint64_t object_bytes,
+                                       uint64_t compact_min_bytes)
+{
+    uint64_t objects = pool_bytes / KVD_MAX(object_bytes, (uint64_t)1) + 1;
+    uint64_t snap = sizeof(jnl_header_t) + objects * sizeof(e_obj_t) +
+                    (uint64_t)KVD_STORE_MAX_NAMESPACES * (sizeof(e_ns_t) + 64);
+    uint64_t bound = KVD_MAX(compact_min_bytes ? compact_min_bytes : COMPACT_MIN_BYTES,
+                             COMPACT_FACTOR * snap);
+    /* at the bound the rewrite begins: its file takes a snapshot, and what
+     * is journaled while it runs goes into both */
+    return bound + 2 * snap;
+}
+
 /* One step of compaction: begins one when the journal outgrew its bound,
  * snapshots a slice of records, finishes when the walk is through. */
 static void compact_step(kvd_store_t *s)
@@ -496,12 +520,31 @@ void persist_tick_(kvd_store_t *s)
     uint64_t now = kvd_now_ns() / 1000000;
     if (now < p->retry_ms)
         return;
-    p->retry_ms = now + RETRY_MS;
-    if (snapshot_now(s) == KVD_OK) {
+    /* a whole snapshot, written on this thread: tried less and less often
+     * while it keeps failing, and not at all while it could not fit */
+    p->retry_ms = now + p->retry_gap_ms;
+    uint64_t gap_s = p->retry_gap_ms / 1000;
+    p->retry_gap_ms = KVD_MIN(2 * p->retry_gap_ms, (uint64_t)RETRY_MAX_MS);
+    uint64_t need = snapshot_estimate(s), avail = jnl_free_bytes(p->j);
+    if (avail < need) {
+        p->repairs_skipped++;
+        KVD_WARN("persist",
+                 "the journal %s needs about %llu bytes and its file system has %llu "
+                 "free: publishes still fail; next try in %llu s",
+                 jnl_path(p->j), (unsigned long long)need, (unsigned long long)avail,
+                 (unsigned long long)gap_s);
+        return;
+    }
+    int rc = snapshot_now(s);
+    if (rc == KVD_OK) {
         p->broken = false;
         KVD_INFO("persist", "the journal %s is written again (%llu bytes)",
                  jnl_path(p->j), (unsigned long long)jnl_bytes(p->j));
+        return;
     }
+    p->errors++;
+    KVD_WARN("persist", "rewriting the journal %s failed (%s): next try in %llu s",
+             jnl_path(p->j), kvd_status_str(rc), (unsigned long long)gap_s);
 }
 
 void persist_close(kvd_store_t *s)
@@ -514,6 +557,12 @@ void persist_close(kvd_store_t *s)
     s->persist = NULL;
 }
 
+void kvd_store_journal_fail_cuts(kvd_store_t *s, uint32_t n)
+{
+    if (s->persist != NULL)
+        jnl_fail_cuts(s->persist->j, n);
+}
+
 void persist_stats(const kvd_store_t *s, kvd_store_stats_t *out)
 {
     const struct persist *p = s->persist;
@@ -523,6 +572,8 @@ void persist_stats(const kvd_store_t *s, kvd_store_stats_t *out)
     out->journal_records = jnl_records_written(p->j);
     out->journal_compactions = p->compactions;
     out->journal_errors = p->errors;
+    out->journal_broken = p->broken;
+    out->journal_repairs_skipped = p->repairs_skipped;
 }
 
 /* ------------------------------------------------------------- replay */

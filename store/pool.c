@@ -148,24 +148,166 @@ static int space_check(kvd_pool_t *p, uint64_t have)
     if (statfs(p->opts.dir, &fs) != 0 || fs.f_type == HUGETLBFS_MAGIC)
         return KVD_OK; /* hugetlbfs: vm.nr_hugepages decides, checked by population */
     uint64_t avail = (uint64_t)fs.f_bavail * (uint64_t)fs.f_bsize;
-    uint64_t need = p->size_bytes > have ? p->size_bytes - have : 0;
+    uint64_t need =
+        (p->size_bytes > have ? p->size_bytes - have : 0) + p->opts.beside_bytes;
     if (avail >= need)
         return KVD_OK;
-    char a[32], b[32];
+    char a[32], b[32], c[32];
     KVD_ERROR("pool",
-              "the pool of %s does not fit in %s, which has %s free: free space there "
-              "(a tmpfs mount's size=, or a container's --shm-size), choose a smaller "
-              "pool, or put it elsewhere (--shm-dir)",
-              kvd_size_format(p->size_bytes, a, sizeof(a)), p->opts.dir,
+              "the pool of %s and its journal (up to %s) do not fit in %s, which has %s "
+              "free: free space there (a tmpfs mount's size=, or a container's "
+              "--shm-size), choose a smaller pool, or put it elsewhere (--shm-dir)",
+              kvd_size_format(p->size_bytes, a, sizeof(a)),
+              kvd_size_format(p->opts.beside_bytes, c, sizeof(c)), p->opts.dir,
               kvd_size_format(avail, b, sizeof(b)));
     return KVD_ERR_NO_SPACE;
+}
+
+/* A regular file of this user that nobody else may open, seen without
+ * following a symlink; false when absent or anything else. */
+static bool own_private_file(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+           (st.st_mode & 077) == 0;
+}
+
+/* Moves an older daemon's files of this instance from the shared
+ * directory it used into the private ones (kvd_pool_opts_t.legacy_dir),
+ * under the instance's lock. An older daemon that still runs holds an OFD
+ * lock on its pool file (file_open's own_fd): then nothing moves and the
+ * start is refused, since both would serve one pool. Anything not ours
+ * stays where it is, unread. */
+static int legacy_adopt(kvd_pool_t *p)
+{
+    const char *odir = p->opts.legacy_dir;
+    if (odir == NULL || p->opts.fresh)
+        return KVD_OK;
+    const char *oldj_dir = p->opts.legacy_lock_dir ? p->opts.legacy_lock_dir : odir;
+    const char *newj_dir = p->opts.lock_dir ? p->opts.lock_dir : p->opts.dir;
+    char from[4096], to[4096], jfrom[4096], jto[4096];
+    snprintf(from, sizeof(from), "%s/%s.pool", odir, p->name);
+    snprintf(to, sizeof(to), "%s/%s.pool", p->opts.dir, p->name);
+    snprintf(jfrom, sizeof(jfrom), "%s/%s.journal", oldj_dir, p->name);
+    snprintf(jto, sizeof(jto), "%s/%s.journal", newj_dir, p->name);
+    struct stat st;
+    bool move_pool = strcmp(from, to) != 0 && lstat(to, &st) != 0 && errno == ENOENT &&
+                     own_private_file(from);
+    bool move_journal = strcmp(jfrom, jto) != 0 && lstat(jto, &st) != 0 &&
+                        errno == ENOENT && own_private_file(jfrom);
+    if (!move_pool && !move_journal)
+        return KVD_OK;
+    /* the pool file the journal describes, wherever it is now: an older
+     * daemon that still runs holds its OFD lock */
+    const char *pool = move_pool ? from : to;
+    int fd = open(pool, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return KVD_OK; /* no pool file: a journal alone describes nothing */
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fcntl(fd, F_OFD_SETLK, &fl) != 0) {
+        int err = errno;
+        close(fd);
+        if (err == EAGAIN || err == EACCES) {
+            KVD_ERROR("pool",
+                      "%s is in use by a kvdockd of the instance '%s' started from an "
+                      "older version: stop it first",
+                      pool, p->opts.instance);
+            return KVD_ERR_BUSY;
+        }
+        KVD_ERROR("pool", "locking %s: %s", pool, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    int rc = KVD_OK;
+    if (move_pool && rename(from, to) != 0) {
+        int err = errno;
+        KVD_ERROR("pool", "moving the older pool file %s to %s: %s", from, to,
+                  strerror(err));
+        rc = kvd_status_from_errno(err);
+    } else {
+        /* the journal names the pool file by device and inode, which a
+         * rename keeps; one left behind makes the restart start empty, as
+         * a missing one does */
+        move_journal = move_journal && rename(jfrom, jto) == 0;
+        snprintf(jfrom, sizeof(jfrom), "%s/%s.lock", oldj_dir, p->name);
+        if (strcmp(oldj_dir, newj_dir) != 0 && own_private_file(jfrom))
+            unlink(jfrom);
+        KVD_INFO("pool", "moved the %s of an older kvdockd of the instance '%s' into %s",
+                 move_pool && move_journal ? "pool file and journal"
+                 : move_pool               ? "pool file"
+                                           : "journal",
+                 p->opts.instance, move_pool ? p->opts.dir : newj_dir);
+    }
+    close(fd);
+    return rc;
+}
+
+int kvd_private_dir(const char *dir, char *out, size_t out_len)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0) {
+        int err = errno;
+        KVD_ERROR("pool", "%s: %s", dir, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        KVD_ERROR("pool", "%s is not a directory", dir);
+        return KVD_ERR_STATE;
+    }
+    uid_t me = geteuid();
+    bool trusted_owner = st.st_uid == me || st.st_uid == 0;
+    bool shared = (st.st_mode & 022) != 0;
+    if (trusted_owner && !shared) {
+        if (strlen(dir) >= out_len)
+            return KVD_ERR_INVALID;
+        kvd_strlcpy(out, dir, out_len);
+        return KVD_OK;
+    }
+    if (!trusted_owner || !(st.st_mode & S_ISVTX)) {
+        KVD_ERROR("pool",
+                  "%s (owner uid %u, mode %04o) can be written by other users%s: they "
+                  "could replace what kvdockd keeps there; choose a directory of your "
+                  "own, or a shared one with the sticky bit such as /dev/shm",
+                  dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777),
+                  trusted_owner ? " and has no sticky bit" : " and its owner is not you");
+        return KVD_ERR_STATE;
+    }
+    int n = snprintf(out, out_len, "%s%skvdock-%u", dir,
+                     dir[strlen(dir) - 1] == '/' ? "" : "/", (unsigned)me);
+    if (n < 0 || (size_t)n >= out_len)
+        return KVD_ERR_INVALID;
+    if (mkdir(out, 0700) != 0 && errno != EEXIST) {
+        int err = errno;
+        KVD_ERROR("pool", "cannot make the private directory %s: %s", out, strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    int fd = open(out, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 || fstat(fd, &st) != 0 || st.st_uid != me || (st.st_mode & 077) != 0) {
+        int err = fd < 0 ? errno : 0;
+        if (fd >= 0)
+            KVD_ERROR(
+                "pool",
+                "%s is not a directory private to uid %u (owner uid %u, mode %04o): "
+                "someone else made it; remove it (its owner or root can), or "
+                "choose another --shm-dir",
+                out, (unsigned)me, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+        else
+            KVD_ERROR("pool",
+                      "%s is not a directory of uid %u (%s): someone else put it there; "
+                      "remove it (its owner or root can), or choose another --shm-dir",
+                      out, (unsigned)me, strerror(err));
+        if (fd >= 0)
+            close(fd);
+        return KVD_ERR_STATE;
+    }
+    close(fd);
+    return KVD_OK;
 }
 
 /* Opens (or creates) the named pool file, after taking the lock. */
 static int file_open(kvd_pool_t *p)
 {
     int rc = lock_take(p);
-    if (rc != KVD_OK)
+    if (rc != KVD_OK || (rc = legacy_adopt(p)) != KVD_OK)
         return rc;
     if (p->opts.hugepages) {
         struct statfs fs;

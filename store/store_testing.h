@@ -36,4 +36,8 @@ void kvd_store_tier_fail_syncs(kvd_store_t *s, uint32_t n);
  * No-op without a tier. */
 void kvd_store_tier_fail_dead_syncs(kvd_store_t *s, uint32_t n);
 
+/* The journal's next n cut-backs of a failed append fail (journal.h
+ * jnl_fail_cuts). No-op without a journal. */
+void kvd_store_journal_fail_cuts(kvd_store_t *s, uint32_t n);
+
 #endif

@@ -32,6 +32,7 @@
 #include "kvd_store.h"
 #include "engine_util.h"
 #include "journal.h"
+#include "store_testing.h"
 
 #define PAGE     4096u
 #define POOL_PGS 256u
@@ -692,6 +693,10 @@ static void test_journal_full(void **state)
     assert_int_equal(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
     close(fd);
     assert_true(h.flags & JNL_F_INVALID);
+    /* and its records' space is free for the rewrite: only the header stays */
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal((uint64_t)st.st_size, sizeof(jnl_header_t));
+    assert_int_equal(stats(s).journal_broken, 1);
 
     /* once it can be written, a tick writes it again (retried each second
      * of the real clock; the store's clock stays, so the lease lives) and
@@ -704,12 +709,59 @@ static void test_journal_full(void **state)
         kvd_store_expire(s, now_ms);
     }
     assert_int_equal(rc, KVD_OK);
+    assert_int_equal(stats(s).journal_broken, 0);
     kvd_store_destroy(s);
     kvd_store_recovery_t rec;
     s = open_store(&o, &rec, NULL, NULL);
     assert_int_equal(rec.objects, 3); /* key 2, and 11, 12 */
     assert_int_equal(inspect(s, kv, 1, NULL), KVD_ERR_NOT_FOUND);
     assert_int_equal(inspect(s, kv, 11, NULL), KVD_OK);
+    kvd_store_destroy(s);
+}
+
+/* A publish whose write fails part way and whose torn bytes cannot be cut
+ * back (ftruncate failing, injected): the journal may end in part of a
+ * record, so it is marked invalid at once (not merely this publish
+ * refused), and rewritten on a later tick. */
+static void test_torn_uncut(void **state)
+{
+    (void)state;
+    jopts_t o = {.created = true};
+    kvd_store_t *s = open_store(&o, NULL, NULL, NULL);
+    o.created = false;
+    uint32_t kv = reg(s, "kv", OBJ);
+    publish(s, reserve_chain(s, kv, 0, 2, NULL));
+    uint64_t lease = reserve_chain(s, kv, 10, 2, NULL);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    struct rlimit old, lim;
+    getrlimit(RLIMIT_FSIZE, &old);
+    lim = old;
+    lim.rlim_cur = (rlim_t)st.st_size + 5; /* the publish record is cut short */
+    signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    kvd_store_journal_fail_cuts(s, 1);
+    assert_int_equal(kvd_store_publish(s, OWNER, lease, NULL, 0), KVD_ERR_IO);
+    setrlimit(RLIMIT_FSIZE, &old);
+    assert_int_equal(stats(s).journal_broken, 1);
+    jnl_header_t h;
+    int fd = open(path, O_RDONLY);
+    assert_int_equal(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    close(fd);
+    assert_true(h.flags & JNL_F_INVALID);
+    uint64_t until = kvd_now_ns() + 5000000000ull;
+    int rc;
+    while ((rc = kvd_store_publish(s, OWNER, lease, NULL, 0)) == KVD_ERR_IO &&
+           kvd_now_ns() < until) {
+        kvd_sleep_ns(50000000);
+        kvd_store_expire(s, now_ms);
+    }
+    assert_int_equal(rc, KVD_OK);
+    kvd_store_destroy(s);
+    kvd_store_recovery_t rec;
+    s = open_store(&o, &rec, NULL, NULL);
+    assert_int_equal(rec.objects, 4);
+    check_ok(s);
     kvd_store_destroy(s);
 }
 
@@ -726,6 +778,7 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_random_with_compaction, setup, teardown),
         cmocka_unit_test_setup_teardown(test_journal_full, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_torn_uncut, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

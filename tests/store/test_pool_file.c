@@ -227,6 +227,23 @@ static void test_zero_past_a_shrunk_end(void **state)
     kvd_pool_destroy(p);
 }
 
+/* The journal's space counts at creation: a pool that fits alone but not
+ * with beside_bytes more is refused, naming both, and leaves no file. */
+static void test_beside_bytes_counted(void **state)
+{
+    (void)state;
+    struct statfs fs;
+    assert_int_equal(statfs(dir, &fs), 0);
+    kvd_pool_opts_t o = opts(POOL_BYTES);
+    o.beside_bytes = (uint64_t)fs.f_bavail * (uint64_t)fs.f_bsize;
+    kvd_pool_t *p = NULL;
+    assert_int_equal(kvd_pool_create(&o, &p), KVD_ERR_NO_SPACE);
+    assert_int_equal(access(pool_path, F_OK), -1);
+    o.beside_bytes = 4096;
+    assert_int_equal(kvd_pool_create(&o, &p), KVD_OK);
+    kvd_pool_destroy(p);
+}
+
 /* A directory on a disk: the journal, never synced, could outlive the
  * pool's bytes across a reboot there; refused, nothing left behind. */
 static void test_disk_dir_refused(void **state)
@@ -272,6 +289,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lock_file_removed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_zero_past_a_shrunk_end, setup, teardown),
         cmocka_unit_test_setup_teardown(test_disk_dir_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_beside_bytes_counted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_memfd_without_dir, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
