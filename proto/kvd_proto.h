@@ -536,9 +536,6 @@ typedef struct kvd_stats_req {
     X(U64, journal_records, 0, COUNTER, "Records written to the metadata journal.")      \
     X(U64, journal_compactions, 0, COUNTER, "Snapshots put in place of the journal.")    \
     X(U64, journal_errors, 0, COUNTER, "Journal writes that failed.")                    \
-    X(U64, journal_broken, 0, GAUGE, "1 while the journal is invalid: publishes fail.")  \
-    X(U64, journal_repairs_skipped, 0, COUNTER,                                          \
-      "Journal rewrites not tried: too little free space.")                              \
     X(U64, ssd_bytes, 0, GAUGE, "The SSD tier's size.")                                  \
     X(U64, ssd_used_bytes, 0, GAUGE, "SSD tier bytes in segments in use.")               \
     X(U64, ssd_live_bytes, 0, GAUGE, "SSD tier bytes of live records.")                  \
@@ -574,7 +571,10 @@ typedef struct kvd_stats_req {
     X(U64, ssd_checkpoints, 0, COUNTER, "SSD tier checkpoints written.")                 \
     X(U64, ssd_syncs, 0, COUNTER,                                                        \
       "SSD tier syncs (fdatasync) that made spills durable before their "                \
-      "acknowledgement.")
+      "acknowledgement.")                                                                \
+    X(U64, journal_broken, 0, GAUGE, "1 while the journal is invalid: publishes fail.")  \
+    X(U64, journal_repairs_skipped, 0, COUNTER,                                          \
+      "Journal rewrites not tried: too little free space.")
 
 typedef struct kvd_store_stats_msg {
     KVD_STORE_STATS_FIELDS(KVD_FIELD_DECL)
