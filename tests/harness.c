@@ -64,6 +64,18 @@ int kvd_test_wait_pid(pid_t pid, int timeout_ms, int *wstatus)
     return kvd_wait_pid(pid, timeout_ms, wstatus) == KVD_OK ? 0 : -1;
 }
 
+int kvd_test_daemon_exit_status(kvd_test_daemon_t *d, const char *const *extra_args,
+                                int timeout_ms)
+{
+    if (kvd_test_daemon_start(d, extra_args, false, 0) != 0)
+        return -1;
+    int st = 0;
+    if (kvd_test_wait_pid(d->pid, timeout_ms, &st) != 0)
+        return -1;
+    d->pid = 0;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 bool kvd_test_file_contains(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");

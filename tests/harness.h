@@ -37,6 +37,13 @@ const char *kvd_test_bin(const char *name);
 int kvd_test_daemon_start(kvd_test_daemon_t *d, const char *const *extra_args,
                           bool wait_ready, int timeout_ms);
 
+/* Starts kvdockd (as kvd_test_daemon_start, not waiting for ready) for a
+ * start that must end by itself within timeout_ms: its exit status (0..255,
+ * or 128 + the signal), or -1 when it could not be started or still runs
+ * (d->pid is then kept for kvd_test_daemon_stop). The log stays in d->log. */
+int kvd_test_daemon_exit_status(kvd_test_daemon_t *d, const char *const *extra_args,
+                                int timeout_ms);
+
 /* Sends `sig`, waits up to timeout_ms for the exit, then SIGKILLs. Stores
  * the wait status in *wstatus (may be NULL); removes the temp directory.
  * Returns 0 when the daemon exited within the timeout, -1 otherwise. */

@@ -85,13 +85,7 @@ static int start_refused(kvd_test_daemon_t *d, const char *dir)
 {
     const char *args[] = {"--pool-size", DT_POOL, "--usage-interval", "0", "--shm-dir",
                           dir,           NULL};
-    if (kvd_test_daemon_start(d, args, false, 0) != 0)
-        return -1;
-    int st = 0;
-    if (kvd_test_wait_pid(d->pid, 30000, &st) != 0)
-        return -1;
-    d->pid = 0;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return kvd_test_daemon_exit_status(d, args, 30000);
 }
 
 static uint64_t objects_ready(const kvd_test_daemon_t *d)

@@ -652,23 +652,38 @@ static void test_random_with_compaction(void **state)
 
 /* -------------------------------------------------------- write failure */
 
+/* A store with one published chain (keys 1, 2) and a reservation of keys
+ * 11, 12 (*lease), whose journal file may grow by `room` bytes more
+ * (RLIMIT_FSIZE; SIGXFSZ ignored, so a write past it fails with EFBIG).
+ * *old is the limit to put back. */
+static kvd_store_t *store_near_full(jopts_t *o, uint32_t *kv, uint64_t *lease, off_t room,
+                                    struct rlimit *old)
+{
+    o->created = true;
+    kvd_store_t *s = open_store(o, NULL, NULL, NULL);
+    o->created = false;
+    *kv = reg(s, "kv", OBJ);
+    publish(s, reserve_chain(s, *kv, 0, 2, NULL));
+    *lease = reserve_chain(s, *kv, 10, 2, NULL);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    getrlimit(RLIMIT_FSIZE, old);
+    struct rlimit lim = *old;
+    lim.rlim_cur = (rlim_t)(st.st_size + room);
+    signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    return s;
+}
+
 static void test_journal_full(void **state)
 {
     (void)state;
-    jopts_t o = {.created = true};
-    kvd_store_t *s = open_store(&o, NULL, NULL, NULL);
-    o.created = false;
-    uint32_t kv = reg(s, "kv", OBJ);
-    publish(s, reserve_chain(s, kv, 0, 2, NULL));
-    uint64_t lease = reserve_chain(s, kv, 10, 2, NULL);
+    jopts_t o = {0};
+    uint32_t kv;
+    uint64_t lease;
+    struct rlimit old;
+    kvd_store_t *s = store_near_full(&o, &kv, &lease, 0, &old); /* not one more byte */
     struct stat st;
-    assert_int_equal(stat(path, &st), 0);
-    struct rlimit old, lim;
-    getrlimit(RLIMIT_FSIZE, &old);
-    lim = old;
-    lim.rlim_cur = (rlim_t)st.st_size; /* not one more byte */
-    signal(SIGXFSZ, SIG_IGN);
-    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
 
     /* a publish that cannot be written fails and changes nothing */
     kvd_store_stats_t before = stats(s);
@@ -726,20 +741,12 @@ static void test_journal_full(void **state)
 static void test_torn_uncut(void **state)
 {
     (void)state;
-    jopts_t o = {.created = true};
-    kvd_store_t *s = open_store(&o, NULL, NULL, NULL);
-    o.created = false;
-    uint32_t kv = reg(s, "kv", OBJ);
-    publish(s, reserve_chain(s, kv, 0, 2, NULL));
-    uint64_t lease = reserve_chain(s, kv, 10, 2, NULL);
-    struct stat st;
-    assert_int_equal(stat(path, &st), 0);
-    struct rlimit old, lim;
-    getrlimit(RLIMIT_FSIZE, &old);
-    lim = old;
-    lim.rlim_cur = (rlim_t)st.st_size + 5; /* the publish record is cut short */
-    signal(SIGXFSZ, SIG_IGN);
-    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    jopts_t o = {0};
+    uint32_t kv;
+    uint64_t lease;
+    struct rlimit old;
+    /* the publish record is cut short */
+    kvd_store_t *s = store_near_full(&o, &kv, &lease, 5, &old);
     kvd_store_journal_fail_cuts(s, 1);
     assert_int_equal(kvd_store_publish(s, OWNER, lease, NULL, 0), KVD_ERR_IO);
     setrlimit(RLIMIT_FSIZE, &old);
