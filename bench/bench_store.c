@@ -49,6 +49,7 @@ typedef struct store_result {
     double hit_probes_per_s;
     double miss_probes_per_s;
     double index_bytes_per_object;
+    double check_ms; /* one kvd_store_check (Stats --check) over the store */
     uint64_t rss_bytes;
 } store_result_t;
 
@@ -142,6 +143,12 @@ static int store_point(const store_opts_t *o, uint64_t n, store_result_t *r)
         kvd_store_stats_t st;
         kvd_store_stats(s, &st);
         r->index_bytes_per_object = (double)st.index_bytes / (double)n;
+        char why[256];
+        uint64_t t0 = kvd_now_ns();
+        rc = kvd_store_check(s, why, sizeof(why));
+        r->check_ms = (double)(kvd_now_ns() - t0) / 1e6;
+        if (rc != KVD_OK)
+            fprintf(stderr, "kvdock-bench store: the invariant check failed: %s\n", why);
         kvd_proc_mem_t pm;
         r->rss_bytes = kvd_proc_mem_read(&pm) == KVD_OK ? pm.rss_bytes : 0;
     }
@@ -156,7 +163,8 @@ static void store_usage(FILE *f)
     fprintf(f, "Usage: kvdock-bench store [--objects N[,N...]] [--batch B] [--seconds S] "
                "[--json]\n"
                "The store engine in process: insert+publish/s, key probes/s (hits and\n"
-               "misses) and index bytes per object (default 1000000,10000000 objects,\n"
+               "misses), index bytes per object and the time of one invariant check\n"
+               "(Stats --check) (default 1000000,10000000 objects,\n"
                "batches of 256, 2 s per probe run).\n");
 }
 
@@ -216,8 +224,8 @@ int bench_mode_store(int argc, char **argv)
         return BENCH_EXIT_USAGE;
     }
     if (!o.json)
-        printf("%12s %16s %18s %18s %14s %12s\n", "objects", "insert+pub/s",
-               "hit probes/s", "miss probes/s", "index B/obj", "rss");
+        printf("%12s %16s %18s %18s %14s %10s %12s\n", "objects", "insert+pub/s",
+               "hit probes/s", "miss probes/s", "index B/obj", "check ms", "rss");
     for (size_t i = 0; i < o.n_points; i++) {
         store_result_t r = {0};
         if (store_point(&o, o.objects[i], &r) != 0) {
@@ -230,14 +238,14 @@ int bench_mode_store(int argc, char **argv)
             printf("{\"mode\":\"store\",\"objects\":%llu,\"batch\":%zu,"
                    "\"insert_publish_per_s\":%.0f,\"hit_probes_per_s\":%.0f,"
                    "\"miss_probes_per_s\":%.0f,\"index_bytes_per_object\":%.1f,"
-                   "\"rss_bytes\":%llu}\n",
+                   "\"check_ms\":%.1f,\"rss_bytes\":%llu}\n",
                    (unsigned long long)r.objects, o.batch, r.insert_per_s,
                    r.hit_probes_per_s, r.miss_probes_per_s, r.index_bytes_per_object,
-                   (unsigned long long)r.rss_bytes);
+                   r.check_ms, (unsigned long long)r.rss_bytes);
         else
-            printf("%12llu %16.0f %18.0f %18.0f %14.1f %12s\n",
+            printf("%12llu %16.0f %18.0f %18.0f %14.1f %10.1f %12s\n",
                    (unsigned long long)r.objects, r.insert_per_s, r.hit_probes_per_s,
-                   r.miss_probes_per_s, r.index_bytes_per_object,
+                   r.miss_probes_per_s, r.index_bytes_per_object, r.check_ms,
                    kvd_size_format(r.rss_bytes, rss, sizeof(rss)));
         fflush(stdout);
     }

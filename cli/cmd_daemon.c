@@ -175,8 +175,9 @@ int cmd_stats(const cli_t *cli, const cli_args_t *a)
         }
         broken = a->check && (!st->checked || st->check_error[0] != '\0');
         if (a->check && !cli->json)
-            printf("\ninvariant check: %s%s\n", broken ? "FAILED: " : "ok",
-                   broken ? st->check_error : "");
+            printf("\ninvariant check: %s%s (the daemon waited %.1f ms)\n",
+                   broken ? "FAILED: " : "ok", broken ? st->check_error : "",
+                   (double)st->check_us / 1000.0);
     }
     kvd_msg_clear(rep);
     free(req);

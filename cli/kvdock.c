@@ -26,7 +26,8 @@ static const cli_cmd_t commands[] = {
      cmd_health},
     {"stats", "[--check]",
      "memory, connections, RPC counters, the store, its namespaces, RDMA ports;\n"
-     "--check runs the store's invariant (exit 1 when broken)",
+     "--check runs the store's invariant (exit 1 when broken); an operator's: the\n"
+     "  daemon waits for it (about 0.23 s per million objects), at most 1 % of its time",
      cmd_stats},
     {"cluster", "",
      "the cluster this daemon is a member of: its state, epoch, and each member's\n"

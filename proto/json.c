@@ -155,8 +155,8 @@ int kvd_json_stats(FILE *f, const kvd_stats_rep_t *st)
                sizeof(*st->namespaces));
     json_array(f, "nics", &kvd_nic_fields, st->nics, st->n_nics, sizeof(*st->nics));
     if (st->checked) {
-        fprintf(
-            f, ",\"check\":{\"ok\":%s,\"error\":", st->check_error[0] ? "false" : "true");
+        fprintf(f, ",\"check\":{\"ok\":%s,\"us\":%llu,\"error\":",
+                st->check_error[0] ? "false" : "true", (unsigned long long)st->check_us);
         kvd_json_str(f, st->check_error);
         fputc('}', f);
     }

@@ -790,7 +790,8 @@ typedef struct kvd_stats_rep {
     kvd_ns_msg_t *namespaces;
     bool checked;
     char check_error[KVD_ERROR_MAX];
-    size_t n_nics; /* 0: no RDMA devices, or built without libibverbs */
+    uint64_t check_us; /* how long the check held the daemon's loop */
+    size_t n_nics;     /* 0: no RDMA devices, or built without libibverbs */
     kvd_nic_msg_t *nics;
     size_t n_tenants; /* the caller's tenant; every tenant for an operator */
     kvd_tenant_msg_t *tenants;

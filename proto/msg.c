@@ -480,6 +480,7 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->namespaces = (Kvdock__NamespaceInfo **)array_to_pb(scr, &ns_info_msg,
                                                           s->namespaces, s->n_namespaces);
     r->checked = s->checked;
+    r->check_us = s->check_us;
     r->check_error = (char *)s->check_error;
     r->n_nics = s->n_nics;
     r->nics = (Kvdock__Nic **)array_to_pb(scr, &nic_msg, s->nics, s->n_nics);
@@ -1233,6 +1234,7 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
             array_from_pb(m, &tenant_msg, r->n_tenants, (void *const *)r->tenants, &rc);
     s->n_tenants = rc == KVD_OK ? r->n_tenants : 0;
     s->checked = r->checked;
+    s->check_us = r->check_us;
     kvd_utf8_copy(s->check_error, r->check_error ? r->check_error : "",
                   sizeof(s->check_error));
     return rc;

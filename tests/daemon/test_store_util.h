@@ -129,6 +129,8 @@ typedef struct ts_stats {
     kvd_method_stats_t methods[KVD_METHOD_COUNT];
     bool checked;
     char check_error[KVD_ERROR_MAX];
+    uint64_t check_us;         /* how long the check held the daemon */
+    char error[KVD_ERROR_MAX]; /* the refusal's text, when the call was refused */
 } ts_stats_t;
 
 int ts_stats(kvd_client_t *c, bool check, ts_stats_t *out);
