@@ -860,16 +860,6 @@ static int serve(child_t *c)
  * cma: process_vm_readv/writev of the PID it names), and in UCX 1.13 they
  * cannot report a dead peer, which a kvdock worker's endpoint requires.
  */
-static bool tl_rdma(const char *tl)
-{
-    return kvd_ucx_tl_enforces_rma(tl);
-}
-
-static bool tl_rdma_tcp(const char *tl)
-{
-    return kvd_ucx_tl_enforces_rma(tl) || strcmp(tl, "tcp") == 0 ||
-           strcmp(tl, "ud_verbs") == 0 || strcmp(tl, "ud_mlx5") == 0;
-}
 
 /* Starts UCX for the pool, on the transports above only: without RMA
  * first; with it only where every transport the context opened enforces
@@ -884,7 +874,8 @@ static int start_ucx(const char *devices, bool allow_tcp, kvd_ucx_t **out, bool 
                         .rma = false,
                         .net_devices = devices,
                         .untrusted_peers = true,
-                        .tl_allowed = allow_tcp ? tl_rdma_tcp : tl_rdma,
+                        .tl_allowed =
+                            allow_tcp ? kvd_ucx_tl_network : kvd_ucx_tl_enforces_rma,
                         .dropped = dropped,
                         .dropped_cap = dropped_cap};
     kvd_ucx_t *u = NULL;

@@ -31,15 +31,26 @@ int lk_dp_open(kvd_linker_t *l, ldp_t *dp, int index)
     char name[96];
     snprintf(name, sizeof(name), "%s-%s", l->client_name,
              index == LK_DP_LOAD ? "load" : "offload");
-    /* a message-mode transport has no RMA feature: a peer that reaches
-     * its worker cannot read or write this process through UCP's software
-     * RMA (transport/ucx.c) */
+    /* a message-mode transport has no RMA feature and an RMA one only
+     * RDMA transports: a peer that reaches its worker cannot read or write
+     * this process through UCP's software RMA (kvd_transport_open_ucx_mode) */
     if (!l->use_ucx)
         return kvd_transport_open_shm(&dp->t);
     /* UCX moves host memory only here: device pools' rows are staged
      * through pinned host slots (transport/staged.c) */
     kvd_transport_t *ucx = NULL;
     int rc = kvd_transport_open_ucx_mode(name, l->ucx_mode, &ucx);
+    if (rc == KVD_ERR_UNSUPPORTED && l->ucx_mode == KVD_UCX_MODE_RMA) {
+        /* RMA only on transports where the NIC holds a peer to what this
+         * process registered for it: elsewhere UCP's software RMA would let
+         * any host that reaches this worker read and write the engine's
+         * memory. Both data paths are opened here, before any thread. */
+        KVD_WARN("linker", "one-sided RMA needs an RDMA transport that enforces the "
+                           "registration (rc, dc), and UCX has none here: using the "
+                           "message mode");
+        l->ucx_mode = KVD_UCX_MODE_AM;
+        rc = kvd_transport_open_ucx_mode(name, l->ucx_mode, &ucx);
+    }
     if (rc == KVD_OK)
         rc = kvd_transport_open_staged(ucx, l->timeout_ms, &dp->t);
     if (rc != KVD_OK && dp->t == NULL)

@@ -298,12 +298,35 @@ int kvd_transport_open_ucx(const char *name, kvd_transport_t **out);
 int kvd_transport_open_staged(kvd_transport_t *inner, int slot_wait_ms,
                               kvd_transport_t **out);
 
-/* kvd_transport_open_ucx for one mode only: a transport for the message
- * mode has a context without UCP_FEATURE_RMA, so that no peer reaching its
- * worker can read or write this process through UCP's software RMA (and
- * refuses to connect in RMA mode, KVD_ERR_INVALID). */
+/*
+ * kvd_transport_open_ucx for one mode only, for a process that faces other
+ * hosts (the linker, a daemon's peers): its worker listens on every
+ * transport its context opens, and any peer that reaches one may send it
+ * messages. So:
+ *   - the message mode's context has no UCP_FEATURE_RMA, so that no peer
+ *     can read or write this process through UCP's software RMA, and
+ *     opens only the transports that reach another host
+ *     (kvd_ucx_tl_network); it refuses to connect in RMA mode
+ *     (KVD_ERR_INVALID);
+ *   - the RMA mode's context opens only transports that enforce the
+ *     registration in the NIC (kvd_ucx_tl_enforces_rma: rc, dc), where a
+ *     peer can reach nothing but what this process registered for it.
+ * KVD_ERR_UNSUPPORTED when no such transport is here (RMA on a host
+ * without an RDMA NIC, or UCX_TLS naming none): the caller falls back to
+ * the message mode.
+ *
+ * kvd_transport_open_ucx (both modes, every transport UCX opens) is for
+ * tests and benchmarks against a server of their own: a peer that reaches
+ * its worker over TCP or shared memory can read and write the process.
+ */
 int kvd_transport_open_ucx_mode(const char *name, kvd_ucx_mode_t mode,
                                 kvd_transport_t **out);
+
+/* The transport's worker address (what a peer that connects to it uses) and
+ * the transports and devices its context opened ("tcp/lo,self/memory"), for
+ * logs and tests. KVD_ERR_INVALID for a transport that is not ucx. */
+int kvd_transport_ucx_info(kvd_transport_t *t, const void **address, size_t *address_len,
+                           char *resources, size_t resources_cap);
 
 #define KVD_UCX_STAGE_CHUNK (8ull << 20) /* bytes of one staged message at most */
 #define KVD_UCX_STAGE_BYTES (4 * KVD_UCX_STAGE_CHUNK)
@@ -511,6 +534,11 @@ bool kvd_ucx_rma_enforced(const kvd_ucx_t *u, char *why_not, size_t cap);
 
 /* Pure form of the above, for one transport name ("rc_mlx5"). */
 bool kvd_ucx_tl_enforces_rma(const char *tl);
+/* The transports that reach another host: those above, tcp and UD. Not
+ * UCX's shared-memory ones (posix, sysv, cma, knem, xpmem): a peer that
+ * claims to share this host makes the context attach the segment, or
+ * read and write the memory of the process, that its address names. */
+bool kvd_ucx_tl_network(const char *tl);
 
 /* For a serving side facing strangers: UCX's own warnings of a message
  * for which no handler is installed (what a peer's software RMA brings to a

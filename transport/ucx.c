@@ -1024,6 +1024,12 @@ bool kvd_ucx_tl_enforces_rma(const char *tl)
     return false;
 }
 
+bool kvd_ucx_tl_network(const char *tl)
+{
+    return kvd_ucx_tl_enforces_rma(tl) || strcmp(tl, "tcp") == 0 ||
+           strcmp(tl, "ud_verbs") == 0 || strcmp(tl, "ud_mlx5") == 0;
+}
+
 bool kvd_ucx_rma_enforced(const kvd_ucx_t *u, char *why_not, size_t cap)
 {
     const char *r = u->resources;
@@ -1880,17 +1886,39 @@ static const kvd_transport_ops_t ucx_ops = {
     .destroy = ucx_destroy,
 };
 
-static int open_ucx(const char *name, bool rma, kvd_transport_t **out)
+/* tl_allowed NULL: every transport UCX opens (tests and benchmarks with a
+ * server of their own); else only those, and with rma only where every
+ * one enforces the registration (KVD_ERR_UNSUPPORTED otherwise). */
+static int open_ucx(const char *name, bool rma, bool (*tl_allowed)(const char *),
+                    kvd_transport_t **out)
 {
     if (out == NULL)
         return KVD_ERR_INVALID;
     ucx_transport_t *t = calloc(1, sizeof(*t));
     if (t == NULL)
         return KVD_ERR_NOMEM;
-    const kvd_ucx_opts_t o = {.name = name != NULL ? name : "kvdock", .rma = rma};
+    char dropped[256] = "";
+    const kvd_ucx_opts_t o = {.name = name != NULL ? name : "kvdock",
+                              .rma = rma,
+                              .tl_allowed = tl_allowed,
+                              .dropped = dropped,
+                              .dropped_cap = sizeof(dropped)};
     t->rma_ok = rma;
     int rc = kvd_ucx_create_with(&o, &t->u);
+    char why[128] = "";
+    if (rc == KVD_OK && rma && tl_allowed != NULL &&
+        !kvd_ucx_rma_enforced(t->u, why, sizeof(why))) {
+        kvd_ucx_destroy(t->u); /* UCX opened something else: never RMA there */
+        rc = KVD_ERR_UNSUPPORTED;
+    }
     if (rc != KVD_OK) {
+        if (rc == KVD_ERR_UNSUPPORTED)
+            KVD_INFO("ucx", "%s: no UCX transport %s here (left out: %s)", o.name,
+                     rma ? "that enforces one-sided RMA's registration (rc, dc)"
+                         : "that reaches another host",
+                     dropped[0] ? dropped
+                     : why[0]   ? why
+                                : "none");
         free(t);
         return rc;
     }
@@ -1899,9 +1927,22 @@ static int open_ucx(const char *name, bool rma, kvd_transport_t **out)
     return KVD_OK;
 }
 
+int kvd_transport_ucx_info(kvd_transport_t *t, const void **address, size_t *address_len,
+                           char *resources, size_t resources_cap)
+{
+    if (t == NULL || t->ops != &ucx_ops)
+        return KVD_ERR_INVALID;
+    const ucx_transport_t *u = (const ucx_transport_t *)t;
+    if (address != NULL && address_len != NULL)
+        kvd_ucx_address(u->u, address, address_len);
+    if (resources != NULL && resources_cap > 0)
+        kvd_ucx_resources(u->u, resources, resources_cap);
+    return KVD_OK;
+}
+
 int kvd_transport_open_ucx(const char *name, kvd_transport_t **out)
 {
-    return open_ucx(name, true, out);
+    return open_ucx(name, true, NULL, out);
 }
 
 int kvd_transport_open_ucx_mode(const char *name, kvd_ucx_mode_t mode,
@@ -1909,5 +1950,6 @@ int kvd_transport_open_ucx_mode(const char *name, kvd_ucx_mode_t mode,
 {
     if (mode != KVD_UCX_MODE_RMA && mode != KVD_UCX_MODE_AM)
         return KVD_ERR_INVALID;
-    return open_ucx(name, mode == KVD_UCX_MODE_RMA, out);
+    return mode == KVD_UCX_MODE_RMA ? open_ucx(name, true, kvd_ucx_tl_enforces_rma, out)
+                                    : open_ucx(name, false, kvd_ucx_tl_network, out);
 }
