@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -316,3 +317,117 @@ int kvd_sandbox_enter(char *why, size_t cap)
 }
 
 #endif
+
+/* ---- the file system (Landlock): what the server may open at all */
+
+#include <linux/landlock.h>
+
+/* Landlock ABI 3 and 5 rights, where the headers are older */
+#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
+#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
+#endif
+#ifndef LANDLOCK_ACCESS_FS_IOCTL_DEV
+#define LANDLOCK_ACCESS_FS_IOCTL_DEV (1ULL << 15)
+#endif
+
+#define LL_READ                                                   \
+    (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR | \
+     LANDLOCK_ACCESS_FS_EXECUTE)
+#define LL_DEVICE                                                   \
+    (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | \
+     LANDLOCK_ACCESS_FS_IOCTL_DEV)
+
+/* What the server reads once it runs (from strace of the tcp transport:
+ * /proc/net/route on every interface query, which is /proc/self/net) and
+ * while UCX starts (its modules and their libraries, the loader's cache,
+ * UCX's, rdma-core's and libibverbs' configuration, cpu, memory and NUMA
+ * facts, the kernel's somaxconn and yama settings), and the RDMA devices.
+ * Beside these it reads nothing: not the daemon's journal (in --shm-dir
+ * under /dev/shm), not its --auth-config or token files, not any other
+ * process under /proc (the daemon's /proc/PID/mem included). */
+static const struct {
+    const char *path;
+    uint64_t access;
+} ll_rules[] = {
+    {"/usr", LL_READ},
+    {"/lib", LL_READ},
+    {"/lib64", LL_READ},
+    {"/lib32", LL_READ},
+    {"/etc/ld.so.cache", LL_READ},
+    {"/etc/ucx", LL_READ},
+    {"/etc/libibverbs.d", LL_READ},
+    {"/etc/rdma", LL_READ},
+    {"/etc/libnl", LL_READ},
+    {"/proc/self", LL_READ}, /* opened through the link: this process's /proc/PID */
+    {"/proc/sys", LL_READ},
+    {"/proc/cpuinfo", LL_READ},
+    {"/proc/meminfo", LL_READ},
+    {"/proc/stat", LL_READ},
+    {"/sys", LL_READ},
+    {"/dev/infiniband", LL_DEVICE},
+    {"/dev/null", LL_DEVICE},
+    {"/dev/zero", LL_DEVICE},
+    {"/dev/urandom", LL_DEVICE},
+};
+
+int kvd_sandbox_confine_files(char *why, size_t cap)
+{
+    long abi =
+        syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+    if (abi < 1) {
+        int err = errno;
+        snprintf(why, cap, "Landlock: %s",
+                 err == ENOSYS       ? "not in this kernel (5.13 or later has it)"
+                 : err == EOPNOTSUPP ? "not enabled in this kernel (lsm= at boot)"
+                                     : strerror(err));
+        return err == ENOSYS || err == EOPNOTSUPP ? KVD_ERR_UNSUPPORTED
+                                                  : kvd_status_from_errno(err);
+    }
+    /* every right this kernel knows: a right left unhandled is allowed */
+    uint64_t handled = (LANDLOCK_ACCESS_FS_REFER << 1) - 1; /* ABI 1 and 2 */
+    if (abi < 2)
+        handled &= ~LANDLOCK_ACCESS_FS_REFER;
+    if (abi >= 3)
+        handled |= LANDLOCK_ACCESS_FS_TRUNCATE;
+    if (abi >= 5)
+        handled |= LANDLOCK_ACCESS_FS_IOCTL_DEV;
+    struct landlock_ruleset_attr attr = {.handled_access_fs = handled};
+    int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0);
+    if (rs < 0) {
+        int err = errno;
+        snprintf(why, cap, "landlock_create_ruleset: %s", strerror(err));
+        return kvd_status_from_errno(err);
+    }
+    int rc = KVD_OK;
+    for (size_t i = 0; rc == KVD_OK && i < KVD_ARRAY_SIZE(ll_rules); i++) {
+        int fd = open(ll_rules[i].path, O_PATH | O_CLOEXEC);
+        if (fd < 0)
+            continue; /* not on this host: nothing to allow */
+        struct stat st;
+        uint64_t access = ll_rules[i].access & handled;
+        /* a rule on a file may name only rights a file has */
+        if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode))
+            access &= ~(uint64_t)LANDLOCK_ACCESS_FS_READ_DIR;
+        struct landlock_path_beneath_attr pb = {.allowed_access = access,
+                                                .parent_fd = fd};
+        if (syscall(SYS_landlock_add_rule, rs, LANDLOCK_RULE_PATH_BENEATH, &pb, 0) != 0) {
+            int err = errno;
+            snprintf(why, cap, "landlock_add_rule(%s): %s", ll_rules[i].path,
+                     strerror(err));
+            rc = kvd_status_from_errno(err);
+        }
+        close(fd);
+    }
+    if (rc == KVD_OK && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+        int err = errno;
+        snprintf(why, cap, "prctl(PR_SET_NO_NEW_PRIVS): %s", strerror(err));
+        rc = kvd_status_from_errno(err);
+    }
+    if (rc == KVD_OK && syscall(SYS_landlock_restrict_self, rs, 0) != 0) {
+        int err = errno;
+        snprintf(why, cap, "landlock_restrict_self: %s", strerror(err));
+        rc = kvd_status_from_errno(err);
+    }
+    close(rs);
+    return rc;
+}

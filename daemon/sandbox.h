@@ -21,7 +21,8 @@
  *     the link, rename, mkdir, mknod, chmod, chown and truncate families,
  *     open_by_handle_at. Opens for reading stay: UCX's TCP transport reads
  *     /proc/net/route each time it queries its interface (endpoint
- *     creation included), and seccomp cannot see a path;
+ *     creation included), and seccomp cannot see a path (which files may
+ *     be read at all is kvd_sandbox_confine_files' part, below);
  *   - Unix sockets (socket and socketpair of AF_UNIX: the daemon's RPC
  *     socket would otherwise take it as a local client of the daemon's
  *     uid); TCP, UDP and netlink sockets stay, as UCX needs them;
@@ -50,5 +51,20 @@
  * without seccomp filters) or the errno of prctl/seccomp, with the reason
  * in why (cap bytes). Not undone: the process keeps it until it exits. */
 int kvd_sandbox_enter(char *why, size_t cap);
+
+/*
+ * Confines what the calling process may open from then on (Landlock), for
+ * the files seccomp cannot tell apart: reading stays allowed only under
+ * the system's libraries and configuration of UCX, rdma-core and the
+ * loader, this process's own /proc/PID, /proc/sys and a few /proc and
+ * /sys facts, and the RDMA devices (read and write); everything else (the
+ * daemon's journal and auth files, other processes' /proc entries, home
+ * directories) is refused with EACCES. Landlock has no TSYNC: called while
+ * the process has one thread (before UCX starts), so that every thread it
+ * makes later is confined too. KVD_OK, KVD_ERR_UNSUPPORTED (a kernel
+ * without Landlock, or with it disabled) or the errno of a call, with the
+ * reason in why. Not undone.
+ */
+int kvd_sandbox_confine_files(char *why, size_t cap);
 
 #endif

@@ -943,6 +943,22 @@ int kvd_ucxd_main(int argc, char **argv)
     kvd_ucx_t *u = NULL;
     kvd_ucx_mem_t *mem = NULL;
     bool rma = false;
+    /* what the process may open, while it has one thread (Landlock does
+     * not reach threads that run already): UCX then starts inside it */
+    if (sandbox) {
+        char why[160];
+        int ll = kvd_sandbox_confine_files(why, sizeof(why));
+        if (ll == KVD_ERR_UNSUPPORTED) {
+            KVD_WARN("ucxd", "UCX server may read any file of its uid: %s", why);
+        } else if (ll != KVD_OK) {
+            KVD_ERROR("ucxd",
+                      "UCX server cannot confine its files: %s (%s); --no-ucx-sandbox "
+                      "runs it without",
+                      why, kvd_status_str(ll));
+            munmap(pool, bytes);
+            return 1;
+        }
+    }
     kvd_ucx_quiet_strangers(); /* before UCX starts: its warnings are peers' to cause */
     char dropped[256] = "";
     int rc = start_ucx(devices, allow_tcp, &u, &rma, dropped, sizeof(dropped));

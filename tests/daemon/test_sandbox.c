@@ -13,6 +13,13 @@
  *     for reading, a TCP socket, kill and prlimit64 of itself;
  *   - /proc/self/status says Seccomp 2 (filter mode), NoNewPrivs 1, and one
  *     filter more than the test process has.
+ * Before both, still single-threaded, the child confines its files
+ * (kvd_sandbox_confine_files, Landlock): from then on, on both threads, a
+ * file it could read before (the test's own, /etc/passwd, the parent's
+ * /proc/PID/status and /proc/PID/mem) is refused with EACCES, and what UCX
+ * reads is served (/proc/self/status, /proc/net/route, the loader's cache,
+ * /sys/class/net). Where the kernel has no Landlock, that part is skipped,
+ * saying so, and reading stays served.
  * Each refused call was served before the filter (the file it changes was
  * made and opened for writing before), so the refusal is the filter's.
  */
@@ -80,6 +87,18 @@ static long status_field(const char *name)
     return v;
 }
 
+static bool confined; /* Landlock took: reads outside its rules are refused */
+
+/* Opens path for reading: 0, or the errno. */
+static int read_errno(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno;
+    close(fd);
+    return 0;
+}
+
 static void *nothing(void *arg)
 {
     return arg;
@@ -141,10 +160,29 @@ static void check_from_here(const char *who)
     EXPECT(rc == 0, "%s: pthread_create: %s", who, strerror(rc));
     if (rc == 0)
         pthread_join(t, NULL);
-    int fd = open(file, O_RDONLY | O_CLOEXEC);
-    EXPECT(fd >= 0, "%s: open for reading refused", who);
-    if (fd >= 0)
-        close(fd);
+    /* reading: what UCX reads, and, unless confined, anything */
+    int e = read_errno(file);
+    EXPECT(e == (confined ? EACCES : 0), "%s: reading the test's file: errno %d, want %d",
+           who, e, confined ? EACCES : 0);
+    char theirs[64];
+    snprintf(theirs, sizeof(theirs), "/proc/%d/status", (int)parent);
+    char their_mem[64];
+    snprintf(their_mem, sizeof(their_mem), "/proc/%d/mem", (int)parent);
+    if (confined) {
+        const char *refused[] = {"/etc/passwd", theirs, their_mem};
+        for (size_t i = 0; i < KVD_ARRAY_SIZE(refused); i++) {
+            e = read_errno(refused[i]);
+            EXPECT(e == EACCES, "%s: reading %s: errno %d, want EACCES", who, refused[i],
+                   e);
+        }
+    }
+    const char *served[] = {"/proc/self/status", "/proc/net/route", "/etc/ld.so.cache",
+                            "/sys/class/net"};
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(served); i++) {
+        e = read_errno(served[i]);
+        EXPECT(e == 0 || e == ENOENT, "%s: reading %s refused: errno %d", who, served[i],
+               e);
+    }
     int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     EXPECT(s >= 0, "%s: socket(AF_INET) refused", who);
     if (s >= 0)
@@ -177,6 +215,18 @@ static int child_main(long filters_before)
     EXPECT(fd >= 0, "open for writing before the filter");
     if (fd >= 0)
         close(fd);
+    char their_status[64];
+    snprintf(their_status, sizeof(their_status), "/proc/%d/status", (int)getppid());
+    EXPECT(read_errno("/etc/passwd") == 0 && read_errno(their_status) == 0,
+           "reading before the confinement");
+    char why_ll[160] = "";
+    int ll = kvd_sandbox_confine_files(why_ll, sizeof(why_ll));
+    if (ll == KVD_ERR_UNSUPPORTED)
+        printf("sandbox child: files not confined (%s): reads stay served\n", why_ll);
+    else
+        EXPECT(ll == KVD_OK, "kvd_sandbox_confine_files: %s (%s)", kvd_status_str(ll),
+               why_ll);
+    confined = ll == KVD_OK;
     pthread_t older;
     if (pthread_create(&older, NULL, older_thread, NULL) != 0) {
         fprintf(stderr, "sandbox child: pthread_create before the filter\n");

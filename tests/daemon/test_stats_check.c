@@ -9,7 +9,8 @@
  *     credential; the same Stats without the check is served;
  *   - the operator (the daemon's own uid) gets it: checked, no error, and
  *     the time it held the loop (check_us);
- *   - after a check of 10 ms or more (200,000 objects here), the next one
+ *   - after a check of 10 ms or more (200,000 objects here, 40,000 in the
+ *     sanitizers' builds), the next one
  *     asked at once is refused with KVD_ERR_BUSY, saying when it may run
  *     (so checks take at most 1 % of the loop's time); once that time has
  *     passed it runs again. A machine fast enough to check 200,000 objects
@@ -29,10 +30,17 @@
 
 #define NS        "check/kv/tp0"
 #define OBJ_BYTES 4096u
-#define N_OBJ     200000u
-#define BATCH     4096u
-#define FREE_US   10000u /* server.c CHECK_FREE_NS */
-#define WAIT_MAX  30000u /* the longest throttle this test waits out, ms */
+/* enough for a check of 10 ms or more: 35 ms here in a release build,
+ * and the sanitizers' builds are 3 to 15 times slower (fewer objects keep
+ * their fill and the throttle's wait short) */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define N_OBJ 40000u
+#else
+#define N_OBJ 200000u
+#endif
+#define BATCH    4096u
+#define FREE_US  10000u /* server.c CHECK_FREE_NS */
+#define WAIT_MAX 30000u /* the longest throttle this test waits out, ms */
 
 static bool fill(ts_client_t *t)
 {
