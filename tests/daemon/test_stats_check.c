@@ -46,31 +46,17 @@ static bool fill(ts_client_t *t)
 {
     kvd_key_t *keys = calloc(N_OBJ, sizeof(*keys));
     kvd_put_item_t *items = calloc(BATCH, sizeof(*items));
-    uint8_t *res = calloc(BATCH, 1);
-    uint64_t *off = calloc(BATCH, sizeof(*off));
-    bool ok = DT_CHECK(keys && items && res && off, "out of memory") &&
+    bool ok = DT_CHECK(keys && items, "out of memory") &&
               DT_CHECK(ts_make_keys(11, N_OBJ, 16, keys) == 0, "page keys");
     for (uint32_t at = 0; ok && at < N_OBJ; at += BATCH) {
         size_t n = KVD_MIN((size_t)BATCH, (size_t)(N_OBJ - at));
         ts_chain_items(keys + at, n, at ? keys[at - 1] : NULL, at, items);
-        uint64_t lease = 0;
-        ts_err_t e;
-        int st = ts_reserve(t->c, t->ns[0], OBJ_BYTES, items, n, &lease, res, off, &e);
-        ok = DT_CHECK(st == KVD_OK, "reserve at %u: %s (%s)", at, kvd_status_str(st),
-                      e.text);
-        for (size_t i = 0; ok && i < n; i++)
-            ok = DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED, "reserve at %u item %zu: %s",
-                          at, i, ts_result_name(res[i]));
-        if (ok) {
-            st = ts_publish(t->c, lease, NULL, 0, &e);
-            ok = DT_CHECK(st == KVD_OK, "publish at %u: %s (%s)", at, kvd_status_str(st),
-                          e.text);
-        }
+        char what[32];
+        snprintf(what, sizeof(what), "the keys from %u", at);
+        ok = ts_put_items(t, t->ns[0], OBJ_BYTES, items, n, what);
     }
     free(keys);
     free(items);
-    free(res);
-    free(off);
     return ok;
 }
 

@@ -78,30 +78,6 @@ static bool register_empty(kvd_client_t *c)
     return ok;
 }
 
-static bool put(ts_client_t *t, const kvd_put_item_t *items, size_t n, const char *what)
-{
-    uint8_t *res = calloc(n, 1);
-    uint64_t *off = calloc(n, sizeof(*off));
-    uint64_t lease = 0;
-    ts_err_t e;
-    bool ok = DT_CHECK(res && off, "out of memory");
-    int st = ok ? ts_reserve(t->c, t->ns[0], OBJ_BYTES, items, n, &lease, res, off, &e)
-                : KVD_ERR_NOMEM;
-    ok = ok &&
-         DT_CHECK(st == KVD_OK, "reserve %s: %s (%s)", what, kvd_status_str(st), e.text);
-    for (size_t i = 0; ok && i < n; i++)
-        ok = DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED, "reserve %s item %zu: %s", what, i,
-                      ts_result_name(res[i]));
-    if (ok) {
-        st = ts_publish(t->c, lease, NULL, 0, &e);
-        ok = DT_CHECK(st == KVD_OK, "publish %s: %s (%s)", what, kvd_status_str(st),
-                      e.text);
-    }
-    free(res);
-    free(off);
-    return ok;
-}
-
 static bool store_pages(ts_client_t *t)
 {
     if (ts_make_keys(7, CHAIN, 16, chain) != 0)
@@ -110,7 +86,7 @@ static bool store_pages(ts_client_t *t)
     if (!DT_CHECK(items != NULL, "out of memory"))
         return false;
     ts_chain_items(chain, CHAIN, NULL, 0, items);
-    bool ok = put(t, items, CHAIN, "the chain");
+    bool ok = ts_put_items(t, t->ns[0], OBJ_BYTES, items, CHAIN, "the chain");
     for (uint32_t j = 0; j < N_LEAVES; j++) {
         memset(leaves[j], 0, KVD_KEY_BYTES);
         leaves[j][0] = 0xa5;
@@ -123,7 +99,7 @@ static bool store_pages(ts_client_t *t)
         items[j].has_parent = true;
         items[j].depth = LEAF_AT + j + 1;
     }
-    ok = ok && put(t, items, N_LEAVES, "the leaves");
+    ok = ok && ts_put_items(t, t->ns[0], OBJ_BYTES, items, N_LEAVES, "the leaves");
     free(items);
     return ok;
 }

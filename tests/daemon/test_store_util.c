@@ -271,6 +271,31 @@ int ts_inspect(kvd_client_t *c, const char *ns_name, const uint8_t *key,
     return st;
 }
 
+bool ts_put_items(ts_client_t *t, uint32_t ns, uint64_t object_bytes,
+                  const kvd_put_item_t *items, size_t n, const char *what)
+{
+    uint8_t *res = calloc(n, 1);
+    uint64_t *off = calloc(n, sizeof(*off));
+    uint64_t lease = 0;
+    ts_err_t e;
+    bool ok = DT_CHECK(res && off, "out of memory");
+    int st = ok ? ts_reserve(t->c, ns, object_bytes, items, n, &lease, res, off, &e)
+                : KVD_ERR_NOMEM;
+    ok = ok &&
+         DT_CHECK(st == KVD_OK, "reserve %s: %s (%s)", what, kvd_status_str(st), e.text);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = DT_CHECK(res[i] == KVD_RESERVE_ALLOCATED, "reserve %s item %zu: %s", what, i,
+                      ts_result_name(res[i]));
+    if (ok) {
+        st = ts_publish(t->c, lease, NULL, 0, &e);
+        ok = DT_CHECK(st == KVD_OK, "publish %s: %s (%s)", what, kvd_status_str(st),
+                      e.text);
+    }
+    free(res);
+    free(off);
+    return ok;
+}
+
 int ts_stats(kvd_client_t *c, bool check, ts_stats_t *out)
 {
     kvd_msg_t *req = calloc(2, sizeof(kvd_msg_t));

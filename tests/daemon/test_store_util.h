@@ -98,6 +98,11 @@ int ts_reserve(kvd_client_t *c, uint32_t ns, uint64_t object_bytes,
                const kvd_put_item_t *items, size_t n, uint64_t *lease, uint8_t *results,
                uint64_t *offsets, ts_err_t *err);
 
+/* Reserve of items in ns (each must be allocated), then Publish of the
+ * whole lease; each failure recorded, naming `what`. True when all went. */
+bool ts_put_items(ts_client_t *t, uint32_t ns, uint64_t object_bytes,
+                  const kvd_put_item_t *items, size_t n, const char *what);
+
 /* object_bytes of the last successful Reserve or Acquire reply. */
 extern uint64_t ts_last_object_bytes;
 
