@@ -63,8 +63,9 @@ typedef struct ssd_opts {
     uint64_t queue_depth;
     int io_path; /* 0 auto, 1 io_uring, 2 pread/pwrite */
     double seconds;
-    bool no_sync;          /* the rig's tier acknowledges spills unsynced */
-    uint64_t sync_objects; /* the group commit's comparison: objects per mode */
+    bool no_sync;             /* the rig's tier acknowledges spills unsynced */
+    uint64_t sync_objects;    /* the group commit's comparison: objects per mode */
+    uint64_t compact_objects; /* the compaction run: objects in all */
 } ssd_opts_t;
 
 /* One store with its pool mapping and its tier. */
@@ -644,6 +645,79 @@ static int run_sync_compare(const ssd_opts_t *o, const char *work)
     return KVD_OK;
 }
 
+/*
+ * Compaction: a tier that holds half of n objects; the first half spilled
+ * (timed: the reference, nothing to reclaim), every other one of them
+ * evicted (so each full segment is half dead), then the second half
+ * spilled (timed) while reclaim compacts those segments (their live
+ * records copied to the head) or evicts. Reported: both spill rates and
+ * their ratio, segments compacted, bytes copied, the write amplification
+ * ((spilled + copied) / spilled) and the tier's own evictions.
+ */
+static int run_compact(const ssd_opts_t *o, const char *work)
+{
+    uint64_t half = o->compact_objects / 2;
+    uint64_t tier = ssd_tier_bytes(half, o->object_bytes, o->segment_bytes);
+    if (tier + SSD_MARGIN_BYTES > ssd_fs_avail(work)) {
+        fprintf(stderr, "kvdock-bench ssd: --compact-objects: not enough free space\n");
+        return KVD_ERR_NO_SPACE;
+    }
+    ssd_rig_t g = {.pool_bytes = o->pool_bytes, .object_bytes = o->object_bytes};
+    char dir[PATH_MAX + 16];
+    snprintf(dir, sizeof(dir), "%s/tier-compact", work);
+    int rc = rig_open(&g, o, dir, tier, true, 2 * half, "bench/compact", NULL, NULL);
+    uint64_t deadline = kvd_now_ns() + (uint64_t)(o->seconds * 1e9), done = 0;
+    double bps[2] = {0, 0};
+    kvd_store_stats_t st0 = {0}, st1 = {0};
+    for (int phase = 0; rc == KVD_OK && phase < 2; phase++) {
+        st0 = rig_stats(&g);
+        uint64_t t0 = kvd_now_ns();
+        rc = rig_fill(&g, 9, phase * half, half, 1, deadline, &done);
+        if (rc == KVD_OK)
+            kvd_store_tier_drain(g.s, 120000);
+        uint64_t ns = kvd_now_ns() - t0;
+        st1 = rig_stats(&g);
+        bps[phase] = ssd_gbps(st1.spilled_bytes - st0.spilled_bytes, ns);
+        printf(
+            "compaction, phase %d (%s): %llu objects published, %llu spilled in %.2f s: "
+            "%.3f GB/s; tier %.2f of %.2f GiB used%s\n",
+            phase + 1, phase == 0 ? "an empty tier" : "half of it evicted first",
+            (unsigned long long)done, (unsigned long long)(st1.spills - st0.spills),
+            ssd_s(ns), bps[phase], (double)st1.ssd_used_bytes / KVD_GiB,
+            (double)st1.ssd_bytes / KVD_GiB, done < half ? " (cut by --seconds)" : "");
+        fflush(stdout);
+        if (phase == 0) {
+            uint8_t key[KVD_KEY_BYTES];
+            uint64_t evicted = 0;
+            for (uint64_t i = 0; i < half; i += 2) {
+                ssd_key(9, i, key);
+                evicted += kvd_store_evict_key(g.s, g.ns, key) == KVD_OK;
+            }
+            kvd_store_tier_poll(g.s, 0);
+            printf("compaction: evicted every other object of phase 1: %llu\n",
+                   (unsigned long long)evicted);
+        }
+    }
+    if (rc == KVD_OK) {
+        uint64_t spilled = st1.spilled_bytes - st0.spilled_bytes;
+        uint64_t copied = st1.ssd_copied_bytes - st0.ssd_copied_bytes;
+        printf(
+            "compaction: %llu segments compacted, %.2f GiB copied, write amplification "
+            "%.2f, %llu objects evicted by the tier, %llu I/O errors\n",
+            (unsigned long long)(st1.ssd_compactions - st0.ssd_compactions),
+            (double)copied / KVD_GiB,
+            spilled ? (double)(spilled + copied) / (double)spilled : 0.0,
+            (unsigned long long)(st1.ssd_evictions - st0.ssd_evictions),
+            (unsigned long long)(st1.ssd_io_errors - st0.ssd_io_errors));
+        if (bps[0] > 0)
+            printf("  ratio spill while compacting / into an empty tier: %.2fx\n",
+                   bps[1] / bps[0]);
+    }
+    rig_free(&g);
+    ssd_rm_tree(dir);
+    return rc;
+}
+
 /* ----------------------------------------------------------- the 2 GiB run */
 
 static int run_throughput(const ssd_opts_t *o, const char *work, bool have_fio)
@@ -914,7 +988,7 @@ static void ssd_usage(FILE *f)
             "Usage: kvdock-bench ssd [--dir DIR] [--object-size 1M] [--objects 2048]\n"
             "         [--pool-size 256M] [--queue-depth 32] [--io auto|io_uring|psync]\n"
             "         [--segment-size 256M] [--restart-objects 1000000] [--seconds 120]\n"
-            "         [--sync-objects 1024]\n"
+            "         [--sync-objects 1024] [--compact-objects 0]\n"
             "The SSD tier in process on real files (O_DIRECT) beside fio in the same\n"
             "directory: spill and promote GB/s, the latency of a load that hits the\n"
             "tier, and the restart with --restart-objects objects of 4 KiB on it\n"
@@ -922,7 +996,10 @@ static void ssd_usage(FILE *f)
             "(/var/tmp: a disk, not tmpfs), removed at the end. --seconds bounds each\n"
             "fill and the promote pass (0 objects skips a part). --sync-objects objects\n"
             "are spilled with the group commit (a spill acknowledged once its record\n"
-            "is synced) and without, on fresh tiers: both GB/s and their ratio.\n");
+            "is synced) and without, on fresh tiers: both GB/s and their ratio.\n"
+            "--compact-objects N: a tier for N/2 objects, N/2 spilled, every other one\n"
+            "evicted, N/2 more spilled while compaction reclaims: both rates, segments\n"
+            "compacted, bytes copied, write amplification.\n");
 }
 
 static int ssd_size_opt(const char *flag, const char *arg, uint64_t min, uint64_t max,
@@ -951,6 +1028,7 @@ static int ssd_parse_opts(int argc, char **argv, ssd_opts_t *o)
         {"restart-objects", required_argument, NULL, 'r'},
         {"seconds", required_argument, NULL, 't'},
         {"sync-objects", required_argument, NULL, 'y'},
+        {"compact-objects", required_argument, NULL, 'c'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0}};
     *o = (ssd_opts_t){.dir = "/var/tmp",
@@ -987,6 +1065,9 @@ static int ssd_parse_opts(int argc, char **argv, ssd_opts_t *o)
             break;
         case 'y':
             bad = kvd_u64_parse(optarg, 0, 1ull << 24, &o->sync_objects) != KVD_OK;
+            break;
+        case 'c':
+            bad = kvd_u64_parse(optarg, 0, 1ull << 24, &o->compact_objects) != KVD_OK;
             break;
         case 'q': bad = kvd_u64_parse(optarg, 1, 4096, &o->queue_depth) != KVD_OK; break;
         case 't': bad = kvd_double_parse(optarg, 1, 3600, &o->seconds) != KVD_OK; break;
@@ -1047,6 +1128,8 @@ int bench_mode_ssd(int argc, char **argv)
         rc = run_throughput(&o, work, have_fio);
     if (rc == KVD_OK && o.sync_objects > 0)
         rc = run_sync_compare(&o, work);
+    if (rc == KVD_OK && o.compact_objects > 0)
+        rc = run_compact(&o, work);
     if (rc == KVD_OK && o.restart_objects > 0)
         rc = run_restart(&o, work, have_fio);
     ssd_rm_tree(work);
