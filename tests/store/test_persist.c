@@ -734,6 +734,60 @@ static void test_journal_full(void **state)
     kvd_store_destroy(s);
 }
 
+/* The rewrite of a broken journal backs off: while it keeps failing
+ * (RLIMIT_FSIZE below the snapshot's size), the tries come after 1 s, then
+ * 2, 4, ... (persist.c RETRY_MS, doubling up to RETRY_MAX_MS), not every
+ * second. Ticked every 20 ms for 7.5 s of the real clock: at most 3 tries
+ * (at about 1, 3 and 7 s; a retry each second would make 7), each gap at
+ * least the one scheduled (1 s after the break, then 2, then 4). Load only
+ * delays ticks, so both bounds hold on a busy machine; at least one try
+ * must have come (the first is due after 1 s). */
+static void test_repair_backoff(void **state)
+{
+    (void)state;
+    jopts_t o = {0};
+    uint32_t kv;
+    uint64_t lease;
+    struct rlimit old;
+    kvd_store_t *s = store_near_full(&o, &kv, &lease, 0, &old);
+    (void)lease;
+    /* an eviction that cannot be written breaks the journal */
+    key_t32 k;
+    mkkey(k, 1);
+    assert_int_equal(kvd_store_evict_key(s, kv, k), KVD_OK);
+    uint64_t broke = kvd_now_ns();
+    assert_int_equal(stats(s).journal_broken, 1);
+    /* no snapshot fits now: every rewrite fails */
+    struct rlimit lim = old;
+    lim.rlim_cur = sizeof(jnl_header_t) + 1;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    uint64_t errors = stats(s).journal_errors, tries[8], prev = broke;
+    size_t n = 0;
+    while (kvd_now_ns() - broke < 7500000000ull) {
+        kvd_store_expire(s, now_ms);
+        uint64_t e = stats(s).journal_errors;
+        if (e != errors && n < KVD_ARRAY_SIZE(tries))
+            tries[n++] = kvd_now_ns();
+        errors = e;
+        kvd_sleep_ns(20000000);
+    }
+    setrlimit(RLIMIT_FSIZE, &old);
+    print_message("rewrite tries at");
+    for (size_t i = 0; i < n; i++)
+        print_message(" %.2f s", (double)(tries[i] - broke) / 1e9);
+    print_message(" after the break\n");
+    assert_true(n >= 1 && n <= 3);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t gap_ms = (tries[i] - prev) / 1000000, want_ms = 1000ull << i;
+        if (gap_ms < want_ms)
+            fail_msg("try %zu came %llu ms after the one before, want at least %llu", i,
+                     (unsigned long long)gap_ms, (unsigned long long)want_ms);
+        prev = tries[i];
+    }
+    assert_int_equal(stats(s).journal_broken, 1);
+    kvd_store_destroy(s);
+}
+
 /* A publish whose write fails part way and whose torn bytes cannot be cut
  * back (ftruncate failing, injected): the journal may end in part of a
  * record, so it is marked invalid at once (not merely this publish
@@ -786,6 +840,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_random_with_compaction, setup, teardown),
         cmocka_unit_test_setup_teardown(test_journal_full, setup, teardown),
         cmocka_unit_test_setup_teardown(test_torn_uncut, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_repair_backoff, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
