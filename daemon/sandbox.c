@@ -11,6 +11,10 @@
 #include "kvd_common.h"
 
 #include <dlfcn.h>
+#include <limits.h>
+#include <link.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -320,22 +324,43 @@ int kvd_sandbox_enter(char *why, size_t cap)
 
 /* ---- the file system (Landlock): what the server may open at all */
 
-#include <linux/landlock.h>
-
-/* Landlock ABI 3 and 5 rights, where the headers are older */
-#ifndef LANDLOCK_ACCESS_FS_TRUNCATE
-#define LANDLOCK_ACCESS_FS_TRUNCATE (1ULL << 14)
+/* Landlock's ABI (linux/landlock.h), spelled out here so that older
+ * kernel headers build too: the calls then answer ENOSYS. Its numbers are
+ * the same on every architecture. */
+#ifndef SYS_landlock_create_ruleset
+#define SYS_landlock_create_ruleset 444
+#define SYS_landlock_add_rule       445
+#define SYS_landlock_restrict_self  446
 #endif
-#ifndef LANDLOCK_ACCESS_FS_IOCTL_DEV
-#define LANDLOCK_ACCESS_FS_IOCTL_DEV (1ULL << 15)
-#endif
+#define LANDLOCK_CREATE_RULESET_VERSION_ (1U << 0)
+#define LANDLOCK_RULE_PATH_BENEATH_      1
+#define LANDLOCK_ACCESS_FS_EXECUTE_      (1ULL << 0)
+#define LANDLOCK_ACCESS_FS_WRITE_FILE_   (1ULL << 1)
+#define LANDLOCK_ACCESS_FS_READ_FILE_    (1ULL << 2)
+#define LANDLOCK_ACCESS_FS_READ_DIR_     (1ULL << 3)
+#define LANDLOCK_ACCESS_FS_REFER_        (1ULL << 13) /* ABI 2 */
+#define LANDLOCK_ACCESS_FS_TRUNCATE_     (1ULL << 14) /* ABI 3 */
+#define LANDLOCK_ACCESS_FS_IOCTL_DEV_    (1ULL << 15) /* ABI 5 */
+/* rights a rule on a file (not a directory) may name */
+#define LL_FILE_RIGHTS                                              \
+    (LANDLOCK_ACCESS_FS_EXECUTE_ | LANDLOCK_ACCESS_FS_WRITE_FILE_ | \
+     LANDLOCK_ACCESS_FS_READ_FILE_ | LANDLOCK_ACCESS_FS_TRUNCATE_ | \
+     LANDLOCK_ACCESS_FS_IOCTL_DEV_)
 
-#define LL_READ                                                   \
-    (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_READ_DIR | \
-     LANDLOCK_ACCESS_FS_EXECUTE)
-#define LL_DEVICE                                                   \
-    (LANDLOCK_ACCESS_FS_READ_FILE | LANDLOCK_ACCESS_FS_WRITE_FILE | \
-     LANDLOCK_ACCESS_FS_IOCTL_DEV)
+struct ll_ruleset_attr {
+    uint64_t handled_access_fs;
+};
+struct ll_path_beneath_attr {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+
+#define LL_READ                                                     \
+    (LANDLOCK_ACCESS_FS_READ_FILE_ | LANDLOCK_ACCESS_FS_READ_DIR_ | \
+     LANDLOCK_ACCESS_FS_EXECUTE_)
+#define LL_DEVICE                                                     \
+    (LANDLOCK_ACCESS_FS_READ_FILE_ | LANDLOCK_ACCESS_FS_WRITE_FILE_ | \
+     LANDLOCK_ACCESS_FS_IOCTL_DEV_)
 
 /* What the server reads once it runs (from strace of the tcp transport:
  * /proc/net/route on every interface query, which is /proc/self/net) and
@@ -370,10 +395,63 @@ static const struct {
     {"/dev/urandom", LL_DEVICE},
 };
 
+/* Allows access beneath path (a file: only the file rights of it). A path
+ * that is not here is left out. keep: the descriptor stays open for the
+ * process's life, for a procfs directory whose inode must not be made
+ * again by a later lookup (a rule names an inode). */
+static int ll_allow(int rs, const char *path, uint64_t access, uint64_t handled,
+                    bool keep, char *why, size_t cap)
+{
+    int fd = open(path, O_PATH | O_CLOEXEC);
+    if (fd < 0)
+        return KVD_OK;
+    struct stat st;
+    access &= handled;
+    if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode))
+        access &= LL_FILE_RIGHTS;
+    struct ll_path_beneath_attr pb = {.allowed_access = access, .parent_fd = fd};
+    int rc = KVD_OK;
+    if (syscall(SYS_landlock_add_rule, rs, LANDLOCK_RULE_PATH_BENEATH_, &pb, 0) != 0) {
+        int err = errno;
+        snprintf(why, cap, "landlock_add_rule(%s): %s", path, strerror(err));
+        rc = kvd_status_from_errno(err);
+    }
+    if (!keep || rc != KVD_OK)
+        close(fd);
+    return rc;
+}
+
+/* The directories the loaded objects came from (a UCX or rdma-core under
+ * /opt, a spack or conda tree): their modules and providers are loaded
+ * from beside them. */
+typedef struct ll_dirs {
+    int rs;
+    uint64_t handled;
+    int rc;
+    char *why;
+    size_t cap;
+} ll_dirs_t;
+
+static int ll_object_dir(struct dl_phdr_info *info, size_t size, void *arg)
+{
+    (void)size;
+    ll_dirs_t *d = arg;
+    if (d->rc != KVD_OK || info->dlpi_name == NULL || info->dlpi_name[0] != '/')
+        return 0;
+    char dir[PATH_MAX];
+    kvd_strlcpy(dir, info->dlpi_name, sizeof(dir));
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL && slash != dir) {
+        *slash = '\0';
+        d->rc = ll_allow(d->rs, dir, LL_READ, d->handled, false, d->why, d->cap);
+    }
+    return 0;
+}
+
 int kvd_sandbox_confine_files(char *why, size_t cap)
 {
     long abi =
-        syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION);
+        syscall(SYS_landlock_create_ruleset, NULL, 0, LANDLOCK_CREATE_RULESET_VERSION_);
     if (abi < 1) {
         int err = errno;
         snprintf(why, cap, "Landlock: %s",
@@ -384,14 +462,14 @@ int kvd_sandbox_confine_files(char *why, size_t cap)
                                                   : kvd_status_from_errno(err);
     }
     /* every right this kernel knows: a right left unhandled is allowed */
-    uint64_t handled = (LANDLOCK_ACCESS_FS_REFER << 1) - 1; /* ABI 1 and 2 */
+    uint64_t handled = (LANDLOCK_ACCESS_FS_REFER_ << 1) - 1; /* ABI 1 and 2 */
     if (abi < 2)
-        handled &= ~LANDLOCK_ACCESS_FS_REFER;
+        handled &= ~LANDLOCK_ACCESS_FS_REFER_;
     if (abi >= 3)
-        handled |= LANDLOCK_ACCESS_FS_TRUNCATE;
+        handled |= LANDLOCK_ACCESS_FS_TRUNCATE_;
     if (abi >= 5)
-        handled |= LANDLOCK_ACCESS_FS_IOCTL_DEV;
-    struct landlock_ruleset_attr attr = {.handled_access_fs = handled};
+        handled |= LANDLOCK_ACCESS_FS_IOCTL_DEV_;
+    struct ll_ruleset_attr attr = {.handled_access_fs = handled};
     int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof(attr), 0);
     if (rs < 0) {
         int err = errno;
@@ -399,25 +477,22 @@ int kvd_sandbox_confine_files(char *why, size_t cap)
         return kvd_status_from_errno(err);
     }
     int rc = KVD_OK;
-    for (size_t i = 0; rc == KVD_OK && i < KVD_ARRAY_SIZE(ll_rules); i++) {
-        int fd = open(ll_rules[i].path, O_PATH | O_CLOEXEC);
-        if (fd < 0)
-            continue; /* not on this host: nothing to allow */
-        struct stat st;
-        uint64_t access = ll_rules[i].access & handled;
-        /* a rule on a file may name only rights a file has */
-        if (fstat(fd, &st) == 0 && !S_ISDIR(st.st_mode))
-            access &= ~(uint64_t)LANDLOCK_ACCESS_FS_READ_DIR;
-        struct landlock_path_beneath_attr pb = {.allowed_access = access,
-                                                .parent_fd = fd};
-        if (syscall(SYS_landlock_add_rule, rs, LANDLOCK_RULE_PATH_BENEATH, &pb, 0) != 0) {
-            int err = errno;
-            snprintf(why, cap, "landlock_add_rule(%s): %s", ll_rules[i].path,
-                     strerror(err));
-            rc = kvd_status_from_errno(err);
-        }
-        close(fd);
-    }
+    for (size_t i = 0; rc == KVD_OK && i < KVD_ARRAY_SIZE(ll_rules); i++)
+        rc = ll_allow(rs, ll_rules[i].path, ll_rules[i].access, handled,
+                      strcmp(ll_rules[i].path, "/proc/self") == 0, why, cap);
+    ll_dirs_t d = {.rs = rs, .handled = handled, .rc = rc, .why = why, .cap = cap};
+    if (rc == KVD_OK)
+        dl_iterate_phdr(ll_object_dir, &d);
+    rc = d.rc;
+    /* and where the loader was told to look */
+    const char *ld = getenv("LD_LIBRARY_PATH");
+    char paths[4096];
+    kvd_strlcpy(paths, ld ? ld : "", sizeof(paths));
+    char *save = NULL;
+    for (char *p = strtok_r(paths, ":", &save); rc == KVD_OK && p != NULL;
+         p = strtok_r(NULL, ":", &save))
+        if (p[0] == '/')
+            rc = ll_allow(rs, p, LL_READ, handled, false, why, cap);
     if (rc == KVD_OK && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
         int err = errno;
         snprintf(why, cap, "prctl(PR_SET_NO_NEW_PRIVS): %s", strerror(err));

@@ -59,9 +59,12 @@ int kvd_sandbox_enter(char *why, size_t cap);
  * loader, this process's own /proc/PID, /proc/sys and a few /proc and
  * /sys facts, and the RDMA devices (read and write); everything else (the
  * daemon's journal and auth files, other processes' /proc entries, home
- * directories) is refused with EACCES. Landlock has no TSYNC: called while
- * the process has one thread (before UCX starts), so that every thread it
- * makes later is confined too. KVD_OK, KVD_ERR_UNSUPPORTED (a kernel
+ * directories) is refused with EACCES. Readable too: the directories of
+ * the objects loaded (dl_iterate_phdr) and of LD_LIBRARY_PATH, where UCX's modules
+ * and rdma-core's providers may live outside /usr. Landlock has no TSYNC:
+ * called while the process has one thread (before UCX starts), so that
+ * every thread it makes later is confined too (a TSan build's runtime
+ * thread, made at exec, is not). KVD_OK, KVD_ERR_UNSUPPORTED (a kernel
  * without Landlock, or with it disabled) or the errno of a call, with the
  * reason in why. Not undone.
  */

@@ -9,13 +9,13 @@
  *     credential; the same Stats without the check is served;
  *   - the operator (the daemon's own uid) gets it: checked, no error, and
  *     the time it held the loop (check_us);
- *   - after a check of 10 ms or more (200,000 objects here, 40,000 in the
- *     sanitizers' builds), the next one
- *     asked at once is refused with KVD_ERR_BUSY, saying when it may run
- *     (so checks take at most 1 % of the loop's time); once that time has
- *     passed it runs again. A machine fast enough to check 200,000 objects
- *     in under 10 ms is not throttled: then the second check must run, and
- *     the test says the refusal was not exercised;
+ *   - the checks' time is a leaky bucket (at most 1 % of the loop's, in
+ *     bursts of 10 ms): after a check of 20 ms or more (200,000 objects
+ *     here, 40,000 in the sanitizers' builds) the next one asked at once is
+ *     refused with KVD_ERR_BUSY, saying when it may run (99 times what the
+ *     first took beyond the burst); once that time has passed it runs
+ *     again. A machine that checks them in under 20 ms leaves too short a
+ *     refusal to assert: the test then accepts either answer and says so;
  *   - the tenant is refused for the permission, not the throttle;
  *   - `kvdock stats --check` is the second check: refused, saying when;
  *   - the daemon exits 0 on SIGTERM with a clean log.
@@ -33,13 +33,20 @@
 /* enough for a check of 10 ms or more: 35 ms here in a release build,
  * and the sanitizers' builds are 3 to 15 times slower (fewer objects keep
  * their fill and the throttle's wait short) */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#ifndef __has_feature
+#define __has_feature(x) 0
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || \
+    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
 #define N_OBJ 40000u
 #else
 #define N_OBJ 200000u
 #endif
-#define BATCH    4096u
-#define FREE_US  10000u /* server.c CHECK_FREE_NS */
+#define BATCH   4096u
+#define FREE_US 10000u /* server.c CHECK_FREE_NS: the checks' burst */
+/* a first check this long leaves a refusal of 99 x (it - FREE_US) >= 1 s:
+ * time enough for the CLI to start and ask */
+#define SURE_US  20000u
 #define WAIT_MAX 30000u /* the longest throttle this test waits out, ms */
 
 static bool fill(ts_client_t *t)
@@ -88,14 +95,18 @@ static void throttled(const char *socket, kvd_client_t *c, kvd_client_t *tenant,
 {
     static char out[16384];
     int st = cli_check(socket, out, sizeof(out));
-    if (first_us < FREE_US) {
-        DT_CHECK(st == 0 &&
-                     strstr(out, "invariant check: ok (the daemon waited ") != NULL,
+    uint64_t refused_at = kvd_now_ns();
+    if (first_us < SURE_US) {
+        /* under the burst: served; a little over it: a refusal so short the
+         * CLI may come after it */
+        bool ok =
+            st == 0 && strstr(out, "invariant check: ok (the daemon waited ") != NULL;
+        DT_CHECK(ok || (first_us >= FREE_US && strstr(out, "next may run in ") != NULL),
                  "kvdock stats --check after a check of %llu us exited %d:\n%s",
                  (unsigned long long)first_us, st, out);
-        printf("the check of %u objects took %llu us, under the %u us the throttle "
-               "starts at: its refusal was not exercised on this machine\n",
-               N_OBJ, (unsigned long long)first_us, FREE_US);
+        printf("the check of %u objects took %llu us, under the %u us that make a "
+               "refusal sure: its refusal was not asserted on this machine\n",
+               N_OBJ, (unsigned long long)first_us, SURE_US);
         return;
     }
     const char *in = strstr(out, "next may run in ");
@@ -105,15 +116,18 @@ static void throttled(const char *socket, kvd_client_t *c, kvd_client_t *tenant,
                   (unsigned long long)first_us, st, out))
         return;
     unsigned long wait_ms = strtoul(in + strlen("next may run in "), NULL, 10);
-    /* 99 times the first check's time, from its end */
-    DT_CHECK(wait_ms >= 1 && wait_ms <= first_us * 99 / 1000 + 1,
+    /* 99 times what the first check took beyond the burst, from its end */
+    DT_CHECK(wait_ms >= 1 && wait_ms <= (first_us - FREE_US) * 99 / 1000 + 2,
              "it says %lu ms after a check of %llu us", wait_ms,
              (unsigned long long)first_us);
     tenant_refused(tenant, "while throttled");
     ts_stats_t s;
-    st = ts_stats(c, true, &s);
-    DT_CHECK(st == KVD_ERR_BUSY, "a check over the RPC while throttled: %s '%s'",
-             kvd_status_str(st), s.error);
+    /* still inside the refusal (a busy machine may have used it up) */
+    if ((kvd_now_ns() - refused_at) / 1000000 < wait_ms / 2) {
+        st = ts_stats(c, true, &s);
+        DT_CHECK(st == KVD_ERR_BUSY, "a check over the RPC while throttled: %s '%s'",
+                 kvd_status_str(st), s.error);
+    }
     if (wait_ms > WAIT_MAX) {
         printf("not waiting out a throttle of %lu ms\n", wait_ms);
         return;
