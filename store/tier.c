@@ -68,9 +68,14 @@
 /* The largest value compaction copies (a bounce buffer of the executor
  * per copy in flight); larger records of a compacted segment are evicted. */
 #define COPY_MAX_BYTES (16u << 20)
-/* Copies in flight at most: each holds a bounce buffer of up to
- * COPY_MAX_BYTES in the executor. */
-#define COPIES_MAX 4
+/* Copies in flight at most, and their values' bytes at most: each holds a
+ * bounce buffer of its value in the executor, so the copies' memory is at
+ * most COPY_BYTES_MAX (plus a block each). Copies wait behind the spills
+ * of a deep queue (~30 ms an op on a disk of 1 GB/s at depth 32), and a
+ * segment is freed only once all its live records are copied: 16 of 1 MiB
+ * reclaim faster than 4 (bench/RESULTS.md, "compaction"). */
+#define COPIES_MAX     16
+#define COPY_BYTES_MAX (4ull * COPY_MAX_BYTES)
 /* Copies of one compaction that may be tried again after their write
  * failed (the source stays good): past it, what is left is evicted. */
 #define COPY_RETRIES_MAX 8
@@ -147,9 +152,10 @@ struct tier {
     uint64_t tier_id, seq;
     uint32_t seg_blocks, n_segs, page_blocks;
     seg_t *segs;
-    uint32_t head;      /* the spills' head segment, or NO_SEG */
-    uint32_t copy_head; /* compaction's */
-    uint32_t copies;    /* compaction copies in flight */
+    uint32_t head;       /* the spills' head segment, or NO_SEG */
+    uint32_t copy_head;  /* compaction's */
+    uint32_t copies;     /* compaction copies in flight */
+    uint64_t copy_bytes; /* ... the bytes of their values */
     /* promotions waiting for an executor slot (SSD records, REC_F_PROMOTING
      * set): started ahead of any copy or spill */
     uint32_t *promote_q, n_promote_q, cap_promote_q;
@@ -788,7 +794,9 @@ static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
     seg_t *g = &t->segs[id];
     const rec_t *r = R(s, i);
     uint32_t blocks = rec_blocks(t, r);
+    uint64_t value = block_bytes(blocks - 1);
     if (t->n_free_ops == 0 || t->copies >= COPIES_MAX ||
+        t->copy_bytes + value > COPY_BYTES_MAX ||
         t->spills + t->copies >= background_slots(t))
         return KVD_ERR_BUSY;
     uint32_t dst = place_take(t, blocks, true);
@@ -823,6 +831,7 @@ static int copy_submit(kvd_store_t *s, uint32_t id, uint32_t i)
                       .t0_ns = f->t0_ns};
     g->reads++;
     t->copies++;
+    t->copy_bytes += value;
     return KVD_OK;
 }
 
@@ -1266,10 +1275,12 @@ size_t kvd_store_tier_poll(kvd_store_t *s, uint64_t now_ms)
             f->written = done[k].status == KVD_OK;
             f->status = done[k].status;
             f->write_failed = done[k].write_failed;
-            if (f->kind == OP_SPILL)
+            if (f->kind == OP_SPILL) {
                 t->spills--;
-            else
+            } else {
                 t->copies--;
+                t->copy_bytes -= block_bytes(f->blocks - 1);
+            }
             if (done[k].status != KVD_OK)
                 write_pad(t, write_loc(f), f->blocks);
         }

@@ -37,9 +37,10 @@
  * Shutdown (tio_destroy): `stopping` is set and the threads woken; they
  * do every op still pending or in the ring (disk ops: bounded), then
  * exit; completions are dropped with the queues. Memory: besides the
- * queues, a header block per slot or worker, and a bounce buffer of
- * max_value_bytes + 4 KiB per COPY in flight (freed at its end: the tier
- * keeps few copies in flight), all charged to KVD_MEM_STAGING.
+ * queues, a header block per slot or worker, and a bounce buffer of the
+ * copied value + 4 KiB per COPY in flight (freed at its end; the tier
+ * bounds the bytes of its copies in flight), all charged to
+ * KVD_MEM_STAGING.
  */
 #include "tier_io.h"
 
@@ -137,13 +138,18 @@ static void tio_buf_free(tio_buf_t *b)
 }
 
 /* Gives the COPY bounce buffer of a slot or worker, allocated for each COPY
- * and freed at its end: header block and the largest value. NULL when out
- * of memory. */
-static uint8_t *tio_bounce(const tio_t *t, tio_buf_t *b)
+ * and freed at its end: header block and op's value (at most
+ * max_value_bytes). NULL when out of memory or too large. */
+static uint8_t *tio_bounce(const tio_t *t, const tio_op_t *op, tio_buf_t *b)
 {
-    if (b->raw == NULL && tio_buf_alloc(b, SEG_BLOCK + t->o.max_value_bytes) != KVD_OK) {
+    if (op->value_bytes > t->o.max_value_bytes) {
+        KVD_ERROR("tier_io", "a copy of %" PRIu64 " bytes, over the %" PRIu64 " allowed",
+                  op->value_bytes, t->o.max_value_bytes);
+        return NULL;
+    }
+    if (b->raw == NULL && tio_buf_alloc(b, SEG_BLOCK + op->value_bytes) != KVD_OK) {
         KVD_ERROR("tier_io", "no memory for a bounce buffer of %" PRIu64 " bytes",
-                  SEG_BLOCK + t->o.max_value_bytes);
+                  SEG_BLOCK + op->value_bytes);
         return NULL;
     }
     return b->p;
@@ -457,7 +463,7 @@ static int psync_copy(tio_t *t, psync_worker_t *w, const tio_op_t *op, int *err,
                       bool *write_failed)
 {
     seg_rec_hdr_t hdr;
-    uint8_t *b = tio_bounce(t, &w->bounce);
+    uint8_t *b = tio_bounce(t, op, &w->bounce);
     if (b == NULL)
         return KVD_ERR_NOMEM;
     int rc = psync_rw2(op, false, op->fd, b, b + SEG_BLOCK, op->value_bytes, op->file_off,
@@ -694,7 +700,7 @@ static void uring_start_op(tio_t *t, const tio_op_t *op)
     ur_slot_t *s = &u->slots[u->free_head];
     uint8_t *value = (uint8_t *)t->o.pool_base + op->pool_off;
     bool w = op->kind == TIO_WRITE;
-    if (op->kind == TIO_COPY && tio_bounce(t, &s->bounce) == NULL) {
+    if (op->kind == TIO_COPY && tio_bounce(t, op, &s->bounce) == NULL) {
         tio_finish(t, op, KVD_ERR_NOMEM, 0, NULL, false);
         return;
     }
