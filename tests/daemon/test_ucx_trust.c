@@ -41,6 +41,7 @@
 #include "dtest.h"
 #include "kvd_transport.h"
 #include "test_store_util.h"
+#include "ucx_stranger.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -130,18 +131,7 @@ static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t st)
 
 static int attacker_init(void)
 {
-    ucp_config_t *cfg = NULL;
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
-        return -1;
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                      .features = UCP_FEATURE_RMA | UCP_FEATURE_AM};
-    ucs_status_t st = ucp_init(&p, cfg, &A.ctx);
-    ucp_config_release(cfg);
-    if (st != UCS_OK)
-        return -1;
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    if (ucp_worker_create(A.ctx, &wp, &A.worker) != UCS_OK)
+    if (ucx_stranger_open(NULL, &A.ctx, &A.worker) != 0)
         return -1;
     for (unsigned id = AM_ACK; id <= AM_DATA; id++) {
         ucp_am_handler_param_t hp = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |

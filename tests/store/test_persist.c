@@ -652,37 +652,69 @@ static void test_random_with_compaction(void **state)
 
 /* -------------------------------------------------------- write failure */
 
+/* A store near its journal's file-size limit: its options (for a
+ * restart), its namespace, the lease of keys 11 and 12, and the limit to
+ * put back. */
+typedef struct near_full {
+    jopts_t o;
+    uint32_t kv;
+    uint64_t lease;
+    struct rlimit old;
+} near_full_t;
+
 /* A store with one published chain (keys 1, 2) and a reservation of keys
- * 11, 12 (*lease), whose journal file may grow by `room` bytes more
- * (RLIMIT_FSIZE; SIGXFSZ ignored, so a write past it fails with EFBIG).
- * *old is the limit to put back. */
-static kvd_store_t *store_near_full(jopts_t *o, uint32_t *kv, uint64_t *lease, off_t room,
-                                    struct rlimit *old)
+ * 11, 12 (nf->lease), whose journal file may grow by `room` bytes more
+ * (RLIMIT_FSIZE; SIGXFSZ ignored, so a write past it fails with EFBIG). */
+static kvd_store_t *store_near_full(near_full_t *nf, off_t room)
 {
-    o->created = true;
-    kvd_store_t *s = open_store(o, NULL, NULL, NULL);
-    o->created = false;
-    *kv = reg(s, "kv", OBJ);
-    publish(s, reserve_chain(s, *kv, 0, 2, NULL));
-    *lease = reserve_chain(s, *kv, 10, 2, NULL);
+    *nf = (near_full_t){.o = {.created = true}};
+    kvd_store_t *s = open_store(&nf->o, NULL, NULL, NULL);
+    nf->o.created = false;
+    nf->kv = reg(s, "kv", OBJ);
+    publish(s, reserve_chain(s, nf->kv, 0, 2, NULL));
+    nf->lease = reserve_chain(s, nf->kv, 10, 2, NULL);
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
-    getrlimit(RLIMIT_FSIZE, old);
-    struct rlimit lim = *old;
+    getrlimit(RLIMIT_FSIZE, &nf->old);
+    struct rlimit lim = nf->old;
     lim.rlim_cur = (rlim_t)(st.st_size + room);
     signal(SIGXFSZ, SIG_IGN);
     assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
     return s;
 }
 
+/* The journal's header says it is invalid: a restart would discard it. */
+static void check_journal_invalid(void)
+{
+    jnl_header_t h;
+    int fd = open(path, O_RDONLY);
+    assert_int_equal(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
+    close(fd);
+    assert_true(h.flags & JNL_F_INVALID);
+}
+
+/* Publishes lease once a tick has written the broken journal again (its
+ * rewrite waits a second of the real clock; the store's clock stays, so
+ * the lease lives): the last publish's status, within 5 s. */
+static int publish_once_repaired(kvd_store_t *s, uint64_t lease)
+{
+    uint64_t until = kvd_now_ns() + 5000000000ull;
+    int rc;
+    while ((rc = kvd_store_publish(s, OWNER, lease, NULL, 0)) == KVD_ERR_IO &&
+           kvd_now_ns() < until) {
+        kvd_sleep_ns(50000000);
+        kvd_store_expire(s, now_ms);
+    }
+    return rc;
+}
+
 static void test_journal_full(void **state)
 {
     (void)state;
-    jopts_t o = {0};
-    uint32_t kv;
-    uint64_t lease;
-    struct rlimit old;
-    kvd_store_t *s = store_near_full(&o, &kv, &lease, 0, &old); /* not one more byte */
+    near_full_t nf;
+    kvd_store_t *s = store_near_full(&nf, 0); /* not one more byte */
+    uint32_t kv = nf.kv;
+    uint64_t lease = nf.lease;
     struct stat st;
 
     /* a publish that cannot be written fails and changes nothing */
@@ -700,34 +732,21 @@ static void test_journal_full(void **state)
     assert_int_equal(kvd_store_evict_key(s, kv, k), KVD_OK);
     assert_true(stats(s).journal_errors >= 2);
     assert_int_equal(kvd_store_publish(s, OWNER, lease, NULL, 0), KVD_ERR_IO);
-    setrlimit(RLIMIT_FSIZE, &old);
+    setrlimit(RLIMIT_FSIZE, &nf.old);
 
     /* a restart now would discard it, not misread it */
-    jnl_header_t h;
-    int fd = open(path, O_RDONLY);
-    assert_int_equal(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-    close(fd);
-    assert_true(h.flags & JNL_F_INVALID);
+    check_journal_invalid();
     /* and its records' space is free for the rewrite: only the header stays */
     assert_int_equal(stat(path, &st), 0);
     assert_int_equal((uint64_t)st.st_size, sizeof(jnl_header_t));
     assert_int_equal(stats(s).journal_broken, 1);
 
-    /* once it can be written, a tick writes it again (retried each second
-     * of the real clock; the store's clock stays, so the lease lives) and
-     * publishes work */
-    uint64_t until = kvd_now_ns() + 5000000000ull; /* the retry waits a second */
-    int rc;
-    while ((rc = kvd_store_publish(s, OWNER, lease, NULL, 0)) == KVD_ERR_IO &&
-           kvd_now_ns() < until) {
-        kvd_sleep_ns(50000000);
-        kvd_store_expire(s, now_ms);
-    }
-    assert_int_equal(rc, KVD_OK);
+    /* once it can be written, a tick writes it again and publishes work */
+    assert_int_equal(publish_once_repaired(s, lease), KVD_OK);
     assert_int_equal(stats(s).journal_broken, 0);
     kvd_store_destroy(s);
     kvd_store_recovery_t rec;
-    s = open_store(&o, &rec, NULL, NULL);
+    s = open_store(&nf.o, &rec, NULL, NULL);
     assert_int_equal(rec.objects, 3); /* key 2, and 11, 12 */
     assert_int_equal(inspect(s, kv, 1, NULL), KVD_ERR_NOT_FOUND);
     assert_int_equal(inspect(s, kv, 11, NULL), KVD_OK);
@@ -745,20 +764,16 @@ static void test_journal_full(void **state)
 static void test_repair_backoff(void **state)
 {
     (void)state;
-    jopts_t o = {0};
-    uint32_t kv;
-    uint64_t lease;
-    struct rlimit old;
-    kvd_store_t *s = store_near_full(&o, &kv, &lease, 0, &old);
-    (void)lease;
+    near_full_t nf;
+    kvd_store_t *s = store_near_full(&nf, 0);
     /* an eviction that cannot be written breaks the journal */
     key_t32 k;
     mkkey(k, 1);
-    assert_int_equal(kvd_store_evict_key(s, kv, k), KVD_OK);
+    assert_int_equal(kvd_store_evict_key(s, nf.kv, k), KVD_OK);
     uint64_t broke = kvd_now_ns();
     assert_int_equal(stats(s).journal_broken, 1);
     /* no snapshot fits now: every rewrite fails */
-    struct rlimit lim = old;
+    struct rlimit lim = nf.old;
     lim.rlim_cur = sizeof(jnl_header_t) + 1;
     assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
     uint64_t errors = stats(s).journal_errors, tries[8], prev = broke;
@@ -771,7 +786,7 @@ static void test_repair_backoff(void **state)
         errors = e;
         kvd_sleep_ns(20000000);
     }
-    setrlimit(RLIMIT_FSIZE, &old);
+    setrlimit(RLIMIT_FSIZE, &nf.old);
     print_message("rewrite tries at");
     for (size_t i = 0; i < n; i++)
         print_message(" %.2f s", (double)(tries[i] - broke) / 1e9);
@@ -797,32 +812,18 @@ static void test_repair_backoff(void **state)
 static void test_torn_uncut(void **state)
 {
     (void)state;
-    jopts_t o = {0};
-    uint32_t kv;
-    uint64_t lease;
-    struct rlimit old;
+    near_full_t nf;
     /* the publish record is cut short */
-    kvd_store_t *s = store_near_full(&o, &kv, &lease, 5, &old);
+    kvd_store_t *s = store_near_full(&nf, 5);
     kvd_store_journal_fail_cuts(s, 1);
-    assert_int_equal(kvd_store_publish(s, OWNER, lease, NULL, 0), KVD_ERR_IO);
-    setrlimit(RLIMIT_FSIZE, &old);
+    assert_int_equal(kvd_store_publish(s, OWNER, nf.lease, NULL, 0), KVD_ERR_IO);
+    setrlimit(RLIMIT_FSIZE, &nf.old);
     assert_int_equal(stats(s).journal_broken, 1);
-    jnl_header_t h;
-    int fd = open(path, O_RDONLY);
-    assert_int_equal(pread(fd, &h, sizeof(h), 0), (ssize_t)sizeof(h));
-    close(fd);
-    assert_true(h.flags & JNL_F_INVALID);
-    uint64_t until = kvd_now_ns() + 5000000000ull;
-    int rc;
-    while ((rc = kvd_store_publish(s, OWNER, lease, NULL, 0)) == KVD_ERR_IO &&
-           kvd_now_ns() < until) {
-        kvd_sleep_ns(50000000);
-        kvd_store_expire(s, now_ms);
-    }
-    assert_int_equal(rc, KVD_OK);
+    check_journal_invalid();
+    assert_int_equal(publish_once_repaired(s, nf.lease), KVD_OK);
     kvd_store_destroy(s);
     kvd_store_recovery_t rec;
-    s = open_store(&o, &rec, NULL, NULL);
+    s = open_store(&nf.o, &rec, NULL, NULL);
     assert_int_equal(rec.objects, 4);
     check_ok(s);
     kvd_store_destroy(s);

@@ -26,6 +26,7 @@
  */
 #include "kvd_common.h"
 #include "kvd_transport.h"
+#include "ucx_stranger.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -61,21 +62,8 @@ static attacker_t A;
 
 static int attacker_init(void)
 {
-    ucp_config_t *cfg = NULL;
-    if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK)
-        return -1;
     /* over TCP only: the worker side is attacked from another host */
-    ucs_status_t st = ucp_config_modify(cfg, "TLS", "tcp");
-    ucp_params_t p = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-                      .features = UCP_FEATURE_RMA | UCP_FEATURE_AM};
-    if (st == UCS_OK)
-        st = ucp_init(&p, cfg, &A.ctx);
-    ucp_config_release(cfg);
-    if (st != UCS_OK)
-        return -1;
-    ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-                              .thread_mode = UCS_THREAD_MODE_SINGLE};
-    if (ucp_worker_create(A.ctx, &wp, &A.worker) != UCS_OK)
+    if (ucx_stranger_open("tcp", &A.ctx, &A.worker) != 0)
         return -1;
     memset(A.local, 0xee, sizeof(A.local));
     ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
