@@ -849,20 +849,17 @@ static int serve(child_t *c)
     return status;
 }
 
-/*
- * The transports the UCX server may open (see ucxd.h): those that hold a
- * peer to what this process registered, in the NIC (rc, dc; self reaches
- * only this process). With --ucx-tcp also TCP and UD, which write a raw
- * put request's bytes wherever the peer says (UCT's own, below UCP).
+/* Starts UCX for the pool on the transports the UCX server may open (see
+ * ucxd.h): those that hold a peer to what this process registered, in the
+ * NIC (kvd_ucx_tl_enforces_rma: rc, dc; self reaches only this process),
+ * and with --ucx-tcp also TCP and UD (kvd_ucx_tl_network), which write a
+ * raw put request's bytes wherever the peer says (UCT's own, below UCP).
  * Never UCX's shared-memory ones: next to a network transport, a peer that
  * claims to share this host makes the server attach the segment its
  * address names (posix: /proc/PID/fd/FD of any process of this user;
  * cma: process_vm_readv/writev of the PID it names), and in UCX 1.13 they
  * cannot report a dead peer, which a kvdock worker's endpoint requires.
- */
-
-/* Starts UCX for the pool, on the transports above only: without RMA
- * first; with it only where every transport the context opened enforces
+ * Without RMA first; with it only where every transport the context opened enforces
  * the registration (see ucxd.h), checked again on the context that has
  * it. KVD_ERR_UNSUPPORTED (what was left out in dropped) when none of
  * them is here. */
