@@ -235,6 +235,25 @@ void kvd_key_to_hex(const uint8_t key[KVD_KEY_BYTES], char out[65]);
 /* Parses 64 hex digits. Returns KVD_ERR_INVALID on anything else. */
 int kvd_key_from_hex(const char *hex, uint8_t key[KVD_KEY_BYTES]);
 
+/* ------------------------------------------------------------ pool guard */
+
+/*
+ * Keeps this process alive when the shared pool file it maps at base
+ * (bytes long, from descriptor fd) is cut short under it: the named pool
+ * file cannot be sealed, and any same-host writer may ftruncate it. A
+ * SIGBUS inside a guarded mapping gives the file its size back (through a
+ * duplicate of fd, where it is writable) or waits up to 3 s for the daemon
+ * to do it, then lets the access run again: the lost bytes read as zeros,
+ * and the daemon drops the objects that were there. Other SIGBUS go to the
+ * handler that was installed before the first add, or kill as by default.
+ * Up to 16 mappings; KVD_ERR_NO_SPACE beyond. Remove before unmapping.
+ * The handler is process-wide and stays installed.
+ */
+int kvd_pool_guard_add(void *base, uint64_t bytes, int fd);
+void kvd_pool_guard_remove(void *base);
+/* Faults the guard repaired in this process, since it started. */
+uint64_t kvd_pool_guard_repairs(void);
+
 /* ------------------------------------------------------------- checksums */
 
 /*

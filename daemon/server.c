@@ -71,6 +71,7 @@ typedef enum src_kind {
     SRC_TIMER,
     SRC_UCX,
     SRC_TIER,    /* the SSD tier's completions */
+    SRC_POOL,    /* the pool file was modified (kvd_pool_watch_fd) */
     SRC_CLUSTER, /* the cluster's view changed (cluster.h) */
     SRC_PEERS,   /* requests to peer daemons ended (peers.h) */
     SRC_CONN,
@@ -126,6 +127,7 @@ struct kvd_server {
     kvd_ucxd_t *ucxd;
     src_t ucx_src;
     src_t tier_src;
+    src_t pool_src; /* inotify on the pool file; fd -1 without */
     /* the cluster (--cluster-etcd; NULL for a single-node store): its
      * thread's eventfd, and the view the loop last took */
     kvd_cluster_t *cluster;
@@ -2214,6 +2216,14 @@ int kvd_server_create(const kvd_opts_t *opts, kvd_pool_t *pool, kvd_auth_t *auth
                              .it_value = {0, TICK_MS * 1000000L}};
     timerfd_settime(s->timer.fd, 0, &its, NULL);
     s->tier_src = (src_t){SRC_TIER, kvd_store_tier_fd(s->store)};
+    s->pool_src = (src_t){SRC_POOL, kvd_pool_watch_fd(s->pool)};
+    if (s->pool_src.fd < 0)
+        KVD_WARN("server",
+                 "no inotify watch of the pool file (%s): a writer that "
+                 "destroys bytes of it is found at the next tick",
+                 strerror(errno));
+    else if ((rc = watch(s, &s->pool_src, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK)
+        goto fail;
     if ((rc = watch(s, &s->sig, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
         (rc = watch(s, &s->timer, EPOLLIN, EPOLL_CTL_ADD)) != KVD_OK ||
         (s->tier_src.fd >= 0 &&
@@ -2345,6 +2355,23 @@ static void start_drain(kvd_server_t *s, int signo)
 }
 
 /* Returns 0 to go on, 1 on a fatal pool error. */
+static void pool_lost(void *arg, uint64_t offset, uint64_t bytes)
+{
+    kvd_server_t *s = arg;
+    uint64_t n = kvd_store_pool_lost(s->store, offset, bytes);
+    if (n > 0)
+        KVD_WARN("server", "%llu objects lost their bytes at %llu (+%llu): dropped",
+                 (unsigned long long)n, (unsigned long long)offset,
+                 (unsigned long long)bytes);
+}
+
+/* Bytes of the pool file a same-host writer destroyed (cut short, holes
+ * punched): the file made whole again, the objects there dropped. */
+static void pool_damage_check(kvd_server_t *s)
+{
+    kvd_pool_damage_check(s->pool, pool_lost, s);
+}
+
 static int on_tick(kvd_server_t *s)
 {
     uint64_t expirations;
@@ -2372,6 +2399,7 @@ static int on_tick(kvd_server_t *s)
         s->ucx_src.fd = -1; /* closed: epoll forgot it */
     }
     conn_timeouts(s, now);
+    pool_damage_check(s); /* one fstat; a change the watch raced */
     kvd_store_tier_poll(s->store, now / 1000000); /* reclaim, spills, checkpoints */
     size_t expired = kvd_store_expire(s->store, now / 1000000);
     if (expired > 0)
@@ -2460,6 +2488,10 @@ int kvd_server_run(kvd_server_t *s)
                     return 1;
                 break;
             case SRC_TIER: kvd_store_tier_poll(s->store, kvd_now_ns() / 1000000); break;
+            case SRC_POOL:
+                kvd_pool_watch_drain(s->pool);
+                pool_damage_check(s);
+                break;
             case SRC_CLUSTER: on_cluster(s); break;
             case SRC_PEERS: kvd_peers_poll(s->peers); break;
             case SRC_UCX:

@@ -932,11 +932,17 @@ int kvd_ucxd_main(int argc, char **argv)
     bool sandbox = strcmp(argv[7], "sandbox") == 0;
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     void *pool = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (int)pool_fd, 0);
-    close((int)pool_fd);
     if (pool == MAP_FAILED) {
         KVD_ERROR("ucxd", "cannot map the pool: %s", strerror(errno));
         return 1;
     }
+    /* a same-host writer may cut the pool file short while a get is read
+     * out of it here: the guard grows it back instead of this process
+     * dying of the SIGBUS (the daemon drops the objects that were there) */
+    int grc = kvd_pool_guard_add(pool, bytes, (int)pool_fd);
+    if (grc != KVD_OK)
+        KVD_WARN("ucxd", "cannot guard the pool's mapping (%s)", kvd_status_str(grc));
+    close((int)pool_fd);
     kvd_ucx_t *u = NULL;
     kvd_ucx_mem_t *mem = NULL;
     bool rma = false;

@@ -51,8 +51,10 @@ void lk_peer_put(lpeer_t *p)
     for (int rt = KVD_GPU_CUDA; rt <= KVD_GPU_HIP; rt++)
         if (p->pin_any[rt])
             kvd_gpu_unpin((kvd_gpu_runtime_t)rt, p->map);
-    if (p->map != NULL)
+    if (p->map != NULL) {
+        kvd_pool_guard_remove(p->map);
         munmap(p->map, p->desc.length);
+    }
     free(p->ucx_bytes);
     free(p);
 }
@@ -83,6 +85,15 @@ static int peer_of_fd(int fd, uint64_t bytes, bool read_only, lpeer_t **out)
         free(p);
         return rc;
     }
+    /* another same-host writer may cut the pool file short while this
+     * process copies out of it: the guard keeps the SIGBUS from killing
+     * the engine (common/guard.c) */
+    int grc = kvd_pool_guard_add(map, bytes, fd);
+    if (grc != KVD_OK)
+        KVD_WARN("linker",
+                 "cannot guard the pool's mapping (%s): a writer that cuts "
+                 "the pool file short can kill this process",
+                 kvd_status_str(grc));
     p->map = map;
     p->read_only = read_only;
     p->desc = (kvd_peer_t){.length = bytes, .mapping = map};

@@ -574,7 +574,11 @@ typedef struct kvd_stats_req {
       "acknowledgement.")                                                                \
     X(U64, journal_broken, 0, GAUGE, "1 while the journal is invalid: publishes fail.")  \
     X(U64, journal_repairs_skipped, 0, COUNTER,                                          \
-      "Journal rewrites not tried: too little free space.")
+      "Journal rewrites not tried: too little free space.")                              \
+    X(U64, pool_lost_ranges, 0, COUNTER,                                                 \
+      "Ranges of the pool file found cut off or punched out by a writer.")               \
+    X(U64, pool_lost_objects, 0, COUNTER,                                                \
+      "Objects dropped because a writer destroyed their bytes in the pool file.")
 
 typedef struct kvd_store_stats_msg {
     KVD_STORE_STATS_FIELDS(KVD_FIELD_DECL)

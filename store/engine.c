@@ -756,6 +756,13 @@ uint32_t store_spill_done(kvd_store_t *s, uint32_t i, int status, uint32_t loc, 
         s->st.spill_cancelled++;
         return NIL;
     }
+    if (r->spare & REC_F_LOST) {
+        /* its bytes were lost while they were written: neither copy is it */
+        drop_object(s, i);
+        persist_commit(s);
+        PARANOID(s, "spill_lost");
+        return NIL;
+    }
     if (status != KVD_OK && keep) {
         /* the write failed, not the DRAM copy (tier.c's done_spill): not
          * counted in spill_failures, which counts objects dropped */
@@ -872,8 +879,10 @@ void store_promote_done(kvd_store_t *s, uint32_t i, int status)
     r->spare &= ~REC_F_PROMOTING;
     r->phys_prev = NIL;
     uint32_t now = now_s(s);
-    bool unjournaled = false;
-    if (status == KVD_OK) {
+    /* a promotion whose DRAM extent lost its bytes fails; the tier's copy
+     * stays what serves the object */
+    bool unjournaled = status == KVD_OK && (q->spare & REC_F_LOST);
+    if (status == KVD_OK && !unjournaled) {
         uint16_t was = q->hits;
         copy_chain(q, r);
         /* not durable in DRAM: the tier's copy stays what serves it */
@@ -1440,8 +1449,12 @@ static void lease_end(kvd_store_t *s, lease_t *l)
         s->tenants[l->tenant].use.pins--;
         if (--r->pins == 0) {
             s->ns[r->ns].info.objects_pinned--;
-            if (!(r->spare & REC_F_SPILLING)) /* its spill's end decides */
-                l->recs[n_free++] = i;        /* reuse the array: k >= n_free */
+            if (r->spare & REC_F_SPILLING)
+                continue; /* its spill's end decides */
+            if (r->spare & REC_F_LOST)
+                drop_object(s, i); /* off the LRU while pinned */
+            else
+                l->recs[n_free++] = i; /* reuse the array: k >= n_free */
         }
     }
     if (!l->write)
@@ -1714,6 +1727,19 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
         done[n_done++] = l->recs[k];
         l->recs[k] = NIL;
     }
+    if (publish) {
+        /* what lost its bytes while being written is not published */
+        size_t kept = 0;
+        for (size_t k = 0; k < n_done; k++) {
+            if (R(s, done[k])->spare & REC_F_LOST) {
+                drop_object(s, done[k]);
+                continue;
+            }
+            held_at[kept] = held_at[k];
+            done[kept++] = done[k];
+        }
+        n_done = kept;
+    }
     if (!publish) {
         for (size_t k = 0; k < n_done; k++)
             drop_object(s, done[k]);
@@ -1816,11 +1842,11 @@ int kvd_store_acquire(kvd_store_t *s, uint64_t owner, uint32_t ns,
     size_t on_ssd = SIZE_MAX;
     for (size_t k = 0; k < n; k++) {
         uint32_t i = index_find(s, ns, keys[k]);
-        int rc = i == NIL                        ? KVD_ERR_NOT_FOUND
-                 : R(s, i)->state != REC_READY   ? KVD_ERR_BUSY
-                 : R(s, i)->tier == KVD_TIER_SSD ? KVD_INPROGRESS
-                 : R(s, i)->pins == UINT16_MAX   ? KVD_ERR_NO_SPACE /* pins saturated */
-                                                 : KVD_OK;
+        int rc = i == NIL || (R(s, i)->spare & REC_F_LOST) ? KVD_ERR_NOT_FOUND
+                 : R(s, i)->state != REC_READY             ? KVD_ERR_BUSY
+                 : R(s, i)->tier == KVD_TIER_SSD           ? KVD_INPROGRESS
+                 : R(s, i)->pins == UINT16_MAX ? KVD_ERR_NO_SPACE /* pins saturated */
+                                               : KVD_OK;
         if (rc == KVD_INPROGRESS) {
             on_ssd = KVD_MIN(on_ssd, k);
             continue;
@@ -1956,7 +1982,8 @@ static int lookup(kvd_store_t *s, const kvd_lookup_pool_t *pools, size_t n_pools
         uint32_t len = 0;
         for (size_t k = 0; k < n; k++) {
             uint32_t i = index_find(s, slot, pools[p].keys[k]);
-            bool present = i != NIL && R(s, i)->state == REC_READY;
+            bool present =
+                i != NIL && R(s, i)->state == REC_READY && !(R(s, i)->spare & REC_F_LOST);
             bool remote = !present && pools[p].remote != NULL && pools[p].remote[k];
             len = present || remote ? len + 1 : 0;
             run[k] = len;
@@ -2130,6 +2157,55 @@ static void evict_done(kvd_store_t *s, uint64_t ssd_evictions_before)
     persist_commit(s);
     if (s->tier != NULL && s->st.ssd_evictions != ssd_evictions_before)
         tier_checkpoint_soon(s);
+}
+
+/* Whether record r (an extent) lies across pages [first, last]. */
+static bool rec_overlaps(const rec_t *r, uint64_t first, uint64_t last)
+{
+    return r->off_pages <= last && (uint64_t)r->off_pages + r->size_pages > first;
+}
+
+/* Whether record r is an object (or a promotion's extent) of the pool that
+ * lost bytes would touch: not free, not a dead writer's quarantined
+ * extent, not marked already. */
+static bool rec_losable(const rec_t *r)
+{
+    return (r->state == REC_READY || r->state == REC_WRITING) && !r->quarantined &&
+           !(r->spare & REC_F_LOST);
+}
+
+uint64_t kvd_store_pool_lost(kvd_store_t *s, uint64_t offset, uint64_t bytes)
+{
+    if (bytes == 0 || offset >= page_bytes_of(s, s->total_pages))
+        return 0;
+    uint64_t first = offset / s->cfg.page_bytes;
+    uint64_t last = (offset + bytes - 1) / s->cfg.page_bytes;
+    uint64_t lost = 0;
+    for (uint32_t i = s->phys_head, next; i != NIL; i = next) {
+        rec_t *r = R(s, i);
+        if (r->off_pages > last)
+            break;
+        /* dropping i merges the free extents around it (recycling their
+         * records), never an object's: the walk goes on from the next
+         * record that is not free */
+        next = r->phys_next;
+        while (next != NIL && R(s, next)->state == REC_FREE)
+            next = R(s, next)->phys_next;
+        if (!rec_overlaps(r, first, last) || !rec_losable(r))
+            continue;
+        lost++;
+        if (r->state == REC_READY && r->pins == 0 && !(r->spare & REC_F_SPILLING)) {
+            lru_remove(s, i);
+            drop_object(s, i);
+        } else {
+            r->spare |= REC_F_LOST;
+        }
+    }
+    s->st.pool_lost_ranges++;
+    s->st.pool_lost_objects += lost;
+    persist_commit(s);
+    PARANOID(s, "pool_lost");
+    return lost;
 }
 
 int kvd_store_evict_key(kvd_store_t *s, uint32_t ns, const uint8_t key[KVD_KEY_BYTES])
@@ -2477,6 +2553,9 @@ int kvd_store_check(const kvd_store_t *s, char *why, size_t why_len)
                 FAIL("object %u: bad namespace or size", i);
             if (index_find(s, r->ns, r->key) != i)
                 FAIL("object %u is not found through the index", i);
+            if ((r->spare & REC_F_LOST) && r->state == REC_READY && r->pins == 0 &&
+                !(r->spare & REC_F_SPILLING))
+                FAIL("object %u lost its bytes but stays, unpinned", i);
             if (r->state == REC_WRITING) {
                 writing += r->size_pages;
                 if (r->pins)

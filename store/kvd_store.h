@@ -200,6 +200,25 @@ void *kvd_pool_base(const kvd_pool_t *p);
  * file back instead. */
 void kvd_pool_zero(const kvd_pool_t *p, uint64_t offset, uint64_t bytes);
 
+/*
+ * Finds bytes of the pool that a same-host writer destroyed since the last
+ * call: the file cut short (ftruncate) or holes punched in it (fallocate)
+ * in what is populated. The file gets its size and its pages back (so that
+ * no mapping faults and the pool stays allocated as sized), and each range
+ * lost is handed to fn (the daemon drops the objects there:
+ * kvd_store_pool_lost). Returns how many ranges; 0, after one fstat, when
+ * nothing changed. A hugetlbfs pool is checked for its size only (its
+ * holes are not seen). Call it from one thread; on each event of
+ * kvd_pool_watch_fd and on a tick (a change that raced the watch).
+ */
+typedef void (*kvd_pool_lost_fn)(void *arg, uint64_t offset, uint64_t bytes);
+size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg);
+/* An inotify descriptor readable when the pool file was modified (a
+ * truncate, a hole punched, a write()), or -1 where none could be made;
+ * kvd_pool_watch_drain empties it. Owned by the pool. */
+int kvd_pool_watch_fd(kvd_pool_t *p);
+void kvd_pool_watch_drain(kvd_pool_t *p);
+
 /* ---------------------------------------------------------------- engine */
 
 /*
@@ -640,6 +659,24 @@ int kvd_store_evict_from(kvd_store_t *s, uint32_t ns, uint64_t *pos, uint64_t ma
 int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
                                 uint64_t max_visits, uint64_t *evicted);
 
+/*
+ * The bytes of the pool at [offset, offset + bytes) were lost under the
+ * store: a same-host writer cut the pool file short or punched a hole in
+ * it (the daemon finds it, kvd_pool_damage_check). Every object there
+ * goes, so that none is served with the zeros that replaced its bytes:
+ *   - READY and unpinned: evicted now;
+ *   - pinned, or being spilled: absent for Lookup and Acquire from now on,
+ *     dropped when its last pin goes or its spill ends (the loads that are
+ *     copying it now got what was there);
+ *   - being written: dropped at its Publish (the Publish succeeds, the
+ *     object is not stored);
+ *   - a promotion's extent: the promotion fails, the SSD copy stays.
+ * Free extents need nothing. Returns how many objects were dropped now or
+ * marked to go; counted in pool_lost_objects (and the call in
+ * pool_lost_ranges).
+ */
+uint64_t kvd_store_pool_lost(kvd_store_t *s, uint64_t offset, uint64_t bytes);
+
 /* --- persistence
  *
  * A store may keep a journal of its metadata in a file beside the pool
@@ -768,6 +805,8 @@ typedef struct kvd_store_stats {
                                          invalid until rewritten) */
     uint64_t journal_broken;          /* 1 while invalid: publishes fail */
     uint64_t journal_repairs_skipped; /* rewrites not tried: too little space */
+    uint64_t pool_lost_ranges;        /* ranges of the pool file a writer destroyed */
+    uint64_t pool_lost_objects;       /* objects dropped: their bytes were lost */
     /* the SSD tier (all 0 without one) */
     uint64_t ssd_bytes;      /* the tier's size */
     uint64_t ssd_used_bytes; /* segments in use (live and dead records) */

@@ -45,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
@@ -83,6 +84,7 @@ struct kvd_pool {
     _Atomic uint64_t populated_bytes;
     atomic_int error;
     char error_text[256]; /* why, once error is set; "" before */
+    int watch_fd;         /* inotify on the file; -1 none */
 };
 
 /* Opens the anonymous memfd: sealable, so that once sized nobody holding
@@ -448,7 +450,7 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
     p->opts = *opts;
     p->size_bytes = opts->size_bytes;
     p->page_bytes = page;
-    p->fd = p->ro_fd = p->lock_fd = p->own_fd = -1;
+    p->fd = p->ro_fd = p->lock_fd = p->own_fd = p->watch_fd = -1;
     snprintf(p->name, sizeof(p->name), "kvdock-%s", opts->instance);
 
     int rc = opts->dir != NULL ? file_open(p) : memfd_open(p);
@@ -478,7 +480,16 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
         pool_abandon(p);
         return kvd_status_from_errno(err);
     }
+    /* a writer may cut the named file short under this mapping: the spill's
+     * checksum, the cluster's reads and population read through it */
+    int grc = kvd_pool_guard_add(p->base, p->size_bytes, p->fd);
+    if (grc != KVD_OK)
+        KVD_WARN("pool",
+                 "cannot guard the mapping of %s (%s): a writer that cuts the file "
+                 "short can kill this process",
+                 what, kvd_status_str(grc));
     /* a memfd is made 0777: 0400 keeps clients of other uids from reopening
+
      * the read-only descriptor read-write through /proc. A named file is
      * 0600 (the daemon opens it read-write again when it restarts), which
      * does the same for other uids. */
@@ -619,7 +630,10 @@ void kvd_pool_destroy(kvd_pool_t *p)
         pthread_join(p->thread, NULL);
     if (atomic_load(&p->mlocked))
         munlock(p->base, p->size_bytes);
+    kvd_pool_guard_remove(p->base);
     munmap(p->base, p->size_bytes);
+    if (p->watch_fd >= 0)
+        close(p->watch_fd);
     close(p->fd);
     close(p->ro_fd);
     if (p->lock_fd >= 0)
@@ -730,4 +744,102 @@ int kvd_pool_fd(const kvd_pool_t *p)
 void *kvd_pool_base(const kvd_pool_t *p)
 {
     return p->base;
+}
+
+/* Gives [off, end) its pages again, in this process's mapping too (the
+ * population's work for that range). */
+static void repopulate(kvd_pool_t *p, uint64_t off, uint64_t end)
+{
+    if (fallocate(p->fd, 0, (off_t)off, (off_t)(end - off)) != 0) {
+        KVD_WARN("pool", "re-allocating %llu bytes at %llu of %s: %s",
+                 (unsigned long long)(end - off), (unsigned long long)off, p->path,
+                 strerror(errno));
+        return;
+    }
+    if (madvise(p->base + off, end - off, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
+        KVD_WARN("pool", "mapping %llu bytes at %llu of %s again: %s",
+                 (unsigned long long)(end - off), (unsigned long long)off, p->path,
+                 strerror(errno));
+}
+
+size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg)
+{
+    /* read before the fstat: what population allocated is in st_blocks */
+    uint64_t populated = atomic_load(&p->populated_bytes);
+    if (atomic_load(&p->ready))
+        populated = p->size_bytes;
+    const char *what = p->path[0] ? p->path : p->name;
+    struct stat st;
+    if (fstat(p->fd, &st) != 0)
+        return 0;
+    size_t ranges = 0;
+    if ((uint64_t)st.st_size < p->size_bytes) {
+        uint64_t cut = (uint64_t)st.st_size / p->page_bytes * p->page_bytes;
+        char a[32], b[32], c[32];
+        KVD_WARN("pool",
+                 "%s was cut to %s of %s by a process holding it read-write (a "
+                 "same-host writer): growing it back; the objects in the %s lost are "
+                 "dropped",
+                 what, kvd_size_format((uint64_t)st.st_size, a, sizeof(a)),
+                 kvd_size_format(p->size_bytes, b, sizeof(b)),
+                 kvd_size_format(p->size_bytes - cut, c, sizeof(c)));
+        if (ftruncate(p->fd, (off_t)p->size_bytes) != 0)
+            KVD_WARN("pool", "growing %s back: %s", what, strerror(errno));
+        fn(arg, cut, p->size_bytes - cut);
+        ranges++;
+        if (cut < populated)
+            repopulate(p, cut, populated);
+        if (fstat(p->fd, &st) != 0)
+            return ranges;
+    }
+    /* holes within what is populated: st_blocks falls short of it (a
+     * hugetlbfs file shows no holes to SEEK_HOLE) */
+    if (p->opts.hugepages || (uint64_t)st.st_blocks * 512 >= populated)
+        return ranges;
+    for (off_t pos = 0; (uint64_t)pos < populated;) {
+        off_t hole = lseek(p->fd, pos, SEEK_HOLE);
+        if (hole < 0 || (uint64_t)hole >= populated)
+            break;
+        off_t data = lseek(p->fd, hole, SEEK_DATA);
+        uint64_t end = data < 0 ? populated : KVD_MIN((uint64_t)data, populated);
+        if (end <= (uint64_t)hole)
+            break;
+        char a[32];
+        KVD_WARN("pool",
+                 "%s has a hole of %s at %llu, punched by a process holding it "
+                 "read-write (a same-host writer): the objects there are dropped",
+                 what, kvd_size_format(end - (uint64_t)hole, a, sizeof(a)),
+                 (unsigned long long)hole);
+        fn(arg, (uint64_t)hole, end - (uint64_t)hole);
+        ranges++;
+        repopulate(p, (uint64_t)hole, end);
+        pos = (off_t)end;
+    }
+    return ranges;
+}
+
+int kvd_pool_watch_fd(kvd_pool_t *p)
+{
+    if (p->watch_fd >= 0)
+        return p->watch_fd;
+    int fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", p->fd);
+    if (inotify_add_watch(fd, path, IN_MODIFY) < 0) {
+        close(fd);
+        return -1;
+    }
+    p->watch_fd = fd;
+    return fd;
+}
+
+void kvd_pool_watch_drain(kvd_pool_t *p)
+{
+    char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+    if (p->watch_fd < 0)
+        return;
+    while (read(p->watch_fd, buf, sizeof(buf)) > 0) {
+    }
 }

@@ -61,7 +61,14 @@ typedef struct rec {
 } rec_t;
 
 /* rec_t.spare flags */
-#define REC_F_DOOMED 1u /* a restore drops it (engine.c, store_restore_objects) */
+#define REC_F_DOOMED                                               \
+    1u /* a restore drops it (engine.c, store_restore_objects); at \
+          run time (REC_F_LOST), its bytes were lost under it */
+/* A pool object whose bytes a writer destroyed (kvd_store_pool_lost) while
+ * it could not go at once: absent for Lookup and Acquire, and dropped when
+ * its last pin goes, its spill or promotion ends, or its writer publishes.
+ * The restore's flag, reused: a restore is over before anything runs. */
+#define REC_F_LOST REC_F_DOOMED
 #define REC_F_SPILLING                                          \
     2u /* READY in DRAM, being written to the SSD tier: off the \
           LRU; its extent is freed once the write is done */

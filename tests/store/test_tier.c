@@ -1155,6 +1155,78 @@ static void test_too_big_is_refused(void **state)
     fx_fini(&f);
 }
 
+/* The whole pool's bytes lost (kvd_store_pool_lost) while objects are
+ * being spilled: those in DRAM go at once, those being written to the
+ * tier when their spill ends, and none is served afterwards from either
+ * tier (its SSD copy was made of what was lost). */
+static void test_lost_while_spilling(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    f.hold_syncs = true; /* spills stay in flight until released */
+    char why[512];
+    assert_int_equal(open_store(&f, true, 0, why, sizeof(why)), KVD_OK);
+    for (uint32_t n = 0; n < 16; n++)
+        put(&f, n);
+    kvd_store_tier_drain(f.s, 2000);
+    kvd_store_stats_t st = stats(f.s);
+    assert_true(st.spilling_bytes > 0);
+    uint64_t objects = st.objects_ready;
+    assert_int_equal(kvd_store_pool_lost(f.s, 0, POOL_BYTES), objects);
+    check_ok(f.s);
+    for (uint32_t n = 0; n < 16; n++)
+        assert_int_equal(get(&f, n), KVD_ERR_NOT_FOUND); /* spilling ones too */
+    kvd_store_tier_hold_syncs(f.s, false);
+    kvd_store_tier_drain(f.s, 2000);
+    st = stats(f.s);
+    assert_int_equal(st.pool_lost_objects, objects);
+    assert_int_equal(st.pool_lost_ranges, 1);
+    assert_int_equal(st.objects_ready, 0);
+    assert_int_equal(st.spilling_bytes, 0);
+    assert_int_equal(st.ssd_objects, 0);
+    assert_int_equal(st.free_bytes, POOL_BYTES);
+    for (uint32_t n = 0; n < 16; n++)
+        assert_int_equal(where_of(&f, n), 0);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
+/* The pool's bytes lost while an object is promoted into it: the
+ * promotion fails, the tier's copy stays, and the next Acquire brings it
+ * back byte-exact. */
+static void test_lost_while_promoting(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    put_all(&f);
+    uint32_t n = 0;
+    while (n < N_OBJ && where_of(&f, n) != 2)
+        n++;
+    assert_true(n < N_OBJ);
+    key_t32 key;
+    mkkey(key, n);
+    uint64_t lease;
+    kvd_loc_t loc;
+    size_t bad;
+    assert_int_equal(kvd_store_acquire(f.s, 1, f.ns, (const uint8_t(*)[KVD_KEY_BYTES])key,
+                                       1, 0, &lease, &loc, &bad),
+                     KVD_INPROGRESS);
+    kvd_store_stats_t st = stats(f.s);
+    assert_true(st.promoting_bytes > 0);
+    uint64_t before = st.promotions;
+    assert_true(kvd_store_pool_lost(f.s, 0, POOL_BYTES) >= 1);
+    check_ok(f.s);
+    kvd_store_tier_drain(f.s, 2000);
+    st = stats(f.s);
+    assert_int_equal(st.promotions, before); /* that promotion did not count */
+    assert_int_equal(st.promoting_bytes, 0);
+    assert_int_equal(where_of(&f, n), 2);
+    assert_int_equal(get(&f, n), KVD_OK); /* promoted again, byte-exact */
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
 #define BOTH(t)                                        \
     cmocka_unit_test_prestate(t, (void *)(intptr_t)2), \
         cmocka_unit_test_prestate(t, (void *)(intptr_t)1)
@@ -1180,6 +1252,8 @@ int main(void)
         BOTH(test_spill_past_a_hole_stays_in_dram),
         BOTH(test_failed_sync_acknowledges_nothing),
         BOTH(test_evict_syncs_its_tombstone),
+        BOTH(test_lost_while_spilling),
+        BOTH(test_lost_while_promoting),
         cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
