@@ -52,6 +52,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -765,6 +766,65 @@ out:
     kvd_client_close(c);
 }
 
+static bool lost_range_counted(const ts_stats_t *st)
+{
+    return st->store.pool_lost_ranges > 0;
+}
+
+/* A writer cuts the pool file short while the daemon cannot grow it back
+ * (stopped), and a peer gets bytes past the cut: the UCX server lives on
+ * (issue 14). Where UCX copies them in user space its guard grows the file
+ * back and the zeros there are sent; where the kernel reads them (a
+ * zero-copy send) that send fails and the peer's endpoint with it. The
+ * daemon, let go on, counts the lost range, and the same UCX server then
+ * answers a get there on a new endpoint with zeros. */
+static void case_cut(const kvd_test_daemon_t *d, const char *tcp_addr, pid_t child)
+{
+    char path[200];
+    snprintf(path, sizeof(path), "%s/kvdock-test-%d.pool", d->dir, (int)getpid());
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    kvd_client_t *c = NULL;
+    grant_t g;
+    if (!DT_CHECK(fd >= 0, "open %s: %s", path, strerror(errno)) ||
+        !DT_CHECK(kvd_client_connect_tcp(tcp_addr, WAIT_MS, &c) == KVD_OK &&
+                      hello_ucx(c, false, &g) == KVD_OK,
+                  "Hello with want_ucx") ||
+        !DT_CHECK(ep_open(g.addr) == 0, "an endpoint to the UCX server"))
+        goto out;
+    bool stopped = kill(d->pid, SIGSTOP) == 0;
+    DT_CHECK(stopped, "SIGSTOP the daemon: %s", strerror(errno));
+    DT_CHECK(ftruncate(fd, DT_POOL_BYTES / 2) == 0, "ftruncate: %s", strerror(errno));
+    v2_req_t r = v2(g.cap, DT_POOL_BYTES - 4096, 64);
+    bool got = am_call(AM_GET, &r, sizeof(r), NULL, 0);
+    struct stat st;
+    printf("a get past the cut, the daemon stopped: %s; the pool file %lld bytes after\n",
+           got ? (A.status == KVD_OK ? "answered" : "refused") : "no answer",
+           fstat(fd, &st) == 0 ? (long long)st.st_size : -1ll);
+    if (stopped)
+        kill(d->pid, SIGCONT);
+    ts_stats_t stats;
+    DT_CHECK(ts_wait_stats(d->socket, 10000, lost_range_counted, &stats),
+             "the daemon did not count the lost range");
+    DT_CHECK(fstat(fd, &st) == 0 && (uint64_t)st.st_size == DT_POOL_BYTES,
+             "the pool file is %lld bytes, not grown back", (long long)st.st_size);
+    DT_CHECK(kill(child, 0) == 0 && dt_child_of(d->pid) == child,
+             "the UCX server died of the cut");
+    ep_close();
+    if (!DT_CHECK(ep_open(g.addr) == 0, "a new endpoint to the UCX server"))
+        goto out;
+    got = am_call(AM_GET, &r, sizeof(r), NULL, 0);
+    bool zeros = got && A.status == KVD_OK && A.data_len == 64;
+    for (size_t i = 0; zeros && i < 64; i++)
+        zeros = A.data[i] == 0;
+    DT_CHECK(zeros, "a get past the cut, grown back: answered %d, status %d, %zu bytes",
+             got, A.status, A.data_len);
+out:
+    ep_close();
+    kvd_client_close(c);
+    if (fd >= 0)
+        close(fd);
+}
+
 /* A UCX server that dies takes its grants along: the next one refuses the
  * old capability, and a new Hello on the same connection (what a linker
  * does when its endpoint fails) gets one it serves. */
@@ -915,6 +975,7 @@ int main(void)
         case_messages(&d, listen, pool);
         case_transport(listen, pool);
         case_windows(listen, pool);
+        case_cut(&d, listen, child);
         DT_CHECK(dt_child_of(d.pid) == child, "the UCX server was restarted");
         case_restart(&d, listen, child);
     }
