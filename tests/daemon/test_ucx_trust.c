@@ -31,6 +31,9 @@
  *   (g) a read-write grant writes only within its connection's live
  *       reservations: outside any, across one's end, into another
  *       connection's, after Publish, Revoke and the lease's TTL refused.
+ *   (h) a writer cuts the pool file short while the daemon is stopped,
+ *       and a get reads past the cut: the UCX server lives on, and serves
+ *       zeros there once the daemon grew the file back (issue 14).
  *   (f) the UCX server runs inside its seccomp filter (one filter more
  *       than the daemon, NoNewPrivs), and without it with --no-ucx-sandbox;
  *       (a) to (e) ran inside it.
