@@ -50,11 +50,14 @@ typedef struct guard_slot {
     _Atomic int fd1;           /* our own duplicate + 1; 0: the slot is free */
     _Atomic int inside;        /* handlers using this slot now */
     _Atomic unsigned spurious; /* faults in a row that found the file whole */
+    bool owner;                /* the daemon's own mapping: regrow at once */
+    _Atomic uint64_t cut;      /* the smallest size an owner's handler saw */
 } guard_slot_t;
 
 static guard_slot_t slots[GUARD_SLOTS];
 static pthread_mutex_t slots_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sigaction previous;
+static bool installed; /* under slots_mu; the handler never reads it */
 static _Atomic uint64_t repairs;
 
 static void sleep_ms(void)
@@ -81,11 +84,20 @@ static void chain(int sig, siginfo_t *info, void *uctx)
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
     sigaction(sig, &dfl, NULL);
+    /* a fault comes again when the access is retried; a signal that was
+     * sent (kill, raise) would be lost: it is sent again */
+    if (info->si_code <= 0)
+        raise(sig);
 }
 
-/* 1: the file behind g's descriptor was short and covers the fault again
- * (regrown here where the descriptor is writable, else waited for); 0: it
- * was whole already; -1: it stayed short. */
+/* 1: the file behind g's descriptor was short and covers the fault again;
+ * 0: it was whole already; -1: it stayed short. Only the daemon's own
+ * mapping (the owner) grows it back at once, keeping the size it saw for
+ * kvd_pool_guard_take_cut: the daemon must see the cut, as a cut, to drop
+ * what was there (a file grown back by someone else shows holes, and the
+ * pages read meanwhile fill them with zeros the daemon cannot tell from
+ * data). Others wait for the daemon, and grow it themselves only when it
+ * does not come (stopped, or gone). */
 static int regrow(guard_slot_t *g, uint64_t need)
 {
     int fd = atomic_load(&g->fd1) - 1;
@@ -96,10 +108,16 @@ static int regrow(guard_slot_t *g, uint64_t need)
             return -1;
         if ((uint64_t)st.st_size >= need)
             return waited > 0;
-        /* only ever grows it (the size was compared first) */
-        if (ftruncate(fd, (off_t)bytes) == 0)
-            return 1;
-        sleep_ms(); /* a read-only descriptor: the daemon regrows it */
+        if (g->owner || waited == GUARD_WAIT_MS) {
+            uint64_t seen = atomic_load(&g->cut);
+            while ((uint64_t)st.st_size < seen &&
+                   !atomic_compare_exchange_weak(&g->cut, &seen, (uint64_t)st.st_size)) {
+            }
+            /* only ever grows it (the size was compared first) */
+            if (ftruncate(fd, (off_t)bytes) == 0)
+                return 1;
+        }
+        sleep_ms(); /* the daemon grows it back; a read-only holder cannot */
     }
     return -1;
 }
@@ -108,9 +126,9 @@ static void on_sigbus(int sig, siginfo_t *info, void *uctx)
 {
     int saved = errno;
     uintptr_t a = (uintptr_t)info->si_addr;
-    /* only a fault of this process's own access (si_code > 0); a SIGBUS
-     * sent by kill or raise has no address to repair */
-    for (int k = 0; k < GUARD_SLOTS && info->si_code > 0; k++) {
+    /* only an access past the file's end (BUS_ADRERR); a SIGBUS sent by
+     * kill or raise, or a memory error (BUS_MCEERR_*), is not ours */
+    for (int k = 0; k < GUARD_SLOTS && info->si_code == BUS_ADRERR; k++) {
         guard_slot_t *g = &slots[k];
         uintptr_t base = atomic_load(&g->base);
         if (base == 0 || a < base || a - base >= atomic_load(&g->bytes))
@@ -137,30 +155,25 @@ static void on_sigbus(int sig, siginfo_t *info, void *uctx)
     chain(sig, info, uctx);
 }
 
-/* Puts the handler in place, or back in place: a library or test
- * framework that installed its own SIGBUS handler after ours took the
- * signal from us, and becomes the one chained to. */
+/* Puts the handler in place, once: what was there before is chained to.
+ * It is not taken back from a handler installed after it (one that chains
+ * to its predecessor would then chain to itself through us). */
 static int install_locked(void)
 {
-    struct sigaction cur;
-    if (sigaction(SIGBUS, NULL, &cur) != 0)
-        return kvd_status_from_errno(errno);
-    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)
+    if (installed)
         return KVD_OK;
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
-    /* the handler reads `previous` only after this store of it, and a
-     * SIGBUS of the window between is taken by the old handler */
-    previous = cur;
-    if (sigaction(SIGBUS, &sa, NULL) != 0)
+    if (sigaction(SIGBUS, &sa, &previous) != 0)
         return kvd_status_from_errno(errno);
+    installed = true;
     return KVD_OK;
 }
 
-int kvd_pool_guard_add(void *base, uint64_t bytes, int fd)
+int kvd_pool_guard_add(void *base, uint64_t bytes, int fd, bool owner)
 {
     if (base == NULL || bytes == 0 || fd < 0)
         return KVD_ERR_INVALID;
@@ -177,6 +190,8 @@ int kvd_pool_guard_add(void *base, uint64_t bytes, int fd)
     if (rc == KVD_OK) {
         atomic_store(&slots[k].bytes, bytes);
         atomic_store(&slots[k].spurious, 0);
+        atomic_store(&slots[k].cut, UINT64_MAX);
+        slots[k].owner = owner;
         atomic_store(&slots[k].fd1, own + 1);
         atomic_store(&slots[k].base, (uintptr_t)base); /* last: the slot is whole */
     }
@@ -212,4 +227,15 @@ void kvd_pool_guard_remove(void *base)
 uint64_t kvd_pool_guard_repairs(void)
 {
     return atomic_load(&repairs);
+}
+
+uint64_t kvd_pool_guard_take_cut(void *base)
+{
+    uint64_t cut = UINT64_MAX;
+    pthread_mutex_lock(&slots_mu);
+    for (int k = 0; k < GUARD_SLOTS; k++)
+        if (atomic_load(&slots[k].base) == (uintptr_t)base)
+            cut = atomic_exchange(&slots[k].cut, UINT64_MAX);
+    pthread_mutex_unlock(&slots_mu);
+    return cut;
 }

@@ -241,16 +241,22 @@ int kvd_key_from_hex(const char *hex, uint8_t key[KVD_KEY_BYTES]);
  * Keeps this process alive when the shared pool file it maps at base
  * (bytes long, from descriptor fd) is cut short under it: the named pool
  * file cannot be sealed, and any same-host writer may ftruncate it. A
- * SIGBUS inside a guarded mapping gives the file its size back (through a
- * duplicate of fd, where it is writable) or waits up to 3 s for the daemon
- * to do it, then lets the access run again: the lost bytes read as zeros,
- * and the daemon drops the objects that were there. Other SIGBUS go to the
- * handler that was installed before the first add, or kill as by default.
- * Up to 16 mappings; KVD_ERR_NO_SPACE beyond. Remove before unmapping.
- * The handler is process-wide and stays installed.
+ * SIGBUS past the file's end inside a guarded mapping waits up to 3 s for
+ * the daemon to grow the file back (then grows it itself, through a
+ * duplicate of fd, where that is writable), or, for the daemon's own
+ * mapping (owner), grows it back at once and keeps the size it saw
+ * (kvd_pool_guard_take_cut). Then the access runs again: the lost bytes
+ * read as zeros, and the daemon drops the objects that were there. Other
+ * SIGBUS go to the handler that was installed before the first add, or
+ * kill as by default. Up to 16 mappings; KVD_ERR_NO_SPACE beyond. Remove
+ * before unmapping. The handler is process-wide and installed once: a
+ * SIGBUS handler installed after it takes the signal first.
  */
-int kvd_pool_guard_add(void *base, uint64_t bytes, int fd);
+int kvd_pool_guard_add(void *base, uint64_t bytes, int fd, bool owner);
 void kvd_pool_guard_remove(void *base);
+/* The smallest size an owner's handler found the file cut to since the
+ * last call (UINT64_MAX: none), reset. */
+uint64_t kvd_pool_guard_take_cut(void *base);
 /* Faults the guard repaired in this process, since it started. */
 uint64_t kvd_pool_guard_repairs(void);
 

@@ -2354,7 +2354,6 @@ static void start_drain(kvd_server_t *s, int signo)
              strsignal(signo), (unsigned long long)s->opts.drain_timeout_ms);
 }
 
-/* Returns 0 to go on, 1 on a fatal pool error. */
 static void pool_lost(void *arg, uint64_t offset, uint64_t bytes)
 {
     kvd_server_t *s = arg;
@@ -2372,6 +2371,7 @@ static void pool_damage_check(kvd_server_t *s)
     kvd_pool_damage_check(s->pool, pool_lost, s);
 }
 
+/* Returns 0 to go on, 1 on a fatal pool error. */
 static int on_tick(kvd_server_t *s)
 {
     uint64_t expirations;

@@ -939,7 +939,7 @@ int kvd_ucxd_main(int argc, char **argv)
     /* a same-host writer may cut the pool file short while a get is read
      * out of it here: the guard grows it back instead of this process
      * dying of the SIGBUS (the daemon drops the objects that were there) */
-    int grc = kvd_pool_guard_add(pool, bytes, (int)pool_fd);
+    int grc = kvd_pool_guard_add(pool, bytes, (int)pool_fd, false);
     if (grc != KVD_OK)
         KVD_WARN("ucxd", "cannot guard the pool's mapping (%s)", kvd_status_str(grc));
     close((int)pool_fd);

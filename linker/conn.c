@@ -88,7 +88,7 @@ static int peer_of_fd(int fd, uint64_t bytes, bool read_only, lpeer_t **out)
     /* another same-host writer may cut the pool file short while this
      * process copies out of it: the guard keeps the SIGBUS from killing
      * the engine (common/guard.c) */
-    int grc = kvd_pool_guard_add(map, bytes, fd);
+    int grc = kvd_pool_guard_add(map, bytes, fd, false);
     if (grc != KVD_OK)
         KVD_WARN("linker",
                  "cannot guard the pool's mapping (%s): a writer that cuts "

@@ -1727,19 +1727,6 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
         done[n_done++] = l->recs[k];
         l->recs[k] = NIL;
     }
-    if (publish) {
-        /* what lost its bytes while being written is not published */
-        size_t kept = 0;
-        for (size_t k = 0; k < n_done; k++) {
-            if (R(s, done[k])->spare & REC_F_LOST) {
-                drop_object(s, done[k]);
-                continue;
-            }
-            held_at[kept] = held_at[k];
-            done[kept++] = done[k];
-        }
-        n_done = kept;
-    }
     if (!publish) {
         for (size_t k = 0; k < n_done; k++)
             drop_object(s, done[k]);
@@ -1752,6 +1739,22 @@ static int finish_writes(kvd_store_t *s, uint64_t owner, uint64_t lease_id,
             l->recs[held_at[k]] = done[k];
         kvd_mem_free(KVD_MEM_STAGING, done, cap * 2 * sizeof(uint32_t));
         return KVD_ERR_IO;
+    }
+    if (publish) {
+        /* what lost its bytes while being written is not published: its
+         * journaled publish is followed by its free (after the journal
+         * took the batch, so that a failed one can be retried whole) */
+        size_t kept = 0;
+        for (size_t k = 0; k < n_done; k++) {
+            if (R(s, done[k])->spare & REC_F_LOST) {
+                drop_object(s, done[k]);
+                continue;
+            }
+            done[kept++] = done[k];
+        }
+        if (kept != n_done)
+            persist_commit(s);
+        n_done = kept;
     }
     for (size_t k = 0; k < n_done; k++) {
         rec_t *r = R(s, done[k]);

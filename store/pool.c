@@ -482,7 +482,7 @@ int kvd_pool_create(const kvd_pool_opts_t *opts, kvd_pool_t **out)
     }
     /* a writer may cut the named file short under this mapping: the spill's
      * checksum, the cluster's reads and population read through it */
-    int grc = kvd_pool_guard_add(p->base, p->size_bytes, p->fd);
+    int grc = kvd_pool_guard_add(p->base, p->size_bytes, p->fd, true);
     if (grc != KVD_OK)
         KVD_WARN("pool",
                  "cannot guard the mapping of %s (%s): a writer that cuts the file "
@@ -773,17 +773,21 @@ size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg)
     if (fstat(p->fd, &st) != 0)
         return 0;
     size_t ranges = 0;
-    if ((uint64_t)st.st_size < p->size_bytes) {
-        uint64_t cut = (uint64_t)st.st_size / p->page_bytes * p->page_bytes;
+    /* a cut this process's own guard grew back first (a spill's checksum,
+     * the cluster's reads) is a cut all the same */
+    uint64_t seen = KVD_MIN((uint64_t)st.st_size, kvd_pool_guard_take_cut(p->base));
+    if (seen < p->size_bytes) {
+        uint64_t cut = seen / p->page_bytes * p->page_bytes;
         char a[32], b[32], c[32];
         KVD_WARN("pool",
                  "%s was cut to %s of %s by a process holding it read-write (a "
                  "same-host writer): growing it back; the objects in the %s lost are "
                  "dropped",
-                 what, kvd_size_format((uint64_t)st.st_size, a, sizeof(a)),
+                 what, kvd_size_format(seen, a, sizeof(a)),
                  kvd_size_format(p->size_bytes, b, sizeof(b)),
                  kvd_size_format(p->size_bytes - cut, c, sizeof(c)));
-        if (ftruncate(p->fd, (off_t)p->size_bytes) != 0)
+        if ((uint64_t)st.st_size < p->size_bytes &&
+            ftruncate(p->fd, (off_t)p->size_bytes) != 0)
             KVD_WARN("pool", "growing %s back: %s", what, strerror(errno));
         fn(arg, cut, p->size_bytes - cut);
         ranges++;
