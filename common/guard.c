@@ -41,17 +41,18 @@
 #define GUARD_WAIT_MS 3000
 /* faults of a file that is whole already (the daemon regrew it first, or
  * no memory behind a hole: a full tmpfs, no free hugepage) retried, 1 ms
- * apart, before the fault is taken as what it is */
+ * apart, within one second, before the fault is taken as what it is */
 #define GUARD_SPURIOUS_MAX 1000
 
 typedef struct guard_slot {
     _Atomic uintptr_t base; /* 0: not in use by a mapping */
     _Atomic uint64_t bytes;
-    _Atomic int fd1;           /* our own duplicate + 1; 0: the slot is free */
-    _Atomic int inside;        /* handlers using this slot now */
-    _Atomic unsigned spurious; /* faults in a row that found the file whole */
-    bool owner;                /* the daemon's own mapping: regrow at once */
-    _Atomic uint64_t cut;      /* the smallest size an owner's handler saw */
+    _Atomic int fd1;            /* our own duplicate + 1; 0: the slot is free */
+    _Atomic int inside;         /* handlers using this slot now */
+    _Atomic unsigned spurious;  /* faults this second that found the file whole */
+    _Atomic int64_t spurious_s; /* which second (CLOCK_MONOTONIC) */
+    bool owner;                 /* the daemon's own mapping: regrow at once */
+    _Atomic uint64_t cut;       /* the smallest size an owner's handler saw */
 } guard_slot_t;
 
 static guard_slot_t slots[GUARD_SLOTS];
@@ -137,6 +138,15 @@ static void on_sigbus(int sig, siginfo_t *info, void *uctx)
         int r = -1;
         if (atomic_load(&g->base) == base) /* still that mapping */
             r = regrow(g, (uint64_t)(a - base) + 1);
+        if (r == 0) {
+            /* counted per second: races with the daemon's regrowth do not
+             * add up over a process's life */
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            if (atomic_exchange(&g->spurious_s, (int64_t)now.tv_sec) !=
+                (int64_t)now.tv_sec)
+                atomic_store(&g->spurious, 0);
+        }
         if (r == 0 && atomic_fetch_add(&g->spurious, 1) < GUARD_SPURIOUS_MAX) {
             sleep_ms();
             r = 1;
