@@ -523,11 +523,24 @@ pool_fail(kvd_pool_t *p, int rc, const char *fmt, ...)
     atomic_store(&p->error, rc);
 }
 
+/* Allocates the file's pages of [off, off+len) and maps them into this
+ * process (so the OS reports them as RssShmem): 0, or the errno of the
+ * allocation that failed. *mapped says whether the mapping was done (not
+ * on kernels without MADV_POPULATE_WRITE). */
+static int alloc_pages(kvd_pool_t *p, uint64_t off, uint64_t len, bool *mapped)
+{
+    if (fallocate(p->fd, 0, (off_t)off, (off_t)len) != 0)
+        return errno;
+    *mapped = madvise(p->base + off, len, MADV_POPULATE_WRITE) == 0;
+    return 0;
+}
+
 /* Allocates and maps [off, off+len); returns a status (pool_fail said why). */
 static int populate_chunk(kvd_pool_t *p, uint64_t off, uint64_t len)
 {
-    if (fallocate(p->fd, 0, (off_t)off, (off_t)len) != 0) {
-        int err = errno;
+    bool mapped = false;
+    int err = alloc_pages(p, off, len, &mapped);
+    if (err != 0) {
         int rc = err == ENOSPC || err == ENOMEM ? KVD_ERR_NO_SPACE
                                                 : kvd_status_from_errno(err);
         if (err == ENOSPC && p->opts.hugepages)
@@ -541,7 +554,7 @@ static int populate_chunk(kvd_pool_t *p, uint64_t off, uint64_t len)
                       (unsigned long long)len, strerror(err));
         return rc;
     }
-    if (madvise(p->base + off, len, MADV_POPULATE_WRITE) != 0) {
+    if (!mapped) {
         /* older kernels: touch one byte per page; the pages exist already,
          * so this cannot fault for lack of memory */
         for (uint64_t o = 0; o < len; o += p->page_bytes)
@@ -750,16 +763,15 @@ void *kvd_pool_base(const kvd_pool_t *p)
  * population's work for that range). */
 static void repopulate(kvd_pool_t *p, uint64_t off, uint64_t end)
 {
-    if (fallocate(p->fd, 0, (off_t)off, (off_t)(end - off)) != 0) {
+    /* not mapped here on an older kernel: only the RSS figures miss it
+     * (population's fallback, a store per page, could overwrite what a
+     * writer put there since) */
+    bool mapped = false;
+    int err = alloc_pages(p, off, end - off, &mapped);
+    if (err != 0)
         KVD_WARN("pool", "re-allocating %llu bytes at %llu of %s: %s",
                  (unsigned long long)(end - off), (unsigned long long)off, p->path,
-                 strerror(errno));
-        return;
-    }
-    if (madvise(p->base + off, end - off, MADV_POPULATE_WRITE) != 0 && errno != EINVAL)
-        KVD_WARN("pool", "mapping %llu bytes at %llu of %s again: %s",
-                 (unsigned long long)(end - off), (unsigned long long)off, p->path,
-                 strerror(errno));
+                 strerror(err));
 }
 
 size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg)
