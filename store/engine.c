@@ -2202,6 +2202,13 @@ uint64_t kvd_store_pool_lost(kvd_store_t *s, uint64_t offset, uint64_t bytes)
             drop_object(s, i);
         } else {
             r->spare |= REC_F_LOST;
+            /* gone for a restart now, not at its drop: a crash while it is
+             * pinned or spilled must not bring back what was lost (the
+             * drop journals its free again; snapshots leave it out) */
+            if (r->state == REC_READY)
+                persist_freed(s, i);
+            if (r->spare & REC_F_SPILLING)
+                tier_spill_lost(s, i);
         }
     }
     s->st.pool_lost_ranges++;

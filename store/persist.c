@@ -358,6 +358,8 @@ static int snap_records(kvd_store_t *s, uint32_t from, uint32_t to)
         uint8_t *b;
         if (r->tier == KVD_TIER_SSD) {
             /* on the SSD tier: its segment's record says it, not the pool */
+        } else if (r->state == REC_READY && (r->spare & REC_F_LOST)) {
+            /* its bytes were lost: journaled free (kvd_store_pool_lost) */
         } else if (r->state == REC_READY) {
             if ((b = jnl_rewrite_put(j, sizeof(e_obj_t))) == NULL)
                 return KVD_ERR_NOMEM;

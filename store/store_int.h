@@ -340,6 +340,10 @@ bool tier_promote_begin(kvd_store_t *s, uint32_t i, uint32_t j);
 /* SSD object i is leaving the tier (dropped or promoted): its place is
  * dead space now. */
 void tier_forget(kvd_store_t *s, uint32_t i);
+/* DRAM record i, being spilled, lost its bytes (kvd_store_pool_lost): the
+ * record its spill writes is named dead now, so that a crash before the
+ * spill ends cannot bring back a copy of what was lost. */
+void tier_spill_lost(kvd_store_t *s, uint32_t i);
 /* The next kvd_store_tier_poll begins a checkpoint, whatever the period. */
 void tier_checkpoint_soon(kvd_store_t *s);
 void tier_close(kvd_store_t *s);

@@ -775,6 +775,21 @@ void tier_forget(kvd_store_t *s, uint32_t i)
     seg_maybe_free(t, r->off_pages / t->seg_blocks);
 }
 
+void tier_spill_lost(kvd_store_t *s, uint32_t i)
+{
+    struct tier *t = s->tier;
+    /* 2 x queue_depth slots, once per lost object being spilled */
+    for (uint32_t k = 0; k < t->n_ops; k++)
+        if (t->ops[k].kind == OP_SPILL && t->ops[k].rec == i) {
+            /* done_spill names it again (store_spill_done drops it): a
+             * checkpoint begun in between rewrites the dead-list without
+             * this entry, and the record may land after that checkpoint's
+             * scan limit */
+            dead_add(t, t->ops[k].loc);
+            return;
+        }
+}
+
 /* ---------------------------------------------------------- reclaim */
 
 /* Whether SSD record i is live at a place inside segment id. */

@@ -8,7 +8,8 @@
  * tier evicts and compacts when full (and a restart keeps compaction's
  * copy of a record, not its source; a copy that cannot be written leaves
  * its source good), and faults (a flipped byte, a device that answers
- * EIO, a truncated segment) make objects absent, never wrong. Each case runs
+ * EIO, a truncated segment) make objects absent, never wrong, and so do
+ * pool bytes lost under spills in flight, across a SIGKILL too. Each case runs
  * over both I/O paths (io_uring where the kernel allows it, pread/pwrite).
  */
 #include <setjmp.h>
@@ -1192,6 +1193,62 @@ static void test_lost_while_spilling(void **state)
     fx_fini(&f);
 }
 
+/* The same loss, and then SIGKILL while the spills are still held (their
+ * records written, not synced): the records being written when the bytes
+ * were lost are named dead at the loss, so a restart's scan meets them and
+ * keeps them out, and no object comes back from either tier. */
+static void test_lost_while_spilling_then_sigkill(void **state)
+{
+    fx_t f;
+    fx_init(&f, io_path_of_state(state));
+    kvd_store_destroy(f.s);
+    f.s = NULL;
+    f.checkpoint_ms = UINT64_MAX; /* only the dead-list keeps the records out */
+    int pipefd[2];
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char why[512];
+        f.hold_syncs = true;
+        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
+            _exit(3);
+        for (uint32_t n = 0; n < 16; n++)
+            put(&f, n);
+        kvd_store_tier_drain(f.s, 2000); /* the writes land; no sync */
+        uint64_t out[2] = {stats(f.s).spilling_bytes, 0};
+        out[1] = kvd_store_pool_lost(f.s, 0, POOL_BYTES);
+        if (write(pipefd[1], out, sizeof(out)) != sizeof(out))
+            _exit(4);
+        pause(); /* killed here, with the spills held */
+        _exit(5);
+    }
+    close(pipefd[1]);
+    uint64_t out[2];
+    assert_int_equal(read(pipefd[0], out, sizeof(out)), sizeof(out));
+    close(pipefd[0]);
+    kill(pid, SIGKILL);
+    int ws;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(out[0] > 0);
+    assert_true(out[1] > 0);
+    memset(f.pool, 0, POOL_BYTES); /* a reboot: only the tier is left */
+    char why[512];
+    assert_int_equal(open_store(&f, false, 0, why, sizeof(why)), KVD_OK);
+    print_message("restart after a loss while spilling: %llu bytes were held, %llu "
+                  "objects lost; %llu records scanned, %llu named dead, %llu back\n",
+                  (unsigned long long)out[0], (unsigned long long)out[1],
+                  (unsigned long long)f.rec.scanned_records,
+                  (unsigned long long)f.rec.dead, (unsigned long long)f.rec.objects);
+    assert_true(f.rec.dead > 0);
+    assert_int_equal(f.rec.objects, 0);
+    assert_int_equal(stats(f.s).ssd_objects, 0);
+    for (uint32_t n = 0; n < 16; n++)
+        assert_int_equal(get(&f, n), KVD_ERR_NOT_FOUND);
+    check_ok(f.s);
+    fx_fini(&f);
+}
+
 /* The pool's bytes lost while an object is promoted into it: the
  * promotion fails, the tier's copy stays, and the next Acquire brings it
  * back byte-exact. */
@@ -1253,6 +1310,7 @@ int main(void)
         BOTH(test_failed_sync_acknowledges_nothing),
         BOTH(test_evict_syncs_its_tombstone),
         BOTH(test_lost_while_spilling),
+        BOTH(test_lost_while_spilling_then_sigkill),
         BOTH(test_lost_while_promoting),
         cmocka_unit_test_prestate(test_too_big_is_refused, (void *)(intptr_t)2),
     };
