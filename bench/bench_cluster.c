@@ -7,9 +7,11 @@
  *
  *   lookup   Lookup of a chain of --lookup-pages 64 KiB pages on A through
  *            A's socket, p50/p99 over --lookups calls: a chain A holds
- *            (answered by A's store alone) against one only C holds (A asks
- *            the keys' directory owners, one batched DirLookup each, and
- *            answers tier remote);
+ *            (answered by A's store alone) against one only C holds (after
+ *            the first call answered by A's directory cache, tier remote),
+ *            and against C's chain with one key more that nobody holds (the
+ *            cache answers the chain; that key's owner is asked each time,
+ *            as for a request's own tail after a shared prefix);
  *   load     a chain of --objects 1 MiB objects (64 MiB) on A: Acquire
  *            (asked again while it answers in-progress, as the linker does)
  *            and the copy out of A's pool into a worker's buffer. Held only
@@ -146,12 +148,26 @@ static double lookup_until(kvd_client_t *c, uint32_t ns, const kvd_key_t *keys, 
 
 /* ------------------------------------------------------------- lookup */
 
+/* A's directory cache hits and misses (`kvdock cluster --json`); zeros when
+ * they cannot be read. */
+static void cache_counters(uint64_t *hits, uint64_t *misses)
+{
+    static char out[1 << 16];
+    *hits = *misses = 0;
+    if (kc_cli(&cl, A, out, sizeof(out), (const char *[]){"cluster", "--json", NULL}) ==
+        0) {
+        dt_json_u64(out, NULL, "dir_cache_hits", hits);
+        dt_json_u64(out, NULL, "dir_cache_misses", misses);
+    }
+}
+
 static void bench_lookup(const copts_t *o, ts_client_t *wa)
 {
-    static kvd_key_t local[MAX_LOOKUP], remote[MAX_LOOKUP];
+    static kvd_key_t local[MAX_LOOKUP], remote[MAX_LOOKUP + 1], tail[MAX_LOOKUP + 1];
     size_t n = o->lookup_pages;
     if (ts_make_keys(1000, n, 16, local) != 0 ||
         ts_make_keys(50000, n, 16, remote) != 0 ||
+        ts_make_keys(90000, n + 1, 16, tail) != 0 ||
         publish_on(A, TS_KV_NS, TS_KV_BYTES, local, n) != 0 ||
         publish_on(C, TS_KV_NS, TS_KV_BYTES, remote, n) != 0)
         return;
@@ -159,17 +175,25 @@ static void bench_lookup(const copts_t *o, ts_client_t *wa)
         printf("lookup: A never saw C's chain\n");
         return;
     }
-    const char *what[2] = {"local (held on A)", "cluster (held on C)"};
-    const kvd_key_t *chains[2] = {local, remote};
-    uint64_t p50[2] = {0, 0}, p99[2] = {0, 0};
-    for (int w = 0; w < 2; w++) {
+    /* C's chain and one key more that nobody holds (a request's own tail
+     * after a shared prefix): the cache answers the chain, the tail's
+     * owner is asked each time (absence is not cached) */
+    memcpy(tail, remote, n * sizeof(kvd_key_t));
+    const char *what[3] = {"local (held on A)", "cluster (held on C)",
+                           "cluster + 1 new key"};
+    const kvd_key_t *chains[3] = {local, remote, tail};
+    size_t asked[3] = {n, n, n + 1};
+    uint64_t p50[3] = {0, 0, 0}, p99[3] = {0, 0, 0};
+    uint64_t hits0 = 0, misses0 = 0;
+    cache_counters(&hits0, &misses0);
+    for (int w = 0; w < 3; w++) {
         bench_hist_t *h = calloc(1, sizeof(*h));
         size_t nb = 0;
         uint32_t tier = 0;
         int errors = 0;
         for (int i = 0; h && i < o->lookups; i++) {
             uint64_t t0 = kvd_now_ns();
-            int rc = lookup(wa->c, wa->ns[0], chains[w], n, &nb, &tier);
+            int rc = lookup(wa->c, wa->ns[0], chains[w], asked[w], &nb, &tier);
             hist_add(h, kvd_now_ns() - t0);
             errors += rc != KVD_OK || nb != n;
         }
@@ -182,9 +206,14 @@ static void bench_lookup(const copts_t *o, ts_client_t *wa)
                what[w], n, p50[w] / 1e3, p99[w] / 1e3, o->lookups, tier, errors);
         free(h);
     }
-    if (p50[0] > 0)
-        printf("lookup cluster/local: p50 %.2fx  p99 %.2fx  (goal: at most 2x)\n",
-               (double)p50[1] / (double)p50[0], (double)p99[1] / (double)p99[0]);
+    uint64_t hits1 = 0, misses1 = 0;
+    cache_counters(&hits1, &misses1);
+    printf("lookup: A's directory cache over these calls: %llu hits, %llu misses "
+           "(--cluster-cache-ms, default 1000 ms)\n",
+           (unsigned long long)(hits1 - hits0), (unsigned long long)(misses1 - misses0));
+    for (int w = 1; w < 3 && p50[0] > 0; w++)
+        printf("lookup %s / local: p50 %.2fx  p99 %.2fx  (goal: at most 2x)\n", what[w],
+               (double)p50[w] / (double)p50[0], (double)p99[w] / (double)p99[0]);
 }
 
 /* --------------------------------------------------------------- load */

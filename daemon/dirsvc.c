@@ -15,6 +15,7 @@
 #include "directory.h"
 
 #include <string.h>
+#include <sys/random.h>
 
 #define FRAME_KEYS_MAX    65536      /* keys in one DirAnnounce (2 MiB of keys) */
 #define FRAME_BATCHES_MAX 1024       /* batches in one DirAnnounce (under --max-batch) */
@@ -24,6 +25,10 @@
  * on it, and an owner that hangs must not hold that up for a peer call's
  * whole timeout. */
 #define ROUTE_DEADLINE_NS (200ull * 1000 * 1000)
+/* The asker's cache (kvd_dirsvc_set_cache): 4-way sets of 56-byte entries,
+ * 65,536 entries (3.5 MiB) in all. */
+#define CACHE_WAYS 4
+#define CACHE_SETS (1u << 14)
 
 typedef struct hname {
     char tenant[KVD_TENANT_NAME_BYTES];
@@ -48,6 +53,16 @@ typedef struct mem {
 
 typedef enum walk_mode { WALK_NONE, WALK_FULL, WALK_CHANGED } walk_mode_t;
 
+/* What a routed lookup learned: key (of interned name) is held by member
+ * `holder` of the view `view` (its index in mem), until expires_ns. */
+typedef struct centry {
+    uint8_t key[KVD_KEY_BYTES];
+    uint32_t name;
+    uint32_t view; /* 0: empty */
+    uint32_t holder;
+    uint64_t expires_ns;
+} centry_t;
+
 struct kvd_dirsvc {
     kvd_store_t *store;
     kvd_peers_t *peers;
@@ -71,6 +86,12 @@ struct kvd_dirsvc {
     bool redo_full;       /* an announcement failed: a full round once the walk ends */
     struct route *routes; /* routed lookups not yet answered */
     uint64_t announced, announce_failures;
+    /* the cache of holders other members have (NULL: off) */
+    centry_t *cache; /* CACHE_SETS x CACHE_WAYS */
+    uint64_t cache_ttl_ns;
+    uint64_t cache_seed; /* keys are chosen by clients: sets by a secret */
+    uint32_t view_gen;   /* rises when the members (mem's indices) change */
+    uint64_t cache_hits, cache_misses, cache_stale;
 };
 
 /* ------------------------------------------------------------- names */
@@ -415,7 +436,8 @@ void kvd_dirsvc_view(kvd_dirsvc_t *d, const kvd_cluster_view_t *v)
         d->ready = false;
         d->n_q = 0;
         d->walk = WALK_NONE;
-        return; /* the members stay as they were, for the comparison when back */
+        d->view_gen++; /* nothing cached is trusted when back */
+        return;        /* the members stay as they were, for the comparison when back */
     }
     mem_t *m;
     uint64_t *h;
@@ -447,6 +469,8 @@ void kvd_dirsvc_view(kvd_dirsvc_t *d, const kvd_cluster_view_t *v)
         kvd_dir_drop_moved(d->share, d->self_hash, joiners, n_join);
     kvd_mem_free(KVD_MEM_STAGING, joiners, (v->n + 1) * sizeof(uint64_t));
     bool changed = n_gone > 0 || n_join > 0;
+    if (changed || !d->ready)
+        d->view_gen++; /* mem's indices change: the cache's entries are void */
     if (!d->ready || d->walk != WALK_NONE) {
         /* back from degraded or joining, or a change in the middle of a
          * walk: tell everything again */
@@ -532,6 +556,9 @@ void kvd_dirsvc_counters(const kvd_dirsvc_t *d, kvd_cluster_counters_t *out)
     out->announce_failures = d->announce_failures;
     out->announce_queued = d->n_q;
     out->peer_pending = kvd_peers_pending(d->peers);
+    out->dir_cache_hits = d->cache_hits;
+    out->dir_cache_misses = d->cache_misses;
+    out->dir_cache_stale = d->cache_stale;
 }
 
 bool kvd_dirsvc_other_live(const kvd_dirsvc_t *d, const char *node_id)
@@ -547,6 +574,112 @@ bool kvd_dirsvc_ready(const kvd_dirsvc_t *d)
 uint64_t kvd_dirsvc_queued(const kvd_dirsvc_t *d)
 {
     return d->n_q;
+}
+
+/* ------------------------------------------------------------- cache */
+
+/*
+ * The asker's cache: a routed lookup that may take any holder (the Lookup
+ * and Acquire of this daemon's workers) answers each key a member other
+ * than this one was found to hold, at most cache_ttl_ns ago in the same
+ * membership, from here, and asks the owners only for the others. So a
+ * prefix that many requests share (a system prompt) costs one round trip
+ * to the owners per TTL, not one per Lookup. The price is the TTL: a key
+ * its holder evicted meanwhile is still named here, so the Acquire's fetch
+ * finds it gone and fails cleanly (kvd_dirsvc_stale drops the entry), as
+ * it does for an owner's entry whose removal is not announced yet.
+ * Entries are never trusted across a membership change (view_gen).
+ */
+
+static uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+static centry_t *cache_set(const kvd_dirsvc_t *d, uint64_t dir_hash)
+{
+    return &d->cache[(mix64(dir_hash ^ d->cache_seed) & (CACHE_SETS - 1)) * CACHE_WAYS];
+}
+
+static centry_t *cache_find(const kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
+                            const uint8_t *key)
+{
+    centry_t *set = cache_set(d, dir_hash);
+    for (int w = 0; w < CACHE_WAYS; w++)
+        if (set[w].view == d->view_gen && set[w].name == name &&
+            memcmp(set[w].key, key, KVD_KEY_BYTES) == 0)
+            return &set[w];
+    return NULL;
+}
+
+/* The live member index that holds key, or -1. */
+static int cache_get(kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
+                     const uint8_t *key, uint64_t now_ns)
+{
+    centry_t *e = cache_find(d, name, dir_hash, key);
+    if (e == NULL || e->expires_ns <= now_ns || e->holder >= d->n_mem) {
+        d->cache_misses++;
+        return -1;
+    }
+    d->cache_hits++;
+    return (int)e->holder;
+}
+
+static void cache_put(kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
+                      const uint8_t *key, uint32_t holder, uint64_t now_ns)
+{
+    centry_t *e = cache_find(d, name, dir_hash, key);
+    if (e == NULL) {
+        /* an empty way, else the one that expires first */
+        centry_t *set = cache_set(d, dir_hash);
+        e = &set[0];
+        for (int w = 0; w < CACHE_WAYS; w++) {
+            if (set[w].view != d->view_gen) {
+                e = &set[w];
+                break;
+            }
+            if (set[w].expires_ns < e->expires_ns)
+                e = &set[w];
+        }
+        memcpy(e->key, key, KVD_KEY_BYTES);
+        e->name = name;
+        e->view = d->view_gen;
+    }
+    e->holder = holder;
+    e->expires_ns = now_ns + d->cache_ttl_ns;
+}
+
+int kvd_dirsvc_set_cache(kvd_dirsvc_t *d, uint64_t ttl_ms)
+{
+    if (ttl_ms == 0 || d->cache != NULL)
+        return KVD_OK;
+    d->cache =
+        kvd_mem_calloc(KVD_MEM_OTHER, (size_t)CACHE_SETS * CACHE_WAYS, sizeof(centry_t));
+    if (d->cache == NULL)
+        return KVD_ERR_NOMEM;
+    if (getrandom(&d->cache_seed, sizeof(d->cache_seed), 0) != sizeof(d->cache_seed))
+        d->cache_seed = kvd_now_ns() * 0x9e3779b97f4a7c15ull;
+    d->cache_ttl_ns = ttl_ms * 1000000ull;
+    return KVD_OK;
+}
+
+void kvd_dirsvc_stale(kvd_dirsvc_t *d, const char *tenant, const char *ns,
+                      const uint8_t key[KVD_KEY_BYTES])
+{
+    if (d->cache == NULL)
+        return;
+    uint32_t name = name_intern(d, tenant, ns);
+    centry_t *e = name == UINT32_MAX
+                      ? NULL
+                      : cache_find(d, name, kvd_dir_hash(tenant, ns, key), key);
+    if (e != NULL) {
+        e->view = 0;
+        d->cache_stale++;
+    }
 }
 
 /* ------------------------------------------------------------- routing */
@@ -568,6 +701,14 @@ typedef struct route {
     size_t ***sub_k; /* [sub][sub query][key] -> key index */
     size_t **sub_nk; /* [sub][sub query] -> keys asked (sub_k's length) */
     size_t *sub_nq;
+    /* per query and key, for the cache: what the owners were asked */
+    bool any;      /* any one holder answers a key (kvd_dirsvc_route) */
+    uint32_t view; /* d->view_gen when asked */
+    size_t n_q;
+    uint32_t *names;  /* [query] -> interned name (UINT32_MAX: none) */
+    kvd_key_t **keys; /* [query] -> its keys (copies) */
+    uint64_t **dh;    /* [query][key] -> kvd_dir_hash */
+    uint32_t **own;   /* [query][key] -> owner asked (UINT32_MAX: none) */
 } route_t;
 
 /* Bit of node id in the merged reply (added when new); -1 when full. */
@@ -582,12 +723,44 @@ static int node_bit(kvd_dir_lookup_rep_t *r, const char *id)
     return (int)r->n_nodes++;
 }
 
+/* Puts into the cache what the owners said of the keys they were asked:
+ * for each, the first holder that is a live member other than this one. */
+static void route_learn(route_t *rt)
+{
+    kvd_dirsvc_t *d = rt->d;
+    if (d->cache == NULL || !d->ready || rt->view != d->view_gen)
+        return;
+    const kvd_dir_lookup_rep_t *r = &rt->rep.body.dir_lookup_rep;
+    int idx[KVD_DIR_NODES_MAX];
+    for (size_t b = 0; b < r->n_nodes && b < KVD_DIR_NODES_MAX; b++) {
+        const mem_t *m = strcmp(r->nodes[b], d->self) == 0
+                             ? NULL
+                             : mem_find(d->mem, d->n_mem, r->nodes[b]);
+        idx[b] = m != NULL ? (int)(m - d->mem) : -1;
+    }
+    uint64_t now = kvd_now_ns();
+    for (size_t q = 0; q < rt->n_q; q++) {
+        if (rt->names[q] == UINT32_MAX)
+            continue;
+        for (size_t i = 0; i < r->n_holders[q]; i++) {
+            uint64_t bits = rt->own[q][i] == UINT32_MAX ? 0 : r->holders[q][i];
+            for (size_t b = 0; bits != 0 && b < r->n_nodes && b < KVD_DIR_NODES_MAX; b++)
+                if (bits >> b & 1 && idx[b] >= 0) {
+                    cache_put(d, rt->names[q], rt->dh[q][i], rt->keys[q][i],
+                              (uint32_t)idx[b], now);
+                    break;
+                }
+        }
+    }
+}
+
 /* Answers (once: all owners answered, or the deadline came); frees the
  * route when no owner's answer is still to come. */
 static void route_answer(route_t *rt)
 {
     if (!rt->answered) {
         rt->answered = true;
+        route_learn(rt);
         kvd_dirsvc_t *d = rt->d;
         if (rt->prev != NULL)
             rt->prev->next = rt->next;
@@ -652,7 +825,7 @@ static void route_sub_done(void *arg, int status, kvd_msg_t *rep)
         route_answer(rt);
 }
 
-int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
+int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req, bool any,
                      kvd_dirsvc_done_fn fn, void *arg)
 {
     route_t *rt = kvd_mem_calloc(KVD_MEM_STAGING, 1, sizeof(*rt));
@@ -661,7 +834,10 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
     rt->d = d;
     rt->fn = fn;
     rt->arg = arg;
-    rt->deadline_ns = kvd_now_ns() + ROUTE_DEADLINE_NS;
+    rt->any = any;
+    rt->view = d->view_gen;
+    uint64_t now = kvd_now_ns();
+    rt->deadline_ns = now + ROUTE_DEADLINE_NS;
     rt->next = d->routes;
     if (d->routes != NULL)
         d->routes->prev = rt;
@@ -676,32 +852,56 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
     rt->sub_k = kvd_msg_alloc(m, (nm + 1) * sizeof(size_t **));
     rt->sub_nk = kvd_msg_alloc(m, (nm + 1) * sizeof(size_t *));
     rt->sub_nq = kvd_msg_alloc(m, (nm + 1) * sizeof(size_t));
+    rt->names = kvd_msg_alloc(m, req->n * sizeof(uint32_t) + 1);
+    rt->keys = kvd_msg_alloc(m, req->n * sizeof(kvd_key_t *) + 1);
+    rt->dh = kvd_msg_alloc(m, req->n * sizeof(uint64_t *) + 1);
+    rt->own = kvd_msg_alloc(m, req->n * sizeof(uint32_t *) + 1);
     bool ok = r->nodes && r->n_holders && r->holders && rt->sub_q && rt->sub_k &&
-              rt->sub_nk && rt->sub_nq;
+              rt->sub_nk && rt->sub_nq && rt->names && rt->keys && rt->dh && rt->own;
     r->n = req->n;
-    /* this daemon's own store first: what it holds it knows for sure */
+    /* per key: this daemon's own store first (what it holds it knows for
+     * sure), then, when any holder will do, the cache; the owner of each
+     * key still unknown is asked */
     for (size_t q = 0; ok && q < req->n; q++) {
         const kvd_dir_keys_t *k = &req->queries[q];
-        r->holders[q] = kvd_msg_alloc(m, k->n_added * sizeof(uint64_t) + 1);
-        r->n_holders[q] = k->n_added;
-        ok = r->holders[q] != NULL;
+        size_t nk = k->n_added;
+        r->holders[q] = kvd_msg_alloc(m, nk * sizeof(uint64_t) + 1);
+        rt->keys[q] = kvd_msg_alloc(m, nk * sizeof(kvd_key_t) + 1);
+        rt->dh[q] = kvd_msg_alloc(m, nk * sizeof(uint64_t) + 1);
+        rt->own[q] = kvd_msg_alloc(m, nk * sizeof(uint32_t) + 1);
+        ok = r->holders[q] && rt->keys[q] && rt->dh[q] && rt->own[q];
         if (!ok)
             break;
-        memset(r->holders[q], 0, k->n_added * sizeof(uint64_t));
+        rt->n_q = q + 1;
+        r->n_holders[q] = nk;
+        memset(r->holders[q], 0, nk * sizeof(uint64_t));
+        memcpy(rt->keys[q], k->added, nk * sizeof(kvd_key_t));
+        rt->names[q] =
+            d->cache != NULL ? name_intern(d, k->tenant, k->ns_name) : UINT32_MAX;
         uint32_t tenant, ns;
-        if (kvd_store_tenant_find(d->store, k->tenant, &tenant) != KVD_OK ||
-            kvd_store_ns_find(d->store, tenant, k->ns_name, &ns) != KVD_OK)
-            continue;
+        bool local = kvd_store_tenant_find(d->store, k->tenant, &tenant) == KVD_OK &&
+                     kvd_store_ns_find(d->store, tenant, k->ns_name, &ns) == KVD_OK;
         int bit = -1;
-        for (size_t i = 0; i < k->n_added; i++) {
+        for (size_t i = 0; i < nk; i++) {
+            uint64_t h = kvd_dir_hash(k->tenant, k->ns_name, k->added[i]);
+            rt->dh[q][i] = h;
             kvd_obj_info_t info;
-            if (kvd_store_inspect(d->store, ns, k->added[i], &info) != KVD_OK ||
-                info.state != KVD_OBJ_READY)
-                continue;
-            if (bit < 0)
-                bit = node_bit(r, d->self);
-            if (bit >= 0)
-                r->holders[q][i] |= 1ull << bit;
+            if (local && kvd_store_inspect(d->store, ns, k->added[i], &info) == KVD_OK &&
+                info.state == KVD_OBJ_READY) {
+                if (bit < 0)
+                    bit = node_bit(r, d->self);
+                if (bit >= 0)
+                    r->holders[q][i] |= 1ull << bit;
+            }
+            if (any && r->holders[q][i] == 0 && nm > 0 && rt->names[q] != UINT32_MAX) {
+                int c = cache_get(d, rt->names[q], h, k->added[i], now);
+                int b = c >= 0 ? node_bit(r, d->mem[c].id) : -1;
+                if (b >= 0)
+                    r->holders[q][i] |= 1ull << b;
+            }
+            rt->own[q][i] = nm == 0 || (any && r->holders[q][i] != 0)
+                                ? UINT32_MAX
+                                : (uint32_t)kvd_rendezvous_owner(h, d->hashes, d->n_mem);
         }
     }
     if (!ok) {
@@ -730,10 +930,8 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
         for (size_t q = 0; q < req->n; q++) {
             const kvd_dir_keys_t *k = &req->queries[q];
             size_t cnt = 0;
-            for (size_t i = 0; i < k->n_added; i++) {
-                uint64_t h = kvd_dir_hash(k->tenant, k->ns_name, k->added[i]);
-                cnt += kvd_rendezvous_owner(h, d->hashes, d->n_mem) == o;
-            }
+            for (size_t i = 0; i < k->n_added; i++)
+                cnt += rt->own[q][i] == o;
             if (cnt == 0)
                 continue;
             kvd_dir_keys_t *dk = &sr->queries[sr->n];
@@ -744,8 +942,7 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
             if (!dk->added || !map)
                 break;
             for (size_t i = 0; i < k->n_added; i++) {
-                uint64_t h = kvd_dir_hash(k->tenant, k->ns_name, k->added[i]);
-                if (kvd_rendezvous_owner(h, d->hashes, d->n_mem) != o)
+                if (rt->own[q][i] != o)
                     continue;
                 memcpy(dk->added[dk->n_added], k->added[i], KVD_KEY_BYTES);
                 map[dk->n_added++] = i;
@@ -804,6 +1001,7 @@ int kvd_dirsvc_create(kvd_store_t *store, kvd_peers_t *peers, const char *self_i
     d->peers = peers;
     kvd_strlcpy(d->self, self_id, sizeof(d->self));
     d->self_hash = kvd_node_hash(self_id);
+    d->view_gen = 1;
     kvd_store_set_presence(store, on_presence, d);
     *out = d;
     return KVD_OK;
@@ -819,5 +1017,7 @@ void kvd_dirsvc_destroy(kvd_dirsvc_t *d)
     mems_free(&d->old, &d->old_hashes, &d->n_old);
     kvd_mem_free(KVD_MEM_OTHER, d->names, d->names_cap * sizeof(*d->names));
     kvd_mem_free(KVD_MEM_STAGING, d->q, d->q_cap * sizeof(*d->q));
+    kvd_mem_free(KVD_MEM_OTHER, d->cache,
+                 (size_t)CACHE_SETS * CACHE_WAYS * sizeof(centry_t));
     kvd_mem_free(KVD_MEM_OTHER, d, sizeof(*d));
 }

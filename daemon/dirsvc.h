@@ -54,10 +54,26 @@ void kvd_dirsvc_serve_local(kvd_dirsvc_t *d, const kvd_msg_t *req, kvd_msg_t *re
  * error in it; fn takes nothing from rep after it returns). fn may run
  * before this returns (nothing to ask). Owners that fail or time out
  * count as knowing nothing.
+ *
+ * any: one holder per key is all the caller needs (a worker's Lookup, a
+ * remote load). A key this daemon holds, or one the cache names a holder
+ * of (kvd_dirsvc_set_cache), is then answered here and its owner is not
+ * asked; without any (`kvdock show --cluster`, a Reserve stored once per
+ * cluster) every owner is asked for every key, and the answer names every
+ * holder the owners know.
  */
 typedef void (*kvd_dirsvc_done_fn)(void *arg, kvd_msg_t *rep);
-int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req,
+int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req, bool any,
                      kvd_dirsvc_done_fn fn, void *arg);
+
+/* Keeps what routed lookups learn of other members' keys for ttl_ms (0:
+ * no cache), in 65,536 entries (3.5 MiB); cleared by any membership
+ * change. dirsvc.c's "cache" says what it costs. */
+int kvd_dirsvc_set_cache(kvd_dirsvc_t *d, uint64_t ttl_ms);
+/* A member the cache named did not have key (a remote load's fetch found
+ * it gone): the entry is dropped, so the next lookup asks its owner. */
+void kvd_dirsvc_stale(kvd_dirsvc_t *d, const char *tenant, const char *ns,
+                      const uint8_t key[KVD_KEY_BYTES]);
 
 /* The RPC address of a live member (NULL when it is not one); whether an
  * id is this daemon's own; whether the cluster can be asked now. */
@@ -74,7 +90,8 @@ void kvd_dirsvc_not_here(kvd_dirsvc_t *d, const char *tenant, const char *ns,
                          const uint8_t key[KVD_KEY_BYTES]);
 
 /* Its counters (directory_entries, announced_keys, announce_failures,
- * announce_queued, peer_pending) into out; the others are left alone. */
+ * announce_queued, peer_pending, dir_cache_*) into out; the others are
+ * left alone. */
 void kvd_dirsvc_counters(const kvd_dirsvc_t *d, kvd_cluster_counters_t *out);
 
 /* Entries of this daemon's share; announcements waiting to go. */

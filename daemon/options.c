@@ -175,6 +175,11 @@ static const opt_def_t opt_defs[] = {
     {"cluster-ttl", OPT_U64, OFF(cluster_ttl_s), 0, 2, 3600, "SECONDS",
      "the lease that keeps this daemon a member: gone from every lookup within it "
      "(and a watch round) after it dies (default 5)"},
+    {"cluster-cache-ms", OPT_U64, OFF(cluster_cache_ms), 0, 0, 60000, "MS",
+     "keep which member holds a key, as the directory's owners answered a lookup, "
+     "this long: a shared prefix looked up again asks no owner (0: ask every time; "
+     "default 1000). A key its holder evicted meanwhile makes the load fail "
+     "cleanly, and is asked again"},
     {"cluster-once", OPT_STRING, OFF(cluster_once), SZ(cluster_once), 0, 0, "PATTERNS",
      "rank-replicated namespaces whose names match one of these comma-separated "
      "patterns (fnmatch: '*' every one) are stored once per cluster: a page another "
@@ -395,6 +400,7 @@ static void set_defaults(kvd_opts_t *o)
     o->log_level = KVD_LOG_INFO;
     strcpy(o->cluster_name, "default");
     o->cluster_ttl_s = 5;
+    o->cluster_cache_ms = 1000;
 }
 
 kvd_opts_result_t kvd_opts_parse(int argc, char **argv, kvd_opts_t *o)

@@ -67,6 +67,7 @@ typedef struct kvd_opts {
     char cluster_name[64];        /* etcd keys under /kvdock/NAME/ */
     char cluster_token_file[256]; /* the token daemons present to each other */
     uint64_t cluster_ttl_s;       /* the member lease's TTL */
+    uint64_t cluster_cache_ms;    /* how long a lookup's answer from owners is kept */
     char cluster_once[256];       /* rank-replicated namespaces stored once per cluster */
 } kvd_opts_t;
 

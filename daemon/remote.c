@@ -164,9 +164,11 @@ static void keys_settle(const job_t *j, const size_t *at, size_t n,
             continue;
         }
         kvd_obj_info_t info;
-        key_done(j->r, j->ns, key,
-                 kvd_store_inspect(j->r->store, j->ns, key, &info) == KVD_OK &&
-                     info.state == KVD_OBJ_READY);
+        bool here = kvd_store_inspect(j->r->store, j->ns, key, &info) == KVD_OK &&
+                    info.state == KVD_OBJ_READY;
+        if (!here) /* the holder named did not give it: not asked of it again */
+            kvd_dirsvc_stale(j->r->dir, j->tenant, j->ns_name, key);
+        key_done(j->r, j->ns, key, here);
     }
 }
 
@@ -528,7 +530,7 @@ int kvd_remote_want(kvd_remote_t *r, uint32_t ns, const kvd_key_t *keys, size_t 
         kvd_strlcpy(q.tenant, j->tenant, sizeof(q.tenant));
         kvd_strlcpy(q.ns_name, j->ns_name, sizeof(q.ns_name));
         kvd_dir_lookup_req_t dq = {.n = 1, .queries = &q};
-        if (kvd_dirsvc_route(r->dir, &dq, on_holders, j) != KVD_OK) {
+        if (kvd_dirsvc_route(r->dir, &dq, true, on_holders, j) != KVD_OK) {
             for (size_t i = 0; i < j->n; i++)
                 key_done(r, ns, j->keys[i], false);
             job_put(j);

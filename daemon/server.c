@@ -1055,7 +1055,7 @@ static bool lookup_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
         w->t0 = t0;
         w->n_pools = r->n_pools;
         kvd_dir_lookup_req_t dq = {.n = r->n_pools, .queries = dk};
-        ok = kvd_dirsvc_route(s->dirsvc, &dq, lookup_done, w) == KVD_OK;
+        ok = kvd_dirsvc_route(s->dirsvc, &dq, true, lookup_done, w) == KVD_OK;
     }
     kvd_msg_clear(&q);
     if (!ok && w != NULL) {
@@ -1201,7 +1201,7 @@ static bool reserve_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, ui
     kvd_strlcpy(q.tenant, tenant, sizeof(q.tenant));
     kvd_strlcpy(q.ns_name, info.name, sizeof(q.ns_name));
     kvd_dir_lookup_req_t dq = {.n = 1, .queries = &q};
-    if (kvd_dirsvc_route(s->dirsvc, &dq, reserve_done, w) != KVD_OK) {
+    if (kvd_dirsvc_route(s->dirsvc, &dq, false, reserve_done, w) != KVD_OK) {
         kvd_msg_clear(&w->req);
         kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
         return false;
@@ -1280,7 +1280,7 @@ static bool serve_dir(kvd_server_t *s, conn_t *c, const kvd_msg_t *req, kvd_msg_
         return false;
     }
     *d = (deferred_t){s, c->id, req->id, t0};
-    int rc = kvd_dirsvc_route(s->dirsvc, r, routed_done, d);
+    int rc = kvd_dirsvc_route(s->dirsvc, r, false, routed_done, d);
     if (rc != KVD_OK) {
         kvd_mem_free(KVD_MEM_OTHER, d, sizeof(*d));
         kvd_msg_error(rep, req->id, req->method, rc, "directory: %s", kvd_status_str(rc));
@@ -1320,6 +1320,8 @@ static int start_cluster(kvd_server_t *s)
     explicit_bzero(tok, sizeof(tok));
     if (rc == KVD_OK)
         rc = kvd_dirsvc_create(s->store, s->peers, s->opts.node_id, &s->dirsvc);
+    if (rc == KVD_OK)
+        rc = kvd_dirsvc_set_cache(s->dirsvc, s->opts.cluster_cache_ms);
     if (rc == KVD_OK)
         rc = kvd_remote_create(s->store, kvd_pool_base(s->pool), s->dirsvc, s->peers,
                                s->opts.max_frame_bytes, &s->remote);

@@ -626,7 +626,11 @@ typedef struct kvd_member_msg {
     X(U64, served_objects, 0, COUNTER, "Objects sent to other members.")              \
     X(U64, served_bytes, 0, COUNTER, "Bytes sent to other members.")                  \
     X(U64, fetched_ucx_objects, 0, COUNTER, "Fetched objects read over UCX.")         \
-    X(U64, fetched_ucx_bytes, 0, COUNTER, "Bytes read over UCX from other members.")
+    X(U64, fetched_ucx_bytes, 0, COUNTER, "Bytes read over UCX from other members.")  \
+    X(U64, dir_cache_hits, 0, COUNTER, "Keys the directory cache named a holder of.") \
+    X(U64, dir_cache_misses, 0, COUNTER, "Keys the directory cache did not know.")    \
+    X(U64, dir_cache_stale, 0, COUNTER,                                               \
+      "Keys a cached holder no longer had (its fetch found them gone).")
 
 typedef struct kvd_cluster_counters {
     KVD_CLUSTER_COUNTER_FIELDS(KVD_FIELD_DECL)

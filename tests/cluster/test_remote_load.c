@@ -28,6 +28,12 @@
  *     not-found, or (rid, false)); A keeps serving its own objects, and
  *     once C is out of the membership a Lookup on A no longer returns
  *     C's chain.
+ * (5) the directory cache (A with --cluster-cache-ms 60000): a chain only
+ *     C holds, found by A's Lookup, is found again by a second Lookup that
+ *     A answers alone (its cache hits rise by the chain's keys; B and C
+ *     serve no DirLookup); evicted on C, A's Acquire of it fails not-found
+ *     within a bound and drops the stale entries, and A's Lookups (asking
+ *     the owners again) stop returning it;
  * (3) runs last: it takes C away. Skips (77) where namespaces or etcd are
  * missing, as the other cluster tests do.
  */
@@ -67,7 +73,7 @@
 #define L_RID   41
 
 static kc_cluster_t cl;
-static kvd_key_t chain1[PAGES], chain2[PAGES], ghost[PAGES];
+static kvd_key_t chain1[PAGES], chain2[PAGES], chain3[PAGES], ghost[PAGES];
 
 /* ------------------------------------------------------------ helpers */
 
@@ -704,6 +710,108 @@ static void bad_peers(ts_client_t *wa)
 
 /* ------------------------------------------------ (3) holder dies */
 
+/* ---------------------------------------------------- (5) the cache */
+
+/* A's directory cache counters (`kvdock cluster --json`) into c[0..2]:
+ * hits, misses, stale. */
+static bool cache_counters(uint64_t c[3])
+{
+    static char out[1 << 16];
+    int rc =
+        kc_cli(&cl, A, out, sizeof(out), (const char *[]){"cluster", "--json", NULL});
+    return rc == 0 && dt_json_u64(out, NULL, "dir_cache_hits", &c[0]) &&
+           dt_json_u64(out, NULL, "dir_cache_misses", &c[1]) &&
+           dt_json_u64(out, NULL, "dir_cache_stale", &c[2]);
+}
+
+/* DirLookup calls B and C served (their Stats), added. */
+static uint64_t owner_dir_lookups(void)
+{
+    uint64_t n = 0;
+    for (int i = B; i <= C; i++) {
+        ts_stats_t st;
+        if (ts_stats_fresh(cl.node[i].socket, false, &st) == 0)
+            n += st.methods[KVD_METHOD_DIR_LOOKUP].calls;
+    }
+    return n;
+}
+
+static void cache_level(ts_client_t *wa)
+{
+    int failures_before = dt_failure_count();
+    publish_on(C, chain3, PAGES);
+    uint32_t b[PAGES], tiers[PAGES];
+    size_t nb = 0;
+    uint64_t waited = 0;
+    if (!DT_CHECK(
+            lookup_until(wa->c, wa->ns[0], chain3, PAGES, true, b, tiers, &nb, &waited),
+            "(5) A's Lookup should find the third chain: %zu boundaries", nb))
+        return;
+    /* the chain found: the owners told A where it is, and A keeps it */
+    uint64_t c0[3], c1[3], c2[3];
+    uint64_t asked0 = owner_dir_lookups();
+    if (!DT_CHECK(cache_counters(c0), "(5) A's cluster counters"))
+        return;
+    DT_CHECK(asked0 > 0 && c0[1] >= PAGES,
+             "(5) finding the chain should have asked the owners: %llu DirLookups on B "
+             "and C, %llu cache misses on A",
+             (unsigned long long)asked0, (unsigned long long)c0[1]);
+    int rc = lookup_tiers(wa->c, wa->ns[0], chain3, PAGES, b, tiers, &nb);
+    uint64_t asked1 = owner_dir_lookups();
+    DT_CHECK(cache_counters(c1), "(5) A's cluster counters");
+    DT_CHECK(rc == KVD_OK && nb == PAGES && b[PAGES - 1] == PAGES &&
+                 tiers[PAGES - 1] == TIER_REMOTE,
+             "(5) the Lookup again should return the whole chain, tier remote: %s, %zu "
+             "boundaries",
+             kvd_status_str(rc), nb);
+    DT_CHECK(c1[0] == c0[0] + PAGES && c1[1] == c0[1] && asked1 == asked0,
+             "(5) the Lookup again should be answered from A's cache: hits %llu -> %llu "
+             "(want +%d), misses %llu -> %llu, DirLookups on B and C %llu -> %llu",
+             (unsigned long long)c0[0], (unsigned long long)c1[0], PAGES,
+             (unsigned long long)c0[1], (unsigned long long)c1[1],
+             (unsigned long long)asked0, (unsigned long long)asked1);
+    /* evicted on C: the cache still names C (A was started with a TTL far
+     * longer than this case), so the Acquire's fetch finds them gone, fails
+     * cleanly and drops the entries; then A asks the owners again */
+    for (size_t i = 0; i < PAGES; i++) {
+        static char out[4096];
+        char hx[2 * KVD_KEY_BYTES + 1];
+        for (size_t k = 0; k < KVD_KEY_BYTES; k++)
+            snprintf(hx + 2 * k, 3, "%02x", chain3[i][k]);
+        DT_CHECK(kc_cli(&cl, C, out, sizeof(out),
+                        (const char *[]){"evict", "--key", hx, "--namespace", TS_KV_NS,
+                                         NULL}) == 0,
+                 "(5) evict key %zu on C: %s", i, out);
+    }
+    uint64_t lease = 0, offsets[PAGES];
+    int first = 0, rounds = 0;
+    ts_err_t err = {0};
+    rc = acquire_until(wa->c, wa->ns[0], chain3, PAGES, &lease, offsets, &first, &rounds,
+                       &waited, &err);
+    DT_CHECK(cache_counters(c2), "(5) A's cluster counters");
+    DT_CHECK(rc == KVD_ERR_NOT_FOUND && c2[2] >= c1[2] + PAGES,
+             "(5) A's Acquire of the chain C evicted should fail not-found, its cached "
+             "entries stale: %s (%s) after %d answers, %llu ms; stale %llu -> %llu",
+             kvd_status_str(rc), err.text, rounds, (unsigned long long)waited,
+             (unsigned long long)c1[2], (unsigned long long)c2[2]);
+    if (lease != 0)
+        ts_release(wa->c, lease, &err);
+    DT_CHECK(lookup_until(wa->c, wa->ns[0], chain3, PAGES, false, b, tiers, &nb, &waited),
+             "(5) A's Lookup should no longer return the evicted chain: %zu boundaries",
+             nb);
+    uint64_t c3[3];
+    DT_CHECK(cache_counters(c3) && c3[1] > c2[1],
+             "(5) after the stale entries, A should ask the owners again: misses %llu -> "
+             "%llu",
+             (unsigned long long)c2[1], (unsigned long long)c3[1]);
+    if (dt_failure_count() == failures_before)
+        printf("(5) cache: a second Lookup answered by A alone (+%llu hits, no DirLookup "
+               "on B or C); the chain evicted on C: Acquire not-found after %d answers, "
+               "%llu stale entries dropped, then gone from A's Lookups\n",
+               (unsigned long long)(c1[0] - c0[0]), rounds,
+               (unsigned long long)(c2[2] - c1[2]));
+}
+
 static void holder_dies(ts_client_t *wa)
 {
     publish_on(C, chain2, PAGES);
@@ -811,7 +919,10 @@ int main(void)
     if (rc == 0 && ts_make_keys(9000, PAGES, PAGE_SIZE, chain1) == 0 &&
         ts_make_keys(19000, PAGES, PAGE_SIZE, chain2) == 0 &&
         ts_make_keys(29000, PAGES, PAGE_SIZE, ghost) == 0 &&
-        kc_node_start(&cl, A, true, NULL) == 0 &&
+        ts_make_keys(39000, PAGES, PAGE_SIZE, chain3) == 0 &&
+        /* A keeps its directory cache far longer than the test runs: (5) */
+        kc_node_start(&cl, A, true,
+                      (const char *const[]){"--cluster-cache-ms", "60000", NULL}) == 0 &&
         kc_node_start(&cl, B, true, NULL) == 0 &&
         kc_node_start(&cl, C, true, NULL) == 0 &&
         DT_CHECK(kc_wait_members(&cl, 0x7u, KC_READY_MS, NULL, NULL),
@@ -823,6 +934,7 @@ int main(void)
             rpc_level(&wa);
             linker_level();
             bad_peers(&wa);
+            cache_level(&wa);
             holder_dies(&wa);
             ts_close(&wa);
         }
