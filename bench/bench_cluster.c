@@ -249,7 +249,9 @@ static int load_once(ts_client_t *t, const kvd_key_t *keys, size_t n, uint8_t *b
             kvd_sleep_ns(pause);
             pause = KVD_MIN(2 * pause, 5000000ull);
         }
-        rc = ts_acquire(t->c, t->ns[0], BIG_BYTES, keys, n, &lease, off, &err);
+        /* as the linker asks: the daemon holds the reply while it fetches */
+        rc = ts_acquire_wait(t->c, t->ns[0], BIG_BYTES, keys, n, KVD_ACQUIRE_WAIT_MAX_MS,
+                             &lease, off, &err);
         (*rounds)++;
     } while (rc == KVD_INPROGRESS && now_s() < t0 + 30);
     double t1 = now_s();

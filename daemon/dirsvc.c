@@ -54,12 +54,15 @@ typedef struct mem {
 typedef enum walk_mode { WALK_NONE, WALK_FULL, WALK_CHANGED } walk_mode_t;
 
 /* What a routed lookup learned: key (of interned name) is held by member
- * `holder` of the view `view` (its index in mem), until expires_ns. */
+ * `holder` of the view `view` (its index in mem; UINT32_MAX none), until
+ * expires_ns; and, until then too, which member was found without it
+ * (gone: 1 + its index; 0 none), whatever the owners still say. */
 typedef struct centry {
     uint8_t key[KVD_KEY_BYTES];
     uint32_t name;
     uint32_t view; /* 0: empty */
     uint32_t holder;
+    uint32_t gone;
     uint64_t expires_ns;
 } centry_t;
 
@@ -587,7 +590,12 @@ uint64_t kvd_dirsvc_queued(const kvd_dirsvc_t *d)
  * to the owners per TTL, not one per Lookup. The price is the TTL: a key
  * its holder evicted meanwhile is still named here, so the Acquire's fetch
  * finds it gone and fails cleanly (kvd_dirsvc_stale drops the entry), as
- * it does for an owner's entry whose removal is not announced yet.
+ * it does for an owner's entry whose removal is not announced yet. That
+ * member is then remembered as without the key for a TTL, and taken out
+ * of every routed answer for it: the owners may not have heard of the
+ * eviction yet, and would otherwise name it again (and the cache learn it
+ * again for a whole TTL). A member that publishes the key again meanwhile
+ * is passed over until then: a missed hit, never a failed load.
  * Entries are never trusted across a membership change (view_gen).
  */
 
@@ -629,28 +637,56 @@ static int cache_get(kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
     return (int)e->holder;
 }
 
-static void cache_put(kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
-                      const uint8_t *key, uint32_t holder, uint64_t now_ns)
+/* key's entry: the one there is, else a fresh one (no holder, nothing
+ * gone, expired) in an empty way, or in the one that expires first. */
+static centry_t *cache_slot(kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
+                            const uint8_t *key)
 {
     centry_t *e = cache_find(d, name, dir_hash, key);
-    if (e == NULL) {
-        /* an empty way, else the one that expires first */
-        centry_t *set = cache_set(d, dir_hash);
-        e = &set[0];
-        for (int w = 0; w < CACHE_WAYS; w++) {
-            if (set[w].view != d->view_gen) {
-                e = &set[w];
-                break;
-            }
-            if (set[w].expires_ns < e->expires_ns)
-                e = &set[w];
+    if (e != NULL)
+        return e;
+    centry_t *set = cache_set(d, dir_hash);
+    e = &set[0];
+    for (int w = 0; w < CACHE_WAYS; w++) {
+        if (set[w].view != d->view_gen) {
+            e = &set[w];
+            break;
         }
-        memcpy(e->key, key, KVD_KEY_BYTES);
-        e->name = name;
-        e->view = d->view_gen;
+        if (set[w].expires_ns < e->expires_ns)
+            e = &set[w];
     }
+    memcpy(e->key, key, KVD_KEY_BYTES);
+    e->name = name;
+    e->view = d->view_gen;
+    e->holder = UINT32_MAX;
+    e->gone = 0;
+    e->expires_ns = 0;
+    return e;
+}
+
+/* A live entry's member found without the key (UINT32_MAX: none). */
+static uint32_t cache_gone(const kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
+                           const uint8_t *key, uint64_t now_ns)
+{
+    const centry_t *e = cache_find(d, name, dir_hash, key);
+    return e != NULL && e->gone != 0 && e->expires_ns > now_ns ? e->gone - 1 : UINT32_MAX;
+}
+
+/* Learns that member `holder` has key; false when it was found without it
+ * within the TTL (not learned: the owners' word is older than that). */
+static bool cache_put(kvd_dirsvc_t *d, uint32_t name, uint64_t dir_hash,
+                      const uint8_t *key, uint32_t holder, uint64_t now_ns)
+{
+    centry_t *e = cache_slot(d, name, dir_hash, key);
+    bool gone_live = e->gone != 0 && e->expires_ns > now_ns;
+    if (gone_live && e->gone - 1 == holder)
+        return false;
     e->holder = holder;
-    e->expires_ns = now_ns + d->cache_ttl_ns;
+    if (!gone_live) { /* a live one keeps its end: it is not renewed here */
+        e->gone = 0;
+        e->expires_ns = now_ns + d->cache_ttl_ns;
+    }
+    return true;
 }
 
 int kvd_dirsvc_set_cache(kvd_dirsvc_t *d, uint64_t ttl_ms)
@@ -668,18 +704,28 @@ int kvd_dirsvc_set_cache(kvd_dirsvc_t *d, uint64_t ttl_ms)
 }
 
 void kvd_dirsvc_stale(kvd_dirsvc_t *d, const char *tenant, const char *ns,
-                      const uint8_t key[KVD_KEY_BYTES])
+                      const uint8_t key[KVD_KEY_BYTES], const char *holder)
 {
-    if (d->cache == NULL)
+    if (d->cache == NULL || !d->ready)
         return;
     uint32_t name = name_intern(d, tenant, ns);
-    centry_t *e = name == UINT32_MAX
-                      ? NULL
-                      : cache_find(d, name, kvd_dir_hash(tenant, ns, key), key);
-    if (e != NULL) {
-        e->view = 0;
-        d->cache_stale++;
+    if (name == UINT32_MAX)
+        return;
+    uint64_t h = kvd_dir_hash(tenant, ns, key);
+    const mem_t *m = holder != NULL ? mem_find(d->mem, d->n_mem, holder) : NULL;
+    if (m == NULL) { /* no member said so: only what was learned goes */
+        centry_t *e = cache_find(d, name, h, key);
+        if (e != NULL && e->holder != UINT32_MAX) {
+            e->holder = UINT32_MAX;
+            d->cache_stale++;
+        }
+        return;
     }
+    centry_t *e = cache_slot(d, name, h, key);
+    e->holder = UINT32_MAX;
+    e->gone = (uint32_t)(m - d->mem) + 1;
+    e->expires_ns = kvd_now_ns() + d->cache_ttl_ns;
+    d->cache_stale++;
 }
 
 /* ------------------------------------------------------------- routing */
@@ -723,8 +769,9 @@ static int node_bit(kvd_dir_lookup_rep_t *r, const char *id)
     return (int)r->n_nodes++;
 }
 
-/* Puts into the cache what the owners said of the keys they were asked:
- * for each, the first holder that is a live member other than this one. */
+/* Takes out of the owners' answers the members found without a key since
+ * (cache_gone), and puts into the cache what remains: for each key asked,
+ * the first holder that is a live member other than this one. */
 static void route_learn(route_t *rt)
 {
     kvd_dirsvc_t *d = rt->d;
@@ -743,13 +790,20 @@ static void route_learn(route_t *rt)
         if (rt->names[q] == UINT32_MAX)
             continue;
         for (size_t i = 0; i < r->n_holders[q]; i++) {
-            uint64_t bits = rt->own[q][i] == UINT32_MAX ? 0 : r->holders[q][i];
+            if (rt->own[q][i] == UINT32_MAX)
+                continue; /* not asked: this store's, or the cache's */
+            uint32_t gone =
+                cache_gone(d, rt->names[q], rt->dh[q][i], rt->keys[q][i], now);
+            for (size_t b = 0;
+                 gone != UINT32_MAX && b < r->n_nodes && b < KVD_DIR_NODES_MAX; b++)
+                if (idx[b] >= 0 && (uint32_t)idx[b] == gone)
+                    r->holders[q][i] &= ~(1ull << b);
+            uint64_t bits = r->holders[q][i];
             for (size_t b = 0; bits != 0 && b < r->n_nodes && b < KVD_DIR_NODES_MAX; b++)
-                if (bits >> b & 1 && idx[b] >= 0) {
+                if (bits >> b & 1 && idx[b] >= 0 &&
                     cache_put(d, rt->names[q], rt->dh[q][i], rt->keys[q][i],
-                              (uint32_t)idx[b], now);
+                              (uint32_t)idx[b], now))
                     break;
-                }
         }
     }
 }

@@ -70,10 +70,13 @@ int kvd_dirsvc_route(kvd_dirsvc_t *d, const kvd_dir_lookup_req_t *req, bool any,
  * no cache), in 65,536 entries (3.5 MiB); cleared by any membership
  * change. dirsvc.c's "cache" says what it costs. */
 int kvd_dirsvc_set_cache(kvd_dirsvc_t *d, uint64_t ttl_ms);
-/* A member the cache named did not have key (a remote load's fetch found
- * it gone): the entry is dropped, so the next lookup asks its owner. */
+/* A remote load's fetch found key gone: member `holder` answered that it
+ * does not have it (NULL: the fetch failed otherwise). The cache forgets
+ * the key's holder, so the next lookup asks its owner, and, with a holder,
+ * leaves that member out of routed answers for the key for a TTL (the
+ * owners may not have heard yet). */
 void kvd_dirsvc_stale(kvd_dirsvc_t *d, const char *tenant, const char *ns,
-                      const uint8_t key[KVD_KEY_BYTES]);
+                      const uint8_t key[KVD_KEY_BYTES], const char *holder);
 
 /* The RPC address of a live member (NULL when it is not one); whether an
  * id is this daemon's own; whether the cluster can be asked now. */

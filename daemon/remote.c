@@ -56,6 +56,7 @@ typedef struct job {
 
 typedef struct fetch {
     job_t *job;
+    char node[KVD_NODE_ID_BYTES]; /* the holder asked */
     size_t n;
     size_t *at; /* into job->keys */
 } fetch_t;
@@ -150,12 +151,10 @@ static void key_done(kvd_remote_t *r, uint32_t ns, const uint8_t *key, bool ok)
 /* The end of a fetch's keys at[0..n) of j: a key the holder is promoting
  * is asked for again; every other one is done, and fetched when it is
  * here now (published by the fetch, or by another writer meanwhile).
- * fr: the holder's answer, or NULL. */
-static void keys_settle(const struct job *j, const size_t *at, size_t n,
-                        const kvd_fetch_rep_t *fr);
-
+ * fr: the answer of holder `node`, or NULL (it did not answer, or was not
+ * asked). */
 static void keys_settle(const job_t *j, const size_t *at, size_t n,
-                        const kvd_fetch_rep_t *fr)
+                        const kvd_fetch_rep_t *fr, const char *node)
 {
     for (size_t i = 0; i < n; i++) {
         const uint8_t *key = j->keys[at[i]];
@@ -167,7 +166,9 @@ static void keys_settle(const job_t *j, const size_t *at, size_t n,
         bool here = kvd_store_inspect(j->r->store, j->ns, key, &info) == KVD_OK &&
                     info.state == KVD_OBJ_READY;
         if (!here) /* the holder named did not give it: not asked of it again */
-            kvd_dirsvc_stale(j->r->dir, j->tenant, j->ns_name, key);
+            kvd_dirsvc_stale(j->r->dir, j->tenant, j->ns_name, key,
+                             fr != NULL && fr->present[i] != KVD_FETCH_HERE ? node
+                                                                            : NULL);
         key_done(j->r, j->ns, key, here);
     }
 }
@@ -245,7 +246,7 @@ static void on_fetch(void *arg, int status, kvd_msg_t *rep)
         if (pub != NULL)
             kvd_mem_free(KVD_MEM_STAGING, pub, n_in * sizeof(*pub));
     }
-    keys_settle(j, f->at, f->n, fr);
+    keys_settle(j, f->at, f->n, fr, f->node);
     kvd_mem_free(KVD_MEM_STAGING, puts, (f->n + 1) * sizeof(*puts));
     kvd_mem_free(KVD_MEM_STAGING, src, (f->n + 1) * sizeof(*src));
     kvd_mem_free(KVD_MEM_STAGING, results, f->n + 1);
@@ -282,6 +283,7 @@ static void send_fetch(job_t *j, const char *node, const size_t *at, size_t n)
     }
     fq->n = n;
     *f = (fetch_t){.job = j, .n = n, .at = fat};
+    kvd_strlcpy(f->node, node, sizeof(f->node));
     j->refs++;
     r->st.fetches++;
     kvd_peers_send(r->peers, node, addr, &req, on_fetch, f);
@@ -344,7 +346,7 @@ static void on_read(void *arg, int status, kvd_msg_t *rep)
     if (op->lease != 0)
         kvd_store_revoke(r->store, OWNER_REMOTE, op->lease, NULL, 0);
     kvd_mem_free(KVD_MEM_STAGING, pub, (op->n + 1) * sizeof(*pub));
-    keys_settle(j, op->at, op->n, fr);
+    keys_settle(j, op->at, op->n, fr, op->node);
     readop_free(op);
     job_put(j);
 }
@@ -413,7 +415,7 @@ static void send_read(job_t *j, const char *node, const size_t *at, size_t n)
     }
     if (op != NULL) {
         /* nothing in flight: what is here is here, the rest failed */
-        keys_settle(j, at, n, NULL);
+        keys_settle(j, at, n, NULL, NULL);
         readop_free(op);
     }
     kvd_msg_clear(&req);

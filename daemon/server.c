@@ -105,6 +105,10 @@ typedef struct conn {
     size_t n_ucx_leases, cap_ucx_leases;
     kvd_framer_t in;
     kvd_buf_t out;
+    /* its Acquires held while their objects come into the pool
+     * (acquire_park), oldest first; freed with it */
+    struct acq_wait *acq_waits;
+    size_t n_acq_waits;
     /* what a client may hold, and for how long (on_tick closes it): */
     uint64_t accepted_ns;
     bool hello_done;         /* a Hello was answered: no hello timeout */
@@ -141,7 +145,14 @@ struct kvd_server {
      * found: what it left out ("tcp/lo"), for the Hellos that ask */
     char ucx_refused[256];
     conn_t *conns;
-    conn_t *dead;            /* closed during this batch, freed after it */
+    conn_t *dead; /* closed during this batch, freed after it */
+    /* Acquires held by their connections (acquire_park): how many, the
+     * bytes of their copies, the earliest time one must be answered, and
+     * whether something that may end one completed since they were tried */
+    size_t n_acq_waits;
+    size_t acq_wait_bytes;
+    uint64_t acq_next_ns;
+    bool acq_kick;
     bool backlog;            /* some connection has frames waiting for its next turn */
     uint64_t conn_buf_bytes; /* every connection's buffers (--max-conn-buffer) */
     uint64_t next_conn_id;
@@ -377,6 +388,49 @@ static void ucx_windows_expired(kvd_server_t *s)
         }
 }
 
+/*
+ * An Acquire held while its objects come into the pool (read from the SSD
+ * tier, fetched from another member) instead of an in-progress reply the
+ * client would have to ask again after a pause it must guess: it is served
+ * again whenever something that may end it completed, and answered when
+ * it is no longer in progress or at its deadline (in progress then: the
+ * client asks again). Nothing is pinned while it waits.
+ */
+typedef struct acq_wait {
+    uint64_t t0;          /* when its first serve began (its counters) */
+    uint64_t deadline_ns; /* the client's wait_ms, at most KVD_ACQUIRE_WAIT_MAX_MS */
+    size_t bytes;         /* what it holds: this and the copy's keys */
+    kvd_msg_t req;        /* a copy; its arena holds the keys */
+    struct acq_wait *next;
+} acq_wait_t;
+
+/* Bounds of the held Acquires besides KVD_ACQUIRE_WAIT_MAX_MS (a client
+ * that waits longer asks again): how many one connection may have held
+ * (one per load batch piece in flight is the linker's use), and the bytes
+ * of all the copies (16 MiB: 128 requests of 4,096 keys); past a bound the
+ * Acquire answers in progress at once, as when the client asks no wait. */
+#define ACQ_WAITS_PER_CONN 64u
+#define ACQ_WAIT_BYTES_MAX (16ull << 20)
+
+static void acq_wait_free(kvd_server_t *s, acq_wait_t *w)
+{
+    s->n_acq_waits--;
+    s->acq_wait_bytes -= w->bytes;
+    kvd_msg_clear(&w->req);
+    kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
+}
+
+/* A closing connection's held Acquires go unanswered: nothing was pinned. */
+static void acq_waits_drop(kvd_server_t *s, conn_t *c)
+{
+    while (c->acq_waits != NULL) {
+        acq_wait_t *w = c->acq_waits;
+        c->acq_waits = w->next;
+        acq_wait_free(s, w);
+    }
+    c->n_acq_waits = 0;
+}
+
 static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
 {
     KVD_DEBUG("server", "connection %llu closed: %s", (unsigned long long)c->id, why);
@@ -390,6 +444,7 @@ static void conn_close(kvd_server_t *s, conn_t *c, const char *why)
         kvd_ucxd_revoke(s->ucxd, c->ucx_gen, c->ucx_cap);
     c->ucx_granted = false;
     ucx_leases_forget(c);
+    acq_waits_drop(s, c);
     epoll_ctl(s->epfd, EPOLL_CTL_DEL, c->src.fd, NULL);
     close(c->src.fd);
     kvd_framer_free(&c->in);
@@ -1230,6 +1285,106 @@ static void acquire_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
                   "fetched into this pool; nothing pinned, ask again");
 }
 
+/* Holds an Acquire that answered in progress (rep) when its client said it
+ * would wait; true when held (the reply is then acquire_waits_run's). */
+static bool acquire_park(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
+                         const kvd_msg_t *rep, uint64_t t0)
+{
+    const kvd_acquire_req_t *r = &req->body.acquire_req;
+    size_t bytes = sizeof(acq_wait_t) + r->n * sizeof(kvd_key_t);
+    if (rep->status != KVD_INPROGRESS || r->wait_ms == 0 || s->draining ||
+        c->n_acq_waits >= ACQ_WAITS_PER_CONN ||
+        s->acq_wait_bytes + bytes > ACQ_WAIT_BYTES_MAX)
+        return false;
+    acq_wait_t *w = kvd_mem_calloc(KVD_MEM_OTHER, 1, sizeof(*w));
+    if (w == NULL)
+        return false;
+    uint64_t wait_ms = KVD_MIN(r->wait_ms, KVD_ACQUIRE_WAIT_MAX_MS);
+    *w = (acq_wait_t){.t0 = t0, .deadline_ns = t0 + wait_ms * 1000000ull, .bytes = bytes};
+    kvd_msg_request(&w->req, req->id, KVD_METHOD_ACQUIRE);
+    kvd_acquire_req_t *cr = &w->req.body.acquire_req;
+    *cr = *r;
+    cr->keys = kvd_msg_alloc(&w->req, r->n * sizeof(kvd_key_t) + 1);
+    if (cr->keys == NULL) {
+        kvd_msg_clear(&w->req);
+        kvd_mem_free(KVD_MEM_OTHER, w, sizeof(*w));
+        return false;
+    }
+    memcpy(cr->keys, r->keys, r->n * sizeof(kvd_key_t));
+    acq_wait_t **tail = &c->acq_waits;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = w;
+    c->n_acq_waits++;
+    s->n_acq_waits++;
+    s->acq_wait_bytes += bytes;
+    if (s->acq_next_ns == 0 || w->deadline_ns < s->acq_next_ns)
+        s->acq_next_ns = w->deadline_ns;
+    return true;
+}
+
+/*
+ * Serves the held Acquires again, when something that may end one
+ * completed since (acq_kick: the tier's or the peers' completions, the
+ * tick, a drain) or one's deadline came: each still in progress before its
+ * deadline stays held; every other is answered with what its serve gave
+ * (a lease, or in progress at its deadline, or the store's refusal).
+ */
+static void acquire_waits_run(kvd_server_t *s)
+{
+    uint64_t now = kvd_now_ns();
+    if (s->n_acq_waits == 0 || (!s->acq_kick && now < s->acq_next_ns))
+        return;
+    s->acq_kick = false;
+    s->acq_next_ns = 0;
+    for (conn_t *c = s->conns, *next; c != NULL; c = next) {
+        next = c->next;
+        if (c->acq_waits == NULL)
+            continue;
+        bool replied = false;
+        for (acq_wait_t **at = &c->acq_waits; *at != NULL;) {
+            acq_wait_t *w = *at;
+            kvd_msg_t rep = {0};
+            rep.id = w->req.id;
+            rep.method = KVD_METHOD_ACQUIRE;
+            rep.reply = true;
+            kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, &w->req, &rep);
+            acquire_cluster(s, c, &w->req, &rep);
+            if (rep.status == KVD_INPROGRESS && now < w->deadline_ns && !s->draining) {
+                kvd_msg_clear(&rep);
+                if (s->acq_next_ns == 0 || w->deadline_ns < s->acq_next_ns)
+                    s->acq_next_ns = w->deadline_ns;
+                at = &w->next;
+                continue;
+            }
+            conn_reply(s, c, &rep);
+            kvd_counters_record(&s->counters, KVD_METHOD_ACQUIRE, rep.status != KVD_OK,
+                                now - w->t0);
+            kvd_msg_clear(&rep);
+            *at = w->next;
+            c->n_acq_waits--;
+            acq_wait_free(s, w);
+            replied = true;
+        }
+        if (replied)
+            conn_flush(s, c); /* may close c: next was taken before */
+    }
+}
+
+/* How long the loop may sleep: a tick, less when a held Acquire's
+ * deadline comes sooner. */
+static int loop_timeout_ms(kvd_server_t *s)
+{
+    if (s->backlog)
+        return 0;
+    if (s->n_acq_waits == 0)
+        return TICK_MS;
+    uint64_t now = kvd_now_ns();
+    if (s->acq_next_ns <= now)
+        return 0;
+    return (int)KVD_MIN((s->acq_next_ns - now + 999999) / 1000000, (uint64_t)TICK_MS);
+}
+
 /*
  * The directory's methods. DirAnnounce and DirLookup with local come from
  * peer daemons only (the cluster's token); a routed DirLookup (the CLI's
@@ -1433,8 +1588,14 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
     case KVD_METHOD_EVICT:
         ucx_windows_finish(s, c, req);
         kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, req, rep);
-        if (req->method == KVD_METHOD_ACQUIRE)
+        if (req->method == KVD_METHOD_ACQUIRE) {
             acquire_cluster(s, c, req, rep);
+            if (acquire_park(s, c, req, rep, t0)) {
+                kvd_msg_clear(req);
+                kvd_msg_clear(rep);
+                return; /* answered by acquire_waits_run */
+            }
+        }
         if (req->method == KVD_METHOD_LOOKUP && lookup_cluster(s, c, req, rep, t0)) {
             kvd_msg_clear(req);
             kvd_msg_clear(rep);
@@ -2346,6 +2507,7 @@ static void start_drain(kvd_server_t *s, int signo)
         return;
     }
     s->draining = true;
+    s->acq_kick = true; /* held Acquires are answered now */
     atomic_store(&s->health, KVD_HEALTH_DRAINING);
     metrics_publish(s);
     s->drain_deadline_ns = kvd_now_ns() + s->opts.drain_timeout_ms * 1000000ull;
@@ -2466,8 +2628,8 @@ int kvd_server_run(kvd_server_t *s)
     for (;;) {
         if (s->draining && (s->conns == NULL || kvd_now_ns() >= s->drain_deadline_ns))
             break;
-        int n = epoll_wait(s->epfd, events, (int)KVD_ARRAY_SIZE(events),
-                           s->backlog ? 0 : TICK_MS);
+        int n =
+            epoll_wait(s->epfd, events, (int)KVD_ARRAY_SIZE(events), loop_timeout_ms(s));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -2488,14 +2650,24 @@ int kvd_server_run(kvd_server_t *s)
             case SRC_TIMER:
                 if (on_tick(s) != 0)
                     return 1;
+                s->acq_kick = true; /* it polls the tier and ends leases */
                 break;
-            case SRC_TIER: kvd_store_tier_poll(s->store, kvd_now_ns() / 1000000); break;
+            case SRC_TIER:
+                kvd_store_tier_poll(s->store, kvd_now_ns() / 1000000);
+                s->acq_kick = true;
+                break;
             case SRC_POOL:
                 kvd_pool_watch_drain(s->pool);
                 pool_damage_check(s);
                 break;
-            case SRC_CLUSTER: on_cluster(s); break;
-            case SRC_PEERS: kvd_peers_poll(s->peers); break;
+            case SRC_CLUSTER:
+                on_cluster(s);
+                s->acq_kick = true; /* a member gone: its fetches failed */
+                break;
+            case SRC_PEERS:
+                kvd_peers_poll(s->peers); /* fetches completed or failed */
+                s->acq_kick = true;
+                break;
             case SRC_UCX:
                 /* a restarted UCX server reports, or one died (reaped
                  * here; on_tick starts the next) */
@@ -2524,6 +2696,7 @@ int kvd_server_run(kvd_server_t *s)
         }
         if (s->backlog)
             serve_backlog(s);
+        acquire_waits_run(s);
         free_dead(s);
     }
     KVD_INFO("server", "drained: %s",

@@ -68,18 +68,29 @@ static bool release(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
     return all && rc == KVD_OK;
 }
 
-/* Acquire j is of transfer xi[j] (lk_call_ns). */
+/* Acquire j is of transfer xi[j] (lk_call_ns), all asked by deadline. */
 typedef struct acquire_ctx {
     const lxfer_t *x;
     const uint32_t *xi;
+    uint64_t deadline;
 } acquire_ctx_t;
 
-/* The namespace of each transfer's pool into its Acquires (lk_call_ns). */
+/* The namespace of each transfer's pool into its Acquires (lk_call_ns),
+ * and how long the daemon may hold one whose objects it is bringing into
+ * its pool: half the time left (the other half for the round trip and a
+ * late answer), so that it answers, in progress at worst, before the call
+ * gives up. A daemon that does not know wait_ms answers at once and
+ * ask_again's pauses pace the asking, as before. */
 static void fill_acquire_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
 {
     const acquire_ctx_t *c = ctx;
-    for (size_t j = 0; j < n; j++)
+    uint64_t now = kvd_now_ns();
+    uint64_t left_ms = c->deadline > now ? (c->deadline - now) / 1000000 : 0;
+    uint32_t wait_ms = (uint32_t)KVD_MIN(left_ms / 2, (uint64_t)KVD_ACQUIRE_WAIT_MAX_MS);
+    for (size_t j = 0; j < n; j++) {
         reqs[j].body.acquire_req.ns = l->pools[c->x[c->xi[j]].pool].ns_id;
+        reqs[j].body.acquire_req.wait_ms = wait_ms;
+    }
 }
 
 /* Ends a reply of ask_again that will not be asked again: its status is
@@ -158,7 +169,7 @@ static void ask_again(kvd_linker_t *l, lxfer_t *x, kvd_msg_t *req, kvd_msg_t *re
             sub_at[k] = (uint32_t)j;
             sub_xi[k++] = xi[j];
         }
-        acquire_ctx_t ctx = {.x = x, .xi = sub_xi};
+        acquire_ctx_t ctx = {.x = x, .xi = sub_xi, .deadline = deadline};
         uint64_t again = 0;
         rc = lk_call_ns(l, fill_acquire_ns, &ctx, sub, sub + m, k, &again, deadline);
         if (rc == KVD_OK && again != epoch) {
@@ -227,7 +238,7 @@ static int pin_all(kvd_linker_t *l, lxfer_t *x, size_t n, uint64_t deadline)
     }
     lk_unlock(&l->lock);
     uint64_t epoch = 0, asked = kvd_now_ns();
-    acquire_ctx_t ctx = {.x = x, .xi = xi};
+    acquire_ctx_t ctx = {.x = x, .xi = xi, .deadline = deadline};
     int call = lk_call_ns(l, fill_acquire_ns, &ctx, req, rep, n_req, &epoch, deadline),
         rc = call;
     if (call == KVD_OK)

@@ -148,6 +148,10 @@ uint64_t kvd_latency_bound_us(size_t i);
 /* Most pools one Lookup names (the daemon refuses more before decoding). */
 #define KVD_LOOKUP_POOLS_MAX 16
 
+/* The longest a daemon holds an Acquire's reply while its objects come
+ * into the pool (kvd_acquire_req_t.wait_ms beyond it is cut to it). */
+#define KVD_ACQUIRE_WAIT_MAX_MS 1000u
+
 typedef uint8_t kvd_key_t[KVD_KEY_BYTES];
 
 /* ---------------------------------------------------------- field lists */
@@ -345,6 +349,10 @@ typedef struct kvd_acquire_req {
     uint64_t object_bytes; /* 0 = unchecked */
     size_t n;
     kvd_key_t *keys;
+    /* the daemon may hold an in-progress reply this long (it answers when
+     * the objects are in its pool, or in-progress when the time is up); 0:
+     * in-progress at once */
+    uint32_t wait_ms;
 } kvd_acquire_req_t;
 
 typedef struct kvd_acquire_rep {

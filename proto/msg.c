@@ -678,6 +678,7 @@ static bool request_to_pb(const kvd_msg_t *m, Kvdock__Envelope *env, kvd_msg_t *
         r->ns = in->ns;
         r->object_bytes = in->object_bytes;
         r->keys = keys_to_pb(in->keys, in->n);
+        r->wait_ms = in->wait_ms;
         env->body_case = KVDOCK__ENVELOPE__BODY_ACQUIRE_REQUEST;
         env->acquire_request = r;
         return true;
@@ -1421,6 +1422,7 @@ static int request_from_pb(const Kvdock__Envelope *env, kvd_msg_t *out)
         const Kvdock__AcquireRequest *r = env->acquire_request;
         out->body.acquire_req.ns = r->ns;
         out->body.acquire_req.object_bytes = r->object_bytes;
+        out->body.acquire_req.wait_ms = r->wait_ms;
         return keys_from_pb(out, r->keys, &out->body.acquire_req.keys,
                             &out->body.acquire_req.n);
     }

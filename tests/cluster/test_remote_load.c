@@ -33,7 +33,18 @@
  *     A answers alone (its cache hits rise by the chain's keys; B and C
  *     serve no DirLookup); evicted on C, A's Acquire of it fails not-found
  *     within a bound and drops the stale entries, and A's Lookups (asking
- *     the owners again) stop returning it;
+ *     the owners again) stop returning it; a chain a peer announced as
+ *     held by C, which never had it (the owners keep naming C), is
+ *     offered by A's first Lookup, its Acquire fails not-found, and A's
+ *     Lookups after it no longer offer it (C was found without it);
+ * (6) held Acquires (wait_ms): a chain only C holds, found by A's Lookup;
+ *     A's Acquire with a wait answers OK on its first answer (A held the
+ *     reply while it fetched), the bytes exact; with C SIGSTOPped, an
+ *     Acquire with a wait of 300 ms answers in-progress (held, then let
+ *     go: no hang), and one whose client closes while it is held gets no
+ *     reply and leaves no lease; C continued, the Acquire with a wait
+ *     answers OK, the bytes exact, and A holds no lease once it is
+ *     released;
  * (3) runs last: it takes C away. Skips (77) where namespaces or etcd are
  * missing, as the other cluster tests do.
  */
@@ -74,6 +85,7 @@
 
 static kc_cluster_t cl;
 static kvd_key_t chain1[PAGES], chain2[PAGES], chain3[PAGES], ghost[PAGES];
+static kvd_key_t chain4[PAGES], chain5[PAGES], phantom[PAGES];
 
 /* ------------------------------------------------------------ helpers */
 
@@ -641,6 +653,32 @@ static void not_a_peer(void)
     kvd_client_close(c);
 }
 
+/* A peer's DirAnnounce to every member (each key's owner gets it): keys
+ * as held by node id `holder`. */
+static bool announce_as(const char *holder, const kvd_key_t *keys, const char *what)
+{
+    kvd_dir_keys_t batch = {.n_added = PAGES, .added = (kvd_key_t *)keys};
+    kvd_strlcpy(batch.tenant, "default", sizeof(batch.tenant));
+    kvd_strlcpy(batch.ns_name, TS_KV_NS, sizeof(batch.ns_name));
+    for (int node = 0; node < 3; node++) {
+        kvd_client_t *c = tcp_hello_to(node, cl.peer_token_file, "peer");
+        if (c == NULL)
+            return false;
+        kvd_msg_t req, rep;
+        kvd_msg_request(&req, 0, KVD_METHOD_DIR_ANNOUNCE);
+        req.body.dir_announce_req = (kvd_dir_announce_req_t){.n = 1, .batches = &batch};
+        kvd_strlcpy(req.body.dir_announce_req.holder, holder,
+                    sizeof(req.body.dir_announce_req.holder));
+        int st = call(c, &req, &rep);
+        kvd_msg_clear(&rep);
+        kvd_client_close(c);
+        if (!DT_CHECK(st == KVD_OK, "%s: the DirAnnounce to node %d: %s", what, node,
+                      kvd_status_str(st)))
+            return false;
+    }
+    return true;
+}
+
 /* A peer announces a chain as held by "node-9", which is no member (to
  * every member: each key's owner gets it). A's Lookup must not offer it
  * (a lookup never returns a boundary it cannot acquire now: holders that
@@ -648,25 +686,8 @@ static void not_a_peer(void)
  * not-found within a bound, as for a holder that died. */
 static void ghost_holder(ts_client_t *wa)
 {
-    kvd_dir_keys_t batch = {.n_added = PAGES, .added = ghost};
-    kvd_strlcpy(batch.tenant, "default", sizeof(batch.tenant));
-    kvd_strlcpy(batch.ns_name, TS_KV_NS, sizeof(batch.ns_name));
-    for (int node = 0; node < 3; node++) {
-        kvd_client_t *c = tcp_hello_to(node, cl.peer_token_file, "peer");
-        if (c == NULL)
-            return;
-        kvd_msg_t req, rep;
-        kvd_msg_request(&req, 0, KVD_METHOD_DIR_ANNOUNCE);
-        req.body.dir_announce_req = (kvd_dir_announce_req_t){.n = 1, .batches = &batch};
-        kvd_strlcpy(req.body.dir_announce_req.holder, "node-9",
-                    sizeof(req.body.dir_announce_req.holder));
-        int st = call(c, &req, &rep);
-        kvd_msg_clear(&rep);
-        kvd_client_close(c);
-        if (!DT_CHECK(st == KVD_OK, "(4) a ghost's DirAnnounce to node %d: %s", node,
-                      kvd_status_str(st)))
-            return;
-    }
+    if (!announce_as("node-9", ghost, "(4) a ghost"))
+        return;
     uint32_t b[PAGES], tiers[PAGES];
     size_t before = 0, after = 0;
     lookup_tiers(wa->c, wa->ns[0], ghost, PAGES, b, tiers, &before);
@@ -788,6 +809,7 @@ static void cache_level(ts_client_t *wa)
     ts_err_t err = {0};
     rc = acquire_until(wa->c, wa->ns[0], chain3, PAGES, &lease, offsets, &first, &rounds,
                        &waited, &err);
+    int evict_rounds = rounds;
     DT_CHECK(cache_counters(c2), "(5) A's cluster counters");
     DT_CHECK(rc == KVD_ERR_NOT_FOUND && c2[2] >= c1[2] + PAGES,
              "(5) A's Acquire of the chain C evicted should fail not-found, its cached "
@@ -804,12 +826,151 @@ static void cache_level(ts_client_t *wa)
              "(5) after the stale entries, A should ask the owners again: misses %llu -> "
              "%llu",
              (unsigned long long)c2[1], (unsigned long long)c3[1]);
+    /* C named by the owners for keys it never had: what a holder's
+     * eviction looks like before the owners hear of it, for good */
+    size_t offered = 0, later = 0;
+    if (announce_as(cl.node[C].node_id, phantom, "(5) keys announced for C")) {
+        lookup_tiers(wa->c, wa->ns[0], phantom, PAGES, b, tiers, &offered);
+        DT_CHECK(offered == PAGES,
+                 "(5) keys the owners say C holds: A's first Lookup should offer them "
+                 "(it cannot know better yet): %zu boundaries",
+                 offered);
+        rc = acquire_until(wa->c, wa->ns[0], phantom, PAGES, &lease, offsets, &first,
+                           &rounds, &waited, &err);
+        DT_CHECK(rc == KVD_ERR_NOT_FOUND,
+                 "(5) A's Acquire of keys C never had should fail not-found: %s (%s)",
+                 kvd_status_str(rc), err.text);
+        if (lease != 0)
+            ts_release(wa->c, lease, &err);
+        for (int k = 0; k < 3; k++) {
+            size_t nb_k = 0;
+            lookup_tiers(wa->c, wa->ns[0], phantom, PAGES, b, tiers, &nb_k);
+            later = KVD_MAX(later, nb_k);
+        }
+        DT_CHECK(later == 0,
+                 "(5) C found without the keys: A's Lookups should stop offering them "
+                 "although the owners still name C: up to %zu boundaries in 3 Lookups",
+                 later);
+    }
     if (dt_failure_count() == failures_before)
         printf("(5) cache: a second Lookup answered by A alone (+%llu hits, no DirLookup "
                "on B or C); the chain evicted on C: Acquire not-found after %d answers, "
-               "%llu stale entries dropped, then gone from A's Lookups\n",
-               (unsigned long long)(c1[0] - c0[0]), rounds,
-               (unsigned long long)(c2[2] - c1[2]));
+               "%llu stale entries dropped, then gone from A's Lookups; keys the owners "
+               "say C holds but C never had: offered once (%zu), then no more\n",
+               (unsigned long long)(c1[0] - c0[0]), evict_rounds,
+               (unsigned long long)(c2[2] - c1[2]), offered);
+}
+
+/* (6): the pages of an Acquire's offsets in A's pool are the chain's. */
+static void check_bytes(const ts_client_t *wa, const kvd_key_t *keys, const uint64_t *off,
+                        const char *what)
+{
+    for (size_t i = 0; i < PAGES; i++) {
+        if (!DT_CHECK(wa->pool && ts_in_pool(off[i], TS_KV_BYTES, wa->pool_bytes),
+                      "(6) %s: offset %zu (%llu) outside A's pool", what, i,
+                      (unsigned long long)off[i]))
+            continue;
+        size_t bad = ts_verify(wa->pool + off[i], TS_KV_BYTES, keys[i], SALT);
+        DT_CHECK(bad == SIZE_MAX,
+                 "(6) %s: page %zu differs from what C wrote at byte %zu", what, i, bad);
+    }
+}
+
+static bool no_leases(const ts_stats_t *s)
+{
+    return s->store.leases == 0;
+}
+
+static void held_level(ts_client_t *wa)
+{
+    int failures_before = dt_failure_count();
+    publish_on(C, chain4, PAGES);
+    publish_on(C, chain5, PAGES);
+    uint32_t b[PAGES], tiers[PAGES];
+    size_t nb = 0;
+    uint64_t waited = 0;
+    if (!DT_CHECK(
+            lookup_until(wa->c, wa->ns[0], chain4, PAGES, true, b, tiers, &nb, &waited) &&
+                lookup_until(wa->c, wa->ns[0], chain5, PAGES, true, b, tiers, &nb,
+                             &waited),
+            "(6) A's Lookup should find the chains published on C: %zu boundaries", nb))
+        return;
+    uint64_t lease = 0, off[PAGES];
+    ts_err_t err = {0};
+    uint64_t t0 = kc_now_ms();
+    int rc = ts_acquire_wait(wa->c, wa->ns[0], TS_KV_BYTES, chain4, PAGES,
+                             KVD_ACQUIRE_WAIT_MAX_MS, &lease, off, &err);
+    uint64_t first_ms = kc_now_ms() - t0;
+    if (DT_CHECK(rc == KVD_OK && lease != 0,
+                 "(6) A's Acquire with a wait of keys only C holds should answer OK at "
+                 "once (held while A fetched): %s (%s)",
+                 kvd_status_str(rc), err.text)) {
+        check_bytes(wa, chain4, off, "held Acquire");
+        DT_CHECK(ts_release(wa->c, lease, &err) == KVD_OK, "(6) release: %s", err.text);
+    }
+
+    /* C stopped: A's fetch cannot end; the held Acquire is let go at its
+     * wait, and a client that leaves meanwhile is forgotten */
+    pid_t cpid = cl.node[C].pid;
+    if (!DT_CHECK(cpid > 0 && kill(cpid, SIGSTOP) == 0, "(6) SIGSTOP C (pid %d)",
+                  (int)cpid))
+        return;
+    lease = 0;
+    t0 = kc_now_ms();
+    rc = ts_acquire_wait(wa->c, wa->ns[0], TS_KV_BYTES, chain5, PAGES, 300, &lease, off,
+                         &err);
+    uint64_t held_ms = kc_now_ms() - t0;
+    DT_CHECK(rc == KVD_INPROGRESS && held_ms >= 300,
+             "(6) with C stopped, an Acquire with a wait of 300 ms should answer "
+             "in-progress after its wait: %s (%s) after %llu ms",
+             kvd_status_str(rc), err.text, (unsigned long long)held_ms);
+    if (rc == KVD_OK && lease != 0)
+        ts_release(wa->c, lease, &err);
+    kvd_ns_spec_t spec = ts_spec(TS_KV_NS, TS_KV_BYTES);
+    ts_client_t gone;
+    if (ts_open(&gone, cl.node[A].socket, &spec, 1, false) == 0) {
+        kvd_msg_t req, rep;
+        kvd_msg_request(&req, 0, KVD_METHOD_ACQUIRE);
+        req.body.acquire_req = (kvd_acquire_req_t){.ns = gone.ns[0],
+                                                   .object_bytes = TS_KV_BYTES,
+                                                   .n = PAGES,
+                                                   .keys = chain5,
+                                                   .wait_ms = KVD_ACQUIRE_WAIT_MAX_MS};
+        int call = kvd_client_call(gone.c, &req, &rep, 50);
+        DT_CHECK(call == KVD_ERR_TIMEOUT,
+                 "(6) an Acquire held while C is stopped should not be answered within "
+                 "50 ms: %s",
+                 kvd_status_str(call));
+        kvd_msg_clear(&rep);
+        ts_close(&gone); /* leaves with its Acquire held */
+    }
+    DT_CHECK(a_serves(), "(6) A should serve while a fetch from the stopped C waits");
+    DT_CHECK(kill(cpid, SIGCONT) == 0, "(6) SIGCONT C");
+    int rounds = 0;
+    t0 = kc_now_ms();
+    do {
+        rc = ts_acquire_wait(wa->c, wa->ns[0], TS_KV_BYTES, chain5, PAGES,
+                             KVD_ACQUIRE_WAIT_MAX_MS, &lease, off, &err);
+        rounds++;
+    } while (rc == KVD_INPROGRESS && kc_now_ms() < t0 + ACQUIRE_MS);
+    if (DT_CHECK(
+            rc == KVD_OK && lease != 0,
+            "(6) C continued: the Acquire with a wait should answer OK: %s (%s) after "
+            "%d answers",
+            kvd_status_str(rc), err.text, rounds)) {
+        check_bytes(wa, chain5, off, "after C continued");
+        DT_CHECK(ts_release(wa->c, lease, &err) == KVD_OK, "(6) release: %s", err.text);
+    }
+    ts_stats_t st;
+    DT_CHECK(ts_wait_stats(cl.node[A].socket, WAIT_MS, no_leases, &st),
+             "(6) A should hold no lease once the loads released theirs and the client "
+             "that left is gone: %llu",
+             (unsigned long long)st.store.leases);
+    if (dt_failure_count() == failures_before)
+        printf("(6) held Acquire: OK on its first answer (%llu ms, the fetch from C "
+               "inside); C stopped: in-progress after %llu ms of a 300 ms wait, a client "
+               "gone while held left no lease; C continued: OK after %d answers\n",
+               (unsigned long long)first_ms, (unsigned long long)held_ms, rounds);
 }
 
 static void holder_dies(ts_client_t *wa)
@@ -920,6 +1081,9 @@ int main(void)
         ts_make_keys(19000, PAGES, PAGE_SIZE, chain2) == 0 &&
         ts_make_keys(29000, PAGES, PAGE_SIZE, ghost) == 0 &&
         ts_make_keys(39000, PAGES, PAGE_SIZE, chain3) == 0 &&
+        ts_make_keys(49000, PAGES, PAGE_SIZE, chain4) == 0 &&
+        ts_make_keys(59000, PAGES, PAGE_SIZE, chain5) == 0 &&
+        ts_make_keys(69000, PAGES, PAGE_SIZE, phantom) == 0 &&
         /* A keeps its directory cache far longer than the test runs: (5) */
         kc_node_start(&cl, A, true,
                       (const char *const[]){"--cluster-cache-ms", "60000", NULL}) == 0 &&
@@ -935,6 +1099,7 @@ int main(void)
             linker_level();
             bad_peers(&wa);
             cache_level(&wa);
+            held_level(&wa);
             holder_dies(&wa);
             ts_close(&wa);
         }

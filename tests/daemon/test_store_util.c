@@ -206,10 +206,20 @@ int ts_publish(kvd_client_t *c, uint64_t lease, const kvd_key_t *keys, size_t n,
 int ts_acquire(kvd_client_t *c, uint32_t ns, uint64_t object_bytes, const kvd_key_t *keys,
                size_t n, uint64_t *lease, uint64_t *offsets, ts_err_t *err)
 {
+    return ts_acquire_wait(c, ns, object_bytes, keys, n, 0, lease, offsets, err);
+}
+
+int ts_acquire_wait(kvd_client_t *c, uint32_t ns, uint64_t object_bytes,
+                    const kvd_key_t *keys, size_t n, uint32_t wait_ms, uint64_t *lease,
+                    uint64_t *offsets, ts_err_t *err)
+{
     kvd_msg_t req, rep;
     kvd_msg_request(&req, 0, KVD_METHOD_ACQUIRE);
-    req.body.acquire_req = (kvd_acquire_req_t){
-        .ns = ns, .object_bytes = object_bytes, .n = n, .keys = (kvd_key_t *)keys};
+    req.body.acquire_req = (kvd_acquire_req_t){.ns = ns,
+                                               .object_bytes = object_bytes,
+                                               .n = n,
+                                               .keys = (kvd_key_t *)keys,
+                                               .wait_ms = wait_ms};
     int st = call(c, &req, &rep, err);
     *lease = 0;
     if (st == KVD_OK) {

@@ -114,6 +114,12 @@ int ts_publish(kvd_client_t *c, uint64_t lease, const kvd_key_t *keys, size_t n,
 
 int ts_acquire(kvd_client_t *c, uint32_t ns, uint64_t object_bytes, const kvd_key_t *keys,
                size_t n, uint64_t *lease, uint64_t *offsets, ts_err_t *err);
+/* ts_acquire with wait_ms: the daemon may hold the reply that long while
+ * the objects come into its pool (an SSD promotion, a fetch from another
+ * member), answering OK when they are there; 0 is ts_acquire. */
+int ts_acquire_wait(kvd_client_t *c, uint32_t ns, uint64_t object_bytes,
+                    const kvd_key_t *keys, size_t n, uint32_t wait_ms, uint64_t *lease,
+                    uint64_t *offsets, ts_err_t *err);
 int ts_release(kvd_client_t *c, uint64_t lease, ts_err_t *err);
 
 /* Lookup: at most cap boundaries into b, their number in *nb. */

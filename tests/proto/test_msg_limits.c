@@ -302,8 +302,10 @@ static void test_finish_and_acquire_keys(void **state)
     m.body.acquire_req.ns = 2;
     m.body.acquire_req.keys = keys;
     m.body.acquire_req.n = MAX_ITEMS;
+    m.body.acquire_req.wait_ms = 250;
     decode_accepted(&m, &out);
     assert_int_equal(out.body.acquire_req.n, MAX_ITEMS);
+    assert_int_equal(out.body.acquire_req.wait_ms, 250);
     assert_memory_equal(out.body.acquire_req.keys, keys, MAX_ITEMS * KVD_KEY_BYTES);
     kvd_msg_clear(&out);
     m.body.acquire_req.n = MAX_ITEMS + 1;
