@@ -51,6 +51,10 @@ typedef struct store_result {
     double index_bytes_per_object;
     double check_ms; /* one kvd_store_check (Stats --check) over the store */
     uint64_t rss_bytes;
+    /* a writer's holes: one in each of `holes` objects spread over the
+     * pool, handed to the store one call per hole and in one call */
+    size_t holes;
+    double holes_each_ms, holes_batched_ms;
 } store_result_t;
 
 /* Inserts every key in batches: Reserve then Publish of the whole lease. */
@@ -113,6 +117,60 @@ static double store_probe(kvd_store_t *s, uint32_t ns, const kvd_key_t *keys, si
     return (double)probes / ((double)(kvd_now_ns() - t0) / 1e9);
 }
 
+static int cmp_range(const void *a, const void *b)
+{
+    const kvd_pool_range_t *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* The ranges of h holes of 1 KiB, one inside each of h objects spread over
+ * the keys (every step-th from `first`), ascending; 0, or -1 when a key is
+ * not found. */
+static int hole_ranges(kvd_store_t *s, uint32_t ns, const kvd_key_t *keys, size_t h,
+                       size_t step, size_t first, kvd_pool_range_t *out)
+{
+    for (size_t j = 0; j < h; j++) {
+        kvd_obj_info_t info;
+        if (kvd_store_inspect(s, ns, keys[first + j * step], &info) != KVD_OK)
+            return -1;
+        out[j] = (kvd_pool_range_t){info.loc.offset + 1024, 1024};
+    }
+    qsort(out, h, sizeof(*out), cmp_range);
+    return 0;
+}
+
+/* kvd_store_pool_lost once per hole against kvd_store_pool_lost_ranges
+ * once for as many holes, each on objects of its own, spread alike. */
+static int store_holes(kvd_store_t *s, uint32_t ns, const kvd_key_t *keys, size_t n,
+                       store_result_t *r)
+{
+    size_t h = KVD_MIN((size_t)1000, n / 4), step = h ? n / h : 0;
+    kvd_pool_range_t *a = calloc(h + 1, sizeof(*a)), *b = calloc(h + 1, sizeof(*b));
+    int rc = a && b && h > 0 && hole_ranges(s, ns, keys, h, step, 0, a) == 0 &&
+                     hole_ranges(s, ns, keys, h, step, step / 2, b) == 0
+                 ? 0
+                 : -1;
+    uint64_t lost = 0, t0 = kvd_now_ns();
+    for (size_t j = 0; rc == 0 && j < h; j++)
+        lost += kvd_store_pool_lost(s, a[j].offset, a[j].bytes);
+    uint64_t t1 = kvd_now_ns();
+    if (rc == 0)
+        lost += kvd_store_pool_lost_ranges(s, b, h);
+    uint64_t t2 = kvd_now_ns();
+    if (rc == 0 && lost != 2 * h) {
+        fprintf(stderr,
+                "kvdock-bench store: %llu objects lost under %zu holes, want %zu\n",
+                (unsigned long long)lost, 2 * h, 2 * h);
+        rc = -1;
+    }
+    r->holes = h;
+    r->holes_each_ms = (double)(t1 - t0) / 1e6;
+    r->holes_batched_ms = (double)(t2 - t1) / 1e6;
+    free(a);
+    free(b);
+    return rc;
+}
+
 static int store_point(const store_opts_t *o, uint64_t n, store_result_t *r)
 {
     kvd_key_t *keys = malloc(n * sizeof(kvd_key_t));
@@ -151,6 +209,8 @@ static int store_point(const store_opts_t *o, uint64_t n, store_result_t *r)
             fprintf(stderr, "kvdock-bench store: the invariant check failed: %s\n", why);
         kvd_proc_mem_t pm;
         r->rss_bytes = kvd_proc_mem_read(&pm) == KVD_OK ? pm.rss_bytes : 0;
+        if (rc == KVD_OK && store_holes(s, ns, keys, n, r) != 0)
+            rc = KVD_ERR_INVALID;
     }
     kvd_store_destroy(s);
     free(keys);
@@ -238,15 +298,21 @@ int bench_mode_store(int argc, char **argv)
             printf("{\"mode\":\"store\",\"objects\":%llu,\"batch\":%zu,"
                    "\"insert_publish_per_s\":%.0f,\"hit_probes_per_s\":%.0f,"
                    "\"miss_probes_per_s\":%.0f,\"index_bytes_per_object\":%.1f,"
-                   "\"check_ms\":%.1f,\"rss_bytes\":%llu}\n",
+                   "\"check_ms\":%.1f,\"rss_bytes\":%llu,\"holes\":%zu,"
+                   "\"holes_each_ms\":%.2f,\"holes_batched_ms\":%.3f}\n",
                    (unsigned long long)r.objects, o.batch, r.insert_per_s,
                    r.hit_probes_per_s, r.miss_probes_per_s, r.index_bytes_per_object,
-                   r.check_ms, (unsigned long long)r.rss_bytes);
+                   r.check_ms, (unsigned long long)r.rss_bytes, r.holes, r.holes_each_ms,
+                   r.holes_batched_ms);
         else
-            printf("%12llu %16.0f %18.0f %18.0f %14.1f %10.1f %12s\n",
+            printf("%12llu %16.0f %18.0f %18.0f %14.1f %10.1f %12s\n"
+                   "%12s %zu holes a writer punched, one in each of as many objects: "
+                   "%.1f ms one call per hole, %.3f ms in one call (%.0fx)\n",
                    (unsigned long long)r.objects, r.insert_per_s, r.hit_probes_per_s,
                    r.miss_probes_per_s, r.index_bytes_per_object, r.check_ms,
-                   kvd_size_format(r.rss_bytes, rss, sizeof(rss)));
+                   kvd_size_format(r.rss_bytes, rss, sizeof(rss)), "", r.holes,
+                   r.holes_each_ms, r.holes_batched_ms,
+                   r.holes_batched_ms > 0 ? r.holes_each_ms / r.holes_batched_ms : 0.0);
         fflush(stdout);
     }
     return BENCH_EXIT_OK;

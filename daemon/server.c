@@ -2518,14 +2518,15 @@ static void start_drain(kvd_server_t *s, int signo)
              strsignal(signo), (unsigned long long)s->opts.drain_timeout_ms);
 }
 
-static void pool_lost(void *arg, uint64_t offset, uint64_t bytes)
+static void pool_lost(void *arg, const kvd_pool_range_t *ranges, size_t n)
 {
     kvd_server_t *s = arg;
-    uint64_t n = kvd_store_pool_lost(s->store, offset, bytes);
-    if (n > 0)
-        KVD_WARN("server", "%llu objects lost their bytes at %llu (+%llu): dropped",
-                 (unsigned long long)n, (unsigned long long)offset,
-                 (unsigned long long)bytes);
+    uint64_t lost = kvd_store_pool_lost_ranges(s->store, ranges, n);
+    if (lost > 0)
+        KVD_WARN("server",
+                 "%llu objects lost their bytes in %zu ranges from %llu to %llu: dropped",
+                 (unsigned long long)lost, n, (unsigned long long)ranges[0].offset,
+                 (unsigned long long)(ranges[n - 1].offset + ranges[n - 1].bytes));
 }
 
 /* Bytes of the pool file a same-host writer destroyed (cut short, holes

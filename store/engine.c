@@ -2179,14 +2179,48 @@ static bool rec_losable(const rec_t *r)
 
 uint64_t kvd_store_pool_lost(kvd_store_t *s, uint64_t offset, uint64_t bytes)
 {
-    if (bytes == 0 || offset >= page_bytes_of(s, s->total_pages))
+    kvd_pool_range_t r = {offset, bytes};
+    return kvd_store_pool_lost_ranges(s, &r, 1);
+}
+
+/* From range *k on, the first with pages in the pool: its pages [*first,
+ * *last] and true; false when none is left. */
+static bool next_range(const kvd_store_t *s, const kvd_pool_range_t *ranges, size_t n,
+                       size_t *k, uint64_t *first, uint64_t *last)
+{
+    uint64_t end = page_bytes_of(s, s->total_pages);
+    for (; *k < n; (*k)++) {
+        const kvd_pool_range_t *rg = &ranges[*k];
+        if (rg->bytes == 0 || rg->offset >= end)
+            continue;
+        *first = rg->offset / s->cfg.page_bytes;
+        /* bytes may reach past the end (or past 2^64): cut at the end */
+        uint64_t stop = rg->bytes > end - rg->offset ? end : rg->offset + rg->bytes;
+        *last = (stop - 1) / s->cfg.page_bytes;
+        return true;
+    }
+    return false;
+}
+
+uint64_t kvd_store_pool_lost_ranges(kvd_store_t *s, const kvd_pool_range_t *ranges,
+                                    size_t n)
+{
+    uint64_t lost = 0, first = 0, last = 0, end = page_bytes_of(s, s->total_pages);
+    size_t counted = 0, k = 0;
+    for (size_t j = 0; j < n; j++)
+        counted += ranges[j].bytes != 0 && ranges[j].offset < end;
+    if (counted == 0)
         return 0;
-    uint64_t first = offset / s->cfg.page_bytes;
-    uint64_t last = (offset + bytes - 1) / s->cfg.page_bytes;
-    uint64_t lost = 0;
-    for (uint32_t i = s->phys_head, next; i != NIL; i = next) {
+    bool more = next_range(s, ranges, n, &k, &first, &last);
+    /* one walk in offset order: the records and the ranges both ascend */
+    for (uint32_t i = s->phys_head, next; i != NIL && more; i = next) {
         rec_t *r = R(s, i);
-        if (r->off_pages > last)
+        /* a range that ends before this record cannot touch a later one */
+        while (more && last < r->off_pages) {
+            k++;
+            more = next_range(s, ranges, n, &k, &first, &last);
+        }
+        if (!more)
             break;
         /* dropping i merges the free extents around it (recycling their
          * records), never an object's: the walk goes on from the next
@@ -2211,7 +2245,7 @@ uint64_t kvd_store_pool_lost(kvd_store_t *s, uint64_t offset, uint64_t bytes)
                 tier_spill_lost(s, i);
         }
     }
-    s->st.pool_lost_ranges++;
+    s->st.pool_lost_ranges += counted;
     s->st.pool_lost_objects += lost;
     persist_commit(s);
     PARANOID(s, "pool_lost");

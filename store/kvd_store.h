@@ -200,18 +200,28 @@ void *kvd_pool_base(const kvd_pool_t *p);
  * file back instead. */
 void kvd_pool_zero(const kvd_pool_t *p, uint64_t offset, uint64_t bytes);
 
+/* Bytes [offset, offset + bytes) of the pool. */
+typedef struct kvd_pool_range {
+    uint64_t offset;
+    uint64_t bytes;
+} kvd_pool_range_t;
+
 /*
  * Finds bytes of the pool that a same-host writer destroyed since the last
  * call: the file cut short (ftruncate) or holes punched in it (fallocate)
- * in what is populated. The file gets its size and its pages back (so that
- * no mapping faults and the pool stays allocated as sized), and each range
- * lost is handed to fn (the daemon drops the objects there:
- * kvd_store_pool_lost). Returns how many ranges; 0, after one fstat, when
- * nothing changed. A hugetlbfs pool is checked for its size only (its
- * holes are not seen). Call it from one thread; on each event of
- * kvd_pool_watch_fd and on a tick (a change that raced the watch).
+ * in what is populated. The ranges lost are handed to fn in batches (in
+ * ascending order, not overlapping; the daemon drops the objects there:
+ * kvd_store_pool_lost_ranges), and then the file gets its size and its
+ * pages back (so that no mapping faults and the pool stays allocated as
+ * sized). A writer that punched ten thousand holes costs one walk of the
+ * store's records per batch of KVD_POOL_LOST_BATCH, not one per hole, and
+ * a few log lines, not one per hole. Returns how many ranges; 0, after one
+ * fstat, when nothing changed. A hugetlbfs pool is checked for its size
+ * only (its holes are not seen). Call it from one thread; on each event
+ * of kvd_pool_watch_fd and on a tick (a change that raced the watch).
  */
-typedef void (*kvd_pool_lost_fn)(void *arg, uint64_t offset, uint64_t bytes);
+#define KVD_POOL_LOST_BATCH 256
+typedef void (*kvd_pool_lost_fn)(void *arg, const kvd_pool_range_t *ranges, size_t n);
 size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg);
 /* An inotify descriptor readable when the pool file was modified (a
  * truncate, a hole punched, a write()), or -1 where none could be made;
@@ -676,6 +686,12 @@ int kvd_store_evict_tenant_from(kvd_store_t *s, uint32_t tenant, uint64_t *pos,
  * pool_lost_ranges).
  */
 uint64_t kvd_store_pool_lost(kvd_store_t *s, uint64_t offset, uint64_t bytes);
+/* kvd_store_pool_lost of ranges[0..n) (ascending, not overlapping) in one
+ * walk of the records and one journal commit; the objects it dropped or
+ * marked, as above (pool_lost_ranges counts the ranges with bytes in the
+ * pool; empty ones and those past its end are ignored). */
+uint64_t kvd_store_pool_lost_ranges(kvd_store_t *s, const kvd_pool_range_t *ranges,
+                                    size_t n);
 
 /* --- persistence
  *

@@ -774,6 +774,40 @@ static void repopulate(kvd_pool_t *p, uint64_t off, uint64_t end)
                  strerror(err));
 }
 
+/* The ranges a damage check found and has not handed on yet. */
+typedef struct lost_batch {
+    kvd_pool_t *p;
+    kvd_pool_lost_fn fn;
+    void *arg;
+    kvd_pool_range_t r[KVD_POOL_LOST_BATCH];
+    size_t n;
+    size_t holes; /* every hole of this check, for its log lines */
+    uint64_t hole_bytes;
+} lost_batch_t;
+
+/* Hands the ranges on (the objects there dropped first), then gives them
+ * their pages back: in that order, so that nothing reads the new zeros as
+ * an object's bytes. */
+static void lost_flush(lost_batch_t *b)
+{
+    if (b->n == 0)
+        return;
+    b->fn(b->arg, b->r, b->n);
+    for (size_t i = 0; i < b->n; i++)
+        repopulate(b->p, b->r[i].offset, b->r[i].offset + b->r[i].bytes);
+    b->n = 0;
+}
+
+static void lost_add(lost_batch_t *b, uint64_t off, uint64_t end)
+{
+    if (b->n == KVD_POOL_LOST_BATCH)
+        lost_flush(b);
+    b->r[b->n++] = (kvd_pool_range_t){off, end - off};
+}
+
+/* How many holes a check names one by one before it only counts them. */
+#define HOLES_LOGGED 8
+
 size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg)
 {
     /* read before the fstat: what population allocated is in st_blocks */
@@ -785,11 +819,14 @@ size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg)
     if (fstat(p->fd, &st) != 0)
         return 0;
     size_t ranges = 0;
+    /* holes are looked for below the cut only: past it, all is lost */
+    uint64_t scan_end = populated;
+    uint64_t cut = p->size_bytes;
     /* a cut this process's own guard grew back first (a spill's checksum,
      * the cluster's reads) is a cut all the same */
     uint64_t seen = KVD_MIN((uint64_t)st.st_size, kvd_pool_guard_take_cut(p->base));
     if (seen < p->size_bytes) {
-        uint64_t cut = seen / p->page_bytes * p->page_bytes;
+        cut = seen / p->page_bytes * p->page_bytes;
         char a[32], b[32], c[32];
         KVD_WARN("pool",
                  "%s was cut to %s of %s by a process holding it read-write (a "
@@ -801,36 +838,55 @@ size_t kvd_pool_damage_check(kvd_pool_t *p, kvd_pool_lost_fn fn, void *arg)
         if ((uint64_t)st.st_size < p->size_bytes &&
             ftruncate(p->fd, (off_t)p->size_bytes) != 0)
             KVD_WARN("pool", "growing %s back: %s", what, strerror(errno));
-        fn(arg, cut, p->size_bytes - cut);
-        ranges++;
-        if (cut < populated)
-            repopulate(p, cut, populated);
-        if (fstat(p->fd, &st) != 0)
-            return ranges;
+        scan_end = KVD_MIN(scan_end, cut);
     }
     /* holes within what is populated: st_blocks falls short of it (a
-     * hugetlbfs file shows no holes to SEEK_HOLE) */
-    if (p->opts.hugepages || (uint64_t)st.st_blocks * 512 >= populated)
-        return ranges;
-    for (off_t pos = 0; (uint64_t)pos < populated;) {
+     * hugetlbfs file shows no holes to SEEK_HOLE); a cut grown back is one
+     * big hole past scan_end, handed on whole below */
+    bool holes = !p->opts.hugepages && (uint64_t)st.st_blocks * 512 < populated;
+    if (!holes && cut == p->size_bytes)
+        return 0;
+    lost_batch_t batch = {.p = p, .fn = fn, .arg = arg}, *b = &batch;
+    for (off_t pos = 0; holes && (uint64_t)pos < scan_end;) {
         off_t hole = lseek(p->fd, pos, SEEK_HOLE);
-        if (hole < 0 || (uint64_t)hole >= populated)
+        if (hole < 0 || (uint64_t)hole >= scan_end)
             break;
         off_t data = lseek(p->fd, hole, SEEK_DATA);
-        uint64_t end = data < 0 ? populated : KVD_MIN((uint64_t)data, populated);
+        uint64_t end = data < 0 ? scan_end : KVD_MIN((uint64_t)data, scan_end);
         if (end <= (uint64_t)hole)
             break;
-        char a[32];
-        KVD_WARN("pool",
-                 "%s has a hole of %s at %llu, punched by a process holding it "
-                 "read-write (a same-host writer): the objects there are dropped",
-                 what, kvd_size_format(end - (uint64_t)hole, a, sizeof(a)),
-                 (unsigned long long)hole);
-        fn(arg, (uint64_t)hole, end - (uint64_t)hole);
+        if (b->holes < HOLES_LOGGED) {
+            char a[32];
+            KVD_WARN("pool",
+                     "%s has a hole of %s at %llu, punched by a process holding it "
+                     "read-write (a same-host writer): the objects there are dropped",
+                     what, kvd_size_format(end - (uint64_t)hole, a, sizeof(a)),
+                     (unsigned long long)hole);
+        }
+        b->holes++;
+        b->hole_bytes += end - (uint64_t)hole;
+        lost_add(b, (uint64_t)hole, end);
         ranges++;
-        repopulate(p, (uint64_t)hole, end);
         pos = (off_t)end;
     }
+    if (b->holes > HOLES_LOGGED) {
+        char a[32];
+        KVD_WARN("pool", "%s: %zu holes in all, %s (the first %d named above)", what,
+                 b->holes, kvd_size_format(b->hole_bytes, a, sizeof(a)), HOLES_LOGGED);
+    }
+    if (cut < p->size_bytes) {
+        /* its pages come back only as far as population had gone */
+        lost_add(b, cut, p->size_bytes);
+        ranges++;
+        size_t last = b->n - 1;
+        b->fn(b->arg, b->r, b->n);
+        for (size_t i = 0; i < last; i++)
+            repopulate(p, b->r[i].offset, b->r[i].offset + b->r[i].bytes);
+        if (cut < populated)
+            repopulate(p, cut, populated);
+        b->n = 0;
+    }
+    lost_flush(b);
     return ranges;
 }
 

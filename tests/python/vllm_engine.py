@@ -723,12 +723,15 @@ class Engine:
     # -- helpers for the tests
     def run(self, max_steps=200, idle_s=120.0):
         """Steps until every request finished and was freed: at most
-        max_steps steps with work, and while only finished requests wait
-        for their saves, idle steps a few ms apart for at most idle_s (as
-        vLLM's loop goes on stepping)."""
+        max_steps steps with work, and while only requests whose loads are
+        in flight (remote) or finished requests waiting for their saves are
+        left, idle steps a few ms apart for at most idle_s (as vLLM's loop
+        goes on stepping; a load's time is its own, bounded by the
+        connector's timeout, not a number of steps: counted as steps, a
+        busy machine ran out of them before a load landed)."""
         steps, idle_until = 0, None
         while self.waiting or self.running or self.remote or self.delayed:
-            if self.waiting or self.running or self.remote:
+            if self.waiting or self.running:
                 steps += 1
                 idle_until = None
                 if steps > max_steps:

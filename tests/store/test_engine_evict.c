@@ -818,6 +818,407 @@ static void test_exact_fit_of_odd_large_object(void **state)
     assert_int_equal(st2.free_bytes, 0);
 }
 
+/* ------------------------------------------------- pool bytes lost */
+
+/* Acquire of one key by OWNER_B, released again at once: KVD_OK, or the
+ * status (a lost object is KVD_ERR_NOT_FOUND even while pinned). */
+static int acquire_probe(kvd_store_t *s, uint32_t ns, uint32_t k)
+{
+    uint64_t lease = 0;
+    int rc = acquire(s, OWNER_B, ns, &k, 1, &lease);
+    if (rc == KVD_OK)
+        assert_int_equal(kvd_store_release(s, OWNER_B, lease), KVD_OK);
+    check_ok(s);
+    return rc;
+}
+
+/* The figures two stores that lost the same bytes must agree on. */
+static void assert_same_loss(const kvd_store_t *a, const kvd_store_t *b)
+{
+    kvd_store_stats_t x = stats(a), y = stats(b);
+    assert_int_equal(x.pool_lost_ranges, y.pool_lost_ranges);
+    assert_int_equal(x.pool_lost_objects, y.pool_lost_objects);
+    assert_int_equal(x.objects_ready, y.objects_ready);
+    assert_int_equal(x.free_bytes, y.free_bytes);
+    assert_int_equal(x.ready_bytes, y.ready_bytes);
+    assert_int_equal(x.free_extents, y.free_extents);
+    assert_int_equal(x.pins, y.pins);
+    assert_int_equal(x.evictions, y.evictions);
+}
+
+/* Whether a range of bytes loses pages [*first, *last] of a pool of
+ * pool_pages: not when empty or at or past the pool's end. */
+static bool range_pages(kvd_pool_range_t r, uint64_t pool_pages, uint64_t *first,
+                        uint64_t *last)
+{
+    if (r.bytes == 0 || r.offset >= pool_pages * PAGE)
+        return false;
+    uint64_t end =
+        r.offset + r.bytes < pool_pages * PAGE ? r.offset + r.bytes : pool_pages * PAGE;
+    *first = r.offset / PAGE;
+    *last = (end - 1) / PAGE;
+    return true;
+}
+
+#define LOST_PAGES 32u
+#define LOST_OBJS  12u
+
+/* Stores of 32 pages with twelve 2-page objects (keys 1..12) published in
+ * that order, the one that ended up at pages 18..19 evicted, the one at
+ * 14..15 pinned by OWNER_B (its lease in *pin); by_page[i] is the key of
+ * the i-th object by offset. */
+static kvd_store_t *lost_store(uint32_t *ns, uint32_t by_page[LOST_OBJS],
+                               kvd_loc_t locs[LOST_OBJS], uint64_t *pin)
+{
+    kvd_store_t *s = mk_store(LOST_PAGES, 1.0, 1.0);
+    *ns = reg(s, "two", 2 * PAGE);
+    for (uint32_t k = 1; k <= LOST_OBJS; k++)
+        locs[k - 1] = put_one(s, *ns, k);
+    for (uint32_t i = 0; i < LOST_OBJS; i++)
+        by_page[i] = UINT32_MAX;
+    for (uint32_t k = 0; k < LOST_OBJS; k++) {
+        /* laid end to end from offset 0: the ranges below depend on it */
+        assert_int_equal(locs[k].offset % (2 * PAGE), 0);
+        uint64_t i = locs[k].offset / (2 * PAGE);
+        assert_true(i < LOST_OBJS);
+        assert_int_equal(by_page[i], UINT32_MAX);
+        by_page[i] = k + 1;
+    }
+    key_t32 key;
+    mkkey(key, by_page[9]);
+    assert_int_equal(kvd_store_evict_key(s, *ns, key), KVD_OK);
+    assert_int_equal(acquire(s, OWNER_B, *ns, &by_page[7], 1, pin), KVD_OK);
+    check_ok(s);
+    return s;
+}
+
+/*
+ * kvd_store_pool_lost_ranges of many ranges in one call does what
+ * kvd_store_pool_lost of each does (issue 14, a writer that punched many
+ * holes): two stores built alike lose the same ranges, one call per range
+ * on A, one call for all on B. The ranges, ascending, over twelve 2-page
+ * objects o0..o11 laid end to end (o9 evicted, o7 pinned), then the free
+ * tail and past the end:
+ *   r0  100 bytes inside o0's first page       o0
+ *   r1  8 bytes of o0's second page            (o0 again: nothing more)
+ *   r2  across the o1 | o2 boundary            o1, o2
+ *   r3  o3's last page, ending where o4 starts o3
+ *   r4  one byte inside o4                     o4
+ *   r5  ends inside o5                         o5
+ *   r6  starts inside o6                       o6
+ *   r7  all of o7, pinned                      o7 (absent, dropped at release)
+ *       (o8 untouched)
+ *   r8  the free extent o9 left                nothing
+ *   r9  0 bytes inside o10                     ignored, not counted
+ *   r10 o11's last byte and the free tail      o11
+ *   r11 across the pool's end                  nothing (counted)
+ *   r12, r13 past the pool's end               ignored, not counted
+ * Expected: 11 ranges counted, 9 objects lost; o8 and o10 intact.
+ */
+static void test_pool_lost_ranges_as_one_by_one(void **state)
+{
+    (void)state;
+    uint32_t ns_a, ns_b, at[LOST_OBJS], at_b[LOST_OBJS];
+    kvd_loc_t locs_a[LOST_OBJS], locs_b[LOST_OBJS];
+    uint64_t pin_a, pin_b;
+    kvd_store_t *a = lost_store(&ns_a, at, locs_a, &pin_a);
+    kvd_store_t *b = lost_store(&ns_b, at_b, locs_b, &pin_b);
+    /* built alike: the same namespace, the same offsets */
+    assert_int_equal(ns_a, ns_b);
+    for (uint32_t k = 0; k < LOST_OBJS; k++) {
+        assert_int_equal(locs_a[k].offset, locs_b[k].offset);
+        assert_int_equal(at[k], at_b[k]);
+    }
+    assert_same_loss(a, b);
+    const uint64_t P = PAGE, POOL_B = (uint64_t)LOST_PAGES * PAGE;
+#define O(i) (2 * PAGE * (uint64_t)(i))
+    const kvd_pool_range_t r[] = {
+        {O(0) + 100, 200}, {O(0) + P + 8, 8},   {O(2) - 10, 20},    {O(3) + P, P},
+        {O(4) + 10, 1},    {O(5) + 3000, 2000}, {O(6) + P + 5, 10}, {O(7), 2 * P},
+        {O(9), 2 * P},     {O(10) + 100, 0},    {O(12) - 1, 2 * P}, {POOL_B - 10, 100},
+        {POOL_B + 90, P},  {POOL_B + 5 * P, 1},
+    };
+#undef O
+    const uint64_t each[] = {1, 0, 2, 1, 1, 1, 1, 1, 0, 0, 1, 0, 0, 0};
+    const size_t n = sizeof(r) / sizeof(r[0]);
+    assert_int_equal(sizeof(each) / sizeof(each[0]), n);
+    for (size_t i = 1; i < n; i++) /* ascending, not overlapping */
+        assert_true(r[i].offset >= r[i - 1].offset + r[i - 1].bytes);
+    const uint64_t ready0 = stats(a).objects_ready;
+    assert_int_equal(ready0, LOST_OBJS - 1);
+
+    uint64_t sum_a = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t got = kvd_store_pool_lost(a, r[i].offset, r[i].bytes);
+        if (got != each[i])
+            print_error("range %zu (%llu +%llu) lost %llu objects, want %llu\n", i,
+                        (unsigned long long)r[i].offset, (unsigned long long)r[i].bytes,
+                        (unsigned long long)got, (unsigned long long)each[i]);
+        assert_int_equal(got, each[i]);
+        sum_a += got;
+        check_ok(a);
+    }
+    uint64_t sum_b = kvd_store_pool_lost_ranges(b, r, n);
+    check_ok(b);
+    assert_int_equal(sum_a, 9);
+    assert_int_equal(sum_b, sum_a);
+    assert_same_loss(a, b);
+    kvd_store_stats_t st = stats(b);
+    assert_int_equal(st.pool_lost_ranges, 11);
+    assert_int_equal(st.pool_lost_objects, 9);
+    /* the pinned o7 is still READY under its pin: 11 - 8 dropped */
+    assert_int_equal(st.objects_ready, ready0 - 8);
+    assert_int_equal(st.pins, 1);
+
+    kvd_store_t *both[2] = {a, b};
+    for (int j = 0; j < 2; j++) {
+        kvd_store_t *s = both[j];
+        for (uint32_t i = 0; i < LOST_OBJS; i++) {
+            int want = i == 8 || i == 10 ? KVD_OK : KVD_ERR_NOT_FOUND;
+            int got = acquire_probe(s, ns_a, at[i]);
+            if (got != want)
+                print_error("store %c: o%u (key %u) acquire %s, want %s\n", "AB"[j], i,
+                            at[i], kvd_status_str(got), kvd_status_str(want));
+            assert_int_equal(got, want);
+            /* in the index: the untouched and the pinned one */
+            assert_int_equal(present(s, ns_a, at[i]), i == 7 || i == 8 || i == 10);
+        }
+    }
+    /* the pinned one goes at its release */
+    assert_int_equal(kvd_store_release(a, OWNER_B, pin_a), KVD_OK);
+    assert_int_equal(kvd_store_release(b, OWNER_B, pin_b), KVD_OK);
+    check_ok(a);
+    check_ok(b);
+    assert_same_loss(a, b);
+    st = stats(b);
+    assert_int_equal(st.objects_ready, 2);
+    assert_int_equal(st.pins, 0);
+    assert_int_equal(st.pool_lost_objects, 9); /* counted when marked */
+    assert_int_equal(st.free_bytes, (uint64_t)(LOST_PAGES - 4) * PAGE);
+    assert_false(present(a, ns_a, at[7]));
+    assert_false(present(b, ns_a, at[7]));
+
+    /* the same ranges again: nothing more to lose, the ranges counted */
+    sum_a = 0;
+    for (size_t i = 0; i < n; i++)
+        sum_a += kvd_store_pool_lost(a, r[i].offset, r[i].bytes);
+    assert_int_equal(sum_a, 0);
+    assert_int_equal(kvd_store_pool_lost_ranges(b, r, n), 0);
+    assert_same_loss(a, b);
+    assert_int_equal(stats(b).pool_lost_ranges, 22);
+    /* only empty ranges and ranges past the end, or none: nothing counted */
+    const kvd_pool_range_t none[] = {r[9], {POOL_B, P}, r[12], r[13]};
+    assert_int_equal(kvd_store_pool_lost_ranges(b, none, 4), 0);
+    assert_int_equal(kvd_store_pool_lost_ranges(b, none, 0), 0);
+    assert_int_equal(kvd_store_pool_lost(b, POOL_B, 1), 0);
+    assert_int_equal(kvd_store_pool_lost(b, 0, 0), 0);
+    assert_int_equal(stats(b).pool_lost_ranges, 22);
+    assert_int_equal(stats(b).pool_lost_objects, 9);
+    check_ok(b);
+    assert_int_equal(acquire_probe(b, ns_a, at[8]), KVD_OK);
+    assert_int_equal(acquire_probe(b, ns_a, at[10]), KVD_OK);
+    kvd_store_destroy(a);
+    kvd_store_destroy(b);
+}
+
+#define RL_PAGES 64u
+#define RL_OBJS  20u
+#define RL_MAXR  96u
+
+static uint64_t rl_state;
+
+/* A small deterministic generator (xorshift64*): the same seed, the same
+ * stores and ranges. */
+static uint64_t rl_next(uint64_t bound)
+{
+    rl_state ^= rl_state >> 12;
+    rl_state ^= rl_state << 25;
+    rl_state ^= rl_state >> 27;
+    return (rl_state * 2685821657736338717ull >> 11) % bound;
+}
+
+typedef struct rl_obj {
+    uint32_t ns, key;
+    uint64_t off_pages, pages;
+    uint64_t pin; /* the lease pinning it, 0 when none */
+    bool evicted;
+} rl_obj_t;
+
+/* A store of RL_PAGES pages with RL_OBJS objects of 1 to 3 pages (sizes
+ * of the generator's choosing from seed), some evicted, some pinned by
+ * OWNER_B. Built alike for the same seed. */
+static kvd_store_t *rl_store(uint64_t seed, rl_obj_t objs[RL_OBJS])
+{
+    rl_state = seed;
+    kvd_store_t *s = mk_store(RL_PAGES, 1.0, 1.0);
+    const uint64_t bytes[4] = {PAGE, 2 * PAGE, 5000, 3 * PAGE - 100};
+    const uint64_t pages[4] = {1, 2, 2, 3};
+    uint32_t ns[4];
+    ns[0] = reg(s, "p1", bytes[0]);
+    ns[1] = reg(s, "p2", bytes[1]);
+    ns[2] = reg(s, "p2odd", bytes[2]);
+    ns[3] = reg(s, "p3odd", bytes[3]);
+    for (uint32_t k = 0; k < RL_OBJS; k++) { /* at most 60 pages: no eviction */
+        uint32_t c = (uint32_t)rl_next(4);
+        kvd_loc_t loc = put_one(s, ns[c], 100 + k);
+        assert_int_equal(loc.offset % PAGE, 0);
+        objs[k] = (rl_obj_t){.ns = ns[c],
+                             .key = 100 + k,
+                             .off_pages = loc.offset / PAGE,
+                             .pages = pages[c]};
+    }
+    assert_int_equal(stats(s).evictions, 0);
+    for (uint32_t k = 0; k < RL_OBJS; k++) {
+        uint64_t roll = rl_next(6);
+        if (roll == 0) {
+            key_t32 key;
+            mkkey(key, objs[k].key);
+            assert_int_equal(kvd_store_evict_key(s, objs[k].ns, key), KVD_OK);
+            objs[k].evicted = true;
+        } else if (roll == 1) {
+            assert_int_equal(
+                acquire(s, OWNER_B, objs[k].ns, &objs[k].key, 1, &objs[k].pin), KVD_OK);
+        }
+    }
+    check_ok(s);
+    return s;
+}
+
+/* Ascending, non-overlapping ranges from the generator: sub-page and
+ * multi-page, empty ones, ranges that share a page with the one before,
+ * gaps of free or object pages, and some at or past the pool's end. */
+static size_t rl_ranges(kvd_pool_range_t *r)
+{
+    const uint64_t pool = (uint64_t)RL_PAGES * PAGE;
+    size_t n = 0;
+    uint64_t pos = rl_next(2 * PAGE);
+    while (n < RL_MAXR && pos < pool + 2 * PAGE) {
+        uint64_t len;
+        switch (rl_next(6)) {
+        case 0: len = 0; break;
+        case 1: len = 1 + rl_next(64); break;
+        case 2: len = 1 + rl_next(PAGE); break;
+        case 3: len = PAGE * (1 + rl_next(3)); break;
+        case 4: len = PAGE - pos % PAGE; break; /* ends on a page boundary */
+        default: len = 1 + rl_next(6 * PAGE); break;
+        }
+        r[n++] = (kvd_pool_range_t){pos, len};
+        uint64_t gap = rl_next(3) == 0 ? 0 : rl_next(3 * PAGE);
+        pos += len + gap;
+    }
+    return n;
+}
+
+/* Checks store s after the loss against the oracle lost[]: lost objects
+ * absent for Acquire (in the index still while pinned), the others there;
+ * the figures as counted. */
+static void rl_check(kvd_store_t *s, const rl_obj_t *objs, const bool *lost,
+                     uint64_t want_ranges, uint64_t want_lost, uint64_t seed, char which)
+{
+    kvd_store_stats_t st = stats(s);
+    if (st.pool_lost_ranges != want_ranges || st.pool_lost_objects != want_lost)
+        print_error("seed %llu, store %c: %llu ranges and %llu objects lost, want %llu "
+                    "and %llu\n",
+                    (unsigned long long)seed, which,
+                    (unsigned long long)st.pool_lost_ranges,
+                    (unsigned long long)st.pool_lost_objects,
+                    (unsigned long long)want_ranges, (unsigned long long)want_lost);
+    assert_int_equal(st.pool_lost_ranges, want_ranges);
+    assert_int_equal(st.pool_lost_objects, want_lost);
+    for (uint32_t k = 0; k < RL_OBJS; k++) {
+        const rl_obj_t *o = &objs[k];
+        int want = o->evicted || lost[k] ? KVD_ERR_NOT_FOUND : KVD_OK;
+        int got = acquire_probe(s, o->ns, o->key);
+        if (got != want)
+            print_error("seed %llu, store %c: key %u at pages %llu..%llu: acquire %s, "
+                        "want %s\n",
+                        (unsigned long long)seed, which, o->key,
+                        (unsigned long long)o->off_pages,
+                        (unsigned long long)(o->off_pages + o->pages - 1),
+                        kvd_status_str(got), kvd_status_str(want));
+        assert_int_equal(got, want);
+        assert_int_equal(present(s, o->ns, o->key), !o->evicted && (!lost[k] || o->pin));
+    }
+}
+
+/* Many generated layouts and range lists: one call for all ranges loses
+ * what one call per range loses, and what the pages say (an object is
+ * lost when a non-empty range in the pool shares a page with it); a lost
+ * pinned object goes at its release. */
+static void test_pool_lost_ranges_generated(void **state)
+{
+    (void)state;
+    uint64_t total_ranges = 0, total_lost = 0;
+    for (uint64_t seed = 1; seed <= 400; seed++) {
+        rl_obj_t oa[RL_OBJS], ob[RL_OBJS];
+        kvd_store_t *a = rl_store(seed * 0x9e3779b97f4a7c15ull, oa);
+        kvd_store_t *b = rl_store(seed * 0x9e3779b97f4a7c15ull, ob);
+        for (uint32_t k = 0; k < RL_OBJS; k++) {
+            assert_int_equal(oa[k].off_pages, ob[k].off_pages);
+            assert_int_equal(oa[k].evicted, ob[k].evicted);
+            assert_int_equal(oa[k].pin != 0, ob[k].pin != 0);
+        }
+        kvd_pool_range_t r[RL_MAXR];
+        size_t n = rl_ranges(r);
+
+        /* the oracle, from pages alone */
+        bool lost[RL_OBJS] = {false};
+        uint64_t want_lost = 0, want_ranges = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint64_t first, last;
+            if (!range_pages(r[i], RL_PAGES, &first, &last))
+                continue;
+            want_ranges++;
+            for (uint32_t k = 0; k < RL_OBJS; k++) {
+                const rl_obj_t *o = &oa[k];
+                bool hit = o->off_pages <= last && o->off_pages + o->pages > first;
+                if (hit && !o->evicted && !lost[k]) {
+                    lost[k] = true;
+                    want_lost++;
+                }
+            }
+        }
+        uint64_t sum_a = 0;
+        for (size_t i = 0; i < n; i++) {
+            sum_a += kvd_store_pool_lost(a, r[i].offset, r[i].bytes);
+            check_ok(a);
+        }
+        uint64_t sum_b = kvd_store_pool_lost_ranges(b, r, n);
+        check_ok(b);
+        if (sum_a != want_lost || sum_b != want_lost)
+            print_error("seed %llu: %zu ranges lose %llu objects one by one and %llu in "
+                        "one call, want %llu\n",
+                        (unsigned long long)seed, n, (unsigned long long)sum_a,
+                        (unsigned long long)sum_b, (unsigned long long)want_lost);
+        assert_int_equal(sum_a, want_lost);
+        assert_int_equal(sum_b, want_lost);
+        assert_same_loss(a, b);
+        rl_check(a, oa, lost, want_ranges, want_lost, seed, 'A');
+        rl_check(b, ob, lost, want_ranges, want_lost, seed, 'B');
+        /* the pins released: the lost ones under them go, the stores agree */
+        for (uint32_t k = 0; k < RL_OBJS; k++) {
+            if (oa[k].pin != 0)
+                assert_int_equal(kvd_store_release(a, OWNER_B, oa[k].pin), KVD_OK);
+            if (ob[k].pin != 0)
+                assert_int_equal(kvd_store_release(b, OWNER_B, ob[k].pin), KVD_OK);
+            oa[k].pin = ob[k].pin = 0;
+        }
+        check_ok(a);
+        check_ok(b);
+        assert_same_loss(a, b);
+        rl_check(a, oa, lost, want_ranges, want_lost, seed, 'A');
+        rl_check(b, ob, lost, want_ranges, want_lost, seed, 'B');
+        assert_int_equal(stats(b).pins, 0);
+        total_ranges += want_ranges;
+        total_lost += want_lost;
+        kvd_store_destroy(a);
+        kvd_store_destroy(b);
+    }
+    print_message("400 layouts: %llu ranges, %llu objects lost, one call agreeing with "
+                  "one call per range\n",
+                  (unsigned long long)total_ranges, (unsigned long long)total_lost);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -834,6 +1235,8 @@ int main(void)
         cmocka_unit_test(test_publish_batch_leaf_first_listed),
         cmocka_unit_test(test_chain_extended_later_cut_at_its_end),
         cmocka_unit_test(test_exact_fit_of_odd_large_object),
+        cmocka_unit_test(test_pool_lost_ranges_as_one_by_one),
+        cmocka_unit_test(test_pool_lost_ranges_generated),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
