@@ -547,9 +547,10 @@ int kvd_remote_want(kvd_remote_t *r, uint32_t ns, const kvd_key_t *keys, size_t 
 /* ------------------------------------------------------------- holder */
 
 /* A Fetch with pin: the present keys (f->present, o their info) pinned
- * under one lease of owner, their offsets answered. A race that makes the
- * pin fail (a key evicted meanwhile cannot be: the loop runs this whole)
- * answers every key absent. */
+ * under one lease of owner, their offsets answered. A pin refused (a key
+ * evicted meanwhile cannot be: the loop runs this whole; the quota of
+ * pins, memory can) answers those keys "ask again", never absent: the
+ * asker would take this member for one without them. */
 static void pin_present(kvd_remote_t *r, uint64_t owner, uint32_t ns,
                         const kvd_fetch_req_t *q, kvd_fetch_rep_t *f,
                         const kvd_obj_info_t *o, size_t want, uint64_t object_bytes,
@@ -582,7 +583,7 @@ static void pin_present(kvd_remote_t *r, uint64_t owner, uint32_t ns,
     if (rc != KVD_OK) {
         for (size_t i = 0; i < q->n; i++)
             if (f->present[i] == KVD_FETCH_HERE)
-                f->present[i] = KVD_FETCH_ABSENT;
+                f->present[i] = KVD_FETCH_PROMOTING;
         want = 0;
     }
     for (size_t i = 0, d = 0; i < q->n && want > 0; i++) {
@@ -641,7 +642,8 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, uint64_t owner, const kvd_msg_t *re
         return;
     }
     uint64_t now_ms = kvd_now_ns() / 1000000;
-    for (size_t i = 0; i < q->n && want < room; i++) {
+    size_t i = 0;
+    for (; i < q->n && want < room; i++) {
         if (kvd_store_inspect(r->store, ns, q->keys[i], &o[i]) != KVD_OK ||
             o[i].state != KVD_OBJ_READY) {
             /* a stale directory entry (or one being written): tell the
@@ -667,6 +669,9 @@ void kvd_remote_serve_fetch(kvd_remote_t *r, uint64_t owner, const kvd_msg_t *re
             want++;
         }
     }
+    /* past what the reply carries: not looked at, so not said absent */
+    for (; room > 0 && i < q->n; i++)
+        f->present[i] = KVD_FETCH_PROMOTING;
     if (q->pin) {
         pin_present(r, owner, ns, q, f, o, want, info.object_bytes, rep, req);
         kvd_mem_free(KVD_MEM_STAGING, o, (q->n + 1) * sizeof(*o));

@@ -399,6 +399,7 @@ static void ucx_windows_expired(kvd_server_t *s)
 typedef struct acq_wait {
     uint64_t t0;          /* when its first serve began (its counters) */
     uint64_t deadline_ns; /* the client's wait_ms, at most KVD_ACQUIRE_WAIT_MAX_MS */
+    uint32_t probe;       /* a key the last serve found still coming; n: none known */
     size_t bytes;         /* what it holds: this and the copy's keys */
     kvd_msg_t req;        /* a copy; its arena holds the keys */
     struct acq_wait *next;
@@ -411,6 +412,10 @@ typedef struct acq_wait {
  * Acquire answers in progress at once, as when the client asks no wait. */
 #define ACQ_WAITS_PER_CONN 64u
 #define ACQ_WAIT_BYTES_MAX (16ull << 20)
+/* A held Acquire is served again at least this often: a key its holder is
+ * promoting is asked for again after remote.c's 20 ms, which no event
+ * announces. */
+#define ACQ_RESERVE_MS 20u
 
 static void acq_wait_free(kvd_server_t *s, acq_wait_t *w)
 {
@@ -1285,10 +1290,40 @@ static void acquire_cluster(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
                   "fetched into this pool; nothing pinned, ask again");
 }
 
+/* The key index of an in-progress answer's error_index (1-based: the
+ * store's refusal names the key), or n when it names none. */
+static uint32_t acq_probe(uint32_t error_index, size_t n)
+{
+    return error_index > 0 && error_index <= n ? error_index - 1 : (uint32_t)n;
+}
+
+/* Whether the held Acquire w is sure to be in progress still: the key its
+ * last serve named is here but not yet a READY object in DRAM (being
+ * written by the fetch, or on the SSD tier). Saves serving all its keys
+ * again on every completion of anything. */
+static bool acq_still_coming(kvd_server_t *s, const acq_wait_t *w)
+{
+    const kvd_acquire_req_t *r = &w->req.body.acquire_req;
+    kvd_obj_info_t info;
+    if (w->probe >= r->n ||
+        kvd_store_inspect(s->store, r->ns, r->keys[w->probe], &info) != KVD_OK)
+        return false; /* not known, or not here at all: served to see */
+    return info.state != KVD_OBJ_READY || info.tier != KVD_TIER_DRAM;
+}
+
+/* The next time w must be looked at: its deadline, or sooner. */
+static void acq_next(kvd_server_t *s, const acq_wait_t *w, uint64_t now)
+{
+    uint64_t at = KVD_MIN(w->deadline_ns, now + ACQ_RESERVE_MS * 1000000ull);
+    if (s->acq_next_ns == 0 || at < s->acq_next_ns)
+        s->acq_next_ns = at;
+}
+
 /* Holds an Acquire that answered in progress (rep) when its client said it
- * would wait; true when held (the reply is then acquire_waits_run's). */
+ * would wait; true when held (the reply is then acquire_waits_run's).
+ * probe: the key the store's own answer named (acq_probe). */
 static bool acquire_park(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
-                         const kvd_msg_t *rep, uint64_t t0)
+                         const kvd_msg_t *rep, uint64_t t0, uint32_t probe)
 {
     const kvd_acquire_req_t *r = &req->body.acquire_req;
     size_t bytes = sizeof(acq_wait_t) + r->n * sizeof(kvd_key_t);
@@ -1300,7 +1335,10 @@ static bool acquire_park(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
     if (w == NULL)
         return false;
     uint64_t wait_ms = KVD_MIN(r->wait_ms, KVD_ACQUIRE_WAIT_MAX_MS);
-    *w = (acq_wait_t){.t0 = t0, .deadline_ns = t0 + wait_ms * 1000000ull, .bytes = bytes};
+    *w = (acq_wait_t){.t0 = t0,
+                      .deadline_ns = t0 + wait_ms * 1000000ull,
+                      .probe = probe,
+                      .bytes = bytes};
     kvd_msg_request(&w->req, req->id, KVD_METHOD_ACQUIRE);
     kvd_acquire_req_t *cr = &w->req.body.acquire_req;
     *cr = *r;
@@ -1318,17 +1356,18 @@ static bool acquire_park(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
     c->n_acq_waits++;
     s->n_acq_waits++;
     s->acq_wait_bytes += bytes;
-    if (s->acq_next_ns == 0 || w->deadline_ns < s->acq_next_ns)
-        s->acq_next_ns = w->deadline_ns;
+    acq_next(s, w, kvd_now_ns());
     return true;
 }
 
 /*
  * Serves the held Acquires again, when something that may end one
  * completed since (acq_kick: the tier's or the peers' completions, the
- * tick, a drain) or one's deadline came: each still in progress before its
- * deadline stays held; every other is answered with what its serve gave
- * (a lease, or in progress at its deadline, or the store's refusal).
+ * tick, a drain) or ACQ_RESERVE_MS passed or one's deadline came: each
+ * still in progress before its deadline stays held; every other is
+ * answered with what its serve gave (a lease, or in progress at its
+ * deadline, or the store's refusal), or, once the daemon is no longer
+ * ready (draining), with the refusal a new Acquire would get.
  */
 static void acquire_waits_run(kvd_server_t *s)
 {
@@ -1344,18 +1383,32 @@ static void acquire_waits_run(kvd_server_t *s)
         bool replied = false;
         for (acq_wait_t **at = &c->acq_waits; *at != NULL;) {
             acq_wait_t *w = *at;
+            bool ready = server_health(s) == KVD_HEALTH_READY;
+            if (ready && now < w->deadline_ns && acq_still_coming(s, w)) {
+                acq_next(s, w, now);
+                at = &w->next;
+                continue;
+            }
             kvd_msg_t rep = {0};
             rep.id = w->req.id;
             rep.method = KVD_METHOD_ACQUIRE;
             rep.reply = true;
-            kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, &w->req, &rep);
-            acquire_cluster(s, c, &w->req, &rep);
-            if (rep.status == KVD_INPROGRESS && now < w->deadline_ns && !s->draining) {
-                kvd_msg_clear(&rep);
-                if (s->acq_next_ns == 0 || w->deadline_ns < s->acq_next_ns)
-                    s->acq_next_ns = w->deadline_ns;
-                at = &w->next;
-                continue;
+            if (!ready) {
+                kvd_msg_error(&rep, w->req.id, KVD_METHOD_ACQUIRE,
+                              s->draining ? KVD_ERR_DRAINING : KVD_ERR_UNAVAILABLE,
+                              "the daemon is %s; retry when it is ready",
+                              kvd_health_name(server_health(s)));
+            } else {
+                kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, &w->req, &rep);
+                uint32_t probe = acq_probe(rep.error_index, w->req.body.acquire_req.n);
+                acquire_cluster(s, c, &w->req, &rep);
+                if (rep.status == KVD_INPROGRESS && now < w->deadline_ns) {
+                    kvd_msg_clear(&rep);
+                    w->probe = probe;
+                    acq_next(s, w, now);
+                    at = &w->next;
+                    continue;
+                }
             }
             conn_reply(s, c, &rep);
             kvd_counters_record(&s->counters, KVD_METHOD_ACQUIRE, rep.status != KVD_OK,
@@ -1589,8 +1642,9 @@ static void conn_serve(kvd_server_t *s, conn_t *c, const uint8_t *payload, size_
         ucx_windows_finish(s, c, req);
         kvd_rpc_store_serve(s->store, &s->opts, &c->ctx, req, rep);
         if (req->method == KVD_METHOD_ACQUIRE) {
+            uint32_t probe = acq_probe(rep->error_index, req->body.acquire_req.n);
             acquire_cluster(s, c, req, rep);
-            if (acquire_park(s, c, req, rep, t0)) {
+            if (acquire_park(s, c, req, rep, t0, probe)) {
                 kvd_msg_clear(req);
                 kvd_msg_clear(rep);
                 return; /* answered by acquire_waits_run */

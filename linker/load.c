@@ -75,18 +75,25 @@ typedef struct acquire_ctx {
     uint64_t deadline;
 } acquire_ctx_t;
 
+/* Kept out of a held Acquire's wait for the round trip and a daemon that
+ * answers late (its loop finishing a busy turn first): below twice this
+ * left, the daemon is asked to answer at once. */
+#define ACQUIRE_WAIT_RESERVE_MS 50u
+
 /* The namespace of each transfer's pool into its Acquires (lk_call_ns),
  * and how long the daemon may hold one whose objects it is bringing into
- * its pool: half the time left (the other half for the round trip and a
- * late answer), so that it answers, in progress at worst, before the call
- * gives up. A daemon that does not know wait_ms answers at once and
- * ask_again's pauses pace the asking, as before. */
+ * its pool: half of what is left past the reserve, so that it answers, in
+ * progress at worst, well before the call gives up (a call that times out
+ * takes the session for hung). A daemon that does not know wait_ms
+ * answers at once and ask_again's pauses pace the asking, as before. */
 static void fill_acquire_ns(kvd_linker_t *l, void *ctx, kvd_msg_t *reqs, size_t n)
 {
     const acquire_ctx_t *c = ctx;
     uint64_t now = kvd_now_ns();
     uint64_t left_ms = c->deadline > now ? (c->deadline - now) / 1000000 : 0;
-    uint32_t wait_ms = (uint32_t)KVD_MIN(left_ms / 2, (uint64_t)KVD_ACQUIRE_WAIT_MAX_MS);
+    uint64_t spare =
+        left_ms > 2 * ACQUIRE_WAIT_RESERVE_MS ? left_ms - ACQUIRE_WAIT_RESERVE_MS : 0;
+    uint32_t wait_ms = (uint32_t)KVD_MIN(spare / 2, (uint64_t)KVD_ACQUIRE_WAIT_MAX_MS);
     for (size_t j = 0; j < n; j++) {
         reqs[j].body.acquire_req.ns = l->pools[c->x[c->xi[j]].pool].ns_id;
         reqs[j].body.acquire_req.wait_ms = wait_ms;

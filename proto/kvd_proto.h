@@ -700,7 +700,10 @@ typedef struct kvd_fetch_req {
     bool pin; /* answer a lease and offsets instead of the bytes */
 } kvd_fetch_req_t;
 
-/* What a Fetch reply says of each key (FetchReply.present). */
+/* What a Fetch reply says of each key (FetchReply.present): not held here;
+ * here (its bytes, or pinned: its offset); not now, ask again (being
+ * promoted from the SSD tier, past what this reply could carry, or its pin
+ * refused for a while: a holder that has it never answers absent). */
 enum { KVD_FETCH_ABSENT = 0, KVD_FETCH_HERE = 1, KVD_FETCH_PROMOTING = 2 };
 
 typedef struct kvd_fetch_rep {

@@ -570,18 +570,23 @@ static void bad_requests(void)
     st = call(c, &req, &rep);
     const kvd_fetch_rep_t *f = &rep.body.fetch_rep;
     present = 0;
-    for (size_t i = 0; st == KVD_OK && i < f->n; i++)
-        present += f->present[i] != 0;
+    size_t again = 0;
+    for (size_t i = 0; st == KVD_OK && i < f->n; i++) {
+        present += f->present[i] == KVD_FETCH_HERE;
+        again += f->present[i] == KVD_FETCH_PROMOTING;
+    }
+    /* every key is held there: those past the frame are "ask again", never
+     * absent (the asker would take C for a member without them) */
     bool shaped = st == KVD_OK && f->n == MANY && f->object_bytes == TS_KV_BYTES &&
-                  present > 0 && present < MANY && f->n_depths == present &&
-                  f->data_len == present * TS_KV_BYTES;
+                  present > 0 && present < MANY && present + again == MANY &&
+                  f->n_depths == present && f->data_len == present * TS_KV_BYTES;
     DT_CHECK(shaped,
              "(4) a Fetch of %d keys: %s, n %zu, object_bytes %llu, %zu present, %zu "
-             "depths, %zu bytes",
+             "ask again, %zu depths, %zu bytes",
              MANY, kvd_status_str(st), f->n, (unsigned long long)f->object_bytes, present,
-             f->n_depths, f->data_len);
+             again, f->n_depths, f->data_len);
     for (size_t i = 0, d = 0; shaped && i < f->n; i++) {
-        if (!f->present[i])
+        if (f->present[i] != KVD_FETCH_HERE)
             continue;
         size_t bad =
             ts_verify(f->data + d++ * TS_KV_BYTES, TS_KV_BYTES, chain1[i % PAGES], SALT);
@@ -590,7 +595,8 @@ static void bad_requests(void)
             break;
     }
     if (shaped)
-        printf("(4) a Fetch of %d keys carried %zu of them\n", MANY, present);
+        printf("(4) a Fetch of %d keys carried %zu of them, the others \"ask again\"\n",
+               MANY, present);
     kvd_msg_clear(&rep);
 
     /* a local DirLookup of nothing, and of keys nobody announced */
@@ -827,7 +833,10 @@ static void cache_level(ts_client_t *wa)
              "%llu",
              (unsigned long long)c2[1], (unsigned long long)c3[1]);
     /* C named by the owners for keys it never had: what a holder's
-     * eviction looks like before the owners hear of it, for good */
+     * eviction looks like before the owners hear of it. C tells the owners
+     * it lacks them when its Fetch finds them missing (at its next tick),
+     * so they are announced for C once more after that: the owners name C
+     * again, as a slow announcement would leave them doing */
     size_t offered = 0, later = 0;
     if (announce_as(cl.node[C].node_id, phantom, "(5) keys announced for C")) {
         lookup_tiers(wa->c, wa->ns[0], phantom, PAGES, b, tiers, &offered);
@@ -842,6 +851,8 @@ static void cache_level(ts_client_t *wa)
                  kvd_status_str(rc), err.text);
         if (lease != 0)
             ts_release(wa->c, lease, &err);
+        kvd_sleep_ns(300000000); /* C's "not here" reached the owners */
+        announce_as(cl.node[C].node_id, phantom, "(5) keys announced for C again");
         for (int k = 0; k < 3; k++) {
             size_t nb_k = 0;
             lookup_tiers(wa->c, wa->ns[0], phantom, PAGES, b, tiers, &nb_k);
@@ -901,9 +912,18 @@ static void held_level(ts_client_t *wa)
     int rc = ts_acquire_wait(wa->c, wa->ns[0], TS_KV_BYTES, chain4, PAGES,
                              KVD_ACQUIRE_WAIT_MAX_MS, &lease, off, &err);
     uint64_t first_ms = kc_now_ms() - t0;
-    if (DT_CHECK(rc == KVD_OK && lease != 0,
-                 "(6) A's Acquire with a wait of keys only C holds should answer OK at "
-                 "once (held while A fetched): %s (%s)",
+    /* OK on the first answer; on a machine so busy that the fetch took
+     * longer than the wait, in progress only after the whole wait (held
+     * all the same), and then OK */
+    DT_CHECK(rc == KVD_OK ||
+                 (rc == KVD_INPROGRESS && first_ms >= KVD_ACQUIRE_WAIT_MAX_MS),
+             "(6) A's Acquire with a wait of keys only C holds should answer OK at once "
+             "(held while A fetched): %s (%s) after %llu ms",
+             kvd_status_str(rc), err.text, (unsigned long long)first_ms);
+    while (rc == KVD_INPROGRESS && kc_now_ms() < t0 + ACQUIRE_MS)
+        rc = ts_acquire_wait(wa->c, wa->ns[0], TS_KV_BYTES, chain4, PAGES,
+                             KVD_ACQUIRE_WAIT_MAX_MS, &lease, off, &err);
+    if (DT_CHECK(rc == KVD_OK && lease != 0, "(6) the held Acquire: %s (%s)",
                  kvd_status_str(rc), err.text)) {
         check_bytes(wa, chain4, off, "held Acquire");
         DT_CHECK(ts_release(wa->c, lease, &err) == KVD_OK, "(6) release: %s", err.text);
@@ -952,7 +972,13 @@ static void held_level(ts_client_t *wa)
         rc = ts_acquire_wait(wa->c, wa->ns[0], TS_KV_BYTES, chain5, PAGES,
                              KVD_ACQUIRE_WAIT_MAX_MS, &lease, off, &err);
         rounds++;
-    } while (rc == KVD_INPROGRESS && kc_now_ms() < t0 + ACQUIRE_MS);
+        /* a fetch that outlived A's peer timeout while C was stopped (a
+         * busy machine) failed: its keys answer not-found for a while,
+         * then are fetched anew */
+        if (rc == KVD_ERR_NOT_FOUND)
+            kvd_sleep_ns(100000000);
+    } while ((rc == KVD_INPROGRESS || rc == KVD_ERR_NOT_FOUND) &&
+             kc_now_ms() < t0 + ACQUIRE_MS);
     if (DT_CHECK(
             rc == KVD_OK && lease != 0,
             "(6) C continued: the Acquire with a wait should answer OK: %s (%s) after "
