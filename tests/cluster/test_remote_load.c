@@ -166,6 +166,19 @@ static int acquire_until(kvd_client_t *c, uint32_t ns, const kvd_key_t *keys, si
     return rc;
 }
 
+/* Publishes keys[0..PAGES) on C and waits for A's Lookup to find all of
+ * them (lookup_until): boundaries and tiers into b and tiers, their number
+ * into *nb, the wait into *waited; false (a failure naming what) when it
+ * does not. */
+static bool published_on_c(ts_client_t *wa, const kvd_key_t *keys, const char *what,
+                           uint32_t *b, uint32_t *tiers, size_t *nb, uint64_t *waited)
+{
+    publish_on(C, keys, PAGES);
+    return DT_CHECK(
+        lookup_until(wa->c, wa->ns[0], keys, PAGES, true, b, tiers, nb, waited),
+        "%s: A's Lookup should find the chain published on C: %zu boundaries", what, *nb);
+}
+
 /* A's Health through a fresh Unix connection answers ready. */
 static bool a_serves(void)
 {
@@ -176,13 +189,10 @@ static bool a_serves(void)
 
 static void rpc_level(ts_client_t *wa)
 {
-    publish_on(C, chain1, PAGES);
     uint32_t b[PAGES], tiers[PAGES];
     size_t nb = 0;
     uint64_t waited = 0;
-    if (!DT_CHECK(
-            lookup_until(wa->c, wa->ns[0], chain1, PAGES, true, b, tiers, &nb, &waited),
-            "(1) A's Lookup should find the chain published on C: %zu boundaries", nb))
+    if (!published_on_c(wa, chain1, "(1)", b, tiers, &nb, &waited))
         return;
     printf("(1) the chain published on C found by a Lookup on A after %llu ms\n",
            (unsigned long long)waited);
@@ -766,13 +776,10 @@ static uint64_t owner_dir_lookups(void)
 static void cache_level(ts_client_t *wa)
 {
     int failures_before = dt_failure_count();
-    publish_on(C, chain3, PAGES);
     uint32_t b[PAGES], tiers[PAGES];
     size_t nb = 0;
     uint64_t waited = 0;
-    if (!DT_CHECK(
-            lookup_until(wa->c, wa->ns[0], chain3, PAGES, true, b, tiers, &nb, &waited),
-            "(5) A's Lookup should find the third chain: %zu boundaries", nb))
+    if (!published_on_c(wa, chain3, "(5)", b, tiers, &nb, &waited))
         return;
     /* the chain found: the owners told A where it is, and A keeps it */
     uint64_t c0[3], c1[3], c2[3];
@@ -895,16 +902,11 @@ static bool no_leases(const ts_stats_t *s)
 static void held_level(ts_client_t *wa)
 {
     int failures_before = dt_failure_count();
-    publish_on(C, chain4, PAGES);
-    publish_on(C, chain5, PAGES);
     uint32_t b[PAGES], tiers[PAGES];
     size_t nb = 0;
     uint64_t waited = 0;
-    if (!DT_CHECK(
-            lookup_until(wa->c, wa->ns[0], chain4, PAGES, true, b, tiers, &nb, &waited) &&
-                lookup_until(wa->c, wa->ns[0], chain5, PAGES, true, b, tiers, &nb,
-                             &waited),
-            "(6) A's Lookup should find the chains published on C: %zu boundaries", nb))
+    if (!published_on_c(wa, chain4, "(6)", b, tiers, &nb, &waited) ||
+        !published_on_c(wa, chain5, "(6)", b, tiers, &nb, &waited))
         return;
     uint64_t lease = 0, off[PAGES];
     ts_err_t err = {0};
@@ -1001,13 +1003,10 @@ static void held_level(ts_client_t *wa)
 
 static void holder_dies(ts_client_t *wa)
 {
-    publish_on(C, chain2, PAGES);
     uint32_t b[PAGES], tiers[PAGES];
     size_t nb = 0;
     uint64_t waited = 0;
-    if (!DT_CHECK(
-            lookup_until(wa->c, wa->ns[0], chain2, PAGES, true, b, tiers, &nb, &waited),
-            "(3) A's Lookup should find the second chain: %zu boundaries", nb))
+    if (!published_on_c(wa, chain2, "(3)", b, tiers, &nb, &waited))
         return;
     DT_CHECK(tiers[nb - 1] == TIER_REMOTE, "(3) the second chain's tier: %u",
              tiers[nb - 1]);

@@ -110,6 +110,16 @@ int dt_stop(kvd_test_daemon_t *d, int sig, int timeout_ms)
     return dt_failure_count() == before ? 0 : -1;
 }
 
+int dt_main(const char *name, const char *const *extra,
+            void (*run)(const kvd_test_daemon_t *d))
+{
+    kvd_test_daemon_t d = {0};
+    if (dt_start(&d, extra) == 0)
+        run(&d);
+    dt_stop(&d, SIGTERM, 10000);
+    return dt_exit_status(name);
+}
+
 /* --------------------------------------------------------------- RPC */
 
 kvd_client_t *dt_connect(const char *socket, bool hello)

@@ -43,6 +43,12 @@ int dt_start(kvd_test_daemon_t *d, const char *const *extra);
  */
 int dt_stop(kvd_test_daemon_t *d, int sig, int timeout_ms);
 
+/* A test's whole main: starts a daemon with extra arguments (NULL none),
+ * runs run on it when it started, stops it with SIGTERM (10 s), and
+ * returns the exit status of test `name` (dt_exit_status). */
+int dt_main(const char *name, const char *const *extra,
+            void (*run)(const kvd_test_daemon_t *d));
+
 /* Checks the log for "ERROR: AddressSanitizer", "runtime error:",
  * "LeakSanitizer"; records a failure per report found. */
 void dt_check_log_clean(const kvd_test_daemon_t *d);

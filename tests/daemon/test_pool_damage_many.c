@@ -242,7 +242,7 @@ static int punch_all(const ts_client_t *w, const uint64_t *off)
     return failed;
 }
 
-static void run(kvd_test_daemon_t *d)
+static void run(const kvd_test_daemon_t *d)
 {
     ts_client_t w;
     kvd_ns_spec_t spec = ts_spec(TS_KV_NS, TS_KV_BYTES);
@@ -335,9 +335,5 @@ out:
 
 int main(void)
 {
-    kvd_test_daemon_t d = {0};
-    if (dt_start(&d, NULL) == 0)
-        run(&d);
-    dt_stop(&d, SIGTERM, 10000);
-    return dt_exit_status("daemon/pool_damage_many");
+    return dt_main("daemon/pool_damage_many", NULL, run);
 }

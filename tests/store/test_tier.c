@@ -762,6 +762,28 @@ static void test_spill_past_a_hole_stays_in_dram(void **state)
 
 #define SYNC_N 16 /* puts before the sync fails: a round over several segments */
 
+/* A child that opens the fixture's tier with its syncs held and no
+ * checkpoint (so that only the dead-list keeps records out of a restart),
+ * to report through pipefd and be SIGKILLed: its pid in the parent; 0 in
+ * the child, its store open (or it exits 3). */
+static pid_t fork_held(fx_t *f, void **state, int pipefd[2])
+{
+    fx_init(f, io_path_of_state(state));
+    kvd_store_destroy(f->s);
+    f->s = NULL;
+    f->checkpoint_ms = UINT64_MAX;
+    assert_int_equal(pipe(pipefd), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char why[512];
+        f->hold_syncs = true;
+        if (open_store(f, true, 0, why, sizeof(why)) != KVD_OK)
+            _exit(3);
+    }
+    return pid;
+}
+
 /* A segment's sync that fails (the hook: the round's first sync, the
  * first segment's, ends with EIO): its writes of the round are not
  * acknowledged as durable. sync_done makes each a failed write and a hole
@@ -774,19 +796,9 @@ static void test_spill_past_a_hole_stays_in_dram(void **state)
 static void test_failed_sync_acknowledges_nothing(void **state)
 {
     fx_t f;
-    fx_init(&f, io_path_of_state(state));
-    kvd_store_destroy(f.s);
-    f.s = NULL;
-    f.checkpoint_ms = UINT64_MAX; /* only the dead-list keeps the records out */
     int pipefd[2];
-    assert_int_equal(pipe(pipefd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = fork_held(&f, state, pipefd);
     if (pid == 0) {
-        char why[512];
-        f.hold_syncs = true;
-        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
-            _exit(3);
         for (uint32_t n = 0; n < SYNC_N; n++)
             put(&f, n);
         kvd_store_tier_drain(f.s, 2000); /* the writes land; no round */
@@ -1200,19 +1212,9 @@ static void test_lost_while_spilling(void **state)
 static void test_lost_while_spilling_then_sigkill(void **state)
 {
     fx_t f;
-    fx_init(&f, io_path_of_state(state));
-    kvd_store_destroy(f.s);
-    f.s = NULL;
-    f.checkpoint_ms = UINT64_MAX; /* only the dead-list keeps the records out */
     int pipefd[2];
-    assert_int_equal(pipe(pipefd), 0);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
+    pid_t pid = fork_held(&f, state, pipefd);
     if (pid == 0) {
-        char why[512];
-        f.hold_syncs = true;
-        if (open_store(&f, true, 0, why, sizeof(why)) != KVD_OK)
-            _exit(3);
         for (uint32_t n = 0; n < 16; n++)
             put(&f, n);
         kvd_store_tier_drain(f.s, 2000); /* the writes land; no sync */
