@@ -148,7 +148,10 @@ static void stats_table(const kvd_stats_rep_t *st)
            (unsigned long long)st->connections_total,
            (unsigned long long)st->connections_rejected);
     printf("%-26s %llu\n", "protocol errors", (unsigned long long)st->protocol_errors);
-    printf("%-26s %llu\n\n", "auth failures", (unsigned long long)st->auth_failures);
+    printf("%-26s %llu\n", "auth failures", (unsigned long long)st->auth_failures);
+    printf("%-26s %llu now, %llu since the start\n\n", "acquires held",
+           (unsigned long long)st->acquires_held,
+           (unsigned long long)st->acquires_held_total);
     methods_table(st);
     store_table(st);
 }

@@ -190,6 +190,12 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
     single(b, KVD_METRIC_COUNTER, "kvdock_connections_over_buffer_total",
            "Connections closed: their input was over --max-conn-buffer.",
            st->connections_over_buffer);
+    single(b, KVD_METRIC_GAUGE, "kvdock_acquires_held",
+           "Acquires held now while their objects come into the pool (wait_ms).",
+           st->acquires_held);
+    single(b, KVD_METRIC_COUNTER, "kvdock_acquires_held_total",
+           "Acquires held while their objects came into the pool.",
+           st->acquires_held_total);
 
     appendf(b, "# HELP kvdock_rpc_requests_total RPC requests served, by method.\n"
                "# TYPE kvdock_rpc_requests_total counter\n");

@@ -150,6 +150,7 @@ struct kvd_server {
      * bytes of their copies, the earliest time one must be answered, and
      * whether something that may end one completed since they were tried */
     size_t n_acq_waits;
+    uint64_t acq_waits_total; /* held since the start (Stats) */
     size_t acq_wait_bytes;
     uint64_t acq_next_ns;
     bool acq_kick;
@@ -250,6 +251,8 @@ static void server_stats(kvd_server_t *s, kvd_stats_rep_t *out)
     out->auth_failures = atomic_load(&k->auth_failures);
     out->connections_timed_out = atomic_load(&k->connections_timed_out);
     out->connections_over_buffer = atomic_load(&k->connections_over_buffer);
+    out->acquires_held = s->n_acq_waits;
+    out->acquires_held_total = s->acq_waits_total;
     kvd_store_stats_t ss;
     kvd_store_stats(s->store, &ss);
     kvd_rpc_store_stats(&ss, &out->store);
@@ -1355,6 +1358,7 @@ static bool acquire_park(kvd_server_t *s, conn_t *c, const kvd_msg_t *req,
     *tail = w;
     c->n_acq_waits++;
     s->n_acq_waits++;
+    s->acq_waits_total++;
     s->acq_wait_bytes += bytes;
     acq_next(s, w, kvd_now_ns());
     return true;

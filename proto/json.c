@@ -141,12 +141,14 @@ int kvd_json_stats(FILE *f, const kvd_stats_rep_t *st)
     fputs("},", f);
     fprintf(f,
             "\"connections\":{\"current\":%llu,\"total\":%llu,\"rejected\":%llu},"
-            "\"protocol_errors\":%llu,\"auth_failures\":%llu,",
+            "\"protocol_errors\":%llu,\"auth_failures\":%llu,"
+            "\"acquires_held\":{\"current\":%llu,\"total\":%llu},",
             (unsigned long long)st->connections_current,
             (unsigned long long)st->connections_total,
             (unsigned long long)st->connections_rejected,
             (unsigned long long)st->protocol_errors,
-            (unsigned long long)st->auth_failures);
+            (unsigned long long)st->auth_failures, (unsigned long long)st->acquires_held,
+            (unsigned long long)st->acquires_held_total);
     methods_json(f, st);
     fputs(",\"store\":{", f);
     kvd_json_fields(f, &kvd_store_stats_fields, &st->store);

@@ -803,6 +803,8 @@ typedef struct kvd_stats_rep {
     uint64_t auth_failures;           /* a method before Hello, or a credential refused */
     uint64_t connections_timed_out;   /* --hello-timeout-ms, --frame-timeout-ms */
     uint64_t connections_over_buffer; /* --max-conn-buffer */
+    uint64_t acquires_held;           /* now: waiting for their objects (wait_ms) */
+    uint64_t acquires_held_total;     /* since the start */
     kvd_method_stats_t methods[KVD_METHOD_COUNT]; /* index = kvd_method_t */
     kvd_store_stats_msg_t store;
     size_t n_namespaces;

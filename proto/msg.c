@@ -459,6 +459,8 @@ static Kvdock__StatsReply *stats_to_pb(kvd_msg_t *scr, const kvd_stats_rep_t *s)
     r->auth_failures = s->auth_failures;
     r->connections_timed_out = s->connections_timed_out;
     r->connections_over_buffer = s->connections_over_buffer;
+    r->acquires_held = s->acquires_held;
+    r->acquires_held_total = s->acquires_held_total;
     mem_stats_to_pb(&s->memory, mem);
     r->memory = mem;
     size_t n = 0;
@@ -1206,6 +1208,8 @@ static int stats_from_pb(kvd_msg_t *m, const Kvdock__StatsReply *r, kvd_stats_re
     s->auth_failures = r->auth_failures;
     s->connections_timed_out = r->connections_timed_out;
     s->connections_over_buffer = r->connections_over_buffer;
+    s->acquires_held = r->acquires_held;
+    s->acquires_held_total = r->acquires_held_total;
     if (r->memory != NULL)
         mem_stats_from_pb(r->memory, &s->memory);
     for (size_t i = 0; i < r->n_methods; i++) {

@@ -23,7 +23,8 @@
  *     the close came before the promotions ended or after;
  * (d) one Acquire with wait_ms 1000 of several objects, all on the tier,
  *     answers OK on its first answer (as (b)), every object byte-exact.
- * Every lease is released; at the end nothing is pinned, no promotion
+ * Every lease is released; at the end nothing is pinned, Stats count no
+ * Acquire held now and at least the three of (b), (c), (d), no promotion
  * failed, the invariant check passes and the daemon exits 0 on SIGTERM
  * with a clean log. Times are printed, never asserted.
  */
@@ -339,6 +340,16 @@ static void run(const kvd_test_daemon_t *d)
              (unsigned long long)s.store.ssd_checksum_failures);
     ts_check_accounting(&s, "at the end");
     ts_cli_check(d->socket, "at the end");
+    /* the daemon's own count: (b), (c) and (d) were held, none is now */
+    kvd_stats_rep_t *rs = calloc(1, sizeof(*rs));
+    if (rs != NULL &&
+        DT_CHECK(dt_stats_fresh(d->socket, rs) == KVD_OK, "stats at the end"))
+        DT_CHECK(rs->acquires_held == 0 && rs->acquires_held_total >= 3,
+                 "at the end: %llu Acquires held, %llu since the start; want 0 and at "
+                 "least 3",
+                 (unsigned long long)rs->acquires_held,
+                 (unsigned long long)rs->acquires_held_total);
+    free(rs);
 }
 
 int main(void)
