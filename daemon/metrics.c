@@ -173,29 +173,39 @@ int kvd_metrics_render(const kvd_stats_rep_t *st, kvd_buf_t *b)
     for (int c = 0; c < KVD_MEM_CAT_COUNT; c++)
         appendf(b, "kvdock_memory_bytes{category=\"%s\"} %llu\n",
                 kvd_mem_cat_name((kvd_mem_cat_t)c), (unsigned long long)own[c]);
-    single(b, KVD_METRIC_GAUGE, "kvdock_connections", "Client connections open now.",
-           st->connections_current);
-    single(b, KVD_METRIC_COUNTER, "kvdock_connections_total",
-           "Client connections accepted.", st->connections_total);
-    single(b, KVD_METRIC_COUNTER, "kvdock_connections_rejected_total",
-           "Connections refused over --max-connections.", st->connections_rejected);
-    single(b, KVD_METRIC_COUNTER, "kvdock_protocol_errors_total",
-           "Connections closed for breaking the protocol.", st->protocol_errors);
-    single(b, KVD_METRIC_COUNTER, "kvdock_auth_failures_total",
-           "Requests refused for want of a credential (before Hello, or refused).",
-           st->auth_failures);
-    single(b, KVD_METRIC_COUNTER, "kvdock_connections_timed_out_total",
-           "Connections closed: no Hello or an unfinished frame in time.",
-           st->connections_timed_out);
-    single(b, KVD_METRIC_COUNTER, "kvdock_connections_over_buffer_total",
-           "Connections closed: their input was over --max-conn-buffer.",
-           st->connections_over_buffer);
-    single(b, KVD_METRIC_GAUGE, "kvdock_acquires_held",
-           "Acquires held now while their objects come into the pool (wait_ms).",
-           st->acquires_held);
-    single(b, KVD_METRIC_COUNTER, "kvdock_acquires_held_total",
-           "Acquires held while their objects came into the pool.",
-           st->acquires_held_total);
+    /* the daemon's own counters, one sample each */
+    const struct {
+        kvd_metric_kind_t kind;
+        const char *name, *help;
+        uint64_t v;
+    } own_counters[] = {
+        {KVD_METRIC_GAUGE, "kvdock_connections", "Client connections open now.",
+         st->connections_current},
+        {KVD_METRIC_COUNTER, "kvdock_connections_total", "Client connections accepted.",
+         st->connections_total},
+        {KVD_METRIC_COUNTER, "kvdock_connections_rejected_total",
+         "Connections refused over --max-connections.", st->connections_rejected},
+        {KVD_METRIC_COUNTER, "kvdock_protocol_errors_total",
+         "Connections closed for breaking the protocol.", st->protocol_errors},
+        {KVD_METRIC_COUNTER, "kvdock_auth_failures_total",
+         "Requests refused for want of a credential (before Hello, or refused).",
+         st->auth_failures},
+        {KVD_METRIC_COUNTER, "kvdock_connections_timed_out_total",
+         "Connections closed: no Hello or an unfinished frame in time.",
+         st->connections_timed_out},
+        {KVD_METRIC_COUNTER, "kvdock_connections_over_buffer_total",
+         "Connections closed: their input was over --max-conn-buffer.",
+         st->connections_over_buffer},
+        {KVD_METRIC_GAUGE, "kvdock_acquires_held",
+         "Acquires held now while their objects come into the pool (wait_ms).",
+         st->acquires_held},
+        {KVD_METRIC_COUNTER, "kvdock_acquires_held_total",
+         "Acquires held while their objects came into the pool.",
+         st->acquires_held_total},
+    };
+    for (size_t i = 0; i < KVD_ARRAY_SIZE(own_counters); i++)
+        single(b, own_counters[i].kind, own_counters[i].name, own_counters[i].help,
+               own_counters[i].v);
 
     appendf(b, "# HELP kvdock_rpc_requests_total RPC requests served, by method.\n"
                "# TYPE kvdock_rpc_requests_total counter\n");
