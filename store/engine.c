@@ -2183,12 +2183,11 @@ uint64_t kvd_store_pool_lost(kvd_store_t *s, uint64_t offset, uint64_t bytes)
     return kvd_store_pool_lost_ranges(s, &r, 1);
 }
 
-/* From range *k on, the first with pages in the pool: its pages [*first,
- * *last] and true; false when none is left. */
-static bool next_range(const kvd_store_t *s, const kvd_pool_range_t *ranges, size_t n,
-                       size_t *k, uint64_t *first, uint64_t *last)
+/* From range *k on, the first with pages in the pool (of end bytes): its
+ * pages [*first, *last] and true; false when none is left. */
+static bool next_range(const kvd_store_t *s, uint64_t end, const kvd_pool_range_t *ranges,
+                       size_t n, size_t *k, uint64_t *first, uint64_t *last)
 {
-    uint64_t end = page_bytes_of(s, s->total_pages);
     for (; *k < n; (*k)++) {
         const kvd_pool_range_t *rg = &ranges[*k];
         if (rg->bytes == 0 || rg->offset >= end)
@@ -2211,14 +2210,14 @@ uint64_t kvd_store_pool_lost_ranges(kvd_store_t *s, const kvd_pool_range_t *rang
         counted += ranges[j].bytes != 0 && ranges[j].offset < end;
     if (counted == 0)
         return 0;
-    bool more = next_range(s, ranges, n, &k, &first, &last);
+    bool more = next_range(s, end, ranges, n, &k, &first, &last);
     /* one walk in offset order: the records and the ranges both ascend */
     for (uint32_t i = s->phys_head, next; i != NIL && more; i = next) {
         rec_t *r = R(s, i);
         /* a range that ends before this record cannot touch a later one */
         while (more && last < r->off_pages) {
             k++;
-            more = next_range(s, ranges, n, &k, &first, &last);
+            more = next_range(s, end, ranges, n, &k, &first, &last);
         }
         if (!more)
             break;
